@@ -1,0 +1,120 @@
+"""Pass infrastructure: the npukit pass base class and the pass manager that runs a pipeline and names a failing pass."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import onnx_ir as ir
+
+from npukit.errors import NpukitError
+
+
+class PassFailedError(NpukitError):
+    """A pass raised or left a graph that does not check; the message names the pass."""
+
+    exit_code = 1
+
+
+class NpukitPass(ir.passes.InPlacePass):
+    """An in-place rewrite of an ``ir.Model``.
+
+    Subclasses implement ``call(model) -> ir.passes.PassResult`` and may append to ``self.notes`` a line for each
+    candidate they looked at and did not rewrite, saying why ("Clip max is not constant"), so that a user can see
+    why a pattern stayed as it was.
+    """
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+        self.rewrites = 0
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+
+
+@dataclasses.dataclass(frozen=True)
+class PassRecord:
+    """What one pass did in a pipeline run."""
+
+    name: str
+    modified: bool
+    rewrites: int
+    nodes_before: int
+    nodes_after: int
+    seconds: float
+    notes: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineResult:
+    model: ir.Model
+    records: tuple[PassRecord, ...]
+
+    @property
+    def modified(self) -> bool:
+        return any(r.modified for r in self.records)
+
+
+def count_nodes(model: ir.Model) -> int:
+    return sum(1 for _ in model.graph.all_nodes())
+
+
+def check_model(model: ir.Model) -> None:
+    """Raise if the model is not valid ONNX (full onnx.checker on the serialized proto)."""
+    import onnx
+
+    proto = ir.serde.serialize_model(model)
+    onnx.checker.check_model(proto, full_check=False)
+
+
+class PassManager:
+    """Runs a list of passes in order; after each, optionally checks the graph. A failure names the pass."""
+
+    def __init__(self, passes: Sequence[ir.passes.PassBase], *, check_after_each: bool = True) -> None:
+        self.passes = list(passes)
+        self.check_after_each = check_after_each
+
+    def __call__(self, model: ir.Model) -> PipelineResult:
+        records: list[PassRecord] = []
+        for pass_ in self.passes:
+            name = getattr(pass_, "name", type(pass_).__name__)
+            before = count_nodes(model)
+            start = time.perf_counter()
+            try:
+                result = pass_(model)
+            except NpukitError:
+                raise
+            except Exception as exc:
+                raise PassFailedError(
+                    f"pass {name} failed: {type(exc).__name__}: {exc}",
+                    hint="run with --skip-pass " + name + " to leave that rewrite out, and report the model",
+                ) from exc
+            model = result.model
+            if self.check_after_each and result.modified:
+                try:
+                    check_model(model)
+                except Exception as exc:
+                    raise PassFailedError(
+                        f"pass {name} produced an invalid graph: {type(exc).__name__}: {exc}",
+                        hint="run with --skip-pass " + name + " to leave that rewrite out, and report the model",
+                    ) from exc
+            records.append(
+                PassRecord(
+                    name=name,
+                    modified=result.modified,
+                    rewrites=getattr(pass_, "rewrites", int(result.modified)),
+                    nodes_before=before,
+                    nodes_after=count_nodes(model),
+                    seconds=time.perf_counter() - start,
+                    notes=tuple(getattr(pass_, "notes", ())),
+                )
+            )
+        return PipelineResult(model=model, records=tuple(records))

@@ -1,0 +1,1 @@
+"""npukit.quant."""
