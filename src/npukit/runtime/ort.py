@@ -1,0 +1,119 @@
+"""ONNX Runtime sessions made the same way everywhere (threads, no idle spinning) and seeded random inputs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from npukit.errors import InputError
+
+_ORT_TO_NUMPY = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
+}
+
+ModelLike = str | os.PathLike[str] | bytes | onnx.ModelProto
+
+
+def make_session(
+    model: ModelLike,
+    *,
+    threads: int = 1,
+    providers: Sequence[str] = ("CPUExecutionProvider",),
+    optimization: str = "all",
+    optimized_model_path: str | None = None,
+) -> ort.InferenceSession:
+    """An InferenceSession with ``threads`` intra-op threads, sequential execution and no spinning between runs."""
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[optimization]
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.log_severity_level = 3
+    if optimized_model_path:
+        so.optimized_model_filepath = optimized_model_path
+    if isinstance(model, onnx.ModelProto):
+        model = model.SerializeToString()
+    elif not isinstance(model, bytes):
+        model = os.fspath(model)
+    try:
+        return ort.InferenceSession(model, sess_options=so, providers=list(providers))
+    except Exception as exc:  # ORT raises several unrelated types here
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"ONNX Runtime cannot load the model: {first}",
+                         hint="check the model with `npukit inspect`, or re-export it") from exc
+
+
+def input_dtype(ort_type: str) -> np.dtype:
+    try:
+        return np.dtype(_ORT_TO_NUMPY[ort_type])
+    except KeyError:
+        raise InputError(f"model input type {ort_type} is not supported for generated inputs",
+                         hint="give real inputs with --data") from None
+
+
+def random_feeds(
+    session: ort.InferenceSession,
+    *,
+    seed: int = 0,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    batch: int = 1,
+) -> dict[str, np.ndarray]:
+    """Seeded inputs for every model input: standard normal floats, small non-negative integers.
+
+    Symbolic dimensions take ``shapes[name]`` when given; otherwise a leading symbolic dim becomes ``batch`` and
+    any other symbolic dim is an error that asks for an explicit shape.
+    """
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for inp in session.get_inputs():
+        if shapes and inp.name in shapes:
+            shape = tuple(int(d) for d in shapes[inp.name])
+        else:
+            shape_list = []
+            for i, dim in enumerate(inp.shape):
+                if isinstance(dim, int) and dim > 0:
+                    shape_list.append(dim)
+                elif i == 0:
+                    shape_list.append(batch)
+                else:
+                    raise InputError(f"input {inp.name!r} has a symbolic dimension {dim!r} at axis {i}",
+                                     hint="pass the full shape with --input-shape")
+            shape = tuple(shape_list)
+        dtype = input_dtype(inp.type)
+        if np.issubdtype(dtype, np.floating):
+            feeds[inp.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype == np.bool_:
+            feeds[inp.name] = rng.integers(0, 2, shape).astype(np.bool_)
+        else:
+            feeds[inp.name] = rng.integers(0, 8, shape).astype(dtype)
+    return feeds
+
+
+def run(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    return [np.asarray(o) for o in session.run(None, dict(feeds))]
+
+
+def model_path_or_bytes(model: ModelLike) -> str | bytes:
+    if isinstance(model, onnx.ModelProto):
+        return model.SerializeToString()
+    if isinstance(model, bytes):
+        return model
+    return os.fspath(Path(model))
