@@ -1,0 +1,165 @@
+"""Model zoo: export every torchvision classification builder (random weights), run npukit's graph passes, and
+measure what each step costs and buys.
+
+Per model: the exporter used (and why it fell back), nodes before/after the passes, max relative error against
+torch of the export and of the optimized model, and ORT CPU latency after/before the passes (1 thread, interleaved
+runs, medians). Prints a table and writes JSON under benchmarks/results/.
+
+    python benchmarks/export_zoo.py                    # every classification model (long: about an hour)
+    python benchmarks/export_zoo.py --subset ci        # the representative subset CI runs
+    python benchmarks/export_zoo.py --models resnet18 mobilenet_v2
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+import torchvision
+
+from npukit.config import ExportConfig, OptimizeConfig
+from npukit.frontend.export import export_model
+from npukit.frontend.spec import resolve_model
+from npukit.frontend.verify import verify_against_torch
+from npukit.measure.latency import measure_latency_interleaved
+from npukit.passes.pipeline import optimize_model, verify_equivalent
+
+CI_SUBSET = ("mobilenet_v2", "mobilenet_v3_large", "resnet18", "efficientnet_b0", "shufflenet_v2_x1_0",
+             "convnext_tiny", "googlenet")
+RTOL = 1e-4
+RESULTS = Path(__file__).parent / "results"
+
+
+@dataclasses.dataclass
+class ZooRow:
+    model: str
+    ok: bool
+    exporter: str | None = None
+    fallback_reason: str | None = None
+    input_shape: list[int] | None = None
+    nodes_before: int | None = None
+    nodes_after: int | None = None
+    export_max_rel: float | None = None
+    optimized_max_rel_vs_torch: float | None = None
+    optimized_max_rel_vs_export: float | None = None
+    latency_before_ms: float | None = None
+    latency_after_ms: float | None = None
+    latency_ratio: float | None = None
+    export_s: float | None = None
+    error: str | None = None
+
+
+def classification_models() -> list[str]:
+    return sorted(torchvision.models.list_models(module=torchvision.models))
+
+
+def run_model(name: str, work: Path, *, runs: int, time_it: bool = True) -> ZooRow:
+    row = ZooRow(model=name, ok=False)
+    try:
+        source = resolve_model(f"torchvision:{name}")
+        exported_path = work / f"{name}.onnx"
+        result = export_model(source, exported_path, config=ExportConfig(rtol=RTOL))
+        row.exporter, row.fallback_reason = result.exporter, result.fallback_reason
+        row.input_shape = list(result.input_shape or ())
+        row.export_max_rel, row.export_s = result.max_rel_error, round(result.seconds, 1)
+        original = onnx.load(str(exported_path))
+        pipeline = optimize_model(ir.serde.deserialize_model(original), config=OptimizeConfig())
+        optimized = ir.serde.serialize_model(pipeline.model)
+        row.nodes_before, row.nodes_after = len(original.graph.node), len(optimized.graph.node)
+        row.optimized_max_rel_vs_export = verify_equivalent(original, optimized, rtol=RTOL).max_rel
+        optimized_bytes = optimized.SerializeToString()
+        row.optimized_max_rel_vs_torch = verify_against_torch(source.module, optimized_bytes, shape=result.input_shape,
+                                                              samples=1, seed=1).max_rel
+        if time_it:
+            latency = measure_latency_interleaved({"before": original.SerializeToString(), "after": optimized_bytes},
+                                                  threads=1, warmup=3, runs=runs, rounds=min(10, runs))
+            row.latency_before_ms = latency["before"].median_ms
+            row.latency_after_ms = latency["after"].median_ms
+            row.latency_ratio = row.latency_after_ms / row.latency_before_ms
+        row.ok = (row.export_max_rel is not None and row.export_max_rel <= RTOL
+                  and row.optimized_max_rel_vs_torch <= RTOL)
+    except Exception as exc:  # a zoo run records every failure and goes on
+        row.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        traceback.print_exc(file=sys.stderr)
+    finally:
+        for path in work.glob(f"{name}.onnx*"):
+            path.unlink()
+        gc.collect()
+    return row
+
+
+def print_table(rows: list[ZooRow]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="npukit export zoo (torchvision, random weights; latency: ORT CPU 1 thread, medians)")
+    for col in ("model", "exporter", "nodes before", "nodes after", "export rel err", "optimized rel err",
+                "latency before ms", "after ms", "after/before", "status"):
+        table.add_column(col, justify="left" if col in ("model", "exporter", "status") else "right")
+
+    def f(v, fmt):
+        return "—" if v is None else format(v, fmt)
+
+    for r in rows:
+        table.add_row(r.model, (r.exporter or "—") + (" (fallback)" if r.fallback_reason else ""),
+                      f(r.nodes_before, "d"), f(r.nodes_after, "d"), f(r.export_max_rel, ".2e"),
+                      f(r.optimized_max_rel_vs_torch, ".2e"), f(r.latency_before_ms, ".2f"),
+                      f(r.latency_after_ms, ".2f"), f(r.latency_ratio, ".3f"),
+                      "ok" if r.ok else (r.error or "over tolerance"))
+    Console(width=200).print(table)
+
+
+def summarize(rows: list[ZooRow]) -> dict:
+    ratios = sorted(r.latency_ratio for r in rows if r.latency_ratio is not None)
+    return {
+        "models": len(rows),
+        "exported_and_matching": sum(r.ok for r in rows),
+        "fell_back_to_torchscript": [r.model for r in rows if r.fallback_reason],
+        "failed": {r.model: r.error or "over tolerance" for r in rows if not r.ok},
+        "median_latency_ratio": ratios[len(ratios) // 2] if ratios else None,
+        "slower_after_passes_over_3pct": [r.model for r in rows if r.latency_ratio and r.latency_ratio > 1.03],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--subset", choices=("all", "ci"), default="all")
+    parser.add_argument("--models", nargs="*", help="explicit model names (overrides --subset)")
+    parser.add_argument("--runs", type=int, default=30, help="timed runs per model and variant")
+    parser.add_argument("--no-latency", action="store_true", help="skip timing (correctness only)")
+    parser.add_argument("--json", type=Path, help="output JSON (default benchmarks/results/export_zoo[_ci].json)")
+    args = parser.parse_args(argv)
+    names = args.models or (list(CI_SUBSET) if args.subset == "ci" else classification_models())
+    rows: list[ZooRow] = []
+    start = time.time()
+    with tempfile.TemporaryDirectory(prefix="npukit-zoo-") as tmp:
+        for i, name in enumerate(names, 1):
+            row = run_model(name, Path(tmp), runs=args.runs, time_it=not args.no_latency)
+            rows.append(row)
+            print(f"[{i}/{len(names)}] {name}: {'ok' if row.ok else row.error or 'over tolerance'} "
+                  f"(rel err {row.export_max_rel}, ratio {row.latency_ratio})", file=sys.stderr, flush=True)
+    print_table(rows)
+    summary = summarize(rows)
+    print(json.dumps(summary, indent=2))
+    out = args.json or RESULTS / ("export_zoo_ci.json" if args.subset == "ci" and not args.models else "export_zoo.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    from npukit.report.core import package_versions
+
+    out.write_text(json.dumps({"summary": summary, "rows": [dataclasses.asdict(r) for r in rows],
+                               "seconds": round(time.time() - start, 1), "rtol": RTOL,
+                               "packages": package_versions()}, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0 if all(r.ok for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

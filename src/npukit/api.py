@@ -1,0 +1,336 @@
+"""The npukit verbs as Python functions; the CLI is a thin shell over these.
+
+Every verb that writes an artifact also writes a JSON report beside it (``model.onnx`` -> ``model.report.json``)
+and, with ``html=True``, a self-contained HTML report (``model.report.html``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from npukit.config import BenchConfig, ExportConfig, OptimizeConfig, PreprocessConfig, to_dict
+from npukit.errors import InputError
+from npukit.report.core import Report
+from npukit.report.progress import progress, step
+
+
+@dataclasses.dataclass
+class CommandResult:
+    """What a verb produced: its report, the artifact and report files it wrote, and its main result object."""
+
+    report: Report
+    artifact: Path | None = None
+    report_path: Path | None = None
+    html_path: Path | None = None
+    result: Any = None
+
+
+def report_path_for(artifact: str | Path, suffix: str = ".report.json") -> Path:
+    artifact = Path(artifact)
+    stem = artifact.name[: -len(artifact.suffix)] if artifact.suffix else artifact.name
+    return artifact.with_name(stem + suffix)
+
+
+def _finish(report: Report, artifact: Path | None, *, html: bool, json_path: Path | None = None,
+            result: Any = None) -> CommandResult:
+    from npukit.report.html import write_html
+
+    json_path = json_path or (report_path_for(artifact) if artifact else None)
+    html_path = None
+    if artifact is not None:
+        report.add_artifact("model", artifact)
+    if json_path is not None:
+        report.add_artifact("report", json_path)
+        if html:
+            html_path = json_path.with_name(json_path.name.replace(".json", "") + ".html") \
+                if json_path.name.endswith(".json") else json_path.with_suffix(".html")
+            report.add_artifact("html", html_path)
+        report.write_json(json_path)
+        if html_path is not None:
+            write_html(report, html_path)
+    return CommandResult(report=report, artifact=artifact, report_path=json_path, html_path=html_path,
+                         result=result)
+
+
+def _check_output(output: str | Path, *, source: str | Path | None = None) -> Path:
+    output = Path(output)
+    if output.suffix.lower() != ".onnx":
+        raise InputError(f"output {output} must end in .onnx", hint="name the output like model.onnx")
+    if output.is_dir():
+        raise InputError(f"output {output} is a directory", hint="give a file name ending in .onnx")
+    if source is not None and Path(source).exists() and output.exists() and output.resolve() == Path(source).resolve():
+        raise InputError(f"output {output} is the input file", hint="write the result to a new file")
+    return output
+
+
+def _summary_figures(summary) -> dict[str, int]:
+    return {"nodes": summary.nodes, "parameters": summary.parameters, "MACs": summary.macs,
+            "size_bytes": summary.serialized_bytes}
+
+
+# ------------------------------------------------------------------------------------------------------------ export
+
+def export(
+    model: str | Any,
+    output: str | Path,
+    *,
+    weights: str | Path | None = None,
+    input_shape: str | Sequence[int] | None = None,
+    dynamic_batch: bool = False,
+    opset: int = 18,
+    exporter: str = "auto",
+    rtol: float = 1e-4,
+    html: bool = False,
+) -> CommandResult:
+    """Export MODEL (a spec string or a torch.nn.Module) to a verified single-file ONNX model at ``output``."""
+    from npukit.frontend.export import export_model
+    from npukit.frontend.spec import ModelSource, resolve_model
+    from npukit.measure.summary import summarize
+
+    config = ExportConfig(input_shape=input_shape, dynamic_batch=dynamic_batch, opset=opset, exporter=exporter,
+                          rtol=rtol)
+    output = _check_output(output, source=model if isinstance(model, (str, Path)) else None)
+    if isinstance(model, (str, Path)):
+        source = resolve_model(str(model), weights=str(weights) if weights else None)
+    else:
+        import torch
+
+        if not isinstance(model, torch.nn.Module):
+            raise InputError(f"cannot export a {type(model).__name__}", hint="pass a torch.nn.Module or a model spec")
+        if config.input_shape is None:
+            raise InputError("exporting a torch module needs an input shape", hint="pass input_shape=(1, 3, 224, 224)")
+        source = ModelSource(kind="torch", spec=type(model).__name__, module=model.eval(), onnx_path=None,
+                             default_input_shape=None, description=f"torch module {type(model).__name__}")
+    report = Report("export", config={"export": to_dict(config), "model": str(source.spec),
+                                      "weights": str(weights) if weights else None})
+    with step(f"exporting {source.description}", timings=report.timings, key="export"):
+        result = export_model(source, output, config=config)
+    report.add("export", result.as_dict())
+    summary = summarize(onnx.load(str(output)), input_shape=result.input_shape)
+    report.add("summary", {k: v for k, v in summary.as_dict().items() if k != "layers"})
+    report.add_table("Export", ["model", "exporter", "opset", "input shape", "nodes", "max abs err", "max rel err",
+                                "verified"],
+                     [[source.description, result.exporter, result.opset, "x".join(map(str, result.input_shape or ())),
+                       result.node_count, result.max_abs_error, result.max_rel_error, result.passed]])
+    if result.fallback_reason:
+        report.add_table("Exporter fallback", ["tried", "reason"], [["dynamo", result.fallback_reason]])
+    return _finish(report, output, html=html, result=result)
+
+
+# ---------------------------------------------------------------------------------------------------- optimize-graph
+
+def optimize_graph(
+    model: str | Path,
+    output: str | Path,
+    *,
+    skip_passes: Sequence[str] = (),
+    verify: bool = True,
+    rtol: float = 1e-4,
+    input_shape: str | Sequence[int] | None = None,
+    html: bool = False,
+) -> CommandResult:
+    """Run the graph passes on an ONNX model, verify the result against the original, write it to ``output``."""
+    from npukit.frontend.onnx_io import load_onnx, save_onnx
+    from npukit.measure.summary import summarize
+    from npukit.passes.pipeline import optimize_model, verify_equivalent
+    from npukit.report.terminal import before_after_table
+
+    config = OptimizeConfig(skip_passes=tuple(skip_passes), verify=verify, rtol=rtol)
+    output = _check_output(output, source=model)
+    original = load_onnx(model)
+    shape = tuple(int(d) for d in input_shape.split(",")) if isinstance(input_shape, str) else input_shape
+    report = Report("optimize-graph", config={"optimize": to_dict(config), "model": str(model)})
+    with step("running graph passes", timings=report.timings, key="passes"):
+        ir_model = ir.serde.deserialize_model(original)
+        pipeline = optimize_model(ir_model, config=config)
+        optimized = ir.serde.serialize_model(pipeline.model)
+    errors = None
+    if verify:
+        with step("verifying against the original", timings=report.timings, key="verify"):
+            errors = verify_equivalent(original, optimized, rtol=rtol, seed=config.seed)
+    save_onnx(optimized, output)
+    before = summarize(original, input_shape=shape)
+    after = summarize(optimized, input_shape=shape)
+    report.add("passes", [r.as_dict() for r in pipeline.records])
+    report.add("before", {k: v for k, v in before.as_dict().items() if k != "layers"})
+    report.add("after", {k: v for k, v in after.as_dict().items() if k != "layers"})
+    report.add("verification", errors.as_dict() if errors else None)
+    report.tables.append(before_after_table(_summary_figures(before), _summary_figures(after), title="Graph"))
+    report.tables.append(before_after_table(dict(sorted(before.ops.items())), dict(sorted(after.ops.items())),
+                                            title="Ops by type", key_label="op"))
+    report.add_table("Passes", ["pass", "rewrites", "nodes before", "nodes after", "ms", "notes"],
+                     [[r.name, r.rewrites, r.nodes_before, r.nodes_after, round(r.seconds * 1000, 1),
+                       "; ".join(r.notes[:3]) + (f" (+{len(r.notes) - 3} more)" if len(r.notes) > 3 else "")]
+                      for r in pipeline.records])
+    if errors is not None:
+        report.add_table("Verification against the original", ["max abs error", "max rel error", "rtol"],
+                         [[errors.max_abs, errors.max_rel, rtol]])
+    return _finish(report, output, html=html, result=pipeline)
+
+
+# ----------------------------------------------------------------------------------------------------------- inspect
+
+def inspect(model: str | Path, *, input_shape: str | Sequence[int] | None = None, top_layers: int = 15) -> CommandResult:
+    """Summarize an ONNX model: ops by type, parameters, MACs per layer and in total, the largest tensors."""
+    from npukit.config import parse_shape
+    from npukit.frontend.onnx_io import load_onnx
+    from npukit.measure.summary import summarize
+
+    proto = load_onnx(model)
+    summary = summarize(proto, input_shape=parse_shape(input_shape))
+    report = Report("inspect", config={"model": str(model), "input_shape": input_shape})
+    report.add("summary", summary.as_dict())
+    report.add_table("Model", ["inputs", "nodes", "parameters", "MACs", "size_bytes"],
+                     [[", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in summary.input_shapes.items()),
+                       summary.nodes, summary.parameters, summary.macs, summary.serialized_bytes]])
+    report.add_table("Ops by type", ["op", "count"], sorted(([k, v] for k, v in summary.ops.items()),
+                                                             key=lambda r: (-r[1], r[0])))
+    heavy = sorted((layer for layer in summary.layers if layer.macs), key=lambda layer: -layer.macs)[:top_layers]
+    report.add_table(f"Layers by MACs (top {len(heavy)} of {sum(1 for la in summary.layers if la.macs)})",
+                     ["layer", "op", "output shape", "params", "MACs", "share", "output_bytes"],
+                     [[la.name, la.op, "x".join(map(str, la.output_shape or ())), la.params, la.macs,
+                       f"{la.macs / summary.macs:.1%}" if summary.macs else "—", la.output_bytes] for la in heavy])
+    report.add_table("Largest activations", ["tensor", "shape", "dtype", "bytes"],
+                     [[a.name, "x".join(map(str, a.shape)), a.dtype, a.bytes] for a in summary.largest_activations])
+    return CommandResult(report=report, result=summary)
+
+
+# ------------------------------------------------------------------------------------------------------------- bench
+
+def bench(
+    model: str | Path,
+    *,
+    data: str | Path | None = None,
+    reference: str | Path | None = None,
+    threads: int = 1,
+    warmup: int = 10,
+    runs: int = 50,
+    max_samples: int | None = None,
+    preprocess: PreprocessConfig | None = None,
+    report_path: str | Path | None = None,
+    html: bool = False,
+) -> CommandResult:
+    """Latency (ORT CPU), size, and — with ``data`` — agreement with ``reference`` and accuracy against labels."""
+    from npukit.frontend.onnx_io import load_onnx
+    from npukit.measure.latency import measure_latency, measure_latency_interleaved
+    from npukit.measure.size import model_size
+
+    config = BenchConfig(threads=threads, warmup=warmup, runs=runs, max_samples=max_samples)
+    preprocess = preprocess or PreprocessConfig()
+    proto = load_onnx(model)
+    ref_proto = load_onnx(reference) if reference is not None else None
+    report = Report("bench", config={"bench": to_dict(config), "preprocess": to_dict(preprocess),
+                                     "model": str(model), "reference": str(reference) if reference else None,
+                                     "data": str(data) if data else None})
+    dataset = None
+    if data is not None:
+        dataset = _open_data(data, proto, preprocess)
+    sizes = {"model": model_size(model)}
+    if reference is not None:
+        sizes["reference"] = model_size(reference)
+    report.add("size", {k: v.as_dict() for k, v in sizes.items()})
+
+    feeds = dataset.sample(0) if dataset is not None else None
+    with step(f"timing on ORT CPU, {threads} thread(s)", timings=report.timings, key="latency"):
+        if reference is not None:
+            lat = measure_latency_interleaved({"model": str(model), "reference": str(reference)}, threads=threads,
+                                              warmup=warmup, runs=runs, feeds=feeds)
+        else:
+            lat = {"model": measure_latency(str(model), threads=threads, warmup=warmup, runs=runs, feeds=feeds)}
+    report.add("latency", {k: v.as_dict() for k, v in lat.items()})
+    rows = []
+    for name, res in lat.items():
+        ratio = res.median_ms / lat["reference"].median_ms if "reference" in lat else None
+        rows.append([name, Path(str(model if name == "model" else reference)).name, sizes[name].file_bytes,
+                     res.median_ms, res.p90_ms, ratio])
+    report.add_table(f"Latency on ORT CPU ({threads} thread{'s' if threads > 1 else ''}, median of {runs} runs)",
+                     ["role", "file", "size_bytes", "median ms", "p90 ms", "ratio to reference"], rows)
+    report.add_figure("Latency (median ms)", "bar",
+                      {"labels": list(lat), "values": [v.median_ms for v in lat.values()]}, x_label="ms")
+
+    if dataset is not None:
+        agreement = _evaluate(proto, ref_proto, dataset, config=config, threads=threads)
+        shown = agreement.as_dict()
+        if ref_proto is None:  # without a reference only the accuracy figures mean anything
+            shown = {k: v for k, v in shown.items() if k == "samples" or "candidate" in k or k == "labeled_samples"}
+        report.add("agreement" if ref_proto is not None else "accuracy", shown)
+        fields = [("samples", agreement.samples)]
+        if ref_proto is not None:
+            fields += [("top-1 agreement", agreement.top1_agreement), ("top-5 overlap", agreement.top5_overlap),
+                       ("SQNR dB", agreement.sqnr_db),
+                       ("confident samples", agreement.confident_samples),
+                       ("top-1 agreement where reference confident", agreement.top1_agreement_confident)]
+        if agreement.labeled_samples:
+            fields += [("top-1 accuracy", agreement.top1_accuracy_candidate),
+                       ("top-5 accuracy", agreement.top5_accuracy_candidate)]
+            if ref_proto is not None:
+                fields += [("top-1 accuracy (reference)", agreement.top1_accuracy_reference)]
+        report.add_table(f"Agreement on {Path(str(data)).name}", ["metric", "value"], [list(f) for f in fields])
+    json_path = Path(report_path) if report_path else None
+    return _finish(report, None, html=html, json_path=json_path, result=report.sections)
+
+
+def _open_data(data: str | Path, proto: onnx.ModelProto, preprocess: PreprocessConfig):
+    from npukit.data.readers import open_dataset
+    from npukit.frontend.onnx_io import graph_inputs
+
+    inputs = graph_inputs(proto)
+    if len(inputs) != 1 and Path(data).suffix != ".npz":
+        raise InputError(f"the model has {len(inputs)} inputs; an image folder or .npy feeds only one",
+                         hint="pass a .npz file with one array per input name")
+    first = inputs[0]
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in first.type.tensor_type.shape.dim]
+    if len(dims) == 4 and dims[1] in (1, 3) and Path(data).is_dir() and dims[2] and dims[2] != preprocess.size:
+        preprocess = dataclasses.replace(preprocess, size=dims[2], resize=max(preprocess.resize, dims[2]))
+    if len(dims) == 4 and dims[1] == 1 and preprocess.channels != 1:
+        preprocess = dataclasses.replace(preprocess, channels=1, mean=(preprocess.mean[0],), std=(preprocess.std[0],))
+    dataset = open_dataset(data, preprocess=preprocess, input_name=first.name if len(inputs) == 1 else None)
+    dataset.check_against({i.name: tuple(d.dim_value if d.HasField("dim_value") else None
+                                         for d in i.type.tensor_type.shape.dim) for i in inputs})
+    dataset.validate()
+    return dataset
+
+
+def _evaluate(proto: onnx.ModelProto, ref_proto: onnx.ModelProto | None, dataset, *, config: BenchConfig,
+              threads: int):
+    from npukit.measure.fidelity import AgreementMeter
+    from npukit.runtime.ort import make_session
+
+    session = make_session(proto, threads=threads)
+    ref_session = make_session(ref_proto, threads=threads) if ref_proto is not None else None
+    meter = AgreementMeter()
+    total = len(dataset) if config.max_samples is None else min(config.max_samples, len(dataset))
+    for batch in progress(dataset.batches(config.batch_size, limit=total), total=-(-total // config.batch_size),
+                          description="evaluating"):
+        cand = _logits(session.run(None, batch.feeds))
+        ref = _logits(ref_session.run(None, batch.feeds)) if ref_session is not None else cand
+        meter.update(ref, cand, batch.labels)
+    return meter.result()
+
+
+def _logits(outputs: list) -> np.ndarray:
+    out = np.asarray(outputs[0], dtype=np.float32)
+    return out.reshape(out.shape[0], -1)
+
+
+# -------------------------------------------------------------------------------------------------------------- demo
+
+def demo(
+    output_dir: str | Path = "npukit_out",
+    *,
+    threads: int = 1,
+    runs: int = 50,
+    html: bool = True,
+) -> CommandResult:
+    """The main job on the embedded default: MobileNetV2 with official ImageNet weights, real photos, every stage."""
+    from npukit.demo import run_demo
+
+    return run_demo(Path(output_dir), threads=threads, runs=runs, html=html)
+

@@ -1,0 +1,159 @@
+"""The ``npukit`` command: one sub-command per verb, a thin shell over :mod:`npukit.api`.
+
+Exit codes: 0 success, 1 a numeric check failed (the message says which and what to try), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from npukit import __version__
+
+
+def _add_html(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--html", action="store_true", help="also write a self-contained HTML report beside the JSON one")
+
+
+def _add_shape(p: argparse.ArgumentParser, help_text: str) -> None:
+    p.add_argument("--input-shape", metavar="N,C,H,W", help=help_text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="npukit",
+        description="Turn a PyTorch or ONNX model into a fast, small, verified artifact for phones and NPUs, "
+                    "and measure it.")
+    parser.add_argument("--version", action="version", version=f"npukit {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    p = sub.add_parser("export", help="PyTorch (torchvision:NAME, module:factory, .pt2) or ONNX -> verified ONNX",
+                       description="Export a model to a single-file ONNX model, verified against torch on seeded "
+                                   "inputs. MODEL: torchvision:NAME | package.module:factory | file.pt2 | file.onnx")
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("-o", "--output", required=True, help="output .onnx path")
+    p.add_argument("--weights", help="state-dict file (.pth/.pt) for torchvision:NAME or module:factory")
+    _add_shape(p, "input shape, e.g. 1,3,224,224 (default: the model's usual one)")
+    p.add_argument("--dynamic-batch", action="store_true", help="make the batch dimension symbolic")
+    p.add_argument("--opset", type=int, default=18, help="ONNX opset (17-23, default 18)")
+    p.add_argument("--exporter", choices=("auto", "dynamo", "torchscript"), default="auto",
+                   help="auto: torch.export-based exporter, falling back to the TorchScript one")
+    p.add_argument("--rtol", type=float, default=1e-4, help="max error relative to the output range (default 1e-4)")
+    _add_html(p)
+
+    p = sub.add_parser("optimize-graph", help="constant folding, dead code, BatchNorm folding, fusions; verified",
+                       description="Run npukit's graph passes and verify the result against the original.")
+    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("-o", "--output", required=True, help="output .onnx path")
+    p.add_argument("--skip-pass", action="append", default=[], metavar="NAME", help="leave a pass out (repeatable)")
+    p.add_argument("--no-verify", action="store_true", help="skip the numerical check against the original")
+    p.add_argument("--rtol", type=float, default=1e-4, help="max error relative to the output range (default 1e-4)")
+    _add_shape(p, "input shape for the MAC count when the model's is symbolic")
+    _add_html(p)
+
+    p = sub.add_parser("inspect", help="ops by type, parameters, MACs per layer, tensor sizes")
+    p.add_argument("model", metavar="MODEL.onnx")
+    _add_shape(p, "input shape when the model's is symbolic")
+    p.add_argument("--top", type=int, default=15, help="layers to list by MACs (default 15)")
+    p.add_argument("--json", metavar="PATH", help="also write the summary as a JSON report")
+
+    p = sub.add_parser("bench", help="latency on ORT CPU, size, and agreement/accuracy on data",
+                       description="Measure latency (warm-up, then median/p90), size and, with --data, agreement "
+                                   "with a reference model and accuracy against labels.")
+    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("--data", help="image folder (class subfolders give labels), image, .npy or .npz")
+    p.add_argument("--reference", metavar="REF.onnx", help="the model to compare against (e.g. the FP32 export)")
+    p.add_argument("--threads", type=int, default=1, help="ORT intra-op threads (default 1)")
+    p.add_argument("--runs", type=int, default=50, help="timed runs (default 50)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed warm-up runs (default 10)")
+    p.add_argument("--max-samples", type=int, help="use at most this many data samples")
+    p.add_argument("--size", type=int, default=224, help="image crop size (default 224; the model's own wins)")
+    p.add_argument("--resize", type=int, default=256, help="resize the short side to this before cropping")
+    p.add_argument("--mean", default="0.485,0.456,0.406", help="per-channel mean (default ImageNet)")
+    p.add_argument("--std", default="0.229,0.224,0.225", help="per-channel std (default ImageNet)")
+    p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
+    _add_html(p)
+
+    p = sub.add_parser("demo", help="the whole pipeline on MobileNetV2 (official weights) and real photos, offline")
+    p.add_argument("-o", "--output-dir", default="npukit_out", help="where artifacts and reports go")
+    p.add_argument("--threads", type=int, default=1, help="ORT intra-op threads for timing (default 1)")
+    p.add_argument("--runs", type=int, default=50, help="timed runs per model (default 50)")
+    p.add_argument("--no-html", action="store_true", help="skip the HTML report")
+    return parser
+
+
+def _floats(text: str, what: str) -> tuple[float, ...]:
+    from npukit.errors import InputError
+
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise InputError(f"{what} {text!r} is not a comma-separated list of numbers", hint="e.g. 0.5,0.5,0.5") \
+            from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from npukit import api
+    from npukit.config import PreprocessConfig
+    from npukit.report.terminal import print_report
+
+    if args.verb == "export":
+        out = api.export(args.model, args.output, weights=args.weights, input_shape=args.input_shape,
+                         dynamic_batch=args.dynamic_batch, opset=args.opset, exporter=args.exporter, rtol=args.rtol,
+                         html=args.html)
+    elif args.verb == "optimize-graph":
+        out = api.optimize_graph(args.model, args.output, skip_passes=args.skip_pass, verify=not args.no_verify,
+                                 rtol=args.rtol, input_shape=args.input_shape, html=args.html)
+    elif args.verb == "inspect":
+        out = api.inspect(args.model, input_shape=args.input_shape, top_layers=args.top)
+        if args.json:
+            out = api._finish(out.report, None, html=False, json_path=__import__("pathlib").Path(args.json),
+                              result=out.result)
+    elif args.verb == "bench":
+        mean, std = _floats(args.mean, "--mean"), _floats(args.std, "--std")
+        pre = PreprocessConfig(size=args.size, resize=max(args.resize, args.size), mean=mean, std=std,
+                               channels=len(mean))
+        out = api.bench(args.model, data=args.data, reference=args.reference, threads=args.threads,
+                        runs=args.runs, warmup=args.warmup, max_samples=args.max_samples, preprocess=pre,
+                        report_path=args.report, html=args.html)
+    elif args.verb == "demo":
+        out = api.demo(args.output_dir, threads=args.threads, runs=args.runs, html=not args.no_html)
+    else:  # pragma: no cover - argparse rejects unknown verbs
+        raise AssertionError(args.verb)
+    from rich.console import Console
+
+    print_report(out.report, console=Console(width=None if sys.stdout.isatty() else 140))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    from npukit.errors import NpukitError
+    from npukit.report.terminal import print_error
+
+    try:
+        return run(args)
+    except NpukitError as exc:
+        if args.debug:
+            raise
+        print_error(exc.one_line())
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print_error("interrupted; nothing was left half-written.")
+        return 130
+    except Exception as exc:  # an npukit bug: say so in one line, with the way to the traceback
+        if args.debug:
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print_error(f"internal error: {type(exc).__name__}: {first}. Rerun with --debug for the traceback "
+                    "and report it.")
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""Data sets for calibration and evaluation: a folder of images, a .npy array or a .npz archive, read lazily.
+
+- Image folder (or one image file): .jpg .jpeg .png .bmp .webp found recursively (hidden files skipped), in sorted
+  order of their paths relative to the folder, decoded and preprocessed one at a time when read. Labels, when
+  known: from ``labels.csv`` / ``labels.txt`` in the folder (one ``file,label`` or ``file label`` row per image;
+  file is the path relative to the folder or, when unique, the bare file name; an optional header row), else from
+  class subfolders when every image lies in one (ImageNet style): integer folder names give their own value,
+  other names their index in sorted order.
+- .npy: an array (N, ...) opened memory-mapped; one input.
+- .npz: one array (N, ...) per model input, keyed by input name (a lone array goes to ``input_name`` whatever its
+  key), and an optional integer ``labels`` array (N,). The archive's arrays are read into memory when opened.
+
+Arrays must be numeric; float64 is read as float32. NaN/Inf is checked per sample as it is read.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import re
+import zipfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from npukit.config import PreprocessConfig
+from npukit.data.preprocess import load_image, preprocess_image
+from npukit.errors import InputError
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+LABEL_FILES = ("labels.csv", "labels.txt")
+DEFAULT_INPUT_NAME = "input"
+
+ModelShape = Sequence[int | str | None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """Consecutive samples ``start .. start + size - 1``: feeds hold a leading batch axis of ``size``."""
+
+    feeds: dict[str, np.ndarray]
+    labels: np.ndarray | None
+    start: int
+
+    @property
+    def size(self) -> int:
+        return len(next(iter(self.feeds.values())))
+
+
+class Dataset(abc.ABC):
+    """Samples as model feeds ({input name: array with batch axis 1}); ``labels`` (int64, one per sample) or None."""
+
+    kind: str
+    source: Path
+    labels: np.ndarray | None
+
+    @property
+    @abc.abstractmethod
+    def input_names(self) -> tuple[str, ...]: ...
+
+    @property
+    @abc.abstractmethod
+    def sample_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Shape of one sample per input, without the batch axis."""
+
+    @abc.abstractmethod
+    def __len__(self) -> int: ...
+
+    @abc.abstractmethod
+    def _read(self, start: int, stop: int) -> dict[str, np.ndarray]: ...
+
+    def sample(self, index: int) -> dict[str, np.ndarray]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"sample {index} out of range for {len(self)} samples")
+        return self._read(index, index + 1)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        for i in range(len(self)):
+            yield self._read(i, i + 1)
+
+    def batches(self, batch_size: int, *, limit: int | None = None) -> Iterator[Batch]:
+        """Batches of up to ``batch_size`` samples over the first ``limit`` samples (all when None)."""
+        if batch_size < 1:
+            raise InputError("batch size must be at least 1")
+        end = len(self) if limit is None else min(limit, len(self))
+        for start in range(0, end, batch_size):
+            stop = min(start + batch_size, end)
+            labels = None if self.labels is None else self.labels[start:stop]
+            yield Batch(self._read(start, stop), labels, start)
+
+    def validate(self) -> None:
+        """Read the first sample now, so that a bad data set fails before any long work starts."""
+        self._read(0, 1)
+
+    def check_against(self, input_shape: ModelShape | Mapping[str, ModelShape]) -> None:
+        """Raise InputError unless samples fit the model's input shape(s); symbolic/None dims and the batch axis
+        match anything. A bare shape means the data set's only input."""
+        if isinstance(input_shape, Mapping):
+            expected = {name: tuple(shape) for name, shape in input_shape.items()}
+        else:
+            expected = {self.input_names[0]: tuple(input_shape)}
+        missing = [name for name in expected if name not in self.sample_shapes]
+        if missing:
+            raise InputError(f"data {self.source} has no array for model input {missing[0]!r} "
+                             f"(it has {', '.join(map(repr, self.input_names))})",
+                             hint="name the arrays of the .npz after the model's inputs")
+        for name, model_shape in expected.items():
+            got = self.sample_shapes[name]
+            fits = len(model_shape) == len(got) + 1 and all(
+                not isinstance(m, int) or m <= 0 or m == g for m, g in zip(model_shape[1:], got))
+            if not fits:
+                shown = "(" + ", ".join("N" if not isinstance(d, int) or d <= 0 else str(d) for d in model_shape) + ")"
+                raise InputError(
+                    f"data {self.source} has samples of shape {got} for input {name!r}, "
+                    f"but the model takes {shown}",
+                    hint=self._shape_hint(model_shape))
+
+    def _shape_hint(self, model_shape: tuple) -> str:
+        return "give samples with the model's input shape (the first axis counts samples)"
+
+
+class ImageDataset(Dataset):
+    """Image files decoded and preprocessed one at a time when read: memory stays bounded whatever their number."""
+
+    kind = "images"
+
+    def __init__(self, source: Path, paths: list[Path], labels: np.ndarray | None, *,
+                 preprocess: PreprocessConfig, input_name: str) -> None:
+        self.source = source
+        self.paths = paths
+        self.labels = labels
+        self.preprocess = preprocess
+        self._input_name = input_name
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return (self._input_name,)
+
+    @property
+    def sample_shapes(self) -> dict[str, tuple[int, ...]]:
+        p = self.preprocess
+        return {self._input_name: (p.channels, p.size, p.size)}
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def _read(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        arrays = [preprocess_image(load_image(p), self.preprocess) for p in self.paths[start:stop]]
+        return {self._input_name: np.stack(arrays)}
+
+    def _shape_hint(self, model_shape: tuple) -> str:
+        return "set the preprocessing size and channels to the model's input (NCHW)"
+
+
+class ArrayDataset(Dataset):
+    """Arrays (N, ...) per input, memory-mapped when they come from a .npy file."""
+
+    def __init__(self, source: Path, kind: str, arrays: dict[str, np.ndarray], labels: np.ndarray | None) -> None:
+        self.source = source
+        self.kind = kind
+        self.arrays = arrays
+        self.labels = labels
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(self.arrays)
+
+    @property
+    def sample_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: tuple(arr.shape[1:]) for name, arr in self.arrays.items()}
+
+    def __len__(self) -> int:
+        return len(next(iter(self.arrays.values())))
+
+    def _read(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        feeds = {}
+        for name, arr in self.arrays.items():
+            part = np.array(arr[start:stop], dtype=np.float32 if arr.dtype == np.float64 else arr.dtype)
+            if part.dtype.kind == "f" and not np.isfinite(part).all():
+                bad = start + int(np.argmin(np.isfinite(part.reshape(len(part), -1)).all(axis=1)))
+                raise InputError(f"sample {bad} of {self.source} (array {name!r}) holds NaN or Inf values",
+                                 hint="remove or repair the non-finite samples")
+            feeds[name] = part
+        return feeds
+
+
+def open_dataset(path: str | Path, *, preprocess: PreprocessConfig, input_name: str | None = None) -> Dataset:
+    """Open a folder of images, one image, a .npy or a .npz (see the module docstring) as a lazily read Dataset."""
+    path = Path(path)
+    name = input_name or DEFAULT_INPUT_NAME
+    if not path.exists():
+        raise InputError(f"data path {path} does not exist",
+                         hint="pass a folder of images, an image, a .npy or a .npz file")
+    if path.is_dir():
+        return _open_image_folder(path, preprocess=preprocess, input_name=name)
+    suffix = path.suffix.lower()
+    if suffix in IMAGE_SUFFIXES:
+        return ImageDataset(path, [path], None, preprocess=preprocess, input_name=name)
+    if suffix == ".npy":
+        return _open_npy(path, input_name=name)
+    if suffix == ".npz":
+        return _open_npz(path, input_name=input_name)
+    raise InputError(f"data file {path} is not a folder, an image, a .npy or a .npz",
+                     hint=f"image files end in {', '.join(IMAGE_SUFFIXES)}")
+
+
+def _open_image_folder(folder: Path, *, preprocess: PreprocessConfig, input_name: str) -> ImageDataset:
+    found = [p for p in folder.rglob("*")
+             if p.suffix.lower() in IMAGE_SUFFIXES and not _hidden(p.relative_to(folder)) and p.is_file()]
+    if not found:
+        raise InputError(f"no images found in {folder} (looked for {' '.join(IMAGE_SUFFIXES)}, in subfolders too)",
+                         hint="put image files in the folder, or pass a .npy/.npz file")
+    relative = sorted(p.relative_to(folder).as_posix() for p in found)
+    paths = [folder / r for r in relative]
+    label_file = next((folder / n for n in LABEL_FILES if (folder / n).is_file()), None)
+    if label_file is not None:
+        labels = _labels_from_file(label_file, relative)
+    else:
+        labels = _labels_from_subfolders(relative)
+    return ImageDataset(folder, paths, labels, preprocess=preprocess, input_name=input_name)
+
+
+def _hidden(relative: Path) -> bool:
+    return any(part.startswith(".") for part in relative.parts)
+
+
+def _labels_from_subfolders(relative: list[str]) -> np.ndarray | None:
+    parts = [r.split("/") for r in relative]
+    if any(len(p) < 2 for p in parts):
+        return None
+    classes = sorted({p[0] for p in parts})
+    if all(re.fullmatch(r"\d+", c) for c in classes):
+        return np.array([int(p[0]) for p in parts], dtype=np.int64)
+    index = {c: i for i, c in enumerate(classes)}
+    return np.array([index[p[0]] for p in parts], dtype=np.int64)
+
+
+def _labels_from_file(label_file: Path, relative: list[str]) -> np.ndarray:
+    by_path: dict[str, int] = {}
+    for line_no, line in enumerate(label_file.read_text().splitlines(), start=1):
+        fields = [f.strip() for f in re.split(r"[,\t]|\s+", line.strip()) if f.strip()]
+        if not fields:
+            continue
+        if len(fields) != 2 or not re.fullmatch(r"-?\d+", fields[1]):
+            if not by_path and line_no == 1:
+                continue  # a header row
+            raise InputError(f"{label_file} line {line_no} is not 'file,label' with an integer label: {line.strip()!r}",
+                             hint="write one 'file,label' row per image, label a class index")
+        name = fields[0].replace("\\", "/")
+        by_path[name[2:] if name.startswith("./") else name] = int(fields[1])
+    basenames: dict[str, list[str]] = {}
+    for rel in relative:
+        basenames.setdefault(rel.rsplit("/", 1)[-1], []).append(rel)
+    labels = []
+    for rel in relative:
+        base = rel.rsplit("/", 1)[-1]
+        if rel in by_path:
+            labels.append(by_path[rel])
+        elif base in by_path and len(basenames[base]) == 1:
+            labels.append(by_path[base])
+        else:
+            raise InputError(f"{label_file} gives no label for image {rel}",
+                             hint="add a row for every image, or remove the labels file")
+    return np.array(labels, dtype=np.int64)
+
+
+def _open_npy(path: Path, *, input_name: str) -> ArrayDataset:
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as exc:
+        raise InputError(f"cannot read {path} as a numeric array: {exc}",
+                         hint="save a numeric array with numpy.save") from None
+    _check_array(arr, path, input_name)
+    return ArrayDataset(path, "npy", {input_name: arr}, None)
+
+
+def _open_npz(path: Path, *, input_name: str | None) -> ArrayDataset:
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {key: archive[key] for key in archive.files}
+    except (ValueError, OSError, zipfile.BadZipFile) as exc:
+        raise InputError(f"cannot read {path} as a .npz archive of numeric arrays: {exc}",
+                         hint="save it with numpy.savez(path, input_name=array, labels=labels)") from None
+    labels = arrays.pop("labels", None)
+    if not arrays:
+        raise InputError(f"{path} holds no input arrays", hint="save one array per model input, keyed by input name")
+    if len(arrays) == 1 and input_name is not None:
+        arrays = {input_name: next(iter(arrays.values()))}
+    elif input_name is not None and input_name not in arrays:
+        raise InputError(f"{path} has no array for model input {input_name!r} (it has {', '.join(arrays)})",
+                         hint="key the arrays by the model's input names")
+    for name, arr in arrays.items():
+        _check_array(arr, path, name)
+    counts = {len(arr) for arr in arrays.values()}
+    if len(counts) != 1:
+        raise InputError(f"the arrays in {path} hold different numbers of samples ({sorted(counts)})",
+                         hint="give every input the same number of samples")
+    if labels is not None:
+        labels = np.asarray(labels)
+        if labels.dtype.kind not in "iu" or labels.ndim != 1 or len(labels) != counts.pop():
+            raise InputError(f"labels in {path} must be one integer per sample, got {labels.dtype} {labels.shape}",
+                             hint="save labels as an integer array of shape (N,)")
+        labels = labels.astype(np.int64)
+    return ArrayDataset(path, "npz", arrays, labels)
+
+
+def _check_array(arr: np.ndarray, path: Path, name: str) -> None:
+    if arr.dtype.kind not in "biuf":
+        raise InputError(f"array {name!r} in {path} has dtype {arr.dtype}, which is not numeric",
+                         hint="save float or integer arrays")
+    if arr.ndim < 1 or len(arr) == 0:
+        raise InputError(f"array {name!r} in {path} holds no samples (shape {arr.shape})",
+                         hint="save an array of shape (N, ...) with N >= 1")

@@ -1,0 +1,106 @@
+"""The main job on the embedded default: MobileNetV2 (official ImageNet weights) through every stage npukit has,
+measured on real photos, ending in one report.
+
+Stages: export (verified against torch) -> graph passes (verified against the export) -> latency side by side
+(interleaved, medians) -> agreement with the float model on real-photo crops -> report (JSON, HTML, terminal).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from npukit.report.core import Report
+from npukit.report.progress import progress, step
+
+MODEL_SPEC = "torchvision:mobilenet_v2"
+INPUT_SHAPE = (1, 3, 224, 224)
+
+
+def run_demo(output_dir: Path, *, threads: int = 1, runs: int = 50, html: bool = True):
+    from npukit import api
+    from npukit.data.embedded import calibration_and_evaluation_sets, default_model_weights, imagenet_categories
+    from npukit.measure.fidelity import AgreementMeter
+    from npukit.measure.latency import measure_latency_interleaved
+    from npukit.measure.size import model_size
+    from npukit.runtime.ort import make_session
+
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    weights = default_model_weights()
+    report = Report("demo", title="npukit demo: MobileNetV2 (official ImageNet weights) on real photos",
+                    config={"model": MODEL_SPEC, "weights": str(weights), "input_shape": list(INPUT_SHAPE),
+                            "threads": threads, "runs": runs})
+
+    fp32_path = output_dir / "mobilenet_v2.onnx"
+    exported = api.export(MODEL_SPEC, fp32_path, weights=weights, input_shape=INPUT_SHAPE, html=False)
+    report.timings.update({f"export.{k}": v for k, v in exported.report.timings.items()})
+    report.add("export", exported.report.sections["export"])
+    report.tables.extend(exported.report.tables)
+
+    opt_path = output_dir / "mobilenet_v2.opt.onnx"
+    optimized = api.optimize_graph(fp32_path, opt_path, input_shape=INPUT_SHAPE, html=False)
+    report.timings.update({f"optimize.{k}": v for k, v in optimized.report.timings.items()})
+    for key in ("passes", "before", "after", "verification"):
+        report.add(f"optimize.{key}", optimized.report.sections[key])
+    report.tables.extend(optimized.report.tables)
+
+    with step("cutting real photos into crops", timings=report.timings, key="data"):
+        photos = calibration_and_evaluation_sets()
+    report.add("data", photos.describe())
+    models = {"fp32": fp32_path, "optimized": opt_path}
+
+    with step(f"timing {len(models)} models side by side", timings=report.timings, key="latency"):
+        latency = measure_latency_interleaved({k: str(v) for k, v in models.items()}, threads=threads, runs=runs,
+                                              feeds={_input_name(fp32_path): photos.evaluation[:1]})
+    base = latency["fp32"].median_ms
+    categories = imagenet_categories()
+    sessions = {k: make_session(v, threads=threads) for k, v in models.items()}
+    names = {k: s.get_inputs()[0].name for k, s in sessions.items()}
+    logits: dict[str, list[np.ndarray]] = {k: [] for k in models}
+    for i in progress(range(len(photos.evaluation)), description="evaluating on real photos"):
+        x = photos.evaluation[i:i + 1]
+        for k, s in sessions.items():
+            logits[k].append(np.asarray(s.run(None, {names[k]: x})[0], dtype=np.float32).reshape(1, -1))
+    stacked = {k: np.concatenate(v) for k, v in logits.items()}
+    rows, summary = [], {}
+    for k, path in models.items():
+        meter = AgreementMeter()
+        meter.update(stacked["fp32"], stacked[k])
+        agreement = meter.result()
+        size = model_size(path)
+        summary[k] = {"file": str(path), "file_bytes": size.file_bytes, "latency": latency[k].as_dict(),
+                      "agreement_with_fp32": agreement.as_dict()}
+        rows.append([k, path.name, size.file_bytes, latency[k].median_ms, latency[k].median_ms / base,
+                     agreement.top1_agreement, agreement.top5_overlap, agreement.sqnr_db])
+    report.add("models", summary)
+    report.add_table(f"Models on {len(photos.evaluation)} real-photo crops (ORT CPU, {threads} thread(s), "
+                     f"interleaved medians)",
+                     ["model", "file", "size_bytes", "median ms", "latency vs fp32", "top-1 agreement",
+                      "top-5 overlap", "logits SQNR dB"], rows)
+    report.add_figure("Latency, median ms", "bar",
+                      {"labels": list(models), "values": [latency[k].median_ms for k in models]}, x_label="ms")
+
+    per_photo = len(photos.evaluation) // max(1, len(photos.evaluation_photos))
+    best = "optimized"
+    top = []
+    for j, name in enumerate(photos.evaluation_photos):
+        row = stacked[best][j * per_photo]
+        prob = np.exp(row - row.max())
+        prob /= prob.sum()
+        c = int(np.argmax(row))
+        top.append([name, categories[c], float(prob[c])])
+    report.add("predictions", [{"photo": p, "top1": c, "probability": pr} for p, c, pr in top])
+    report.add_table("What the optimized model sees (center crop of each evaluation photo)",
+                     ["photo", "top-1 class", "probability"], top)
+
+    report.add_artifact("fp32", fp32_path)
+    report.add_artifact("optimized", opt_path)
+    return api._finish(report, None, html=html, json_path=output_dir / "demo.report.json", result=summary)
+
+
+def _input_name(path: Path) -> str:
+    import onnx
+
+    return onnx.load(str(path), load_external_data=False).graph.input[0].name

@@ -1,0 +1,279 @@
+"""Export a ModelSource to one verified ONNX file: dynamo exporter first, TorchScript exporter as the fallback."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import os
+import re
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import torch
+
+from npukit.config import ExportConfig
+from npukit.errors import InputError, NpukitError, NumericCheckError
+from npukit.frontend._messages import first_line
+from npukit.frontend.onnx_io import fix_input_shape, graph_inputs, load_onnx, save_onnx, static_input_shape
+from npukit.frontend.spec import ModelSource
+from npukit.frontend.verify import flatten_outputs, seeded_samples, stack_samples, verify_against_torch
+from npukit.measure.compare import OutputErrors, compare_outputs
+from npukit.runtime.ort import make_session, random_feeds, run
+
+ExporterName = Literal["dynamo", "torchscript", "passthrough"]
+
+# The TorchScript-based exporter stops at this opset (torch.onnx._constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET).
+TORCHSCRIPT_MAX_OPSET = 20
+_REASON_MAX_CHARS = 300
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportResult:
+    """What an export produced and how closely ONNX Runtime matches torch on seeded inputs."""
+
+    path: Path
+    source_kind: str
+    exporter: ExporterName
+    fallback_reason: str | None  # why the dynamo exporter failed when "auto" fell back to TorchScript
+    opset: int
+    input_shape: tuple[int, ...] | None
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    max_abs_error: float | None  # None when there was nothing to compare against
+    max_rel_error: float | None
+    passed: bool
+    seconds: float
+    node_count: int
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["path"] = str(self.path)
+        data["input_shape"] = list(self.input_shape) if self.input_shape is not None else None
+        data["input_names"] = list(self.input_names)
+        data["output_names"] = list(self.output_names)
+        return data
+
+
+def export_model(source: ModelSource, output: str | Path, *, config: ExportConfig) -> ExportResult:
+    """Write ``source`` as ONNX to ``output`` and verify it; nothing is left at ``output`` if anything fails.
+
+    A failed numeric check still writes the file, then raises NumericCheckError with ``exc.result`` set.
+    """
+    start = time.perf_counter()
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=output.parent, prefix=f".{output.name}.") as work:
+        staged = Path(work) / output.name
+        if source.kind == "onnx":
+            fields = _passthrough(source, staged, config=config)
+        else:
+            fields = _export_torch(source, staged, Path(work), config=config)
+        written = onnx.load_model(str(staged), load_external_data=False)
+        data = staged.with_name(staged.name + ".data")
+        if data.exists():
+            os.replace(data, output.with_name(output.name + ".data"))
+        os.replace(staged, output)
+    result = ExportResult(
+        path=output,
+        source_kind=source.kind,
+        opset=next(o.version for o in written.opset_import if o.domain in ("", "ai.onnx")),
+        input_names=tuple(i.name for i in graph_inputs(written)),
+        output_names=tuple(o.name for o in written.graph.output),
+        node_count=len(written.graph.node),
+        seconds=time.perf_counter() - start,
+        **fields,
+    )
+    if not result.passed:
+        figures = (f"max rel error {result.max_rel_error:.3g} > rtol {config.rtol:g} "
+                   f"(max abs {result.max_abs_error:.3g})" if result.max_rel_error is not None
+                   else "its outputs do not line up with torch's")
+        alternative = "torchscript" if result.exporter == "dynamo" else "dynamo"
+        exc = NumericCheckError(f"the ONNX model written to {output} does not match torch: {figures}",
+                                hint=f"try --exporter {alternative}, or raise --rtol if this error is acceptable")
+        exc.result = result  # type: ignore[attr-defined]
+        raise exc
+    return result
+
+
+# ------------------------------------------------------------------------------------------------------- torch
+
+
+def _export_torch(source: ModelSource, staged: Path, work: Path, *, config: ExportConfig) -> dict[str, Any]:
+    module = source.module
+    assert module is not None, "a torch ModelSource carries its module"
+    shape = config.input_shape or source.default_input_shape
+    if shape is None:
+        raise InputError(f"no input shape is known for {source.spec}", hint="pass one with --input-shape 1,3,224,224")
+    outputs = _check_shape_fits(module, shape)
+    input_names = ["input"]
+    output_names = ["output"] if len(outputs) == 1 else [f"output_{i}" for i in range(len(outputs))]
+    # A batch of 1 invites torch to specialize the batch dim; trace a dynamic batch with 2.
+    trace_shape = (max(shape[0], 2), *shape[1:]) if config.dynamic_batch else tuple(shape)
+    example = (torch.from_numpy(seeded_samples(trace_shape, samples=1, seed=config.seed)[0]),)
+
+    fallback_reason: str | None = None
+    exporter: ExporterName
+    if config.exporter in ("auto", "dynamo"):
+        try:
+            model = _run_dynamo(module, example, input_names, output_names, config=config)
+            exporter = "dynamo"
+        except Exception as exc:
+            if config.exporter == "dynamo":
+                raise NpukitError(f"the dynamo exporter failed: {_failure_summary(exc)}",
+                                  hint="try --exporter torchscript") from exc
+            fallback_reason = _failure_summary(exc)
+    if config.exporter == "torchscript" or fallback_reason is not None:
+        try:
+            model = _run_torchscript(module, example, input_names, output_names, work, config=config)
+            exporter = "torchscript"
+        except Exception as exc:
+            before = f"the dynamo exporter failed ({fallback_reason}), then " if fallback_reason else ""
+            raise NpukitError(f"{before}the TorchScript exporter failed: {_failure_summary(exc)}",
+                              hint="simplify the model's forward, or export it yourself and pass the .onnx") from exc
+    save_onnx(model, staged)
+    try:
+        errors: OutputErrors | None = verify_against_torch(module, staged, shape=shape,
+                                                           samples=config.verify_samples, seed=config.seed)
+    except NumericCheckError:
+        errors = None
+    return {
+        "exporter": exporter,
+        "fallback_reason": fallback_reason,
+        "input_shape": tuple(shape),
+        "max_abs_error": errors.max_abs if errors else None,
+        "max_rel_error": errors.max_rel if errors else None,
+        "passed": errors is not None and errors.within(config.rtol),
+    }
+
+
+def _check_shape_fits(module: torch.nn.Module, shape: tuple[int, ...]) -> list[torch.Tensor]:
+    x = torch.zeros(tuple(shape), dtype=torch.float32)
+    try:
+        with torch.no_grad(), _quiet():
+            outputs = flatten_outputs(module(x))
+    except Exception as exc:
+        raise InputError(f"input shape ({','.join(map(str, shape))}) does not fit the model: {first_line(exc)}",
+                         hint="pass the shape the model expects with --input-shape") from exc
+    if not outputs:
+        raise InputError("the model returns no tensors", hint="return the model's outputs as tensors")
+    return outputs
+
+
+def _run_dynamo(module: torch.nn.Module, example: tuple[torch.Tensor, ...], input_names: list[str],
+                output_names: list[str], *, config: ExportConfig) -> ir.Model:
+    dynamic_shapes = tuple({0: "batch"} for _ in example) if config.dynamic_batch else None
+    with _quiet():
+        program = torch.onnx.export(
+            module, example, dynamo=True, external_data=False, opset_version=config.opset, optimize=True,
+            input_names=input_names, output_names=output_names, dynamic_shapes=dynamic_shapes,
+        )
+    return program.model
+
+
+def _run_torchscript(module: torch.nn.Module, example: tuple[torch.Tensor, ...], input_names: list[str],
+                     output_names: list[str], work: Path, *, config: ExportConfig) -> onnx.ModelProto:
+    dynamic_axes = {name: {0: "batch"} for name in (*input_names, *output_names)} if config.dynamic_batch else None
+    path = work / "torchscript.onnx"
+    with _quiet():
+        torch.onnx.export(
+            module, example, str(path), dynamo=False, opset_version=min(config.opset, TORCHSCRIPT_MAX_OPSET),
+            input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes, do_constant_folding=True,
+        )
+    return onnx.load_model(str(path))
+
+
+def _failure_summary(exc: BaseException) -> str:
+    """The first sentence of an exporter's error, plus the root cause from its "Exception summary" if any."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    head = first_line(text) or type(exc).__name__
+    head = head.split(". ")[0].rstrip(".")
+    lines = [ln.strip() for ln in text.splitlines()]
+    if "## Exception summary" in lines:
+        cause = next((ln for ln in lines[lines.index("## Exception summary") + 1:] if ln), "")
+        cause = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", cause)
+        if cause:
+            head = f"{head}: {cause}"
+    elif type(exc).__name__ not in head:
+        head = f"{type(exc).__name__}: {head}"
+    return head if len(head) <= _REASON_MAX_CHARS else head[: _REASON_MAX_CHARS - 3] + "..."
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Swallow what the exporters print: Python warnings and everything written to file descriptors 1 and 2."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with tempfile.TemporaryFile() as sink, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            os.dup2(sink.fileno(), 1)
+            os.dup2(sink.fileno(), 2)
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                yield
+            sys.stdout.flush()
+            sys.stderr.flush()
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+
+
+# -------------------------------------------------------------------------------------------------------- onnx
+
+
+def _passthrough(source: ModelSource, staged: Path, *, config: ExportConfig) -> dict[str, Any]:
+    assert source.onnx_path is not None, "an onnx ModelSource carries its path"
+    original = load_onnx(source.onnx_path)
+    shape = config.input_shape or (source.default_input_shape if config.dynamic_batch else None)
+    model = original
+    errors: OutputErrors | None = None
+    if shape is not None:
+        model = fix_input_shape(original, shape, dynamic_batch=config.dynamic_batch)
+        try:
+            onnx.checker.check_model(model)
+        except onnx.checker.ValidationError as exc:
+            raise InputError(f"the model with input shape {tuple(shape)} fails the ONNX checker: {first_line(exc)}",
+                             hint="pass the shape the model was made for with --input-shape") from exc
+        if _accepts(original, shape):
+            errors = _compare_onnx(original, model, shape, config=config)
+    save_onnx(model, staged)
+    return {
+        "exporter": "passthrough",
+        "fallback_reason": None,
+        "input_shape": tuple(shape) if shape is not None else static_input_shape(original),
+        "max_abs_error": errors.max_abs if errors else None,
+        "max_rel_error": errors.max_rel if errors else None,
+        "passed": errors is None or errors.within(config.rtol),
+    }
+
+
+def _accepts(model: onnx.ModelProto, shape: tuple[int, ...]) -> bool:
+    """Whether the model's first input, as declared, takes ``shape`` (symbolic dims take any size)."""
+    dims = graph_inputs(model)[0].type.tensor_type.shape.dim
+    return len(dims) == len(shape) and all(not d.HasField("dim_value") or d.dim_value == s
+                                           for d, s in zip(dims, shape))
+
+
+def _compare_onnx(before: onnx.ModelProto, after: onnx.ModelProto, shape: tuple[int, ...], *,
+                  config: ExportConfig) -> OutputErrors:
+    """The reshaped model against the model as loaded, both on ONNX Runtime CPU with the same seeded inputs."""
+    reference, candidate = make_session(before), make_session(after)
+    shapes = {graph_inputs(after)[0].name: shape}
+    refs: list[list[np.ndarray]] = []
+    gots: list[list[np.ndarray]] = []
+    for i in range(config.verify_samples):
+        feeds = random_feeds(candidate, seed=config.seed + i, shapes=shapes)
+        refs.append(run(reference, feeds))
+        gots.append(run(candidate, feeds))
+    return compare_outputs(stack_samples(refs), stack_samples(gots))

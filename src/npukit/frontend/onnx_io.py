@@ -1,0 +1,171 @@
+"""Read ONNX files with one-line errors for every way they can be wrong, write them atomically, fix input shapes."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+from onnx import external_data_helper
+
+from npukit._atomic import atomic_path
+from npukit.errors import InputError
+from npukit.frontend._messages import first_line
+
+# Protobuf cannot serialize a message of 2 GiB or more; leave room for the graph itself.
+SINGLE_FILE_LIMIT_BYTES = 2**31 - 2**27
+
+_NOT_ONNX_SIGNATURES: tuple[tuple[bytes, str], ...] = (
+    (b"\xff\xd8\xff", "a JPEG image"),
+    (b"\x89PNG\r\n\x1a\n", "a PNG image"),
+    (b"GIF8", "a GIF image"),
+    (b"%PDF", "a PDF document"),
+    (b"PK\x03\x04", "a zip archive (a PyTorch checkpoint or .pt2 file?)"),
+    (b"\x1f\x8b", "a gzip archive"),
+    (b"\x80\x02", "a Python pickle (a PyTorch checkpoint?)"),
+)
+_ONNX_HINT = "pass an .onnx file saved by torch.onnx.export or onnx.save"
+
+
+def load_onnx(path: str | Path) -> onnx.ModelProto:
+    """Load and check an ONNX model (with any external data beside it); bad files raise a one-line InputError."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path} does not exist", hint=_ONNX_HINT)
+    if path.is_dir():
+        raise InputError(f"{path} is a directory, not an ONNX file", hint=_ONNX_HINT)
+    with path.open("rb") as f:
+        head = f.read(4096)
+    if not head:
+        raise InputError(f"{path} is empty", hint=_ONNX_HINT)
+    kind = _sniff_not_onnx(head)
+    if kind:
+        raise InputError(f"{path} is {kind}, not an ONNX model", hint=_ONNX_HINT)
+    try:
+        model = onnx.load_model(str(path), load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise InputError(f"{path} is not a readable ONNX model (truncated or corrupt?): {first_line(exc)}",
+                         hint="export or download it again") from exc
+    if model.ir_version == 0 or not model.graph.node or not model.graph.input:
+        raise InputError(f"{path} is not a complete ONNX model (truncated or corrupt?): its graph has "
+                         f"{len(model.graph.node)} nodes and {len(model.graph.input)} inputs",
+                         hint="export or download it again")
+    external = any(external_data_helper.uses_external_data(t) for t in model.graph.initializer)
+    if external:
+        _load_external_data(model, path)
+    try:
+        # The checker cannot take an in-memory model of 2 GB or more; from the path it reads the data itself.
+        onnx.checker.check_model(str(path) if external else model)
+    except onnx.checker.ValidationError as exc:
+        raise InputError(f"{path} fails the ONNX checker: {first_line(exc)}",
+                         hint="re-export the model, or fix it with onnx tools") from exc
+    return model
+
+
+def _sniff_not_onnx(head: bytes) -> str | None:
+    for signature, kind in _NOT_ONNX_SIGNATURES:
+        if head.startswith(signature):
+            return kind
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if all(c.isprintable() or c in "\r\n\t" for c in text):
+        return "a text file"
+    return None
+
+
+def _load_external_data(model: onnx.ModelProto, path: Path) -> None:
+    for tensor in model.graph.initializer:
+        if not external_data_helper.uses_external_data(tensor):
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        if not (path.parent / location).is_file():
+            raise InputError(f"external data file {location!r} of {path} is missing",
+                             hint="keep the model's .data file beside the .onnx file")
+    try:
+        external_data_helper.load_external_data_for_model(model, str(path.parent))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read the external data of {path}: {first_line(exc)}",
+                         hint="export the model again") from exc
+
+
+def save_onnx(model: onnx.ModelProto | ir.Model, path: str | Path) -> Path:
+    """Write ``model`` atomically: one file under 2 GB of weights, else ``<name>.data`` beside it. Returns ``path``."""
+    path = Path(path)
+    ir_model = model if isinstance(model, ir.Model) else ir.serde.deserialize_model(model)
+    weight_bytes = sum(v.const_value.nbytes for g in (ir_model.graph, *ir_model.graph.subgraphs())
+                       for v in g.initializers.values() if v.const_value is not None)
+    if weight_bytes < SINGLE_FILE_LIMIT_BYTES:
+        with atomic_path(path) as tmp:
+            ir.save(ir_model, tmp)
+        return path
+    data_path = path.with_name(path.name + ".data")
+    existed = data_path.exists()
+    try:
+        with atomic_path(path) as tmp:
+            ir.save(ir_model, tmp, external_data=data_path.name)
+    except BaseException:
+        if not existed:
+            with contextlib.suppress(FileNotFoundError):
+                data_path.unlink()
+        raise
+    return path
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The graph inputs that are fed at run time (older models also list their initializers as inputs)."""
+    initializers = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in initializers]
+
+
+def static_input_shape(model: onnx.ModelProto) -> tuple[int, ...] | None:
+    """The first input's shape with a symbolic batch taken as 1; None when another dim is symbolic or unknown."""
+    inputs = graph_inputs(model)
+    if not inputs or not inputs[0].type.tensor_type.HasField("shape"):
+        return None
+    shape = []
+    for axis, dim in enumerate(inputs[0].type.tensor_type.shape.dim):
+        if dim.HasField("dim_value") and dim.dim_value > 0:
+            shape.append(dim.dim_value)
+        elif axis == 0:
+            shape.append(1)
+        else:
+            return None
+    return tuple(shape)
+
+
+def fix_input_shape(model: onnx.ModelProto, shape: tuple[int, ...], *, dynamic_batch: bool) -> onnx.ModelProto:
+    """A copy of ``model`` whose first input has ``shape`` (dim 0 named "batch" if dynamic_batch), re-inferred."""
+    inputs = graph_inputs(model)
+    if not inputs:
+        raise InputError("the model has no inputs whose shape could be set")
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    name = inputs[0].name
+    target = next(i for i in fixed.graph.input if i.name == name)
+    tensor_type = target.type.tensor_type
+    if tensor_type.HasField("shape") and len(tensor_type.shape.dim) != len(shape):
+        current = "x".join(d.dim_param or str(d.dim_value) for d in tensor_type.shape.dim)
+        raise InputError(f"input shape {tuple(shape)} has rank {len(shape)} but input {name!r} of the model has "
+                         f"rank {len(tensor_type.shape.dim)} ({current})",
+                         hint=f"pass --input-shape with {len(tensor_type.shape.dim)} dimensions")
+    tensor_type.shape.ClearField("dim")
+    for axis, size in enumerate(shape):
+        dim = tensor_type.shape.dim.add()
+        if axis == 0 and dynamic_batch:
+            dim.dim_param = "batch"
+        else:
+            dim.dim_value = int(size)
+    # Shapes recorded for the old input would conflict with the new one: infer them afresh.
+    fixed.graph.ClearField("value_info")
+    for output in fixed.graph.output:
+        if output.type.tensor_type.HasField("shape"):
+            output.type.tensor_type.ClearField("shape")
+    try:
+        return onnx.shape_inference.infer_shapes(fixed, strict_mode=True, data_prop=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
+        raise InputError(f"input shape {tuple(shape)} does not fit the model: {first_line(exc)}",
+                         hint="pass the shape the model was made for with --input-shape") from exc

@@ -1,0 +1,113 @@
+"""Latency of ONNX Runtime CPU sessions: time.perf_counter around session.run, alone or interleaved across models."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from npukit.errors import InputError
+from npukit.runtime.ort import ModelLike, make_session, random_feeds
+
+
+@dataclasses.dataclass(frozen=True)
+class LatencyResult:
+    """Wall-clock times of ``runs`` timed calls of session.run (after warm-up), in milliseconds."""
+
+    median_ms: float
+    p90_ms: float
+    mean_ms: float
+    min_ms: float
+    runs: int
+    threads: int
+    times_ms: tuple[float, ...]
+
+    @classmethod
+    def from_times(cls, times_ms: list[float], *, threads: int) -> LatencyResult:
+        arr = np.asarray(times_ms, dtype=np.float64)
+        return cls(
+            median_ms=float(np.median(arr)),
+            p90_ms=float(np.percentile(arr, 90)),
+            mean_ms=float(arr.mean()),
+            min_ms=float(arr.min()),
+            runs=len(times_ms),
+            threads=threads,
+            times_ms=tuple(float(t) for t in times_ms),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"median_ms": self.median_ms, "p90_ms": self.p90_ms, "mean_ms": self.mean_ms, "min_ms": self.min_ms,
+                "runs": self.runs, "threads": self.threads, "times_ms": list(self.times_ms)}
+
+
+def measure_latency(
+    model: ModelLike,
+    *,
+    threads: int = 1,
+    warmup: int = 10,
+    runs: int = 50,
+    feeds: Mapping[str, np.ndarray] | None = None,
+    seed: int = 0,
+) -> LatencyResult:
+    """Time one model: ``warmup`` untimed runs, then ``runs`` timed ones on ``feeds`` (seeded random when None)."""
+    _check_counts(threads=threads, warmup=warmup, runs=runs)
+    session = make_session(model, threads=threads)
+    inputs = dict(feeds) if feeds is not None else random_feeds(session, seed=seed)
+    for _ in range(warmup):
+        session.run(None, inputs)
+    return LatencyResult.from_times(_timed_runs(session, inputs, runs), threads=threads)
+
+
+def measure_latency_interleaved(
+    models: Mapping[str, ModelLike],
+    *,
+    threads: int = 1,
+    warmup: int = 10,
+    runs: int = 50,
+    rounds: int = 10,
+    feeds: Mapping[str, np.ndarray] | None = None,
+    seed: int = 0,
+) -> dict[str, LatencyResult]:
+    """Time several models fairly on a noisy machine: all sessions are made (without spinning) and warmed first,
+    then ``rounds`` rounds each run every model for its share of ``runs`` in turn (A,B,A,B,...; the order rotates
+    each round), so a slow spell hits every model alike. Each model gets ``runs`` timed runs in all; ``rounds`` is
+    capped at ``runs``. ``feeds`` go to every model; when None, each gets seeded random inputs for its own inputs.
+    """
+    _check_counts(threads=threads, warmup=warmup, runs=runs)
+    if not models:
+        raise InputError("no models to time", hint="give at least one model")
+    if rounds < 1:
+        raise InputError("rounds must be at least 1")
+    names = list(models)
+    sessions = {name: make_session(models[name], threads=threads) for name in names}
+    inputs = {name: dict(feeds) if feeds is not None else random_feeds(sessions[name], seed=seed) for name in names}
+    for name in names:
+        for _ in range(warmup):
+            sessions[name].run(None, inputs[name])
+    blocks = [len(b) for b in np.array_split(np.arange(runs), min(rounds, runs))]
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r, block in enumerate(blocks):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            times[name].extend(_timed_runs(sessions[name], inputs[name], block))
+    return {name: LatencyResult.from_times(times[name], threads=threads) for name in names}
+
+
+def _timed_runs(session: ort.InferenceSession, inputs: dict[str, np.ndarray], runs: int) -> list[float]:
+    out = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        session.run(None, inputs)
+        out.append((time.perf_counter() - start) * 1e3)
+    return out
+
+
+def _check_counts(*, threads: int, warmup: int, runs: int) -> None:
+    if threads < 1:
+        raise InputError("threads must be at least 1")
+    if warmup < 0 or runs < 1:
+        raise InputError("runs must be at least 1 and warmup non-negative")

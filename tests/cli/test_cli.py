@@ -1,0 +1,128 @@
+"""End to end through the ``npukit`` command: every verb on a tiny real model, and every bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from npukit.cli import main
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def _factory_importable(monkeypatch):
+    monkeypatch.syspath_prepend(str(HERE))
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("export") / "tiny.onnx"
+    sys.path.insert(0, str(HERE))
+    try:
+        assert main(["export", "tinynet:tiny", "-o", str(out), "--input-shape", "1,3,32,32", "--html"]) == 0
+    finally:
+        sys.path.remove(str(HERE))
+    return out
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_export_writes_verified_model_and_reports(exported):
+    report = json.loads(exported.with_name("tiny.report.json").read_text())
+    assert report["command"] == "export"
+    assert report["results"]["export"]["passed"] is True
+    assert report["results"]["export"]["max_rel_error"] <= 1e-4
+    assert report["config"]["export"]["input_shape"] == [1, 3, 32, 32]
+    assert report["environment"]["packages"]["torch"]
+    html = exported.with_name("tiny.report.html").read_text()
+    assert "<svg" in html or "<table" in html
+    onnx.checker.check_model(onnx.load(str(exported)))
+    assert not [p for p in exported.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_optimize_graph_removes_bn_dropout_and_verifies(exported, tmp_path, capsys):
+    out = tmp_path / "tiny.opt.onnx"
+    assert main(["optimize-graph", str(exported), "-o", str(out)]) == 0
+    ops = {n.op_type for n in onnx.load(str(out)).graph.node}
+    assert not ops & {"BatchNormalization", "Dropout", "Identity"}
+    report = json.loads(out.with_name("tiny.opt.report.json").read_text())
+    assert report["results"]["verification"]["max_rel"] <= 1e-4
+    printed = capsys.readouterr().out
+    assert "Ops by type" in printed and "Passes" in printed
+
+
+def test_inspect_prints_macs(exported, capsys, tmp_path):
+    assert main(["inspect", str(exported), "--json", str(tmp_path / "s.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "Layers by MACs" in printed and "Conv" in printed
+    summary = json.loads((tmp_path / "s.json").read_text())["results"]["summary"]
+    # conv1 3->8 3x3 s2 on 32x32 -> 16x16: 16*16*8*27 MACs; depthwise 16*16*8*9; pointwise 16*16*16*8; fc 16*10
+    assert summary["macs"] == 16 * 16 * 8 * 27 + 16 * 16 * 8 * 9 + 16 * 16 * 16 * 8 + 16 * 10
+
+
+def test_bench_with_data_and_reference(exported, tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    data = tmp_path / "x.npz"
+    np.savez(data, input=rng.standard_normal((6, 3, 32, 32)).astype(np.float32),
+             labels=np.arange(6) % 10)
+    report_path = tmp_path / "bench.json"
+    assert main(["bench", str(exported), "--data", str(data), "--reference", str(exported), "--runs", "5",
+                 "--warmup", "1", "--report", str(report_path), "--html"]) == 0
+    report = json.loads(report_path.read_text())
+    assert report["results"]["agreement"]["samples"] == 6
+    assert report["results"]["agreement"]["top1_agreement"] == 1.0
+    assert report["results"]["latency"]["model"]["median_ms"] > 0
+    assert report_path.with_suffix(".html").is_file()
+
+
+def test_console_script_runs():
+    exe = Path(sys.executable).with_name("npukit")
+    done = subprocess.run([str(exe), "--version"], capture_output=True, text=True, check=True)
+    assert done.stdout.startswith("npukit ")
+
+
+def _bad_inputs(tmp: Path) -> dict[str, list[str]]:
+    (tmp / "notonnx.onnx").write_text("this is text, not a model\n")
+    (tmp / "empty").mkdir()
+    (tmp / "badimg").mkdir()
+    (tmp / "badimg" / "a.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    nan = np.full((2, 3, 32, 32), np.nan, dtype=np.float32)
+    np.save(tmp / "nan.npy", nan)
+    return {
+        "missing path": ["inspect", str(tmp / "nope.onnx")],
+        "not onnx": ["inspect", str(tmp / "notonnx.onnx")],
+        "truncated onnx": ["optimize-graph", "{truncated}", "-o", str(tmp / "out.onnx")],
+        "unknown torchvision name": ["export", "torchvision:mobilenetv2", "-o", str(tmp / "out.onnx")],
+        "factory raises": ["export", "tinynet:broken", "-o", str(tmp / "out.onnx")],
+        "shape does not fit": ["export", "tinynet:tiny", "-o", str(tmp / "out.onnx"), "--input-shape", "1,5,32,32"],
+        "empty data folder": ["bench", "{model}", "--data", str(tmp / "empty"), "--runs", "1"],
+        "unreadable image": ["bench", "{model}", "--data", str(tmp / "badimg"), "--runs", "1"],
+        "NaN data": ["bench", "{model}", "--data", str(tmp / "nan.npy"), "--runs", "1"],
+        "wrong output suffix": ["export", "tinynet:tiny", "-o", str(tmp / "out.txt")],
+    }
+
+
+@pytest.mark.parametrize("case", [
+    "missing path", "not onnx", "truncated onnx", "unknown torchvision name", "factory raises", "shape does not fit",
+    "empty data folder", "unreadable image", "NaN data", "wrong output suffix"])
+def test_bad_input_one_line_exit_2_no_file(case, exported, tmp_path, capsys):
+    args = _bad_inputs(tmp_path)[case]
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes(exported.read_bytes()[: exported.stat().st_size // 3])
+    args = [a.replace("{truncated}", str(truncated)).replace("{model}", str(exported)) for a in args]
+    before = set(_files(tmp_path))
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    assert set(_files(tmp_path)) == before, "a bad input must not leave files behind"
+    if case == "unknown torchvision name":
+        assert "mobilenet_v2" in err

@@ -1,0 +1,39 @@
+"""Factories for the CLI tests: a tiny CNN with BatchNorm and Dropout, and one that raises."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class TinyNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU6(),
+            nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.BatchNorm2d(8), nn.Hardswish(),
+            nn.Conv2d(8, 16, 1), nn.ReLU(),
+        )
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.drop = nn.Dropout(0.2)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.drop(torch.flatten(self.pool(self.features(x)), 1)))
+
+
+def tiny() -> nn.Module:
+    torch.manual_seed(0)
+    model = TinyNet()
+    with torch.no_grad():  # non-trivial BatchNorm statistics, so folding them is really exercised
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.2, 0.2)
+    return model.eval()
+
+
+def broken() -> nn.Module:
+    raise RuntimeError("factory exploded on purpose")

@@ -1,0 +1,59 @@
+"""Preprocessing matches torchvision's ImageNet transforms and handles grayscale, RGBA, palette and 16-bit images."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from npukit.config import PreprocessConfig
+from npukit.data.preprocess import normalize, preprocess_image
+
+
+def _photo(w: int, h: int) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(0).integers(0, 256, (h, w, 3), dtype=np.uint8))
+
+
+@pytest.mark.parametrize("size", [(300, 200), (200, 333), (256, 256)])
+def test_matches_torchvision(size: tuple[int, int]) -> None:
+    from torchvision import transforms
+
+    image = _photo(*size)
+    expected = transforms.Compose([
+        transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor(),
+        transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    ])(image).numpy()
+    got = preprocess_image(image, PreprocessConfig())
+    assert got.shape == (3, 224, 224) and got.dtype == np.float32
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+
+
+def test_constant_colour_normalizes_per_channel() -> None:
+    image = Image.new("RGB", (40, 30), (255, 0, 128))
+    got = preprocess_image(image, PreprocessConfig(size=16, resize=20))
+    expected = [(1 - 0.485) / 0.229, (0 - 0.456) / 0.224, (128 / 255 - 0.406) / 0.225]
+    np.testing.assert_allclose(got[:, 8, 8], expected, rtol=0, atol=1e-5)
+
+
+def test_modes_are_converted() -> None:
+    cfg = PreprocessConfig(size=8, resize=8)
+    gray = Image.new("L", (8, 8), 200)
+    rgb = preprocess_image(gray, cfg)
+    assert rgb.shape == (3, 8, 8)
+    np.testing.assert_allclose(rgb[:, 0, 0], [(200 / 255 - m) / s for m, s in zip(cfg.mean, cfg.std)], atol=1e-5)
+    rgba = preprocess_image(Image.new("RGBA", (8, 8), (10, 20, 30, 0)), cfg)
+    np.testing.assert_allclose(rgba[:, 0, 0], preprocess_image(Image.new("RGB", (8, 8), (10, 20, 30)), cfg)[:, 0, 0])
+    palette = Image.new("RGB", (8, 8), (10, 20, 30)).convert("P")
+    assert preprocess_image(palette, cfg).shape == (3, 8, 8)
+    wide = Image.fromarray(np.full((8, 8), 65535, dtype=np.uint16))  # 16-bit white stays white
+    np.testing.assert_allclose(preprocess_image(wide, cfg)[:, 0, 0], [(1 - m) / s for m, s in zip(cfg.mean, cfg.std)],
+                               atol=1e-5)
+    mono = PreprocessConfig(size=8, resize=8, channels=1, mean=(0.5,), std=(0.5,))
+    out = preprocess_image(Image.new("RGB", (8, 8), (255, 255, 255)), mono)
+    assert out.shape == (1, 8, 8)
+    np.testing.assert_allclose(out, 1.0, atol=1e-6)
+
+
+def test_normalize_checks_channels() -> None:
+    with pytest.raises(ValueError):
+        normalize(np.zeros((4, 4, 3), dtype=np.uint8), mean=(0.5,), std=(0.5,))

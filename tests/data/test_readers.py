@@ -1,0 +1,167 @@
+"""Data readers: image folders (labels, order, laziness), .npy/.npz, and every kind of bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import npukit.data.readers as readers
+from npukit.config import PreprocessConfig
+from npukit.data.preprocess import preprocess_image
+from npukit.data.readers import open_dataset
+from npukit.errors import InputError
+
+CFG = PreprocessConfig(size=16, resize=20)
+
+
+def _png(path: Path, value: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.full((24, 30, 3), value, dtype=np.uint8)).save(path)
+    return path
+
+
+def test_class_subfolders_give_sorted_labels_and_order(tmp_path: Path) -> None:
+    _png(tmp_path / "zebra" / "b.png", 10)
+    _png(tmp_path / "zebra" / "a.PNG", 20)
+    _png(tmp_path / "ant" / "x.jpg", 30)
+    _png(tmp_path / ".hidden" / "skip.png", 40)
+    ds = open_dataset(tmp_path, preprocess=CFG, input_name="x")
+    assert [p.relative_to(tmp_path).as_posix() for p in ds.paths] == ["ant/x.jpg", "zebra/a.PNG", "zebra/b.png"]
+    assert ds.labels.tolist() == [0, 1, 1]
+    assert len(ds) == 3 and ds.input_names == ("x",)
+    first = ds.sample(1)
+    assert first["x"].shape == (1, 3, 16, 16) and first["x"].dtype == np.float32
+    expected = preprocess_image(Image.open(tmp_path / "zebra" / "a.PNG"), CFG)
+    np.testing.assert_array_equal(first["x"][0], expected)
+    batches = list(ds.batches(2))
+    assert [b.size for b in batches] == [2, 1] and batches[1].labels.tolist() == [1] and batches[1].start == 2
+    assert [b.size for b in ds.batches(2, limit=1)] == [1]
+    assert len(list(ds)) == 3
+    ds.check_against(("N", 3, 16, 16))
+    with pytest.raises(InputError, match=r"samples of shape \(3, 16, 16\).*\(N, 3, 224, 224\)"):
+        ds.check_against((None, 3, 224, 224))
+
+
+def test_integer_folders_and_label_files(tmp_path: Path) -> None:
+    _png(tmp_path / "a" / "281" / "cat.png", 1)
+    _png(tmp_path / "a" / "7" / "x.png", 2)
+    assert open_dataset(tmp_path / "a", preprocess=CFG).labels.tolist() == [281, 7]
+    _png(tmp_path / "b" / "one.png", 1)
+    _png(tmp_path / "b" / "sub" / "two.png", 2)
+    (tmp_path / "b" / "labels.csv").write_text("file,label\none.png,5\n./sub/two.png,9\n")
+    assert open_dataset(tmp_path / "b", preprocess=CFG).labels.tolist() == [5, 9]
+    (tmp_path / "b" / "labels.csv").unlink()
+    assert open_dataset(tmp_path / "b", preprocess=CFG).labels is None  # mixed depths: no class folders
+    (tmp_path / "b" / "labels.txt").write_text("one.png 5\n")
+    with pytest.raises(InputError, match="no label for image sub/two.png"):
+        open_dataset(tmp_path / "b", preprocess=CFG)
+    (tmp_path / "b" / "labels.txt").write_text("one.png 5\ntwo.png cat\n")
+    with pytest.raises(InputError, match="line 2"):
+        open_dataset(tmp_path / "b", preprocess=CFG)
+
+
+def test_image_folder_is_read_lazily(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for i in range(6):
+        _png(tmp_path / f"{i}.png", i)
+    decoded: list[Path] = []
+    real = readers.load_image
+    monkeypatch.setattr(readers, "load_image", lambda p: decoded.append(p) or real(p))
+    ds = open_dataset(tmp_path, preprocess=CFG)
+    assert decoded == [] and len(ds) == 6
+    ds.sample(4)
+    assert decoded == [tmp_path / "4.png"]
+    batch = next(ds.batches(2))
+    assert batch.size == 2 and len(decoded) == 3
+
+
+def test_npy_is_memory_mapped(tmp_path: Path) -> None:
+    data = np.random.default_rng(0).standard_normal((7, 3, 4, 4))  # float64 on disk
+    np.save(tmp_path / "d.npy", data)
+    ds = open_dataset(tmp_path / "d.npy", preprocess=CFG, input_name="x")
+    assert isinstance(ds.arrays["x"], np.memmap)
+    assert ds.labels is None and len(ds) == 7
+    sample = ds.sample(2)["x"]
+    assert sample.shape == (1, 3, 4, 4) and sample.dtype == np.float32
+    np.testing.assert_array_equal(sample[0], data[2].astype(np.float32))
+    assert [b.size for b in ds.batches(3)] == [3, 3, 1]
+    ds.check_against(["batch", 3, 4, 4])
+    with pytest.raises(InputError, match="model takes"):
+        ds.check_against([1, 4, 4, 4])
+    with pytest.raises(InputError, match="model takes"):
+        ds.check_against([3, 4, 4])  # a rank short
+
+
+def test_npz_inputs_and_labels(tmp_path: Path) -> None:
+    a = np.ones((4, 2), dtype=np.float32)
+    b = np.zeros((4, 5), dtype=np.int64)
+    np.savez(tmp_path / "one.npz", whatever=a, labels=np.arange(4))
+    ds = open_dataset(tmp_path / "one.npz", preprocess=CFG, input_name="x")
+    assert ds.input_names == ("x",) and ds.labels.tolist() == [0, 1, 2, 3]
+    assert next(ds.batches(3)).labels.tolist() == [0, 1, 2]
+    np.savez(tmp_path / "two.npz", a=a, b=b)
+    ds = open_dataset(tmp_path / "two.npz", preprocess=CFG)
+    assert ds.sample(0)["b"].dtype == np.int64 and ds.labels is None
+    ds.check_against({"a": ["N", 2], "b": ["N", 5]})
+    with pytest.raises(InputError, match="no array for model input 'c'"):
+        ds.check_against({"c": ["N", 2]})
+    with pytest.raises(InputError, match="no array for model input 'x'"):
+        open_dataset(tmp_path / "two.npz", preprocess=CFG, input_name="x")
+    np.savez(tmp_path / "uneven.npz", a=a, b=b[:3])
+    with pytest.raises(InputError, match="different numbers of samples"):
+        open_dataset(tmp_path / "uneven.npz", preprocess=CFG)
+    np.savez(tmp_path / "badlabels.npz", a=a, labels=np.ones(4) * 0.5)
+    with pytest.raises(InputError, match="labels"):
+        open_dataset(tmp_path / "badlabels.npz", preprocess=CFG)
+
+
+def test_missing_empty_and_unknown_paths(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="does not exist"):
+        open_dataset(tmp_path / "nope", preprocess=CFG)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("hi")
+    with pytest.raises(InputError, match=r"no images found in .*empty \(looked for \.jpg"):
+        open_dataset(tmp_path / "empty", preprocess=CFG)
+    with pytest.raises(InputError, match="not a folder, an image"):
+        open_dataset(tmp_path / "empty" / "notes.txt", preprocess=CFG)
+
+
+def test_corrupt_image_is_named_when_reached_and_by_validate(tmp_path: Path) -> None:
+    _png(tmp_path / "a.png", 1)
+    (tmp_path / "b.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    ds = open_dataset(tmp_path, preprocess=CFG)
+    ds.validate()  # the first image is fine
+    assert ds.sample(0)["input"].shape == (1, 3, 16, 16)
+    with pytest.raises(InputError, match=r"cannot decode image .*b\.png") as err:
+        ds.sample(1)
+    assert "\n" not in err.value.one_line()
+    (tmp_path / "0.png").write_bytes(b"garbage")
+    with pytest.raises(InputError, match=r"0\.png"):
+        open_dataset(tmp_path, preprocess=CFG).validate()
+
+
+def test_nan_and_non_numeric_arrays(tmp_path: Path) -> None:
+    data = np.zeros((5, 3), dtype=np.float32)
+    data[3, 1] = np.nan
+    np.save(tmp_path / "nan.npy", data)
+    ds = open_dataset(tmp_path / "nan.npy", preprocess=CFG)
+    ds.validate()
+    assert ds.sample(2)["input"].shape == (1, 3)
+    with pytest.raises(InputError, match="sample 3 .* NaN or Inf"):
+        ds.sample(3)
+    with pytest.raises(InputError, match="sample 3 "):
+        list(ds.batches(2))
+    np.save(tmp_path / "inf.npy", np.full((2, 2), np.inf))
+    with pytest.raises(InputError, match="sample 0 "):
+        open_dataset(tmp_path / "inf.npy", preprocess=CFG).validate()
+    np.save(tmp_path / "text.npy", np.array([["a", "b"]]))
+    with pytest.raises(InputError, match="not numeric"):
+        open_dataset(tmp_path / "text.npy", preprocess=CFG)
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(InputError, match="numeric"):
+        open_dataset(tmp_path / "objects.npy", preprocess=CFG)
+    np.save(tmp_path / "none.npy", np.zeros((0, 3), dtype=np.float32))
+    with pytest.raises(InputError, match="no samples"):
+        open_dataset(tmp_path / "none.npy", preprocess=CFG)

@@ -1,0 +1,86 @@
+"""Agreement meter on constructed logits whose answers are known."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from npukit.measure.fidelity import AgreementMeter, sqnr_db
+
+
+def test_identical_logits_agree_fully_with_infinite_sqnr() -> None:
+    ref = np.random.default_rng(0).standard_normal((8, 10))
+    meter = AgreementMeter()
+    meter.update(ref, ref.copy())
+    r = meter.result()
+    assert (r.samples, r.top1_agreement, r.top5_overlap) == (8, 1.0, 1.0)
+    assert math.isinf(r.sqnr_db) and r.sqnr_db > 0
+    assert r.top1_accuracy_reference is None and r.labeled_samples == 0
+
+
+def test_top1_and_top5_on_constructed_rankings() -> None:
+    ref = np.tile(np.arange(10, dtype=np.float32), (4, 1))  # top-1 class 9, top-5 {5..9}
+    cand = ref.copy()
+    cand[0, [9, 8]] = cand[0, [8, 9]]  # top-1 swapped, same top-5
+    cand[1] = -ref[1]  # top-1 0, top-5 {0..4}: nothing shared
+    cand[2, 4], cand[2, 5] = 5.0, 4.0  # class 4 replaces 5 in the top-5: 4 of 5 shared
+    meter = AgreementMeter()
+    meter.update(ref[:2], cand[:2])
+    meter.update(ref[2:], cand[2:])  # streamed over two batches
+    r = meter.result()
+    assert r.samples == 4
+    assert r.top1_agreement == pytest.approx(2 / 4)
+    assert r.top5_overlap == pytest.approx((5 + 0 + 4 + 5) / 20)
+
+
+def test_sqnr_of_known_noise_and_streaming() -> None:
+    rng = np.random.default_rng(1)
+    ref = rng.standard_normal((64, 100))
+    noise = rng.standard_normal((64, 100))
+    noise *= math.sqrt(np.sum(ref**2) / np.sum(noise**2) / 100.0)  # noise power exactly 1/100 of the signal's
+    cand = ref + noise
+    assert sqnr_db(ref, cand) == pytest.approx(20.0, abs=1e-9)
+    meter = AgreementMeter()
+    for i in range(0, 64, 10):
+        meter.update(ref[i:i + 10], cand[i:i + 10])
+    assert meter.result().sqnr_db == pytest.approx(20.0, abs=1e-9)
+    assert sqnr_db(ref, ref) == math.inf
+    with pytest.raises(ValueError):
+        sqnr_db(ref, cand[:3])
+
+
+def test_confident_subset_and_labels() -> None:
+    ref = np.zeros((4, 10))
+    ref[0, 3] = ref[1, 3] = 10.0  # softmax top-1 ~1.0: confident
+    ref[2, 3] = ref[3, 3] = 0.5  # top-1 ~0.16: not confident
+    cand = ref.copy()
+    cand[1, 7] = 20.0  # disagrees on a confident sample
+    cand[2, 7] = 20.0  # disagrees on an unconfident one
+    labels = np.array([3, 7, 3, 1])
+    meter = AgreementMeter()
+    meter.update(ref, cand, labels)
+    r = meter.result()
+    assert r.top1_agreement == pytest.approx(0.5)
+    assert r.confident_samples == 2
+    assert r.top1_agreement_confident == pytest.approx(0.5)
+    assert r.labeled_samples == 4
+    assert r.top1_accuracy_reference == pytest.approx(2 / 4)  # samples 0, 2
+    assert r.top1_accuracy_candidate == pytest.approx(2 / 4)  # samples 0, 1
+    # ties rank the lower class first: reference top-5 {3,0,1,2,4} misses only sample 1's label 7
+    assert r.top5_accuracy_reference == pytest.approx(3 / 4)
+    assert r.top5_accuracy_candidate == pytest.approx(4 / 4)
+
+
+def test_bad_batches_raise() -> None:
+    meter = AgreementMeter()
+    with pytest.raises(ValueError, match="no samples"):
+        meter.result()
+    with pytest.raises(ValueError, match="differ in shape"):
+        meter.update(np.zeros((2, 5)), np.zeros((2, 6)))
+    meter.update(np.zeros((2, 5, 1, 1)), np.zeros((2, 5, 1, 1)))
+    with pytest.raises(ValueError, match="classes"):
+        meter.update(np.zeros((2, 6)), np.zeros((2, 6)))
+    with pytest.raises(ValueError, match="labels"):
+        meter.update(np.zeros((2, 5)), np.zeros((2, 5)), np.array([1]))

@@ -1,0 +1,166 @@
+"""The default pipeline: registry, order, skipping, the numeric check, and real exports from both torch exporters."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import helper, numpy_helper
+
+from npukit.config import OptimizeConfig
+from npukit.errors import InputError, NumericCheckError
+from npukit.passes import DEFAULT_ORDER, PASS_REGISTRY, default_pipeline, optimize_model, verify_equivalent
+
+from .tiny import assert_equivalent, const, constant_node, info, make_model, op_types
+
+RNG = np.random.default_rng(11)
+
+
+def _small_net() -> onnx.ModelProto:
+    """Conv -> BN -> Min(Max(.,0),6) -> Dropout -> ReduceMean -> Flatten -> Identity -> MatMul + Add, with Constants."""
+    return make_model(
+        [
+            helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+            helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["n"]),
+            helper.make_node("Max", ["n", "zero"], ["lo"]),
+            constant_node("six", 6.0),
+            helper.make_node("Min", ["lo", "six"], ["act"]),
+            helper.make_node("Dropout", ["act", "ratio"], ["d"]),
+            helper.make_node("ReduceMean", ["d", "axes"], ["pooled"], keepdims=1),
+            helper.make_node("Flatten", ["pooled"], ["flat"]),
+            helper.make_node("Identity", ["flat"], ["flat2"]),
+            helper.make_node("MatMul", ["flat2", "fc_w"], ["mm"]),
+            helper.make_node("Add", ["mm", "fc_b"], ["logits"]),
+        ],
+        [info("x", [1, 3, 8, 8])],
+        [info("logits", [1, 5])],
+        [
+            const("w", RNG.normal(size=(4, 3, 3, 3))), const("b", RNG.normal(size=4)),
+            const("scale", RNG.uniform(0.5, 2, 4)), const("shift", RNG.normal(size=4)),
+            const("mean", RNG.normal(size=4)), const("var", RNG.uniform(0.5, 2, 4)),
+            const("zero", 0.0), const("ratio", 0.1), const("axes", [2, 3], np.int64),
+            const("fc_w", RNG.normal(size=(4, 5))), const("fc_b", RNG.normal(size=5)),
+            const("unused", RNG.normal(size=7)),
+        ],
+        opset=18,
+    )
+
+
+def test_registry_and_default_order() -> None:
+    assert DEFAULT_ORDER == ("fold_constants", "remove_identity", "fold_batch_norm", "fuse_matmul_add",
+                             "canonicalize_activation", "fold_constants", "remove_dead_code")
+    assert [type(p) for p in default_pipeline()] == [PASS_REGISTRY[n] for n in DEFAULT_ORDER]
+    skipped = default_pipeline(skip=["fold_constants", "fuse_matmul_add"])
+    assert [type(p) for p in skipped] == [PASS_REGISTRY[n] for n in DEFAULT_ORDER[1:]
+                                          if n not in ("fold_constants", "fuse_matmul_add")]
+
+
+def test_unknown_skip_name_lists_valid_names() -> None:
+    with pytest.raises(InputError) as info_:
+        default_pipeline(skip=["fold_bn"])
+    assert "fold_bn" in info_.value.message
+    assert all(name in info_.value.hint for name in PASS_REGISTRY)
+    with pytest.raises(InputError):
+        optimize_model(ir.serde.deserialize_model(_small_net()), config=OptimizeConfig(skip_passes=("nope",)))
+
+
+def test_pipeline_on_small_net() -> None:
+    reference = _small_net()
+    result = optimize_model(ir.serde.deserialize_model(reference), config=OptimizeConfig())
+    optimized = ir.serde.serialize_model(result.model)
+    onnx.checker.check_model(optimized, full_check=True)
+    assert op_types(optimized) == ["Conv", "Clip", "GlobalAveragePool", "Flatten", "Gemm"]
+    assert [r.name for r in result.records] == [type(p).__name__ for p in default_pipeline()]
+    assert "unused" not in {t.name for t in optimized.graph.initializer}
+    assert_equivalent(reference, optimized, rtol=1e-5)
+    errors = verify_equivalent(reference, optimized, rtol=1e-5, samples=3)
+    assert errors.max_rel <= 1e-5
+
+
+def test_skipped_pass_leaves_its_pattern() -> None:
+    result = optimize_model(ir.serde.deserialize_model(_small_net()),
+                            config=OptimizeConfig(skip_passes=("fold_batch_norm",)))
+    assert "BatchNormalization" in op_types(ir.serde.serialize_model(result.model))
+
+
+def test_verify_equivalent_raises_on_a_changed_model() -> None:
+    reference = _small_net()
+    tampered = onnx.ModelProto()
+    tampered.CopyFrom(reference)
+    (fc_b,) = [t for t in tampered.graph.initializer if t.name == "fc_b"]
+    fc_b.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(fc_b) + np.float32(0.01), "fc_b"))
+    with pytest.raises(NumericCheckError, match="logits"):
+        verify_equivalent(reference, tampered, rtol=1e-5)
+    assert verify_equivalent(reference, tampered, rtol=1.0).max_rel > 1e-5
+
+
+def _counts(model: onnx.ModelProto) -> collections.Counter:
+    return collections.Counter(op_types(model))
+
+
+@pytest.mark.slow
+def test_torchscript_mobilenet_v3_small(tmp_path) -> None:
+    torch = pytest.importorskip("torch")
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    net = torchvision.models.mobilenet_v3_small().eval()
+    path = tmp_path / "mnv3.onnx"
+    # Without the exporter's own constant folding BatchNormalization and Identity nodes stay for the passes to remove.
+    torch.onnx.export(net, (torch.randn(1, 3, 224, 224),), str(path), dynamo=False, opset_version=17,
+                      do_constant_folding=False)
+    reference = onnx.load(str(path))
+    before = _counts(reference)
+    assert before["BatchNormalization"] > 0 and before["Identity"] > 0
+    result = optimize_model(ir.serde.deserialize_model(reference), config=OptimizeConfig())
+    optimized = ir.serde.serialize_model(result.model)
+    after = _counts(optimized)
+    assert not {"Identity", "Dropout", "BatchNormalization"} & set(after)
+    assert after["Conv"] == before["Conv"]
+    assert sum(after.values()) < sum(before.values())
+    assert verify_equivalent(reference, optimized, rtol=1e-4).max_rel <= 1e-4
+
+
+class _TinyNet:
+    """Conv -> BN -> ReLU6 -> adaptive average pool -> flatten -> dropout -> Linear, as a torch module factory."""
+
+    @staticmethod
+    def build(torch):  # type: ignore[no-untyped-def]
+        class Net(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.conv = torch.nn.Conv2d(3, 8, 3)
+                self.bn = torch.nn.BatchNorm2d(8)
+                self.fc = torch.nn.Linear(8, 4)
+
+            def forward(self, x):  # type: ignore[no-untyped-def]
+                y = torch.nn.functional.relu6(self.bn(self.conv(x)))
+                y = torch.nn.functional.adaptive_avg_pool2d(y, (1, 1)).flatten(1)
+                return self.fc(torch.nn.functional.dropout(y, 0.2, self.training))
+
+        torch.manual_seed(0)
+        net = Net().eval()
+        with torch.no_grad():  # non-trivial running statistics
+            net.bn.running_mean.uniform_(-1, 1)
+            net.bn.running_var.uniform_(0.5, 2)
+        return net
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exporter_optimize", [True, False])
+def test_dynamo_export_reduce_mean_becomes_global_average_pool(tmp_path, exporter_optimize: bool) -> None:
+    torch = pytest.importorskip("torch")
+    path = tmp_path / "tiny.onnx"
+    torch.onnx.export(_TinyNet.build(torch), (torch.randn(1, 3, 16, 16),), str(path), dynamo=True,
+                      external_data=False, optimize=exporter_optimize)
+    reference = onnx.load(str(path))
+    assert _counts(reference)["ReduceMean"] == 1
+    result = optimize_model(ir.serde.deserialize_model(reference), config=OptimizeConfig())
+    optimized = ir.serde.serialize_model(result.model)
+    onnx.checker.check_model(optimized, full_check=True)
+    after = _counts(optimized)
+    assert after["GlobalAveragePool"] == 1 and "ReduceMean" not in after
+    assert not {"Identity", "Dropout", "BatchNormalization", "Constant"} & set(after)
+    assert verify_equivalent(reference, optimized, rtol=1e-5).max_rel <= 1e-5
