@@ -1,6 +1,7 @@
 """Model zoo: export every torchvision classification builder (random weights), run npukit's graph passes, and
 measure what each step costs and buys.
 
+Weights are random but drawn so that every output depends on the input (see ``informative_init``).
 Per model: the exporter used (and why it fell back), nodes before/after the passes, max relative error against
 torch of the export and of the optimized model, and ORT CPU latency after/before the passes (1 thread, interleaved
 runs, medians). Prints a table and writes JSON under benchmarks/results/.
@@ -58,6 +59,31 @@ class ZooRow:
     error: str | None = None
 
 
+def informative_init(module, *, seed: int = 0) -> None:
+    """Re-draw every weight so that outputs depend on the input (torchvision's own init zeroes some heads, and
+    GoogLeNet's random features vanish): He-normal matrices/kernels, weights of norms near 1, small biases, BatchNorm
+    statistics of plausible spread. Still random weights, but a numeric error in an export now shows."""
+    import math
+
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.dim() >= 2:
+                fan_in = p[0].numel()
+                p.copy_(torch.randn(p.shape, generator=gen) * math.sqrt(2.0 / max(1, fan_in)))
+            elif name.endswith("weight"):
+                p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
+            else:
+                p.copy_((torch.rand(p.shape, generator=gen) - 0.5) * 0.2)
+        for name, b in module.named_buffers():
+            if name.endswith("running_mean"):
+                b.copy_((torch.rand(b.shape, generator=gen) - 0.5) * 0.2)
+            elif name.endswith("running_var"):
+                b.copy_(torch.rand(b.shape, generator=gen) + 0.5)
+
+
 def classification_models() -> list[str]:
     return sorted(torchvision.models.list_models(module=torchvision.models))
 
@@ -66,6 +92,7 @@ def run_model(name: str, work: Path, *, runs: int, time_it: bool = True) -> ZooR
     row = ZooRow(model=name, ok=False)
     try:
         source = resolve_model(f"torchvision:{name}")
+        informative_init(source.module)
         exported_path = work / f"{name}.onnx"
         result = export_model(source, exported_path, config=ExportConfig(rtol=RTOL))
         row.exporter, row.fallback_reason = result.exporter, result.fallback_reason

@@ -1,0 +1,69 @@
+"""Apple Core ML (ML Program format, Neural Engine / GPU / CPU) through ONNX Runtime's CoreML EP, as data.
+
+Written from ORT's CoreML EP supported-op list for MLProgram (onnxruntime/tools/mobile_helpers/
+coreml_supported_mlprogram_ops.md, shipped with onnxruntime 1.32.0, kept in sync with
+docs/execution-providers/CoreML-ExecutionProvider.md). The EP takes float32/float16 graphs; QDQ nodes are not in its
+list, so a QDQ model leaves its Q/DQ nodes (and the graph between them) on the CPU.
+"""
+
+from __future__ import annotations
+
+from npukit.targets.profile import (
+    AttrIn,
+    ConstantInput,
+    DocSource,
+    InputRank,
+    OpRule,
+    Quantization,
+    TargetProfile,
+    rules,
+    with_rules,
+)
+
+_OPS = (
+    "Add And ArgMax Cast Clip Concat Cos DepthToSpace Ceil Div Elu Erf Exp GatherND Gelu GridSample "
+    "GroupNormalization HardSigmoid Identity InstanceNormalization LayerNormalization LeakyRelu Max Mul Pow PRelu "
+    "Reciprocal ReduceSum ReduceMean ReduceMax Relu Reshape Resize Round Shape Sin Softplus Split Sub Sigmoid "
+    "Softmax Sqrt Squeeze Tanh Tile Transpose Unsqueeze Where"
+)
+_POOL_2D = (InputRank(0, 4, 4),)
+
+OPS = with_rules(
+    rules(_OPS),
+    OpRule("Conv", constraints=(InputRank(0, 3, 4), ConstantInput(2, "bias")), notes="1D/2D only"),
+    OpRule("ConvTranspose", constraints=(
+        ConstantInput(1, "weight"), ConstantInput(2, "bias"),
+        AttrIn("auto_pad", ("NOTSET", "VALID"), "NOTSET"), AttrIn("output_shape", (None,), None))),
+    OpRule("Gemm", constraints=(ConstantInput(1, "input B"),)),
+    OpRule("MatMul"),
+    OpRule("Slice", constraints=tuple(ConstantInput(i, n) for i, n in
+                                      ((1, "starts"), (2, "ends"), (3, "axes"), (4, "steps")))),
+    *(OpRule(op, constraints=_POOL_2D, notes="2D pooling only")
+      for op in ("AveragePool", "MaxPool", "GlobalAveragePool", "GlobalMaxPool")),
+)
+
+PROFILE = TargetProfile(
+    name="coreml",
+    display_name="Apple Core ML (ML Program, ANE)",
+    sources=(DocSource("ONNX Runtime CoreML EP: supported operators (MLProgram)",
+                       "https://onnxruntime.ai/docs/execution-providers/CoreML-ExecutionProvider.html",
+                       "onnxruntime 1.32.0 (tools/mobile_helpers/coreml_supported_mlprogram_ops.md)"),),
+    ops=OPS,
+    quantization=Quantization(
+        weights="float16 (linear int8 / palettized weights come from coremltools, not from ONNX QDQ)",
+        activations=("float16",),
+        accepts_float=True,
+        float_note="the Neural Engine computes in float16",
+    ),
+    layout="NCHW",
+    requires_static_shapes=False,
+    dtypes=frozenset({"float32", "float16", "int32", "int64", "bool"}),
+    max_rank=5,
+    known_limits=(
+        "the Neural Engine needs static shapes; dynamic shapes fall back to GPU/CPU inside Core ML",
+        "QuantizeLinear/DequantizeLinear are not taken: QDQ models run their Q/DQ on the ORT CPU EP",
+        "tensors of rank > 5 are not supported",
+    ),
+    substitutions=("fix_input_shape", "hardswish_to_hardsigmoid", "global_avgpool_to_reducemean"),
+    qdq_units=False,
+)

@@ -1,0 +1,329 @@
+"""Safe substitutions that let a target take ops it lacks, as rewrite passes, each verified numerically.
+
+``apply_fixes(model, target)`` picks, from the target profile's ``substitutions``, the fixes whose source op the
+target does not take and whose products it does, runs them, and compares the result with the original on ORT CPU
+(seeded random inputs; max |fixed - original| / max |original| <= rtol, 1e-5 by default: every rewrite here is exact
+algebra, so only float32 rounding of a different evaluation order separates the two).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from npukit.errors import InputError
+from npukit.measure.compare import OutputErrors
+from npukit.passes._rewrite import add_initializer, onnx_nodes
+from npukit.passes.base import NpukitPass, PassManager
+from npukit.passes.pipeline import verify_equivalent
+from npukit.targets.profile import TargetProfile
+
+
+def _opset(model: ir.Model) -> int:
+    return model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0))
+
+
+class _Builder:
+    """Inserts nodes before ``anchor`` and finally swaps ``anchor``'s first output for the value built."""
+
+    def __init__(self, anchor: ir.Node) -> None:
+        self.anchor = anchor
+        self.graph = anchor.graph
+        assert isinstance(self.graph, ir.Graph)
+        self.taken = {n.name for n in self.graph if n.name}
+        x = anchor.inputs[0]
+        self.dtype = np.dtype(x.dtype.numpy()) if x is not None and x.dtype is not None else np.dtype(np.float32)
+
+    def const(self, value: float | list | np.ndarray, *, hint: str, dtype: np.dtype | None = None) -> ir.Value:
+        array = np.asarray(value, dtype=dtype if dtype is not None else self.dtype)
+        return add_initializer(self.graph, array, name_hint=f"{self.anchor.name or self.anchor.op_type}_{hint}")
+
+    def op(self, op_type: str, inputs: list[ir.Value | None], attributes: dict | None = None) -> ir.Value:
+        base = f"{self.anchor.name or self.anchor.op_type}/{op_type}"
+        name, k = base, 1
+        while name in self.taken:
+            name, k = f"{base}_{k}", k + 1
+        self.taken.add(name)
+        node = ir.node(op_type, inputs, dict(attributes or {}), name=name)
+        self.graph.insert_before(self.anchor, node)
+        return node.outputs[0]
+
+    def finish(self, result: ir.Value) -> None:
+        old = self.anchor.outputs[0]
+        name = old.name
+        result.type, result.shape = old.type, old.shape
+        old.replace_all_uses_with(result, replace_graph_outputs=True)
+        self.graph.remove(self.anchor, safe=True)
+        result.name = name
+
+
+class _OpRewritePass(NpukitPass):
+    """Rewrites every ONNX-domain node of ``op_type`` with ``rewrite(builder, node)``; a str result is a note."""
+
+    op_type = ""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        self.rewrites = 0
+        self.opset = _opset(model)
+        for node in onnx_nodes(model, self.op_type):
+            builder = _Builder(node)
+            why = self.rewrite(builder, node)
+            if isinstance(why, str):
+                self.note(f"{node.op_type} {node.name!r} is kept: {why}")
+            else:
+                builder.finish(why)
+                self.rewrites += 1
+        return ir.passes.PassResult(model, modified=self.rewrites > 0)
+
+    def rewrite(self, b: _Builder, node: ir.Node) -> ir.Value | str:
+        raise NotImplementedError
+
+
+class HardSwishToHardSigmoidPass(_OpRewritePass):
+    """HardSwish(x) -> x * HardSigmoid(x, alpha=1/6, beta=0.5)."""
+
+    op_type = "HardSwish"
+
+    def rewrite(self, b: _Builder, node: ir.Node) -> ir.Value | str:
+        x = node.inputs[0]
+        return b.op("Mul", [x, b.op("HardSigmoid", [x], {"alpha": 1 / 6, "beta": 0.5})])
+
+
+class HardSwishToClipPass(_OpRewritePass):
+    """HardSwish(x) -> x * Clip(x + 3, 0, 6) / 6."""
+
+    op_type = "HardSwish"
+
+    def rewrite(self, b: _Builder, node: ir.Node) -> ir.Value | str:
+        x = node.inputs[0]
+        clipped = b.op("Clip", [b.op("Add", [x, b.const(3.0, hint="three")]), b.const(0.0, hint="zero"),
+                                b.const(6.0, hint="six")])
+        return b.op("Div", [b.op("Mul", [x, clipped]), b.const(6.0, hint="six")])
+
+
+class HardSigmoidToClipPass(_OpRewritePass):
+    """HardSigmoid(x, alpha, beta) -> Clip(x * alpha + beta, 0, 1)."""
+
+    op_type = "HardSigmoid"
+
+    def rewrite(self, b: _Builder, node: ir.Node) -> ir.Value | str:
+        alpha = node.attributes.get_float("alpha", 0.2)
+        beta = node.attributes.get_float("beta", 0.5)
+        x = node.inputs[0]
+        affine = b.op("Add", [b.op("Mul", [x, b.const(alpha, hint="alpha")]), b.const(beta, hint="beta")])
+        return b.op("Clip", [affine, b.const(0.0, hint="zero"), b.const(1.0, hint="one")])
+
+
+class DecomposeGroupNormPass(_OpRewritePass):
+    """GroupNormalization(x, scale, bias) -> Reshape(N, G, -1) -> InstanceNormalization -> Reshape(N, C, ...)
+    -> * scale + bias (per channel; an opset-18 per-group scale is repeated over its channels)."""
+
+    op_type = "GroupNormalization"
+
+    def rewrite(self, b: _Builder, node: ir.Node) -> ir.Value | str:
+        x, scale, bias = (list(node.inputs) + [None, None])[:3]
+        if x is None or x.shape is None or len(x.shape) < 3:
+            return "the input rank is unknown or below 3"
+        dims = list(x.shape)[1:]
+        if not all(isinstance(d, int) for d in dims):
+            return f"channel and spatial dims must be static, got {dims}: fix the input shape first"
+        groups = node.attributes.get_int("num_groups", 0)
+        channels = dims[0]
+        if groups <= 0 or channels % groups:
+            return f"num_groups {groups} does not divide the {channels} channels"
+        arrays = [None if v is None else ir.convenience.get_const_tensor(v) for v in (scale, bias)]
+        if any(a is None for a in arrays):
+            return "scale and bias must be constant"
+        scale_c, bias_c = (np.asarray(a.numpy(), dtype=b.dtype).reshape(-1) for a in arrays)  # type: ignore[union-attr]
+        if scale_c.size == groups and groups != channels:
+            scale_c, bias_c = np.repeat(scale_c, channels // groups), np.repeat(bias_c, channels // groups)
+        if scale_c.size != channels or bias_c.size != channels:
+            return f"scale/bias of {scale_c.size} elements fit neither {groups} groups nor {channels} channels"
+        eps = node.attributes.get_float("epsilon", 1e-5)
+        grouped = b.op("Reshape", [x, b.const([0, groups, -1], hint="group_shape", dtype=np.dtype(np.int64))])
+        normed = b.op("InstanceNormalization", [grouped, b.const(np.ones(groups), hint="ones"),
+                                                b.const(np.zeros(groups), hint="zeros")], {"epsilon": eps})
+        restored = b.op("Reshape", [normed, b.const([0, *dims], hint="shape", dtype=np.dtype(np.int64))])
+        per_channel = (channels,) + (1,) * (len(dims) - 1)
+        scaled = b.op("Mul", [restored, b.const(scale_c.reshape(per_channel), hint="scale")])
+        return b.op("Add", [scaled, b.const(bias_c.reshape(per_channel), hint="bias")])
+
+
+class GlobalAveragePoolToReduceMeanPass(_OpRewritePass):
+    """GlobalAveragePool(x) -> ReduceMean(x, axes=spatial axes, keepdims=1)."""
+
+    op_type = "GlobalAveragePool"
+
+    def rewrite(self, b: _Builder, node: ir.Node) -> ir.Value | str:
+        x = node.inputs[0]
+        if x is None or x.shape is None:
+            return "the input rank is unknown"
+        axes = list(range(2, len(x.shape)))
+        if self.opset >= 18:
+            return b.op("ReduceMean", [x, b.const(axes, hint="axes", dtype=np.dtype(np.int64))], {"keepdims": 1})
+        return b.op("ReduceMean", [x], {"axes": axes, "keepdims": 1})
+
+
+class GlobalPoolToPoolPass(_OpRewritePass):
+    """GlobalAveragePool / GlobalMaxPool(x) -> AveragePool / MaxPool with kernel = the (static) spatial size."""
+
+    op_type = ("GlobalAveragePool", "GlobalMaxPool")  # type: ignore[assignment]
+
+    def rewrite(self, b: _Builder, node: ir.Node) -> ir.Value | str:
+        x = node.inputs[0]
+        if x is None or x.shape is None or len(x.shape) < 3:
+            return "the input rank is unknown"
+        spatial = list(x.shape)[2:]
+        if not all(isinstance(d, int) for d in spatial):
+            return f"spatial dims {spatial} are not static: fix the input shape first"
+        op = "AveragePool" if node.op_type == "GlobalAveragePool" else "MaxPool"
+        return b.op(op, [x], {"kernel_shape": spatial})
+
+
+class GeluToErfPass(_OpRewritePass):
+    """Gelu(x, approximate='none') -> x * 0.5 * (1 + Erf(x / sqrt(2))); tanh-approximate Gelu is left alone."""
+
+    op_type = "Gelu"
+
+    def rewrite(self, b: _Builder, node: ir.Node) -> ir.Value | str:
+        if node.attributes.get_string("approximate", "none") != "none":
+            return "approximate='tanh': only the exact Gelu becomes the Erf form"
+        x = node.inputs[0]
+        erf = b.op("Erf", [b.op("Div", [x, b.const(math.sqrt(2.0), hint="sqrt2")])])
+        half_x = b.op("Mul", [x, b.const(0.5, hint="half")])
+        return b.op("Mul", [half_x, b.op("Add", [erf, b.const(1.0, hint="one")])])
+
+
+class GeluTanhDecomposePass(_OpRewritePass):
+    """Gelu(x, approximate='tanh') -> 0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 * x^3))); exact Gelu is kept."""
+
+    op_type = "Gelu"
+
+    def rewrite(self, b: _Builder, node: ir.Node) -> ir.Value | str:
+        if node.attributes.get_string("approximate", "none") != "tanh":
+            return "exact Gelu: replacing it with the tanh approximation would change the results"
+        x = node.inputs[0]
+        cube = b.op("Mul", [b.op("Mul", [x, x]), x])
+        inner = b.op("Add", [x, b.op("Mul", [cube, b.const(0.044715, hint="c")])])
+        tanh = b.op("Tanh", [b.op("Mul", [inner, b.const(math.sqrt(2.0 / math.pi), hint="k")])])
+        half_x = b.op("Mul", [x, b.const(0.5, hint="half")])
+        return b.op("Mul", [half_x, b.op("Add", [tanh, b.const(1.0, hint="one")])])
+
+
+@dataclasses.dataclass(frozen=True)
+class FixRule:
+    """A named substitution: the op types it removes, the op types it introduces, and its pass."""
+
+    name: str
+    source_ops: tuple[str, ...]
+    produces: tuple[str, ...]
+    description: str
+    make_pass: Callable[[], NpukitPass] | None  # None: the input-shape fix, done on the protobuf
+
+    def helps(self, target: TargetProfile) -> bool:
+        """True when the target lacks a source op and takes every op the fix introduces."""
+        lacks = any(target.rule_for(op) is None for op in self.source_ops)
+        return lacks and all(target.rule_for(op) is not None for op in self.produces)
+
+
+FIXES: dict[str, FixRule] = {f.name: f for f in (
+    FixRule("fix_input_shape", (), (), "fix symbolic input dims to the given input shape", None),
+    FixRule("hardswish_to_hardsigmoid", ("HardSwish",), ("Mul", "HardSigmoid"),
+            "HardSwish(x) -> x * HardSigmoid(x)", HardSwishToHardSigmoidPass),
+    FixRule("hardswish_to_clip", ("HardSwish",), ("Add", "Clip", "Mul", "Div"),
+            "HardSwish(x) -> x * Clip(x + 3, 0, 6) / 6", HardSwishToClipPass),
+    FixRule("hardsigmoid_to_clip", ("HardSigmoid",), ("Mul", "Add", "Clip"),
+            "HardSigmoid(x) -> Clip(alpha * x + beta, 0, 1)", HardSigmoidToClipPass),
+    FixRule("groupnorm_decompose", ("GroupNormalization",), ("Reshape", "InstanceNormalization", "Mul", "Add"),
+            "GroupNormalization -> Reshape / InstanceNormalization / Reshape / Mul / Add", DecomposeGroupNormPass),
+    FixRule("global_avgpool_to_reducemean", ("GlobalAveragePool",), ("ReduceMean",),
+            "GlobalAveragePool -> ReduceMean over the spatial axes", GlobalAveragePoolToReduceMeanPass),
+    FixRule("global_pool_to_pool", ("GlobalAveragePool", "GlobalMaxPool"), ("AveragePool", "MaxPool"),
+            "GlobalAveragePool/GlobalMaxPool -> AveragePool/MaxPool with a fixed kernel", GlobalPoolToPoolPass),
+    FixRule("gelu_to_erf", ("Gelu",), ("Div", "Erf", "Mul", "Add"),
+            "Gelu (exact) -> x * 0.5 * (1 + Erf(x / sqrt(2)))", GeluToErfPass),
+    FixRule("gelu_tanh_decompose", ("Gelu",), ("Mul", "Add", "Tanh"),
+            "Gelu (approximate='tanh') -> 0.5 * x * (1 + Tanh(...))", GeluTanhDecomposePass),
+)}
+
+
+def fix_for(op_type: str, target: TargetProfile) -> FixRule | None:
+    """The first fix in the target's preference order that removes ``op_type`` using only ops the target takes."""
+    for name in target.substitutions:
+        rule = FIXES[name]
+        if op_type in rule.source_ops and all(target.rule_for(op) is not None for op in rule.produces):
+            return rule
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class FixResult:
+    """The fixed model, the fixes applied (with their pass notes) and the numerical check against the original."""
+
+    model: onnx.ModelProto
+    applied: list[dict]
+    errors: OutputErrors | None
+
+    def as_dict(self) -> dict:
+        return {"applied": self.applied, "errors": None if self.errors is None else self.errors.as_dict()}
+
+
+def _symbolic_inputs(model: onnx.ModelProto) -> list[str]:
+    initializers = {t.name for t in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in initializers and any(
+        not d.HasField("dim_value") for d in i.type.tensor_type.shape.dim)]
+
+
+def apply_fixes(
+    model: onnx.ModelProto,
+    target: TargetProfile,
+    *,
+    input_shape: tuple[int, ...] | None = None,
+    rtol: float = 1e-5,
+) -> FixResult:
+    """Apply the substitutions ``target`` wants and lacks, verify against ``model`` (raises NumericCheckError)."""
+    from npukit.frontend.onnx_io import fix_input_shape
+
+    for name in target.substitutions:
+        if name not in FIXES:
+            raise InputError(f"profile {target.name} names an unknown fix {name!r}",
+                             hint=f"valid fixes: {', '.join(FIXES)}")
+    applied: list[dict] = []
+    reference = model
+    if "fix_input_shape" in target.substitutions and input_shape is not None:
+        reference = fix_input_shape(model, tuple(input_shape), dynamic_batch=False)
+        applied.append({"fix": "fix_input_shape", "description": FIXES["fix_input_shape"].description,
+                        "rewrites": 1, "notes": [f"input shape fixed to {list(input_shape)}"]})
+    elif target.requires_static_shapes and _symbolic_inputs(model):
+        applied.append({"fix": "fix_input_shape", "description": FIXES["fix_input_shape"].description,
+                        "rewrites": 0, "notes": [f"inputs {', '.join(_symbolic_inputs(model))} have symbolic "
+                                                 "dims: pass --input-shape to fix them"]})
+    present = {n.op_type for n in reference.graph.node}
+    chosen = [FIXES[name] for name in target.substitutions
+              if FIXES[name].make_pass is not None and FIXES[name].helps(target)
+              and any(op in present for op in FIXES[name].source_ops)]
+    # one fix per source op: the first in the target's order wins
+    taken: set[str] = set()
+    passes: list[tuple[FixRule, NpukitPass]] = []
+    for rule in chosen:
+        if taken.issuperset(rule.source_ops):
+            continue
+        taken.update(rule.source_ops)
+        passes.append((rule, rule.make_pass()))  # type: ignore[misc]
+    if not passes:
+        return FixResult(reference, applied, None)
+    ir_model = ir.serde.deserialize_model(reference)
+    result = PassManager([p for _, p in passes])(ir_model)
+    for (rule, _), record in zip(passes, result.records):
+        applied.append({"fix": rule.name, "description": rule.description, "rewrites": record.rewrites,
+                        "notes": list(record.notes)})
+    fixed = ir.serde.serialize_model(result.model)
+    if not result.modified:
+        return FixResult(reference, applied, None)
+    errors = verify_equivalent(reference, fixed, rtol=rtol)
+    return FixResult(fixed, applied, errors)

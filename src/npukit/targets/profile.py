@@ -1,0 +1,268 @@
+"""Target profiles as data: which ops a backend takes, under which constraints, and the quantization it needs.
+
+A profile is read by generic code (``partition.analyze``, ``fix.apply_fixes``); nothing outside a profile module
+knows a target by name. A constraint is a small object whose ``check(node)`` returns None when the node satisfies it
+and otherwise one line saying why not ("Conv: dilation > 1 with stride > 1 not supported").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
+QUANT_DTYPES = frozenset({"uint8", "int8", "uint16", "int16", "int4", "uint4"})
+INDEX_DTYPES = frozenset({"int32", "int64", "bool"})
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """dtype name ("float32", "uint8", ...; None if unknown), shape (ints, dim names or None), constant or not."""
+
+    dtype: str | None
+    shape: tuple[int | str | None, ...] | None
+    constant: bool = False
+
+    @property
+    def rank(self) -> int | None:
+        return None if self.shape is None else len(self.shape)
+
+    @property
+    def static(self) -> bool:
+        return self.shape is not None and all(isinstance(d, int) and d >= 0 for d in self.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeInfo:
+    """What a rule sees of one node (or one QDQ node unit: then dtypes are the quantized ones)."""
+
+    op_type: str
+    domain: str
+    attributes: Mapping[str, Any]
+    inputs: tuple[TensorInfo | None, ...]  # None for an omitted optional input
+    outputs: tuple[TensorInfo, ...]
+    quantized: bool = False
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return self.attributes.get(name, default)
+
+
+class Constraint(Protocol):
+    def check(self, node: NodeInfo) -> str | None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class AttrIn:
+    """Attribute ``name`` (``default`` when absent) must be one of ``allowed``."""
+
+    name: str
+    allowed: tuple[Any, ...]
+    default: Any = None
+
+    def check(self, node: NodeInfo) -> str | None:
+        value = node.attr(self.name, self.default)
+        if value in self.allowed:
+            return None
+        return f"{node.op_type}: {self.name} {value!r} not supported (supported: {', '.join(map(repr, self.allowed))})"
+
+
+@dataclasses.dataclass(frozen=True)
+class AllAttrValuesAtMost:
+    """Every element of list attribute ``name`` must be <= ``limit`` (e.g. dilations 1)."""
+
+    name: str
+    limit: int
+
+    def check(self, node: NodeInfo) -> str | None:
+        values = node.attr(self.name) or ()
+        if all(v <= self.limit for v in values):
+            return None
+        return f"{node.op_type}: {self.name} {list(values)} not supported (each must be <= {self.limit})"
+
+
+@dataclasses.dataclass(frozen=True)
+class NoDilationWithStride:
+    """Dilation > 1 and stride > 1 together are not supported."""
+
+    def check(self, node: NodeInfo) -> str | None:
+        dilated = any(d > 1 for d in node.attr("dilations") or ())
+        strided = any(s > 1 for s in node.attr("strides") or ())
+        return f"{node.op_type}: dilation > 1 with stride > 1 not supported" if dilated and strided else None
+
+
+@dataclasses.dataclass(frozen=True)
+class InputRank:
+    """Input ``index`` must have a rank in [min_rank, max_rank] (unknown rank passes: static shapes rule covers it)."""
+
+    index: int = 0
+    min_rank: int = 0
+    max_rank: int = 8
+
+    def check(self, node: NodeInfo) -> str | None:
+        if self.index >= len(node.inputs) or node.inputs[self.index] is None:
+            return None
+        rank = node.inputs[self.index].rank  # type: ignore[union-attr]
+        if rank is None or self.min_rank <= rank <= self.max_rank:
+            return None
+        return f"{node.op_type}: input rank {rank} not supported (rank {self.min_rank}..{self.max_rank})"
+
+
+@dataclasses.dataclass(frozen=True)
+class ConstantInput:
+    """Input ``index``, when present, must be a constant (initializer or Constant output)."""
+
+    index: int
+    label: str
+
+    def check(self, node: NodeInfo) -> str | None:
+        if self.index >= len(node.inputs) or node.inputs[self.index] is None:
+            return None
+        if node.inputs[self.index].constant:  # type: ignore[union-attr]
+            return None
+        return f"{node.op_type}: {self.label} must be constant"
+
+
+@dataclasses.dataclass(frozen=True)
+class AttrPredicate:
+    """A constraint written as a function of the node: ``test(node)`` True means fine, else ``message``."""
+
+    test: Callable[[NodeInfo], bool]
+    message: str
+
+    def check(self, node: NodeInfo) -> str | None:
+        return None if self.test(node) else f"{node.op_type}: {self.message}"
+
+
+@dataclasses.dataclass(frozen=True)
+class OpRule:
+    """How a target takes one op type. ``dtypes`` None means the profile's default dtypes."""
+
+    op_type: str
+    dtypes: frozenset[str] | None = None
+    min_rank: int = 0
+    max_rank: int | None = None
+    constraints: tuple[Constraint, ...] = ()
+    notes: str = ""
+    domain: str = ""
+
+    def failures(self, node: NodeInfo, *, default_dtypes: frozenset[str], max_rank: int | None) -> list[str]:
+        """Every reason this node does not satisfy the rule (empty when it does)."""
+        reasons: list[str] = []
+        allowed = self.dtypes if self.dtypes is not None else default_dtypes
+        seen: set[str] = set()
+        for tensor in (*node.inputs, *node.outputs):
+            if tensor is None or tensor.dtype is None or tensor.dtype in allowed or tensor.dtype in seen:
+                continue
+            seen.add(tensor.dtype)
+            reasons.append(f"{node.op_type}: dtype {tensor.dtype} not supported (supported: "
+                           f"{', '.join(sorted(allowed))})")
+        limit = self.max_rank if self.max_rank is not None else max_rank
+        for tensor in (*node.inputs, *node.outputs):
+            if tensor is None or tensor.constant or tensor.rank is None:
+                continue
+            if (limit is not None and tensor.rank > limit) or tensor.rank < self.min_rank:
+                reasons.append(f"{node.op_type}: rank {tensor.rank} not supported "
+                               f"(rank {self.min_rank}..{limit if limit is not None else 'any'})")
+                break
+        for constraint in self.constraints:
+            why = constraint.check(node)
+            if why:
+                reasons.append(why)
+        return reasons
+
+
+@dataclasses.dataclass(frozen=True)
+class Quantization:
+    """What a target needs from a quantized model, and whether it takes float at all."""
+
+    weights: str
+    activations: tuple[str, ...]
+    accepts_float: bool
+    float_note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class DocSource:
+    title: str
+    url: str
+    version: str
+
+    def as_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetProfile:
+    """One backend, as data.
+
+    ``dtypes`` is the default set of tensor dtypes an op rule accepts; ``max_rank`` the default largest rank.
+    ``qdq_units`` says the backend takes DQ -> op -> Q as one quantized op; ``drops_lone_qdq_partitions`` that a
+    partition made of a single Q or DQ node is left to the CPU. ``substitutions`` names the fix rules
+    (``npukit.targets.fix.FIXES``) the target wants, in order of preference.
+    """
+
+    name: str
+    display_name: str
+    sources: tuple[DocSource, ...]
+    ops: Mapping[str, OpRule]
+    quantization: Quantization
+    layout: str
+    requires_static_shapes: bool
+    dtypes: frozenset[str]
+    max_rank: int | None = None
+    known_limits: tuple[str, ...] = ()
+    substitutions: tuple[str, ...] = ()
+    qdq_units: bool = True
+    drops_lone_qdq_partitions: bool = False
+    variants: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.layout not in ("NCHW", "NHWC"):
+            raise ValueError(f"profile {self.name}: layout must be NCHW or NHWC, got {self.layout!r}")
+        for key, rule in self.ops.items():
+            if key != rule.op_type:
+                raise ValueError(f"profile {self.name}: ops[{key!r}] holds a rule for {rule.op_type!r}")
+
+    def rule_for(self, op_type: str, domain: str = "") -> OpRule | None:
+        """The rule for ``op_type`` in ``domain`` ("" and "ai.onnx" are the same), or None."""
+        rule = self.ops.get(op_type)
+        if rule is None or normalize_domain(rule.domain) != normalize_domain(domain):
+            return None
+        return rule
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "display_name": self.display_name,
+            "sources": [s.as_dict() for s in self.sources],
+            "ops": sorted(self.ops),
+            "quantization": self.quantization.as_dict(),
+            "layout": self.layout,
+            "requires_static_shapes": self.requires_static_shapes,
+            "dtypes": sorted(self.dtypes),
+            "max_rank": self.max_rank,
+            "known_limits": list(self.known_limits),
+            "substitutions": list(self.substitutions),
+        }
+
+
+def normalize_domain(domain: str) -> str:
+    return "" if domain in ("", "ai.onnx") else domain
+
+
+def rules(op_types: Sequence[str] | str, **common: Any) -> dict[str, OpRule]:
+    """OpRules without op-specific constraints for several op types (``op_types`` may be a space-separated string)."""
+    names = op_types.split() if isinstance(op_types, str) else list(op_types)
+    return {name: OpRule(name, **common) for name in names}
+
+
+def with_rules(base: Mapping[str, OpRule], *extra: OpRule) -> dict[str, OpRule]:
+    """``base`` with the given rules added or replacing those of the same op type."""
+    merged = dict(base)
+    for rule in extra:
+        merged[rule.op_type] = rule
+    return merged

@@ -1,0 +1,175 @@
+"""Qualcomm HTP (Hexagon NPU) through ONNX Runtime's QNN execution provider, as data.
+
+Written from the QNN EP source that onnxruntime-qnn 2.7.0 (QNN SDK 2.51.0) is built from: the op list is
+``onnxruntime/core/providers/qnn/builder/op_builder_factory.cc`` and the constraints are the checks in
+``builder/opbuilder/*_op_builder.cc`` (repository onnxruntime/onnxruntime-qnn, commit cee6c0d, 2026-03-13), and
+ORT's QNN EP documentation (docs/execution-providers/QNN-ExecutionProvider.md). Checked against the installed
+onnxruntime-qnn 2.7.0 HTP emulator with single-op models: a float Conv is taken (run in fp16), a Conv with a
+symbolic batch dimension is not ("Cannot get shape"), Erf is not, HardSwish, Softmax, Resize(cubic) and int64 Add
+are. SoC ids are the ``QNN_SOC_MODEL_*`` values of the QNN SDK's QnnTypes.h.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from npukit.targets.profile import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    QUANT_DTYPES,
+    AllAttrValuesAtMost,
+    AttrIn,
+    AttrPredicate,
+    ConstantInput,
+    DocSource,
+    InputRank,
+    NodeInfo,
+    OpRule,
+    Quantization,
+    TargetProfile,
+    rules,
+    with_rules,
+)
+
+SOURCES = (
+    DocSource("onnxruntime-qnn QNN EP op builders (op_builder_factory.cc, opbuilder/*.cc)",
+              "https://github.com/onnxruntime/onnxruntime-qnn/tree/main/onnxruntime/core/providers/qnn/builder",
+              "onnxruntime-qnn 2.7.0 / QNN SDK 2.51.0 (source at commit cee6c0d)"),
+    DocSource("ONNX Runtime QNN Execution Provider",
+              "https://onnxruntime.ai/docs/execution-providers/QNN-ExecutionProvider.html", "ORT 1.32"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Soc:
+    """A Snapdragon SoC: its marketing name, HTP architecture (``htp_arch`` provider option) and ``soc_model`` id."""
+
+    part: str
+    name: str
+    htp_arch: int
+    soc_model: int
+    fp16: bool
+
+
+# QNN_SOC_MODEL_* ids from QnnTypes.h. HTP v68 has no floating point unit: only quantized models run there.
+SOCS: dict[str, Soc] = {s.part: s for s in (
+    Soc("SM8350", "Snapdragon 888", 68, 30, False),
+    Soc("SM8450", "Snapdragon 8 Gen 1", 69, 36, True),
+    Soc("SM8475", "Snapdragon 8+ Gen 1", 69, 42, True),
+    Soc("SM8550", "Snapdragon 8 Gen 2", 73, 43, True),
+    Soc("SM8650", "Snapdragon 8 Gen 3", 75, 57, True),
+    Soc("SM8750", "Snapdragon 8 Elite", 79, 69, True),
+    Soc("SM8850", "Snapdragon 8 Elite Gen 5", 81, 87, True),
+)}
+
+_DTYPES = frozenset(FLOAT_DTYPES - {"float64"}) | QUANT_DTYPES | INDEX_DTYPES
+_AUTO_PAD = AttrIn("auto_pad", ("NOTSET", "SAME_LOWER", "SAME_UPPER", "VALID"), "NOTSET")
+
+
+def _resize_nearest_ok(node: NodeInfo) -> bool:
+    if node.attr("mode", "nearest") != "nearest":
+        return True
+    nearest = node.attr("nearest_mode", "round_prefer_floor")
+    coord = node.attr("coordinate_transformation_mode", "half_pixel")
+    rank = node.inputs[0].rank if node.inputs and node.inputs[0] is not None else None
+    if rank == 4:  # ResizeNearestNeighbor
+        return not (nearest in ("ceil", "round_prefer_floor") and coord == "asymmetric")
+    if nearest not in ("round_prefer_ceil", "floor"):
+        return False
+    if nearest == "round_prefer_ceil" and coord != "align_corners":
+        return False
+    return not (nearest == "floor" and coord == "pytorch_half_pixel")
+
+
+def _group_norm_per_channel(node: NodeInfo) -> bool:
+    x, scale = node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else None
+    if x is None or scale is None or x.shape is None or scale.shape is None or len(x.shape) < 2:
+        return True
+    return tuple(scale.shape) == (x.shape[1],)
+
+
+_SIMPLE = (
+    "Abs Add And ArgMax ArgMin Asin Atan BatchNormalization Cast Ceil Concat Cos CumSum DepthToSpace Div Einsum "
+    "Elu Equal Exp Expand Floor Gather GatherElements GatherND Gelu Greater GreaterOrEqual GRU HardSigmoid HardSwish "
+    "Identity If InstanceNormalization IsNaN LayerNormalization LeakyRelu Less LessOrEqual Log LogSoftmax LRN LSTM "
+    "MatMul Max Mean Min Mod Mul Neg NonZero Not Or Pad Pow PRelu RandomNormalLike RandomUniformLike Reciprocal "
+    "ReduceL2 ReduceMax ReduceMean ReduceMin ReduceSum Relu Reshape Flatten Squeeze Unsqueeze RMSNormalization "
+    "RoiAlign Round ScatterElements ScatterND Selu Sigmoid Sign Sin Slice Softmax Softplus SpaceToDepth Split Sqrt "
+    "STFT Sub Sum Tan Tanh ThresholdedRelu Tile TopK Transpose Upsample Where Xor GridSample Inverse Clip "
+    "QuantizeLinear DequantizeLinear"
+)
+
+OPS = with_rules(
+    rules(_SIMPLE),
+    OpRule("Conv", min_rank=3, max_rank=5, constraints=(_AUTO_PAD, InputRank(0, 3, 5))),
+    OpRule("ConvTranspose", min_rank=3, max_rank=5, constraints=(
+        _AUTO_PAD, AllAttrValuesAtMost("dilations", 1))),
+    OpRule("Gemm", constraints=(
+        AttrIn("alpha", (1.0,), 1.0), AttrIn("beta", (1.0,), 1.0))),
+    *(OpRule(op, constraints=(InputRank(0, 3, 5), AllAttrValuesAtMost("dilations", 1), _AUTO_PAD,
+                              AttrPredicate(lambda n: n.op_type not in ("MaxPool", "GlobalMaxPool")
+                                            or (n.inputs[0] is None or n.inputs[0].rank != 5),
+                                            "3D max pooling not supported on the NPU"),
+                              AttrPredicate(lambda n: len(n.outputs) == 1, "only one output (no indices)")))
+      for op in ("AveragePool", "MaxPool", "GlobalAveragePool", "GlobalMaxPool")),
+    OpRule("Resize", constraints=(
+        AttrIn("mode", ("nearest", "linear", "cubic"), "nearest"),
+        AttrIn("coordinate_transformation_mode", ("half_pixel", "pytorch_half_pixel", "align_corners",
+                                                  "asymmetric"), "half_pixel"),
+        AttrIn("antialias", (0,), 0),
+        InputRank(0, 3, 5),
+        ConstantInput(2, "scales"),
+        AttrPredicate(_resize_nearest_ok, "this nearest_mode / coordinate_transformation_mode pair is not "
+                                          "supported on the NPU"))),
+    OpRule("ReduceProd", constraints=(AttrPredicate(lambda n: False, "ReduceProd is not supported on the NPU"),)),
+    OpRule("LpNormalization", constraints=(AttrIn("p", (2,), 2),)),
+    OpRule("GroupNormalization", constraints=(
+        AttrPredicate(_group_norm_per_channel, "scale and bias must be per channel (opset 21 form)"),)),
+    OpRule("Softmax", constraints=(AttrPredicate(lambda n: not (n.inputs and n.inputs[0] is not None
+                                                                  and n.inputs[0].constant),
+                                                 "input must not be a constant"),)),
+)
+
+KNOWN_LIMITS = (
+    "every shape must be static: a symbolic dimension makes nodes fail with 'Cannot get shape'",
+    "float32 models run in fp16 (enable_htp_fp16_precision) on HTP v69 and newer; v68 (Snapdragon 888) runs "
+    "quantized models only",
+    "a partition made of a single QuantizeLinear or DequantizeLinear stays on the CPU",
+    "a standalone Q or DQ with per-channel scales is not supported; per-channel weights must be axis 0 "
+    "(ConvTranspose: axis 1)",
+    "Erf has no QNN builder; the QNN EP fuses the x*0.5*(1+Erf(x/sqrt(2))) pattern into Gelu by itself",
+    "Shape has no QNN builder: with static shapes ORT folds Shape subgraphs before partitioning",
+    "ReduceProd is not supported on the NPU; ReduceL2 needs a float input",
+)
+
+
+def profile(soc: str | None = None) -> TargetProfile:
+    """The QNN HTP profile; with ``soc`` (a key of SOCS) its float support follows that SoC's HTP architecture."""
+    chip = SOCS[soc] if soc is not None else None
+    accepts_float = chip.fp16 if chip is not None else True
+    suffix = f"@{chip.part}" if chip is not None else ""
+    return TargetProfile(
+        name="qnn-htp" + suffix,
+        display_name="Qualcomm HTP (QNN EP)" + (f", {chip.name} (v{chip.htp_arch})" if chip else ""),
+        sources=SOURCES,
+        ops=OPS,
+        quantization=Quantization(
+            weights="int8 symmetric per-channel (axis 0) or uint8 per-tensor; int32 bias",
+            activations=("uint8", "uint16"),
+            accepts_float=accepts_float,
+            float_note="float32 runs as fp16 on HTP v69+" if accepts_float else
+            "HTP v68 has no float unit: quantize the model (QDQ) first",
+        ),
+        layout="NHWC",
+        requires_static_shapes=True,
+        dtypes=_DTYPES,
+        max_rank=5,
+        known_limits=KNOWN_LIMITS,
+        substitutions=("fix_input_shape", "groupnorm_decompose", "hardswish_to_hardsigmoid"),
+        qdq_units=True,
+        drops_lone_qdq_partitions=True,
+        variants={part: f"{s.name}, HTP v{s.htp_arch}, soc_model {s.soc_model}" for part, s in SOCS.items()},
+    )
+
+
+PROFILE = profile()

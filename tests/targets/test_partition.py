@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+from npukit.targets import analyze, compare_targets, get_target
+from tests.targets._models import conv_relu_erf_conv, make, vi
+
+
+def test_one_unsupported_op_in_the_middle_gives_two_partitions_and_two_transitions():
+    a = analyze(conv_relu_erf_conv(), get_target("qnn-htp"), input_shape=(1, 3, 8, 8))
+    assert [p.ops for p in a.partitions] == [{"Conv": 1}, {"Conv": 1}]
+    assert a.transitions == 2
+    assert a.delegated_nodes == 2 and [v.name for v in a.unsupported] == ["erf"]
+    conv1 = 1 * 4 * 8 * 8 * 3 * 3 * 3
+    conv2 = 1 * 4 * 8 * 8 * 4
+    assert a.macs_total == conv1 + conv2 and a.macs_delegated == conv1 + conv2 and a.mac_share == 1.0
+    cpu = analyze(conv_relu_erf_conv(), get_target("cpu"))
+    assert len(cpu.partitions) == 1 and cpu.transitions == 0
+
+
+def test_mac_share_counts_only_delegated_layers():
+    # litert lacks Erf too, xnnpack takes Conv but not Erf: both 2 partitions; nnapi@27 has Conv.
+    a = analyze(conv_relu_erf_conv(), get_target("xnnpack"), input_shape=(1, 3, 8, 8))
+    assert a.mac_share == 1.0 and len(a.partitions) == 2
+    w = numpy_helper.from_array(np.ones((4, 3, 3, 3, 3), np.float32), "w")  # 3D conv: XNNPACK is 2D only
+    model = make([helper.make_node("Conv", ["x", "w"], ["y"])], [vi("x", [1, 3, 4, 8, 8])], [vi("y", None)], [w])
+    b = analyze(model, get_target("xnnpack"))
+    assert b.mac_share == 0.0 and b.problem() is not None
+
+
+def test_independent_branches_join_one_partition_like_ort():
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="r1"), helper.make_node("Sigmoid", ["x"], ["b"], name="s"),
+             helper.make_node("Add", ["a", "b"], ["y"], name="add")]
+    model = make(nodes, [vi("x", [1, 4])], [vi("y", None)])
+    a = analyze(model, get_target("qnn-htp"))
+    assert len(a.partitions) == 1 and a.transitions == 0
+
+
+def _qdq_relu_model():
+    s = numpy_helper.from_array(np.array(0.1, np.float32), "s")
+    z = numpy_helper.from_array(np.array(128, np.uint8), "z")
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="q0"),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dq0"),
+             helper.make_node("Erf", ["xd"], ["e"], name="erf"),
+             helper.make_node("QuantizeLinear", ["e", "s", "z"], ["eq"], name="q1"),
+             helper.make_node("DequantizeLinear", ["eq", "s", "z"], ["y"], name="dq1")]
+    return make(nodes, [vi("x", [1, 4])], [vi("y", None)], [s, z], opset=13)
+
+
+def test_qdq_units_and_lone_qdq_partitions():
+    a = analyze(_qdq_relu_model(), get_target("qnn-htp"))
+    by_name = {v.name: v for v in a.nodes}
+    # DQ -> Erf -> Q is one unit, unsupported as a whole; q0 and dq1 alone are dropped partitions
+    assert not by_name["dq0"].supported and not by_name["q1"].supported
+    assert any("single Q/DQ node stays on the CPU" in r for r in by_name["q0"].reasons)
+    assert a.delegated_nodes == 0
+    cpu = analyze(_qdq_relu_model(), get_target("cpu"))
+    assert cpu.delegated_nodes == 5
+
+
+def test_compare_targets_tables():
+    tables = compare_targets(conv_relu_erf_conv(batch=1), [get_target("qnn-htp"), get_target("coreml")])
+    ops, summary = tables
+    assert ops.columns == ["op", "count", "qnn-htp", "coreml"]
+    rows = {r[0]: r for r in ops.rows}
+    assert rows["Conv"][1:] == [2, "yes", "yes"]
+    assert rows["Erf"][2].startswith("no: Erf: not supported") and rows["Erf"][3] == "yes"
+    assert [r[0] for r in summary.rows] == ["qnn-htp", "coreml"]
+    assert summary.rows[0][1:4] == ["2/3", 2, 2] and summary.rows[1][1:4] == ["3/3", 1, 0]
+
+
+def test_unsupported_node_gets_its_fix():
+    model = make([helper.make_node("HardSigmoid", ["x"], ["y"], name="hs")], [vi("x", [1, 4])], [vi("y", None)],
+                 opset=17)
+    a = analyze(model, get_target("litert"))
+    assert a.nodes[0].fix == "hardsigmoid_to_clip"
+    assert TensorProto.FLOAT  # model stays float: litert accepts float
+    assert not a.needs_quantization
