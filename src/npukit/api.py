@@ -202,6 +202,33 @@ def inspect(model: str | Path, *, input_shape: str | Sequence[int] | None = None
     return CommandResult(report=report, result=summary)
 
 
+# ----------------------------------------------------------------------------------------------------------- analyze
+
+def analyze(
+    model: str | Path,
+    *,
+    targets: Sequence[str],
+    input_shape: str | Sequence[int] | None = None,
+    fix: bool = False,
+    output: str | Path | None = None,
+    report_path: str | Path | None = None,
+    html: bool = False,
+) -> CommandResult:
+    """Per node and per target: supported or not and why, the partition, CPU<->NPU transitions, delegated MACs;
+    with ``fix`` the safe substitutions are applied (verified numerically) and written to ``output``."""
+    from npukit.config import parse_shape
+    from npukit.targets.api import analyze_model
+
+    if output is not None:
+        output = _check_output(output, source=model)
+    elif fix:
+        raise InputError("--fix writes the fixed model, so it needs -o OUTPUT.onnx", hint="add -o fixed.onnx")
+    analyses, report = analyze_model(model, list(targets), input_shape=parse_shape(input_shape), fix=fix,
+                                     output=output)
+    json_path = Path(report_path) if report_path else (report_path_for(output) if output else None)
+    return _finish(report, None, html=html, json_path=json_path, result=analyses)
+
+
 # ------------------------------------------------------------------------------------------------------------- bench
 
 def bench(

@@ -60,6 +60,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=15, help="layers to list by MACs (default 15)")
     p.add_argument("--json", metavar="PATH", help="also write the summary as a JSON report")
 
+    p = sub.add_parser("analyze", help="which nodes each target (NPU) takes, why not, and the CPU fallbacks",
+                       description="Before any lowering: per node supported or not and why, the partition into "
+                                   "delegated subgraphs, CPU<->NPU transitions, share of MACs delegated, and the "
+                                   "substitution that would fix each unsupported node.")
+    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("--target", action="append", required=True, metavar="T",
+                   help="cpu, qnn-htp[@SOC], nnapi[@LEVEL], coreml, xnnpack, litert (repeatable)")
+    _add_shape(p, "input shape to fix symbolic dimensions")
+    p.add_argument("--fix", action="store_true", help="apply the safe substitutions, verified numerically")
+    p.add_argument("-o", "--output", help="where --fix writes the fixed model (.onnx)")
+    p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
+    _add_html(p)
+
     p = sub.add_parser("bench", help="latency on ORT CPU, size, and agreement/accuracy on data",
                        description="Measure latency (warm-up, then median/p90), size and, with --data, agreement "
                                    "with a reference model and accuracy against labels.")
@@ -112,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             out = api._finish(out.report, None, html=False, json_path=__import__("pathlib").Path(args.json),
                               result=out.result)
+    elif args.verb == "analyze":
+        out = api.analyze(args.model, targets=args.target, input_shape=args.input_shape, fix=args.fix,
+                          output=args.output, report_path=args.report, html=args.html)
     elif args.verb == "bench":
         mean, std = _floats(args.mean, "--mean"), _floats(args.std, "--std")
         pre = PreprocessConfig(size=args.size, resize=max(args.resize, args.size), mean=mean, std=std,

@@ -126,3 +126,18 @@ def test_bad_input_one_line_exit_2_no_file(case, exported, tmp_path, capsys):
     assert set(_files(tmp_path)) == before, "a bad input must not leave files behind"
     if case == "unknown torchvision name":
         assert "mobilenet_v2" in err
+
+
+def test_analyze_across_targets(exported, tmp_path, capsys):
+    report_path = tmp_path / "analyze.json"
+    assert main(["analyze", str(exported), "--target", "qnn-htp", "--target", "litert", "--report",
+                 str(report_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "Operator support by target" in printed and "qnn-htp" in printed and "litert" in printed
+    assert json.loads(report_path.read_text())["command"] == "analyze"
+
+
+def test_analyze_unknown_target_lists_valid_ones(exported, capsys):
+    assert main(["analyze", str(exported), "--target", "hexagon9000"]) == 2
+    err = capsys.readouterr().err
+    assert "qnn-htp" in err and "\n" not in err.strip()

@@ -1,0 +1,183 @@
+"""Memory planning against ONNX Runtime's real peak: for each model (random weights, batch 1, TorchScript export,
+opset 17) the naive arena and the lower bound of the exported graph, every planner's arena on it, the planned peak on
+the graph ORT CPU runs (fusions, in-place, views) and with 8-bit activations (ORT int8, QNN HTP), and ORT CPU's
+measured peak activation memory with its arena off and on (fresh subprocess, VmHWM; see npukit.memory.measure),
+and with the arena off at ORT's "extended" optimization level (no NCHWc layout transform, which the "cpu" view does
+not model).
+
+The prediction compared with the measurement is the "cpu" plan without the graph input: the measurement starts
+after the input exists, so its bytes are not in it. Target: within 10% of the arena-off measurement.
+
+    python benchmarks/memory.py                                  # all models (several minutes)
+    python benchmarks/memory.py --models mobilenet_v2 resnet18
+    python benchmarks/memory.py --work-dir /tmp/memexports       # keep (and reuse) the exported models
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import onnx
+
+from npukit._atomic import write_text_atomic
+from npukit.memory.graph import load_tensor_graph
+from npukit.memory.lifetimes import GRAPH_INPUT, Lifetimes, lifetimes_of
+from npukit.memory.measure import measure_ort_peak
+from npukit.memory.plan import plan_memory
+from npukit.memory.planners import all_plans, best_plan
+from npukit.memory.runtime_view import VIEWS, apply_view
+
+MODELS = {  # name -> input side
+    "mobilenet_v2": 224, "resnet18": 224, "googlenet": 224, "inception_v3": 299, "densenet121": 224,
+    "shufflenet_v2_x1_0": 224, "lraspp_mobilenet_v3_large": 512,
+}
+RESULTS = Path(__file__).parent / "results"
+
+
+@dataclasses.dataclass
+class Row:
+    model: str
+    input_shape: list[int]
+    nodes: int
+    naive: int
+    lower_bound_unfused: int
+    greedy_by_size_unfused: int
+    greedy_by_breadth_unfused: int
+    lower_bound_cpu: int
+    planned_cpu: int
+    planned_cpu_int8: int
+    planned_qnn_htp: int
+    predicted_run_cpu: int
+    measured_arena_off: int
+    measured_arena_on: int
+    measured_arena_off_extended: int
+    error_vs_arena_off: float
+    error_vs_arena_off_extended: float
+    order_improved_bytes: int
+    plan_seconds: float
+
+
+def export(name: str, side: int, path: Path) -> None:
+    import torch
+    import torchvision
+
+    if path.exists():
+        return
+    if name.startswith("lraspp") or name.startswith("deeplab"):
+        module = getattr(torchvision.models.segmentation, name)(weights=None, weights_backbone=None)
+    else:
+        extra = {"aux_logits": False, "init_weights": True} if name in ("googlenet", "inception_v3") else {}
+        module = getattr(torchvision.models, name)(weights=None, **extra)
+    module.eval()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (torch.randn(1, 3, side, side),), str(path), dynamo=False, opset_version=17,
+                          input_names=["input"])
+
+
+def without_inputs(lifetimes: Lifetimes) -> Lifetimes:
+    return Lifetimes(tuple(t for t in lifetimes.tensors if t.producer != GRAPH_INPUT), order=lifetimes.order)
+
+
+def measure_model(name: str, side: int, work: Path) -> Row:
+    path = work / f"{name}.onnx"
+    export(name, side, path)
+    model = onnx.load(str(path))
+    exported = load_tensor_graph(model)
+    unfused = lifetimes_of(exported)
+    plans = all_plans(unfused)
+    start = time.perf_counter()
+    cpu, _ = plan_memory(path, target="cpu")
+    plan_seconds = time.perf_counter() - start
+    planned = {view: best_plan(lifetimes_of(apply_view(exported, VIEWS[view]))).arena_bytes
+               for view in ("cpu-int8", "qnn-htp")}
+    predicted = best_plan(without_inputs(cpu.lifetimes)).arena_bytes
+    off = measure_ort_peak(path, arena=False)
+    on = measure_ort_peak(path, arena=True)
+    extended = measure_ort_peak(path, arena=False, optimization="extended")
+    return Row(
+        model=name, input_shape=[1, 3, side, side], nodes=len(model.graph.node),
+        naive=plans["naive"].arena_bytes, lower_bound_unfused=unfused.peak_bytes,
+        greedy_by_size_unfused=plans["greedy_by_size"].arena_bytes,
+        greedy_by_breadth_unfused=plans["greedy_by_breadth"].arena_bytes,
+        lower_bound_cpu=cpu.lower_bound, planned_cpu=cpu.best.arena_bytes,
+        planned_cpu_int8=planned["cpu-int8"], planned_qnn_htp=planned["qnn-htp"],
+        predicted_run_cpu=predicted, measured_arena_off=off.peak_bytes, measured_arena_on=on.peak_bytes,
+        measured_arena_off_extended=extended.peak_bytes,
+        error_vs_arena_off=(predicted - off.peak_bytes) / off.peak_bytes if off.peak_bytes else float("nan"),
+        error_vs_arena_off_extended=((predicted - extended.peak_bytes) / extended.peak_bytes
+                                     if extended.peak_bytes else float("nan")),
+        order_improved_bytes=cpu.order.original_peak_bytes - cpu.order.peak_bytes if cpu.order else 0,
+        plan_seconds=plan_seconds,
+    )
+
+
+def chain_plan_seconds(work: Path, length: int = 1000) -> float:
+    from onnx import TensorProto, helper
+
+    names = ["x"] + [f"t{i}" for i in range(length)]
+    nodes = [helper.make_node("Relu" if i % 2 else "Sigmoid", [names[i]], [names[i + 1]]) for i in range(length)]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+                              [helper.make_tensor_value_info(names[-1], TensorProto.FLOAT, [1, 8, 16, 16])])
+    path = work / "chain.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    start = time.perf_counter()
+    plan_memory(path, target="unfused")
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
+    parser.add_argument("--work-dir", type=Path, help="where exported models are kept (default: a temp dir)")
+    parser.add_argument("--output", type=Path, default=RESULTS / "memory.json")
+    args = parser.parse_args(argv)
+    from rich.console import Console
+    from rich.table import Table
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = args.work_dir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        rows, failures = [], {}
+        for name in args.models:
+            start = time.perf_counter()
+            try:
+                rows.append(measure_model(name, MODELS[name], work))
+            except Exception as exc:  # one model's failure must not hide the others' figures
+                failures[name] = f"{type(exc).__name__}: {exc}"
+            print(f"{name}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
+        chain_s = chain_plan_seconds(work)
+
+    mb = 1e6
+    table = Table(title="Activation memory (MB = 1e6 bytes; planned = best planner, 64-byte aligned)")
+    for column in ("model", "naive", "LB unfused", "by size", "by breadth", "LB cpu", "plan cpu", "plan int8",
+                   "plan HTP", "pred. run", "ORT off", "ORT on", "ORT off ext", "err off", "err ext", "plan s"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for r in rows:
+        table.add_row(r.model, *(f"{v / mb:.2f}" for v in (
+            r.naive, r.lower_bound_unfused, r.greedy_by_size_unfused, r.greedy_by_breadth_unfused, r.lower_bound_cpu,
+            r.planned_cpu, r.planned_cpu_int8, r.planned_qnn_htp, r.predicted_run_cpu, r.measured_arena_off,
+            r.measured_arena_on, r.measured_arena_off_extended)), f"{r.error_vs_arena_off:+.1%}",
+            f"{r.error_vs_arena_off_extended:+.1%}", f"{r.plan_seconds:.2f}")
+    console = Console(width=170)
+    console.print(table)
+    console.print(f"1,000-node chain: planned in {chain_s:.3f} s")
+    for name, error in failures.items():
+        console.print(f"[red]{name} failed:[/red] {error}")
+    payload = {"rows": [dataclasses.asdict(r) for r in rows], "failures": failures,
+               "chain_1000_plan_seconds": chain_s,
+               "within_10_percent": {r.model: abs(r.error_vs_arena_off) <= 0.10 for r in rows},
+               "within_10_percent_extended": {r.model: abs(r.error_vs_arena_off_extended) <= 0.10 for r in rows}}
+    write_text_atomic(args.output, json.dumps(payload, indent=2) + "\n")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""plan-memory: lifetimes on the graph a target executes, a better order where one lowers the peak, every planner's
+offsets (each checked), and the report: planners against the lower bound, live bytes per layer, a memory timeline."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from npukit.memory.lifetimes import Lifetimes, lifetimes_of
+from npukit.memory.order import OrderResult, search_order
+from npukit.memory.planners import MemoryPlan, all_plans, best_plan
+from npukit.memory.runtime_view import apply_view, get_view
+from npukit.report.core import Report
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryResult:
+    """``lifetimes`` are those of ``target``'s view in the order kept (``order`` says how it was found, None when
+    the search was off); ``plans`` holds every planner's checked plan and ``best`` the smallest.
+    ``unfused_lower_bound`` is the lower bound of the exported graph in its own order, for comparison."""
+
+    model: str
+    target: str
+    lifetimes: Lifetimes
+    plans: dict[str, MemoryPlan]
+    best: MemoryPlan
+    lower_bound: int
+    unfused_lower_bound: int
+    order: OrderResult | None
+
+    @property
+    def naive_bytes(self) -> int:
+        return self.plans["naive"].arena_bytes
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "target": self.target, "lower_bound_bytes": self.lower_bound,
+            "unfused_lower_bound_bytes": self.unfused_lower_bound, "best_algorithm": self.best.algorithm,
+            "best_arena_bytes": self.best.arena_bytes,
+            "plans": {name: plan.arena_bytes for name, plan in self.plans.items()},
+            "order_search": None if self.order is None else {
+                "improved": self.order.improved, "peak_bytes": self.order.peak_bytes,
+                "original_peak_bytes": self.order.original_peak_bytes,
+                "exact_regions": self.order.exact_regions, "heuristic_regions": self.order.heuristic_regions},
+            "steps": [dataclasses.asdict(s) for s in self.lifetimes.steps],
+            "offsets": dict(self.best.offsets),
+        }
+
+
+def plan_memory(
+    model_path: str | Path,
+    *,
+    target: str = "cpu",
+    input_shape: str | Sequence[int] | None = None,
+    order_search: bool = True,
+) -> tuple[MemoryResult, Report]:
+    """Plan the activation memory of the ONNX model at ``model_path`` as ``target`` executes it."""
+    from npukit.config import parse_shape
+    from npukit.frontend.onnx_io import load_onnx
+    from npukit.memory.graph import load_tensor_graph
+
+    execution = get_view(target)  # an unknown target fails before the model is read
+    shape = parse_shape(input_shape)
+    exported = load_tensor_graph(load_onnx(model_path), input_shape=shape)
+    graph = apply_view(exported, execution)
+    order = search_order(graph) if order_search else None
+    lifetimes = lifetimes_of(graph, order=None if order is None else order.order, view=execution.name)
+    plans = all_plans(lifetimes)
+    result = MemoryResult(
+        model=str(model_path), target=execution.name, lifetimes=lifetimes, plans=plans,
+        best=best_plan(lifetimes, plans.values()), lower_bound=lifetimes.peak_bytes,
+        unfused_lower_bound=lifetimes_of(exported).peak_bytes, order=order,
+    )
+    return result, _report(result, execution.description, shape)
+
+
+def _report(result: MemoryResult, description: str, input_shape: tuple[int, ...] | None) -> Report:
+    report = Report("plan-memory", config={"model": result.model, "target": result.target,
+                                           "input_shape": None if input_shape is None else list(input_shape),
+                                           "order_search": result.order is not None})
+    report.add("memory", result.as_dict())
+    bound = result.lower_bound
+    report.add_table(
+        f"Memory plans ({result.target}: {description})",
+        ["planner", "arena_bytes", "vs lower bound"],
+        [*([name, plan.arena_bytes, f"{plan.arena_bytes / bound:.3f}x" if bound else "—"]
+           for name, plan in result.plans.items()),
+         ["lower bound (target view)", bound, "1.000x"],
+         ["lower bound (exported graph, unfused)", result.unfused_lower_bound,
+          f"{result.unfused_lower_bound / bound:.3f}x" if bound else "—"]],
+    )
+    if result.order is not None:
+        report.add_table("Execution order", ["order", "peak_bytes", "exact regions", "heuristic regions"],
+                         [["graph order", result.order.original_peak_bytes, "", ""],
+                          ["kept" + (" (searched, lower)" if result.order.improved else " (graph order)"),
+                           result.order.peak_bytes, result.order.exact_regions, result.order.heuristic_regions]])
+    report.add_table("Live bytes per layer", ["step", "node", "op", "live_bytes", "new_bytes"],
+                     [[s.step, s.node, s.op, s.live_bytes, s.new_bytes] for s in result.lifetimes.steps])
+    items = [{"label": t.name, "start": t.start, "end": t.end, "offset": result.best.offsets[t.name], "size": t.size}
+             for t in result.lifetimes.tensors if t.size]
+    report.add_figure(f"Memory timeline ({result.best.algorithm}, {result.target})", "timeline",
+                      {"items": items, "peak": result.best.arena_bytes}, x_label="step", y_label="offset")
+    return report

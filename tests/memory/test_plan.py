@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import onnx
+import pytest
+
+from npukit.errors import InputError
+from npukit.memory.plan import plan_memory
+
+from .tiny import conv_relu_add, two_branches
+
+
+def test_plan_memory_report_has_planners_layers_and_a_timeline(tmp_path):
+    path = tmp_path / "tiny.onnx"
+    onnx.save(conv_relu_add(), str(path))
+    result, report = plan_memory(path, target="cpu")
+    assert result.lower_bound == 352 and result.unfused_lower_bound == 416
+    assert result.best.arena_bytes >= result.lower_bound
+    assert result.naive_bytes == 128 + 128 + 64 + 64  # x, r, m (32 B, 64-aligned), idx
+    titles = [t.title for t in report.tables]
+    assert titles[0].startswith("Memory plans (cpu")
+    layers = next(t for t in report.tables if t.title == "Live bytes per layer")
+    assert [row[3] for row in layers.rows] == [256, 352, 288, 160]
+    (figure,) = report.figures
+    assert figure.kind == "timeline"
+    assert {item["label"] for item in figure.data["items"]} == {"x", "r", "m", "idx"}
+    assert figure.data["peak"] == result.best.arena_bytes
+    assert report.to_dict()["results"]["memory"]["best_arena_bytes"] == result.best.arena_bytes
+
+
+def test_plan_memory_keeps_a_better_order(tmp_path):
+    path = tmp_path / "branches.onnx"
+    onnx.save(two_branches(), str(path))
+    searched, _ = plan_memory(path, target="unfused")
+    plain, _ = plan_memory(path, target="unfused", order_search=False)
+    assert plain.order is None and plain.lower_bound == 8448
+    assert searched.lower_bound == 4608 and searched.lifetimes.order == searched.order.order
+
+
+def test_bad_target_and_unresolved_shapes(tmp_path):
+    path = tmp_path / "dyn.onnx"
+    onnx.save(conv_relu_add(input_dims=("N", 2, "H", "W")), str(path))
+    with pytest.raises(InputError, match="unknown execution view 'gpu'"):
+        plan_memory(path, target="gpu")
+    with pytest.raises(InputError) as info:
+        plan_memory(path)
+    assert "--input-shape" in info.value.hint
+    result, _ = plan_memory(path, input_shape="1,2,4,4")
+    assert result.lower_bound == 352

@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from npukit.errors import InputError
+from npukit.runtime.ort import make_session, run
+from npukit.runtime.qnn import CPU_EP, QNN_EP, make_qnn_session, qnn_available, qnn_node_assignment
+from tests.runtime.conftest import requires_qnn
+from tests.runtime.tiny_qdq import qdq_conv_model
+
+pytestmark = requires_qnn
+
+Y_SCALE = 6.0 / 255  # the tiny model's output quantization step
+
+
+def _feeds(seed: int = 1) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(seed).uniform(-1.5, 1.5, (1, 3, 8, 8)).astype(np.float32)}
+
+
+def test_status_reports_plugin_and_backends():
+    status = qnn_available()
+    assert status.importable and status.registered and status.reason is None
+    assert status.plugin_version and status.qnn_sdk_version
+    assert set(status.backends) == {"htp", "cpu"}
+    assert status.backends["htp"] is None and status.available
+    assert status.as_dict()["available"] is True
+    if status.backends["cpu"] is not None:
+        assert "cpu" in status.backends["cpu"].lower()
+
+
+def test_tiny_qdq_conv_on_htp_matches_cpu():
+    model = qdq_conv_model()
+    feeds = _feeds()
+    session = make_qnn_session(model)
+    assert session.get_providers()[0] == QNN_EP
+    htp = run(session, feeds)[0]
+    cpu = run(make_session(model, optimization="disable"), feeds)[0]  # unfused: exact QDQ semantics
+    assert htp.shape == cpu.shape == (1, 4, 8, 8)
+    steps = np.abs(htp - cpu) / Y_SCALE
+    assert steps.max() <= 1.0 + 1e-4  # at most one output quantization step apart
+    assert np.mean(steps > 0.5) <= 0.05  # and almost every element identical
+
+
+def test_symbolic_shape_is_rejected():
+    with pytest.raises(InputError, match="symbolic dimension at axis 0"):
+        make_qnn_session(qdq_conv_model(batch="N"))
+
+
+def test_unknown_backend_is_rejected():
+    with pytest.raises(InputError, match="unknown QNN backend 'npu'.*"):
+        make_qnn_session(qdq_conv_model(), backend="npu")
+
+
+def test_backend_that_does_not_load_says_why(tmp_path):
+    missing = tmp_path / "libQnnMissing.so"
+    with pytest.raises(InputError, match="backend does not load: .*libQnnMissing.so") as info:
+        make_qnn_session(qdq_conv_model(), provider_options={"backend_path": str(missing)})
+    assert "\n" not in info.value.one_line()
+
+
+def test_cpu_fallback_only_when_allowed(tmp_path):
+    model = qdq_conv_model()
+    options = {"backend_path": str(tmp_path / "libQnnMissing.so")}
+    with pytest.warns(RuntimeWarning, match="did not load"):
+        session = make_qnn_session(model, provider_options=options, allow_cpu_fallback=True)
+    np.testing.assert_allclose(run(session, _feeds())[0], run(make_session(model), _feeds())[0], rtol=0, atol=1e-6)
+
+
+def test_unsupported_op_without_fallback_names_it():
+    with pytest.raises(InputError, match="does not take every node.*Det"):
+        make_qnn_session(qdq_conv_model(tail_op="Det"))
+
+
+def test_assignment_all_on_qnn():
+    assignment = qnn_node_assignment(qdq_conv_model())
+    by_name = {n.name: n for n in assignment.nodes}
+    assert by_name["conv"].provider == QNN_EP
+    assert by_name["dq_w"].provider == QNN_EP
+    assert by_name["q_y"].provider == QNN_EP
+    assert assignment.partitions == 1
+    # With CPU fallback allowed, the QNN EP leaves the graph input's QuantizeLinear to the CPU by default.
+    assert by_name["q_x"].provider == CPU_EP and "graph input" in by_name["q_x"].reason
+    assert set(assignment.qnn_nodes) | set(assignment.cpu_nodes) == {n.name for n in qdq_conv_model().graph.node}
+
+
+def test_assignment_reports_rejected_op_with_reason():
+    assignment = qnn_node_assignment(qdq_conv_model(tail_op="Det"))
+    by_name = {n.name: n for n in assignment.nodes}
+    assert by_name["conv"].provider == QNN_EP
+    assert by_name["tail"].provider == CPU_EP
+    assert "Det" in by_name["tail"].reason and "not supported" in by_name["tail"].reason
+    assert assignment.rejected["tail"] == by_name["tail"].reason
+    assert assignment.as_dict()["cpu_nodes"] == len(assignment.cpu_nodes)
+
+
+def test_assignment_names_unnamed_nodes():
+    model = qdq_conv_model()
+    for node in model.graph.node:
+        node.name = ""
+    assignment = qnn_node_assignment(model)
+    conv = next(n for n in assignment.nodes if n.op_type == "Conv")
+    assert conv.name == "Conv_4" and conv.provider == QNN_EP
+    onnx.checker.check_model(model)

@@ -1,0 +1,58 @@
+"""Tiny hand-built QDQ models for the QNN runtime tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def qdq_conv_model(*, batch: int | str = 1, channels: int = 4, size: int = 8, tail_op: str | None = None,
+                   seed: int = 0) -> onnx.ModelProto:
+    """Q/DQ(x) -> Conv 3x3 (int8 symmetric per-tensor weights, int32 bias) -> Relu -> Q/DQ, uint8 activations.
+
+    ``tail_op`` appends one float op on the output (e.g. "Det" after a reshape to square matrices, which the QNN EP
+    does not support)."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((channels, 3, 3, 3)).astype(np.float32) * 0.3
+    w_scale = float(np.abs(w).max() / 127)
+    x_scale, y_scale = 4.0 / 255, 6.0 / 255
+    bias = rng.standard_normal(channels).astype(np.float32) * 0.1
+    inits = [
+        numpy_helper.from_array(np.array(x_scale, np.float32), "x_scale"),
+        numpy_helper.from_array(np.array(128, np.uint8), "x_zp"),
+        numpy_helper.from_array(np.round(w / w_scale).clip(-127, 127).astype(np.int8), "w_q"),
+        numpy_helper.from_array(np.array(w_scale, np.float32), "w_scale"),
+        numpy_helper.from_array(np.array(0, np.int8), "w_zp"),
+        numpy_helper.from_array(np.round(bias / (x_scale * w_scale)).astype(np.int32), "b_q"),
+        numpy_helper.from_array(np.array(x_scale * w_scale, np.float32), "b_scale"),
+        numpy_helper.from_array(np.array(0, np.int32), "b_zp"),
+        numpy_helper.from_array(np.array(y_scale, np.float32), "y_scale"),
+        numpy_helper.from_array(np.array(0, np.uint8), "y_zp"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zp"], ["x_q"], name="q_x"),
+        helper.make_node("DequantizeLinear", ["x_q", "x_scale", "x_zp"], ["x_dq"], name="dq_x"),
+        helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zp"], ["w_dq"], name="dq_w"),
+        helper.make_node("DequantizeLinear", ["b_q", "b_scale", "b_zp"], ["b_dq"], name="dq_b"),
+        helper.make_node("Conv", ["x_dq", "w_dq", "b_dq"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("QuantizeLinear", ["r", "y_scale", "y_zp"], ["r_q"], name="q_y"),
+        helper.make_node("DequantizeLinear", ["r_q", "y_scale", "y_zp"], ["y"], name="dq_y"),
+    ]
+    out_shape: list[int | str] = [batch, channels, size, size]
+    output = "y"
+    if tail_op is not None:
+        assert isinstance(batch, int)
+        inits.append(numpy_helper.from_array(np.array([batch * channels, size, size], np.int64), "square"))
+        nodes.append(helper.make_node("Reshape", ["y", "square"], ["y_sq"], name="reshape"))
+        nodes.append(helper.make_node(tail_op, ["y_sq"], ["z"], name="tail"))
+        out_shape, output = [batch * channels], "z"
+    graph = helper.make_graph(
+        nodes, "tiny_qdq_conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, size, size])],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, out_shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.checker.check_model(model, full_check=True)
+    return model
