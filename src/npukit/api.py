@@ -229,6 +229,52 @@ def analyze(
     return _finish(report, None, html=html, json_path=json_path, result=analyses)
 
 
+# ------------------------------------------------------------------------------------------------------- plan-memory
+
+def plan_memory(
+    model: str | Path,
+    *,
+    target: str = "cpu",
+    input_shape: str | Sequence[int] | None = None,
+    order_search: bool = True,
+    report_path: str | Path | None = None,
+    html: bool = False,
+) -> CommandResult:
+    """Tensor lifetimes, every planner's arena (checked by the no-overlap invariant), the live bytes per layer and the
+    memory timeline, on the graph as ``target`` executes it (fused activations, in-place ops, activation dtype)."""
+    from npukit.memory.plan import plan_memory as _plan
+
+    result, report = _plan(model, target=target, input_shape=input_shape, order_search=order_search)
+    json_path = Path(report_path) if report_path else None
+    return _finish(report, None, html=html, json_path=json_path, result=result)
+
+
+# ----------------------------------------------------------------------------------------------------------- devices
+
+def devices(*, report_path: str | Path | None = None) -> CommandResult:
+    """Probe execution providers, QNN backends, int8-relevant CPU features, cores and memory; say what npukit picks."""
+    from npukit.runtime.devices import probe_devices
+
+    probe = probe_devices()
+    data = probe.as_dict()
+    report = Report("devices", title="npukit devices")
+    report.add("devices", data)
+    report.add_table("Execution providers", ["provider", "kind"],
+                     [[p, "built in"] for p in probe.providers]
+                     + [[e["ep_name"], f"plugin ({e['vendor']}, {e['device']})"] for e in data["plugin_eps"]
+                        if e["ep_name"] not in probe.providers])
+    report.add_table("QNN backends", ["backend", "loads", "why not"],
+                     [[b, reason is None, reason or ""] for b, reason in data["qnn"]["backends"].items()])
+    cpu = data["cpu"]
+    report.add_table("CPU", ["property", "value"],
+                     [[k, ", ".join(v) if isinstance(v, list) else v] for k, v in cpu.items()]
+                     + [["memory_total_bytes", probe.memory_total_bytes],
+                        ["memory_available_bytes", probe.memory_available_bytes]])
+    report.add_table("Plan", ["what npukit would pick"], [[line] for line in probe.plan])
+    json_path = Path(report_path) if report_path else None
+    return _finish(report, None, html=False, json_path=json_path, result=probe)
+
+
 # ------------------------------------------------------------------------------------------------------------- bench
 
 def bench(

@@ -73,6 +73,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
     _add_html(p)
 
+    p = sub.add_parser("plan-memory", help="tensor lifetimes, buffer reuse plans, peak memory, timeline",
+                       description="Plan activation memory on the graph as the target executes it (fused "
+                                   "activations, in-place ops, quantized activation dtypes); every plan is checked "
+                                   "so that no two live tensors share bytes.")
+    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("--target", default="cpu", help="execution view: cpu, cpu-int8, qnn-htp, unfused (default cpu)")
+    _add_shape(p, "input shape to resolve symbolic dimensions")
+    p.add_argument("--no-order-search", action="store_true", help="keep the model's execution order")
+    p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
+    _add_html(p)
+
+    p = sub.add_parser("devices", help="probe execution providers, NPU backends, CPU int8 features, memory")
+    p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
+
     p = sub.add_parser("bench", help="latency on ORT CPU, size, and agreement/accuracy on data",
                        description="Measure latency (warm-up, then median/p90), size and, with --data, agreement "
                                    "with a reference model and accuracy against labels.")
@@ -128,6 +142,11 @@ def run(args: argparse.Namespace) -> int:
     elif args.verb == "analyze":
         out = api.analyze(args.model, targets=args.target, input_shape=args.input_shape, fix=args.fix,
                           output=args.output, report_path=args.report, html=args.html)
+    elif args.verb == "plan-memory":
+        out = api.plan_memory(args.model, target=args.target, input_shape=args.input_shape,
+                              order_search=not args.no_order_search, report_path=args.report, html=args.html)
+    elif args.verb == "devices":
+        out = api.devices(report_path=args.report)
     elif args.verb == "bench":
         mean, std = _floats(args.mean, "--mean"), _floats(args.std, "--std")
         pre = PreprocessConfig(size=args.size, resize=max(args.resize, args.size), mean=mean, std=std,

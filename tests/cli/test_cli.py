@@ -141,3 +141,18 @@ def test_analyze_unknown_target_lists_valid_ones(exported, capsys):
     assert main(["analyze", str(exported), "--target", "hexagon9000"]) == 2
     err = capsys.readouterr().err
     assert "qnn-htp" in err and "\n" not in err.strip()
+
+
+def test_plan_memory_reports_plans_and_timeline(exported, tmp_path, capsys):
+    report_path = tmp_path / "mem.json"
+    assert main(["plan-memory", str(exported), "--target", "cpu", "--report", str(report_path), "--html"]) == 0
+    report = json.loads(report_path.read_text())
+    assert any(f["kind"] == "timeline" for f in report["figures"])
+    assert "greedy_by_size" in capsys.readouterr().out
+    assert "<svg" in report_path.with_suffix(".html").read_text()
+
+
+def test_devices_probe(capsys):
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    assert "CPUExecutionProvider" in out and "Plan" in out
