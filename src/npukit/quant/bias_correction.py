@@ -1,0 +1,170 @@
+"""Empirical bias correction: subtract from each Conv/Gemm bias the mean output shift quantization causes.
+
+For a node y = W x + b whose weights will be quantized to Q(W), the shift E[Q(W) x] - E[W x] is measured per output
+channel on calibration data (twin nodes without bias run beside the original, fed by the same float activations)
+and subtracted from b; a zero bias is added where there is none. Given the calibrated activation ranges, the twin
+also sees its input as the quantized model will, x_q = DQ(Q(x)), and the shift removed is E[Q(W) x_q] - E[W x]:
+the mean error of the layer's weight and input quantization (rounding and clipping), one layer at a time, so
+corrections do not compound. Q mirrors ONNX Runtime's int8 weight quantization (symmetric: [-127, 127];
+asymmetric: [-128, 127]; reduced range: [-64, 64]) and its 8-bit activation scale / zero point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from npukit.quant.calibrate import observe, sixteen_bit_tensors
+from npukit.quant.config import QuantConfig
+
+
+def fake_quantize_weight(w: np.ndarray, *, axis: int | None, symmetric: bool, reduce_range: bool = False
+                         ) -> np.ndarray:
+    """Q(w) as ONNX Runtime computes it for int8 weights: per channel along ``axis`` (or per tensor when None);
+    ``reduce_range``: 7-bit weights on [-64, 64]."""
+    w = np.asarray(w, dtype=np.float32)
+    reduce = tuple(a for a in range(w.ndim) if a != axis) if axis is not None else None
+    lo = np.minimum(w.min(axis=reduce, keepdims=True), 0.0).astype(np.float64)
+    hi = np.maximum(w.max(axis=reduce, keepdims=True), 0.0).astype(np.float64)
+    if symmetric:
+        qmin, qmax = (-64, 64) if reduce_range else (-127, 127)
+        absmax = np.maximum(-lo, hi)
+        scale = 2.0 * absmax / (qmax - qmin)
+        zero = np.zeros_like(scale)
+    else:
+        qmin, qmax = (-64, 64) if reduce_range else (-128, 127)
+        scale = (hi - lo) / (qmax - qmin)
+        safe = np.where(scale > 0, scale, 1.0)
+        zero = np.round(qmin - lo / safe)
+    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    q = np.clip(np.round(w / scale) + zero, qmin, qmax)
+    return ((q - zero) * scale).astype(np.float32)
+
+
+def weight_axis(node: onnx.NodeProto, *, per_channel: bool) -> int | None:
+    """The output-channel axis of the node's weight that per-channel quantization uses (None: per tensor)."""
+    if not per_channel:
+        return None
+    if node.op_type == "Gemm":
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        return 0 if trans_b else 1
+    return 0
+
+
+def activation_qparams(lo: float, hi: float, *, signed: bool, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(scale, zero point) of an 8-bit activation with range [lo, hi], as ONNX Runtime computes them."""
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    if symmetric:
+        absmax = max(-lo, hi)
+        qmin, qmax = (-127, 127) if signed else (0, 255)
+        scale = 2.0 * absmax / (qmax - qmin)
+        zero = 0 if signed else 128
+    else:
+        qmin, qmax = (-128, 127) if signed else (0, 255)
+        scale = (hi - lo) / (qmax - qmin)
+        zero = int(np.clip(np.round(qmin - lo / scale), qmin, qmax)) if scale > 0 else 0
+    scale = scale if scale > 0 else 1.0
+    return np.array(scale, np.float32), np.array(zero, np.int8 if signed else np.uint8)
+
+
+@dataclasses.dataclass(frozen=True)
+class BiasCorrectionResult:
+    model: onnx.ModelProto
+    shifts: dict[str, np.ndarray]  # node name -> per-output-channel mean shift that was removed
+    samples: int
+
+
+def _attr(node: onnx.NodeProto, name: str, default: float) -> float:
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
+def correct_bias(model: onnx.ModelProto, samples: Iterable[object], *, config: QuantConfig,
+                 ranges: dict[str, tuple[float, float]] | None = None) -> BiasCorrectionResult:
+    """A copy of ``model`` with each quantizable Conv/Gemm bias corrected for its measured quantization shift.
+
+    Without ``ranges`` only weight rounding is accounted for; with them (tensor -> calibrated range), also the
+    8-bit quantization of each node's input (16-bit inputs are left in float).
+    """
+    wide = sixteen_bit_tensors(model, config.int16_nodes)
+    inits = {i.name: i for i in model.graph.initializer}
+    targets = [n for n in model.graph.node
+               if n.op_type in ("Conv", "Gemm") and n.name not in config.exclude and len(n.input) > 1
+               and n.input[1] in inits]
+    if not targets:
+        return BiasCorrectionResult(model=model, shifts={}, samples=0)
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    shift_names: dict[str, str] = {}
+    for k, node in enumerate(targets):
+        w = numpy_helper.to_array(inits[node.input[1]])
+        wq = fake_quantize_weight(w, axis=weight_axis(node, per_channel=config.per_channel),
+                                  symmetric=config.symmetric_weights, reduce_range=config.reduce_range)
+        x = node.input[0]
+        if ranges is not None and x in ranges and x not in wide:
+            scale, zero = activation_qparams(*ranges[x], signed=config.activation_signed,
+                                             symmetric=config.symmetric_activations)
+            probe.graph.initializer.extend([numpy_helper.from_array(scale, f"npukit_bc_scale_{k}"),
+                                            numpy_helper.from_array(zero, f"npukit_bc_zero_{k}")])
+            qargs = [f"npukit_bc_scale_{k}", f"npukit_bc_zero_{k}"]
+            probe.graph.node.extend([
+                helper.make_node("QuantizeLinear", [x, *qargs], [f"npukit_bc_xq_{k}"]),
+                helper.make_node("DequantizeLinear", [f"npukit_bc_xq_{k}", *qargs], [f"npukit_bc_x_{k}"]),
+            ])
+            pairs = [(f"npukit_bc_x_{k}", wq, "q"), (x, w, "f")]
+        else:
+            pairs = [(x, wq - w, "d")]
+        outs = []
+        for source, weight, tag in pairs:
+            probe.graph.initializer.append(numpy_helper.from_array(weight.astype(np.float32), f"npukit_bc_w{tag}_{k}"))
+            twin = helper.make_node(node.op_type, [source, f"npukit_bc_w{tag}_{k}"], [f"npukit_bc_{tag}_{k}"])
+            twin.attribute.extend(a for a in node.attribute if a.name != "beta")
+            probe.graph.node.append(twin)
+            outs.append(twin.output[0])
+        if len(outs) == 2:
+            probe.graph.node.append(helper.make_node("Sub", outs, [f"npukit_bc_out_{k}"]))
+            shift_names[node.name] = f"npukit_bc_out_{k}"
+        else:
+            shift_names[node.name] = outs[0]
+
+    sums: dict[str, np.ndarray] = {}
+    count = 0
+    for values in observe(probe, list(shift_names.values()), samples, limit=config.calib_samples):
+        count += 1
+        for name, value in values.items():
+            v = np.moveaxis(np.asarray(value, dtype=np.float64), 1, 0)
+            mean = v.reshape(v.shape[0], -1).mean(axis=1)
+            sums[name] = sums.get(name, 0.0) + mean
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    out_inits = {i.name: i for i in out.graph.initializer}
+    by_name = {n.name: n for n in out.graph.node}
+    shifts = {}
+    replaced: set[str] = set()
+    for k, node in enumerate(targets):
+        shift = sums[shift_names[node.name]] / count
+        shifts[node.name] = shift
+        target = by_name[node.name]
+        beta = _attr(target, "beta", 1.0) if target.op_type == "Gemm" else 1.0
+        if len(target.input) > 2 and target.input[2]:
+            replaced.add(target.input[2])
+            bias = numpy_helper.to_array(out_inits[target.input[2]]).astype(np.float64)
+            bias = np.broadcast_to(bias, shift.shape) if bias.size == 1 else bias
+        else:
+            bias = np.zeros_like(shift)
+        name = f"{node.name or 'node'}_bias_corrected_{k}"
+        out.graph.initializer.append(numpy_helper.from_array((bias - shift / beta).astype(np.float32), name))
+        if len(target.input) > 2:
+            target.input[2] = name
+        else:
+            target.input.append(name)
+    used = {t for n in out.graph.node for t in n.input}
+    graph_inputs = {i.name for i in out.graph.input}
+    for init in [i for i in out.graph.initializer if i.name in replaced and i.name not in used | graph_inputs]:
+        out.graph.initializer.remove(init)
+    return BiasCorrectionResult(model=out, shifts=shifts, samples=count)

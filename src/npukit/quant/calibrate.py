@@ -1,0 +1,182 @@
+"""Calibration: run the float model on ORT CPU one sample at a time and observe every activation to be quantized.
+
+The activations (graph inputs and float node outputs) are exposed as extra graph outputs of a copy of the model;
+each sample's values go through one observer per tensor and are dropped, so memory does not grow with the number of
+samples. Samples are validated against the model's inputs (names, dtype, static dims, finite values).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from npukit.errors import InputError
+from npukit.quant.config import QuantConfig
+from npukit.quant.observers import make_observer
+from npukit.runtime.ort import make_session
+
+Sample = Mapping[str, np.ndarray]
+Progress = Callable[[int], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibrationResult:
+    """``ranges``: tensor name -> (rmin, rmax); ``samples``: how many samples were observed."""
+
+    ranges: dict[str, tuple[float, float]]
+    samples: int
+    method: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ChannelStats:
+    """Per-channel (axis 1) statistics of one activation over the calibration samples."""
+
+    mean: np.ndarray
+    std: np.ndarray
+    min: np.ndarray
+    max: np.ndarray
+
+
+def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    inits = {i.name for i in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
+
+
+def float_activations(model: onnx.ModelProto) -> list[str]:
+    """Graph inputs and node outputs of type float32, in graph order: the tensors activation quantization sees."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v.type.tensor_type.elem_type
+             for v in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]}
+    names = [i.name for i in _graph_inputs(model)]
+    names += [o for n in model.graph.node for o in n.output if o]
+    return [n for n in names if types.get(n) == TensorProto.FLOAT]
+
+
+def with_outputs(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph also outputs ``names`` (float32 tensors)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    present = {o.name for o in out.graph.output}
+    for name in names:
+        if name not in present:
+            out.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+            present.add(name)
+    return out
+
+
+def _check_sample(sample: object, inputs: list[onnx.ValueInfoProto], index: int) -> dict[str, np.ndarray]:
+    if isinstance(sample, np.ndarray) and len(inputs) == 1:
+        sample = {inputs[0].name: sample}
+    if not isinstance(sample, Mapping):
+        raise InputError(f"calibration sample {index} is a {type(sample).__name__}, not a mapping of input names "
+                         "to arrays", hint="yield dicts like {'input': array}")
+    expected = [i.name for i in inputs]
+    if sorted(sample) != sorted(expected):
+        raise InputError(f"calibration sample {index} has inputs {sorted(sample)}, the model takes {expected}",
+                         hint="name each array after a model input")
+    feeds: dict[str, np.ndarray] = {}
+    for info in inputs:
+        value = np.asarray(sample[info.name])
+        want = helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type)
+        if value.dtype != want:
+            raise InputError(f"calibration sample {index}, input {info.name!r}: dtype {value.dtype}, the model "
+                             f"expects {np.dtype(want)}", hint=f"convert the data with .astype(np.{np.dtype(want)})")
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in info.type.tensor_type.shape.dim]
+        if len(dims) != value.ndim or any(d is not None and d != s for d, s in zip(dims, value.shape)):
+            shown = ["?" if d is None else d for d in dims]
+            raise InputError(f"calibration sample {index}, input {info.name!r}: shape {list(value.shape)}, the "
+                             f"model expects {shown}", hint="resize or batch the data to the model's input shape")
+        if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
+            raise InputError(f"calibration sample {index}, input {info.name!r} contains NaN or Inf values",
+                             hint="clean the calibration data")
+        feeds[info.name] = value
+    return feeds
+
+
+def iter_samples(model: onnx.ModelProto, samples: Iterable[object], *, limit: int | None = None
+                 ) -> Iterator[dict[str, np.ndarray]]:
+    """Validated feeds from ``samples``; at most ``limit`` of them, and an error when fewer (or none) exist."""
+    inputs = _graph_inputs(model)
+    count = 0
+    for count, sample in enumerate(samples, start=1):
+        yield _check_sample(sample, inputs, count - 1)
+        if limit is not None and count >= limit:
+            return
+    if count == 0:
+        raise InputError("the calibration set is empty", hint="give at least one sample (a few hundred is typical)")
+    if limit is not None and count < limit:
+        raise InputError(f"{limit} calibration samples were asked for but only {count} were given",
+                         hint="give more samples or lower calib_samples")
+
+
+def observe(model: onnx.ModelProto, names: list[str], samples: Iterable[object], *, limit: int | None = None,
+            progress: Progress | None = None) -> Iterator[dict[str, np.ndarray]]:
+    """Run the float model per sample and yield {name: value} for ``names`` (validated samples, bounded memory)."""
+    session = make_session(with_outputs(model, names), optimization="basic")
+    outputs = [o.name for o in session.get_outputs()]
+    wanted = set(names)
+    for i, feeds in enumerate(iter_samples(model, samples, limit=limit), start=1):
+        values = session.run(None, feeds)
+        yield {n: v for n, v in zip(outputs, values) if n in wanted}
+        if progress is not None:
+            progress(i)
+
+
+def sixteen_bit_tensors(model: onnx.ModelProto, nodes: Iterable[str]) -> set[str]:
+    """Activations read or written by the named nodes."""
+    chosen = set(nodes)
+    names = {n.name for n in model.graph.node}
+    missing = chosen - names
+    if missing:
+        raise InputError(f"int16 nodes {sorted(missing)} are not in the model", hint="use node names from the graph")
+    return {t for n in model.graph.node if n.name in chosen for t in [*n.input, *n.output] if t}
+
+
+def calibrate(model: onnx.ModelProto, samples: Iterable[object], *, config: QuantConfig,
+              progress: Progress | None = None) -> CalibrationResult:
+    """Quantization ranges of every float activation of ``model``, observed with ``config.method``."""
+    names = float_activations(model)
+    wide = sixteen_bit_tensors(model, config.int16_nodes)
+    observers = {n: make_observer(config, bits=16 if n in wide else 8) for n in names}
+    count = 0
+    for values in observe(model, names, samples, limit=config.calib_samples, progress=progress):
+        count += 1
+        for name, value in values.items():
+            observers[name].update(value)
+    ranges = {}
+    for name, obs in observers.items():
+        if obs.min <= obs.max:
+            lo, hi = obs.range()
+            ranges[name] = (float(lo), float(hi))
+    return CalibrationResult(ranges=ranges, samples=count, method=config.method)
+
+
+def channel_statistics(model: onnx.ModelProto, names: list[str], samples: Iterable[object], *,
+                       limit: int | None = None) -> dict[str, ChannelStats]:
+    """Per-channel mean, std, min and max (over batch and spatial axes) of each named activation."""
+    acc: dict[str, list[np.ndarray]] = {}
+    for values in observe(model, names, samples, limit=limit):
+        for name, value in values.items():
+            v = np.asarray(value, dtype=np.float64)
+            if v.ndim < 2:
+                continue
+            flat = np.moveaxis(v, 1, 0).reshape(v.shape[1], -1)
+            parts = [np.full(flat.shape[0], flat.shape[1], dtype=np.float64), flat.sum(1), (flat ** 2).sum(1),
+                     flat.min(1), flat.max(1)]
+            if name not in acc:
+                acc[name] = parts
+            else:
+                a = acc[name]
+                acc[name] = [a[0] + parts[0], a[1] + parts[1], a[2] + parts[2],
+                             np.minimum(a[3], parts[3]), np.maximum(a[4], parts[4])]
+    stats = {}
+    for name, (n, s, s2, lo, hi) in acc.items():
+        mean = s / n
+        std = np.sqrt(np.maximum(s2 / n - mean ** 2, 0.0))
+        stats[name] = ChannelStats(mean=mean, std=std, min=lo, max=hi)
+    return stats

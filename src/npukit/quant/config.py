@@ -1,0 +1,66 @@
+"""QuantConfig: the INT8 post-training quantization scheme and algorithms, frozen and validated on creation."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Literal
+
+from npukit.errors import InputError
+
+Method = Literal["minmax", "percentile", "entropy", "mse"]
+ActivationDtype = Literal["uint8", "int8"]
+
+
+def _require(cond: bool, message: str, hint: str = "") -> None:
+    if not cond:
+        raise InputError(message, hint=hint)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantConfig:
+    """How weights and activations are quantized and which accuracy-recovery steps run.
+
+    Weights are always int8 (per output channel or per tensor); activations are ``activation_dtype`` except the
+    inputs and outputs of ``int16_nodes``, which use the 16-bit type of the same signedness. ``exclude`` names nodes
+    left in float. ``calib_samples`` caps the calibration samples used; fewer available is an error.
+    ``reduce_range`` quantizes weights to 7 bits ([-64, 64]): on x86 CPUs without VNNI, ONNX Runtime's u8s8
+    integer kernels add pairs of 8-bit products in saturating 16-bit lanes, which full-range int8 weights overflow.
+    """
+
+    per_channel: bool = True
+    symmetric_weights: bool = True
+    activation_dtype: ActivationDtype = "uint8"
+    symmetric_activations: bool = False
+    method: Method = "minmax"
+    percentile: float = 99.99
+    num_bins: int = 2048
+    int16_nodes: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    cle: bool = False
+    bias_correction: bool = False
+    calib_samples: int | None = None
+    reduce_range: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "int16_nodes", tuple(self.int16_nodes))
+        object.__setattr__(self, "exclude", tuple(self.exclude))
+        _require(self.activation_dtype in typing.get_args(ActivationDtype),
+                 f"unknown activation dtype {self.activation_dtype!r}", "use uint8 or int8")
+        _require(self.method in typing.get_args(Method), f"unknown calibration method {self.method!r}",
+                 "use minmax, percentile, entropy or mse")
+        _require(50.0 < self.percentile <= 100.0, f"percentile {self.percentile} must be in (50, 100]",
+                 "typical values are 99.9 to 99.999")
+        _require(self.num_bins >= 128 and self.num_bins % 4 == 0,
+                 f"num_bins {self.num_bins} must be a multiple of 4 and at least 128", "the default is 2048")
+        _require(self.calib_samples is None or self.calib_samples >= 1, "calib_samples must be at least 1")
+        overlap = set(self.int16_nodes) & set(self.exclude)
+        _require(not overlap, f"nodes {sorted(overlap)} are both excluded and marked 16-bit",
+                 "name each node in only one of int16_nodes and exclude")
+
+    @property
+    def activation_signed(self) -> bool:
+        return self.activation_dtype == "int8"
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)

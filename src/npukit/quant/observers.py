@@ -1,0 +1,237 @@
+"""Streaming activation observers: min-max, percentile, entropy (KL) and MSE, each returning a quantization range.
+
+The histogram observers keep a fixed number of bins on a grid centred on zero; when a value falls outside the grid,
+the grid's half-width doubles and neighbouring bins merge pairwise (an exact rebinning), so memory stays the same
+however many samples are observed. Ranges always contain zero (a zero point must exist).
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+
+import numpy as np
+
+from npukit.quant.config import QuantConfig
+
+
+def _finite(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32).ravel()
+    if x.size and not np.isfinite(x).all():
+        x = x[np.isfinite(x)]
+    return x
+
+
+class Observer(abc.ABC):
+    """Sees activation tensors one by one; ``range()`` gives (rmin, rmax) for a ``bits``-wide integer type."""
+
+    def __init__(self, *, bits: int = 8, signed: bool = False, symmetric: bool = False) -> None:
+        self.bits = bits
+        self.signed = signed
+        self.symmetric = symmetric
+        self.min = math.inf
+        self.max = -math.inf
+        self.updates = 0
+
+    def update(self, x: np.ndarray) -> None:
+        x = _finite(x)
+        self.updates += 1
+        if x.size == 0:
+            return
+        self.min = min(self.min, float(x.min()))
+        self.max = max(self.max, float(x.max()))
+        self._update(x)
+
+    def _update(self, x: np.ndarray) -> None:  # noqa: B027 - min-max needs nothing more
+        pass
+
+    def range(self) -> tuple[float, float]:
+        if self.min > self.max:
+            raise ValueError("the observer has seen no finite values")
+        lo, hi = self._range()
+        lo, hi = min(lo, 0.0), max(hi, 0.0)
+        if self.symmetric:
+            t = max(-lo, hi)
+            return -t, t
+        return lo, hi
+
+    @abc.abstractmethod
+    def _range(self) -> tuple[float, float]: ...
+
+    @property
+    def _one_sided(self) -> bool:
+        """Non-negative data quantized asymmetrically: all 2**bits levels cover [0, max]."""
+        return not self.symmetric and self.min >= 0.0
+
+
+class MinMaxObserver(Observer):
+    """The smallest and largest value seen."""
+
+    def _range(self) -> tuple[float, float]:
+        return self.min, self.max
+
+
+class HistogramObserver(Observer):
+    """Keeps a signed histogram of ``2 * num_bins`` bins over [-bound, bound], doubling ``bound`` as needed."""
+
+    def __init__(self, *, bits: int = 8, signed: bool = False, symmetric: bool = False, num_bins: int = 2048) -> None:
+        super().__init__(bits=bits, signed=signed, symmetric=symmetric)
+        if num_bins % 2:
+            raise ValueError("num_bins must be even")
+        self.half = num_bins
+        self.counts = np.zeros(2 * num_bins, dtype=np.int64)
+        self.zeros = 0  # exact zeros (ReLU's spike) are counted apart: quantization represents them exactly
+        self.bound = 0.0
+
+    def _update(self, x: np.ndarray) -> None:
+        nonzero = x[x != 0]
+        self.zeros += x.size - nonzero.size
+        x = nonzero
+        if x.size == 0:
+            return
+        amax = max(abs(float(x.min())), abs(float(x.max())))
+        if self.bound == 0.0:
+            self.bound = amax
+        while amax > self.bound:
+            merged = self.counts.reshape(-1, 2).sum(axis=1)
+            self.counts[:] = 0
+            q = self.half // 2
+            self.counts[q:q + self.half] = merged
+            self.bound *= 2.0
+        hist, _ = np.histogram(x, bins=2 * self.half, range=(-self.bound, self.bound))
+        self.counts += hist
+
+    @property
+    def width(self) -> float:
+        return self.bound / self.half
+
+    def centers(self) -> np.ndarray:
+        return -self.bound + (np.arange(2 * self.half) + 0.5) * self.width
+
+    def magnitude(self) -> np.ndarray:
+        """Counts of nonzero |x| over [0, bound] in ``num_bins`` bins."""
+        return self.counts[self.half:] + self.counts[:self.half][::-1]
+
+    def _range(self) -> tuple[float, float]:
+        if self.bound == 0.0:
+            return 0.0, 0.0
+        return self._search()
+
+    @abc.abstractmethod
+    def _search(self) -> tuple[float, float]: ...
+
+
+def _quantile(counts: np.ndarray, edges_lo: float, width: float, fraction: float) -> float:
+    """Value below which ``fraction`` of the histogram mass lies, interpolated linearly inside the bin."""
+    cdf = np.cumsum(counts, dtype=np.float64)
+    target = fraction * cdf[-1]
+    j = int(np.searchsorted(cdf, target, side="left"))
+    j = min(j, counts.size - 1)
+    before = cdf[j - 1] if j > 0 else 0.0
+    inside = (target - before) / counts[j] if counts[j] else 0.0
+    return edges_lo + (j + inside) * width
+
+
+class PercentileObserver(HistogramObserver):
+    """Clips the ``percentile``-th percentile at each end (of |x| when symmetric); outliers beyond it saturate."""
+
+    def __init__(self, *, bits: int = 8, signed: bool = False, symmetric: bool = False, num_bins: int = 2048,
+                 percentile: float = 99.99) -> None:
+        super().__init__(bits=bits, signed=signed, symmetric=symmetric, num_bins=num_bins)
+        self.percentile = percentile
+
+    def _search(self) -> tuple[float, float]:
+        p = self.percentile / 100.0
+        if self.symmetric:
+            mag = self.magnitude()
+            mag[0] += self.zeros
+            t = min(_quantile(mag, 0.0, self.width, p), max(-self.min, self.max))
+            return -t, t
+        counts = self.counts.copy()
+        counts[self.half] += self.zeros
+        hi = _quantile(counts, -self.bound, self.width, p)
+        lo = _quantile(counts, -self.bound, self.width, 1.0 - p)
+        return max(lo, self.min), min(hi, self.max)
+
+
+class _ThresholdSearch(HistogramObserver):
+    """Searches a clipping threshold T on the magnitude histogram; the range is [-T, T] clamped to the data."""
+
+    candidates = 200
+
+    def _levels(self) -> int:
+        return 2 ** self.bits if self._one_sided else 2 ** (self.bits - 1)
+
+    def _search(self) -> tuple[float, float]:
+        mag = self.magnitude()
+        last = int(np.flatnonzero(mag).max()) + 1
+        levels = self._levels()
+        if last <= levels:
+            return self.min, self.max
+        t = min(self._threshold(mag[:last], levels) * self.width, max(-self.min, self.max))
+        if self.symmetric:
+            return -t, t
+        return max(self.min, -t), min(self.max, t)
+
+    @abc.abstractmethod
+    def _threshold(self, mag: np.ndarray, levels: int) -> int:
+        """The number of magnitude bins to keep."""
+
+
+class EntropyObserver(_ThresholdSearch):
+    """The threshold minimizing KL(P || Q) between the clipped histogram P and its ``levels``-level quantization Q."""
+
+    def _threshold(self, mag: np.ndarray, levels: int) -> int:
+        n = mag.size
+        hist = mag.astype(np.float64)
+        tail = np.concatenate([np.cumsum(hist[::-1])[::-1], [0.0]])  # tail[i] = sum(hist[i:])
+        best, best_i = math.inf, n
+        for i in np.unique(np.linspace(levels, n, self.candidates).round().astype(int)):
+            p = hist[:i].copy()
+            p[-1] += tail[i]
+            group = (np.arange(i) * levels) // i
+            nonzero = hist[:i] > 0
+            sums = np.bincount(group, weights=hist[:i], minlength=levels)
+            used = np.bincount(group, weights=nonzero, minlength=levels)
+            q = np.where(nonzero, sums[group] / np.maximum(used[group], 1.0), 0.0)
+            p /= p.sum()
+            total = q.sum()
+            if total == 0:
+                continue
+            q /= total
+            mask = p > 0
+            kl = float(np.sum(p[mask] * np.log(p[mask] / np.maximum(q[mask], 1e-12))))
+            if kl < best:
+                best, best_i = kl, int(i)
+        return best_i
+
+
+class MseObserver(_ThresholdSearch):
+    """The clipping threshold minimizing the expected squared quantization error on the histogram.
+
+    Inside the clip range a value costs the rounding noise step**2 / 12 (at most its own square, for values nearer
+    zero than a step); beyond it, the squared distance to the threshold.
+    """
+
+    def _threshold(self, mag: np.ndarray, levels: int) -> int:
+        n = mag.size
+        nz = np.flatnonzero(mag)
+        centers = (nz + 0.5)[None, :]
+        weights = mag[nz].astype(np.float64)[None, :]
+        cuts = np.unique(np.linspace(max(1, n // 100), n, self.candidates).round().astype(int))[:, None]
+        steps = cuts.astype(np.float64) / (levels - 1 if self._one_sided else levels - 0.5)
+        inside = np.minimum(centers ** 2, steps ** 2 / 12.0)
+        err = np.sum(weights * np.where(centers <= cuts, inside, (centers - cuts) ** 2), axis=1)
+        return int(cuts[int(np.argmin(err)), 0])
+
+
+def make_observer(config: QuantConfig, *, bits: int = 8) -> Observer:
+    """The observer ``config.method`` names, for ``bits``-wide activations of the configured signedness."""
+    common = {"bits": bits, "signed": config.activation_signed, "symmetric": config.symmetric_activations}
+    if config.method == "minmax":
+        return MinMaxObserver(**common)
+    if config.method == "percentile":
+        return PercentileObserver(**common, num_bins=config.num_bins, percentile=config.percentile)
+    if config.method == "entropy":
+        return EntropyObserver(**common, num_bins=config.num_bins)
+    return MseObserver(**common, num_bins=config.num_bins)

@@ -1,0 +1,195 @@
+"""INT8 post-training quantization: (CLE) -> calibrate with our observers -> (bias correction) -> QDQ insertion.
+
+ONNX Runtime's ``quantize_static`` does the mechanical Q/DQ placement; every activation range it uses is ours,
+passed as ``TensorQuantOverrides`` (rmin/rmax, plus the 16-bit type for ``int16_nodes``), so its own calibration
+pass (given one sample) decides nothing. ``integer_kernel_report`` checks that ORT CPU then runs integer kernels.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+from onnxruntime.quantization.shape_inference import quant_pre_process
+
+from npukit.errors import InputError
+from npukit.quant.bias_correction import correct_bias
+from npukit.quant.calibrate import Progress, calibrate, iter_samples, sixteen_bit_tensors
+from npukit.quant.config import QuantConfig
+from npukit.quant.equalize import equalize
+from npukit.runtime.ort import make_session
+
+INTEGER_OPS = ("QLinearConv", "ConvInteger", "QLinearMatMul", "MatMulInteger", "QGemm", "QLinearAdd",
+               "QLinearMul", "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearConcat", "QLinearSigmoid",
+               "QLinearLeakyRelu", "QLinearSoftmax", "MatMulIntegerToFloat", "DynamicQuantizeMatMul")
+FLOAT_COMPUTE_OPS = ("Conv", "FusedConv", "MatMul", "FusedMatMul", "Gemm", "FusedGemm")
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantResult:
+    """The QDQ model, the activation ranges used, one dict per node, and notes from each step.
+
+    ``reference`` is the float model the quantized one mirrors tensor for tensor (pre-processed and, with CLE,
+    equalized: the same function as the input model): compare per-layer activations against it.
+    """
+
+    model: onnx.ModelProto
+    reference: onnx.ModelProto
+    ranges: dict[str, tuple[float, float]]
+    per_layer: list[dict]
+    seconds: float
+    steps: dict[str, dict]
+
+
+class _Reiterable:
+    """Lets a one-shot iterator be read several times (by holding it in memory); re-iterables pass through."""
+
+    def __init__(self, samples: Iterable[object]) -> None:
+        self._samples = list(samples) if iter(samples) is samples else samples
+
+    def __iter__(self):
+        return iter(self._samples)
+
+
+class _OneSample(CalibrationDataReader):
+    """ORT's quantizer insists on calibrating; one sample is enough since our overrides replace its ranges."""
+
+    def __init__(self, feeds: dict[str, np.ndarray]) -> None:
+        self._left = [feeds]
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return self._left.pop() if self._left else None
+
+
+def preprocess(model: onnx.ModelProto) -> onnx.ModelProto:
+    """ORT's quantization pre-processing (shape inference, BatchNorm folding and other basic optimizations)."""
+    with tempfile.TemporaryDirectory(prefix="npukit-quant-") as tmp:
+        out = Path(tmp) / "pre.onnx"
+        quant_pre_process(model, str(out))
+        return onnx.load(str(out))
+
+
+def _overrides(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]], config: QuantConfig) -> dict:
+    """rmin/rmax for every calibrated tensor, mirroring ORT's rule that a Relu/Clip input takes its output's range."""
+    adjusted = dict(ranges)
+    consumers = collections.Counter(t for n in model.graph.node for t in n.input)
+    for node in model.graph.node:
+        if node.name in config.exclude:
+            continue
+        if node.op_type in ("Relu", "Clip") and consumers[node.input[0]] == 1 and node.output[0] in ranges \
+                and node.input[0] in ranges:
+            adjusted[node.input[0]] = ranges[node.output[0]]
+        elif node.op_type == "Softmax" and node.output[0] in ranges:
+            adjusted[node.output[0]] = (0.0, 1.0)
+    wide = sixteen_bit_tensors(model, config.int16_nodes)
+    wide_type = QuantType.QInt16 if config.activation_signed else QuantType.QUInt16
+    overrides: dict[str, list[dict]] = {}
+    for name, (lo, hi) in adjusted.items():
+        entry: dict = {"rmin": np.float32(lo), "rmax": np.float32(hi)}
+        if name in wide:
+            entry["quant_type"] = wide_type
+        overrides[name] = [entry]
+    return overrides
+
+
+def _per_layer(float_model: onnx.ModelProto, qdq: onnx.ModelProto, ranges: dict[str, tuple[float, float]],
+               config: QuantConfig) -> list[dict]:
+    producers = {o: n.op_type for n in qdq.graph.node for o in n.output}
+    qdq_nodes = {n.name: n for n in qdq.graph.node if n.name}
+    wide = set(config.int16_nodes)
+    rows = []
+    for node in float_model.graph.node:
+        twin = qdq_nodes.get(node.name)
+        quantized = twin is not None and all(producers.get(t) == "DequantizeLinear" for t in twin.input if t)
+        rows.append({
+            "node": node.name,
+            "op_type": node.op_type,
+            "quantized": bool(quantized),
+            "activation_bits": 16 if node.name in wide else 8,
+            "excluded": node.name in config.exclude,
+            "input_ranges": {t: ranges[t] for t in node.input if t in ranges},
+            "output_ranges": {t: ranges[t] for t in node.output if t in ranges},
+        })
+    return rows
+
+
+def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: QuantConfig,
+             progress: Progress | None = None) -> QuantResult:
+    """Quantize ``model`` to a QDQ model (int8 weights, ``config.activation_dtype`` activations) on ``samples``.
+
+    ``samples`` (dicts of input name -> array) are read once per step; pass a re-iterable (a list, a reader) to
+    keep memory bounded, since a one-shot iterator is held in memory.
+    """
+    start = time.perf_counter()
+    samples = _Reiterable(samples)
+    first = next(iter_samples(model, samples, limit=config.calib_samples))  # validates before any work
+    names = {n.name for n in model.graph.node}
+    missing = set(config.exclude) - names
+    if missing:
+        raise InputError(f"nodes to exclude {sorted(missing)} are not in the model",
+                         hint="use node names from the graph")
+    work = preprocess(model)
+    steps: dict[str, dict] = {}
+    if config.cle:
+        eq = equalize(work, samples=samples, limit=config.calib_samples)
+        work = eq.model
+        steps["cle"] = eq.summary()
+    reference = work
+    calib = calibrate(work, samples, config=config, progress=progress)
+    steps["calibration"] = {"method": config.method, "samples": calib.samples, "tensors": len(calib.ranges)}
+    if config.bias_correction:
+        bc = correct_bias(work, samples, config=config, ranges=calib.ranges)
+        work = bc.model
+        steps["bias_correction"] = {
+            "nodes": len(bc.shifts), "samples": bc.samples,
+            "mean_abs_shift": float(np.mean([np.abs(s).mean() for s in bc.shifts.values()])) if bc.shifts else 0.0}
+    activation = QuantType.QInt8 if config.activation_signed else QuantType.QUInt8
+    with tempfile.TemporaryDirectory(prefix="npukit-quant-") as tmp:
+        out = Path(tmp) / "qdq.onnx"
+        source = Path(tmp) / "float.onnx"  # a path: given a ModelProto, quantize_static rewrites it in place
+        onnx.save(work, str(source))
+        quantize_static(
+            str(source), str(out), _OneSample(first), quant_format=QuantFormat.QDQ, per_channel=config.per_channel,
+            activation_type=activation, weight_type=QuantType.QInt8, reduce_range=config.reduce_range,
+            nodes_to_exclude=list(config.exclude),
+            extra_options={"ActivationSymmetric": config.symmetric_activations,
+                           "WeightSymmetric": config.symmetric_weights,
+                           "TensorQuantOverrides": _overrides(work, calib.ranges, config)},
+        )
+        qdq = onnx.load(str(out))
+    return QuantResult(model=qdq, reference=reference, ranges=calib.ranges,
+                       per_layer=_per_layer(work, qdq, calib.ranges, config),
+                       seconds=time.perf_counter() - start, steps=steps)
+
+
+def integer_kernel_report(model: onnx.ModelProto) -> dict:
+    """What ORT CPU actually runs after its optimizations: integer kernels vs float compute fed by DequantizeLinear.
+
+    Returns {"integer_ops": {op: count}, "float_compute_after_dq": {op: count}, "float_compute": {op: count},
+    "integer_fraction": integer kernels / (integer kernels + float Conv/MatMul/Gemm)}.
+    """
+    with tempfile.TemporaryDirectory(prefix="npukit-quant-") as tmp:
+        path = Path(tmp) / "optimized.onnx"
+        make_session(model, optimized_model_path=str(path))
+        optimized = onnx.load(str(path))
+    producers = {o: n.op_type for n in optimized.graph.node for o in n.output}
+    integer = collections.Counter(n.op_type for n in optimized.graph.node if n.op_type in INTEGER_OPS)
+    float_ops = [n for n in optimized.graph.node if n.op_type in FLOAT_COMPUTE_OPS]
+    after_dq = collections.Counter(n.op_type for n in float_ops
+                                   if any(producers.get(t) == "DequantizeLinear" for t in n.input))
+    heavy_integer = sum(v for k, v in integer.items() if k in ("QLinearConv", "ConvInteger", "QLinearMatMul",
+                                                               "MatMulInteger", "QGemm", "MatMulIntegerToFloat"))
+    total = heavy_integer + len(float_ops)
+    return {
+        "integer_ops": dict(integer),
+        "float_compute_after_dq": dict(after_dq),
+        "float_compute": dict(collections.Counter(n.op_type for n in float_ops)),
+        "integer_fraction": heavy_integer / total if total else 0.0,
+    }

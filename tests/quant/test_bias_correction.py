@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from npukit.quant.bias_correction import activation_qparams, correct_bias, fake_quantize_weight, weight_axis
+from npukit.quant.calibrate import calibrate, observe
+from npukit.quant.config import QuantConfig
+from npukit.quant.qdq import quantize
+from tests.quant.conftest import make_samples, tiny_cnn
+
+
+def _with_quantized_weights(model: onnx.ModelProto, config: QuantConfig) -> onnx.ModelProto:
+    """The model with every Conv/Gemm weight replaced by Q(W): weight rounding only, activations in float."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    inits = {i.name: i for i in out.graph.initializer}
+    for node in out.graph.node:
+        if node.op_type in ("Conv", "Gemm"):
+            w = numpy_helper.to_array(inits[node.input[1]])
+            q = fake_quantize_weight(w, axis=weight_axis(node, per_channel=config.per_channel),
+                                     symmetric=config.symmetric_weights)
+            inits[node.input[1]].CopyFrom(numpy_helper.from_array(q, node.input[1]))
+    return out
+
+
+def _channel_means(model: onnx.ModelProto, tensor: str, samples) -> np.ndarray:
+    vals = np.concatenate([v[tensor] for v in observe(model, [tensor], samples)])
+    return np.moveaxis(vals, 1, 0).reshape(vals.shape[1], -1).mean(axis=1)
+
+
+def test_fake_quantize_weight_matches_the_int8_grid() -> None:
+    w = np.array([[0.5, -1.0, 0.25], [2.0, 0.1, -0.3]], np.float32)
+    q = fake_quantize_weight(w, axis=0, symmetric=True)
+    steps = np.array([1.0, 2.0])[:, None] / 127
+    np.testing.assert_allclose(q / steps, np.round(q / steps), atol=1e-4)
+    assert np.abs(q - w).max() <= steps.max() / 2 + 1e-7
+    reduced = fake_quantize_weight(w, axis=0, symmetric=True, reduce_range=True)
+    np.testing.assert_allclose(reduced * 64 / np.array([1.0, 2.0])[:, None],
+                               np.round(reduced * 64 / np.array([1.0, 2.0])[:, None]), atol=1e-4)
+    per_tensor = fake_quantize_weight(w, axis=None, symmetric=False)
+    step = 3.0 / 255  # asymmetric, per tensor: [-1, 2] on 256 levels
+    np.testing.assert_allclose(per_tensor / step, np.round(per_tensor / step), atol=1e-3)
+    assert np.abs(per_tensor - w).max() <= step / 2 + 1e-6
+
+
+def test_bias_correction_removes_the_shift_it_measures() -> None:
+    config = QuantConfig(per_channel=False)
+    model = tiny_cnn(spread=1.0)
+    samples = make_samples(8)
+    result = correct_bias(model, samples, config=config)
+    onnx.checker.check_model(result.model)
+    assert set(result.shifts) == {"conv1", "dw", "pw", "fc"}
+    float_mean = _channel_means(model, "c1", samples)
+    before = _channel_means(_with_quantized_weights(model, config), "c1", samples) - float_mean
+    after = _channel_means(_with_quantized_weights(result.model, config), "c1", samples) - float_mean
+    np.testing.assert_allclose(before, result.shifts["conv1"], rtol=1e-4, atol=1e-6)
+    assert np.abs(after).max() < 1e-5 < np.abs(before).max()
+
+
+def test_bias_correction_lowers_the_mean_error_on_held_data() -> None:
+    config = QuantConfig(per_channel=False)
+    model = tiny_cnn(spread=1.0, seed=3)
+    result = correct_bias(model, make_samples(16), config=config)
+    held = make_samples(16, seed=11)
+    ref = _channel_means(model, "y", held)
+    before = _channel_means(_with_quantized_weights(model, config), "y", held) - ref
+    after = _channel_means(_with_quantized_weights(result.model, config), "y", held) - ref
+    assert np.abs(after).mean() < 0.5 * np.abs(before).mean()
+
+
+def test_with_ranges_the_input_quantization_shift_is_removed_too() -> None:
+    config = QuantConfig(per_channel=False)
+    model = tiny_cnn(spread=1.0, seed=3)
+    samples = make_samples(16)
+    ranges = calibrate(model, samples, config=config).ranges
+    result = correct_bias(model, samples, config=config, ranges=ranges)
+    # conv1's input is the graph input: the shift is E[Q(W) DQ(Q(x))] - E[W x], measured here independently
+    scale, zero = activation_qparams(*ranges["x"], signed=False, symmetric=False)
+    x_q = [{"x": ((np.clip(np.round(s["x"] / scale) + zero, 0, 255) - zero) * scale).astype(np.float32)}
+           for s in samples]
+    expected = (_channel_means(_with_quantized_weights(model, config), "c1", x_q)
+                - _channel_means(model, "c1", samples))
+    np.testing.assert_allclose(result.shifts["conv1"], expected, rtol=1e-3, atol=1e-5)
+
+
+def test_quantized_model_mean_error_drops_with_bias_correction() -> None:
+    model = tiny_cnn(spread=1.0, seed=3)
+    samples, held = make_samples(32), make_samples(32, seed=13)
+    ref = _channel_means(model, "y", held)
+    errors = []
+    for bc in (False, True):
+        q = quantize(model, samples, config=QuantConfig(per_channel=False, bias_correction=bc)).model
+        errors.append(np.abs(_channel_means(q, "y", held) - ref).mean())
+    assert errors[1] < 0.7 * errors[0]

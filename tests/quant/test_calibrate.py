@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from npukit.errors import InputError
+from npukit.quant.calibrate import calibrate, channel_statistics, float_activations, observe
+from npukit.quant.config import QuantConfig
+from tests.quant.conftest import make_samples, tiny_cnn
+
+
+def test_minmax_ranges_match_the_activations_seen() -> None:
+    model = tiny_cnn()
+    samples = make_samples(6)
+    names = float_activations(model)
+    assert names[0] == "x" and {"c1", "a1", "c2", "a2", "c3", "y"} <= set(names)
+    seen = {n: [np.inf, -np.inf] for n in names}
+    for values in observe(model, names, samples):
+        for n, v in values.items():
+            seen[n] = [min(seen[n][0], v.min()), max(seen[n][1], v.max())]
+    ticks = []
+    result = calibrate(model, samples, config=QuantConfig(), progress=ticks.append)
+    assert result.samples == 6 and ticks == [1, 2, 3, 4, 5, 6]
+    for n in names:
+        lo, hi = result.ranges[n]
+        assert lo == pytest.approx(min(seen[n][0], 0.0), rel=1e-6)
+        assert hi == pytest.approx(max(seen[n][1], 0.0), rel=1e-6)
+    assert result.ranges["a1"][0] == 0.0  # after Relu
+
+
+def test_calib_samples_takes_the_first_n() -> None:
+    result = calibrate(tiny_cnn(), iter(make_samples(10)), config=QuantConfig(calib_samples=3))
+    assert result.samples == 3
+
+
+@pytest.mark.parametrize("bad, message", [
+    ([], "empty"),
+    ([{"x": np.full((1, 4, 8, 8), np.nan, np.float32)}], "NaN"),
+    ([{"x": np.ones((1, 4, 8, 8), np.float64)}], "dtype"),
+    ([{"x": np.ones((1, 3, 8, 8), np.float32)}], "shape"),
+    ([{"input": np.ones((1, 4, 8, 8), np.float32)}], "inputs"),
+    (["not a mapping"], "mapping"),
+])
+def test_bad_calibration_data_is_an_input_error(bad, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        calibrate(tiny_cnn(), bad, config=QuantConfig())
+
+
+def test_fewer_samples_than_asked_is_an_input_error() -> None:
+    with pytest.raises(InputError, match="only 2"):
+        calibrate(tiny_cnn(), make_samples(2), config=QuantConfig(calib_samples=5))
+
+
+def test_int16_nodes_must_exist() -> None:
+    with pytest.raises(InputError, match="not in the model"):
+        calibrate(tiny_cnn(), make_samples(1), config=QuantConfig(int16_nodes=("nope",)))
+
+
+def test_channel_statistics() -> None:
+    model = tiny_cnn()
+    samples = make_samples(3)
+    stats = channel_statistics(model, ["c1"], samples)["c1"]
+    values = np.concatenate([v["c1"] for v in observe(model, ["c1"], samples)])
+    flat = np.moveaxis(values, 1, 0).reshape(8, -1)
+    np.testing.assert_allclose(stats.mean, flat.mean(1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(stats.std, flat.std(1), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(stats.max, flat.max(1), rtol=1e-6)

@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from npukit.errors import InputError
+from npukit.quant.config import QuantConfig
+from npukit.quant.layer_sqnr import layer_sqnr, sqnr_db
+from npukit.quant.qdq import integer_kernel_report, quantize
+from npukit.runtime.ort import make_session, run
+from tests.quant.conftest import make_samples, outputs, tiny_cnn
+
+
+def _sqnr(ref: np.ndarray, got: np.ndarray) -> float:
+    return sqnr_db(float(np.sum(ref.astype(np.float64) ** 2)), float(np.sum((ref - got).astype(np.float64) ** 2)))
+
+
+@pytest.mark.parametrize("config", [
+    QuantConfig(),
+    QuantConfig(per_channel=False, method="percentile"),
+    QuantConfig(method="entropy", activation_dtype="int8", symmetric_activations=True),
+    QuantConfig(method="mse", cle=True, bias_correction=True),
+])
+def test_quantize_runs_integer_kernels_and_stays_close(config: QuantConfig) -> None:
+    model = tiny_cnn(spread=0.5)
+    before = model.SerializeToString()
+    result = quantize(model, make_samples(16), config=config)
+    assert model.SerializeToString() == before  # the input model is untouched
+    onnx.checker.check_model(result.model)
+    ops = {n.op_type for n in result.model.graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    report = integer_kernel_report(result.model)
+    assert report["integer_ops"].get("QLinearConv") == 3 and report["integer_ops"].get("QGemm") == 1
+    assert report["float_compute_after_dq"] == {} and report["integer_fraction"] == 1.0
+    held = make_samples(8, seed=5)
+    assert _sqnr(outputs(model, held), outputs(result.model, held)) > 20.0
+    assert result.seconds > 0 and result.steps["calibration"]["samples"] == 16
+    assert ("cle" in result.steps) == config.cle and ("bias_correction" in result.steps) == config.bias_correction
+    rows = {r["node"]: r for r in result.per_layer}
+    assert rows["conv1"]["quantized"] and rows["fc"]["quantized"]
+
+
+def test_our_ranges_are_the_ones_ort_uses() -> None:
+    """The output's QuantizeLinear scale follows our calibrated range (not ORT's one-sample calibration)."""
+    model = tiny_cnn()
+    result = quantize(model, make_samples(16), config=QuantConfig())
+    lo, hi = result.ranges["c3"]
+    q = next(n for n in result.model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "c3")
+    scale = next(onnx.numpy_helper.to_array(i) for i in result.model.graph.initializer if i.name == q.input[1])
+    assert float(scale) == pytest.approx((hi - lo) / 255, rel=1e-6)
+
+
+def test_excluded_and_16_bit_nodes() -> None:
+    model = tiny_cnn()
+    report_plain = integer_kernel_report(model)
+    assert report_plain["integer_fraction"] == 0.0 and report_plain["integer_ops"] == {}
+    result = quantize(model, make_samples(8), config=QuantConfig(exclude=("fc",), int16_nodes=("pw",)))
+    rows = {r["node"]: r for r in result.per_layer}
+    assert not rows["fc"]["quantized"] and rows["fc"]["excluded"]
+    assert rows["pw"]["activation_bits"] == 16
+    types = {onnx.helper.tensor_dtype_to_np_dtype(i.data_type) for i in result.model.graph.initializer
+             if i.name.endswith("zero_point")}
+    assert np.dtype(np.uint16) in types
+    report = integer_kernel_report(result.model)
+    # pw reads a 16-bit tensor, so dw (which writes it) runs 16-bit too: only conv1 stays an int8 QLinearConv
+    assert report["integer_ops"].get("QLinearConv") == 1
+    assert report["float_compute"].get("Gemm", 0) + report["float_compute"].get("FusedGemm", 0) == 1
+
+
+def test_layer_sqnr_lists_every_layer() -> None:
+    model = tiny_cnn()
+    samples = make_samples(8)
+    result = quantize(model, samples, config=QuantConfig())
+    rows = layer_sqnr(result.reference, result.model, samples, limit=4)
+    # conv1 -> Relu became one quantized conv: its activation is reported under the Relu's output
+    assert {"act1", "act2", "pw", "gap", "fc"} <= {r["node"] for r in rows}
+    assert all(np.isfinite(r["sqnr_db"]) and r["sqnr_db"] > 15 for r in rows)
+
+
+def test_bad_input_is_an_input_error() -> None:
+    model = tiny_cnn()
+    with pytest.raises(InputError, match="NaN"):
+        quantize(model, [{"x": np.full((1, 4, 8, 8), np.inf, np.float32)}], config=QuantConfig())
+    with pytest.raises(InputError, match="empty"):
+        quantize(model, [], config=QuantConfig())
+    with pytest.raises(InputError, match="exclude"):
+        quantize(model, make_samples(2), config=QuantConfig(exclude=("nope",)))
+    with pytest.raises(InputError, match="only 2"):
+        quantize(model, make_samples(2), config=QuantConfig(calib_samples=4))
+
+
+def test_reduce_range_weights_fit_7_bits_and_integer_kernels_match_the_qdq_semantics() -> None:
+    """With 7-bit weights the u8s8 integer kernels cannot saturate: ORT's optimized run equals the plain QDQ run."""
+    model = tiny_cnn(spread=0.5)
+    result = quantize(model, make_samples(8), config=QuantConfig(reduce_range=True))
+    weights = [onnx.numpy_helper.to_array(i) for i in result.model.graph.initializer
+               if i.name.endswith("_quantized") and i.data_type == onnx.TensorProto.INT8]
+    assert weights and all(np.abs(w.astype(int)).max() <= 64 for w in weights)
+    assert max(np.abs(w.astype(int)).max() for w in weights) == 64
+    held = make_samples(4, seed=21)
+    integer = outputs(result.model, held)
+    reference = np.stack([run(make_session(result.model, optimization="disable"), s)[0] for s in held])
+    assert _sqnr(reference, integer) > 35.0
