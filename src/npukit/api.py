@@ -202,6 +202,116 @@ def inspect(model: str | Path, *, input_shape: str | Sequence[int] | None = None
     return CommandResult(report=report, result=summary)
 
 
+# ---------------------------------------------------------------------------------------------------------- quantize
+
+def auto_reduce_range() -> bool:
+    """7-bit weights on x86 CPUs without an int8 dot-product instruction, where ORT's u8s8 kernels saturate."""
+    import platform
+
+    from npukit.runtime.devices import read_cpu_info
+
+    if platform.machine().lower() not in ("x86_64", "amd64", "i686", "x86"):
+        return False
+    return not read_cpu_info("/proc/cpuinfo").has_int8_dot
+
+
+def quantize(
+    model: str | Path,
+    output: str | Path,
+    *,
+    calib: str | Path | Sequence[dict[str, np.ndarray]],
+    per_tensor: bool = False,
+    method: str = "entropy",
+    cle: bool = False,
+    bias_correction: bool = False,
+    exclude: Sequence[str] = (),
+    int16_nodes: Sequence[str] = (),
+    activation_dtype: str = "uint8",
+    reduce_range: bool | None = None,
+    calib_samples: int | None = None,
+    data: str | Path | None = None,
+    preprocess: PreprocessConfig | None = None,
+    threads: int = 1,
+    runs: int = 30,
+    max_samples: int | None = None,
+    html: bool = False,
+    extra: dict[str, Any] | None = None,
+) -> CommandResult:
+    """INT8 post-training quantization to a QDQ model that ORT runs with integer kernels, with a report of what it
+    cost: per-layer SQNR, size, latency against the float model and, with ``data``, agreement on held-out data.
+
+    ``calib`` is an image folder / .npy / .npz, or a sequence of feed dicts. ``reduce_range=None`` picks 7-bit
+    weights on x86 CPUs without int8 dot-product instructions. ``extra`` passes further QuantConfig fields.
+    """
+    from npukit.frontend.onnx_io import load_onnx, save_onnx
+    from npukit.measure.latency import measure_latency_interleaved
+    from npukit.measure.size import model_size
+    from npukit.quant.config import QuantConfig
+    from npukit.quant.layer_sqnr import layer_sqnr
+    from npukit.quant.qdq import integer_kernel_report
+    from npukit.quant.qdq import quantize as _quantize
+
+    output = _check_output(output, source=model)
+    preprocess = preprocess or PreprocessConfig()
+    proto = load_onnx(model)
+    if reduce_range is None:
+        reduce_range = auto_reduce_range()
+    config = QuantConfig(per_channel=not per_tensor, method=method, cle=cle, bias_correction=bias_correction,
+                         exclude=tuple(exclude), int16_nodes=tuple(int16_nodes), activation_dtype=activation_dtype,
+                         reduce_range=reduce_range, calib_samples=calib_samples, **(extra or {}))
+    samples = _open_data(calib, proto, preprocess) if isinstance(calib, (str, Path)) else list(calib)
+    evaluation = _open_data(data, proto, preprocess) if data is not None else None
+    report = Report("quantize", config={"quant": config.as_dict(), "model": str(model),
+                                        "calib": str(calib) if isinstance(calib, (str, Path)) else
+                                        f"{len(samples)} samples given in memory",
+                                        "data": str(data) if data else None, "preprocess": to_dict(preprocess)})
+    with step("quantizing (calibrate, equalize, correct, insert Q/DQ)", timings=report.timings, key="quantize"):
+        result = _quantize(proto, samples, config=config)
+    save_onnx(result.model, output)
+    report.add("steps", result.steps)
+    kernels = integer_kernel_report(result.model)
+    report.add("integer_kernels", kernels)
+    with step("per-layer SQNR", timings=report.timings, key="layer_sqnr"):
+        probe = samples if not hasattr(samples, "batches") else [samples.sample(i) for i in
+                                                                 range(min(4, len(samples)))]
+        layers = layer_sqnr(result.reference, result.model, probe[:4] if isinstance(probe, list) else probe, limit=4)
+    report.add("layer_sqnr", layers)
+    worst = sorted((r for r in layers if np.isfinite(r["sqnr_db"])), key=lambda r: r["sqnr_db"])[:12]
+    report.add_table("Layers that hurt most (activation SQNR vs float, dB; higher is better)",
+                     ["node", "op", "tensor", "SQNR dB"], [[r["node"], r["op_type"], r["tensor"], r["sqnr_db"]]
+                                                          for r in worst])
+    report.add_figure("Per-layer activation SQNR (dB), in graph order", "line",
+                      {"series": {"SQNR": {"x": list(range(len(layers))),
+                                           "y": [r["sqnr_db"] for r in layers]}}},
+                      x_label="layer", y_label="dB")
+    with step(f"timing float vs int8, {threads} thread(s)", timings=report.timings, key="latency"):
+        feeds = samples[0] if isinstance(samples, list) else samples.sample(0)
+        latency = measure_latency_interleaved({"float": str(model), "int8": str(output)}, threads=threads,
+                                              runs=runs, feeds=feeds)
+    sizes = {"float": model_size(model).file_bytes, "int8": model_size(output).file_bytes}
+    report.add("latency", {k: v.as_dict() for k, v in latency.items()})
+    report.add("size", sizes)
+    rows = [[k, sizes[k], latency[k].median_ms, latency[k].median_ms / latency["float"].median_ms] for k in latency]
+    report.add_table(f"Size and latency (ORT CPU, {threads} thread(s), interleaved medians of {runs})",
+                     ["model", "size_bytes", "median ms", "latency vs float"], rows)
+    report.add_table("What ORT runs", ["integer kernels", "float compute fed by DequantizeLinear",
+                                       "integer fraction"],
+                     [[sum(kernels["integer_ops"].values()), sum(kernels["float_compute_after_dq"].values()),
+                       kernels["integer_fraction"]]])
+    if evaluation is not None:
+        agreement = _evaluate(result.model, proto, evaluation,
+                              config=BenchConfig(threads=threads, max_samples=max_samples), threads=threads)
+        report.add("agreement", agreement.as_dict())
+        fields = [["samples", agreement.samples], ["top-1 agreement with float", agreement.top1_agreement],
+                  ["top-5 overlap", agreement.top5_overlap], ["logits SQNR dB", agreement.sqnr_db],
+                  ["top-1 agreement where float is confident", agreement.top1_agreement_confident]]
+        if agreement.labeled_samples:
+            fields += [["top-1 accuracy float", agreement.top1_accuracy_reference],
+                       ["top-1 accuracy int8", agreement.top1_accuracy_candidate]]
+        report.add_table(f"Agreement with the float model on {Path(str(data)).name}", ["metric", "value"], fields)
+    return _finish(report, output, html=html, result=result)
+
+
 # ----------------------------------------------------------------------------------------------------------- analyze
 
 def analyze(

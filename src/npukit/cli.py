@@ -60,6 +60,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=15, help="layers to list by MACs (default 15)")
     p.add_argument("--json", metavar="PATH", help="also write the summary as a JSON report")
 
+    p = sub.add_parser("quantize", help="INT8 post-training quantization (QDQ) with calibration, CLE, bias correction",
+                       description="Quantize to a QDQ model that ONNX Runtime runs with integer kernels; the report "
+                                   "shows per-layer SQNR, size, latency and (with --data) agreement with the float "
+                                   "model.")
+    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("--calib", required=True, help="calibration data: image folder, .npy or .npz")
+    p.add_argument("-o", "--output", required=True, help="output .onnx path")
+    p.add_argument("--per-tensor", action="store_true", help="per-tensor weights (default per-channel)")
+    p.add_argument("--method", choices=("minmax", "percentile", "entropy", "mse"), default="entropy",
+                   help="activation range observer (default entropy)")
+    p.add_argument("--cle", action="store_true", help="cross-layer equalization first")
+    p.add_argument("--bias-correction", action="store_true", help="empirical bias correction")
+    p.add_argument("--exclude", nargs="+", default=[], metavar="NODE", help="nodes to keep in float")
+    p.add_argument("--int16", nargs="+", default=[], metavar="NODE", help="nodes with 16-bit activations")
+    p.add_argument("--activations", choices=("uint8", "int8"), default="uint8", help="activation dtype")
+    p.add_argument("--reduce-range", choices=("auto", "on", "off"), default="auto",
+                   help="7-bit weights; auto: on for x86 CPUs without VNNI, where ORT's u8s8 kernels saturate")
+    p.add_argument("--calib-samples", type=int, help="use exactly this many calibration samples")
+    p.add_argument("--data", help="held-out data to measure agreement with the float model")
+    p.add_argument("--max-samples", type=int, help="use at most this many --data samples")
+    p.add_argument("--threads", type=int, default=1, help="ORT threads for timing (default 1)")
+    p.add_argument("--runs", type=int, default=30, help="timed runs per model (default 30)")
+    _add_html(p)
+
     p = sub.add_parser("analyze", help="which nodes each target (NPU) takes, why not, and the CPU fallbacks",
                        description="Before any lowering: per node supported or not and why, the partition into "
                                    "delegated subgraphs, CPU<->NPU transitions, share of MACs delegated, and the "
@@ -139,6 +163,13 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             out = api._finish(out.report, None, html=False, json_path=__import__("pathlib").Path(args.json),
                               result=out.result)
+    elif args.verb == "quantize":
+        out = api.quantize(args.model, args.output, calib=args.calib, per_tensor=args.per_tensor, method=args.method,
+                           cle=args.cle, bias_correction=args.bias_correction, exclude=args.exclude,
+                           int16_nodes=args.int16, activation_dtype=args.activations,
+                           reduce_range={"auto": None, "on": True, "off": False}[args.reduce_range],
+                           calib_samples=args.calib_samples, data=args.data, max_samples=args.max_samples,
+                           threads=args.threads, runs=args.runs, html=args.html)
     elif args.verb == "analyze":
         out = api.analyze(args.model, targets=args.target, input_shape=args.input_shape, fix=args.fix,
                           output=args.output, report_path=args.report, html=args.html)

@@ -1,8 +1,10 @@
 """The main job on the embedded default: MobileNetV2 (official ImageNet weights) through every stage npukit has,
 measured on real photos, ending in one report.
 
-Stages: export (verified against torch) -> graph passes (verified against the export) -> latency side by side
-(interleaved, medians) -> agreement with the float model on real-photo crops -> report (JSON, HTML, terminal).
+Stages: export (verified against torch) -> graph passes (verified against the export) -> INT8 quantization
+(calibrated on crops of 7 photos) -> latency side by side
+(interleaved, medians) -> agreement with the float model on crops of 13 other photos -> report (JSON, HTML,
+terminal).
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from npukit.report.core import Report
 from npukit.report.progress import progress, step
 
 MODEL_SPEC = "torchvision:mobilenet_v2"
+# The best recipe measured on this model (benchmarks/quant_vs_anchors.py): per-channel int8 weights, entropy
+# ranges, cross-layer equalization and bias correction; 7-bit weights on CPUs without int8 dot products.
+QUANT_RECIPE = {"method": "entropy", "cle": True, "bias_correction": True}
 INPUT_SHAPE = (1, 3, 224, 224)
 
 
@@ -49,7 +54,17 @@ def run_demo(output_dir: Path, *, threads: int = 1, runs: int = 50, html: bool =
     with step("cutting real photos into crops", timings=report.timings, key="data"):
         photos = calibration_and_evaluation_sets()
     report.add("data", photos.describe())
-    models = {"fp32": fp32_path, "optimized": opt_path}
+
+    int8_path = output_dir / "mobilenet_v2.int8.onnx"
+    name = _input_name(opt_path)
+    calib = [{name: photos.calibration[i:i + 1]} for i in range(len(photos.calibration))]
+    quantized = api.quantize(opt_path, int8_path, calib=calib, **QUANT_RECIPE, threads=threads, runs=runs,
+                             html=False)
+    report.timings.update({f"quantize.{k}": v for k, v in quantized.report.timings.items()})
+    for key in ("steps", "integer_kernels"):
+        report.add(f"quantize.{key}", quantized.report.sections[key])
+    report.tables.extend(t for t in quantized.report.tables if t.title.startswith(("Layers", "What ORT")))
+    models = {"fp32": fp32_path, "optimized": opt_path, "int8": int8_path}
 
     with step(f"timing {len(models)} models side by side", timings=report.timings, key="latency"):
         latency = measure_latency_interleaved({k: str(v) for k, v in models.items()}, threads=threads, runs=runs,
@@ -83,7 +98,7 @@ def run_demo(output_dir: Path, *, threads: int = 1, runs: int = 50, html: bool =
                       {"labels": list(models), "values": [latency[k].median_ms for k in models]}, x_label="ms")
 
     per_photo = len(photos.evaluation) // max(1, len(photos.evaluation_photos))
-    best = "optimized"
+    best = "int8"
     top = []
     for j, name in enumerate(photos.evaluation_photos):
         row = stacked[best][j * per_photo]
@@ -92,11 +107,12 @@ def run_demo(output_dir: Path, *, threads: int = 1, runs: int = 50, html: bool =
         c = int(np.argmax(row))
         top.append([name, categories[c], float(prob[c])])
     report.add("predictions", [{"photo": p, "top1": c, "probability": pr} for p, c, pr in top])
-    report.add_table("What the optimized model sees (center crop of each evaluation photo)",
+    report.add_table("What the INT8 model sees (center crop of each evaluation photo)",
                      ["photo", "top-1 class", "probability"], top)
 
     report.add_artifact("fp32", fp32_path)
     report.add_artifact("optimized", opt_path)
+    report.add_artifact("int8", int8_path)
     return api._finish(report, None, html=html, json_path=output_dir / "demo.report.json", result=summary)
 
 

@@ -156,3 +156,36 @@ def test_devices_probe(capsys):
     assert main(["devices"]) == 0
     out = capsys.readouterr().out
     assert "CPUExecutionProvider" in out and "Plan" in out
+
+
+def test_quantize_writes_integer_model_and_report(exported, tmp_path):
+    rng = np.random.default_rng(1)
+    calib = tmp_path / "calib.npy"
+    np.save(calib, rng.standard_normal((8, 3, 32, 32)).astype(np.float32))
+    held = tmp_path / "held.npy"
+    np.save(held, rng.standard_normal((6, 3, 32, 32)).astype(np.float32))
+    out = tmp_path / "tiny.int8.onnx"
+    assert main(["quantize", str(exported), "--calib", str(calib), "--data", str(held), "-o", str(out),
+                 "--cle", "--bias-correction", "--runs", "3"]) == 0
+    report = json.loads(out.with_name("tiny.int8.report.json").read_text())
+    assert report["results"]["integer_kernels"]["integer_fraction"] == 1.0
+    assert report["results"]["agreement"]["samples"] == 6
+    assert report["results"]["size"]["int8"] < report["results"]["size"]["float"]
+    ops = {n.op_type for n in onnx.load(str(out)).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+
+
+@pytest.mark.parametrize("case", ["nan", "empty", "wrong shape", "too few"])
+def test_quantize_bad_calibration_data(case, exported, tmp_path, capsys):
+    calib = tmp_path / "calib.npy"
+    shapes = {"nan": (4, 3, 32, 32), "empty": (0, 3, 32, 32), "wrong shape": (4, 3, 16, 16), "too few": (2, 3, 32, 32)}
+    data = np.ones(shapes[case], dtype=np.float32)
+    if case == "nan":
+        data[1, 0, 0, 0] = np.nan
+    np.save(calib, data)
+    out = tmp_path / "q.onnx"
+    extra = ["--calib-samples", "5"] if case == "too few" else []
+    assert main(["quantize", str(exported), "--calib", str(calib), "-o", str(out), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]
