@@ -11,6 +11,13 @@ after the input exists, so its bytes are not in it. Target: within 10% of the ar
     python benchmarks/memory.py                                  # all models (several minutes)
     python benchmarks/memory.py --models mobilenet_v2 resnet18
     python benchmarks/memory.py --work-dir /tmp/memexports       # keep (and reuse) the exported models
+    python benchmarks/memory.py --models mobilenet_v2 lraspp_mobilenet_v3_large --tiling-only
+
+Tiling (patch-based inference, npukit.memory.tiling) for the models in TILING_MODELS among those run: the budget is
+half the untiled "cpu" planned peak; choose_tiling picks the cut and grid; the table gives ORT CPU's measured peak
+(arena off, default optimization level) before and after, the outputs' max relative error and the latency ratio
+tiled / original (1 thread, interleaved runs, medians). A budget no tiling reaches is reported with the smallest
+reachable planned peak.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ MODELS = {  # name -> input side
     "mobilenet_v2": 224, "resnet18": 224, "googlenet": 224, "inception_v3": 299, "densenet121": 224,
     "shufflenet_v2_x1_0": 224, "lraspp_mobilenet_v3_large": 512,
 }
+TILING_MODELS = ("mobilenet_v2", "lraspp_mobilenet_v3_large")
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -119,6 +127,58 @@ def measure_model(name: str, side: int, work: Path) -> Row:
     )
 
 
+@dataclasses.dataclass
+class TilingRow:
+    model: str
+    budget: int
+    planned_before: int
+    planned_after: int | None = None
+    tiles: str = ""
+    cut: str = ""
+    mac_overhead: float | None = None
+    measured_before: int | None = None
+    measured_after: int | None = None
+    measured_ratio: float | None = None
+    max_rel_error: float | None = None
+    latency_original_ms: float | None = None
+    latency_tiled_ms: float | None = None
+    latency_ratio: float | None = None
+    choose_seconds: float | None = None
+    unreachable: str = ""
+
+
+def measure_tiling(name: str, side: int, work: Path) -> TilingRow:
+    from npukit.errors import InputError
+    from npukit.measure.latency import measure_latency_interleaved
+    from npukit.memory.tiling import choose_tiling, max_rel_error, planned_peak
+
+    path = work / f"{name}.onnx"
+    export(name, side, path)
+    model = onnx.load(str(path))
+    before = planned_peak(model)
+    row = TilingRow(model=name, budget=before // 2, planned_before=before)
+    start = time.perf_counter()
+    try:
+        choice = choose_tiling(model, budget_bytes=row.budget)
+    except InputError as exc:
+        row.unreachable = exc.one_line()
+        return row
+    row.choose_seconds = time.perf_counter() - start
+    tiled_path = work / f"{name}_tiled.onnx"
+    onnx.save(choice.result.model, str(tiled_path))
+    row.planned_after, row.mac_overhead = choice.planned_peak_after, choice.mac_overhead
+    row.tiles, row.cut = f"{choice.tiles[0]}x{choice.tiles[1]}", choice.cut
+    row.max_rel_error = max_rel_error(model, choice.result.model)
+    row.measured_before = measure_ort_peak(path, arena=False).peak_bytes
+    row.measured_after = measure_ort_peak(tiled_path, arena=False).peak_bytes
+    row.measured_ratio = row.measured_before / row.measured_after
+    times = measure_latency_interleaved({"original": path, "tiled": tiled_path}, threads=1, warmup=5, runs=60,
+                                        rounds=12)
+    row.latency_original_ms, row.latency_tiled_ms = times["original"].median_ms, times["tiled"].median_ms
+    row.latency_ratio = row.latency_tiled_ms / row.latency_original_ms
+    return row
+
+
 def chain_plan_seconds(work: Path, length: int = 1000) -> float:
     from onnx import TensorProto, helper
 
@@ -138,7 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
     parser.add_argument("--work-dir", type=Path, help="where exported models are kept (default: a temp dir)")
     parser.add_argument("--output", type=Path, default=RESULTS / "memory.json")
+    parser.add_argument("--tiling-only", action="store_true", help="only the tiling table (own JSON file)")
     args = parser.parse_args(argv)
+    if args.tiling_only:
+        return tiling_main(args)
     from rich.console import Console
     from rich.table import Table
 
@@ -154,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                 failures[name] = f"{type(exc).__name__}: {exc}"
             print(f"{name}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
         chain_s = chain_plan_seconds(work)
+        tiling_rows, tiling_failures = run_tiling(args.models, work)
 
     mb = 1e6
     table = Table(title="Activation memory (MB = 1e6 bytes; planned = best planner, 64-byte aligned)")
@@ -171,11 +235,71 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"1,000-node chain: planned in {chain_s:.3f} s")
     for name, error in failures.items():
         console.print(f"[red]{name} failed:[/red] {error}")
+    print_tiling(console, tiling_rows, tiling_failures)
     payload = {"rows": [dataclasses.asdict(r) for r in rows], "failures": failures,
                "chain_1000_plan_seconds": chain_s,
                "within_10_percent": {r.model: abs(r.error_vs_arena_off) <= 0.10 for r in rows},
-               "within_10_percent_extended": {r.model: abs(r.error_vs_arena_off_extended) <= 0.10 for r in rows}}
+               "within_10_percent_extended": {r.model: abs(r.error_vs_arena_off_extended) <= 0.10 for r in rows},
+               **tiling_payload(tiling_rows, tiling_failures)}
     write_text_atomic(args.output, json.dumps(payload, indent=2) + "\n")
+    return 1 if failures or tiling_failures else 0
+
+
+def run_tiling(models: list[str], work: Path) -> tuple[list[TilingRow], dict[str, str]]:
+    rows, failures = [], {}
+    for name in (m for m in models if m in TILING_MODELS):
+        start = time.perf_counter()
+        try:
+            rows.append(measure_tiling(name, MODELS[name], work))
+        except Exception as exc:  # one model's failure must not hide the others' figures
+            failures[name] = f"{type(exc).__name__}: {exc}"
+        print(f"{name} tiling: {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    return rows, failures
+
+
+def print_tiling(console, rows: list[TilingRow], failures: dict[str, str]) -> None:
+    from rich.table import Table
+
+    mb = 1e6
+    table = Table(title="Tiling for memory (budget = half the planned peak; ORT CPU, arena off; MB = 1e6 bytes)")
+    for column in ("model", "budget", "plan before", "plan after", "tiles", "MAC +", "ORT before", "ORT after",
+                   "ORT ratio", "max rel err", "latency ratio"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for r in rows:
+        if r.unreachable:
+            table.add_row(r.model, f"{r.budget / mb:.2f}", f"{r.planned_before / mb:.2f}", "—", "—", "—", "—", "—",
+                          "—", "—", "—")
+            continue
+        table.add_row(r.model, f"{r.budget / mb:.2f}", f"{r.planned_before / mb:.2f}", f"{r.planned_after / mb:.2f}",
+                      r.tiles, f"{r.mac_overhead:.1%}", f"{r.measured_before / mb:.2f}", f"{r.measured_after / mb:.2f}",
+                      f"{r.measured_ratio:.2f}x", f"{r.max_rel_error:.1e}", f"{r.latency_ratio:.3f}")
+    console.print(table)
+    for r in rows:
+        if r.unreachable:
+            console.print(f"{r.model}: {r.unreachable}")
+        else:
+            console.print(f"{r.model}: cut {r.cut}; latency {r.latency_original_ms:.2f} -> {r.latency_tiled_ms:.2f} ms")
+    for name, error in failures.items():
+        console.print(f"[red]{name} tiling failed:[/red] {error}")
+
+
+def tiling_payload(rows: list[TilingRow], failures: dict[str, str]) -> dict[str, object]:
+    return {"tiling": [dataclasses.asdict(r) for r in rows], "tiling_failures": failures,
+            "tiling_targets_met": {r.model: (not r.unreachable and r.measured_ratio >= 2
+                                             and r.max_rel_error <= 1e-5 and r.latency_ratio <= 1.2)
+                                   for r in rows}}
+
+
+def tiling_main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = args.work_dir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        rows, failures = run_tiling(args.models, work)
+    print_tiling(Console(width=170), rows, failures)
+    write_text_atomic(args.output.with_name("memory_tiling.json"),
+                      json.dumps(tiling_payload(rows, failures), indent=2) + "\n")
     return 1 if failures else 0
 
 

@@ -134,9 +134,13 @@ def optimize_graph(
     verify: bool = True,
     rtol: float = 1e-4,
     input_shape: str | Sequence[int] | None = None,
+    memory_budget: int | None = None,
     html: bool = False,
 ) -> CommandResult:
-    """Run the graph passes on an ONNX model, verify the result against the original, write it to ``output``."""
+    """Run the graph passes on an ONNX model, verify the result against the original, write it to ``output``.
+
+    With ``memory_budget`` (bytes) the early high-resolution stage is then split into spatial tiles with the halo
+    their receptive field needs, so that the planned peak activation memory fits the budget (outputs verified)."""
     from npukit.frontend.onnx_io import load_onnx, save_onnx
     from npukit.measure.summary import summarize
     from npukit.passes.pipeline import optimize_model, verify_equivalent
@@ -155,7 +159,18 @@ def optimize_graph(
     if verify:
         with step("verifying against the original", timings=report.timings, key="verify"):
             errors = verify_equivalent(original, optimized, rtol=rtol, seed=config.seed)
-    save_onnx(optimized, output)
+    tiling = None
+    if memory_budget is None:
+        save_onnx(optimized, output)
+    else:  # tile from a staged copy, so a budget nothing reaches leaves no output behind
+        import tempfile
+
+        from npukit.memory.tiling import optimize_for_memory
+
+        with tempfile.TemporaryDirectory(prefix=".npukit-", dir=output.parent) as tmp, \
+                step(f"tiling to fit {memory_budget:,} bytes", timings=report.timings, key="tiling"):
+            staged = save_onnx(optimized, Path(tmp) / "optimized.onnx")
+            _choice, tiling = optimize_for_memory(staged, output, budget_bytes=memory_budget, input_shape=shape)
     before = summarize(original, input_shape=shape)
     after = summarize(optimized, input_shape=shape)
     report.add("passes", [r.as_dict() for r in pipeline.records])
@@ -172,6 +187,10 @@ def optimize_graph(
     if errors is not None:
         report.add_table("Verification against the original", ["max abs error", "max rel error", "rtol"],
                          [[errors.max_abs, errors.max_rel, rtol]])
+    if tiling is not None:
+        report.add("tiling", tiling.sections)
+        report.tables.extend(tiling.tables)
+        report.config["memory_budget"] = memory_budget
     return _finish(report, output, html=html, result=pipeline)
 
 
@@ -312,6 +331,102 @@ def quantize(
     return _finish(report, output, html=html, result=result)
 
 
+# ----------------------------------------------------------------------------------------------------------- compile
+
+def is_qdq(model: onnx.ModelProto) -> bool:
+    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
+
+
+def quantize_for_htp(model: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]]) -> onnx.ModelProto:
+    """QDQ as the HTP needs it (npukit.runtime.qnn.HTP_QDQ_RULES: int8 symmetric per-channel weights, uint16
+    activations), with ONNX Runtime's quantizer doing the mechanics."""
+    import logging
+    import tempfile
+
+    from onnxruntime.quantization import CalibrationDataReader
+    from onnxruntime.quantization import quantize as ort_quantize
+
+    from npukit.runtime.qnn import qnn_quant_config
+
+    class _Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self._it = iter(samples)
+
+        def get_next(self):
+            return next(self._it, None)
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # ORT's quantizer warns on the root logger about steps npukit has done
+    try:
+        with tempfile.TemporaryDirectory(prefix="npukit-htp-") as tmp:
+            source, out = Path(tmp) / "float.onnx", Path(tmp) / "qdq.onnx"
+            onnx.save(model, str(source))
+            ort_quantize(str(source), str(out), qnn_quant_config(str(source), _Reader()))
+            return onnx.load(str(out))
+    finally:
+        root.setLevel(level)
+
+
+def compile(  # noqa: A001 - the verb's name
+    model: str | Path,
+    output: str | Path,
+    *,
+    soc: str,
+    target: str = "qnn-htp",
+    calib: str | Path | None = None,
+    input_shape: str | Sequence[int] | None = None,
+    preprocess: PreprocessConfig | None = None,
+    html: bool = False,
+) -> CommandResult:
+    """Static shapes, QDQ as the HTP needs (unless the model already is QDQ), then an EPContext model with the HTP
+    context binary for ``soc`` embedded; loaded back and run to prove it works."""
+    from npukit.config import parse_shape
+    from npukit.frontend.onnx_io import fix_input_shape, load_onnx, static_input_shape
+    from npukit.runtime.compile import compile_qnn_context
+    from npukit.targets.registry import get_target
+
+    profile = get_target(target)
+    if profile.name != "qnn-htp":
+        raise InputError(f"compiling for {profile.name} is not supported yet",
+                         hint="use --target qnn-htp; other targets: export the QDQ model from `npukit quantize`")
+    output = _check_output(output, source=model)
+    proto = load_onnx(model)
+    shape = parse_shape(input_shape) or static_input_shape(proto)  # a symbolic batch alone becomes 1
+    if shape is None:
+        raise InputError("the model has symbolic input dimensions and the HTP needs static shapes",
+                         hint="pass --input-shape, e.g. 1,3,224,224")
+    proto = fix_input_shape(proto, shape, dynamic_batch=False)
+    report = Report("compile", config={"model": str(model), "target": profile.name, "soc": soc,
+                                       "calib": str(calib) if calib else None,
+                                       "input_shape": list(shape) if shape else None})
+    from npukit.runtime.compile import soc_info
+
+    soc_info(soc)  # an unknown SoC fails before any work
+    quantized_here = not is_qdq(proto)
+    if quantized_here:
+        if calib is None:
+            raise InputError("the model is float and the HTP runs quantized models",
+                             hint="pass --calib DIR (calibration images or .npy) or give a QDQ model from "
+                                  "`npukit quantize`")
+        samples = _open_data(calib, proto, preprocess or PreprocessConfig())
+        with step("quantizing for the HTP (int8 weights, uint16 activations)", timings=report.timings,
+                  key="quantize"):
+            proto = quantize_for_htp(proto, list(samples))
+    with step(f"compiling the HTP context binary for {soc}", timings=report.timings, key="compile"):
+        result = compile_qnn_context(proto, output, soc=soc)
+    report.add("compile", result.as_dict())
+    report.add("quantized_here", quantized_here)
+    report.add_table(f"EPContext model for {result.soc_name} ({result.soc})",
+                     ["SoC", "HTP arch", "soc_model", "context nodes", "nodes left to CPU", "context_binary_bytes",
+                      "model_bytes", "compile s", "matches HTP run"],
+                     [[result.soc, f"v{result.htp_arch}", result.soc_model, result.context_nodes,
+                       result.other_nodes, result.context_binary_bytes, result.model_bytes, result.compile_seconds,
+                       "identical" if result.identical else f"max abs diff {result.max_abs_diff:.3g}"]])
+    report.add_table("What the device needs", ["requirement"], [[result.device_requirements]])
+    return _finish(report, output, html=html, result=result)
+
+
 # ----------------------------------------------------------------------------------------------------------- analyze
 
 def analyze(
@@ -397,10 +512,16 @@ def bench(
     runs: int = 50,
     max_samples: int | None = None,
     preprocess: PreprocessConfig | None = None,
+    target: str = "cpu",
+    memory: bool = False,
     report_path: str | Path | None = None,
     html: bool = False,
 ) -> CommandResult:
-    """Latency (ORT CPU), size, and — with ``data`` — agreement with ``reference`` and accuracy against labels."""
+    """Latency (ORT CPU), size, and — with ``data`` — agreement with ``reference`` and accuracy against labels.
+
+    ``target="qnn-htp"`` also runs the model on Qualcomm's HTP backend (an emulator on x86): which nodes the QNN EP
+    took, and how the HTP output agrees with the reference and with the CPU run of the same model. ``memory``
+    measures ORT CPU's real peak activation memory in a fresh process beside the planner's prediction."""
     from npukit.frontend.onnx_io import load_onnx
     from npukit.measure.latency import measure_latency, measure_latency_interleaved
     from npukit.measure.size import model_size
@@ -456,8 +577,80 @@ def bench(
             if ref_proto is not None:
                 fields += [("top-1 accuracy (reference)", agreement.top1_accuracy_reference)]
         report.add_table(f"Agreement on {Path(str(data)).name}", ["metric", "value"], [list(f) for f in fields])
+    if target != "cpu":
+        _bench_npu(report, proto, ref_proto, dataset, target=target, max_samples=max_samples)
+    if memory:
+        _bench_memory(report, model)
     json_path = Path(report_path) if report_path else None
     return _finish(report, None, html=html, json_path=json_path, result=report.sections)
+
+
+def _bench_memory(report: Report, model: str | Path) -> None:
+    from npukit.memory.measure import measure_ort_peak
+    from npukit.memory.plan import plan_memory as _plan
+
+    with step("measuring ORT's peak activation memory (fresh processes)", timings=report.timings, key="memory"):
+        planned, _ = _plan(model, target="cpu")
+        off = measure_ort_peak(model, arena=False)
+        on = measure_ort_peak(model, arena=True)
+    rows = [["planned (cpu view, best planner)", planned.best.arena_bytes, None],
+            ["measured, arena off", off.peak_bytes, off.peak_bytes / planned.best.arena_bytes - 1],
+            ["measured, arena on", on.peak_bytes, on.peak_bytes / planned.best.arena_bytes - 1]]
+    report.add("memory", {"planned_bytes": planned.best.arena_bytes, "lower_bound_bytes": planned.lower_bound,
+                          "measured_arena_off": off.as_dict(), "measured_arena_on": on.as_dict()})
+    report.add_table("Peak activation memory (ORT CPU, VmHWM in a fresh process, MALLOC_MMAP_THRESHOLD_=65536)",
+                     ["what", "bytes", "vs planned"], rows)
+
+
+def _bench_npu(report: Report, proto: onnx.ModelProto, ref_proto: onnx.ModelProto | None, dataset, *, target: str,
+               max_samples: int | None) -> None:
+    from npukit.measure.fidelity import AgreementMeter
+    from npukit.runtime.qnn import make_qnn_session, qdq_reference_session, qnn_node_assignment
+    from npukit.runtime.ort import make_session
+    from npukit.targets.registry import get_target
+
+    profile = get_target(target)
+    if profile.name != "qnn-htp":
+        raise InputError(f"no runtime for {profile.name} on this machine",
+                         hint="bench --target qnn-htp runs Qualcomm's HTP backend; use `npukit analyze` for the "
+                              "others")
+    with step("asking the QNN EP which nodes it takes", timings=report.timings, key="qnn_assignment"):
+        assignment = qnn_node_assignment(proto)
+    report.add("qnn_assignment", assignment.as_dict())
+    report.add_table("Nodes the QNN EP took (HTP backend)", ["QNN nodes", "CPU nodes", "QNN partitions"],
+                     [[len(assignment.qnn_nodes), len(assignment.cpu_nodes), assignment.partitions]])
+    if assignment.rejected:
+        report.add_table("Nodes left to the CPU, and QNN's reason", ["node", "reason"],
+                         [[k, v] for k, v in assignment.rejected.items()])
+    if dataset is None:
+        return
+    htp = make_qnn_session(proto, allow_cpu_fallback=True)
+    cpu = make_session(proto)
+    exact = qdq_reference_session(proto) if is_qdq(proto) else None
+    ref = make_session(ref_proto) if ref_proto is not None else None
+    meters = {"HTP vs CPU run of the same model": AgreementMeter()}
+    if exact is not None:
+        meters["HTP vs the QDQ graph unfused (exact numerics)"] = AgreementMeter()
+    if ref is not None:
+        meters["HTP vs reference"] = AgreementMeter()
+        meters["CPU vs reference"] = AgreementMeter()
+    total = len(dataset) if max_samples is None else min(max_samples, len(dataset))
+    for batch in progress(dataset.batches(1, limit=total), total=total, description="running on the HTP"):
+        h = _logits(htp.run(None, batch.feeds))
+        c = _logits(cpu.run(None, batch.feeds))
+        meters["HTP vs CPU run of the same model"].update(c, h)
+        if exact is not None:
+            meters["HTP vs the QDQ graph unfused (exact numerics)"].update(_logits(exact.run(None, batch.feeds)), h)
+        if ref is not None:
+            r = _logits(ref.run(None, batch.feeds))
+            meters["HTP vs reference"].update(r, h)
+            meters["CPU vs reference"].update(r, c)
+    results = {k: m.result() for k, m in meters.items()}
+    report.add("npu_agreement", {k: v.as_dict() for k, v in results.items()})
+    report.add_table(f"HTP fidelity on {total} samples", ["comparison", "top-1 agreement", "top-5 overlap",
+                                                           "SQNR dB", "agreement where confident"],
+                     [[k, v.top1_agreement, v.top5_overlap, v.sqnr_db, v.top1_agreement_confident]
+                      for k, v in results.items()])
 
 
 def _open_data(data: str | Path, proto: onnx.ModelProto, preprocess: PreprocessConfig):

@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true", help="skip the numerical check against the original")
     p.add_argument("--rtol", type=float, default=1e-4, help="max error relative to the output range (default 1e-4)")
     _add_shape(p, "input shape for the MAC count when the model's is symbolic")
+    p.add_argument("--memory-budget", type=int, metavar="BYTES",
+                   help="tile the high-resolution stem so the planned peak activation memory fits BYTES")
     _add_html(p)
 
     p = sub.add_parser("inspect", help="ops by type, parameters, MACs per layer, tensor sizes")
@@ -125,7 +127,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resize", type=int, default=256, help="resize the short side to this before cropping")
     p.add_argument("--mean", default="0.485,0.456,0.406", help="per-channel mean (default ImageNet)")
     p.add_argument("--std", default="0.229,0.224,0.225", help="per-channel std (default ImageNet)")
+    p.add_argument("--target", default="cpu", help="also run on an NPU backend: qnn-htp (default: cpu only)")
+    p.add_argument("--memory", action="store_true", help="measure ORT CPU's real peak activation memory")
     p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
+    _add_html(p)
+
+    p = sub.add_parser("compile", help="QDQ model -> deployable EPContext model with the HTP binary for a SoC",
+                       description="Fix static shapes, quantize as the HTP needs (unless given a QDQ model), and "
+                                   "compile an EPContext model holding the HTP context binary for --soc; the result "
+                                   "is loaded back and run to prove it works.")
+    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("-o", "--output", required=True, help="output .onnx path (EPContext model)")
+    p.add_argument("--target", default="qnn-htp", help="qnn-htp (default)")
+    p.add_argument("--soc", required=True, help="Snapdragon part number, e.g. SM8350, SM8550, SM8650, SM8750")
+    p.add_argument("--calib", help="calibration data when MODEL is float (image folder, .npy, .npz)")
+    _add_shape(p, "static input shape, e.g. 1,3,224,224")
     _add_html(p)
 
     p = sub.add_parser("demo", help="the whole pipeline on MobileNetV2 (official weights) and real photos, offline")
@@ -157,7 +173,8 @@ def run(args: argparse.Namespace) -> int:
                          html=args.html)
     elif args.verb == "optimize-graph":
         out = api.optimize_graph(args.model, args.output, skip_passes=args.skip_pass, verify=not args.no_verify,
-                                 rtol=args.rtol, input_shape=args.input_shape, html=args.html)
+                                 rtol=args.rtol, input_shape=args.input_shape, memory_budget=args.memory_budget,
+                                 html=args.html)
     elif args.verb == "inspect":
         out = api.inspect(args.model, input_shape=args.input_shape, top_layers=args.top)
         if args.json:
@@ -184,7 +201,10 @@ def run(args: argparse.Namespace) -> int:
                                channels=len(mean))
         out = api.bench(args.model, data=args.data, reference=args.reference, threads=args.threads,
                         runs=args.runs, warmup=args.warmup, max_samples=args.max_samples, preprocess=pre,
-                        report_path=args.report, html=args.html)
+                        target=args.target, memory=args.memory, report_path=args.report, html=args.html)
+    elif args.verb == "compile":
+        out = api.compile(args.model, args.output, soc=args.soc, target=args.target, calib=args.calib,
+                          input_shape=args.input_shape, html=args.html)
     elif args.verb == "demo":
         out = api.demo(args.output_dir, threads=args.threads, runs=args.runs, html=not args.no_html)
     else:  # pragma: no cover - argparse rejects unknown verbs

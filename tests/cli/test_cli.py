@@ -189,3 +189,39 @@ def test_quantize_bad_calibration_data(case, exported, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err, err
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]
+
+
+def test_compile_float_model_for_two_socs_and_bench_on_htp(exported, tmp_path):
+    pytest.importorskip("onnxruntime_qnn")
+    rng = np.random.default_rng(2)
+    calib = tmp_path / "calib.npy"
+    np.save(calib, rng.standard_normal((4, 3, 32, 32)).astype(np.float32))
+    for soc in ("SM8350", "SM8650"):
+        out = tmp_path / f"tiny_{soc}.onnx"
+        assert main(["compile", str(exported), "--soc", soc, "--calib", str(calib), "-o", str(out)]) == 0
+        report = json.loads(out.with_name(f"tiny_{soc}.report.json").read_text())["results"]["compile"]
+        assert report["soc"] == soc and report["context_nodes"] >= 1 and report["identical"]
+        assert {n.op_type for n in onnx.load(str(out)).graph.node} >= {"EPContext"}
+    int8 = tmp_path / "tiny.int8.onnx"
+    assert main(["quantize", str(exported), "--calib", str(calib), "-o", str(int8), "--runs", "2"]) == 0
+    bench_report = tmp_path / "htp.json"
+    assert main(["bench", str(int8), "--target", "qnn-htp", "--reference", str(exported), "--data", str(calib),
+                 "--runs", "2", "--warmup", "1", "--report", str(bench_report)]) == 0
+    results = json.loads(bench_report.read_text())["results"]
+    assert results["qnn_assignment"]["qnn_nodes"] > 0
+    assert results["npu_agreement"]["HTP vs CPU run of the same model"]["samples"] == 4
+
+
+def test_compile_unknown_soc_lists_valid(exported, tmp_path, capsys):
+    pytest.importorskip("onnxruntime_qnn")
+    assert main(["compile", str(exported), "--soc", "SM0000", "-o", str(tmp_path / "x.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "SM8650" in err and not (tmp_path / "x.onnx").exists()
+
+
+def test_memory_budget_too_low_says_smallest_reachable_and_writes_nothing(exported, tmp_path, capsys):
+    out = tmp_path / "tiled.onnx"
+    assert main(["optimize-graph", str(exported), "-o", str(out), "--memory-budget", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "smallest" in err and not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
