@@ -26,6 +26,8 @@ class QuantConfig:
     left in float. ``calib_samples`` caps the calibration samples used; fewer available is an error.
     ``reduce_range`` quantizes weights to 7 bits ([-64, 64]): on x86 CPUs without VNNI, ONNX Runtime's u8s8
     integer kernels add pairs of 8-bit products in saturating 16-bit lanes, which full-range int8 weights overflow.
+    ``adaround`` learns each Conv/Gemm weight's rounding on the calibration data (``adaround_iterations`` Adam steps
+    per layer; it needs symmetric weights).
     """
 
     per_channel: bool = True
@@ -41,6 +43,8 @@ class QuantConfig:
     bias_correction: bool = False
     calib_samples: int | None = None
     reduce_range: bool = False
+    adaround: bool = False
+    adaround_iterations: int = 1000
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "int16_nodes", tuple(self.int16_nodes))
@@ -54,6 +58,10 @@ class QuantConfig:
         _require(self.num_bins >= 128 and self.num_bins % 4 == 0,
                  f"num_bins {self.num_bins} must be a multiple of 4 and at least 128", "the default is 2048")
         _require(self.calib_samples is None or self.calib_samples >= 1, "calib_samples must be at least 1")
+        _require(self.adaround_iterations >= 1, f"adaround_iterations {self.adaround_iterations} must be at least 1",
+                 "1000 to 2000 is typical")
+        _require(not (self.adaround and not self.symmetric_weights), "AdaRound needs symmetric weights",
+                 "drop symmetric_weights=False or adaround")
         overlap = set(self.int16_nodes) & set(self.exclude)
         _require(not overlap, f"nodes {sorted(overlap)} are both excluded and marked 16-bit",
                  "name each node in only one of int16_nodes and exclude")

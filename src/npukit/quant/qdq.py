@@ -1,8 +1,9 @@
-"""INT8 post-training quantization: (CLE) -> calibrate with our observers -> (bias correction) -> QDQ insertion.
+"""INT8 post-training quantization: (CLE) -> calibrate with our observers -> (AdaRound) -> (bias correction) -> QDQ.
 
 ONNX Runtime's ``quantize_static`` does the mechanical Q/DQ placement; every activation range it uses is ours,
 passed as ``TensorQuantOverrides`` (rmin/rmax, plus the 16-bit type for ``int16_nodes``), so its own calibration
-pass (given one sample) decides nothing. ``integer_kernel_report`` checks that ORT CPU then runs integer kernels.
+pass (given one sample) decides nothing; AdaRound's weights come with their grids (scales, zero points) as overrides
+too, so ORT reproduces the learned integers. ``integer_kernel_report`` checks that ORT CPU then runs integer kernels.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from npukit.errors import InputError
+from npukit.quant.adaround import adaround
 from npukit.quant.bias_correction import correct_bias
 from npukit.quant.calibrate import Progress, calibrate, iter_samples, sixteen_bit_tensors
 from npukit.quant.config import QuantConfig
@@ -76,8 +78,10 @@ def preprocess(model: onnx.ModelProto) -> onnx.ModelProto:
         return onnx.load(str(out))
 
 
-def _overrides(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]], config: QuantConfig) -> dict:
-    """rmin/rmax for every calibrated tensor, mirroring ORT's rule that a Relu/Clip input takes its output's range."""
+def effective_ranges(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]], config: QuantConfig
+                     ) -> dict[str, tuple[float, float]]:
+    """The range each calibrated tensor is quantized with, mirroring ORT's rule that a Relu/Clip input takes its
+    output's range (the two fuse) and that a Softmax output spans [0, 1]."""
     adjusted = dict(ranges)
     consumers = collections.Counter(t for n in model.graph.node for t in n.input)
     for node in model.graph.node:
@@ -88,6 +92,13 @@ def _overrides(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]], c
             adjusted[node.input[0]] = ranges[node.output[0]]
         elif node.op_type == "Softmax" and node.output[0] in ranges:
             adjusted[node.output[0]] = (0.0, 1.0)
+    return adjusted
+
+
+def _overrides(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]], config: QuantConfig,
+               weights: dict[str, list[dict]]) -> dict:
+    """rmin/rmax for every calibrated tensor (16-bit type for int16 nodes); ``weights``: fixed weight grids."""
+    adjusted = effective_ranges(model, ranges, config)
     wide = sixteen_bit_tensors(model, config.int16_nodes)
     wide_type = QuantType.QInt16 if config.activation_signed else QuantType.QUInt16
     overrides: dict[str, list[dict]] = {}
@@ -96,7 +107,7 @@ def _overrides(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]], c
         if name in wide:
             entry["quant_type"] = wide_type
         overrides[name] = [entry]
-    return overrides
+    return overrides | weights
 
 
 def _per_layer(float_model: onnx.ModelProto, qdq: onnx.ModelProto, ranges: dict[str, tuple[float, float]],
@@ -144,6 +155,14 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
     reference = work
     calib = calibrate(work, samples, config=config, progress=progress)
     steps["calibration"] = {"method": config.method, "samples": calib.samples, "tensors": len(calib.ranges)}
+    weight_grids: dict[str, list[dict]] = {}
+    if config.adaround:
+        wide = sixteen_bit_tensors(work, config.int16_nodes)
+        eight_bit = {t: r for t, r in effective_ranges(work, calib.ranges, config).items() if t not in wide}
+        ar = adaround(work, samples, config=config, ranges=eight_bit)
+        work = ar.model
+        weight_grids = ar.weight_overrides
+        steps["adaround"] = ar.summary()
     if config.bias_correction:
         bc = correct_bias(work, samples, config=config, ranges=calib.ranges)
         work = bc.model
@@ -161,7 +180,7 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
             nodes_to_exclude=list(config.exclude),
             extra_options={"ActivationSymmetric": config.symmetric_activations,
                            "WeightSymmetric": config.symmetric_weights,
-                           "TensorQuantOverrides": _overrides(work, calib.ranges, config)},
+                           "TensorQuantOverrides": _overrides(work, calib.ranges, config, weight_grids)},
         )
         qdq = onnx.load(str(out))
     return QuantResult(model=qdq, reference=reference, ranges=calib.ranges,

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import pytest
+
+from npukit.errors import InputError
+from npukit.quant.config import QuantConfig
+from npukit.quant.qdq import quantize
+from npukit.quant.sensitivity import choose_mixed_precision, layer_sensitivity, output_sqnr
+from tests.quant.conftest import make_samples, tiny_cnn
+
+
+def test_sensitivity_ranks_every_quantized_conv_and_gemm() -> None:
+    model = tiny_cnn(spread=1.0)
+    samples = make_samples(8)
+    ranking = layer_sensitivity(quantize(model, samples, config=QuantConfig(per_channel=False)), samples)
+    assert {name for name, _ in ranking} == {"conv1", "dw", "pw", "fc"}
+    costs = [cost for _, cost in ranking]
+    assert costs == sorted(costs, reverse=True) and costs[0] > 0
+
+
+@pytest.mark.parametrize("mode", ["int16", "exclude"])
+def test_lifting_the_most_sensitive_layers_reaches_the_target(mode) -> None:
+    model = tiny_cnn(spread=1.0)
+    samples, held = make_samples(12), make_samples(8, seed=4)
+    config = QuantConfig(per_channel=False)
+    baseline = output_sqnr(model, quantize(model, samples, config=config).model, held)
+    plan = choose_mixed_precision(model, samples, config=config, target_sqnr_db=baseline + 1.5, max_layers=4,
+                                  mode=mode, eval_samples=held)
+    assert plan.baseline_sqnr_db == pytest.approx(baseline)
+    assert plan.reached and plan.sqnr_db >= baseline + 1.5 and 1 <= len(plan.nodes) <= 4
+    assert set(plan.nodes) <= {n for n, _ in plan.sensitivity}
+    lifted = plan.config.int16_nodes if mode == "int16" else plan.config.exclude
+    assert set(lifted) == set(plan.nodes)
+    assert [len(t["nodes"]) for t in plan.tried] == sorted(len(t["nodes"]) for t in plan.tried)
+    # nothing to do when the target is already met
+    easy = choose_mixed_precision(model, samples, config=config, target_sqnr_db=baseline - 1.0, max_layers=2,
+                                  mode=mode, eval_samples=held)
+    assert easy.nodes == () and easy.reached and len(easy.tried) == 1
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(InputError, match="max_layers"):
+        choose_mixed_precision(tiny_cnn(), make_samples(2), config=QuantConfig(), target_sqnr_db=30, max_layers=0)
