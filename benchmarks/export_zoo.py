@@ -164,28 +164,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=30, help="timed runs per model and variant")
     parser.add_argument("--no-latency", action="store_true", help="skip timing (correctness only)")
     parser.add_argument("--json", type=Path, help="output JSON (default benchmarks/results/export_zoo[_ci].json)")
+    parser.add_argument("--resume", action="store_true", help="keep the rows already in the JSON, run the rest")
     args = parser.parse_args(argv)
     names = args.models or (list(CI_SUBSET) if args.subset == "ci" else classification_models())
+    out = args.json or RESULTS / ("export_zoo_ci.json" if args.subset == "ci" and not args.models else "export_zoo.json")
     rows: list[ZooRow] = []
+    if args.resume and out.is_file():
+        rows = [ZooRow(**r) for r in json.loads(out.read_text())["rows"] if r["model"] in names]
+    done = {r.model for r in rows}
     start = time.time()
     with tempfile.TemporaryDirectory(prefix="npukit-zoo-") as tmp:
         for i, name in enumerate(names, 1):
+            if name in done:
+                continue
             row = run_model(name, Path(tmp), runs=args.runs, time_it=not args.no_latency)
             rows.append(row)
             print(f"[{i}/{len(names)}] {name}: {'ok' if row.ok else row.error or 'over tolerance'} "
                   f"(rel err {row.export_max_rel}, ratio {row.latency_ratio})", file=sys.stderr, flush=True)
+            _write(out, rows, names, started=start)  # after every model: a long run keeps what it measured
     print_table(rows)
-    summary = summarize(rows)
-    print(json.dumps(summary, indent=2))
-    out = args.json or RESULTS / ("export_zoo_ci.json" if args.subset == "ci" and not args.models else "export_zoo.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    print(json.dumps(summarize(rows), indent=2))
+    _write(out, rows, names, started=start)
+    print(f"wrote {out}")
+    return 0 if all(r.ok for r in rows) and len(rows) == len(names) else 1
+
+
+def _write(out: Path, rows: list[ZooRow], names: list[str], *, started: float) -> None:
     from npukit.report.core import package_versions
 
-    out.write_text(json.dumps({"summary": summary, "rows": [dataclasses.asdict(r) for r in rows],
-                               "seconds": round(time.time() - start, 1), "rtol": RTOL,
-                               "packages": package_versions()}, indent=2) + "\n")
-    print(f"wrote {out}")
-    return 0 if all(r.ok for r in rows) else 1
+    out.parent.mkdir(parents=True, exist_ok=True)
+    order = {n: i for i, n in enumerate(names)}
+    rows.sort(key=lambda r: order.get(r.model, len(order)))
+    payload = {"summary": summarize(rows), "complete": len(rows) == len(names), "planned_models": names,
+               "rows": [dataclasses.asdict(r) for r in rows], "seconds_this_run": round(time.time() - started, 1),
+               "rtol": RTOL, "packages": package_versions()}
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    tmp.replace(out)
 
 
 if __name__ == "__main__":

@@ -223,15 +223,12 @@ def inspect(model: str | Path, *, input_shape: str | Sequence[int] | None = None
 
 # ---------------------------------------------------------------------------------------------------------- quantize
 
-def auto_reduce_range() -> bool:
-    """7-bit weights on x86 CPUs without an int8 dot-product instruction, where ORT's u8s8 kernels saturate."""
-    import platform
-
+def cpu_scheme() -> dict:
+    """The activation dtype and weight range this machine's CPU runs accurately (npukit.quant.schemes)."""
+    from npukit.quant.schemes import cpu_int8_scheme
     from npukit.runtime.devices import read_cpu_info
 
-    if platform.machine().lower() not in ("x86_64", "amd64", "i686", "x86"):
-        return False
-    return not read_cpu_info("/proc/cpuinfo").has_int8_dot
+    return cpu_int8_scheme(read_cpu_info("/proc/cpuinfo"))
 
 
 def quantize(
@@ -245,8 +242,9 @@ def quantize(
     bias_correction: bool = False,
     exclude: Sequence[str] = (),
     int16_nodes: Sequence[str] = (),
-    activation_dtype: str = "uint8",
+    activation_dtype: str | None = None,
     reduce_range: bool | None = None,
+    adaround: bool = False,
     calib_samples: int | None = None,
     data: str | Path | None = None,
     preprocess: PreprocessConfig | None = None,
@@ -259,8 +257,9 @@ def quantize(
     """INT8 post-training quantization to a QDQ model that ORT runs with integer kernels, with a report of what it
     cost: per-layer SQNR, size, latency against the float model and, with ``data``, agreement on held-out data.
 
-    ``calib`` is an image folder / .npy / .npz, or a sequence of feed dicts. ``reduce_range=None`` picks 7-bit
-    weights on x86 CPUs without int8 dot-product instructions. ``extra`` passes further QuantConfig fields.
+    ``calib`` is an image folder / .npy / .npz, or a sequence of feed dicts. ``activation_dtype=None`` and
+    ``reduce_range=None`` take what this CPU runs accurately (e.g. 7-bit weights on x86 CPUs without VNNI, where
+    ORT's u8s8 kernels saturate). ``extra`` passes further QuantConfig fields.
     """
     from npukit.frontend.onnx_io import load_onnx, save_onnx
     from npukit.measure.latency import measure_latency_interleaved
@@ -273,14 +272,15 @@ def quantize(
     output = _check_output(output, source=model)
     preprocess = preprocess or PreprocessConfig()
     proto = load_onnx(model)
-    if reduce_range is None:
-        reduce_range = auto_reduce_range()
+    scheme = cpu_scheme()
     config = QuantConfig(per_channel=not per_tensor, method=method, cle=cle, bias_correction=bias_correction,
-                         exclude=tuple(exclude), int16_nodes=tuple(int16_nodes), activation_dtype=activation_dtype,
-                         reduce_range=reduce_range, calib_samples=calib_samples, **(extra or {}))
+                         adaround=adaround, exclude=tuple(exclude), int16_nodes=tuple(int16_nodes),
+                         activation_dtype=activation_dtype or scheme["activation_dtype"],
+                         reduce_range=scheme["reduce_range"] if reduce_range is None else reduce_range,
+                         calib_samples=calib_samples, **(extra or {}))
     samples = _open_data(calib, proto, preprocess) if isinstance(calib, (str, Path)) else list(calib)
     evaluation = _open_data(data, proto, preprocess) if data is not None else None
-    report = Report("quantize", config={"quant": config.as_dict(), "model": str(model),
+    report = Report("quantize", config={"quant": config.as_dict(), "cpu_scheme": scheme, "model": str(model),
                                         "calib": str(calib) if isinstance(calib, (str, Path)) else
                                         f"{len(samples)} samples given in memory",
                                         "data": str(data) if data else None, "preprocess": to_dict(preprocess)})

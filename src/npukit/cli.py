@@ -74,9 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="activation range observer (default entropy)")
     p.add_argument("--cle", action="store_true", help="cross-layer equalization first")
     p.add_argument("--bias-correction", action="store_true", help="empirical bias correction")
+    p.add_argument("--adaround", action="store_true", help="learned weight rounding (AdaRound, torch autograd)")
     p.add_argument("--exclude", nargs="+", default=[], metavar="NODE", help="nodes to keep in float")
     p.add_argument("--int16", nargs="+", default=[], metavar="NODE", help="nodes with 16-bit activations")
-    p.add_argument("--activations", choices=("uint8", "int8"), default="uint8", help="activation dtype")
+    p.add_argument("--activations", choices=("auto", "uint8", "int8"), default="auto",
+                   help="activation dtype (auto: what this CPU's int8 kernels run accurately)")
     p.add_argument("--reduce-range", choices=("auto", "on", "off"), default="auto",
                    help="7-bit weights; auto: on for x86 CPUs without VNNI, where ORT's u8s8 kernels saturate")
     p.add_argument("--calib-samples", type=int, help="use exactly this many calibration samples")
@@ -182,8 +184,9 @@ def run(args: argparse.Namespace) -> int:
                               result=out.result)
     elif args.verb == "quantize":
         out = api.quantize(args.model, args.output, calib=args.calib, per_tensor=args.per_tensor, method=args.method,
-                           cle=args.cle, bias_correction=args.bias_correction, exclude=args.exclude,
-                           int16_nodes=args.int16, activation_dtype=args.activations,
+                           cle=args.cle, bias_correction=args.bias_correction, adaround=args.adaround,
+                           exclude=args.exclude, int16_nodes=args.int16,
+                           activation_dtype=None if args.activations == "auto" else args.activations,
                            reduce_range={"auto": None, "on": True, "off": False}[args.reduce_range],
                            calib_samples=args.calib_samples, data=args.data, max_samples=args.max_samples,
                            threads=args.threads, runs=args.runs, html=args.html)
