@@ -31,12 +31,14 @@ from npukit.config import ExportConfig, OptimizeConfig
 from npukit.frontend.export import export_model
 from npukit.frontend.spec import resolve_model
 from npukit.frontend.verify import verify_against_torch
-from npukit.measure.latency import measure_latency_interleaved
+from npukit.measure.latency import measure_latency, measure_latency_interleaved
 from npukit.passes.pipeline import optimize_model, verify_equivalent
 
 CI_SUBSET = ("mobilenet_v2", "mobilenet_v3_large", "resnet18", "efficientnet_b0", "shufflenet_v2_x1_0",
              "convnext_tiny", "googlenet")
 RTOL = 1e-4
+TIME_BUDGET_S = 30.0  # timed runs per model are capped so both variants together take about this long
+MIN_RUNS = 6
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -55,6 +57,7 @@ class ZooRow:
     latency_before_ms: float | None = None
     latency_after_ms: float | None = None
     latency_ratio: float | None = None
+    latency_runs: int | None = None
     export_s: float | None = None
     error: str | None = None
 
@@ -107,8 +110,11 @@ def run_model(name: str, work: Path, *, runs: int, time_it: bool = True) -> ZooR
         row.optimized_max_rel_vs_torch = verify_against_torch(source.module, optimized_bytes, shape=result.input_shape,
                                                               samples=1, seed=1).max_rel
         if time_it:
+            probe = measure_latency(optimized_bytes, threads=1, warmup=1, runs=1)
+            runs = max(MIN_RUNS, min(runs, int(TIME_BUDGET_S * 1000 / (2 * probe.median_ms))))
             latency = measure_latency_interleaved({"before": original.SerializeToString(), "after": optimized_bytes},
-                                                  threads=1, warmup=3, runs=runs, rounds=min(10, runs))
+                                                  threads=1, warmup=2, runs=runs, rounds=min(10, runs))
+            row.latency_runs = runs
             row.latency_before_ms = latency["before"].median_ms
             row.latency_after_ms = latency["after"].median_ms
             row.latency_ratio = row.latency_after_ms / row.latency_before_ms
