@@ -142,7 +142,11 @@ def calibrate(model: onnx.ModelProto, samples: Iterable[object], *, config: Quan
     """Quantization ranges of every float activation of ``model``, observed with ``config.method``."""
     names = float_activations(model)
     wide = sixteen_bit_tensors(model, config.int16_nodes)
-    observers = {n: make_observer(config, bits=16 if n in wide else 8) for n in names}
+    # The model's own inputs and outputs keep their full range whatever the method: clipping the input throws real
+    # data away, and clipping the outputs (logits) distorts exactly what a user compares against the float model.
+    edges = {i.name for i in model.graph.input} | {o.name for o in model.graph.output}
+    minmax = dataclasses.replace(config, method="minmax")
+    observers = {n: make_observer(minmax if n in edges else config, bits=16 if n in wide else 8) for n in names}
     count = 0
     for values in observe(model, names, samples, limit=config.calib_samples, progress=progress):
         count += 1
