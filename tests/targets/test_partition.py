@@ -37,14 +37,19 @@ def test_independent_branches_join_one_partition_like_ort():
     assert len(a.partitions) == 1 and a.transitions == 0
 
 
-def _qdq_relu_model():
+def _qdq_relu_model(*, float_ends: bool = True):
+    """[Erf ->] Q -> DQ -> Erf -> Q -> DQ [-> Erf]: the float Erfs keep the lone Q and DQ off the graph's edges."""
     s = numpy_helper.from_array(np.array(0.1, np.float32), "s")
     z = numpy_helper.from_array(np.array(128, np.uint8), "z")
-    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="q0"),
+    first, last = ("x0", "y0") if float_ends else ("x", "y")
+    nodes = [helper.make_node("QuantizeLinear", [first, "s", "z"], ["xq"], name="q0"),
              helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dq0"),
              helper.make_node("Erf", ["xd"], ["e"], name="erf"),
              helper.make_node("QuantizeLinear", ["e", "s", "z"], ["eq"], name="q1"),
-             helper.make_node("DequantizeLinear", ["eq", "s", "z"], ["y"], name="dq1")]
+             helper.make_node("DequantizeLinear", ["eq", "s", "z"], [last], name="dq1")]
+    if float_ends:
+        nodes = [helper.make_node("Erf", ["x"], ["x0"], name="erf_in"), *nodes,
+                 helper.make_node("Erf", ["y0"], ["y"], name="erf_out")]
     return make(nodes, [vi("x", [1, 4])], [vi("y", None)], [s, z], opset=13)
 
 
@@ -54,9 +59,19 @@ def test_qdq_units_and_lone_qdq_partitions():
     # DQ -> Erf -> Q is one unit, unsupported as a whole; q0 and dq1 alone are dropped partitions
     assert not by_name["dq0"].supported and not by_name["q1"].supported
     assert any("single Q/DQ node stays on the CPU" in r for r in by_name["q0"].reasons)
+    assert any("single Q/DQ node stays on the CPU" in r for r in by_name["dq1"].reasons)
     assert a.delegated_nodes == 0
     cpu = analyze(_qdq_relu_model(), get_target("cpu"))
-    assert cpu.delegated_nodes == 5
+    assert cpu.delegated_nodes == 7
+
+
+def test_graph_input_quantization_and_output_dequantization_stay_on_the_cpu():
+    # onnxruntime-qnn's default offload_graph_io_quantization: the QNN EP does not take them (seen on the emulator)
+    a = analyze(_qdq_relu_model(float_ends=False), get_target("qnn-htp"))
+    by_name = {v.name: v for v in a.nodes}
+    assert by_name["q0"].reasons == ("QuantizeLinear: quantizing a graph input is left to the CPU",)
+    assert by_name["dq1"].reasons == ("DequantizeLinear: dequantizing a graph output is left to the CPU",)
+    assert not get_target("nnapi").graph_io_qdq_on_cpu
 
 
 def test_compare_targets_tables():

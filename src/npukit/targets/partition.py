@@ -1,7 +1,11 @@
 """Which nodes of a model a target takes, and why not; the partition into delegated subgraphs and CPU fallbacks.
 
 Nodes are checked against the target profile after ONNX shape inference (with ``input_shape`` fixing the first
-input). With ``qdq_units`` a DQ -> op -> Q group counts as one quantized op and is assigned as a whole. Supported
+input). A profile whose runtime optimizes the graph before partitioning (``graph_optimizations="ort-basic"``) is
+analysed on the graph the execution provider will see: ONNX Runtime's basic optimizations are applied first, and
+the nodes they remove are listed in ``Analysis.removed``. Node patterns the backend fuses (``profile.fusions``) are
+one unit checked as the fused op. With ``qdq_units`` a DQ -> op -> Q group counts as one quantized op and is
+assigned as a whole. Supported
 units are grouped the way ONNX Runtime's ``CreateSupportedPartitionNodeGroups`` does: walk the graph in topological
 order, keep adding ready supported units to the open group, and defer unsupported units that consume the group's
 outputs to after the group closes; a group therefore need not be connected. Transitions are the graph edges whose
@@ -12,15 +16,19 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import heapq
+import os
+import tempfile
 from typing import Any
 
 import onnx
+import onnxruntime as ort
 
 from npukit.errors import InputError
 from npukit.measure.summary import summarize
 from npukit.report.core import Table
 from npukit.targets.fix import fix_for
-from npukit.targets.profile import FLOAT_DTYPES, NodeInfo, TargetProfile, TensorInfo
+from npukit.targets.profile import FLOAT_DTYPES, Fusion, NodeInfo, PatternStep, TargetProfile, TensorInfo
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 _QUANT_MARKERS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "ConvInteger",
@@ -65,6 +73,7 @@ class Analysis:
     needs_quantization: bool
     symbolic_inputs: tuple[str, ...]
     notes: tuple[str, ...]
+    removed: tuple[str, ...] = ()  # nodes of the given model the runtime's graph optimizations remove first
 
     @property
     def delegated_nodes(self) -> int:
@@ -106,7 +115,7 @@ class Analysis:
             "partitions": [p.as_dict() for p in self.partitions], "transitions": self.transitions,
             "macs_total": self.macs_total, "macs_delegated": self.macs_delegated, "mac_share": self.mac_share,
             "needs_quantization": self.needs_quantization, "symbolic_inputs": list(self.symbolic_inputs),
-            "unsupported_ops": self.unsupported_ops(), "notes": list(self.notes),
+            "unsupported_ops": self.unsupported_ops(), "notes": list(self.notes), "removed": list(self.removed),
             "nodes": [n.as_dict() for n in self.nodes],
         }
 
@@ -130,6 +139,112 @@ def _infer(model: onnx.ModelProto, input_shape: tuple[int, ...] | None) -> onnx.
     except onnx.shape_inference.InferenceError as exc:
         raise InputError(f"ONNX shape inference failed: {str(exc).strip().splitlines()[0]}",
                          hint="check the model with onnx.checker, or give --input-shape") from None
+
+
+def _function_op(node: onnx.NodeProto, opset: int) -> bool:
+    """Whether ``node`` is an ONNX op defined by a function body (ONNX Runtime inlines it when no EP claims it)."""
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
+    except onnx.defs.SchemaError:
+        return False
+    return bool(schema.has_function or schema.has_context_dependent_function)
+
+
+def _ort_basic(model: onnx.ModelProto, target: TargetProfile) -> tuple[onnx.ModelProto, tuple[str, ...]]:
+    """``model`` after ONNX Runtime's basic graph optimizations (constant folding, Shape folding with static
+    shapes, Identity/Dropout elimination, Conv+BatchNorm folding, unique DQ per QDQ unit, ...) as ORT applies them
+    before any execution provider partitions the graph; and the names of the nodes those optimizations removed.
+
+    ORT runs here on its CPU EP, which inlines function ops it has no kernel for (HardSwish, ...). Behind a target
+    that takes such an op ORT would not inline it, so nodes of function ops the target has a rule for are taken out
+    of the graph while ORT optimizes it (their outputs become graph inputs, their inputs graph outputs) and put back
+    afterwards.
+    """
+    graph = model.graph
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    kept = [n for n in graph.node if target.rule_for(n.op_type, n.domain) is not None and _function_op(n, opset)]
+    kept_names = {id(n) for n in kept}
+    values = {v.name: v for v in [*graph.input, *graph.value_info, *graph.output]}
+    constants = {t.name: t for t in graph.initializer}
+    for n in graph.node:
+        if n.op_type == "Constant" and n.output:
+            value = next((a.t for a in n.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR),
+                         None)
+            if value is not None:
+                constants[n.output[0]] = tensor = onnx.TensorProto()
+                tensor.CopyFrom(value)
+                tensor.name = n.output[0]
+    cut = onnx.ModelProto()
+    cut.CopyFrom(model)
+    cut.graph.ClearField("node")
+    cut.graph.node.extend(n for n in graph.node if id(n) not in kept_names)
+    produced = {o for n in cut.graph.node for o in n.output} | {i.name for i in graph.input}
+    cut_inputs = [o for n in kept for o in n.output if o]
+    cut_outputs = [x for n in kept for x in n.input if x and x in produced and x not in constants]
+    if any(name not in values for name in [*cut_inputs, *cut_outputs]):
+        return model, ()  # a cut without known types would not load; rare enough to analyze the model as given
+    cut.graph.input.extend(values[name] for name in dict.fromkeys(cut_inputs))
+    outputs = {o.name for o in graph.output}
+    cut.graph.output.extend(values[name] for name in dict.fromkeys(cut_outputs) if name not in outputs)
+    with tempfile.TemporaryDirectory(prefix="npukit_ort_basic_") as work:
+        source, path = os.path.join(work, "cut.onnx"), os.path.join(work, "optimized.onnx")
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        so.optimized_model_filepath = path
+        so.log_severity_level = 3
+        try:
+            onnx.save_model(cut, source)
+            ort.InferenceSession(source, sess_options=so, providers=["CPUExecutionProvider"])
+            optimized = onnx.load_model(path)
+        except Exception as exc:  # protobuf's 2 GB limit, or any of ORT's error types
+            text = str(exc).strip()
+            raise InputError(f"ONNX Runtime cannot optimize the model: "
+                             f"{text.splitlines()[0] if text else type(exc).__name__}") from exc
+    og = optimized.graph
+    inputs_kept = [i for i in og.input if i.name not in set(cut_inputs)]
+    og.ClearField("input")
+    og.input.extend(inputs_kept)
+    outputs_kept = [o for o in og.output if o.name in outputs]
+    og.ClearField("output")
+    og.output.extend(outputs_kept)
+    present = {t.name for t in og.initializer} | {o for n in og.node for o in n.output} | {i.name for i in og.input}
+    for n in kept:
+        og.initializer.extend(constants[x] for x in n.input if x and x not in present and x in constants)
+        present.update(n.input)
+    position = {n.name: i for i, n in enumerate(graph.node) if n.name}
+    priority, last = [], -1.0
+    for n in og.node:  # nodes ORT made sit right after the original node before them
+        last = position.get(n.name, last + 1e-6)
+        priority.append(last)
+    nodes = _toposort([*og.node, *kept], [*priority, *(position.get(n.name, 0) for n in kept)])
+    og.ClearField("node")
+    og.node.extend(nodes)
+    og.ClearField("value_info")
+    names = {n.name for n in nodes}
+    removed = tuple(n.name for n in graph.node if n.op_type != "Constant" and n.name and n.name not in names)
+    return onnx.shape_inference.infer_shapes(optimized, strict_mode=False, data_prop=True), removed
+
+
+def _toposort(nodes: list[onnx.NodeProto], priority: list[float]) -> list[onnx.NodeProto]:
+    """``nodes`` in an order where every node comes after the producers of its inputs, by ``priority`` otherwise."""
+    producer = {out: i for i, n in enumerate(nodes) for out in n.output if out}
+    waiting = [sum(1 for x in set(n.input) if x in producer) for n in nodes]
+    users: dict[int, list[int]] = collections.defaultdict(list)
+    for i, n in enumerate(nodes):
+        for x in set(n.input):
+            if x in producer:
+                users[producer[x]].append(i)
+    ready = [(priority[i], i) for i, w in enumerate(waiting) if w == 0]
+    heapq.heapify(ready)
+    order: list[onnx.NodeProto] = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        order.append(nodes[i])
+        for u in users[i]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, (priority[u], u))
+    return order
 
 
 def _tensor_infos(graph: onnx.GraphProto) -> dict[str, TensorInfo]:
@@ -167,8 +282,10 @@ def _is_float_model(graph: onnx.GraphProto) -> bool:
     return not any(n.op_type in _QUANT_MARKERS for n in graph.node)
 
 
-def _node_units(graph: onnx.GraphProto) -> tuple[list[list[int]], dict[int, int]]:
-    """Groups of node indices (DQ... -> op -> Q...) with the op first; and node index -> unit index."""
+def _node_units(graph: onnx.GraphProto, fused: list[list[int]], *, qdq: bool) -> tuple[list[list[int]],
+                                                                                       dict[int, int]]:
+    """Units of node indices and node index -> unit index: first the ``fused`` groups, then (with ``qdq``)
+    DQ... -> op -> Q... groups with the op first, then every other node alone."""
     producer = {out: i for i, n in enumerate(graph.node) for out in n.output if out}
     consumers: dict[str, list[int]] = collections.defaultdict(list)
     for i, n in enumerate(graph.node):
@@ -176,19 +293,29 @@ def _node_units(graph: onnx.GraphProto) -> tuple[list[list[int]], dict[int, int]
             if name:
                 consumers[name].append(i)
     graph_outputs = {o.name for o in graph.output}
+    constant = _constants(graph)
     owner: dict[int, int] = {}
     units: list[list[int]] = []
+    for members in fused:
+        for member in members:
+            owner[member] = len(units)
+        units.append(list(members))
     for i, n in enumerate(graph.node):
-        if n.op_type in _QDQ or n.op_type == "Constant":
+        if not qdq or i in owner or n.op_type in _QDQ or n.op_type == "Constant":
             continue
+        # A DQ of a constant shared by several ops is one DQ per op for ORT (EnsureUniqueDQForNodeUnit); the
+        # original goes with its first consumer.
         dqs = [producer[x] for x in n.input if x and x in producer and graph.node[producer[x]].op_type ==
-               "DequantizeLinear" and consumers[x] == [i] and x not in graph_outputs]
+               "DequantizeLinear" and x not in graph_outputs
+               and (consumers[x] == [i] or (consumers[x][0] == i and graph.node[producer[x]].input[0] in constant))]
+        shared = [x for x in n.input if x and x in producer and graph.node[producer[x]].op_type ==
+                  "DequantizeLinear" and len(consumers[x]) > 1 and graph.node[producer[x]].input[0] in constant]
         qs: list[int] = []
         out = n.output[0] if n.output else ""
         if out and out not in graph_outputs and consumers[out] and all(
                 graph.node[c].op_type == "QuantizeLinear" for c in consumers[out]):
             qs = consumers[out]
-        if dqs and qs and all(d not in owner for d in dqs) and all(q not in owner for q in qs):
+        if (dqs or shared) and qs and all(d not in owner for d in dqs) and all(q not in owner for q in qs):
             unit = [i, *dqs, *qs]
             for member in unit:
                 owner[member] = len(units)
@@ -200,11 +327,156 @@ def _node_units(graph: onnx.GraphProto) -> tuple[list[list[int]], dict[int, int]
     return units, owner
 
 
+# Ops ORT's transpose optimizer moves a Transpose through, towards the graph output.
+_TRANSPOSE_TRANSPARENT = frozenset({"QuantizeLinear", "DequantizeLinear", "Relu", "Clip", "Sigmoid", "Tanh",
+                                    "HardSigmoid", "HardSwish", "LeakyRelu", "Elu", "Abs", "Neg", "Exp", "Sqrt"})
+
+
+def _from_layout_op(graph: onnx.GraphProto, index: int, layout_ops: frozenset[str]) -> bool:
+    """Whether node ``index`` computes, through ops a Transpose passes, on the output of one of ``layout_ops``."""
+    producer = {out: i for i, n in enumerate(graph.node) for out in n.output if out}
+    node = graph.node[index]
+    while node.input and node.input[0] in producer:
+        node = graph.node[producer[node.input[0]]]
+        if node.op_type in layout_ops:
+            return True
+        if node.op_type not in _TRANSPOSE_TRANSPARENT:
+            return False
+    return False
+
+
+def _layout_cancelled(graph: onnx.GraphProto, infos: dict[str, TensorInfo], target: TargetProfile) -> set[int]:
+    """Transposes (with the Q/DQ around them) that ORT's layout transform cancels for an NHWC backend.
+
+    Behind a layout op the transform leaves an NHWC -> NCHW Transpose; a Transpose to NHWC right after it
+    (perm 0,2,3,1), or a flattening Reshape N,C,H,W -> N,C,H*W followed by perm 0,2,1, cancels against it.
+    """
+    if target.layout != "NHWC" or not target.layout_ops:
+        return set()
+    producer = {out: i for i, n in enumerate(graph.node) for out in n.output if out}
+    consumers: dict[str, list[int]] = collections.defaultdict(list)
+    for i, n in enumerate(graph.node):
+        for name in n.input:
+            consumers[name].append(i)
+
+    def source(index: int) -> int | None:  # the first node upstream of ``index`` that is not a Q or DQ
+        node = graph.node[index]
+        while node.input and node.input[0] in producer:
+            index = producer[node.input[0]]
+            node = graph.node[index]
+            if node.op_type not in _QDQ:
+                return index
+        return None
+
+    cancelled: set[int] = set()
+    for i, node in enumerate(graph.node):
+        if node.op_type != "Transpose":
+            continue
+        perm = list(_attrs(node).get("perm") or ())
+        up = source(i)
+        if up is not None and perm == [0, 2, 1] and graph.node[up].op_type == "Reshape":
+            before = infos.get(graph.node[up].input[0])
+            after = infos.get(graph.node[up].output[0])
+            flattens = (before is not None and after is not None and before.static and after.static
+                        and len(before.shape) == 4 and tuple(after.shape) == (  # type: ignore[arg-type]
+                            before.shape[0], before.shape[1], before.shape[2] * before.shape[3]))  # type: ignore
+            up = source(up) if flattens else None
+        elif perm != [0, 2, 3, 1]:
+            up = None
+        if up is None or graph.node[up].op_type not in target.layout_ops:
+            continue
+        cancelled.add(i)
+        dq = producer.get(node.input[0])
+        if dq is not None and graph.node[dq].op_type == "DequantizeLinear" and consumers[node.input[0]] == [i]:
+            cancelled.add(dq)
+        qs = consumers.get(node.output[0], [])
+        if len(qs) == 1 and graph.node[qs[0]].op_type == "QuantizeLinear":
+            cancelled.add(qs[0])
+    return cancelled
+
+
+def _fusion_groups(graph: onnx.GraphProto, fusions: tuple[Fusion, ...]) -> list[tuple[Fusion, list[int], str]]:
+    """Every non-overlapping match of ``fusions`` in ``graph``: (fusion, node indices in pattern order, input)."""
+    if not fusions:
+        return []
+    consumers: dict[str, list[int]] = collections.defaultdict(list)
+    for i, n in enumerate(graph.node):
+        for name in n.input:
+            if name:
+                consumers[name].append(i)
+    graph_outputs = {o.name for o in graph.output}
+    taken: set[int] = set()
+    found = []
+    for i, node in enumerate(graph.node):
+        for fusion in fusions:
+            for pattern in fusion.patterns:
+                if i in taken or node.op_type != pattern[0].op_type:
+                    continue
+                for root in dict.fromkeys(x for x in node.input if x):
+                    members = _match(graph, pattern, i, root, consumers, taken)
+                    if members is None:
+                        continue
+                    inner = {o for m in members[:-1] for o in graph.node[m].output}
+                    if inner & graph_outputs or any(c not in members for o in inner for c in consumers[o]):
+                        continue
+                    taken.update(members)
+                    found.append((fusion, members, root))
+                    break
+    return found
+
+
+def _match(graph: onnx.GraphProto, pattern: tuple[PatternStep, ...], start: int, root: str,
+           consumers: dict[str, list[int]], taken: set[int]) -> list[int] | None:
+    """Node indices matching ``pattern`` step by step from node ``start`` with input ``root``, or None."""
+    members: list[int] = []
+    for step in pattern:
+        if not members:
+            candidates = [start]
+        else:
+            near = [root, *(o for m in members for o in graph.node[m].output)]
+            candidates = list(dict.fromkeys(c for name in near for c in consumers.get(name, [])))
+        pick = next((c for c in candidates if c not in members and c not in taken
+                     and _step_matches(graph.node[c], step, root, [graph.node[m].output[0] for m in members])),
+                    None)
+        if pick is None:
+            return None
+        members.append(pick)
+    return members
+
+
+def _step_matches(node: onnx.NodeProto, step: PatternStep, root: str, outputs: list[str]) -> bool:
+    if node.op_type != step.op_type or len(node.input) != len(step.inputs) or not node.output:
+        return False
+    free = list(node.input)
+    for ref in step.inputs:
+        if ref == "*":
+            continue
+        name = root if ref == "x" else outputs[int(ref)]
+        if name not in free:
+            return False
+        free.remove(name)
+    attrs = _attrs(node)
+    return all(isinstance(attrs.get(k), (int, float)) and abs(attrs[k] - v) <= 1e-4 * max(1.0, abs(v))
+               for k, v in step.attributes.items())
+
+
+def _constants(graph: onnx.GraphProto) -> set[str]:
+    return {t.name for t in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+
+
+def _constant_dqs(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+    """Output name -> DequantizeLinear node, for every DQ of a constant (weights, biases)."""
+    constant = _constants(graph)
+    return {n.output[0]: n for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] in constant}
+
+
 def _unit_info(graph: onnx.GraphProto, unit: list[int], infos: dict[str, TensorInfo],
-               as_quantized: str | None) -> NodeInfo:
+               as_quantized: str | None, constant_dqs: dict[str, onnx.NodeProto]) -> NodeInfo:
     node = graph.node[unit[0]]
     members = [graph.node[i] for i in unit[1:]]
     dq_by_output = {m.output[0]: m for m in members if m.op_type == "DequantizeLinear"}
+    if len(unit) > 1:  # a shared weight DQ belongs to every quantized unit that reads it
+        dq_by_output |= {x: constant_dqs[x] for x in node.input if x in constant_dqs}
     q_by_input = {m.input[0]: m for m in members if m.op_type == "QuantizeLinear"}
 
     def info(name: str, *, is_input: bool) -> TensorInfo | None:
@@ -294,6 +566,17 @@ def analyze(
 ) -> Analysis:
     """Check every node of ``model`` against ``target`` and partition the graph (see the module docstring)."""
     inferred = _infer(model, input_shape)
+    notes: list[str] = []
+    removed: tuple[str, ...] = ()
+    if target.graph_optimizations == "ort-basic":
+        try:
+            inferred, removed = _ort_basic(inferred, target)
+        except InputError as exc:
+            notes.append(f"analysed as given: ONNX Runtime's basic graph optimizations failed ({exc.message})")
+        else:
+            if removed:
+                notes.append(f"ONNX Runtime's basic graph optimizations remove {len(removed)} nodes before "
+                             f"{target.display_name} partitions the model (constant folding, fusions)")
     graph = inferred.graph
     infos = _tensor_infos(graph)
     initializers = {t.name for t in graph.initializer}
@@ -302,7 +585,6 @@ def analyze(
     float_model = _is_float_model(graph)
     needs_quant = float_model and not target.quantization.accepts_float
     as_quantized = target.quantization.activations[0] if needs_quant else None
-    notes: list[str] = []
     if needs_quant:
         notes.append(f"{target.display_name} does not run float models: quantize first "
                      f"({target.quantization.float_note or target.quantization.weights}); "
@@ -311,29 +593,44 @@ def analyze(
         notes.append(f"{target.display_name} needs static shapes; inputs {', '.join(symbolic)} have symbolic dims: "
                      "pass --input-shape")
 
-    if target.qdq_units:
-        units, owner = _node_units(graph)
-    else:
-        units = [[i] for i in range(len(graph.node))]
-        owner = {i: i for i in range(len(graph.node))}
+    fused = _fusion_groups(graph, target.fusions)
+    constant_dqs = _constant_dqs(graph)
+    units, owner = _node_units(graph, [members for _, members, _ in fused], qdq=target.qdq_units)
+    graph_inputs = {i.name for i in graph.input}
+    graph_outputs = {o.name for o in graph.output}
     reasons: list[list[str]] = []
-    for unit in units:
+    for u, unit in enumerate(units):
         node = graph.node[unit[0]]
         if node.op_type == "Constant":
             reasons.append([])
             continue
-        info = _unit_info(graph, unit, infos, as_quantized)
-        rule = target.rule_for(node.op_type, node.domain)
+        if u < len(fused):
+            fusion, members, root = fused[u]
+            last = graph.node[members[-1]].output[0]
+            info = NodeInfo(op_type=fusion.into, domain="", attributes={},
+                            inputs=(infos.get(root, TensorInfo(None, None)),),
+                            outputs=(infos.get(last, TensorInfo(None, None)),))
+            op_type, domain, names = fusion.into, "", [root, last]
+        else:
+            info = _unit_info(graph, unit, infos, as_quantized, constant_dqs)
+            op_type, domain, names = node.op_type, node.domain, [*node.input, *node.output]
+        rule = target.rule_for(op_type, domain)
         why: list[str] = []
         if rule is None:
-            domain = f" (domain {node.domain})" if node.domain not in ("", "ai.onnx") else ""
-            why.append(f"{node.op_type}{domain}: not supported by {target.display_name}")
+            shown = f" (domain {domain})" if domain not in ("", "ai.onnx") else ""
+            why.append(f"{op_type}{shown}: not supported by {target.display_name}")
         else:
             why.extend(rule.failures(info, default_dtypes=target.dtypes, max_rank=target.max_rank))
         if target.requires_static_shapes:
-            static_why = _static_shape_reason(info, [*node.input, *node.output])
+            static_why = _static_shape_reason(info, names)
             if static_why:
                 why.append(static_why)
+        if target.graph_io_qdq_on_cpu and len(unit) == 1:
+            if node.op_type == "QuantizeLinear" and node.input[0] in graph_inputs:
+                why.append("QuantizeLinear: quantizing a graph input is left to the CPU")
+            elif (node.op_type == "DequantizeLinear" and node.output[0] in graph_outputs
+                  and not _from_layout_op(graph, unit[0], target.layout_ops)):
+                why.append("DequantizeLinear: dequantizing a graph output is left to the CPU")
         reasons.append(why)
     supported = [not r for r in reasons]
     groups = _group(graph, units, owner, supported)
@@ -348,12 +645,17 @@ def analyze(
             kept.append(g)
         groups = kept
 
+    cancelled = _layout_cancelled(graph, infos, target)
+    removed = (*removed, *(graph.node[i].name for i in sorted(cancelled) if graph.node[i].name))
+    if cancelled:
+        notes.append(f"the {target.layout} layout transform cancels {len(cancelled)} Transpose/Q/DQ nodes")
+
     summary = summarize(inferred)
     node_macs = [row.macs for row in summary.layers]
     node_partition: dict[int, int] = {}
     partitions: list[Partition] = []
     for p, g in enumerate(groups):
-        members = sorted(m for u in g for m in units[u])
+        members = sorted(m for u in g for m in units[u] if m not in cancelled)
         for m in members:
             node_partition[m] = p
         partitions.append(Partition(
@@ -363,7 +665,7 @@ def analyze(
 
     verdicts = []
     for i, node in enumerate(graph.node):
-        if node.op_type == "Constant":
+        if node.op_type == "Constant" or i in cancelled:
             continue
         unit_reasons = tuple(reasons[owner[i]])
         fix = None
@@ -381,14 +683,14 @@ def analyze(
     place = {i: node_partition.get(i, -1) for i in range(len(graph.node))}
     producer = {out: i for i, n in enumerate(graph.node) for out in n.output if out}
     transitions = sum(1 for i, n in enumerate(graph.node) for x in n.input
-                      if x in producer and place[producer[x]] != place[i]
-                      and graph.node[producer[x]].op_type != "Constant")
+                      if x in producer and place[producer[x]] != place[i] and i not in cancelled
+                      and producer[x] not in cancelled and graph.node[producer[x]].op_type != "Constant")
     macs_total = sum(m or 0 for m in node_macs)
     return Analysis(
         target=target.name, display_name=target.display_name, nodes=tuple(verdicts), partitions=tuple(partitions),
         transitions=transitions, macs_total=macs_total,
         macs_delegated=sum(p.macs for p in partitions), needs_quantization=needs_quant,
-        symbolic_inputs=symbolic, notes=tuple(notes),
+        symbolic_inputs=symbolic, notes=tuple(notes), removed=removed,
     )
 
 

@@ -173,6 +173,33 @@ class OpRule:
 
 
 @dataclasses.dataclass(frozen=True)
+class PatternStep:
+    """One node of a fusion pattern: its op type, its inputs (``"x"``: the pattern's input, an int: the output of
+    that earlier step, ``"*"``: anything else, e.g. a constant; in any order) and attribute values it must have."""
+
+    op_type: str
+    inputs: tuple[str | int, ...]
+    attributes: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fusion:
+    """Nodes a backend fuses into one op of its own (``into``) before checking it; each pattern is one form.
+
+    The intermediate results of a matched pattern must be used only inside it. The fused group is checked against
+    the rule for ``into`` with the pattern's input and the last step's output.
+    """
+
+    name: str
+    into: str
+    patterns: tuple[tuple[PatternStep, ...], ...]
+    notes: str = ""
+
+
+GRAPH_OPTIMIZATIONS = (None, "ort-basic")
+
+
+@dataclasses.dataclass(frozen=True)
 class Quantization:
     """What a target needs from a quantized model, and whether it takes float at all."""
 
@@ -201,8 +228,14 @@ class TargetProfile:
 
     ``dtypes`` is the default set of tensor dtypes an op rule accepts; ``max_rank`` the default largest rank.
     ``qdq_units`` says the backend takes DQ -> op -> Q as one quantized op; ``drops_lone_qdq_partitions`` that a
-    partition made of a single Q or DQ node is left to the CPU. ``substitutions`` names the fix rules
-    (``npukit.targets.fix.FIXES``) the target wants, in order of preference.
+    partition made of a single Q or DQ node is left to the CPU; ``graph_io_qdq_on_cpu`` that a Q reading a graph
+    input or a DQ writing a graph output stays on the CPU, except where the output comes from one of the
+    ``layout_ops`` (run in the backend's layout): the layout transform then puts a Transpose, taken with that DQ,
+    before the graph output. ``fusions`` are node patterns the backend fuses into one
+    op of its own and checks as that op. ``graph_optimizations`` names the graph optimizations the runtime applies
+    before the backend partitions the model ("ort-basic": ONNX Runtime's basic level), which ``analyze`` applies
+    too. ``substitutions`` names the fix rules (``npukit.targets.fix.FIXES``) the target wants, in order of
+    preference.
     """
 
     name: str
@@ -218,6 +251,10 @@ class TargetProfile:
     substitutions: tuple[str, ...] = ()
     qdq_units: bool = True
     drops_lone_qdq_partitions: bool = False
+    graph_io_qdq_on_cpu: bool = False
+    layout_ops: frozenset[str] = frozenset()
+    fusions: tuple[Fusion, ...] = ()
+    graph_optimizations: str | None = None
     variants: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -226,6 +263,8 @@ class TargetProfile:
         for key, rule in self.ops.items():
             if key != rule.op_type:
                 raise ValueError(f"profile {self.name}: ops[{key!r}] holds a rule for {rule.op_type!r}")
+        if self.graph_optimizations not in GRAPH_OPTIMIZATIONS:
+            raise ValueError(f"profile {self.name}: graph_optimizations must be one of {GRAPH_OPTIMIZATIONS}")
 
     def rule_for(self, op_type: str, domain: str = "") -> OpRule | None:
         """The rule for ``op_type`` in ``domain`` ("" and "ai.onnx" are the same), or None."""
@@ -247,6 +286,8 @@ class TargetProfile:
             "max_rank": self.max_rank,
             "known_limits": list(self.known_limits),
             "substitutions": list(self.substitutions),
+            "fusions": [f.name for f in self.fusions],
+            "graph_optimizations": self.graph_optimizations,
         }
 
 

@@ -22,9 +22,11 @@ from npukit.targets.profile import (
     AttrPredicate,
     ConstantInput,
     DocSource,
+    Fusion,
     InputRank,
     NodeInfo,
     OpRule,
+    PatternStep,
     Quantization,
     TargetProfile,
     rules,
@@ -99,8 +101,21 @@ _SIMPLE = (
     "QuantizeLinear DequantizeLinear"
 )
 
+def _layer_norm_bias_ok(node: NodeInfo) -> bool:
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    return not (node.quantized and bias is not None and bias.dtype == "int32")
+
+
 OPS = with_rules(
     rules(_SIMPLE),
+    # Rank-6 Reshape / Transpose (Swin's window partition) are taken: seen on the onnxruntime-qnn 2.7.0 emulator.
+    OpRule("Reshape", max_rank=6),
+    OpRule("Transpose", max_rank=6),
+    # A quantized LayerNorm with an int32 bias fails the HTP's op validation with error 3110 ("Failed to add
+    # node"); with a uint8 bias it passes (int8 weights either way): seen on the emulator in vit_b_16 and swin_t.
+    OpRule("LayerNormalization", constraints=(
+        AttrPredicate(_layer_norm_bias_ok, "quantized with an int32 bias is rejected by the HTP (QNN error 3110); "
+                                           "quantize the LayerNorm bias like an activation (uint8/uint16)"),)),
     OpRule("Conv", min_rank=3, max_rank=5, constraints=(_AUTO_PAD, InputRank(0, 3, 5))),
     OpRule("ConvTranspose", min_rank=3, max_rank=5, constraints=(
         _AUTO_PAD, AllAttrValuesAtMost("dilations", 1))),
@@ -128,6 +143,25 @@ OPS = with_rules(
     OpRule("Softmax", constraints=(AttrPredicate(lambda n: not (n.inputs and n.inputs[0] is not None
                                                                   and n.inputs[0].constant),
                                                  "input must not be a constant"),)),
+)
+
+# Ops the QNN EP asks ORT's layout transformer to run in NHWC (QNNExecutionProvider::GetPreferredLayout users).
+LAYOUT_OPS = frozenset({
+    "AveragePool", "BatchNormalization", "Conv", "ConvTranspose", "DepthToSpace", "GlobalAveragePool",
+    "GlobalMaxPool", "GridSample", "InstanceNormalization", "LRN", "MaxPool", "Resize", "SpaceToDepth",
+})
+
+# The QNN EP's own node-group fusions (builder/qnn_node_group/*_fusion.cc): checked as the fused QNN op.
+_S = PatternStep
+FUSIONS = (
+    Fusion("hardsigmoid_mul_to_hardswish", "HardSwish", (
+        (_S("HardSigmoid", ("x",), {"alpha": 1 / 6, "beta": 0.5}), _S("Mul", ("x", 0))),
+    ), notes="x * HardSigmoid<alpha=1/6, beta=0.5>(x) (hardsigmoid_mul_fusion.cc)"),
+    Fusion("erf_gelu", "Gelu", (
+        (_S("Div", ("x", "*")), _S("Erf", (0,)), _S("Add", (1, "*")), _S("Mul", (2, "*")), _S("Mul", ("x", 3))),
+        (_S("Div", ("x", "*")), _S("Erf", (0,)), _S("Add", (1, "*")), _S("Mul", ("x", 2)), _S("Mul", (3, "*"))),
+        (_S("Div", ("x", "*")), _S("Erf", (0,)), _S("Add", (1, "*")), _S("Mul", ("x", "*")), _S("Mul", (2, 3))),
+    ), notes="x * 0.5 * (1 + Erf(x / sqrt(2))) in its exported orders (gelu_fusion.cc)"),
 )
 
 KNOWN_LIMITS = (
@@ -168,6 +202,10 @@ def profile(soc: str | None = None) -> TargetProfile:
         substitutions=("fix_input_shape", "groupnorm_decompose", "hardswish_to_hardsigmoid"),
         qdq_units=True,
         drops_lone_qdq_partitions=True,
+        graph_io_qdq_on_cpu=True,  # provider option offload_graph_io_quantization, on by default
+        layout_ops=LAYOUT_OPS,
+        fusions=FUSIONS,
+        graph_optimizations="ort-basic",
         variants={part: f"{s.name}, HTP v{s.htp_arch}, soc_model {s.soc_model}" for part, s in SOCS.items()},
     )
 
