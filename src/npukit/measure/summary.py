@@ -114,9 +114,9 @@ def summarize(
     top_activations: int = 10,
 ) -> ModelSummary:
     """Summarize ``model`` (not modified). ``input_shape`` fixes the first graph input's shape for shape inference."""
-    inferred = _infer_with_fixed_inputs(model, input_shape)
+    inferred = infer_with_fixed_inputs(model, input_shape)
     graph = inferred.graph
-    shapes, dtypes = _value_types(graph)
+    shapes, dtypes = value_types(graph)
     consts = _constant_tensors(graph)
     weight_roots = _weight_roots(graph, consts)
 
@@ -143,7 +143,7 @@ def summarize(
             output_shape=out_shape,
             params=params,
             macs=macs,
-            output_bytes=_nbytes(out_shape, dtypes.get(out)),
+            output_bytes=tensor_nbytes(out_shape, dtypes.get(out)),
         ))
 
     return ModelSummary(
@@ -161,7 +161,7 @@ def summarize(
     )
 
 
-def _infer_with_fixed_inputs(model: onnx.ModelProto, input_shape: Sequence[int] | None) -> onnx.ModelProto:
+def infer_with_fixed_inputs(model: onnx.ModelProto, input_shape: Sequence[int] | None) -> onnx.ModelProto:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     graph = copy.graph
@@ -205,7 +205,7 @@ def _set_shape(value: onnx.ValueInfoProto, shape: tuple[int, ...]) -> None:
         new_dims.add().dim_value = size
 
 
-def _value_types(graph: onnx.GraphProto) -> tuple[dict[str, Shape], dict[str, int]]:
+def value_types(graph: onnx.GraphProto) -> tuple[dict[str, Shape], dict[str, int]]:
     shapes: dict[str, Shape] = {}
     dtypes: dict[str, int] = {}
     for value in [*graph.input, *graph.value_info, *graph.output]:
@@ -277,14 +277,14 @@ def _elements(tensor: onnx.TensorProto) -> int:
     return math.prod(tensor.dims)
 
 
-def _static(shape: Shape | None) -> tuple[int, ...] | None:
+def static_dims(shape: Shape | None) -> tuple[int, ...] | None:
     if shape is None or not all(isinstance(d, int) and d > 0 for d in shape):
         return None
     return tuple(int(d) for d in shape)  # type: ignore[arg-type]
 
 
-def _nbytes(shape: Shape | None, dtype: int | None) -> int | None:
-    static = _static(shape)
+def tensor_nbytes(shape: Shape | None, dtype: int | None) -> int | None:
+    static = static_dims(shape)
     if static is None or not dtype:
         return None
     if dtype in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
@@ -308,9 +308,9 @@ def _node_macs(node: onnx.NodeProto, shapes: dict[str, Shape]) -> int | None:
     op = node.op_type
 
     def shape(i: int) -> tuple[int, ...] | None:
-        return _static(shapes.get(node.input[i])) if i < len(node.input) and node.input[i] else None
+        return static_dims(shapes.get(node.input[i])) if i < len(node.input) and node.input[i] else None
 
-    out = _static(shapes.get(node.output[0])) if node.output else None
+    out = static_dims(shapes.get(node.output[0])) if node.output else None
     if op in _CONV_OPS:
         w = shape(_CONV_OPS[op][1])
         if w is None or out is None:
@@ -339,7 +339,7 @@ def _node_macs(node: onnx.NodeProto, shapes: dict[str, Shape]) -> int | None:
 
 def _other_flops(node: onnx.NodeProto, shapes: dict[str, Shape]) -> int | None:
     op = node.op_type
-    out = _static(shapes.get(node.output[0])) if node.output else None
+    out = static_dims(shapes.get(node.output[0])) if node.output else None
     if op in _ELEMENTWISE:
         return math.prod(out) if out is not None else None
     if op == "BatchNormalization":
@@ -348,7 +348,7 @@ def _other_flops(node: onnx.NodeProto, shapes: dict[str, Shape]) -> int | None:
         kernel = _attr(node, "kernel_shape", None)
         return math.prod(out) * math.prod(kernel) if out is not None and kernel else None
     if op in _GLOBAL_POOLS:
-        x = _static(shapes.get(node.input[0])) if node.input else None
+        x = static_dims(shapes.get(node.input[0])) if node.input else None
         return math.prod(x) if x is not None else None
     return 0
 
@@ -365,11 +365,11 @@ def _largest_activations(
     for name in names:
         if name in constants or name in found:
             continue
-        size = _nbytes(shapes.get(name), dtypes.get(name))
+        size = tensor_nbytes(shapes.get(name), dtypes.get(name))
         if size is None:
             continue
         dtype = dtypes[name]
-        found[name] = Activation(name, _static(shapes[name]) or (), _dtype_name(dtype), size)
+        found[name] = Activation(name, static_dims(shapes[name]) or (), _dtype_name(dtype), size)
     ranked = sorted(found.values(), key=lambda a: (-a.bytes, a.name))
     return tuple(ranked[:top])
 

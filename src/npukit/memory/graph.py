@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 import onnx
 
 from npukit.errors import InputError
-from npukit.measure.summary import _infer_with_fixed_inputs, _nbytes, _value_types
+from npukit.measure.summary import infer_with_fixed_inputs, tensor_nbytes, value_types
 
 _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
 
@@ -71,11 +71,11 @@ class TensorGraph:
 
 def load_tensor_graph(model: onnx.ModelProto, *, input_shape: Sequence[int] | None = None) -> TensorGraph:
     """The exported graph as it stands (no fusion, no aliasing), with static activation sizes."""
-    inferred = _infer_with_fixed_inputs(model, input_shape)
-    shapes, dtypes = _value_types(inferred.graph)
-    if any(_nbytes(shapes.get(o), dtypes.get(o)) is None for node in inferred.graph.node for o in node.output if o):
+    inferred = infer_with_fixed_inputs(model, input_shape)
+    shapes, dtypes = value_types(inferred.graph)
+    if any(tensor_nbytes(shapes.get(o), dtypes.get(o)) is None for node in inferred.graph.node for o in node.output if o):
         inferred = _symbolic_inference(inferred)
-        shapes, dtypes = _value_types(inferred.graph)
+        shapes, dtypes = value_types(inferred.graph)
     graph = inferred.graph
     constant = {t.name for t in graph.initializer}
     nodes: list[OpNode] = []
@@ -91,7 +91,7 @@ def load_tensor_graph(model: onnx.ModelProto, *, input_shape: Sequence[int] | No
     names = [*graph_inputs, *(o for n in nodes for o in n.outputs)]
     sizes: dict[str, int] = {}
     for name in names:
-        size = _nbytes(shapes.get(name), dtypes.get(name))
+        size = tensor_nbytes(shapes.get(name), dtypes.get(name))
         if size is None:
             shape = shapes.get(name)
             shown = "unknown" if shape is None else "x".join(str(d) if d is not None else "?" for d in shape)

@@ -41,7 +41,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from npukit.errors import InputError, NumericCheckError
-from npukit.measure.summary import _infer_with_fixed_inputs, _static, _value_types, summarize
+from npukit.measure.summary import infer_with_fixed_inputs, static_dims, value_types, summarize
 from npukit.report.core import Report
 
 Box = tuple[tuple[int, int], tuple[int, int]]  # ((h_lo, h_hi), (w_lo, w_hi)), half-open
@@ -139,8 +139,8 @@ class _Graph:
 
     def __init__(self, model: onnx.ModelProto, input_shape: Sequence[int] | None) -> None:
         self.model = model
-        inferred = _infer_with_fixed_inputs(model, input_shape)
-        self.shapes, _ = _value_types(inferred.graph)
+        inferred = infer_with_fixed_inputs(model, input_shape)
+        self.shapes, _ = value_types(inferred.graph)
         graph = model.graph
         self.nodes = list(graph.node)
         self.constant = {t.name for t in graph.initializer}
@@ -168,7 +168,7 @@ class _Graph:
         return [n for n in node.input if n and n not in self.constant]
 
     def dims(self, tensor: str) -> tuple[int, int, int, int] | None:
-        shape = _static(self.shapes.get(tensor))
+        shape = static_dims(self.shapes.get(tensor))
         return shape if shape is not None and len(shape) == 4 else None  # type: ignore[return-value]
 
     def extent(self, tensor: str) -> Box:
@@ -185,7 +185,7 @@ class _Graph:
     def _read_window(self, node: onnx.NodeProto) -> _Window:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         if node.op_type == "Conv":
-            kernel = tuple(attrs.get("kernel_shape") or _static(self.shapes.get(node.input[1]))[2:])
+            kernel = tuple(attrs.get("kernel_shape") or static_dims(self.shapes.get(node.input[1]))[2:])
         else:
             kernel = tuple(attrs["kernel_shape"])
         strides = tuple(attrs.get("strides") or (1, 1))
@@ -241,7 +241,7 @@ class _Graph:
                 if not name:
                     continue
                 if name in self.constant:
-                    shape = _static(self.shapes.get(name))
+                    shape = static_dims(self.shapes.get(name))
                     if shape is None or any(len(shape) >= -i and shape[i] != 1 for i in (-1, -2)):
                         return f"{label}: constant {name!r} varies along H or W"
                 elif self.dims(name) != out:
