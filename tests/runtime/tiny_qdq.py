@@ -56,3 +56,19 @@ def qdq_conv_model(*, batch: int | str = 1, channels: int = 4, size: int = 8, ta
     model.ir_version = 9
     onnx.checker.check_model(model, full_check=True)
     return model
+
+
+def float_conv_model(*, channels: int = 4, size: int = 8, seed: int = 0) -> onnx.ModelProto:
+    """x -> Conv 3x3 (float32 weights and bias) -> Relu: a float model without any Q/DQ node."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(rng.standard_normal((channels, 3, 3, 3)).astype(np.float32) * 0.3, "w"),
+             numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32) * 0.1, "b")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    graph = helper.make_graph(
+        nodes, "tiny_float_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, size, size])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.checker.check_model(model, full_check=True)
+    return model

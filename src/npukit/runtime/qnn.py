@@ -159,7 +159,9 @@ def make_qnn_session(
 
     Every input must have a static shape. Unless ``allow_cpu_fallback``, nodes the QNN EP does not take make the
     session fail (InputError naming them when the log says); a backend that does not load is an InputError with the
-    reason. With ``allow_cpu_fallback`` such a session runs on the CPU EP and a warning says why.
+    reason. With ``allow_cpu_fallback`` such a session runs on the CPU EP and a warning says why. A float model
+    (no Q/DQ nodes) on the htp backend runs in fp16 for FLOAT_HTP_SOC unless ``provider_options`` say otherwise
+    (``float_htp_options``).
     """
     session, log = _create_session(model, backend=backend, allow_cpu_fallback=allow_cpu_fallback,
                                    provider_options=provider_options, profiling=profiling,
@@ -201,7 +203,7 @@ def _create_session(
     if profiling:
         so.enable_profiling = True
         so.profile_file_prefix = os.path.join(tempfile.gettempdir(), "npukit_qnn_profile")
-    options = {k: str(v) for k, v in (provider_options or {}).items()}
+    options = float_htp_options(proto, provider_options, backend=backend)
     if "backend_path" not in options:  # the EP takes one of the two
         options["backend_type"] = backend
     so.add_provider_for_devices(devices, options)
@@ -222,6 +224,39 @@ def _create_session(
                                    session_config=session_config, verbose=True, optimization=optimization)
         raise _session_error(error, text, backend=backend) from error
     return session, text
+
+
+FLOAT_HTP_SOC = "SM8650"  # the SoC a float model's HTP session targets when the caller names none
+_QUANT_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+
+
+def float_htp_options(
+    model: onnx.ModelProto,
+    provider_options: Mapping[str, str] | None,
+    *,
+    backend: str = "htp",
+) -> dict[str, str]:
+    """``provider_options`` as strings, with the HTP's float-model defaults added for a model without Q/DQ nodes.
+
+    The HTP has no fp32 datapath: it runs float graphs in fp16 (HTP v69 and newer). With default options the QNN EP
+    builds a float32 graph, which the HTP backend may fail to finalize (QNN_COMMON_ERROR_MEM_ALLOC); its fp16 mode
+    (``enable_htp_fp16_precision=1``) is what a device runs, and the EP accepts it only together with a
+    ``soc_model``. So for a float model on the htp backend, unless the caller set them: fp16 precision on, and
+    ``soc_model``/``htp_arch`` of FLOAT_HTP_SOC (Snapdragon 8 Gen 3), or the soc_model of the first SoC with the
+    ``htp_arch`` the caller gave. Quantized (QDQ) models are left as given.
+    """
+    options = {k: str(v) for k, v in (provider_options or {}).items()}
+    if backend != "htp" or "backend_path" in options or any(n.op_type in _QUANT_OPS for n in model.graph.node):
+        return options
+    options.setdefault("enable_htp_fp16_precision", "1")
+    if options["enable_htp_fp16_precision"] == "1" and "soc_model" not in options:
+        from npukit.targets.qnn_htp import SOCS
+
+        same_arch = [s for s in SOCS.values() if str(s.htp_arch) == options.get("htp_arch")]
+        chip = same_arch[0] if same_arch else SOCS[FLOAT_HTP_SOC]
+        options["soc_model"] = str(chip.soc_model)
+        options.setdefault("htp_arch", str(chip.htp_arch))
+    return options
 
 
 def require_static_shapes(model: onnx.ModelProto) -> None:
@@ -360,6 +395,7 @@ def qnn_node_assignment(
     Providers come from ORT's graph-assignment record. The layout transformer renames nodes it rewrites
     (``conv`` -> ``conv_token_1``) or replaces a DequantizeLinear with a new one; such nodes take the provider of
     the QDQ node unit they were validated in. Reasons for rejected nodes come from the QNN EP's validation log.
+    A float model gets the same fp16 defaults as ``make_qnn_session`` (``float_htp_options``).
     """
     proto = _named_copy(_as_proto(model))
     session, log = _create_session(proto, backend=backend, allow_cpu_fallback=True,
@@ -438,7 +474,9 @@ class QnnQdqRules:
       steps compound through MobileNetV2's 52 convolutions into 5-100 LSB differences at the classifier (logits
       SQNR 14 dB between HTP and the exact QDQ graph; top-1 agreement with FP32: HTP 75%, QDQ graph 62.5%).
       uint16 activations shrink each step 256x: HTP and QDQ graph then both agree with FP32 on 95% of the crops
-      (100% of the confident ones) and with each other on 100% (SQNR 30 dB) (``activation_type``). On a real
+      (100% of the confident ones) and with each other on 100% (SQNR 30 dB) (``activation_type``).
+      benchmarks/htp_fidelity.py (npukit's exporter, 52 crops): HTP 88.5% with FP32, QDQ graph 94.2%, HTP vs QDQ
+      graph 94.2% (SQNR 29.9 dB); the same rules with uint8 activations: 69.2%, 71.2%, 80.8% (14.0 dB). On a real
       HTP 16-bit activations cost speed; ``qnn_quant_config(uint16_tensors=...)`` keeps uint8 elsewhere.
     - Weights stay int8, symmetric, per output channel (axis 0), zero point 0: the layout the HTP's int8 Conv
       kernels take; bias is int32 with scale input_scale * weight_scale.
