@@ -20,7 +20,7 @@ import onnxruntime as ort
 from npukit._atomic import atomic_path
 from npukit.errors import InputError, NumericCheckError
 from npukit.runtime.ort import ModelLike, random_feeds, run
-from npukit.runtime.qnn import _as_proto, _create_session, qnn_versions, require_static_shapes
+from npukit.runtime.qnn import as_proto, create_session_with_log, qnn_versions, require_static_shapes
 from npukit.targets.qnn_htp import SOCS
 
 _QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
@@ -83,7 +83,7 @@ def compile_qnn_context(
     if backend != "htp":
         raise InputError(f"compiling a context binary needs the htp backend, not {backend!r}",
                          hint="leave backend at its default 'htp'")
-    proto = _as_proto(model)
+    proto = as_proto(model)
     require_static_shapes(proto)
     if not any(node.op_type in _QDQ_OPS for node in proto.graph.node):
         raise InputError("the model has no QuantizeLinear/DequantizeLinear nodes: the HTP needs a quantized (QDQ) model",
@@ -95,7 +95,7 @@ def compile_qnn_context(
         staged = Path(work) / "model_ctx.onnx"
         config = {"ep.context_enable": "1", "ep.context_file_path": str(staged), "ep.context_embed_mode": "1"}
         start = time.perf_counter()
-        _, log = _create_session(source, backend=backend, allow_cpu_fallback=False, provider_options=options,
+        _, log = create_session_with_log(source, backend=backend, allow_cpu_fallback=False, provider_options=options,
                                  profiling=False, session_config=config, verbose=True)
         compile_seconds = time.perf_counter() - start
         if not staged.is_file():
@@ -106,9 +106,9 @@ def compile_qnn_context(
     compiled = onnx.load_model(str(output))
     contexts = [n for n in compiled.graph.node if n.op_type == "EPContext"]
     binary = sum(len(a.s) for n in contexts for a in n.attribute if a.name == "ep_cache_context")
-    reference, _ = _create_session(source, backend=backend, allow_cpu_fallback=False, provider_options=options,
+    reference, _ = create_session_with_log(source, backend=backend, allow_cpu_fallback=False, provider_options=options,
                                    profiling=False)
-    loaded, _ = _create_session(output, backend=backend, allow_cpu_fallback=False, provider_options=options,
+    loaded, _ = create_session_with_log(output, backend=backend, allow_cpu_fallback=False, provider_options=options,
                                 profiling=False)
     inputs = dict(feeds) if feeds is not None else random_feeds(reference, seed=0)
     expected, got = run(reference, inputs), run(loaded, inputs)

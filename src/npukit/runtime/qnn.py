@@ -163,7 +163,7 @@ def make_qnn_session(
     (no Q/DQ nodes) on the htp backend runs in fp16 for FLOAT_HTP_SOC unless ``provider_options`` say otherwise
     (``float_htp_options``).
     """
-    session, log = _create_session(model, backend=backend, allow_cpu_fallback=allow_cpu_fallback,
+    session, log = create_session_with_log(model, backend=backend, allow_cpu_fallback=allow_cpu_fallback,
                                    provider_options=provider_options, profiling=profiling,
                                    session_config=session_config)
     failure = _backend_failure(log)
@@ -173,7 +173,7 @@ def make_qnn_session(
     return session
 
 
-def _create_session(
+def create_session_with_log(
     model: ModelLike,
     *,
     backend: str,
@@ -187,7 +187,7 @@ def _create_session(
     """Create the session with ORT's stderr captured; return it and the captured log."""
     if backend not in BACKENDS:
         raise InputError(f"unknown QNN backend {backend!r}", hint=f"choose one of {', '.join(BACKENDS)}")
-    proto = _as_proto(model)
+    proto = as_proto(model)
     require_static_shapes(proto)
     devices = ensure_registered()
     so = ort.SessionOptions()
@@ -219,7 +219,7 @@ def _create_session(
     if error is not None:
         if not verbose and _FALLBACK_DISABLED in str(error):
             # The reasons for rejected nodes are logged only at verbose level: create it again to read them.
-            return _create_session(model, backend=backend, allow_cpu_fallback=allow_cpu_fallback,
+            return create_session_with_log(model, backend=backend, allow_cpu_fallback=allow_cpu_fallback,
                                    provider_options=provider_options, profiling=profiling,
                                    session_config=session_config, verbose=True, optimization=optimization)
         raise _session_error(error, text, backend=backend) from error
@@ -278,7 +278,7 @@ def require_static_shapes(model: onnx.ModelProto) -> None:
                                       "--input-shape)")
 
 
-def _as_proto(model: ModelLike) -> onnx.ModelProto:
+def as_proto(model: ModelLike) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
         return model
     if isinstance(model, bytes):
@@ -397,8 +397,8 @@ def qnn_node_assignment(
     the QDQ node unit they were validated in. Reasons for rejected nodes come from the QNN EP's validation log.
     A float model gets the same fp16 defaults as ``make_qnn_session`` (``float_htp_options``).
     """
-    proto = _named_copy(_as_proto(model))
-    session, log = _create_session(proto, backend=backend, allow_cpu_fallback=True,
+    proto = _named_copy(as_proto(model))
+    session, log = create_session_with_log(proto, backend=backend, allow_cpu_fallback=True,
                                    provider_options=provider_options, profiling=False, verbose=True)
     assigned: dict[str, str] = {}
     partitions = 0
