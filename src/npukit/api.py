@@ -237,7 +237,7 @@ def quantize(
     *,
     calib: str | Path | Sequence[dict[str, np.ndarray]],
     per_tensor: bool = False,
-    method: str = "entropy",
+    method: str = "auto",
     cle: bool = False,
     bias_correction: bool = False,
     exclude: Sequence[str] = (),

@@ -70,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calib", required=True, help="calibration data: image folder, .npy or .npz")
     p.add_argument("-o", "--output", required=True, help="output .onnx path")
     p.add_argument("--per-tensor", action="store_true", help="per-tensor weights (default per-channel)")
-    p.add_argument("--method", choices=("minmax", "percentile", "entropy", "mse"), default="entropy",
-                   help="activation range observer (default entropy)")
+    p.add_argument("--method", choices=("auto", "minmax", "percentile", "entropy", "mse"), default="auto",
+                   help="activation range observer; auto (default) calibrates once and keeps the method whose "
+                        "outputs best match the float model on held-out calibration samples")
     p.add_argument("--cle", action="store_true", help="cross-layer equalization first")
     p.add_argument("--bias-correction", action="store_true", help="empirical bias correction")
     p.add_argument("--adaround", action="store_true", help="learned weight rounding (AdaRound, torch autograd)")

@@ -15,8 +15,8 @@ import onnx
 from onnx import TensorProto, helper
 
 from npukit.errors import InputError
-from npukit.quant.config import QuantConfig
-from npukit.quant.observers import make_observer
+from npukit.quant.config import RANGE_METHODS, QuantConfig
+from npukit.quant.observers import MultiObserver, make_observer
 from npukit.runtime.ort import make_session
 
 Sample = Mapping[str, np.ndarray]
@@ -25,11 +25,18 @@ Progress = Callable[[int], None]
 
 @dataclasses.dataclass(frozen=True)
 class CalibrationResult:
-    """``ranges``: tensor name -> (rmin, rmax); ``samples``: how many samples were observed."""
+    """``ranges``: tensor name -> (rmin, rmax); ``samples``: how many samples were observed. With method "auto",
+    ``candidates`` maps each method of ``RANGE_METHODS`` to its ranges (all from the same histograms) and ``ranges``
+    are the min-max ones until ``with_method`` picks one."""
 
     ranges: dict[str, tuple[float, float]]
     samples: int
     method: str
+    candidates: dict[str, dict[str, tuple[float, float]]] = dataclasses.field(default_factory=dict)
+
+    def with_method(self, method: str) -> CalibrationResult:
+        """The candidate ranges of ``method`` as a plain result (method "auto" only)."""
+        return CalibrationResult(ranges=self.candidates[method], samples=self.samples, method=method)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +146,8 @@ def sixteen_bit_tensors(model: onnx.ModelProto, nodes: Iterable[str]) -> set[str
 
 def calibrate(model: onnx.ModelProto, samples: Iterable[object], *, config: QuantConfig,
               progress: Progress | None = None) -> CalibrationResult:
-    """Quantization ranges of every float activation of ``model``, observed with ``config.method``."""
+    """Quantization ranges of every float activation of ``model``, observed with ``config.method`` in one pass over
+    ``samples``; with "auto", every method's ranges (``candidates``) from one histogram per tensor."""
     names = float_activations(model)
     wide = sixteen_bit_tensors(model, config.int16_nodes)
     # The model's own inputs and outputs keep their full range whatever the method: clipping the input throws real
@@ -153,11 +161,17 @@ def calibrate(model: onnx.ModelProto, samples: Iterable[object], *, config: Quan
         for name, value in values.items():
             observers[name].update(value)
     ranges = {}
+    candidates: dict[str, dict[str, tuple[float, float]]] = {m: {} for m in RANGE_METHODS} \
+        if config.method == "auto" else {}
     for name, obs in observers.items():
         if obs.min <= obs.max:
             lo, hi = obs.range()
             ranges[name] = (float(lo), float(hi))
-    return CalibrationResult(ranges=ranges, samples=count, method=config.method)
+            if candidates:
+                each = obs.ranges() if isinstance(obs, MultiObserver) else dict.fromkeys(RANGE_METHODS, (lo, hi))
+                for method, (mlo, mhi) in each.items():
+                    candidates[method][name] = (float(mlo), float(mhi))
+    return CalibrationResult(ranges=ranges, samples=count, method=config.method, candidates=candidates)
 
 
 def channel_statistics(model: onnx.ModelProto, names: list[str], samples: Iterable[object], *,

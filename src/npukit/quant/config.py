@@ -8,7 +8,8 @@ from typing import Literal
 
 from npukit.errors import InputError
 
-Method = Literal["minmax", "percentile", "entropy", "mse"]
+Method = Literal["minmax", "percentile", "entropy", "mse", "auto"]
+RANGE_METHODS: tuple[str, ...] = ("minmax", "percentile", "entropy", "mse")  # the methods "auto" chooses among
 ActivationDtype = Literal["uint8", "int8"]
 
 
@@ -28,6 +29,9 @@ class QuantConfig:
     integer kernels add pairs of 8-bit products in saturating 16-bit lanes, which full-range int8 weights overflow.
     ``adaround`` learns each Conv/Gemm weight's rounding on the calibration data (``adaround_iterations`` Adam steps
     per layer; it needs symmetric weights).
+    ``method="auto"`` calibrates once with one histogram per tensor, derives every method's ranges from it, and
+    keeps the method whose QDQ model's outputs are closest (SQNR) to the float model's on held-out samples
+    (see ``npukit.quant.auto``).
     """
 
     per_channel: bool = True
@@ -52,7 +56,7 @@ class QuantConfig:
         _require(self.activation_dtype in typing.get_args(ActivationDtype),
                  f"unknown activation dtype {self.activation_dtype!r}", "use uint8 or int8")
         _require(self.method in typing.get_args(Method), f"unknown calibration method {self.method!r}",
-                 "use minmax, percentile, entropy or mse")
+                 "use minmax, percentile, entropy, mse or auto")
         _require(50.0 < self.percentile <= 100.0, f"percentile {self.percentile} must be in (50, 100]",
                  "typical values are 99.9 to 99.999")
         _require(self.num_bins >= 128 and self.num_bins % 4 == 0,

@@ -2,7 +2,8 @@
 
 The histogram observers keep a fixed number of bins on a grid centred on zero; when a value falls outside the grid,
 the grid's half-width doubles and neighbouring bins merge pairwise (an exact rebinning), so memory stays the same
-however many samples are observed. Ranges always contain zero (a zero point must exist).
+however many samples are observed. Ranges always contain zero (a zero point must exist). ``MultiObserver`` keeps
+one such histogram and answers every method's range from it (for ``method="auto"``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 
 import numpy as np
 
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import RANGE_METHODS, QuantConfig
 
 
 def _finite(x: np.ndarray) -> np.ndarray:
@@ -120,6 +121,24 @@ class HistogramObserver(Observer):
     @abc.abstractmethod
     def _search(self) -> tuple[float, float]: ...
 
+    def as_method(self, method: str, *, percentile: float = 99.99) -> Observer:
+        """An observer of ``method`` holding this one's statistics (sharing its histogram: do not update it)."""
+        common = {"bits": self.bits, "signed": self.signed, "symmetric": self.symmetric}
+        if method == "minmax":
+            other: Observer = MinMaxObserver(**common)
+        elif method == "percentile":
+            other = PercentileObserver(**common, num_bins=self.half, percentile=percentile)
+        elif method == "entropy":
+            other = EntropyObserver(**common, num_bins=self.half)
+        elif method == "mse":
+            other = MseObserver(**common, num_bins=self.half)
+        else:
+            raise ValueError(f"unknown method {method!r}")
+        other.min, other.max, other.updates = self.min, self.max, self.updates
+        if isinstance(other, HistogramObserver):
+            other.counts, other.zeros, other.bound = self.counts, self.zeros, self.bound
+        return other
+
 
 def _quantile(counts: np.ndarray, edges_lo: float, width: float, fraction: float) -> float:
     """Value below which ``fraction`` of the histogram mass lies, interpolated linearly inside the bin."""
@@ -225,9 +244,27 @@ class MseObserver(_ThresholdSearch):
         return int(cuts[int(np.argmin(err)), 0])
 
 
+class MultiObserver(HistogramObserver):
+    """One histogram answering every method: ``ranges()`` gives {method: (rmin, rmax)}; ``range()`` is min-max."""
+
+    def __init__(self, *, bits: int = 8, signed: bool = False, symmetric: bool = False, num_bins: int = 2048,
+                 percentile: float = 99.99) -> None:
+        super().__init__(bits=bits, signed=signed, symmetric=symmetric, num_bins=num_bins)
+        self.percentile = percentile
+
+    def _search(self) -> tuple[float, float]:
+        return self.min, self.max
+
+    def ranges(self) -> dict[str, tuple[float, float]]:
+        return {m: self.as_method(m, percentile=self.percentile).range() for m in RANGE_METHODS}
+
+
 def make_observer(config: QuantConfig, *, bits: int = 8) -> Observer:
-    """The observer ``config.method`` names, for ``bits``-wide activations of the configured signedness."""
+    """The observer ``config.method`` names (a ``MultiObserver`` for "auto"), for ``bits``-wide activations of the
+    configured signedness."""
     common = {"bits": bits, "signed": config.activation_signed, "symmetric": config.symmetric_activations}
+    if config.method == "auto":
+        return MultiObserver(**common, num_bins=config.num_bins, percentile=config.percentile)
     if config.method == "minmax":
         return MinMaxObserver(**common)
     if config.method == "percentile":

@@ -1,4 +1,5 @@
-"""INT8 post-training quantization: (CLE) -> calibrate with our observers -> (AdaRound) -> (bias correction) -> QDQ.
+"""INT8 post-training quantization: (CLE) -> calibrate with our observers -> (choose the method, for "auto") ->
+(AdaRound) -> (bias correction) -> QDQ.
 
 ONNX Runtime's ``quantize_static`` does the mechanical Q/DQ placement; every activation range it uses is ours,
 passed as ``TensorQuantOverrides`` (rmin/rmax, plus the 16-bit type for ``int16_nodes``), so its own calibration
@@ -22,6 +23,7 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from npukit.errors import InputError
 from npukit.quant.adaround import adaround
+from npukit.quant.auto import choose_method, split_samples
 from npukit.quant.bias_correction import correct_bias
 from npukit.quant.calibrate import Progress, calibrate, iter_samples, sixteen_bit_tensors
 from npukit.quant.config import QuantConfig
@@ -131,12 +133,33 @@ def _per_layer(float_model: onnx.ModelProto, qdq: onnx.ModelProto, ranges: dict[
     return rows
 
 
+def _to_qdq(work: onnx.ModelProto, first: dict[str, np.ndarray], config: QuantConfig,
+            ranges: dict[str, tuple[float, float]], weight_grids: dict[str, list[dict]]) -> onnx.ModelProto:
+    """ORT's QDQ placement on the float model ``work`` with our activation ranges (and fixed weight grids)."""
+    activation = QuantType.QInt8 if config.activation_signed else QuantType.QUInt8
+    with tempfile.TemporaryDirectory(prefix="npukit-quant-") as tmp:
+        out = Path(tmp) / "qdq.onnx"
+        source = Path(tmp) / "float.onnx"  # a path: given a ModelProto, quantize_static rewrites it in place
+        onnx.save(work, str(source))
+        quantize_static(
+            str(source), str(out), _OneSample(first), quant_format=QuantFormat.QDQ, per_channel=config.per_channel,
+            activation_type=activation, weight_type=QuantType.QInt8, reduce_range=config.reduce_range,
+            nodes_to_exclude=list(config.exclude),
+            extra_options={"ActivationSymmetric": config.symmetric_activations,
+                           "WeightSymmetric": config.symmetric_weights,
+                           "TensorQuantOverrides": _overrides(work, ranges, config, weight_grids)},
+        )
+        return onnx.load(str(out))
+
+
 def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: QuantConfig,
              progress: Progress | None = None) -> QuantResult:
     """Quantize ``model`` to a QDQ model (int8 weights, ``config.activation_dtype`` activations) on ``samples``.
 
     ``samples`` (dicts of input name -> array) are read once per step; pass a re-iterable (a list, a reader) to
-    keep memory bounded, since a one-shot iterator is held in memory.
+    keep memory bounded, since a one-shot iterator is held in memory. With ``method="auto"`` the method is chosen
+    after CLE and before AdaRound and bias correction (see ``npukit.quant.auto``); ``steps["auto"]`` holds each
+    candidate's held-out output SQNR and the choice.
     """
     start = time.perf_counter()
     samples = _Reiterable(samples)
@@ -153,8 +176,19 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
         work = eq.model
         steps["cle"] = eq.summary()
     reference = work
-    calib = calibrate(work, samples, config=config, progress=progress)
-    steps["calibration"] = {"method": config.method, "samples": calib.samples, "tensors": len(calib.ranges)}
+    if config.method == "auto":
+        split = split_samples(sum(1 for _ in iter_samples(work, samples, limit=config.calib_samples)))
+        calib = calibrate(work, samples, config=dataclasses.replace(config, calib_samples=split.calibration),
+                          progress=progress)
+        chosen, steps["auto"] = choose_method(reference, calib, samples, split=split,
+                                              build=lambda ranges: _to_qdq(work, first, config, ranges, {}))
+        calib = calib.with_method(chosen)
+        config = dataclasses.replace(config, method=chosen)
+        steps["calibration"] = {"method": "auto", "chosen": chosen, "samples": calib.samples,
+                                "tensors": len(calib.ranges)}
+    else:
+        calib = calibrate(work, samples, config=config, progress=progress)
+        steps["calibration"] = {"method": config.method, "samples": calib.samples, "tensors": len(calib.ranges)}
     weight_grids: dict[str, list[dict]] = {}
     if config.adaround:
         wide = sixteen_bit_tensors(work, config.int16_nodes)
@@ -169,20 +203,7 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
         steps["bias_correction"] = {
             "nodes": len(bc.shifts), "samples": bc.samples,
             "mean_abs_shift": float(np.mean([np.abs(s).mean() for s in bc.shifts.values()])) if bc.shifts else 0.0}
-    activation = QuantType.QInt8 if config.activation_signed else QuantType.QUInt8
-    with tempfile.TemporaryDirectory(prefix="npukit-quant-") as tmp:
-        out = Path(tmp) / "qdq.onnx"
-        source = Path(tmp) / "float.onnx"  # a path: given a ModelProto, quantize_static rewrites it in place
-        onnx.save(work, str(source))
-        quantize_static(
-            str(source), str(out), _OneSample(first), quant_format=QuantFormat.QDQ, per_channel=config.per_channel,
-            activation_type=activation, weight_type=QuantType.QInt8, reduce_range=config.reduce_range,
-            nodes_to_exclude=list(config.exclude),
-            extra_options={"ActivationSymmetric": config.symmetric_activations,
-                           "WeightSymmetric": config.symmetric_weights,
-                           "TensorQuantOverrides": _overrides(work, calib.ranges, config, weight_grids)},
-        )
-        qdq = onnx.load(str(out))
+    qdq = _to_qdq(work, first, config, calib.ranges, weight_grids)
     return QuantResult(model=qdq, reference=reference, ranges=calib.ranges,
                        per_layer=_per_layer(work, qdq, calib.ranges, config),
                        seconds=time.perf_counter() - start, steps=steps)

@@ -1,0 +1,99 @@
+"""Calibration method "auto": keep the method whose QDQ model's outputs are closest to the float model's.
+
+Inside ``quantize`` the order is: pre-process -> CLE -> calibrate once with histograms (``MultiObserver``) on the
+first samples -> one QDQ candidate per method of ``RANGE_METHODS`` (the same ORT step as the final model, no
+AdaRound, no bias correction) -> SQNR of all graph outputs against the float model on the held-out samples -> the
+chosen method's ranges feed AdaRound and bias correction, which run once -> the final QDQ model.
+
+Held-out split: with ``n >= MIN_SPLIT`` samples the last quarter (at least one) is held out and the ranges come from
+the others; with fewer, the ranges come from all samples and the last quarter is also the evaluation set (noted).
+CLE, AdaRound and bias correction use all samples, as without "auto".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import onnx
+
+from npukit.quant.calibrate import CalibrationResult, iter_samples
+from npukit.quant.config import RANGE_METHODS
+from npukit.quant.layer_sqnr import sqnr_db
+from npukit.runtime.ort import make_session
+
+MIN_SPLIT = 8
+Ranges = dict[str, tuple[float, float]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """Samples [0, calibration) give the ranges; samples [held_out_start, total) score the candidates."""
+
+    total: int
+    calibration: int
+    held_out_start: int
+    note: str
+
+    @property
+    def held_out(self) -> int:
+        return self.total - self.held_out_start
+
+
+def split_samples(total: int) -> Split:
+    """The calibration / held-out split for ``total`` samples (see the module docstring)."""
+    held = max(1, total // 4)
+    if total >= MIN_SPLIT:
+        return Split(total=total, calibration=total - held, held_out_start=total - held, note="")
+    return Split(total=total, calibration=total, held_out_start=total - held,
+                 note=f"only {total} samples (< {MIN_SPLIT}): ranges from all of them, the held-out "
+                      f"{held} also calibrated; give more samples for an unbiased choice")
+
+
+def output_sqnrs(reference: onnx.ModelProto, candidates: dict[str, onnx.ModelProto], samples: Iterable[object], *,
+                 start: int, stop: int) -> dict[str, float]:
+    """SQNR (dB) of every graph output of each candidate against ``reference``, summed over all outputs, on samples
+    [start, stop) in one pass."""
+    ref = make_session(reference)
+    names = [o.name for o in reference.graph.output]
+    sessions = {m: make_session(model) for m, model in candidates.items()}
+    signal = 0.0
+    noise = dict.fromkeys(candidates, 0.0)
+    for feeds in itertools.islice(iter_samples(reference, samples, limit=stop), start, None):
+        want = [np.asarray(v, np.float64) for v in ref.run(names, feeds)]
+        signal += sum(float(np.sum(w * w)) for w in want)
+        for method, session in sessions.items():
+            got = session.run(names, feeds)
+            noise[method] += sum(float(np.sum((w - np.asarray(g, np.float64)) ** 2)) for w, g in zip(want, got))
+    return {m: sqnr_db(signal, n) for m, n in noise.items()}
+
+
+def choose_method(reference: onnx.ModelProto, calib: CalibrationResult, samples: Iterable[object], *,
+                  split: Split, build: Callable[[Ranges], onnx.ModelProto]) -> tuple[str, dict]:
+    """The method (of ``calib.candidates``) whose ``build(ranges)`` model scores the highest output SQNR on the
+    held-out samples (ties: the earlier in ``RANGE_METHODS``), and the summary for ``QuantResult.steps["auto"]``.
+    Methods whose ranges equal an earlier method's share its model and score."""
+    models: dict[str, onnx.ModelProto] = {}
+    same_as: dict[str, str] = {}
+    for method in RANGE_METHODS:
+        ranges = calib.candidates[method]
+        twin = next((m for m in models if calib.candidates[m] == ranges), None)
+        if twin is None:
+            models[method] = build(ranges)
+        else:
+            same_as[method] = twin
+    scores = output_sqnrs(reference, models, samples, start=split.held_out_start, stop=split.total)
+    scores |= {m: scores[t] for m, t in same_as.items()}
+    chosen = max(RANGE_METHODS, key=lambda m: (scores[m], -RANGE_METHODS.index(m)))
+    summary = {
+        "candidates": {m: scores[m] for m in RANGE_METHODS},
+        "chosen": chosen,
+        "identical_ranges": same_as,
+        "calibration_samples": split.calibration,
+        "held_out_samples": split.held_out,
+    }
+    if split.note:
+        summary["note"] = split.note
+    return chosen, summary
