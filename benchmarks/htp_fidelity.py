@@ -42,6 +42,7 @@ import onnxruntime as ort
 
 from npukit._atomic import write_text_atomic
 from npukit.measure.fidelity import AgreementMeter, AgreementResult
+from npukit.quant.qdq import FeedsReader
 from npukit.runtime.ort import make_session, run
 from npukit.runtime.qnn import (
     HTP_QDQ_RULES,
@@ -74,16 +75,6 @@ def _quiet_ort_quantizer() -> None:
     logging.getLogger().setLevel(logging.ERROR)  # ORT's quantizer warns on the root logger
 
 
-class _Reader:
-    """A CalibrationDataReader over a list of feeds (duck-typed: ORT only calls get_next)."""
-
-    def __init__(self, feeds: list[Feeds]) -> None:
-        self._it = iter(feeds)
-
-    def get_next(self) -> Feeds | None:
-        return next(self._it, None)
-
-
 def ort_per_channel(model: onnx.ModelProto, calibration: list[Feeds]) -> onnx.ModelProto:
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -92,7 +83,7 @@ def ort_per_channel(model: onnx.ModelProto, calibration: list[Feeds]) -> onnx.Mo
         src, pre, out = (str(Path(tmp) / n) for n in ("float.onnx", "pre.onnx", "qdq.onnx"))
         onnx.save(model, src)
         quant_pre_process(src, pre, skip_symbolic_shape=True)
-        quantize_static(pre, out, _Reader(calibration), quant_format=QuantFormat.QDQ, per_channel=True,
+        quantize_static(pre, out, FeedsReader(calibration), quant_format=QuantFormat.QDQ, per_channel=True,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                         calibrate_method=CalibrationMethod.MinMax)
         return onnx.load(out)
@@ -111,7 +102,7 @@ def npukit_htp_uint8(model: onnx.ModelProto, calibration: list[Feeds]) -> onnx.M
     with tempfile.TemporaryDirectory(prefix="npukit-htpfid-") as tmp:
         src, out = str(Path(tmp) / "float.onnx"), str(Path(tmp) / "qdq.onnx")
         onnx.save(model, src)
-        quantize(src, out, qnn_quant_config(src, _Reader(calibration), rules=rules))
+        quantize(src, out, qnn_quant_config(src, FeedsReader(calibration), rules=rules))
         return onnx.load(out)
 
 

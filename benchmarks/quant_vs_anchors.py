@@ -53,7 +53,7 @@ from npukit.measure.fidelity import AgreementMeter, AgreementResult
 from npukit.measure.latency import measure_latency_interleaved
 from npukit.measure.size import model_size
 from npukit.quant.config import QuantConfig
-from npukit.quant.qdq import integer_kernel_report, quantize
+from npukit.quant.qdq import FeedsReader, integer_kernel_report, quantize
 from npukit.runtime.devices import read_cpu_info
 from npukit.runtime.ort import make_session
 
@@ -86,23 +86,16 @@ def _float_model(model: onnx.ModelProto, calibration: list[Feeds]) -> onnx.Model
 
 def ort_column(key: str, *, per_channel: bool, reduce_range: bool = False) -> Column:
     """ORT quantize_static after quant_pre_process: MinMax, QDQ, uint8 activations, int8 weights (its defaults)."""
-    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
+    from onnxruntime.quantization import (CalibrationMethod, QuantFormat, QuantType,
                                           quantize_static)
     from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    class Reader(CalibrationDataReader):
-        def __init__(self, feeds: list[Feeds]) -> None:
-            self._iter = iter(feeds)
-
-        def get_next(self) -> Feeds | None:
-            return next(self._iter, None)
 
     def make(model: onnx.ModelProto, calibration: list[Feeds]) -> onnx.ModelProto:
         with tempfile.TemporaryDirectory(prefix="npukit-qva-") as tmp:
             src, pre, out = (str(Path(tmp) / n) for n in ("float.onnx", "pre.onnx", "qdq.onnx"))
             onnx.save(model, src)
             quant_pre_process(src, pre)
-            quantize_static(pre, out, Reader(calibration), quant_format=QuantFormat.QDQ, per_channel=per_channel,
+            quantize_static(pre, out, FeedsReader(calibration), quant_format=QuantFormat.QDQ, per_channel=per_channel,
                             reduce_range=reduce_range, activation_type=QuantType.QUInt8,
                             weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax)
             return onnx.load(out)

@@ -343,17 +343,11 @@ def quantize_for_htp(model: onnx.ModelProto, samples: Sequence[dict[str, np.ndar
     import logging
     import tempfile
 
-    from onnxruntime.quantization import CalibrationDataReader
     from onnxruntime.quantization import quantize as ort_quantize
 
+    from npukit.quant.qdq import FeedsReader
+
     from npukit.runtime.qnn import qnn_quant_config
-
-    class _Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self._it = iter(samples)
-
-        def get_next(self):
-            return next(self._it, None)
 
     root = logging.getLogger()
     level = root.level
@@ -362,7 +356,7 @@ def quantize_for_htp(model: onnx.ModelProto, samples: Sequence[dict[str, np.ndar
         with tempfile.TemporaryDirectory(prefix="npukit-htp-") as tmp:
             source, out = Path(tmp) / "float.onnx", Path(tmp) / "qdq.onnx"
             onnx.save(model, str(source))
-            ort_quantize(str(source), str(out), qnn_quant_config(str(source), _Reader()))
+            ort_quantize(str(source), str(out), qnn_quant_config(str(source), FeedsReader(samples)))
             return onnx.load(str(out))
     finally:
         root.setLevel(level)

@@ -62,14 +62,14 @@ class _Reiterable:
         return iter(self._samples)
 
 
-class _OneSample(CalibrationDataReader):
-    """ORT's quantizer insists on calibrating; one sample is enough since our overrides replace its ranges."""
+class FeedsReader(CalibrationDataReader):
+    """ORT's CalibrationDataReader over a sequence of feed dicts, each given once."""
 
-    def __init__(self, feeds: dict[str, np.ndarray]) -> None:
-        self._left = [feeds]
+    def __init__(self, feeds: Iterable[dict[str, np.ndarray]]) -> None:
+        self._it = iter(feeds)
 
     def get_next(self) -> dict[str, np.ndarray] | None:
-        return self._left.pop() if self._left else None
+        return next(self._it, None)
 
 
 def preprocess(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -142,7 +142,9 @@ def _to_qdq(work: onnx.ModelProto, first: dict[str, np.ndarray], config: QuantCo
         source = Path(tmp) / "float.onnx"  # a path: given a ModelProto, quantize_static rewrites it in place
         onnx.save(work, str(source))
         quantize_static(
-            str(source), str(out), _OneSample(first), quant_format=QuantFormat.QDQ, per_channel=config.per_channel,
+            # ORT insists on calibrating; one sample will do, since our overrides replace its ranges
+            str(source), str(out), FeedsReader([first]), quant_format=QuantFormat.QDQ,
+            per_channel=config.per_channel,
             activation_type=activation, weight_type=QuantType.QInt8, reduce_range=config.reduce_range,
             nodes_to_exclude=list(config.exclude),
             extra_options={"ActivationSymmetric": config.symmetric_activations,
