@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-ZOO = Path(__file__).resolve().parents[2] / "benchmarks" / "export_zoo.py"
+from ._load import load_benchmark
 
-
-def _zoo():
-    spec = importlib.util.spec_from_file_location("export_zoo", ZOO)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["export_zoo"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-zoo = _zoo()
+zoo = load_benchmark("export_zoo")
 
 
 @pytest.mark.slow

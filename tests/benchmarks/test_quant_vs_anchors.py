@@ -3,11 +3,8 @@ and the MNIST part end to end in quick mode (every non-AdaRound column, plausibl
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -15,19 +12,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from npukit.errors import InputError
+from ._load import load_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "quant_vs_anchors.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("quant_vs_anchors", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["quant_vs_anchors"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-qva = _load()
+qva = load_benchmark("quant_vs_anchors")
 
 
 def _tiny_classifier() -> onnx.ModelProto:
