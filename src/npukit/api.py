@@ -240,6 +240,7 @@ def quantize(
     method: str = "auto",
     cle: bool = False,
     bias_correction: bool = False,
+    equalize_activations: bool = False,
     exclude: Sequence[str] = (),
     int16_nodes: Sequence[str] = (),
     activation_dtype: str | None = None,
@@ -274,7 +275,7 @@ def quantize(
     proto = load_onnx(model)
     scheme = cpu_scheme()
     config = QuantConfig(per_channel=not per_tensor, method=method, cle=cle, bias_correction=bias_correction,
-                         adaround=adaround, exclude=tuple(exclude), int16_nodes=tuple(int16_nodes),
+                         activation_equalization=equalize_activations, adaround=adaround, exclude=tuple(exclude), int16_nodes=tuple(int16_nodes),
                          activation_dtype=activation_dtype or scheme["activation_dtype"],
                          reduce_range=scheme["reduce_range"] if reduce_range is None else reduce_range,
                          calib_samples=calib_samples, **(extra or {}))

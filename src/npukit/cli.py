@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="activation range observer; auto (default) calibrates once and keeps the method whose "
                         "outputs best match the float model on held-out calibration samples")
     p.add_argument("--cle", action="store_true", help="cross-layer equalization first")
+    p.add_argument("--equalize-activations", action="store_true",
+                   help="scale the channels of residual/linear streams towards equal ranges (exact in float)")
     p.add_argument("--bias-correction", action="store_true", help="empirical bias correction")
     p.add_argument("--adaround", action="store_true", help="learned weight rounding (AdaRound, torch autograd)")
     p.add_argument("--exclude", nargs="+", default=[], metavar="NODE", help="nodes to keep in float")
@@ -186,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.verb == "quantize":
         out = api.quantize(args.model, args.output, calib=args.calib, per_tensor=args.per_tensor, method=args.method,
                            cle=args.cle, bias_correction=args.bias_correction, adaround=args.adaround,
+                           equalize_activations=args.equalize_activations,
                            exclude=args.exclude, int16_nodes=args.int16,
                            activation_dtype=None if args.activations == "auto" else args.activations,
                            reduce_range={"auto": None, "on": True, "off": False}[args.reduce_range],

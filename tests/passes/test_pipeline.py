@@ -164,3 +164,21 @@ def test_dynamo_export_reduce_mean_becomes_global_average_pool(tmp_path, exporte
     assert after["GlobalAveragePool"] == 1 and "ReduceMean" not in after
     assert not {"Identity", "Dropout", "BatchNormalization", "Constant"} & set(after)
     assert verify_equivalent(reference, optimized, rtol=1e-5).max_rel <= 1e-5
+
+
+def test_models_over_the_protobuf_limit_are_checked_from_a_path(monkeypatch) -> None:
+    """A graph with 2 GB of weights cannot be serialized in one piece; the check after each pass then goes through
+    external data (the limit is lowered here so a tiny model takes that path)."""
+    import npukit.frontend.onnx_io as onnx_io
+    from npukit.passes.base import check_model
+
+    monkeypatch.setattr(onnx_io, "SINGLE_FILE_LIMIT_BYTES", 1000)
+    w = numpy_helper.from_array(np.ones((64, 64), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 64])], [w])
+    model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    check_model(model)  # valid: no error
+    model.graph.node(0).op_type = "NoSuchOp"
+    with pytest.raises(Exception, match="NoSuchOp"):
+        check_model(model)

@@ -58,5 +58,8 @@ def test_high_bias_absorption_lowers_the_bias_and_keeps_outputs() -> None:
     assert (_weight(absorbed.model, "b2") <= _weight(plain.model, "b2") + 1e-7).all()
     held = make_samples(8, seed=9)
     errors = compare_outputs(list(outputs(model, held)), list(outputs(absorbed.model, held)))
-    # exact only where the pre-activation stays above mean - 3 std: a few border pixels do not
+    # exact only where the pre-activation stays above what is moved: on held-out data a few border pixels do not
     assert errors.max_rel < 5e-3
+    # what is moved never exceeds the smallest pre-activation seen, so on the calibration data itself it is exact
+    on_calibration = compare_outputs(list(outputs(model, samples)), list(outputs(absorbed.model, samples)))
+    assert on_calibration.max_rel < 1e-5

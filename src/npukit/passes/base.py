@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import onnx_ir as ir
 
@@ -68,11 +69,21 @@ def count_nodes(model: ir.Model) -> int:
 
 
 def check_model(model: ir.Model) -> None:
-    """Raise if the model is not valid ONNX (full onnx.checker on the serialized proto)."""
+    """Raise if the model is not valid ONNX (onnx.checker on the serialized proto; a model of 2 GB or more, which
+    protobuf cannot serialize in one piece, is written with its weights as external data and checked from the path)."""
+    import tempfile
+
     import onnx
 
-    proto = ir.serde.serialize_model(model)
-    onnx.checker.check_model(proto, full_check=False)
+    from npukit.frontend.onnx_io import SINGLE_FILE_LIMIT_BYTES, save_onnx
+
+    weight_bytes = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
+    if weight_bytes < SINGLE_FILE_LIMIT_BYTES:
+        onnx.checker.check_model(ir.serde.serialize_model(model), full_check=False)
+        return
+    with tempfile.TemporaryDirectory(prefix="npukit-check-") as tmp:
+        path = save_onnx(model, Path(tmp) / "model.onnx")
+        onnx.checker.check_model(str(path), full_check=False)
 
 
 class PassManager:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
 from npukit.config import OptimizeConfig
@@ -18,7 +17,7 @@ from npukit.passes.fold_constants import FoldConstantsPass
 from npukit.passes.fuse_matmul_add import FuseMatMulAddPass
 from npukit.passes.remove_dead_code import RemoveDeadCodePass
 from npukit.passes.remove_identity import RemoveIdentityPass
-from npukit.runtime.ort import make_session, random_feeds, run
+from npukit.runtime.ort import ModelLike, make_session, random_feeds, run
 
 PASS_REGISTRY: dict[str, type[NpukitPass]] = {
     "fold_constants": FoldConstantsPass,
@@ -61,8 +60,8 @@ def optimize_model(model: ir.Model, *, config: OptimizeConfig) -> PipelineResult
 
 
 def verify_equivalent(
-    reference: onnx.ModelProto,
-    candidate: onnx.ModelProto,
+    reference: ModelLike,
+    candidate: ModelLike,
     *,
     rtol: float,
     seed: int = 0,

@@ -27,6 +27,9 @@ class QuantConfig:
     left in float. ``calib_samples`` caps the calibration samples used; fewer available is an error.
     ``reduce_range`` quantizes weights to 7 bits ([-64, 64]): on x86 CPUs without VNNI, ONNX Runtime's u8s8
     integer kernels add pairs of 8-bit products in saturating 16-bit lanes, which full-range int8 weights overflow.
+    ``activation_equalization`` scales the channels of linear streams (residual Adds, Relu) towards equal ranges,
+    ``activation_equalization_alpha`` the strength (0: off, 1: every channel full range; see
+    ``npukit.quant.stream_equalize``).
     ``adaround`` learns each Conv/Gemm weight's rounding on the calibration data (``adaround_iterations`` Adam steps
     per layer; it needs symmetric weights).
     ``method="auto"`` calibrates once with one histogram per tensor, derives every method's ranges from it, and
@@ -44,6 +47,8 @@ class QuantConfig:
     int16_nodes: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     cle: bool = False
+    activation_equalization: bool = False
+    activation_equalization_alpha: float = 0.5
     bias_correction: bool = False
     calib_samples: int | None = None
     reduce_range: bool = False
@@ -62,6 +67,9 @@ class QuantConfig:
         _require(self.num_bins >= 128 and self.num_bins % 4 == 0,
                  f"num_bins {self.num_bins} must be a multiple of 4 and at least 128", "the default is 2048")
         _require(self.calib_samples is None or self.calib_samples >= 1, "calib_samples must be at least 1")
+        _require(0.0 <= self.activation_equalization_alpha <= 1.0,
+                 f"activation_equalization_alpha {self.activation_equalization_alpha} must be in [0, 1]",
+                 "0.5 is the measured default")
         _require(self.adaround_iterations >= 1, f"adaround_iterations {self.adaround_iterations} must be at least 1",
                  "1000 to 2000 is typical")
         _require(not (self.adaround and not self.symmetric_weights), "AdaRound needs symmetric weights",

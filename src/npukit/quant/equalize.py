@@ -10,10 +10,13 @@ only where calibration data never reaches the bound, and only by s_i >= max_i / 
 on it afterwards; channels that reach m keep s_i = 1. The result is exact on every input whose pre-activations stay
 below m where they did on the calibration data. Without calibration data, Clip pairs are skipped with that reason.
 
-High-bias absorption (needs calibration data: per-channel mean and std of Conv1's output, since BN is folded away):
-c_i = max(0, mean_i - 3 std_i) moves from Conv1's bias into Conv2's bias (b2 += W2 c). It is exact where the
-pre-activation is at least c_i (and, through Clip, at most m), and only applies when Conv2 has no padding, because
-padded zeros would otherwise stand for -c.
+High-bias absorption (needs calibration data: per-channel mean, std and minimum of Conv1's output, since BN is
+folded away): c_i = max(0, min(mean_i - 3 std_i, min_i)) moves from Conv1's bias into Conv2's bias (b2 += W2 c). It
+is exact where the pre-activation is at least c_i (and, through Clip, at most m), and only applies when Conv2 has no
+padding, because padded zeros would otherwise stand for -c. The paper's c_i = mean_i - 3 std_i alone assumes a
+Gaussian channel; on MobileNetV2 (official weights) it moved the float model's own outputs to 22.7 dB SQNR and 96%
+top-1 agreement on held-out photos, more error than the quantization it was meant to help. Capping c_i at the smallest
+value seen keeps it exact on the calibration data (40 dB, 100% on the same photos).
 """
 
 from __future__ import annotations
@@ -176,7 +179,8 @@ def equalize(model: onnx.ModelProto, *, samples: Iterable[object] | None = None,
         biases[p.conv1.name] = numpy_helper.to_array(inits[p.conv1.input[2]]).astype(np.float64) if has_bias \
             else np.zeros(w1.shape[0])
     # per-channel pre-activation statistics of conv1 outputs, kept in step with the scaling
-    chan = {name: {"mean": s.mean.copy(), "std": s.std.copy(), "max": s.max.copy()} for name, s in stats.items()}
+    chan = {name: {"mean": s.mean.copy(), "std": s.std.copy(), "max": s.max.copy(),
+                   "min": s.min.copy()} for name, s in stats.items()}
     before = {p.conv1.name: _spread(_ranges(weights[p.conv1.input[1]], weights[p.conv2.input[1]], p.depthwise2)[0])
               for p in usable}
 
@@ -204,6 +208,7 @@ def equalize(model: onnx.ModelProto, *, samples: Iterable[object] | None = None,
                 c["mean"] /= s
                 c["std"] /= s
                 c["max"] /= s
+                c["min"] /= s
             worst = max(worst, float(np.max(np.abs(np.log(s)))))
         if worst < tolerance:
             break
@@ -215,7 +220,7 @@ def equalize(model: onnx.ModelProto, *, samples: Iterable[object] | None = None,
             c = chan.get(p.conv1.output[0])
             if c is None or p.activation == "none" or not _is_unpadded(p.conv2):
                 continue
-            shift = np.maximum(0.0, c["mean"] - 3.0 * c["std"])
+            shift = np.maximum(0.0, np.minimum(c["mean"] - 3.0 * c["std"], c["min"]))
             if p.activation == "Clip":
                 shift = np.where(c["max"] <= p.clip_max, shift, 0.0)
             if not np.any(shift > 0):
@@ -229,9 +234,11 @@ def equalize(model: onnx.ModelProto, *, samples: Iterable[object] | None = None,
             extra_bias2[p.conv2.name] = extra_bias2.get(p.conv2.name, 0.0) + moved
             c["mean"] -= shift
             c["max"] -= shift
+            c["min"] -= shift
             if p.conv2.output[0] in chan:  # conv2's own output moves with its bias
                 chan[p.conv2.output[0]]["mean"] += moved
                 chan[p.conv2.output[0]]["max"] += moved
+                chan[p.conv2.output[0]]["min"] += moved
             absorbed[p.conv1.name] = float(shift.sum())
 
     def set_init(name: str, value: np.ndarray) -> None:

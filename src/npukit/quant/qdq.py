@@ -1,4 +1,4 @@
-"""INT8 post-training quantization: (CLE) -> calibrate with our observers -> (choose the method, for "auto") ->
+"""INT8 post-training quantization: (CLE) -> (activation equalization) -> calibrate with our observers -> (choose the method, for "auto") ->
 (AdaRound) -> (bias correction) -> QDQ.
 
 ONNX Runtime's ``quantize_static`` does the mechanical Q/DQ placement; every activation range it uses is ours,
@@ -28,6 +28,7 @@ from npukit.quant.bias_correction import correct_bias
 from npukit.quant.calibrate import Progress, calibrate, iter_samples, sixteen_bit_tensors
 from npukit.quant.config import QuantConfig
 from npukit.quant.equalize import equalize
+from npukit.quant.stream_equalize import equalize_streams
 from npukit.runtime.ort import make_session
 
 INTEGER_OPS = ("QLinearConv", "ConvInteger", "QLinearMatMul", "MatMulInteger", "QGemm", "QLinearAdd",
@@ -177,6 +178,11 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
         eq = equalize(work, samples=samples, limit=config.calib_samples)
         work = eq.model
         steps["cle"] = eq.summary()
+    if config.activation_equalization:
+        streams = equalize_streams(work, samples, alpha=config.activation_equalization_alpha,
+                                   limit=config.calib_samples)
+        work = streams.model
+        steps["activation_equalization"] = streams.summary()
     reference = work
     if config.method == "auto":
         split = split_samples(sum(1 for _ in iter_samples(work, samples, limit=config.calib_samples)))
