@@ -133,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mean", default="0.485,0.456,0.406", help="per-channel mean (default ImageNet)")
     p.add_argument("--std", default="0.229,0.224,0.225", help="per-channel std (default ImageNet)")
     p.add_argument("--target", default="cpu", help="also run on an NPU backend: qnn-htp (default: cpu only)")
+    p.add_argument("--soc", default="SM8650", help="with --target qnn-htp: the Snapdragon SoC whose HTP runs the "
+                                                    "model (default SM8650, Snapdragon 8 Gen 3)")
     p.add_argument("--memory", action="store_true", help="measure ORT CPU's real peak activation memory")
     p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
     _add_html(p)
@@ -208,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
                                channels=len(mean))
         out = api.bench(args.model, data=args.data, reference=args.reference, threads=args.threads,
                         runs=args.runs, warmup=args.warmup, max_samples=args.max_samples, preprocess=pre,
-                        target=args.target, memory=args.memory, report_path=args.report, html=args.html)
+                        target=args.target, soc=args.soc, memory=args.memory, report_path=args.report,
+                        html=args.html)
     elif args.verb == "compile":
         out = api.compile(args.model, args.output, soc=args.soc, target=args.target, calib=args.calib,
                           input_shape=args.input_shape, html=args.html)

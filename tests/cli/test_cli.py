@@ -210,6 +210,8 @@ def test_compile_float_model_for_two_socs_and_bench_on_htp(exported, tmp_path):
     results = json.loads(bench_report.read_text())["results"]
     assert results["qnn_assignment"]["qnn_nodes"] > 0
     assert results["npu_agreement"]["HTP vs CPU run of the same model"]["samples"] == 4
+    assert results["htp_soc"]["soc"] == "SM8650" and results["htp_soc"]["htp_arch"] == 75
+    assert main(["bench", str(int8), "--target", "qnn-htp", "--soc", "SM0000", "--runs", "2"]) == 2
 
 
 def test_compile_unknown_soc_lists_valid(exported, tmp_path, capsys):
