@@ -18,9 +18,9 @@ from npukit.report.progress import progress, step
 
 MODEL_SPEC = "torchvision:mobilenet_v2"
 # The best recipe measured on this model (benchmarks/quant_vs_anchors.py): per-channel int8 weights, ranges chosen
-# automatically (one calibration pass, every observer scored on held-out crops), cross-layer equalization and bias
-# correction; 7-bit weights on CPUs without int8 dot products.
-QUANT_RECIPE = {"method": "auto", "cle": True, "bias_correction": True}
+# automatically (one calibration pass, every observer scored on held-out crops), cross-layer equalization, activation
+# equalization of the residual streams and bias correction; 7-bit weights on CPUs without int8 dot products.
+QUANT_RECIPE = {"method": "auto", "cle": True, "equalize_activations": True, "bias_correction": True}
 INPUT_SHAPE = (1, 3, 224, 224)
 
 
