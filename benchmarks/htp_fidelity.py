@@ -50,6 +50,7 @@ import onnxruntime as ort
 from npukit._atomic import write_text_atomic
 from npukit.measure.fidelity import AgreementMeter, AgreementResult
 from npukit.quant.qdq import FeedsReader
+from npukit.runtime.compile import soc_provider_options
 from npukit.runtime.ort import make_session, run
 from npukit.runtime.qnn import (
     HTP_QDQ_RULES,
@@ -152,13 +153,6 @@ def _summary(result: AgreementResult) -> dict[str, Any]:
             "top1_agreement_confident": result.top1_agreement_confident}
 
 
-def soc_options(soc: str) -> dict[str, str]:
-    from npukit.runtime.compile import soc_info
-
-    chip = soc_info(soc)
-    return {"htp_arch": str(chip.htp_arch), "soc_model": str(chip.soc_model)}
-
-
 def measure_column(column: Column, fp32: onnx.ModelProto, calibration: list[Feeds], evaluation: list[Feeds],
                    reference: np.ndarray, *, soc: str, other_socs: tuple[str, ...] = ()
                    ) -> tuple[dict[str, Any], onnx.ModelProto, np.ndarray]:
@@ -171,8 +165,8 @@ def measure_column(column: Column, fp32: onnx.ModelProto, calibration: list[Feed
     runs: dict[str, np.ndarray] = {}
     seconds: dict[str, float] = {}
     ways: list[tuple[str, Callable[[onnx.ModelProto], ort.InferenceSession]]] = [
-        ("htp", lambda m: make_qnn_session(m, provider_options=soc_options(soc))),
-        *[(f"htp_{o}", lambda m, o=o: make_qnn_session(m, provider_options=soc_options(o))) for o in other_socs],
+        ("htp", lambda m: make_qnn_session(m, provider_options=soc_provider_options(soc))),
+        *[(f"htp_{o}", lambda m, o=o: make_qnn_session(m, provider_options=soc_provider_options(o))) for o in other_socs],
         ("cpu", make_session), ("exact", qdq_reference_session)]
     for way, make in ways:
         start = time.perf_counter()
@@ -202,7 +196,7 @@ def check_compiled(model: onnx.ModelProto, evaluation: list[Feeds], htp_logits: 
     rows = []
     for soc in SOCS:
         chip = soc_info(soc)
-        options = {"htp_arch": str(chip.htp_arch), "soc_model": str(chip.soc_model)}
+        options = soc_provider_options(soc)
         output = work / f"mobilenet_v2_ctx_{soc}.onnx"
         result = compile_qnn_context(model, output, soc=soc, feeds=evaluation[picks[0]])
         compiled = logits(make_qnn_session(output, provider_options=options), [evaluation[i] for i in picks])

@@ -39,9 +39,9 @@ from npukit._atomic import atomic_path
 from npukit.config import ExportConfig
 from npukit.frontend.export import export_model
 from npukit.frontend.spec import resolve_model
+from npukit.runtime.compile import soc_provider_options
 from npukit.runtime.qnn import QNN_EP, Assignment, QnnQdqRules, qnn_node_assignment, qnn_quant_config, qnn_versions
 from npukit.targets import analyze, get_target
-from npukit.targets.qnn_htp import SOCS
 
 ZOO = ("mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large", "resnet18", "resnet50", "efficientnet_b0",
        "efficientnet_v2_s", "shufflenet_v2_x1_0", "squeezenet1_1", "googlenet", "inception_v3", "densenet121",
@@ -134,11 +134,10 @@ def _assignment_in_child(path: Path, options: dict[str, str]) -> Assignment:
 def compare(name: str, variant: str, path: Path) -> Row:
     """Predicted vs actual placement of every node of the model at ``path``."""
     model = onnx.load_model(str(path))
-    soc = SOCS[SOC]
     start = time.perf_counter()
     analysis = analyze(model, get_target(f"qnn-htp@{SOC}"))
     analyze_s = time.perf_counter() - start
-    options = {"soc_model": str(soc.soc_model), "htp_arch": str(soc.htp_arch)}
+    options = soc_provider_options(SOC)
     if variant == "fp32":
         options["enable_htp_fp16_precision"] = "1"
     start = time.perf_counter()

@@ -618,7 +618,7 @@ def _sixteen_bit_activations(proto: onnx.ModelProto) -> bool:
 def _bench_npu(report: Report, proto: onnx.ModelProto, ref_proto: onnx.ModelProto | None, dataset, *, target: str,
                max_samples: int | None, soc: str) -> None:
     from npukit.measure.fidelity import AgreementMeter
-    from npukit.runtime.compile import soc_info
+    from npukit.runtime.compile import soc_info, soc_provider_options
     from npukit.runtime.qnn import make_qnn_session, qdq_reference_session, qnn_node_assignment
     from npukit.runtime.ort import make_session
     from npukit.targets.registry import get_target
@@ -629,7 +629,7 @@ def _bench_npu(report: Report, proto: onnx.ModelProto, ref_proto: onnx.ModelProt
                          hint="bench --target qnn-htp runs Qualcomm's HTP backend; use `npukit analyze` for the "
                               "others")
     chip = soc_info(soc)
-    options = {"htp_arch": str(chip.htp_arch), "soc_model": str(chip.soc_model)}
+    options = soc_provider_options(soc)
     report.add("htp_soc", {"soc": chip.part, "name": chip.name, "htp_arch": chip.htp_arch,
                            "soc_model": chip.soc_model})
     if chip.htp_arch < PRECISE_A16_HTP_ARCH and _sixteen_bit_activations(proto):

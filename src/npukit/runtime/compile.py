@@ -65,6 +65,12 @@ def soc_info(soc: str) -> Any:
     return SOCS[key]
 
 
+def soc_provider_options(soc: str) -> dict[str, str]:
+    """The QNN EP provider options that make the HTP backend run as ``soc``: its ``htp_arch`` and ``soc_model``."""
+    chip = soc_info(soc)
+    return {"htp_arch": str(chip.htp_arch), "soc_model": str(chip.soc_model)}
+
+
 def compile_qnn_context(
     model: onnx.ModelProto | str | os.PathLike[str],
     output: str | os.PathLike[str],
@@ -88,7 +94,7 @@ def compile_qnn_context(
     if not any(node.op_type in _QDQ_OPS for node in proto.graph.node):
         raise InputError("the model has no QuantizeLinear/DequantizeLinear nodes: the HTP needs a quantized (QDQ) model",
                          hint="quantize it first (npukit quantize --target qnn-htp)")
-    options = {"htp_arch": str(chip.htp_arch), "soc_model": str(chip.soc_model)}
+    options = soc_provider_options(chip.part)
     output = Path(output)
     source: ModelLike = model if not isinstance(model, onnx.ModelProto) else proto
     with tempfile.TemporaryDirectory(prefix="npukit_qnn_ctx_") as work:
