@@ -9,6 +9,7 @@ runs, medians). Prints a table and writes JSON under benchmarks/results/.
     python benchmarks/export_zoo.py                    # every classification model (long: about an hour)
     python benchmarks/export_zoo.py --subset ci        # the representative subset CI runs
     python benchmarks/export_zoo.py --models resnet18 mobilenet_v2
+    python benchmarks/export_zoo.py --resume --redo alexnet   # keep what passed, run the rest and alexnet again
 """
 
 from __future__ import annotations
@@ -202,12 +203,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="output JSON (default benchmarks/results/export_zoo[_ci].json)")
     parser.add_argument("--resume", action="store_true",
                         help="keep the models that passed in the JSON, run the rest (failed ones again)")
+    parser.add_argument("--redo", nargs="*", metavar="MODEL",
+                        help="with --resume: run these again too (e.g. to re-time models flagged slower)")
     args = parser.parse_args(argv)
     names = args.models or (list(CI_SUBSET) if args.subset == "ci" else classification_models())
     out = args.json or RESULTS / ("export_zoo_ci.json" if args.subset == "ci" and not args.models else "export_zoo.json")
     rows: list[ZooRow] = []
     if args.resume and out.is_file():
-        rows = [ZooRow(**r) for r in json.loads(out.read_text())["rows"] if r["model"] in names and r["ok"]]
+        rows = [ZooRow(**r) for r in json.loads(out.read_text())["rows"]
+                if r["model"] in names and r["ok"] and r["model"] not in (args.redo or ())]
     done = {r.model for r in rows}
     start = time.time()
     with tempfile.TemporaryDirectory(prefix="npukit-zoo-") as tmp:

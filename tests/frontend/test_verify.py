@@ -41,3 +41,11 @@ def test_a_module_that_cannot_run_in_float64_is_checked_in_float32() -> None:
     assert float64_twin(module, np.zeros((2, 8), np.float32)) is None
     errors = verify_against_torch(module, _onnx_bytes(module), shape=(2, 8), samples=2, seed=0)
     assert errors.max_rel < 1e-5
+
+
+def test_modules_over_the_size_limit_are_checked_in_float32(monkeypatch) -> None:
+    import npukit.frontend.verify as verify
+
+    module = torch.nn.Linear(8, 4)
+    monkeypatch.setattr(verify, "FLOAT64_MAX_WEIGHT_BYTES", 16)
+    assert verify.float64_twin(module, np.zeros((2, 8), np.float32)) is None

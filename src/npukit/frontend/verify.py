@@ -44,9 +44,16 @@ def stack_samples(per_sample: list[list[np.ndarray]]) -> list[np.ndarray]:
     return [np.stack([outputs[i] for outputs in per_sample]) for i in range(len(per_sample[0]))]
 
 
+FLOAT64_MAX_WEIGHT_BYTES = 2**30  # beyond 1 GiB of weights a float64 copy would cost another 2 GiB and more
+
+
 def float64_twin(module: torch.nn.Module, x: np.ndarray) -> torch.nn.Module | None:
     """A float64 copy of ``module`` that runs on ``x`` (as float64), or None where the module cannot run in float64
-    (a forward that casts to float32 itself, a float32-only kernel)."""
+    (a forward that casts to float32 itself, a float32-only kernel) or is too large to copy (over
+    FLOAT64_MAX_WEIGHT_BYTES of parameters and buffers)."""
+    weight_bytes = sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
+    if weight_bytes > FLOAT64_MAX_WEIGHT_BYTES:
+        return None
     try:
         twin = copy.deepcopy(module).double()
         torch_reference_outputs(twin, [x.astype(np.float64)])
