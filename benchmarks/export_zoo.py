@@ -200,14 +200,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="*", help="explicit model names (overrides --subset)")
     parser.add_argument("--runs", type=int, default=30, help="timed runs per model and variant")
     parser.add_argument("--no-latency", action="store_true", help="skip timing (correctness only)")
-    parser.add_argument("--json", type=Path, help="output JSON (default benchmarks/results/export_zoo[_ci].json)")
+    parser.add_argument("--json", type=Path, help="output JSON (default benchmarks/results/export_zoo.json; "
+                                                  "export_zoo_ci.json with --subset ci; export_zoo_selected.json "
+                                                  "with --models)")
     parser.add_argument("--resume", action="store_true",
                         help="keep the models that passed in the JSON, run the rest (failed ones again)")
     parser.add_argument("--redo", nargs="*", metavar="MODEL",
                         help="with --resume: run these again too (e.g. to re-time models flagged slower)")
     args = parser.parse_args(argv)
     names = args.models or (list(CI_SUBSET) if args.subset == "ci" else classification_models())
-    out = args.json or RESULTS / ("export_zoo_ci.json" if args.subset == "ci" and not args.models else "export_zoo.json")
+    # a run of named models never overwrites the full zoo's results
+    default = "export_zoo_selected.json" if args.models else \
+        "export_zoo_ci.json" if args.subset == "ci" else "export_zoo.json"
+    out = args.json or RESULTS / default
     rows: list[ZooRow] = []
     if args.resume and out.is_file():
         rows = [ZooRow(**r) for r in json.loads(out.read_text())["rows"]
