@@ -166,7 +166,8 @@ def measure_column(column: Column, fp32: onnx.ModelProto, calibration: list[Feed
     seconds: dict[str, float] = {}
     ways: list[tuple[str, Callable[[onnx.ModelProto], ort.InferenceSession]]] = [
         ("htp", lambda m: make_qnn_session(m, provider_options=soc_provider_options(soc))),
-        *[(f"htp_{o}", lambda m, o=o: make_qnn_session(m, provider_options=soc_provider_options(o))) for o in other_socs],
+        *[(f"htp_{o}", lambda m, o=o: make_qnn_session(m, provider_options=soc_provider_options(o)))
+          for o in other_socs],
         ("cpu", make_session), ("exact", qdq_reference_session)]
     for way, make in ways:
         start = time.perf_counter()

@@ -275,7 +275,8 @@ def quantize(
     proto = load_onnx(model)
     scheme = cpu_scheme()
     config = QuantConfig(per_channel=not per_tensor, method=method, cle=cle, bias_correction=bias_correction,
-                         activation_equalization=equalize_activations, adaround=adaround, exclude=tuple(exclude), int16_nodes=tuple(int16_nodes),
+                         activation_equalization=equalize_activations, adaround=adaround, exclude=tuple(exclude),
+                         int16_nodes=tuple(int16_nodes),
                          activation_dtype=activation_dtype or scheme["activation_dtype"],
                          reduce_range=scheme["reduce_range"] if reduce_range is None else reduce_range,
                          calib_samples=calib_samples, **(extra or {}))
@@ -669,8 +670,8 @@ def _bench_npu(report: Report, proto: onnx.ModelProto, ref_proto: onnx.ModelProt
             meters["CPU vs reference"].update(r, c)
     results = {k: m.result() for k, m in meters.items()}
     report.add("npu_agreement", {k: v.as_dict() for k, v in results.items()})
-    report.add_table(f"HTP fidelity on {total} samples ({chip.name}, {chip.part}, HTP v{chip.htp_arch})", ["comparison", "top-1 agreement", "top-5 overlap",
-                                                           "SQNR dB", "agreement where confident"],
+    report.add_table(f"HTP fidelity on {total} samples ({chip.name}, {chip.part}, HTP v{chip.htp_arch})",
+                     ["comparison", "top-1 agreement", "top-5 overlap", "SQNR dB", "agreement where confident"],
                      [[k, v.top1_agreement, v.top5_overlap, v.sqnr_db, v.top1_agreement_confident]
                       for k, v in results.items()])
 

@@ -92,13 +92,17 @@ def _load_external_data(model: onnx.ModelProto, path: Path) -> None:
                          hint="export the model again") from exc
 
 
+def initializer_bytes(model: ir.Model) -> int:
+    """Bytes of every initializer of ``model``, subgraphs included: what decides one file or external data."""
+    return sum(v.const_value.nbytes for g in (model.graph, *model.graph.subgraphs())
+               for v in g.initializers.values() if v.const_value is not None)
+
+
 def save_onnx(model: onnx.ModelProto | ir.Model, path: str | Path) -> Path:
     """Write ``model`` atomically: one file under 2 GB of weights, else ``<name>.data`` beside it. Returns ``path``."""
     path = Path(path)
     ir_model = model if isinstance(model, ir.Model) else ir.serde.deserialize_model(model)
-    weight_bytes = sum(v.const_value.nbytes for g in (ir_model.graph, *ir_model.graph.subgraphs())
-                       for v in g.initializers.values() if v.const_value is not None)
-    if weight_bytes < SINGLE_FILE_LIMIT_BYTES:
+    if initializer_bytes(ir_model) < SINGLE_FILE_LIMIT_BYTES:
         with atomic_path(path) as tmp:
             ir.save(ir_model, tmp)
         return path

@@ -75,10 +75,9 @@ def check_model(model: ir.Model) -> None:
 
     import onnx
 
-    from npukit.frontend.onnx_io import SINGLE_FILE_LIMIT_BYTES, save_onnx
+    from npukit.frontend.onnx_io import SINGLE_FILE_LIMIT_BYTES, initializer_bytes, save_onnx
 
-    weight_bytes = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
-    if weight_bytes < SINGLE_FILE_LIMIT_BYTES:
+    if initializer_bytes(model) < SINGLE_FILE_LIMIT_BYTES:
         onnx.checker.check_model(ir.serde.serialize_model(model), full_check=False)
         return
     with tempfile.TemporaryDirectory(prefix="npukit-check-") as tmp:

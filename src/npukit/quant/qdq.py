@@ -1,5 +1,5 @@
-"""INT8 post-training quantization: (CLE) -> (activation equalization) -> calibrate with our observers -> (choose the method, for "auto") ->
-(AdaRound) -> (bias correction) -> QDQ.
+"""INT8 post-training quantization: (CLE) -> (activation equalization) -> calibrate with our observers -> (choose the
+method, for "auto") -> (AdaRound) -> (bias correction) -> QDQ.
 
 ONNX Runtime's ``quantize_static`` does the mechanical Q/DQ placement; every activation range it uses is ours,
 passed as ``TensorQuantOverrides`` (rmin/rmax, plus the 16-bit type for ``int16_nodes``), so its own calibration
