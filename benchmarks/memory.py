@@ -1,23 +1,27 @@
 """Memory planning against ONNX Runtime's real peak: for each model (random weights, batch 1, TorchScript export,
 opset 17) the naive arena and the lower bound of the exported graph, every planner's arena on it, the planned peak on
-the graph ORT CPU runs (fusions, in-place, views) and with 8-bit activations (ORT int8, QNN HTP), and ORT CPU's
-measured peak activation memory with its arena off and on (fresh subprocess, VmHWM; see npukit.memory.measure),
-and with the arena off at ORT's "extended" optimization level (no NCHWc layout transform, which the "cpu" view does
-not model).
+the graph ORT CPU really runs (read back from ORT: NCHWc layout, fused kernels; npukit.memory.ort_cpu), the
+rule-based "cpu" view's plan, the plans with 8-bit activations (ORT int8, QNN HTP), and ORT CPU's measured peak
+activation memory with its arena off and on (fresh subprocess, VmHWM; see npukit.memory.measure), and with the arena
+off at ORT's "extended" optimization level (no NCHWc layout transform).
 
-The prediction compared with the measurement is the "cpu" plan without the graph input: the measurement starts
-after the input exists, so its bytes are not in it. Target: within 10% of the arena-off measurement.
+The prediction compared with the measurement ("pred. run") is ORT's own allocation planner replayed on the graph ORT
+runs (same-shape buffer reuse), without the graph input: the measurement starts after the input exists. "plan run"
+is npukit's best offset plan on that same graph, without the input: what ORT would need with npukit's placement.
+Target: the prediction within 10% of the arena-off measurement (and, as a check, the "extended" prediction of the
+extended measurement).
 
     python benchmarks/memory.py                                  # all models (several minutes)
     python benchmarks/memory.py --models mobilenet_v2 resnet18
     python benchmarks/memory.py --work-dir /tmp/memexports       # keep (and reuse) the exported models
     python benchmarks/memory.py --models mobilenet_v2 lraspp_mobilenet_v3_large --tiling-only
 
-Tiling (patch-based inference, npukit.memory.tiling) for the models in TILING_MODELS among those run: the budget is
-half the untiled "cpu" planned peak; choose_tiling picks the cut and grid; the table gives ORT CPU's measured peak
-(arena off, default optimization level) before and after, the outputs' max relative error and the latency ratio
-tiled / original (1 thread, interleaved runs, medians). A budget no tiling reaches is reported with the smallest
-reachable planned peak.
+Restructuring for memory (npukit.memory.tiling.optimize_for_memory, what `optimize-graph --memory-budget` runs) for
+the models in TILING_MODELS among those run: the budget is half ORT's predicted peak of the original; upsamples whose
+NCHWc form raises the peak are kept in the plain layout (npukit.memory.layout), then the early stage is tiled
+(patch-based inference) if the budget is still not met; the table gives ORT CPU's measured peak (arena off, default
+optimization level) before and after, the outputs' max relative error and the latency ratio restructured / original
+(1 thread, interleaved runs, medians). A budget nothing reaches is reported with the smallest reachable peak.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from npukit._atomic import write_text_atomic
 from npukit.memory.graph import load_tensor_graph
 from npukit.memory.lifetimes import GRAPH_INPUT, Lifetimes, lifetimes_of
 from npukit.memory.measure import measure_ort_peak
+from npukit.memory.ort_cpu import ort_allocation, ort_executed_graph
 from npukit.memory.plan import plan_memory
 from npukit.memory.planners import all_plans, best_plan
 from npukit.memory.runtime_view import VIEWS, apply_view
@@ -60,13 +65,17 @@ class Row:
     greedy_by_breadth_unfused: int
     lower_bound_cpu: int
     planned_cpu: int
+    planned_cpu_rules: int
     planned_cpu_int8: int
     planned_qnn_htp: int
     predicted_run_cpu: int
+    planned_run_cpu: int
+    predicted_run_cpu_extended: int
     measured_arena_off: int
     measured_arena_on: int
     measured_arena_off_extended: int
     error_vs_arena_off: float
+    error_plan_vs_arena_off: float
     error_vs_arena_off_extended: float
     order_improved_bytes: int
     plan_seconds: float
@@ -105,8 +114,10 @@ def measure_model(name: str, side: int, work: Path) -> Row:
     cpu, _ = plan_memory(path, target="cpu")
     plan_seconds = time.perf_counter() - start
     planned = {view: best_plan(lifetimes_of(apply_view(exported, VIEWS[view]))).arena_bytes
-               for view in ("cpu-int8", "qnn-htp")}
-    predicted = best_plan(without_inputs(cpu.lifetimes)).arena_bytes
+               for view in ("cpu", "cpu-int8", "qnn-htp")}
+    predicted = cpu.runtime_peak
+    planned_run = best_plan(without_inputs(cpu.lifetimes)).arena_bytes
+    predicted_extended = without_inputs(ort_allocation(ort_executed_graph(path, optimization="extended"))).peak_bytes
     off = measure_ort_peak(path, arena=False)
     on = measure_ort_peak(path, arena=True)
     extended = measure_ort_peak(path, arena=False, optimization="extended")
@@ -115,24 +126,30 @@ def measure_model(name: str, side: int, work: Path) -> Row:
         naive=plans["naive"].arena_bytes, lower_bound_unfused=unfused.peak_bytes,
         greedy_by_size_unfused=plans["greedy_by_size"].arena_bytes,
         greedy_by_breadth_unfused=plans["greedy_by_breadth"].arena_bytes,
-        lower_bound_cpu=cpu.lower_bound, planned_cpu=cpu.best.arena_bytes,
+        lower_bound_cpu=cpu.lower_bound, planned_cpu=cpu.best.arena_bytes, planned_cpu_rules=planned["cpu"],
         planned_cpu_int8=planned["cpu-int8"], planned_qnn_htp=planned["qnn-htp"],
-        predicted_run_cpu=predicted, measured_arena_off=off.peak_bytes, measured_arena_on=on.peak_bytes,
+        predicted_run_cpu=predicted, planned_run_cpu=planned_run, predicted_run_cpu_extended=predicted_extended,
+        measured_arena_off=off.peak_bytes, measured_arena_on=on.peak_bytes,
         measured_arena_off_extended=extended.peak_bytes,
-        error_vs_arena_off=(predicted - off.peak_bytes) / off.peak_bytes if off.peak_bytes else float("nan"),
-        error_vs_arena_off_extended=((predicted - extended.peak_bytes) / extended.peak_bytes
-                                     if extended.peak_bytes else float("nan")),
+        error_vs_arena_off=_error(predicted, off.peak_bytes),
+        error_plan_vs_arena_off=_error(planned_run, off.peak_bytes),
+        error_vs_arena_off_extended=_error(predicted_extended, extended.peak_bytes),
         order_improved_bytes=cpu.order.original_peak_bytes - cpu.order.peak_bytes if cpu.order else 0,
         plan_seconds=plan_seconds,
     )
+
+
+def _error(predicted: int, measured: int) -> float:
+    return (predicted - measured) / measured if measured else float("nan")
 
 
 @dataclasses.dataclass
 class TilingRow:
     model: str
     budget: int
-    planned_before: int
-    planned_after: int | None = None
+    predicted_before: int
+    predicted_after: int | None = None
+    planar_resizes: str = ""
     tiles: str = ""
     cut: str = ""
     mac_overhead: float | None = None
@@ -150,25 +167,30 @@ class TilingRow:
 def measure_tiling(name: str, side: int, work: Path) -> TilingRow:
     from npukit.errors import InputError
     from npukit.measure.latency import measure_latency_interleaved
-    from npukit.memory.tiling import choose_tiling, max_rel_error, planned_peak
+    from npukit.memory.layout import ort_predicted_peak
+    from npukit.memory.tiling import max_rel_error, optimize_for_memory
 
     path = work / f"{name}.onnx"
     export(name, side, path)
-    model = onnx.load(str(path))
-    before = planned_peak(model)
-    row = TilingRow(model=name, budget=before // 2, planned_before=before)
+    before = ort_predicted_peak(path)
+    row = TilingRow(model=name, budget=before // 2, predicted_before=before)
+    tiled_path = work / f"{name}_tiled.onnx"
     start = time.perf_counter()
     try:
-        choice = choose_tiling(model, budget_bytes=row.budget)
+        done, _ = optimize_for_memory(path, tiled_path, budget_bytes=row.budget)
     except InputError as exc:
         row.unreachable = exc.one_line()
         return row
     row.choose_seconds = time.perf_counter() - start
-    tiled_path = work / f"{name}_tiled.onnx"
-    onnx.save(choice.result.model, str(tiled_path))
-    row.planned_after, row.mac_overhead = choice.planned_peak_after, choice.mac_overhead
-    row.tiles, row.cut = f"{choice.tiles[0]}x{choice.tiles[1]}", choice.cut
-    row.max_rel_error = max_rel_error(model, choice.result.model)
+    row.predicted_after = done.peak_after
+    if done.layout is not None:
+        row.planar_resizes = ",".join(done.layout.planar)
+    if done.tiling is not None:
+        row.mac_overhead = done.tiling.mac_overhead
+        row.tiles, row.cut = f"{done.tiling.tiles[0]}x{done.tiling.tiles[1]}", done.tiling.cut
+    else:
+        row.mac_overhead = 0.0
+    row.max_rel_error = max_rel_error(onnx.load(str(path)), done.model)
     row.measured_before = measure_ort_peak(path, arena=False).peak_bytes
     row.measured_after = measure_ort_peak(tiled_path, arena=False).peak_bytes
     row.measured_ratio = row.measured_before / row.measured_after
@@ -221,16 +243,19 @@ def main(argv: list[str] | None = None) -> int:
 
     mb = 1e6
     table = Table(title="Activation memory (MB = 1e6 bytes; planned = best planner, 64-byte aligned)")
-    for column in ("model", "naive", "LB unfused", "by size", "by breadth", "LB cpu", "plan cpu", "plan int8",
-                   "plan HTP", "pred. run", "ORT off", "ORT on", "ORT off ext", "err off", "err ext", "plan s"):
+    for column in ("model", "naive", "LB unfused", "by size", "by breadth", "LB cpu", "plan cpu", "plan rules",
+                   "plan int8", "plan HTP", "plan run", "pred. run", "ORT off", "err off", "err plan", "pred. ext",
+                   "ORT off ext", "err ext", "ORT on", "plan s"):
         table.add_column(column, justify="left" if column == "model" else "right")
     for r in rows:
         table.add_row(r.model, *(f"{v / mb:.2f}" for v in (
             r.naive, r.lower_bound_unfused, r.greedy_by_size_unfused, r.greedy_by_breadth_unfused, r.lower_bound_cpu,
-            r.planned_cpu, r.planned_cpu_int8, r.planned_qnn_htp, r.predicted_run_cpu, r.measured_arena_off,
-            r.measured_arena_on, r.measured_arena_off_extended)), f"{r.error_vs_arena_off:+.1%}",
-            f"{r.error_vs_arena_off_extended:+.1%}", f"{r.plan_seconds:.2f}")
-    console = Console(width=170)
+            r.planned_cpu, r.planned_cpu_rules, r.planned_cpu_int8, r.planned_qnn_htp, r.planned_run_cpu,
+            r.predicted_run_cpu, r.measured_arena_off)), f"{r.error_vs_arena_off:+.1%}",
+            f"{r.error_plan_vs_arena_off:+.1%}", f"{r.predicted_run_cpu_extended / mb:.2f}",
+            f"{r.measured_arena_off_extended / mb:.2f}", f"{r.error_vs_arena_off_extended:+.1%}",
+            f"{r.measured_arena_on / mb:.2f}", f"{r.plan_seconds:.2f}")
+    console = Console(width=210)
     console.print(table)
     console.print(f"1,000-node chain: planned in {chain_s:.3f} s")
     for name, error in failures.items():
@@ -261,24 +286,26 @@ def print_tiling(console, rows: list[TilingRow], failures: dict[str, str]) -> No
     from rich.table import Table
 
     mb = 1e6
-    table = Table(title="Tiling for memory (budget = half the planned peak; ORT CPU, arena off; MB = 1e6 bytes)")
-    for column in ("model", "budget", "plan before", "plan after", "tiles", "MAC +", "ORT before", "ORT after",
-                   "ORT ratio", "max rel err", "latency ratio"):
+    table = Table(title="Restructuring for memory (budget = half ORT's predicted peak; ORT CPU, arena off; "
+                        "MB = 1e6 bytes)")
+    for column in ("model", "budget", "pred. before", "pred. after", "plain resizes", "tiles", "MAC +", "ORT before",
+                   "ORT after", "ORT ratio", "max rel err", "latency ratio"):
         table.add_column(column, justify="left" if column == "model" else "right")
     for r in rows:
         if r.unreachable:
-            table.add_row(r.model, f"{r.budget / mb:.2f}", f"{r.planned_before / mb:.2f}", "—", "—", "—", "—", "—",
-                          "—", "—", "—")
+            table.add_row(r.model, f"{r.budget / mb:.2f}", f"{r.predicted_before / mb:.2f}", *("—",) * 9)
             continue
-        table.add_row(r.model, f"{r.budget / mb:.2f}", f"{r.planned_before / mb:.2f}", f"{r.planned_after / mb:.2f}",
-                      r.tiles, f"{r.mac_overhead:.1%}", f"{r.measured_before / mb:.2f}", f"{r.measured_after / mb:.2f}",
+        table.add_row(r.model, f"{r.budget / mb:.2f}", f"{r.predicted_before / mb:.2f}",
+                      f"{r.predicted_after / mb:.2f}", r.planar_resizes or "—", r.tiles or "—",
+                      f"{r.mac_overhead:.1%}", f"{r.measured_before / mb:.2f}", f"{r.measured_after / mb:.2f}",
                       f"{r.measured_ratio:.2f}x", f"{r.max_rel_error:.1e}", f"{r.latency_ratio:.3f}")
     console.print(table)
     for r in rows:
         if r.unreachable:
             console.print(f"{r.model}: {r.unreachable}")
         else:
-            console.print(f"{r.model}: cut {r.cut}; latency {r.latency_original_ms:.2f} -> {r.latency_tiled_ms:.2f} ms")
+            console.print(f"{r.model}: cut {r.cut or '—'}; plain-layout resizes {r.planar_resizes or '—'}; latency "
+                          f"{r.latency_original_ms:.2f} -> {r.latency_tiled_ms:.2f} ms")
     for name, error in failures.items():
         console.print(f"[red]{name} tiling failed:[/red] {error}")
 

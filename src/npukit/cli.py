@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rtol", type=float, default=1e-4, help="max error relative to the output range (default 1e-4)")
     _add_shape(p, "input shape for the MAC count when the model's is symbolic")
     p.add_argument("--memory-budget", type=int, metavar="BYTES",
-                   help="tile the high-resolution stem so the planned peak activation memory fits BYTES")
+                   help="restructure (ORT CPU: plain-layout upsamples; then spatial tiles of the high-resolution "
+                        "stem) so the predicted peak activation memory fits BYTES")
     _add_html(p)
 
     p = sub.add_parser("inspect", help="ops by type, parameters, MACs per layer, tensor sizes")
@@ -112,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="cpu", help="execution view: cpu, cpu-int8, qnn-htp, unfused (default cpu)")
     _add_shape(p, "input shape to resolve symbolic dimensions")
     p.add_argument("--no-order-search", action="store_true", help="keep the model's execution order")
+    p.add_argument("--rules-view", action="store_true",
+                   help="for --target cpu, apply npukit's rule-based view to the exported graph instead of reading "
+                        "the graph ORT CPU executes from ORT (and replaying ORT's allocation)")
     p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
     _add_html(p)
 
@@ -201,7 +205,8 @@ def run(args: argparse.Namespace) -> int:
                           output=args.output, report_path=args.report, html=args.html)
     elif args.verb == "plan-memory":
         out = api.plan_memory(args.model, target=args.target, input_shape=args.input_shape,
-                              order_search=not args.no_order_search, report_path=args.report, html=args.html)
+                              order_search=not args.no_order_search, runtime_graph=not args.rules_view,
+                              report_path=args.report, html=args.html)
     elif args.verb == "devices":
         out = api.devices(report_path=args.report)
     elif args.verb == "bench":

@@ -150,6 +150,33 @@ def test_plan_memory_reports_plans_and_timeline(exported, tmp_path, capsys):
     assert any(f["kind"] == "timeline" for f in report["figures"])
     assert "greedy_by_size" in capsys.readouterr().out
     assert "<svg" in report_path.with_suffix(".html").read_text()
+    assert report["results"]["device_peak_bytes"] > 0  # ORT's own allocation, replayed on the graph ORT runs
+    assert main(["plan-memory", str(exported), "--rules-view", "--report", str(report_path)]) == 0
+    assert "device_peak_bytes" not in json.loads(report_path.read_text())["results"]
+
+
+@pytest.mark.slow
+def test_bench_memory_predicts_and_measures(tmp_path):
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)  # maps of 1-2 MiB, well above the allocator's noise
+    weights = [numpy_helper.from_array(rng.standard_normal((32, 16, 3, 3)).astype(np.float32), "w1"),
+               numpy_helper.from_array(rng.standard_normal((16, 32, 1, 1)).astype(np.float32), "w2")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "wide", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 128, 128])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 128, 128])],
+                              initializer=weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "wide.onnx"
+    onnx.save(model, str(path))
+    report_path = tmp_path / "bench.json"
+    assert main(["bench", str(path), "--memory", "--runs", "3", "--warmup", "1",
+                 "--report", str(report_path)]) == 0
+    memory = json.loads(report_path.read_text())["results"]["memory"]
+    measured = memory["measured_arena_off"]["peak_bytes"]
+    assert abs(memory["predicted_bytes"] - measured) <= 0.15 * measured, memory
 
 
 def test_devices_probe(capsys):

@@ -12,7 +12,8 @@ from .tiny import conv_relu_add, two_branches
 def test_plan_memory_report_has_planners_layers_and_a_timeline(tmp_path):
     path = tmp_path / "tiny.onnx"
     onnx.save(conv_relu_add(), str(path))
-    result, report = plan_memory(path, target="cpu")
+    result, report = plan_memory(path, target="cpu", runtime_graph=False)  # the rule-based view
+    assert result.runtime_peak is None
     assert result.lower_bound == 352 and result.unfused_lower_bound == 416
     assert result.best.arena_bytes >= result.lower_bound
     assert result.naive_bytes == 128 + 128 + 64 + 64  # x, r, m (32 B, 64-aligned), idx
@@ -44,5 +45,19 @@ def test_bad_target_and_unresolved_shapes(tmp_path):
     with pytest.raises(InputError) as info:
         plan_memory(path)
     assert "--input-shape" in info.value.hint
-    result, _ = plan_memory(path, input_shape="1,2,4,4")
+    result, _ = plan_memory(path, input_shape="1,2,4,4", runtime_graph=False)
     assert result.lower_bound == 352
+    result, _ = plan_memory(path, input_shape="1,2,4,4")  # ORT's graph, with the shape given
+    assert result.runtime_peak is not None and result.runtime_peak > 0
+
+
+def test_plan_memory_on_the_graph_ort_runs_states_ort_peak(tmp_path):
+    path = tmp_path / "tiny.onnx"
+    onnx.save(conv_relu_add(), str(path))
+    result, report = plan_memory(path, target="cpu")
+    ops = {step.op for step in result.lifetimes.steps}
+    assert "Reshape" in ops and "MaxPool" in ops or "nchwc:MaxPool" in ops
+    assert result.runtime_peak >= result.best.arena_bytes - 128  # ORT's own placement is never better (input aside)
+    data = report.to_dict()["results"]
+    assert data["device_peak_bytes"] == result.runtime_peak
+    assert data["memory"]["runtime_allocator"].startswith("ORT CPU's allocation planner")

@@ -223,13 +223,25 @@ def test_budget_below_reach_says_the_smallest_peak() -> None:
 def test_optimize_for_memory_writes_model_and_report(tmp_path) -> None:
     source = tmp_path / "stem.onnx"
     onnx.save(_stem_model(), source)
-    budget = planned_peak(_stem_model()) * 2 // 3
-    choice, report = optimize_for_memory(source, tmp_path / "tiled.onnx", budget_bytes=budget,
-                                         input_shape="1,3,64,64")
+    budget = planned_peak(_stem_model(), target="qnn-htp") * 2 // 3
+    done, report = optimize_for_memory(source, tmp_path / "tiled.onnx", budget_bytes=budget,
+                                       input_shape="1,3,64,64", target="qnn-htp")
     written = onnx.load(tmp_path / "tiled.onnx")
     onnx.checker.check_model(written)
     assert max_rel_error(_stem_model(), written) <= REL_TOLERANCE
-    assert choice.planned_peak_after <= budget
-    tiling = json.loads(report.to_json())["results"]["tiling"]
-    assert tiling["max_rel_error"] <= REL_TOLERANCE and tiling["planned_peak_after"] == choice.planned_peak_after
-    assert report.tables[0].columns[:2] == ["tiles", "cut"]
+    assert done.layout is None and done.tiling is not None and done.peak_after <= budget
+    restructure = json.loads(report.to_json())["results"]["memory_restructure"]
+    assert restructure["max_rel_error"] <= REL_TOLERANCE and restructure["peak_after"] == done.peak_after
+    assert restructure["tiling"]["planned_peak_after"] == done.peak_after
+    assert report.tables[0].columns == ["step", "peak before", "peak after", "MAC overhead"]
+
+
+def test_optimize_for_memory_on_ort_cpu_uses_its_replayed_peak(tmp_path) -> None:
+    from npukit.memory.layout import ort_predicted_peak
+
+    source = tmp_path / "stem.onnx"
+    onnx.save(_stem_model(), source)
+    before = ort_predicted_peak(source)
+    done, _ = optimize_for_memory(source, tmp_path / "tiled.onnx", budget_bytes=before * 2 // 3)
+    assert done.peak_before == before and done.tiling is not None
+    assert ort_predicted_peak(tmp_path / "tiled.onnx") == done.peak_after <= before * 2 // 3

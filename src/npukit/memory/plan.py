@@ -1,5 +1,9 @@
 """plan-memory: lifetimes on the graph a target executes, a better order where one lowers the peak, every planner's
-offsets (each checked), and the report: planners against the lower bound, live bytes per layer, a memory timeline."""
+offsets (each checked), and the report: planners against the lower bound, live bytes per layer, a memory timeline.
+
+For target "cpu" the graph is the one ONNX Runtime CPU really executes, read back from ORT (its NCHWc layout, fused
+kernels, padded channels; :mod:`npukit.memory.ort_cpu`), and ORT's own allocation planner is replayed on it: its peak
+is what the device needs (``runtime_peak``), next to what npukit's planners would need for the same graph."""
 
 from __future__ import annotations
 
@@ -29,6 +33,8 @@ class MemoryResult:
     lower_bound: int
     unfused_lower_bound: int
     order: OrderResult | None
+    runtime_peak: int | None = None
+    runtime_allocator: str = ""
 
     @property
     def naive_bytes(self) -> int:
@@ -40,6 +46,7 @@ class MemoryResult:
             "unfused_lower_bound_bytes": self.unfused_lower_bound, "best_algorithm": self.best.algorithm,
             "best_arena_bytes": self.best.arena_bytes,
             "plans": {name: plan.arena_bytes for name, plan in self.plans.items()},
+            "runtime_peak_bytes": self.runtime_peak, "runtime_allocator": self.runtime_allocator or None,
             "order_search": None if self.order is None else {
                 "improved": self.order.improved, "peak_bytes": self.order.peak_bytes,
                 "original_peak_bytes": self.order.original_peak_bytes,
@@ -55,8 +62,12 @@ def plan_memory(
     target: str = "cpu",
     input_shape: str | Sequence[int] | None = None,
     order_search: bool = True,
+    runtime_graph: bool = True,
 ) -> tuple[MemoryResult, Report]:
-    """Plan the activation memory of the ONNX model at ``model_path`` as ``target`` executes it."""
+    """Plan the activation memory of the ONNX model at ``model_path`` as ``target`` executes it.
+
+    ``runtime_graph``: for target "cpu", plan on the graph ORT CPU executes, read from ORT, and replay ORT's own
+    allocation (default); False applies the rule-based "cpu" view to the exported graph instead (no ORT needed)."""
     from npukit.config import parse_shape
     from npukit.frontend.onnx_io import load_onnx
     from npukit.memory.graph import load_tensor_graph
@@ -64,7 +75,18 @@ def plan_memory(
     execution = get_view(target)  # an unknown target fails before the model is read
     shape = parse_shape(input_shape)
     exported = load_tensor_graph(load_onnx(model_path), input_shape=shape)
-    graph = apply_view(exported, execution)
+    runtime_peak, allocator, description = None, "", execution.description
+    if execution.name == "cpu" and runtime_graph:
+        from npukit.memory.ort_cpu import ort_allocation, ort_executed_graph, without_graph_inputs
+
+        executed = ort_executed_graph(model_path, input_shape=shape)
+        graph = executed.graph
+        runtime_peak = without_graph_inputs(ort_allocation(executed)).peak_bytes
+        allocator = "ORT CPU's allocation planner, replayed (same-shape reuse; inputs excluded)"
+        description = (f"the graph ORT CPU executes, read from ORT at optimization level {executed.optimization} "
+                       f"({len(graph.nodes)} nodes, {executed.layout_ops} in the NCHWc layout)")
+    else:
+        graph = apply_view(exported, execution)
     order = search_order(graph) if order_search else None
     lifetimes = lifetimes_of(graph, order=None if order is None else order.order, view=execution.name)
     plans = all_plans(lifetimes)
@@ -72,8 +94,9 @@ def plan_memory(
         model=str(model_path), target=execution.name, lifetimes=lifetimes, plans=plans,
         best=best_plan(lifetimes, plans.values()), lower_bound=lifetimes.peak_bytes,
         unfused_lower_bound=lifetimes_of(exported).peak_bytes, order=order,
+        runtime_peak=runtime_peak, runtime_allocator=allocator,
     )
-    return result, _report(result, execution.description, shape)
+    return result, _report(result, description, shape)
 
 
 def _report(result: MemoryResult, description: str, input_shape: tuple[int, ...] | None) -> Report:
@@ -89,8 +112,12 @@ def _report(result: MemoryResult, description: str, input_shape: tuple[int, ...]
            for name, plan in result.plans.items()),
          ["lower bound (target view)", bound, "1.000x"],
          ["lower bound (exported graph, unfused)", result.unfused_lower_bound,
-          f"{result.unfused_lower_bound / bound:.3f}x" if bound else "—"]],
+          f"{result.unfused_lower_bound / bound:.3f}x" if bound else "—"],
+         *([[result.runtime_allocator, result.runtime_peak,
+             f"{result.runtime_peak / bound:.3f}x" if bound else "—"]] if result.runtime_peak is not None else [])],
     )
+    if result.runtime_peak is not None:
+        report.add("device_peak_bytes", result.runtime_peak)
     if result.order is not None:
         report.add_table("Execution order", ["order", "peak_bytes", "exact regions", "heuristic regions"],
                          [["graph order", result.order.original_peak_bytes, "", ""],

@@ -32,7 +32,7 @@ in graph order, as the runtime runs it) so the planned peak fits a budget with t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -566,16 +566,17 @@ def choose_tiling(
     target: str = "cpu",
     input_shape: Sequence[int] | None = None,
     max_cuts: int = 8,
+    peak_of: Callable[[onnx.ModelProto], int] | None = None,
 ) -> TilingChoice:
     """The tiling whose planned peak fits ``budget_bytes`` with the smallest MAC overhead.
 
     Cuts are the tensors ``target``'s view keeps (not intermediates fused away) where the bytes live after the
     cut in the untiled graph already fit the budget (tiling cannot lower them); for the first ``max_cuts`` of them
     in graph order, the grids of :data:`TILE_OPTIONS` are planned by tile count until one fits or costs more MACs
-    than the best fit so far.
+    than the best fit so far. ``peak_of`` gives a model's peak (default: the best plan of ``target``'s view, see
+    :func:`planned_peak`; :func:`optimize_for_memory` passes ORT's replayed allocation for target "cpu").
     """
     from npukit.memory.lifetimes import lifetimes_of
-    from npukit.memory.planners import best_plan
     from npukit.memory.runtime_view import build_view
 
     if budget_bytes <= 0:
@@ -584,7 +585,10 @@ def choose_tiling(
     shape = _shape_arg(input_shape)
     view = build_view(model, view=target, input_shape=shape)
     lifetimes = lifetimes_of(view)
-    before = best_plan(lifetimes).arena_bytes
+    if peak_of is None:
+        def peak_of(candidate: onnx.ModelProto) -> int:
+            return planned_peak(candidate, target=target, input_shape=shape)
+    before = peak_of(model)
     live = lifetimes.live_bytes()
     step_of = {out: step for step, node in enumerate(view.nodes) for out in node.outputs}
     graph = _Graph(model, shape)
@@ -608,7 +612,7 @@ def choose_tiling(
             result = _tile(graph, grid, cut, macs, shape)
             if best is not None and result.mac_overhead >= best[0].mac_overhead:
                 break  # the grids that follow cost more halo still
-            peak = planned_peak(result.model, target=target, input_shape=shape)
+            peak = peak_of(result.model)
             candidates.append(TilingCandidate(cut, grid, peak, result.mac_overhead))
             if peak <= budget_bytes:
                 if best is None or result.mac_overhead < best[0].mac_overhead:
@@ -641,6 +645,25 @@ def max_rel_error(original: onnx.ModelProto, tiled: onnx.ModelProto, *,
     return compare_outputs(run(reference, feeds), run(make_session(tiled), feeds)).max_rel
 
 
+@dataclasses.dataclass(frozen=True)
+class MemoryRestructure:
+    """What :func:`optimize_for_memory` did: the layout step (target "cpu": upsamples kept in the plain layout) and
+    the tiling, either of which may be None, the rewritten ``model``, and the peaks before and after by the
+    predictor used (``predictor``)."""
+
+    model: onnx.ModelProto
+    layout: Any  # npukit.memory.layout.LayoutChoice | None
+    tiling: TilingChoice | None
+    predictor: str
+    peak_before: int
+    peak_after: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"predictor": self.predictor, "peak_before": self.peak_before, "peak_after": self.peak_after,
+                "layout": None if self.layout is None else self.layout.as_dict(),
+                "tiling": None if self.tiling is None else self.tiling.as_dict()}
+
+
 def optimize_for_memory(
     model_path: str | Path,
     output: str | Path,
@@ -648,29 +671,70 @@ def optimize_for_memory(
     budget_bytes: int,
     input_shape: str | Sequence[int] | None = None,
     target: str = "cpu",
-) -> tuple[TilingChoice, Report]:
-    """Tile ``model_path`` so its planned peak on ``target`` fits ``budget_bytes``, check the outputs against the
-    original (NumericCheckError past 1e-5 relative error) and write the tiled model to ``output`` atomically."""
+) -> tuple[MemoryRestructure, Report]:
+    """Restructure ``model_path`` so its peak activation memory on ``target`` fits ``budget_bytes``, check the outputs
+    against the original (NumericCheckError past 1e-5 relative error) and write the result to ``output`` atomically.
+
+    For target "cpu" the peak is ORT CPU's own, predicted from the graph ORT runs and its allocation planner
+    replayed (:mod:`npukit.memory.ort_cpu`); first the upsamples whose NCHWc form raises that peak are kept in the
+    plain layout (:mod:`npukit.memory.layout`, no extra MACs), then, if the budget is still not met, the early stage
+    is tiled. Other targets: tiling, planned on the target's execution view."""
     from npukit.config import parse_shape
     from npukit.frontend.onnx_io import load_onnx, save_onnx
 
+    if budget_bytes <= 0:
+        raise InputError(f"the memory budget must be a positive number of bytes, not {budget_bytes}",
+                         hint="e.g. --memory-budget 3000000")
     shape = parse_shape(input_shape)
     original = load_onnx(model_path)
-    choice = choose_tiling(original, budget_bytes=budget_bytes, target=target, input_shape=shape)
-    error = max_rel_error(original, choice.result.model, input_shape=shape)
+    layout = None
+    if target == "cpu":
+        from npukit.memory.layout import choose_planar_resizes, ort_predicted_peak
+
+        def peak_of(candidate: onnx.ModelProto) -> int:
+            return ort_predicted_peak(candidate, input_shape=shape)
+
+        predictor = "ORT CPU's allocation replayed on the graph ORT runs (arena off, inputs excluded)"
+        layout = choose_planar_resizes(original, input_shape=shape)
+        before, current, peak = layout.predicted_peak_before, layout.model, layout.predicted_peak_after
+        if not layout.planar:
+            layout = None
+    else:
+        def peak_of(candidate: onnx.ModelProto) -> int:
+            return planned_peak(candidate, target=target, input_shape=shape)
+
+        predictor = f"best plan of the {target} execution view"
+        current = original
+        before = peak = peak_of(original)
+    tiling = None
+    if peak > budget_bytes:
+        tiling = choose_tiling(current, budget_bytes=budget_bytes, target=target, input_shape=shape, peak_of=peak_of)
+        current, peak = tiling.result.model, tiling.planned_peak_after
+    done = MemoryRestructure(model=current, layout=layout, tiling=tiling, predictor=predictor, peak_before=before,
+                             peak_after=peak)
+    error = max_rel_error(original, current, input_shape=shape)
     report = Report("optimize-graph", config={"model": str(model_path), "memory_budget_bytes": budget_bytes,
                                               "target": target, "input_shape": None if shape is None else list(shape)})
-    report.add("tiling", {**choice.as_dict(), "max_rel_error": error})
-    report.add_table("Tiling for memory", ["tiles", "cut", "planned peak before", "planned peak after",
-                                           "budget", "MAC overhead", "max rel error"],
-                     [[f"{choice.tiles[0]}x{choice.tiles[1]}", choice.cut, choice.planned_peak_before,
-                       choice.planned_peak_after, budget_bytes, f"{choice.mac_overhead:.1%}", error]])
-    report.add_table("Candidates planned", ["cut", "tiles", "planned peak", "MAC overhead"],
-                     [[c.cut, f"{c.tiles[0]}x{c.tiles[1]}", c.planned_peak_bytes, f"{c.mac_overhead:.1%}"]
-                      for c in choice.candidates])
-    save_onnx(choice.result.model, output)
-    report.add_artifact("model", output)
+    report.add("memory_restructure", {**done.as_dict(), "max_rel_error": error})
+    steps = []
+    if layout is not None:
+        steps.append(["layout: keep plain " + ", ".join(layout.planar), layout.predicted_peak_before,
+                      layout.predicted_peak_after, "0.0%"])
+    if tiling is not None:
+        steps.append([f"tiling: {tiling.tiles[0]}x{tiling.tiles[1]} tiles, cut {tiling.cut}",
+                      tiling.planned_peak_before, tiling.planned_peak_after, f"{tiling.mac_overhead:.1%}"])
+    if not steps:
+        steps.append(["none needed: the model already fits", before, peak, "0.0%"])
+    report.add_table(f"Restructuring for memory (budget {budget_bytes} bytes; peaks: {predictor}; "
+                     f"max rel error {error:.2g})", ["step", "peak before", "peak after", "MAC overhead"], steps)
+    if tiling is not None:
+        report.add_table("Tiling candidates planned", ["cut", "tiles", "peak", "MAC overhead"],
+                         [[c.cut, f"{c.tiles[0]}x{c.tiles[1]}", c.planned_peak_bytes, f"{c.mac_overhead:.1%}"]
+                          for c in tiling.candidates])
     if not error <= REL_TOLERANCE:
-        raise NumericCheckError(f"the tiled model written to {output} differs from the original by {error:.3g} "
-                                f"(relative, tolerance {REL_TOLERANCE})", hint="report the model; tiling is exact")
-    return choice, report
+        raise NumericCheckError(f"the restructured model differs from the original by {error:.3g} (relative, "
+                                f"tolerance {REL_TOLERANCE}); nothing was written to {output}",
+                                hint="report the model; these rewrites are exact")
+    save_onnx(current, output)
+    report.add_artifact("model", output)
+    return done, report
