@@ -75,3 +75,39 @@ def test_adaround_rejects_asymmetric_weights_and_bad_counts() -> None:
         QuantConfig(adaround=True, symmetric_weights=False)
     with pytest.raises(InputError, match="adaround_iterations"):
         QuantConfig(adaround=True, adaround_iterations=0)
+
+
+def test_the_error_is_measured_after_the_activation_that_follows() -> None:
+    from npukit.quant.adaround import _following_clip
+
+    for activation, bounds in (("Relu", (0.0, float("inf"))), ("Clip", (0.0, 6.0))):
+        model = tiny_cnn(activation=activation)
+        by_name = {n.name: n for n in model.graph.node}
+        assert _following_clip(model, by_name["conv1"]) == bounds
+        assert _following_clip(model, by_name["dw"]) == bounds
+        assert _following_clip(model, by_name["pw"]) is None  # read by GlobalAveragePool: linear
+
+
+def test_activation_aware_rounding_ignores_what_the_activation_cuts() -> None:
+    """One output channel whose pre-activation is negative on half the rows: matching those rows costs rounding
+    accuracy on the rows that pass the Relu; measured after the Relu the learned rounding must be at least as good
+    there as the rounding learned on pre-activations."""
+    from npukit.quant.adaround import _learn, weight_grid
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((1, 1, 16)).astype(np.float32)
+    x = rng.standard_normal((2048, 1, 16)).astype(np.float32)
+    xq = x + rng.standard_normal(x.shape).astype(np.float32) * 0.05  # input quantization noise
+    bias = np.zeros((1, 1), np.float32)
+    grid = weight_grid(w, per_channel=True, reduce_range=True)
+
+    def after_relu_mse(q: np.ndarray) -> float:
+        ref = np.maximum(np.einsum("ngk,gok->ngo", x, w), 0)
+        got = np.maximum(np.einsum("ngk,gok->ngo", xq, q * grid.scale), 0)
+        return float(np.mean((ref - got) ** 2))
+
+    kwargs = dict(per_channel=True, iterations=300, batch_rows=256, learning_rate=1e-2, seed=0)
+    plain, _ = _learn(w, grid, x, xq, bias, **kwargs)
+    aware, stats = _learn(w, grid, x, xq, bias, clip=(0.0, float("inf")), **kwargs)
+    assert stats["mse_adaround"] <= stats["mse_nearest"]
+    assert after_relu_mse(aware) <= after_relu_mse(plain) + 1e-9

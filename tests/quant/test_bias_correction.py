@@ -94,3 +94,24 @@ def test_quantized_model_mean_error_drops_with_bias_correction() -> None:
         q = quantize(model, samples, config=QuantConfig(per_channel=False, bias_correction=bc)).model
         errors.append(np.abs(_channel_means(q, "y", held) - ref).mean())
     assert errors[1] < 0.7 * errors[0]
+
+
+def test_reference_weights_make_the_shift_the_whole_remaining_error() -> None:
+    """After a rounding step (AdaRound) the model's weights are already on the grid; measured against the original
+    float weights the shift is E[Q(W~) x] - E[W x], the layer's whole remaining mean error."""
+    config = QuantConfig(per_channel=False)
+    model = tiny_cnn(spread=1.0, seed=3)
+    samples = make_samples(8)
+    rounded = _with_quantized_weights(model, config)
+    # a different rounding of conv1: one weight a grid step off
+    inits = {i.name: i for i in rounded.graph.initializer}
+    w1 = numpy_helper.to_array(inits["w1"]).copy()
+    step = np.abs(numpy_helper.to_array(inits["w1"])).max() / 127
+    w1[0, 0, 0, 0] += step
+    inits["w1"].CopyFrom(numpy_helper.from_array(w1, "w1"))
+    original = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer if i.name.startswith("w")}
+    result = correct_bias(rounded, samples, config=config, reference_weights=original)
+    expected = _channel_means(rounded, "c1", samples) - _channel_means(model, "c1", samples)
+    np.testing.assert_allclose(result.shifts["conv1"], expected, rtol=1e-3, atol=1e-5)
+    plain = correct_bias(rounded, samples, config=config)  # against its own weights: only re-rounding is left
+    assert np.abs(plain.shifts["conv1"]).max() < 1e-5 < np.abs(expected).max()

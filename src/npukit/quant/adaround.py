@@ -7,11 +7,15 @@ h(V) = clip(sigmoid(V) * 1.2 - 0.1, 0, 1) the rectified sigmoid. V starts where 
 Adam (lr 1e-2 by default: the paper's 1e-3 is meant for 10-20k iterations, and barely moves V in the
 ~1000 we can afford on a CPU) minimises, over random batches of rows,
 
-    mean_rows sum_channels (W x + b - W~ x~ - b)^2  +  lambda * sum (1 - |2 h(V) - 1|^beta)
+    mean_rows sum_channels (f(W x + b) - f(W~ x~ + b))^2  +  lambda * sum (1 - |2 h(V) - 1|^beta)
 
-where x is the layer's input in the float model and x~ its input in a fake-quantized copy (every calibrated
-activation through Q/DQ, every earlier layer already rounded): asymmetric reconstruction, so each layer also absorbs
-the error that reaches it. The regulariser is off for the first 20% of the iterations (warm start), then beta
+where x is the layer's input in the unmodified float model and x~ its input in a fake-quantized copy (every
+calibrated activation through Q/DQ, every earlier layer already rounded): asymmetric reconstruction, so each layer
+also absorbs the error that reaches it. f is the Relu or ReLU6 (constant-bound Clip) that alone reads the layer's
+output, identity otherwise: what the activation cuts away never reaches the next layer, and fitting it would spend
+the rounding on it. Measured on MobileNetV2 (ReLU6, 300 iterations, 42 calibration crops, 208 evaluation crops):
+without f and with a target from the already-rounded model, AdaRound lowered the logits SQNR from 10.4 to 8.2 dB;
+with both, it raises it to 18.2 dB (87.0% top-1 agreement). The regulariser is off for the first 20% of the iterations (warm start), then beta
 anneals linearly from 20 to 2 and drives h to 0 or 1; the final rounding is h = [V >= 0], kept only where it
 reconstructs the layer better than nearest rounding on all collected rows. A row is one output
 position: an im2col column of a Conv (positions sampled at random per calibration sample, per group for grouped
@@ -219,15 +223,23 @@ def _h(v: torch.Tensor) -> torch.Tensor:
 
 
 def _learn(w: np.ndarray, grid: WeightGrid, xf: np.ndarray, xq: np.ndarray, bias: np.ndarray, *,
-           per_channel: bool, iterations: int, batch_rows: int, learning_rate: float, seed: int) -> tuple[np.ndarray, dict]:
-    """Learned integer weights (g, o, k) and the layer's MSE with nearest and with learned rounding."""
+           per_channel: bool, iterations: int, batch_rows: int, learning_rate: float, seed: int,
+           clip: tuple[float, float] | None = None) -> tuple[np.ndarray, dict]:
+    """Learned integer weights (g, o, k) and the layer's MSE with nearest and with learned rounding. ``clip``: the
+    bounds of the activation that follows the layer (Relu: (0, inf), ReLU6: (0, 6)); the error is measured after it,
+    since what the activation cuts away never reaches the next layer."""
+    lo, hi = clip if clip is not None else (-math.inf, math.inf)
+
+    def act(t: torch.Tensor) -> torch.Tensor:
+        return t.clamp(lo, hi) if clip is not None else t
+
     gen = torch.Generator().manual_seed(seed)
     wt = torch.from_numpy(w.astype(np.float32))
     scale = torch.from_numpy(grid.scale)
     xf_t, xq_t = torch.from_numpy(xf), torch.from_numpy(xq)
     b = torch.from_numpy(bias.astype(np.float32)).reshape(1, *w.shape[:2])
     with torch.no_grad():
-        target = torch.einsum("ngk,gok->ngo", xf_t, wt) + b
+        target = act(torch.einsum("ngk,gok->ngo", xf_t, wt) + b)
     ratio = wt / scale
     floor = torch.floor(ratio)
     rest = ratio - floor
@@ -247,7 +259,7 @@ def _learn(w: np.ndarray, grid: WeightGrid, xf: np.ndarray, xq: np.ndarray, bias
     for it in range(iterations):
         idx = torch.randint(rows, (min(batch_rows, rows),), generator=gen)
         h = _h(v)
-        pred = torch.einsum("ngk,gok->ngo", xq_t[idx], rounded(h)) + b
+        pred = act(torch.einsum("ngk,gok->ngo", xq_t[idx], rounded(h)) + b)
         loss = (pred - target[idx]).pow(2).sum(dim=(1, 2)).mean()
         if it >= warm:
             rel = (it - warm) / max(1, iterations - warm)
@@ -265,7 +277,7 @@ def _learn(w: np.ndarray, grid: WeightGrid, xf: np.ndarray, xq: np.ndarray, bias
         q = torch.where(frozen, nearest, torch.clamp(floor + hard, grid.qmin, grid.qmax))
 
         def mse(qint: torch.Tensor) -> float:
-            err = torch.einsum("ngk,gok->ngo", xq_t, qint * scale) + b - target
+            err = act(torch.einsum("ngk,gok->ngo", xq_t, qint * scale) + b) - target
             return float(err.pow(2).sum(dim=(1, 2)).mean())
 
         before, after = mse(nearest), mse(q)
@@ -334,7 +346,7 @@ def _adaround(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], *, c
         if node.op_type == "Gemm" and _attr(node, "transA", 0):
             skipped.append({"node": node.name, "reason": "Gemm with transA is not supported"})
             continue
-        xs_float = _collect(work, node.input[0], samples)
+        xs_float = _collect(model, node.input[0], samples)  # the float model's input: the true target
         x_name = renamed.get(node.input[0], node.input[0])
         xs_quant = _collect(fq, x_name, samples)
         per_sample = max(1, math.ceil(rows / len(samples)))
@@ -357,7 +369,7 @@ def _adaround(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], *, c
         grid = weight_grid(wg, per_channel=config.per_channel, reduce_range=config.reduce_range)
         q, stats = _learn(wg, grid, xf_rows, xq_rows, bias, per_channel=config.per_channel, iterations=iterations,
                           batch_rows=batch_rows, learning_rate=learning_rate,
-                          seed=seed + index)
+                          seed=seed + index, clip=_following_clip(work, node))
         new_w = _ungrouped(node, (q * grid.scale).astype(np.float32), w.shape)
         inits[node.input[1]].CopyFrom(numpy_helper.from_array(new_w, node.input[1]))
         fq_inits[node.input[1]].CopyFrom(numpy_helper.from_array(new_w, node.input[1]))
@@ -366,6 +378,29 @@ def _adaround(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], *, c
                        "seconds": round(time.perf_counter() - t0, 2)})
     return AdaRoundResult(model=work, weight_overrides=overrides, layers=layers, skipped=skipped,
                           seconds=time.perf_counter() - start)
+
+
+def _following_clip(model: onnx.ModelProto, node: onnx.NodeProto) -> tuple[float, float] | None:
+    """(lo, hi) of the Relu or constant-bound Clip that alone reads ``node``'s output, else None."""
+    readers = [n for n in model.graph.node if node.output[0] in n.input]
+    if len(readers) != 1 or any(o.name == node.output[0] for o in model.graph.output):
+        return None
+    act = readers[0]
+    if act.op_type == "Relu":
+        return (0.0, math.inf)
+    if act.op_type != "Clip":
+        return None
+    values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer if i.name in act.input[1:]}
+    bounds = []
+    for position, default in ((1, -math.inf), (2, math.inf)):
+        name = act.input[position] if len(act.input) > position else ""
+        if not name:
+            bounds.append(default)
+        elif name in values and values[name].size == 1:
+            bounds.append(float(values[name]))
+        else:
+            return None  # bounds computed at run time
+    return (bounds[0], bounds[1])
 
 
 def _override(node: onnx.NodeProto, grid: WeightGrid, *, per_channel: bool) -> list[dict]:

@@ -12,7 +12,7 @@ asymmetric: [-128, 127]; reduced range: [-64, 64]) and its 8-bit activation scal
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import onnx
@@ -83,11 +83,16 @@ def _attr(node: onnx.NodeProto, name: str, default: float) -> float:
 
 
 def correct_bias(model: onnx.ModelProto, samples: Iterable[object], *, config: QuantConfig,
-                 ranges: dict[str, tuple[float, float]] | None = None) -> BiasCorrectionResult:
+                 ranges: dict[str, tuple[float, float]] | None = None,
+                 reference_weights: Mapping[str, np.ndarray] | None = None) -> BiasCorrectionResult:
     """A copy of ``model`` with each quantizable Conv/Gemm bias corrected for its measured quantization shift.
 
     Without ``ranges`` only weight rounding is accounted for; with them (tensor -> calibrated range), also the
     8-bit quantization of each node's input (16-bit inputs are left in float).
+    ``reference_weights`` (weight name -> float weight) are the weights the shift is measured against when
+    ``model``'s own are already rounded (after AdaRound, whose rounding already compensates part of the input
+    quantization's mean error): the shift removed is then E[Q(W~) x_q] - E[W x], the layer's whole remaining mean
+    error, and nothing is corrected twice.
     """
     wide = sixteen_bit_tensors(model, config.int16_nodes)
     inits = {i.name: i for i in model.graph.initializer}
@@ -101,9 +106,12 @@ def correct_bias(model: onnx.ModelProto, samples: Iterable[object], *, config: Q
     probe.CopyFrom(model)
     shift_names: dict[str, str] = {}
     for k, node in enumerate(targets):
-        w = numpy_helper.to_array(inits[node.input[1]])
-        wq = fake_quantize_weight(w, axis=weight_axis(node, per_channel=config.per_channel),
+        wq = fake_quantize_weight(numpy_helper.to_array(inits[node.input[1]]),
+                                  axis=weight_axis(node, per_channel=config.per_channel),
                                   symmetric=config.symmetric_weights, reduce_range=config.reduce_range)
+        w = numpy_helper.to_array(inits[node.input[1]])
+        if reference_weights is not None and node.input[1] in reference_weights:
+            w = np.asarray(reference_weights[node.input[1]], dtype=np.float32)
         x = node.input[0]
         if ranges is not None and x in ranges and x not in wide:
             scale, zero = activation_qparams(*ranges[x], signed=config.activation_signed,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -198,15 +199,18 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
         calib = calibrate(work, samples, config=config, progress=progress)
         steps["calibration"] = {"method": config.method, "samples": calib.samples, "tensors": len(calib.ranges)}
     weight_grids: dict[str, list[dict]] = {}
+    before_rounding: dict[str, np.ndarray] | None = None
     if config.adaround:
         wide = sixteen_bit_tensors(work, config.int16_nodes)
         eight_bit = {t: r for t, r in effective_ranges(work, calib.ranges, config).items() if t not in wide}
         ar = adaround(work, samples, config=config, ranges=eight_bit)
+        rounded = {i.name for i in ar.model.graph.initializer if i.name in ar.weight_overrides}
+        before_rounding = {i.name: numpy_helper.to_array(i) for i in work.graph.initializer if i.name in rounded}
         work = ar.model
         weight_grids = ar.weight_overrides
         steps["adaround"] = ar.summary()
     if config.bias_correction:
-        bc = correct_bias(work, samples, config=config, ranges=calib.ranges)
+        bc = correct_bias(work, samples, config=config, ranges=calib.ranges, reference_weights=before_rounding)
         work = bc.model
         steps["bias_correction"] = {
             "nodes": len(bc.shifts), "samples": bc.samples,
