@@ -160,14 +160,13 @@ COLUMNS: tuple[Column, ...] = (
                   **(_CLE_BC | {"method": "auto"}), activation_equalization=True, reduce_range=True),
     npukit_column("npk-pt-auto-cle-ae-bc", "npukit per-tensor auto +CLE +AE +BC", per_channel=False,
                   **(_CLE_BC | {"method": "auto"}), activation_equalization=True),
-    npukit_column("npk-pc-ada", "npukit per-channel entropy +CLE +BC +AdaRound", per_channel=True, **_CLE_BC,
-                  adaround=True),
-    npukit_column("npk-pt-ada", "npukit per-tensor entropy +CLE +BC +AdaRound", per_channel=False, **_CLE_BC,
-                  adaround=True),
-    npukit_column("npk-pc-ada-rr", "npukit per-channel entropy +CLE +BC +AdaRound reduce_range", per_channel=True,
-                  **_CLE_BC, adaround=True, reduce_range=True),
-    npukit_column("npk-pt-ada-rr", "npukit per-tensor entropy +CLE +BC +AdaRound reduce_range", per_channel=False,
-                  **_CLE_BC, adaround=True, reduce_range=True),
+    npukit_column("npk-pc-ada-rr", "npukit per-channel auto +CLE +AE +AdaRound reduce_range", per_channel=True,
+                  method="auto", cle=True, activation_equalization=True, adaround=True, reduce_range=True),
+    npukit_column("npk-pt-ada", "npukit per-tensor auto +CLE +AE +AdaRound", per_channel=False, method="auto",
+                  cle=True, activation_equalization=True, adaround=True),
+    npukit_column("npk-pc-ada-bc-rr", "npukit per-channel auto +CLE +AE +AdaRound +BC reduce_range",
+                  per_channel=True, method="auto", cle=True, activation_equalization=True, adaround=True,
+                  bias_correction=True, reduce_range=True),
 )
 COLUMN_KEYS = tuple(c.key for c in COLUMNS)
 

@@ -31,7 +31,8 @@ class QuantConfig:
     ``activation_equalization_alpha`` the strength (0: off, 1: every channel full range; see
     ``npukit.quant.stream_equalize``).
     ``adaround`` learns each Conv/Gemm weight's rounding on the calibration data (``adaround_iterations`` Adam steps
-    per layer; it needs symmetric weights).
+    per layer; it needs symmetric weights). Measured on MobileNetV2 per-channel (42 calibration crops, 2 cores): 300
+    steps 6 min, 87.0% top-1 agreement / 18.2 dB; 1000 steps 15.6 min, 89.4% / 17.9 dB.
     ``method="auto"`` calibrates once with one histogram per tensor, derives every method's ranges from it, and
     keeps the method whose QDQ model's outputs are closest (SQNR) to the float model's on held-out samples
     (see ``npukit.quant.auto``).
@@ -53,7 +54,7 @@ class QuantConfig:
     calib_samples: int | None = None
     reduce_range: bool = False
     adaround: bool = False
-    adaround_iterations: int = 1000
+    adaround_iterations: int = 300
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "int16_nodes", tuple(self.int16_nodes))
