@@ -55,7 +55,8 @@ def test_choose_planar_resizes_lowers_ort_predicted_peak():
     assert choice.planar == ("up",)
     assert choice.predicted_peak_after < choice.predicted_peak_before
     assert choice.predicted_peak_after <= output_bytes * 1.05
-    assert ort_predicted_peak(choice.model) == choice.predicted_peak_after
+    again = ort_predicted_peak(choice.model)  # a new session: ORT may order nodes differently (see test_tiling)
+    assert abs(again - choice.predicted_peak_after) <= 0.15 * choice.predicted_peak_after
 
 
 @pytest.mark.slow

