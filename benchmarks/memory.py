@@ -16,8 +16,12 @@ extended measurement).
     python benchmarks/memory.py --work-dir /tmp/memexports       # keep (and reuse) the exported models
     python benchmarks/memory.py --models mobilenet_v2 lraspp_mobilenet_v3_large --tiling-only
 
+Models: seven classifiers and segmenters at batch 1 and SSDlite-MobileNetV3 at 512x512 without its pre- and
+post-processing (image in, raw box regressions and class logits of every anchor out).
+
 Restructuring for memory (npukit.memory.tiling.optimize_for_memory, what `optimize-graph --memory-budget` runs) for
-the models in TILING_MODELS among those run: the budget is half ORT's predicted peak of the original; upsamples whose
+the models in TILING_MODELS among those run: the budget is half ORT's predicted peak of the original (when no
+restructuring reaches it, the smallest reachable peak is used instead and the row says so); upsamples whose
 NCHWc form raises the peak are kept in the plain layout (npukit.memory.layout), then the early stage is tiled
 (patch-based inference) if the budget is still not met; the table gives ORT CPU's measured peak (arena off, default
 optimization level) before and after, the outputs' max relative error and the latency ratio restructured / original
