@@ -129,7 +129,7 @@ def _child(request_json: str) -> None:
     for position, value in enumerate(session.get_inputs()):
         given = request["input_shape"] if position == 0 and request["input_shape"] else None
         shape = given or [d if isinstance(d, int) and d > 0 else 1 for d in value.shape]
-        dtype = np.dtype(_NUMPY_TYPES.get(value.type, "float32"))
+        dtype = np.dtype(NUMPY_TYPES.get(value.type, "float32"))
         feeds[value.name] = (rng.standard_normal(shape) if dtype.kind == "f" else np.zeros(shape)).astype(dtype)
         if position == 0:
             shape_used = list(shape)
@@ -162,6 +162,6 @@ def _child(request_json: str) -> None:
 
 
 _LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
-_NUMPY_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+NUMPY_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
                 "tensor(uint8)": "uint8", "tensor(int8)": "int8", "tensor(int32)": "int32", "tensor(int64)": "int64",
                 "tensor(bool)": "bool"}

@@ -38,6 +38,7 @@ import onnx
 from npukit.errors import InputError
 from npukit.memory.graph import OpNode, TensorGraph
 from npukit.memory.lifetimes import GRAPH_INPUT, Lifetimes, StepInfo, TensorLife
+from npukit.memory.measure import NUMPY_TYPES
 
 NCHWC = "com.microsoft.nchwc"
 MICROSOFT = "com.microsoft"
@@ -140,7 +141,7 @@ def _feeds(session, input_shape: Sequence[int] | None) -> dict[str, np.ndarray]:
             raise InputError(f"input {value.name!r} has unresolved dimensions {value.shape}",
                              hint="give the input's full shape with --input-shape, e.g. --input-shape 1,3,224,224")
         shape = [d if d is not None else 1 for d in dims]
-        dtype = np.dtype(_NUMPY_TYPES.get(value.type, "float32"))
+        dtype = np.dtype(NUMPY_TYPES.get(value.type, "float32"))
         feeds[value.name] = (rng.standard_normal(shape) if dtype.kind == "f" else np.zeros(shape)).astype(dtype)
     return feeds
 
@@ -269,7 +270,3 @@ def without_graph_inputs(lifetimes: Lifetimes) -> Lifetimes:
     kept = tuple(t for t in lifetimes.tensors if t.producer != GRAPH_INPUT)
     return dataclasses.replace(lifetimes, tensors=kept)
 
-
-_NUMPY_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
-                "tensor(uint8)": "uint8", "tensor(int8)": "int8", "tensor(int32)": "int32", "tensor(int64)": "int64",
-                "tensor(bool)": "bool"}
