@@ -44,9 +44,9 @@ import torch
 
 from npukit._atomic import write_text_atomic
 from npukit.memory.graph import load_tensor_graph
-from npukit.memory.lifetimes import GRAPH_INPUT, Lifetimes, lifetimes_of
+from npukit.memory.lifetimes import lifetimes_of
 from npukit.memory.measure import measure_ort_peak
-from npukit.memory.ort_cpu import ort_allocation, ort_executed_graph
+from npukit.memory.ort_cpu import ort_allocation, ort_executed_graph, without_graph_inputs
 from npukit.memory.plan import plan_memory
 from npukit.memory.planners import all_plans, best_plan
 from npukit.memory.runtime_view import VIEWS, apply_view
@@ -118,10 +118,6 @@ class RawDetector(torch.nn.Module):
         return out["bbox_regression"], out["cls_logits"]
 
 
-def without_inputs(lifetimes: Lifetimes) -> Lifetimes:
-    return Lifetimes(tuple(t for t in lifetimes.tensors if t.producer != GRAPH_INPUT), order=lifetimes.order)
-
-
 def measure_model(name: str, side: int, work: Path) -> Row:
     path = work / f"{name}.onnx"
     export(name, side, path)
@@ -135,8 +131,8 @@ def measure_model(name: str, side: int, work: Path) -> Row:
     planned = {view: best_plan(lifetimes_of(apply_view(exported, VIEWS[view]))).arena_bytes
                for view in ("cpu", "cpu-int8", "qnn-htp")}
     predicted = cpu.runtime_peak
-    planned_run = best_plan(without_inputs(cpu.lifetimes)).arena_bytes
-    predicted_extended = without_inputs(ort_allocation(ort_executed_graph(path, optimization="extended"))).peak_bytes
+    planned_run = best_plan(without_graph_inputs(cpu.lifetimes)).arena_bytes
+    predicted_extended = ort_allocation(ort_executed_graph(path, optimization="extended")).peak_bytes
     off = measure_ort_peak(path, arena=False)
     on = measure_ort_peak(path, arena=True)
     extended = measure_ort_peak(path, arena=False, optimization="extended")

@@ -87,10 +87,10 @@ def keep_resizes_planar(model: onnx.ModelProto, names: Sequence[str], *,
 def ort_predicted_peak(model: onnx.ModelProto | str | Path, *, input_shape: Sequence[int] | None = None) -> int:
     """ORT CPU's peak activation memory for ``model`` (arena off, inputs excluded), from its own graph and its
     allocation planner replayed (:mod:`npukit.memory.ort_cpu`)."""
-    from npukit.memory.ort_cpu import ort_allocation, ort_executed_graph, without_graph_inputs
+    from npukit.memory.ort_cpu import ort_allocation, ort_executed_graph
 
     if isinstance(model, (str, Path)):
-        return without_graph_inputs(ort_allocation(ort_executed_graph(model, input_shape=input_shape))).peak_bytes
+        return ort_allocation(ort_executed_graph(model, input_shape=input_shape)).peak_bytes
     with tempfile.TemporaryDirectory(prefix="npukit-layout-") as tmp:
         path = Path(tmp) / "model.onnx"
         onnx.save(model, str(path))

@@ -76,9 +76,9 @@ def measure_ort_peak(
         raise InputError(f"model file {path} does not exist", hint="give the path of an .onnx file")
     if threads < 1:
         raise InputError(f"threads must be >= 1, not {threads}", hint="use --threads 1 for repeatable figures")
-    if optimization not in _LEVELS:
+    if optimization not in ORT_LEVELS:
         raise InputError(f"unknown ORT optimization level {optimization!r}",
-                         hint=f"choose one of {', '.join(_LEVELS)}")
+                         hint=f"choose one of {', '.join(ORT_LEVELS)}")
     pattern = arena if mem_pattern is None else mem_pattern
     request = {"model": str(path), "arena": bool(arena), "mem_pattern": bool(pattern), "threads": int(threads),
                "optimization": optimization,
@@ -121,7 +121,7 @@ def _child(request_json: str) -> None:
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3
-    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[request["optimization"]])
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, ORT_LEVELS[request["optimization"]])
     session = ort.InferenceSession(request["model"], sess_options=options, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     feeds = {}
@@ -129,7 +129,7 @@ def _child(request_json: str) -> None:
     for position, value in enumerate(session.get_inputs()):
         given = request["input_shape"] if position == 0 and request["input_shape"] else None
         shape = given or [d if isinstance(d, int) and d > 0 else 1 for d in value.shape]
-        dtype = np.dtype(NUMPY_TYPES.get(value.type, "float32"))
+        dtype = np.dtype(_NUMPY_TYPES.get(value.type, "float32"))
         feeds[value.name] = (rng.standard_normal(shape) if dtype.kind == "f" else np.zeros(shape)).astype(dtype)
         if position == 0:
             shape_used = list(shape)
@@ -161,7 +161,7 @@ def _child(request_json: str) -> None:
     }))
 
 
-_LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
-NUMPY_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+ORT_LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+_NUMPY_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
                 "tensor(uint8)": "uint8", "tensor(int8)": "int8", "tensor(int32)": "int32", "tensor(int64)": "int64",
                 "tensor(bool)": "bool"}

@@ -38,7 +38,8 @@ import onnx
 from npukit.errors import InputError
 from npukit.memory.graph import OpNode, TensorGraph
 from npukit.memory.lifetimes import GRAPH_INPUT, Lifetimes, StepInfo, TensorLife
-from npukit.memory.measure import NUMPY_TYPES
+from npukit.memory.measure import ORT_LEVELS
+from npukit.runtime.ort import make_session, random_feeds
 
 NCHWC = "com.microsoft.nchwc"
 MICROSOFT = "com.microsoft"
@@ -61,9 +62,6 @@ ORT_CPU_KERNELS = OrtKernelTraits(
     aliases=frozenset(("", op) for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")),
     may_inplace={**{("", op): 0 for op in _UNARY_INPLACE}, (NCHWC, "Conv"): 3, (MICROSOFT, "FusedConv"): 3},
 )
-
-_LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
-
 
 @dataclasses.dataclass(frozen=True)
 class OrtExecutedGraph:
@@ -96,27 +94,17 @@ def ort_executed_graph(
     """The graph ORT CPU executes for the model at ``model`` (one intra-op thread), read back from ORT.
 
     ``input_shape`` fixes the first input's shape; symbolic dimensions of other inputs become 1."""
-    import onnxruntime as ort
-
-    if optimization not in _LEVELS:
-        raise InputError(f"unknown ORT optimization level {optimization!r}", hint=f"choose one of {', '.join(_LEVELS)}")
+    if optimization not in ORT_LEVELS:
+        raise InputError(f"unknown ORT optimization level {optimization!r}",
+                         hint=f"choose one of {', '.join(ORT_LEVELS)}")
     path = Path(model)
     if not path.is_file():
         raise InputError(f"model file {path} does not exist", hint="give the path of an .onnx file")
     with tempfile.TemporaryDirectory(prefix="npukit-ortgraph-") as tmp:
         optimized = Path(tmp) / "optimized.onnx"
-        options = ort.SessionOptions()
-        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[optimization])
-        options.optimized_model_filepath = str(optimized)
-        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
-        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
-        options.intra_op_num_threads = 1
-        options.log_severity_level = 3
-        try:
-            session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
-        except Exception as error:  # noqa: BLE001 - ORT's own message says what it could not load
-            raise InputError(f"ORT could not load {path.name}: {str(error).splitlines()[0]}",
-                             hint="check the model with `npukit inspect`") from None
+        session = make_session(path, optimization=optimization, optimized_model_path=str(optimized), session_config={
+            "session.optimized_model_external_initializers_file_name": "weights.bin",
+            "session.optimized_model_external_initializers_min_size_in_bytes": "1024"})
         feeds = _feeds(session, input_shape)
         del session
         proto = onnx.load(str(optimized), load_external_data=False)
@@ -128,27 +116,15 @@ def ort_executed_graph(
 
 
 def _feeds(session, input_shape: Sequence[int] | None) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    feeds = {}
-    for position, value in enumerate(session.get_inputs()):
-        dims = [d if isinstance(d, int) and d > 0 else None for d in value.shape]
-        if position == 0 and input_shape is not None:
-            if len(input_shape) != len(dims):
-                raise InputError(f"--input-shape has {len(input_shape)} dimensions but input {value.name!r} has "
-                                 f"{len(dims)}", hint="give one size per dimension, e.g. --input-shape 1,3,224,224")
-            dims = list(input_shape)
-        elif any(d is None for d in dims[1:]):
-            raise InputError(f"input {value.name!r} has unresolved dimensions {value.shape}",
-                             hint="give the input's full shape with --input-shape, e.g. --input-shape 1,3,224,224")
-        shape = [d if d is not None else 1 for d in dims]
-        dtype = np.dtype(NUMPY_TYPES.get(value.type, "float32"))
-        feeds[value.name] = (rng.standard_normal(shape) if dtype.kind == "f" else np.zeros(shape)).astype(dtype)
-    return feeds
+    """Seeded inputs, the first of ``input_shape`` when given."""
+    first = session.get_inputs()[0]
+    if input_shape is not None and len(input_shape) != len(first.shape):
+        raise InputError(f"--input-shape has {len(input_shape)} dimensions but input {first.name!r} has "
+                         f"{len(first.shape)}", hint="give one size per dimension, e.g. --input-shape 1,3,224,224")
+    return random_feeds(session, seed=0, shapes=None if input_shape is None else {first.name: input_shape})
 
 
 def _run_for_shapes(proto: onnx.ModelProto, optimized: Path, feeds: Mapping[str, np.ndarray]):
-    import onnxruntime as ort
-
     proto = copy.deepcopy(proto)  # the caller's graph keeps its own outputs
     listed = {o.name for o in proto.graph.output}
     for node in proto.graph.node:
@@ -158,11 +134,7 @@ def _run_for_shapes(proto: onnx.ModelProto, optimized: Path, feeds: Mapping[str,
                 listed.add(name)
     probe = optimized.with_name("probe.onnx")  # next to weights.bin, which its initializers point to
     onnx.save(proto, str(probe))
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.intra_op_num_threads = 1
-    options.log_severity_level = 3
-    session = ort.InferenceSession(str(probe), sess_options=options, providers=["CPUExecutionProvider"])
+    session = make_session(probe, optimization="disable")
     names = [o.name for o in session.get_outputs()]
     values = session.run(names, dict(feeds))
     shapes = {name: tuple(int(d) for d in value.shape) for name, value in zip(names, values, strict=True)}
@@ -198,7 +170,7 @@ def _tensor_graph(proto: onnx.ModelProto, shapes, itemsizes, kernels: OrtKernelT
 
 def ort_allocation(executed: OrtExecutedGraph) -> Lifetimes:
     """ORT's own buffers for ``executed`` (see the module docstring, step 3): one :class:`TensorLife` per buffer with
-    every tensor it holds; graph inputs are not in it."""
+    every tensor it holds; graph inputs (the caller's memory) are not in it, so its peak is what ORT allocates."""
     graph = executed.graph
     outputs = set(graph.outputs)
     last = len(graph.nodes) - 1

@@ -77,11 +77,11 @@ def plan_memory(
     exported = load_tensor_graph(load_onnx(model_path), input_shape=shape)
     runtime_peak, allocator, description = None, "", execution.description
     if execution.name == "cpu" and runtime_graph:
-        from npukit.memory.ort_cpu import ort_allocation, ort_executed_graph, without_graph_inputs
+        from npukit.memory.ort_cpu import ort_allocation, ort_executed_graph
 
         executed = ort_executed_graph(model_path, input_shape=shape)
         graph = executed.graph
-        runtime_peak = without_graph_inputs(ort_allocation(executed)).peak_bytes
+        runtime_peak = ort_allocation(executed).peak_bytes
         allocator = "ORT CPU's allocation planner, replayed (same-shape reuse; inputs excluded)"
         description = (f"the graph ORT CPU executes, read from ORT at optimization level {executed.optimization} "
                        f"({len(graph.nodes)} nodes, {executed.layout_ops} in the NCHWc layout)")

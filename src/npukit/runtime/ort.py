@@ -33,8 +33,10 @@ def make_session(
     providers: Sequence[str] = ("CPUExecutionProvider",),
     optimization: str = "all",
     optimized_model_path: str | None = None,
+    session_config: Mapping[str, str] | None = None,
 ) -> ort.InferenceSession:
-    """An InferenceSession with ``threads`` intra-op threads, sequential execution and no spinning between runs."""
+    """An InferenceSession with ``threads`` intra-op threads, sequential execution and no spinning between runs;
+    ``session_config``: more ``add_session_config_entry`` pairs."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
@@ -49,6 +51,8 @@ def make_session(
     so.log_severity_level = 3
     if optimized_model_path:
         so.optimized_model_filepath = optimized_model_path
+    for key, value in (session_config or {}).items():
+        so.add_session_config_entry(key, value)
     if isinstance(model, onnx.ModelProto):
         model = model.SerializeToString()
     elif not isinstance(model, bytes):
