@@ -10,6 +10,8 @@ from npukit.memory.layout import choose_planar_resizes, keep_resizes_planar, ort
 from npukit.memory.measure import measure_ort_peak
 from npukit.runtime.ort import make_session, random_feeds, run
 
+from .tiny import _model
+
 
 def _segmentation_head() -> onnx.ModelProto:
     """x[1,16,32,32] -> Conv 16->21 (NCHWc on x86: 21 channels padded to 24) -> Relu -> Resize x8 (bilinear) ->
@@ -21,12 +23,8 @@ def _segmentation_head() -> onnx.ModelProto:
              helper.make_node("Relu", ["c"], ["r"], name="relu"),
              helper.make_node("Resize", ["r", "", "scales"], ["y"], mode="linear",
                               coordinate_transformation_mode="half_pixel", name="up")]
-    graph = helper.make_graph(nodes, "seg", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 32, 32])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 21, 256, 256])],
-                              initializer=[w, scales])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 32, 32])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 21, 256, 256])], [w, scales])
 
 
 def test_planar_resize_is_exact_and_named():

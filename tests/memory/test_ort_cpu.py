@@ -12,7 +12,7 @@ from npukit.memory.measure import measure_ort_peak
 from npukit.memory.ort_cpu import OrtExecutedGraph, ort_allocation, ort_executed_graph, without_graph_inputs
 from npukit.memory.planners import best_plan, check_plan
 
-from .tiny import conv_relu_add
+from .tiny import _model, conv_relu_add
 
 
 def _executed(nodes, shapes, inputs=("x",), outputs=("y",)) -> OrtExecutedGraph:
@@ -87,11 +87,8 @@ def _dense_block() -> onnx.ModelProto:
         features.append(f"f{layer}")
         channels += 32
     nodes.append(helper.make_node("Concat", features, ["y"], axis=1))
-    graph = helper.make_graph(nodes, "dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 64, 64])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 64, 64])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, 64, 64])], inits)
 
 
 @pytest.mark.slow
