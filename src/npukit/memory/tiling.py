@@ -580,9 +580,10 @@ def choose_tiling(
 
     Cuts are the tensors ``target``'s view keeps (not intermediates fused away) where the bytes live after the
     cut in the untiled graph already fit the budget (tiling cannot lower them) and that come at or after the untiled
-    peak (an earlier cut leaves the peak untiled); for the first ``max_cuts`` of them in graph order, the grids of :data:`TILE_OPTIONS` are planned by tile count until one fits or costs more MACs
-    than the best fit so far. ``peak_of`` gives a model's peak (default: the best plan of ``target``'s view, see
-    :func:`planned_peak`; :func:`optimize_for_memory` passes ORT's replayed allocation for target "cpu").
+    peak (an earlier cut leaves the peak untiled); for the first ``max_cuts`` of them in graph order, the grids of
+    :data:`TILE_OPTIONS` are planned by tile count until one fits or costs more MACs than the best fit so far.
+    ``peak_of`` gives a model's peak (default: the best plan of ``target``'s view, see :func:`planned_peak`;
+    :func:`optimize_for_memory` passes ORT's replayed allocation for target "cpu").
     """
     from npukit.memory.lifetimes import lifetimes_of
     from npukit.memory.runtime_view import build_view

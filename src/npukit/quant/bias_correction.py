@@ -106,10 +106,10 @@ def correct_bias(model: onnx.ModelProto, samples: Iterable[object], *, config: Q
     probe.CopyFrom(model)
     shift_names: dict[str, str] = {}
     for k, node in enumerate(targets):
-        wq = fake_quantize_weight(numpy_helper.to_array(inits[node.input[1]]),
-                                  axis=weight_axis(node, per_channel=config.per_channel),
+        own = numpy_helper.to_array(inits[node.input[1]])
+        wq = fake_quantize_weight(own, axis=weight_axis(node, per_channel=config.per_channel),
                                   symmetric=config.symmetric_weights, reduce_range=config.reduce_range)
-        w = numpy_helper.to_array(inits[node.input[1]])
+        w = own
         if reference_weights is not None and node.input[1] in reference_weights:
             w = np.asarray(reference_weights[node.input[1]], dtype=np.float32)
         x = node.input[0]

@@ -204,8 +204,8 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
         wide = sixteen_bit_tensors(work, config.int16_nodes)
         eight_bit = {t: r for t, r in effective_ranges(work, calib.ranges, config).items() if t not in wide}
         ar = adaround(work, samples, config=config, ranges=eight_bit)
-        rounded = {i.name for i in ar.model.graph.initializer if i.name in ar.weight_overrides}
-        before_rounding = {i.name: numpy_helper.to_array(i) for i in work.graph.initializer if i.name in rounded}
+        before_rounding = {i.name: numpy_helper.to_array(i) for i in work.graph.initializer
+                           if i.name in ar.weight_overrides}
         work = ar.model
         weight_grids = ar.weight_overrides
         steps["adaround"] = ar.summary()
