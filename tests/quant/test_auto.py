@@ -158,3 +158,24 @@ def test_few_samples_calibrate_on_all_with_a_note() -> None:
     auto = result.steps["auto"]
     assert (auto["calibration_samples"], auto["held_out_samples"]) == (4, 1) and "only 4" in auto["note"]
     assert result.steps["calibration"]["samples"] == 4
+
+
+@pytest.mark.parametrize("bias_correction", [False, True])
+def test_auto_scores_candidates_bias_corrected_when_the_final_model_is(monkeypatch, bias_correction) -> None:
+    """With bias correction asked, each candidate is bias-corrected on the calibration part only (the held-out
+    samples score it), then the chosen one once more on all samples; without it, no candidate is."""
+    import npukit.quant.qdq as qdq_module
+
+    calls: list[int | None] = []
+    real = qdq_module.correct_bias
+
+    def counting(model, samples, *, config, **kwargs):
+        calls.append(config.calib_samples)
+        return real(model, samples, config=config, **kwargs)
+
+    monkeypatch.setattr(qdq_module, "correct_bias", counting)
+    result = quantize(tiny_cnn(spread=0.5), make_samples(16),
+                      config=QuantConfig(method="auto", bias_correction=bias_correction))
+    candidates = len(RANGE_METHODS) - len(result.steps["auto"]["identical_ranges"])
+    split = split_samples(16)
+    assert calls == ([split.calibration] * candidates + [None] if bias_correction else [])

@@ -91,14 +91,47 @@ def test_bad_input_is_an_input_error() -> None:
 
 
 def test_reduce_range_weights_fit_7_bits_and_integer_kernels_match_the_qdq_semantics() -> None:
-    """With 7-bit weights the u8s8 integer kernels cannot saturate: ORT's optimized run equals the plain QDQ run."""
+    """Under reduce_range the u8s8 integer kernels cannot saturate: ORT's optimized run equals the plain QDQ run. The
+    3x3 conv's weights take 7 bits; the depthwise conv keeps all 8 (its kernel accumulates in 32 bits); the 1x1 conv
+    and the Gemm keep every pair of neighbouring input channels within 128 together."""
     model = tiny_cnn(spread=0.5)
     result = quantize(model, make_samples(8), config=QuantConfig(reduce_range=True))
-    weights = [onnx.numpy_helper.to_array(i) for i in result.model.graph.initializer
-               if i.name.endswith("_quantized") and i.data_type == onnx.TensorProto.INT8]
-    assert weights and all(np.abs(w.astype(int)).max() <= 64 for w in weights)
-    assert max(np.abs(w.astype(int)).max() for w in weights) == 64
+    weights = {i.name.removesuffix("_quantized"): onnx.numpy_helper.to_array(i).astype(int)
+               for i in result.model.graph.initializer
+               if i.name.endswith("_quantized") and i.data_type == onnx.TensorProto.INT8}
+    assert set(weights) == {"w1", "w2", "w3", "w4"}
+    assert np.abs(weights["w1"]).max() == 64
+    assert np.abs(weights["w2"]).max() == 127  # depthwise
+    for name in ("w3", "w4"):  # 1x1 conv (6, 8, 1, 1) and Gemm with transB (5, 6): K is the second axis
+        rows = np.abs(weights[name].reshape(weights[name].shape[0], -1))
+        pairs = rows[:, 0::2] + rows[:, 1::2]
+        assert pairs.max() <= 128 and pairs.max(axis=1).min() >= 126  # every channel uses its pair budget
+        assert np.abs(rows).max() > 64
     held = make_samples(4, seed=21)
     integer = outputs(result.model, held)
     reference = np.stack([run(make_session(result.model, optimization="disable"), s)[0] for s in held])
     assert _sqnr(reference, integer) > 35.0
+
+
+def test_pair_bounded_weights_run_exactly_on_u8s8_kernels_where_8_bit_ones_saturate() -> None:
+    """A 1x1 conv whose largest weights sit side by side and inputs at the top of the uint8 range: the full 8-bit grid
+    overflows vpmaddubsw's int16 lanes on CPUs without VNNI (integer run != QDQ semantics), the pair-bounded grid of
+    reduce_range does not (on any CPU: the bound holds for every kernel)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    w = rng.uniform(-0.2, 0.2, (8, 16, 1, 1)).astype(np.float32)
+    w[:, 0:2] = 1.0  # the pair (0, 1) holds each channel's two largest weights
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="pw")], "pw",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 4, 4])], [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    samples = [{"x": np.full((1, 16, 4, 4), 2.0, np.float32) * rng.uniform(0.9, 1.0, (1, 16, 4, 4)).astype(np.float32)}
+               for _ in range(4)]
+    result = quantize(model, samples, config=QuantConfig(reduce_range=True))
+    q = {i.name: numpy_helper.to_array(i) for i in result.model.graph.initializer}["w_quantized"].astype(int)
+    assert np.abs(q[:, 0]).max() == 64 and (np.abs(q[:, 0]) + np.abs(q[:, 1])).max() == 128
+    reference = run(make_session(result.model, optimization="disable"), samples[0])[0]
+    integer = run(make_session(result.model), samples[0])[0]
+    np.testing.assert_allclose(integer, reference, rtol=0, atol=1e-6)

@@ -35,3 +35,47 @@ def test_arm_scheme_uses_full_range_and_signed_activations_with_i8mm(tmp_path, m
     plain = cpu_int8_scheme(_cpu(tmp_path, "fp asimd asimddp"))
     assert plain["activation_dtype"] == "uint8" and not plain["reduce_range"]
     assert cpu_int8_scheme(_cpu(tmp_path, "fp asimd asimddp i8mm"))["activation_dtype"] == "int8"
+
+
+def test_reduce_range_caps_only_the_weights_whose_kernel_saturates() -> None:
+    from onnx import helper
+
+    from npukit.quant.schemes import is_depthwise, pair_bounded, reduced_weight_range
+
+    dw = helper.make_node("Conv", ["x", "w"], ["y"], group=8)
+    grouped = helper.make_node("Conv", ["x", "w"], ["y"], group=2)  # 4 input channels per group: the GEMM path
+    plain = helper.make_node("Conv", ["x", "w"], ["y"])
+    gemm = helper.make_node("Gemm", ["x", "w"], ["y"])
+    assert is_depthwise(dw, (8, 1, 3, 3))
+    assert not is_depthwise(dw, (16, 1, 3, 3))  # channel multiplier 2: not MLAS's depthwise kernel
+    assert not is_depthwise(grouped, (8, 4, 3, 3)) and not is_depthwise(plain, (8, 8, 1, 1))
+    assert not is_depthwise(gemm, (8, 1))
+    on, off = QuantConfig(reduce_range=True), QuantConfig()
+    assert not reduced_weight_range(dw, (8, 1, 3, 3), on) and not pair_bounded(dw, (8, 1, 3, 3), on)
+    assert pair_bounded(plain, (8, 8, 1, 1), on) and pair_bounded(gemm, (5, 6), on)
+    assert not reduced_weight_range(plain, (8, 8, 1, 1), on) and not reduced_weight_range(gemm, (5, 6), on)
+    assert reduced_weight_range(plain, (8, 8, 3, 3), on) and reduced_weight_range(grouped, (8, 4, 1, 1), on)
+    assert not pair_bounded(plain, (8, 8, 1, 1), off) and not reduced_weight_range(plain, (8, 8, 3, 3), off)
+    asymmetric = QuantConfig(reduce_range=True, symmetric_weights=False)
+    assert not pair_bounded(plain, (8, 8, 1, 1), asymmetric) and reduced_weight_range(plain, (8, 8, 1, 1), asymmetric)
+
+
+def test_pair_bounded_scale_keeps_every_rounded_pair_within_the_int16_lane() -> None:
+    import numpy as np
+
+    from npukit.quant.schemes import PAIR_LIMIT, pair_bounded_scale
+
+    rng = np.random.default_rng(0)
+    rows = rng.standard_normal((16, 37)) * rng.uniform(0.1, 3, (16, 1))  # odd K: the last weight pairs with a zero
+    for per_channel in (True, False):
+        scale = pair_bounded_scale(rows, per_channel=per_channel)
+        q = np.abs(np.rint(rows / scale[:, None]))
+        q = np.concatenate([q, np.zeros((16, 1))], axis=1)
+        pairs = q[:, 0::2] + q[:, 1::2]
+        assert pairs.max() <= PAIR_LIMIT and q.max() <= 127
+        if per_channel:
+            assert pairs.max(axis=1).min() >= PAIR_LIMIT - 2  # no channel gives levels away
+        up = np.abs(np.floor(rows / (s := pair_bounded_scale(rows, per_channel=per_channel, headroom=2))[:, None]) + 1)
+        assert (np.concatenate([up, np.zeros((16, 1))], 1)[:, 0::2]
+                + np.concatenate([up, np.zeros((16, 1))], 1)[:, 1::2]).max() <= PAIR_LIMIT
+        assert s.shape == (16,)

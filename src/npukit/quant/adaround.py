@@ -45,6 +45,7 @@ from npukit.errors import InputError
 from npukit.quant.bias_correction import activation_qparams, weight_axis
 from npukit.quant.calibrate import iter_samples, with_outputs
 from npukit.quant.config import QuantConfig
+from npukit.quant.schemes import pair_bounded, pair_bounded_scale, reduced_weight_range
 from npukit.runtime.ort import make_session
 
 ZETA, GAMMA = 1.1, -0.1  # stretch of the rectified sigmoid
@@ -102,8 +103,13 @@ def _ungrouped(node: onnx.NodeProto, wg: np.ndarray, shape: tuple[int, ...]) -> 
     return wg.reshape(shape)
 
 
-def weight_grid(wg: np.ndarray, *, per_channel: bool, reduce_range: bool) -> WeightGrid:
-    """ONNX Runtime's symmetric int8 grid for a (g, o, k) weight: scale = 2 max|w| / (qmax - qmin), zero point 0."""
+def weight_grid(wg: np.ndarray, *, per_channel: bool, reduce_range: bool, pairs: bool = False) -> WeightGrid:
+    """ONNX Runtime's symmetric int8 grid for a (g, o, k) weight: scale = 2 max|w| / (qmax - qmin), zero point 0;
+    ``pairs``: the pair-bounded grid of ``npukit.quant.schemes`` (room for floor-or-ceil rounding of both weights)."""
+    if pairs:
+        scale = pair_bounded_scale(wg, per_channel=per_channel, headroom=2)
+        scale = scale[..., None] if per_channel else scale.reshape(-1)[:1].reshape(1, 1, 1)
+        return WeightGrid(scale=scale.astype(np.float32), qmin=-127, qmax=127)
     qmin, qmax = (-64, 64) if reduce_range else (-127, 127)
     absmax = np.abs(wg).max(axis=2, keepdims=True) if per_channel else np.abs(wg).max(keepdims=True)
     scale = (2.0 * absmax.astype(np.float64) / (qmax - qmin)).astype(np.float32)
@@ -367,7 +373,8 @@ def _adaround(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], *, c
             if node.op_type == "Gemm":
                 b = b * _attr(node, "beta", 1.0)
             bias = np.broadcast_to(b.reshape(-1), (wg.shape[0] * wg.shape[1],)).reshape(wg.shape[:2])
-        grid = weight_grid(wg, per_channel=config.per_channel, reduce_range=config.reduce_range)
+        grid = weight_grid(wg, per_channel=config.per_channel, reduce_range=reduced_weight_range(node, w.shape, config),
+                           pairs=pair_bounded(node, w.shape, config))
         q, stats = _learn(wg, grid, xf_rows, xq_rows, bias, per_channel=config.per_channel, iterations=iterations,
                           batch_rows=batch_rows, learning_rate=learning_rate,
                           seed=seed + index, clip=_following_clip(work, node))

@@ -1,9 +1,16 @@
 """Calibration method "auto": keep the method whose QDQ model's outputs are closest to the float model's.
 
 Inside ``quantize`` the order is: pre-process -> CLE -> calibrate once with histograms (``MultiObserver``) on the
-first samples -> one QDQ candidate per method of ``RANGE_METHODS`` (the same ORT step as the final model, no
-AdaRound, no bias correction) -> SQNR of all graph outputs against the float model on the held-out samples -> the
-chosen method's ranges feed AdaRound and bias correction, which run once -> the final QDQ model.
+first samples -> one QDQ candidate per method of ``RANGE_METHODS`` (the same ORT step as the final model; when the
+final model gets bias correction or AdaRound, the candidate gets bias correction, measured on the calibration part
+only) -> SQNR of all graph outputs against the float model on the held-out samples -> the chosen method's ranges
+feed AdaRound and bias correction, which run once -> the final QDQ model.
+
+Why bias correction in the candidates: the methods differ in how much mean shift their clipping and rounding cause,
+and bias correction (or AdaRound) removes most of it, so the ranking without it is not the ranking with it. Measured
+on MobileNetV2 (per-channel, CLE + activation equalization, 42 calibration crops): without it the choice was
+percentile (14.7 dB held-out, against 14.2 for mse), but the bias-corrected models score 17.5 dB (percentile) and
+18.4 dB (mse) on the evaluation crops.
 
 Held-out split: with ``n >= MIN_SPLIT`` samples the last quarter (at least one) is held out and the ranges come from
 the others; with fewer, the ranges come from all samples and the last quarter is also the evaluation set (noted).

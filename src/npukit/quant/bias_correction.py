@@ -20,6 +20,7 @@ from onnx import helper, numpy_helper
 
 from npukit.quant.calibrate import observe, sixteen_bit_tensors
 from npukit.quant.config import QuantConfig
+from npukit.quant.schemes import pair_bounded, pair_bounded_scale, reduced_weight_range, weight_rows
 
 
 def fake_quantize_weight(w: np.ndarray, *, axis: int | None, symmetric: bool, reduce_range: bool = False
@@ -43,6 +44,21 @@ def fake_quantize_weight(w: np.ndarray, *, axis: int | None, symmetric: bool, re
     scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
     q = np.clip(np.round(w / scale) + zero, qmin, qmax)
     return ((q - zero) * scale).astype(np.float32)
+
+
+def quantize_node_weight(node: onnx.NodeProto, w: np.ndarray, config: QuantConfig) -> np.ndarray:
+    """Q(w) for ``node``'s weight on the grid ``quantize`` gives ORT: pair-bounded scales where
+    ``npukit.quant.schemes.pair_bounded`` says so, else ``fake_quantize_weight``."""
+    axis = weight_axis(node, per_channel=config.per_channel)
+    if pair_bounded(node, w.shape, config):
+        scale = pair_bounded_scale(weight_rows(node, w), per_channel=config.per_channel)
+        shape = [1] * w.ndim
+        if axis is not None:
+            shape[axis] = -1
+        scale = scale.reshape(shape) if axis is not None else scale.reshape(-1)[:1].reshape(shape)
+        return (np.clip(np.rint(w / scale), -127, 127) * scale).astype(np.float32)
+    return fake_quantize_weight(w, axis=axis, symmetric=config.symmetric_weights,
+                                reduce_range=reduced_weight_range(node, w.shape, config))
 
 
 def weight_axis(node: onnx.NodeProto, *, per_channel: bool) -> int | None:
@@ -107,8 +123,7 @@ def correct_bias(model: onnx.ModelProto, samples: Iterable[object], *, config: Q
     shift_names: dict[str, str] = {}
     for k, node in enumerate(targets):
         own = numpy_helper.to_array(inits[node.input[1]])
-        wq = fake_quantize_weight(own, axis=weight_axis(node, per_channel=config.per_channel),
-                                  symmetric=config.symmetric_weights, reduce_range=config.reduce_range)
+        wq = quantize_node_weight(node, own, config)
         w = own
         if reference_weights is not None and node.input[1] in reference_weights:
             w = np.asarray(reference_weights[node.input[1]], dtype=np.float32)

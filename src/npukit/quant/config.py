@@ -25,8 +25,11 @@ class QuantConfig:
     Weights are always int8 (per output channel or per tensor); activations are ``activation_dtype`` except the
     inputs and outputs of ``int16_nodes``, which use the 16-bit type of the same signedness. ``exclude`` names nodes
     left in float. ``calib_samples`` caps the calibration samples used; fewer available is an error.
-    ``reduce_range`` quantizes weights to 7 bits ([-64, 64]): on x86 CPUs without VNNI, ONNX Runtime's u8s8
-    integer kernels add pairs of 8-bit products in saturating 16-bit lanes, which full-range int8 weights overflow.
+    ``reduce_range`` keeps weights out of saturation on x86 CPUs without VNNI, where ONNX Runtime's u8s8 integer
+    kernels add pairs of 8-bit products (input channels 2j and 2j + 1) in saturating 16-bit lanes, which full-range
+    int8 weights overflow: 1x1 convs and Gemms get a grid on which each such pair stays within 128 levels together,
+    depthwise convs (a kernel that does not saturate) all 8 bits, other convs 7 bits ([-64, 64]); see
+    ``npukit.quant.schemes``.
     ``activation_equalization`` scales the channels of linear streams (residual Adds, Relu) towards equal ranges,
     ``activation_equalization_alpha`` the strength (0: off, 1: every channel full range; see
     ``npukit.quant.stream_equalize``).

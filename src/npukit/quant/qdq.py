@@ -25,10 +25,11 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 from npukit.errors import InputError
 from npukit.quant.adaround import adaround
 from npukit.quant.auto import choose_method, split_samples
-from npukit.quant.bias_correction import correct_bias
+from npukit.quant.bias_correction import correct_bias, weight_axis
 from npukit.quant.calibrate import Progress, calibrate, iter_samples, sixteen_bit_tensors
 from npukit.quant.config import QuantConfig
 from npukit.quant.equalize import equalize
+from npukit.quant.schemes import pair_bounded, pair_bounded_scale, reduced_weight_range, weight_rows
 from npukit.quant.stream_equalize import equalize_streams
 from npukit.runtime.ort import make_session
 
@@ -111,7 +112,31 @@ def _overrides(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]], c
         if name in wide:
             entry["quant_type"] = wide_type
         overrides[name] = [entry]
-    return overrides | weights
+    return overrides | _weight_grid_overrides(model, config) | weights
+
+
+def _weight_grid_overrides(model: onnx.ModelProto, config: QuantConfig) -> dict[str, list[dict]]:
+    """Under ``reduce_range``, the weights whose kernel does not saturate at 7 bits: depthwise convs keep all 8 bits;
+    1x1 convs and Gemms take the pair-bounded grid (``npukit.quant.schemes``), given to ORT as explicit scales."""
+    if not config.reduce_range:
+        return {}
+    inits = {i.name: i for i in model.graph.initializer}
+    out: dict[str, list[dict]] = {}
+    for node in model.graph.node:
+        if node.op_type not in ("Conv", "Gemm") or len(node.input) < 2 or node.input[1] not in inits:
+            continue
+        shape = tuple(inits[node.input[1]].dims)
+        if pair_bounded(node, shape, config):
+            rows = weight_rows(node, numpy_helper.to_array(inits[node.input[1]]))
+            scales = pair_bounded_scale(rows, per_channel=config.per_channel)
+            if config.per_channel:
+                axis = weight_axis(node, per_channel=True)
+                out[node.input[1]] = [{"axis": axis, "scale": np.float32(v), "zero_point": np.int8(0)} for v in scales]
+            else:
+                out[node.input[1]] = [{"scale": np.float32(scales[0]), "zero_point": np.int8(0)}]
+        elif not reduced_weight_range(node, shape, config):
+            out[node.input[1]] = [{"reduce_range": False, **({"axis": 0} if config.per_channel else {})}]
+    return out
 
 
 def _per_layer(float_model: onnx.ModelProto, qdq: onnx.ModelProto, ranges: dict[str, tuple[float, float]],
@@ -189,8 +214,17 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
         split = split_samples(sum(1 for _ in iter_samples(work, samples, limit=config.calib_samples)))
         calib = calibrate(work, samples, config=dataclasses.replace(config, calib_samples=split.calibration),
                           progress=progress)
-        chosen, steps["auto"] = choose_method(reference, calib, samples, split=split,
-                                              build=lambda ranges: _to_qdq(work, first, config, ranges, {}))
+        held_back = dataclasses.replace(config, calib_samples=split.calibration)
+
+        def candidate(ranges: dict[str, tuple[float, float]]) -> onnx.ModelProto:
+            # scored as it will be built: with bias correction (AdaRound's stand-in: both remove the mean error,
+            # which the methods' clipping and rounding shift differently) measured on the calibration part only
+            base = work
+            if config.bias_correction or config.adaround:
+                base = correct_bias(work, samples, config=held_back, ranges=ranges).model
+            return _to_qdq(base, first, config, ranges, {})
+
+        chosen, steps["auto"] = choose_method(reference, calib, samples, split=split, build=candidate)
         calib = calib.with_method(chosen)
         config = dataclasses.replace(config, method=chosen)
         steps["calibration"] = {"method": "auto", "chosen": chosen, "samples": calib.samples,
