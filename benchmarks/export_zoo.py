@@ -105,9 +105,9 @@ def informative_init(module, *, seed: int = 0) -> None:
     # were measured at. As drawn, a random ResNet is chaotic: a perturbation grows about 10% per block, so float32
     # rounding alone (torch's own run against its float64 run) grows from 1e-6 after the first block of resnet152 to
     # 1.7e-3 after the last and 2.6e-4 on the logits - the model, not the export, would decide the check. At 0.7 it
-    # grows to 2e-5 after the last block (2.6e-6 on the logits), as in a trained network, which does not amplify the
-    # noise of its input, while the logits still move with the input (their spread over inputs is 7% of their spread
-    # over classes for resnet152, 11% for resnet18; 14% and 16% at full gain).
+    # grows to 2e-5 after the last block (2.6e-6 on the logits): no longer amplified block by block, while the logits
+    # still move with the input (their spread over inputs is 7% of their spread over classes for resnet152, 11% for
+    # resnet18; 14% and 16% at full gain).
     with torch.no_grad():
         for block in module.modules():
             if isinstance(block, (torchvision.models.resnet.BasicBlock, torchvision.models.resnet.Bottleneck)):
