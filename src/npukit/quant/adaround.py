@@ -109,9 +109,8 @@ def weight_grid(wg: np.ndarray, *, per_channel: bool, reduce_range: bool, pairs:
     """ONNX Runtime's symmetric int8 grid for a (g, o, k) weight: scale = 2 max|w| / (qmax - qmin), zero point 0;
     ``pairs``: the pair-bounded grid of ``npukit.quant.schemes`` (room for floor-or-ceil rounding of both weights)."""
     if pairs:
-        scale = pair_bounded_scale(wg, per_channel=per_channel, headroom=2)
-        scale = scale[..., None] if per_channel else scale.reshape(-1)[:1].reshape(1, 1, 1)
-        return WeightGrid(scale=scale.astype(np.float32), qmin=-127, qmax=127)
+        scale = pair_bounded_scale(wg, per_channel=per_channel, headroom=2)[..., None]
+        return WeightGrid(scale=scale, qmin=-127, qmax=127)
     qmin, qmax = (-64, 64) if reduce_range else (-127, 127)
     absmax = np.abs(wg).max(axis=2, keepdims=True) if per_channel else np.abs(wg).max(keepdims=True)
     scale = (2.0 * absmax.astype(np.float64) / (qmax - qmin)).astype(np.float32)
@@ -383,7 +382,7 @@ def _adaround(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], *, c
         new_w = _ungrouped(node, (q * grid.scale).astype(np.float32), w.shape)
         inits[node.input[1]].CopyFrom(numpy_helper.from_array(new_w, node.input[1]))
         fq_inits[node.input[1]].CopyFrom(numpy_helper.from_array(new_w, node.input[1]))
-        overrides[node.input[1]] = _override(node, grid, per_channel=config.per_channel)
+        overrides[node.input[1]] = scale_override(node, grid.scale, per_channel=config.per_channel)
         layers.append({"node": node.name, "rows": int(xf_rows.shape[0]), "iterations": iterations, **stats,
                        "seconds": round(time.perf_counter() - t0, 2)})
     return AdaRoundResult(model=work, weight_overrides=overrides, layers=layers, skipped=skipped,
@@ -413,11 +412,12 @@ def _following_clip(model: onnx.ModelProto, node: onnx.NodeProto) -> tuple[float
     return (bounds[0], bounds[1])
 
 
-def _override(node: onnx.NodeProto, grid: WeightGrid, *, per_channel: bool) -> list[dict]:
-    """The TensorQuantOverrides entry that pins ORT to this grid (zero point 0, int8)."""
+def scale_override(node: onnx.NodeProto, scale: np.ndarray, *, per_channel: bool) -> list[dict]:
+    """The TensorQuantOverrides entry that pins ORT to these int8 weight scales (zero point 0): ``scale`` holds the
+    output channels' scales in order (shape[axis] of them), or one value per tensor."""
     zero = np.int8(0)
+    scales = np.asarray(scale).reshape(-1)
     if not per_channel:
-        return [{"scale": np.float32(grid.scale.reshape(-1)[0]), "zero_point": zero}]
+        return [{"scale": np.float32(scales[0]), "zero_point": zero}]
     axis = weight_axis(node, per_channel=True)
-    scales = grid.scale.reshape(-1)  # (g * o) values: the output channels in order, shape[axis] of them
     return [{"axis": axis, "scale": np.float32(s), "zero_point": zero} for s in scales]

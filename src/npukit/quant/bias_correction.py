@@ -51,11 +51,10 @@ def quantize_node_weight(node: onnx.NodeProto, w: np.ndarray, config: QuantConfi
     ``npukit.quant.schemes.pair_bounded`` says so, else ``fake_quantize_weight``."""
     axis = weight_axis(node, per_channel=config.per_channel)
     if pair_bounded(node, w.shape, config):
-        scale = pair_bounded_scale(weight_rows(node, w), per_channel=config.per_channel)
         shape = [1] * w.ndim
         if axis is not None:
             shape[axis] = -1
-        scale = scale.reshape(shape) if axis is not None else scale.reshape(-1)[:1].reshape(shape)
+        scale = pair_bounded_scale(weight_rows(node, w), per_channel=config.per_channel).reshape(shape)
         return (np.clip(np.rint(w / scale), -127, 127) * scale).astype(np.float32)
     return fake_quantize_weight(w, axis=axis, symmetric=config.symmetric_weights,
                                 reduce_range=reduced_weight_range(node, w.shape, config))

@@ -23,9 +23,9 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from npukit.errors import InputError
-from npukit.quant.adaround import adaround
+from npukit.quant.adaround import adaround, scale_override
 from npukit.quant.auto import choose_method, split_samples
-from npukit.quant.bias_correction import correct_bias, weight_axis
+from npukit.quant.bias_correction import correct_bias
 from npukit.quant.calibrate import Progress, calibrate, iter_samples, sixteen_bit_tensors
 from npukit.quant.config import QuantConfig
 from npukit.quant.equalize import equalize
@@ -128,12 +128,8 @@ def _weight_grid_overrides(model: onnx.ModelProto, config: QuantConfig) -> dict[
         shape = tuple(inits[node.input[1]].dims)
         if pair_bounded(node, shape, config):
             rows = weight_rows(node, numpy_helper.to_array(inits[node.input[1]]))
-            scales = pair_bounded_scale(rows, per_channel=config.per_channel)
-            if config.per_channel:
-                axis = weight_axis(node, per_channel=True)
-                out[node.input[1]] = [{"axis": axis, "scale": np.float32(v), "zero_point": np.int8(0)} for v in scales]
-            else:
-                out[node.input[1]] = [{"scale": np.float32(scales[0]), "zero_point": np.int8(0)}]
+            out[node.input[1]] = scale_override(node, pair_bounded_scale(rows, per_channel=config.per_channel),
+                                                per_channel=config.per_channel)
         elif not reduced_weight_range(node, shape, config):
             out[node.input[1]] = [{"reduce_range": False, **({"axis": 0} if config.per_channel else {})}]
     return out

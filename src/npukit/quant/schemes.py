@@ -107,14 +107,15 @@ def weight_rows(node: onnx.NodeProto, w: np.ndarray) -> np.ndarray:
 
 
 def pair_bounded_scale(rows: np.ndarray, *, per_channel: bool, headroom: int = 1) -> np.ndarray:
-    """Scales (one per row, or one) such that rounded weights keep |q_2j| + |q_2j+1| <= PAIR_LIMIT: the largest pair
-    sum maps to PAIR_LIMIT - headroom, where ``headroom`` is how far rounding can push a pair's sum up (1 for nearest
-    rounding, 2 for AdaRound's floor-or-ceil). No single weight exceeds that either, so the int8 range holds."""
+    """Scales for (..., K) weight rows such that rounded weights keep |q_2j| + |q_2j+1| <= PAIR_LIMIT: one per row
+    (shape rows.shape[:-1]), or per tensor one value in an array of as many dimensions, all of size 1. The largest
+    pair sum maps to PAIR_LIMIT - headroom, where ``headroom`` is how far rounding can push a pair's sum up (1 for
+    nearest rounding, 2 for AdaRound's floor-or-ceil). No single weight exceeds that either: the int8 range holds."""
     a = np.abs(np.asarray(rows, np.float64))
     if a.shape[-1] % 2:
         a = np.concatenate([a, np.zeros(a.shape[:-1] + (1,))], axis=-1)
     pair = (a[..., 0::2] + a[..., 1::2]).max(axis=-1)
     if not per_channel:
-        pair = np.full(pair.shape, pair.max())
+        pair = pair.max(keepdims=True)
     scale = pair / (PAIR_LIMIT - headroom)
     return np.where(scale > 0, scale, 1.0).astype(np.float32)
