@@ -49,6 +49,7 @@ from npukit.quant.calibrate import iter_samples, with_outputs
 from npukit.quant.config import QuantConfig
 from npukit.quant.schemes import pair_bounded, pair_bounded_scale, reduced_weight_range
 from npukit.runtime.ort import make_session
+from npukit.quant.nodes import node_attr
 
 ZETA, GAMMA = 1.1, -0.1  # stretch of the rectified sigmoid
 BETA_START, BETA_END = 20.0, 2.0
@@ -86,22 +87,18 @@ class AdaRoundResult:
                 "seconds": round(self.seconds, 1)}
 
 
-def _attr(node: onnx.NodeProto, name: str, default):
-    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
-
-
 def _grouped(node: onnx.NodeProto, w: np.ndarray) -> tuple[np.ndarray, int]:
     """The weight as (groups, out per group, in per group) and the group count."""
     if node.op_type == "Gemm":
-        mat = w if _attr(node, "transB", 0) else w.T
+        mat = w if node_attr(node, "transB", 0) else w.T
         return mat[None], 1
-    groups = _attr(node, "group", 1)
+    groups = node_attr(node, "group", 1)
     return w.reshape(groups, w.shape[0] // groups, -1), groups
 
 
 def _ungrouped(node: onnx.NodeProto, wg: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     if node.op_type == "Gemm":
-        return wg[0] if _attr(node, "transB", 0) else wg[0].T
+        return wg[0] if node_attr(node, "transB", 0) else wg[0].T
     return wg.reshape(shape)
 
 
@@ -122,8 +119,8 @@ def weight_grid(wg: np.ndarray, *, per_channel: bool, reduce_range: bool, pairs:
 def _conv_geometry(node: onnx.NodeProto, kernel: tuple[int, ...]) -> tuple[list[int], ...]:
     """kernel, strides, dilations, pads (begin..., end...) of a Conv; ``kernel`` from its weight's shape."""
     kernel = list(kernel)
-    return (kernel, list(_attr(node, "strides", [1] * len(kernel))), list(_attr(node, "dilations", [1] * len(kernel))),
-            list(_attr(node, "pads", [0] * 2 * len(kernel))))
+    return (kernel, list(node_attr(node, "strides", [1] * len(kernel))), list(node_attr(node, "dilations", [1] * len(kernel))),
+            list(node_attr(node, "pads", [0] * 2 * len(kernel))))
 
 
 def _rows(node: onnx.NodeProto, x: np.ndarray, groups: int, positions: np.ndarray | None,
@@ -131,7 +128,7 @@ def _rows(node: onnx.NodeProto, x: np.ndarray, groups: int, positions: np.ndarra
     """Layer input rows (n, g, k): im2col columns of a Conv at ``positions``, or the input rows of a Gemm."""
     if node.op_type == "Gemm":
         mat = x.reshape(x.shape[0], -1)
-        return (mat.T if _attr(node, "transA", 0) else mat)[:, None, :].astype(np.float32)
+        return (mat.T if node_attr(node, "transA", 0) else mat)[:, None, :].astype(np.float32)
     kernel, strides, dilations, pads = _conv_geometry(node, kernel)
     t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
     t = F.pad(t, (pads[1], pads[3], pads[0], pads[2]))
@@ -351,7 +348,7 @@ def _adaround(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], *, c
         t0 = time.perf_counter()
         w = numpy_helper.to_array(inits[node.input[1]])
         wg, groups = _grouped(node, w)
-        if node.op_type == "Gemm" and _attr(node, "transA", 0):
+        if node.op_type == "Gemm" and node_attr(node, "transA", 0):
             skipped.append({"node": node.name, "reason": "Gemm with transA is not supported"})
             continue
         xs_float = _collect(model, node.input[0], samples)  # the float model's input: the true target
@@ -372,7 +369,7 @@ def _adaround(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], *, c
         if len(node.input) > 2 and node.input[2] in inits:
             b = numpy_helper.to_array(inits[node.input[2]]).astype(np.float32)
             if node.op_type == "Gemm":
-                b = b * _attr(node, "beta", 1.0)
+                b = b * node_attr(node, "beta", 1.0)
             bias = np.broadcast_to(b.reshape(-1), (wg.shape[0] * wg.shape[1],)).reshape(wg.shape[:2])
         grid = weight_grid(wg, per_channel=config.per_channel, reduce_range=reduced_weight_range(node, w.shape, config),
                            pairs=pair_bounded(node, w.shape, config))

@@ -21,6 +21,7 @@ from onnx import helper, numpy_helper
 from npukit.quant.calibrate import observe, sixteen_bit_tensors
 from npukit.quant.config import QuantConfig
 from npukit.quant.schemes import pair_bounded, pair_bounded_scale, reduced_weight_range, weight_rows
+from npukit.quant.nodes import node_attr
 
 
 def fake_quantize_weight(w: np.ndarray, *, axis: int | None, symmetric: bool, reduce_range: bool = False
@@ -65,8 +66,7 @@ def weight_axis(node: onnx.NodeProto, *, per_channel: bool) -> int | None:
     if not per_channel:
         return None
     if node.op_type == "Gemm":
-        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        return 0 if trans_b else 1
+        return 0 if node_attr(node, "transB", 0) else 1
     return 0
 
 
@@ -91,10 +91,6 @@ class BiasCorrectionResult:
     model: onnx.ModelProto
     shifts: dict[str, np.ndarray]  # node name -> per-output-channel mean shift that was removed
     samples: int
-
-
-def _attr(node: onnx.NodeProto, name: str, default: float) -> float:
-    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
 
 
 def correct_bias(model: onnx.ModelProto, samples: Iterable[object], *, config: QuantConfig,
@@ -172,7 +168,7 @@ def correct_bias(model: onnx.ModelProto, samples: Iterable[object], *, config: Q
         shift = sums[shift_names[node.name]] / count
         shifts[node.name] = shift
         target = by_name[node.name]
-        beta = _attr(target, "beta", 1.0) if target.op_type == "Gemm" else 1.0
+        beta = node_attr(target, "beta", 1.0) if target.op_type == "Gemm" else 1.0
         if len(target.input) > 2 and target.input[2]:
             replaced.add(target.input[2])
             bias = numpy_helper.to_array(out_inits[target.input[2]]).astype(np.float64)

@@ -27,9 +27,11 @@ from collections.abc import Iterable
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
 from npukit.quant.calibrate import channel_statistics
+from npukit.quant.nodes import node_attr
+from npukit.quant.schemes import is_depthwise
 
 
 @dataclasses.dataclass
@@ -57,10 +59,6 @@ class EqualizeResult:
                 "high_bias_absorbed": len(self.absorbed)}
 
 
-def _attr(node: onnx.NodeProto, name: str, default):
-    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
-
-
 def _find_pairs(model: onnx.ModelProto) -> tuple[list[_Pair], list[dict]]:
     inits = {i.name: i for i in model.graph.initializer}
     consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
@@ -80,13 +78,9 @@ def _find_pairs(model: onnx.ModelProto) -> tuple[list[_Pair], list[dict]]:
             return None
         if len(node.input) > 2 and node.input[2] and (node.input[2] not in inits or uses[node.input[2]] != 1):
             return None
-        w = inits[node.input[1]]
-        group = _attr(node, "group", 1)
-        if group == 1:
+        if node_attr(node, "group", 1) == 1:
             return "dense"
-        if w.dims[1] == 1 and group == w.dims[0]:
-            return "depthwise"
-        return None
+        return "depthwise" if is_depthwise(node, inits[node.input[1]].dims) else None
 
     pairs, skipped = [], []
     for c1 in model.graph.node:
@@ -136,8 +130,8 @@ def _spread(r: np.ndarray) -> float:
 
 
 def _is_unpadded(node: onnx.NodeProto) -> bool:
-    pads = _attr(node, "pads", None)
-    auto = _attr(node, "auto_pad", b"NOTSET")
+    pads = node_attr(node, "pads", None)
+    auto = node_attr(node, "auto_pad", b"NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else auto
     return (pads is None or not any(pads)) and auto in ("NOTSET", "VALID")
 

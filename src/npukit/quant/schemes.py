@@ -39,6 +39,7 @@ import numpy as np
 import onnx
 
 from npukit.quant.config import QuantConfig
+from npukit.quant.nodes import node_attr
 from npukit.runtime.devices import CpuInfo
 
 X86_32BIT_ACCUMULATE = ("avx512_vnni", "avx_vnni", "amx_int8")
@@ -73,7 +74,7 @@ def config_for_cpu(config: QuantConfig, cpu: CpuInfo) -> QuantConfig:
 
 def is_depthwise(node: onnx.NodeProto, weight_shape: Sequence[int]) -> bool:
     """A Conv with one input and one output channel per group: ORT runs it on MLAS's depthwise kernel."""
-    group = next((a.i for a in node.attribute if a.name == "group"), 1)
+    group = node_attr(node, "group", 1)
     return node.op_type == "Conv" and group > 1 and len(weight_shape) > 1 and weight_shape[1] == 1 \
         and weight_shape[0] == group
 
@@ -94,15 +95,14 @@ def pair_bounded(node: onnx.NodeProto, weight_shape: Sequence[int], config: Quan
         return False
     if node.op_type == "Gemm":
         return len(weight_shape) == 2
-    group = next((a.i for a in node.attribute if a.name == "group"), 1)
+    group = node_attr(node, "group", 1)
     return node.op_type == "Conv" and group == 1 and len(weight_shape) > 2 and all(k == 1 for k in weight_shape[2:])
 
 
 def weight_rows(node: onnx.NodeProto, w: np.ndarray) -> np.ndarray:
     """A Gemm's or 1x1 Conv's weight as (output channels, K) rows, K in the order the integer GEMM runs it."""
     if node.op_type == "Gemm":
-        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        return w if trans_b else w.T
+        return w if node_attr(node, "transB", 0) else w.T
     return w.reshape(w.shape[0], -1)
 
 

@@ -30,9 +30,10 @@ from collections.abc import Iterable
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
 from npukit.quant.calibrate import channel_statistics
+from npukit.quant.nodes import node_attr
 
 PASS_THROUGH = ("Add", "Relu", "MaxPool", "AveragePool", "GlobalAveragePool")
 
@@ -54,13 +55,6 @@ class StreamEqualizeResult:
         return {"groups": len(self.groups), "tensors": sum(len(g["tensors"]) for g in self.groups),
                 "skipped": len(self.skipped),
                 "median_scale": float(np.median([g["median_scale"] for g in self.groups])) if self.groups else 1.0}
-
-
-def _attr(node: onnx.NodeProto, name: str, default):
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
 
 
 def find_stream_groups(model: onnx.ModelProto) -> tuple[list[StreamGroup], list[dict]]:
@@ -112,7 +106,7 @@ def _check_producer(t: str, producer: dict, inits: dict, outputs: set[str], prod
         return f"{t} is a graph input or an initializer"
     if node.op_type == "Conv" and node.input[1] in inits:
         prods[node.name] = None
-    elif node.op_type == "Gemm" and node.input[1] in inits and not _attr(node, "transA", 0):
+    elif node.op_type == "Gemm" and node.input[1] in inits and not node_attr(node, "transA", 0):
         prods[node.name] = None
     elif node.op_type in ("Flatten", "Reshape") and _is_channel_flatten(node, producer, inits):
         todo.append(node.input[0])
@@ -134,7 +128,7 @@ def _is_channel_flatten(node: onnx.NodeProto, producer: dict, inits: dict) -> bo
     if source is None or source.op_type != "GlobalAveragePool":
         return False
     if node.op_type == "Flatten":
-        return _attr(node, "axis", 1) == 1
+        return node_attr(node, "axis", 1) == 1
     shape = inits.get(node.input[1]) if len(node.input) > 1 else None
     return shape is not None and len(numpy_helper.to_array(shape).reshape(-1)) == 2
 
@@ -149,13 +143,13 @@ def _check_consumer(t: str, node: onnx.NodeProto, producer: dict, inits: dict, c
         todo.extend([i for i in node.input if i] + list(node.output))
         return ""
     if node.op_type == "Conv" and node.input[0] == t and node.input[1] in inits:
-        group = _attr(node, "group", 1)
+        group = node_attr(node, "group", 1)
         w = inits[node.input[1]]
         if group == 1 or (w.dims[1] == 1 and w.dims[0] == group):
             cons[node.name] = None
             return ""
         return f"grouped Conv {node.name} (group {group})"
-    if node.op_type == "Gemm" and node.input[0] == t and node.input[1] in inits and not _attr(node, "transA", 0):
+    if node.op_type == "Gemm" and node.input[0] == t and node.input[1] in inits and not node_attr(node, "transA", 0):
         cons[node.name] = None
         return ""
     return f"{t} feeds {node.op_type} {node.name}"
@@ -197,7 +191,7 @@ def equalize_streams(model: onnx.ModelProto, samples: Iterable[object], *, alpha
         for name in g.producers:
             node = nodes[name]
             w = get(node.input[1])
-            if node.op_type == "Gemm" and not _attr(node, "transB", 0):
+            if node.op_type == "Gemm" and not node_attr(node, "transB", 0):
                 put(node.input[1], w * s.reshape(1, -1))
             else:
                 put(node.input[1], w * s.reshape(-1, *([1] * (w.ndim - 1))))
@@ -206,11 +200,11 @@ def equalize_streams(model: onnx.ModelProto, samples: Iterable[object], *, alpha
         for name in g.consumers:
             node = nodes[name]
             w = get(node.input[1])
-            if node.op_type == "Conv" and _attr(node, "group", 1) != 1:  # depthwise: channel c is row c
+            if node.op_type == "Conv" and node_attr(node, "group", 1) != 1:  # depthwise: channel c is row c
                 put(node.input[1], w / s.reshape(-1, *([1] * (w.ndim - 1))))
             elif node.op_type == "Conv":
                 put(node.input[1], w / s.reshape(1, -1, *([1] * (w.ndim - 2))))
-            elif _attr(node, "transB", 0):
+            elif node_attr(node, "transB", 0):
                 put(node.input[1], w / s.reshape(1, -1))
             else:
                 put(node.input[1], w / s.reshape(-1, 1))
