@@ -119,8 +119,8 @@ def weight_grid(wg: np.ndarray, *, per_channel: bool, reduce_range: bool, pairs:
 def _conv_geometry(node: onnx.NodeProto, kernel: tuple[int, ...]) -> tuple[list[int], ...]:
     """kernel, strides, dilations, pads (begin..., end...) of a Conv; ``kernel`` from its weight's shape."""
     kernel = list(kernel)
-    return (kernel, list(node_attr(node, "strides", [1] * len(kernel))), list(node_attr(node, "dilations", [1] * len(kernel))),
-            list(node_attr(node, "pads", [0] * 2 * len(kernel))))
+    return (kernel, list(node_attr(node, "strides", [1] * len(kernel))),
+            list(node_attr(node, "dilations", [1] * len(kernel))), list(node_attr(node, "pads", [0] * 2 * len(kernel))))
 
 
 def _rows(node: onnx.NodeProto, x: np.ndarray, groups: int, positions: np.ndarray | None,
