@@ -247,6 +247,7 @@ def quantize(
     activation_dtype: str | None = None,
     reduce_range: bool | None = None,
     adaround: bool = False,
+    range_search: bool = False,
     calib_samples: int | None = None,
     data: str | Path | None = None,
     preprocess: PreprocessConfig | None = None,
@@ -276,7 +277,8 @@ def quantize(
     proto = load_onnx(model)
     scheme = cpu_scheme()
     config = QuantConfig(per_channel=not per_tensor, method=method, cle=cle, bias_correction=bias_correction,
-                         activation_equalization=equalize_activations, adaround=adaround, exclude=tuple(exclude),
+                         activation_equalization=equalize_activations, adaround=adaround, range_search=range_search,
+                         exclude=tuple(exclude),
                          int16_nodes=tuple(int16_nodes),
                          activation_dtype=activation_dtype or scheme["activation_dtype"],
                          reduce_range=scheme["reduce_range"] if reduce_range is None else reduce_range,

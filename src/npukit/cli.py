@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="scale the channels of residual/linear streams towards equal ranges (exact in float)")
     p.add_argument("--bias-correction", action="store_true", help="empirical bias correction")
     p.add_argument("--adaround", action="store_true", help="learned weight rounding (AdaRound, torch autograd)")
+    p.add_argument("--range-search", action="store_true",
+                   help="last step: rescale activation ranges where that brings the outputs closer to the float "
+                        "model's on the calibration data (minutes)")
     p.add_argument("--exclude", nargs="+", default=[], metavar="NODE", help="nodes to keep in float")
     p.add_argument("--int16", nargs="+", default=[], metavar="NODE", help="nodes with 16-bit activations")
     p.add_argument("--activations", choices=("auto", "uint8", "int8"), default="auto",
@@ -194,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.verb == "quantize":
         out = api.quantize(args.model, args.output, calib=args.calib, per_tensor=args.per_tensor, method=args.method,
                            cle=args.cle, bias_correction=args.bias_correction, adaround=args.adaround,
-                           equalize_activations=args.equalize_activations,
+                           range_search=args.range_search, equalize_activations=args.equalize_activations,
                            exclude=args.exclude, int16_nodes=args.int16,
                            activation_dtype=None if args.activations == "auto" else args.activations,
                            reduce_range={"auto": None, "on": True, "off": False}[args.reduce_range],

@@ -193,8 +193,10 @@ def test_quantize_writes_integer_model_and_report(exported, tmp_path):
     np.save(held, rng.standard_normal((6, 3, 32, 32)).astype(np.float32))
     out = tmp_path / "tiny.int8.onnx"
     assert main(["quantize", str(exported), "--calib", str(calib), "--data", str(held), "-o", str(out),
-                 "--cle", "--bias-correction", "--runs", "3"]) == 0
+                 "--cle", "--bias-correction", "--range-search", "--runs", "3"]) == 0
     report = json.loads(out.with_name("tiny.int8.report.json").read_text())
+    search = report["results"]["steps"]["range_search"]
+    assert search["calibration_sqnr_after_db"] >= search["calibration_sqnr_before_db"] and search["samples"] == 8
     assert report["results"]["integer_kernels"]["integer_fraction"] == 1.0
     assert report["results"]["agreement"]["samples"] == 6
     assert report["results"]["size"]["int8"] < report["results"]["size"]["float"]

@@ -40,6 +40,13 @@ class QuantConfig:
     ``method="auto"`` calibrates once with one histogram per tensor, derives every method's ranges from it, and
     keeps the method whose QDQ model's outputs are closest (SQNR) to the float model's on held-out samples
     (see ``npukit.quant.auto``).
+    ``range_search`` runs last: on the built QDQ model it moves each activation grid (scaled about zero, or its
+    larger side alone) where that raises the output SQNR against the float model on the calibration samples, for at
+    most ``range_search_passes`` walks over the grids, and builds the model again on the new ranges (see
+    ``npukit.quant.range_search``). Measured on MobileNetV2 (per-channel, auto + CLE + activation equalization +
+    bias correction, reduce_range, 42 calibration crops, 2 cores): 4.8 min, 757 trials, five grids moved (the two
+    160-channel residual Adds and two projection outputs narrowed, one stem projection cut on its positive side);
+    208 evaluation crops of other photos 85.6% / 18.8 dB -> 88.0% / 19.6 dB.
     """
 
     per_channel: bool = True
@@ -59,6 +66,8 @@ class QuantConfig:
     reduce_range: bool = False
     adaround: bool = False
     adaround_iterations: int = 300
+    range_search: bool = False
+    range_search_passes: int = 2
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "int16_nodes", tuple(self.int16_nodes))
@@ -79,6 +88,8 @@ class QuantConfig:
                  "1000 to 2000 is typical")
         _require(not (self.adaround and not self.symmetric_weights), "AdaRound needs symmetric weights",
                  "drop symmetric_weights=False or adaround")
+        _require(self.range_search_passes >= 1, f"range_search_passes {self.range_search_passes} must be at least 1",
+                 "2 is the default")
         overlap = set(self.int16_nodes) & set(self.exclude)
         _require(not overlap, f"nodes {sorted(overlap)} are both excluded and marked 16-bit",
                  "name each node in only one of int16_nodes and exclude")

@@ -1,5 +1,6 @@
 """INT8 post-training quantization: (CLE) -> (activation equalization) -> calibrate with our observers -> (choose the
-method, for "auto") -> (AdaRound) -> (bias correction) -> QDQ.
+method, for "auto") -> (AdaRound) -> (bias correction) -> QDQ -> (range search on that model, then QDQ again on the
+searched ranges).
 
 ONNX Runtime's ``quantize_static`` does the mechanical Q/DQ placement; every activation range it uses is ours,
 passed as ``TensorQuantOverrides`` (rmin/rmax, plus the 16-bit type for ``int16_nodes``), so its own calibration
@@ -29,6 +30,7 @@ from npukit.quant.bias_correction import correct_bias
 from npukit.quant.calibrate import Progress, calibrate, iter_samples, sixteen_bit_tensors
 from npukit.quant.config import QuantConfig
 from npukit.quant.equalize import equalize
+from npukit.quant.range_search import search_ranges
 from npukit.quant.schemes import pair_bounded, pair_bounded_scale, reduced_weight_range, weight_rows
 from npukit.quant.stream_equalize import equalize_streams
 from npukit.runtime.ort import make_session
@@ -245,9 +247,17 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
         steps["bias_correction"] = {
             "nodes": len(bc.shifts), "samples": bc.samples,
             "mean_abs_shift": float(np.mean([np.abs(s).mean() for s in bc.shifts.values()])) if bc.shifts else 0.0}
-    qdq = _to_qdq(work, first, config, calib.ranges, weight_grids)
-    return QuantResult(model=qdq, reference=reference, ranges=calib.ranges,
-                       per_layer=_per_layer(work, qdq, calib.ranges, config),
+    ranges = calib.ranges
+    qdq = _to_qdq(work, first, config, ranges, weight_grids)
+    if config.range_search:  # last, on the model as built: bias correction stays as measured on the first grid
+        search = search_ranges(reference, qdq, samples, ranges=effective_ranges(work, ranges, config),
+                               limit=config.calib_samples, passes=config.range_search_passes,
+                               symmetric=config.symmetric_activations, threads=0)
+        ranges = ranges | search.ranges
+        steps["range_search"] = search.summary()
+        qdq = _to_qdq(work, first, config, ranges, weight_grids)
+    return QuantResult(model=qdq, reference=reference, ranges=ranges,
+                       per_layer=_per_layer(work, qdq, ranges, config),
                        seconds=time.perf_counter() - start, steps=steps)
 
 
