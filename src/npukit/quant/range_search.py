@@ -245,5 +245,5 @@ def search_ranges(reference: onnx.ModelProto, qdq: onnx.ModelProto, samples: Ite
     changed = [g for g in grids if g.scale in moved]
     return RangeSearchResult(ranges={t: moved[g.scale] for g in changed for t in g.tensors},
                              before={t: first[g.scale] for g in changed for t in g.tensors},
-                             before_db=scorer.db(before), after_db=scorer.db(best), trials=scorer.trials, samples=len(feeds),
-                             seconds=time.perf_counter() - start)
+                             before_db=scorer.db(before), after_db=scorer.db(best), trials=scorer.trials,
+                             samples=len(feeds), seconds=time.perf_counter() - start)
