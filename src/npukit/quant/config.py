@@ -44,7 +44,7 @@ class QuantConfig:
     larger side alone) where that raises the output SQNR against the float model on the calibration samples, for at
     most ``range_search_passes`` walks over the grids, and builds the model again on the new ranges (see
     ``npukit.quant.range_search``). Measured on MobileNetV2 (per-channel, auto + CLE + activation equalization +
-    bias correction, reduce_range, 42 calibration crops, 2 cores): 4.8 min, 757 trials, five grids moved (the two
+    bias correction, reduce_range, 42 calibration crops, 2 cores): 5 min, 757 trials, five grids moved (the two
     160-channel residual Adds and two projection outputs narrowed, one stem projection cut on its positive side);
     208 evaluation crops of other photos 85.6% / 18.8 dB -> 88.0% / 19.6 dB.
     """
