@@ -47,9 +47,9 @@ from npukit.errors import InputError
 from npukit.quant.bias_correction import activation_qparams, weight_axis
 from npukit.quant.calibrate import iter_samples, with_outputs
 from npukit.quant.config import QuantConfig
+from npukit.quant.nodes import node_attr
 from npukit.quant.schemes import pair_bounded, pair_bounded_scale, reduced_weight_range
 from npukit.runtime.ort import make_session
-from npukit.quant.nodes import node_attr
 
 ZETA, GAMMA = 1.1, -0.1  # stretch of the rectified sigmoid
 BETA_START, BETA_END = 20.0, 2.0

@@ -20,8 +20,8 @@ from onnx import helper, numpy_helper
 
 from npukit.quant.calibrate import observe, sixteen_bit_tensors
 from npukit.quant.config import QuantConfig
-from npukit.quant.schemes import pair_bounded, pair_bounded_scale, reduced_weight_range, weight_rows
 from npukit.quant.nodes import node_attr
+from npukit.quant.schemes import pair_bounded, pair_bounded_scale, reduced_weight_range, weight_rows
 
 
 def fake_quantize_weight(w: np.ndarray, *, axis: int | None, symmetric: bool, reduce_range: bool = False

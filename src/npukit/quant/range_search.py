@@ -205,8 +205,7 @@ def _moved(r: Range, move: tuple[str, float]) -> Range:
 def search_ranges(reference: onnx.ModelProto, qdq: onnx.ModelProto, samples: Iterable[object], *,
                   ranges: dict[str, Range] | None = None, limit: int | None = None,
                   factors: Sequence[float] = FACTORS, min_gain_db: float = MIN_GAIN_DB, min_t: float = MIN_T,
-                  passes: int = 1,
-                  symmetric: bool = False, threads: int = 1) -> RangeSearchResult:
+                  passes: int = 1, symmetric: bool = False, threads: int = 1) -> RangeSearchResult:
     """Greedy ranges for the activation grids of ``qdq`` against the float ``reference`` (same inputs and outputs)
     on the first ``limit`` samples. ``ranges``: the ranges ``qdq`` was built from (tensor -> range, as ORT took
     them), where each grid starts (else from its scale and zero point, which on a coarse grid may have lost a short

@@ -34,6 +34,7 @@ from onnx import numpy_helper
 
 from npukit.quant.calibrate import channel_statistics
 from npukit.quant.nodes import node_attr
+from npukit.quant.schemes import is_depthwise
 
 PASS_THROUGH = ("Add", "Relu", "MaxPool", "AveragePool", "GlobalAveragePool")
 
@@ -144,8 +145,7 @@ def _check_consumer(t: str, node: onnx.NodeProto, producer: dict, inits: dict, c
         return ""
     if node.op_type == "Conv" and node.input[0] == t and node.input[1] in inits:
         group = node_attr(node, "group", 1)
-        w = inits[node.input[1]]
-        if group == 1 or (w.dims[1] == 1 and w.dims[0] == group):
+        if group == 1 or is_depthwise(node, inits[node.input[1]].dims):
             cons[node.name] = None
             return ""
         return f"grouped Conv {node.name} (group {group})"
