@@ -53,6 +53,7 @@ from npukit.measure.fidelity import AgreementMeter, AgreementResult
 from npukit.measure.latency import measure_latency_interleaved
 from npukit.measure.size import model_size
 from npukit.quant.config import QuantConfig
+from npukit.quant.pair_channels import pairing_pays
 from npukit.quant.qdq import FeedsReader, integer_kernel_report, quantize
 from npukit.runtime.devices import read_cpu_info
 from npukit.runtime.ort import make_session
@@ -130,6 +131,8 @@ def npukit_column(key: str, label: str, **options: Any) -> Column:
     def make(model: onnx.ModelProto, calibration: list[Feeds]) -> onnx.ModelProto:
         return quantize(model, calibration, config=config).model
 
+    if pairing_pays(config):
+        label += ", channels paired"
     return Column(key, label, "npukit", scheme, make, config.as_dict())
 
 
@@ -168,6 +171,8 @@ COLUMNS: tuple[Column, ...] = (
     npukit_column("npk-pt-rr", "npukit per-tensor minmax reduce_range", per_channel=False, reduce_range=True),
     npukit_column("npk-pc-auto-rr", "npukit per-channel auto reduce_range (CLI defaults, no algorithm)",
                   per_channel=True, method="auto", reduce_range=True),
+    npukit_column("npk-pc-auto-rr-unpaired", "npukit per-channel auto reduce_range, channels not paired",
+                  per_channel=True, method="auto", reduce_range=True, pair_channels=False),
     npukit_column("npk-pt-auto-rr", "npukit per-tensor auto reduce_range (CLI defaults, no algorithm)",
                   per_channel=False, method="auto", reduce_range=True),
     npukit_column("npk-pc-cle-bc", "npukit per-channel entropy +CLE +BC", per_channel=True, **_CLE_BC),

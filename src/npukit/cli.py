@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="activation dtype (auto: what this CPU's int8 kernels run accurately)")
     p.add_argument("--reduce-range", choices=("auto", "on", "off"), default="auto",
                    help="7-bit weights; auto: on for x86 CPUs without VNNI, where ORT's u8s8 kernels saturate")
+    p.add_argument("--no-pair-channels", action="store_true",
+                   help="keep the channel order (by default, per-channel weights on the reduce-range grid without "
+                        "bias correction get channels reordered so each large weight shares its kernel pair with a "
+                        "small one; exact in float)")
     p.add_argument("--calib-samples", type=int, help="use exactly this many calibration samples")
     p.add_argument("--data", help="held-out data to measure agreement with the float model")
     p.add_argument("--max-samples", type=int, help="use at most this many --data samples")
@@ -202,7 +206,8 @@ def run(args: argparse.Namespace) -> int:
                            activation_dtype=None if args.activations == "auto" else args.activations,
                            reduce_range={"auto": None, "on": True, "off": False}[args.reduce_range],
                            calib_samples=args.calib_samples, data=args.data, max_samples=args.max_samples,
-                           threads=args.threads, runs=args.runs, html=args.html)
+                           threads=args.threads, runs=args.runs, html=args.html,
+                           extra={"pair_channels": False} if args.no_pair_channels else None)
     elif args.verb == "analyze":
         out = api.analyze(args.model, targets=args.target, input_shape=args.input_shape, fix=args.fix,
                           output=args.output, report_path=args.report, html=args.html)

@@ -204,6 +204,19 @@ def test_quantize_writes_integer_model_and_report(exported, tmp_path):
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops
 
 
+@pytest.mark.parametrize("pair", [True, False])
+def test_quantize_pairs_channels_unless_told_not_to(pair, exported, tmp_path):
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(3).standard_normal((8, 3, 32, 32)).astype(np.float32))
+    out = tmp_path / "tiny.int8.onnx"
+    flags = [] if pair else ["--no-pair-channels"]
+    assert main(["quantize", str(exported), "--calib", str(calib), "-o", str(out), "--method", "minmax",
+                 "--reduce-range", "on", "--runs", "2", *flags]) == 0
+    report = json.loads(out.with_name("tiny.int8.report.json").read_text())
+    assert report["config"]["quant"]["pair_channels"] is pair
+    assert ("pair_channels" in report["results"]["steps"]) is pair
+
+
 @pytest.mark.parametrize("case", ["nan", "empty", "wrong shape", "too few"])
 def test_quantize_bad_calibration_data(case, exported, tmp_path, capsys):
     calib = tmp_path / "calib.npy"

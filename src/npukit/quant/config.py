@@ -30,6 +30,9 @@ class QuantConfig:
     int8 weights overflow: 1x1 convs and Gemms get a grid on which each such pair stays within 128 levels together,
     depthwise convs (a kernel that does not saturate) all 8 bits, other convs 7 bits ([-64, 64]); see
     ``npukit.quant.schemes``.
+    ``pair_channels`` reorders channels so that each large weight shares its kernel pair with a small one, which
+    lowers the pair-bounded scales (exact in float; per channel and without bias correction only, where it pays:
+    see ``npukit.quant.pair_channels``).
     ``activation_equalization`` scales the channels of linear streams (residual Adds, Relu) towards equal ranges,
     ``activation_equalization_alpha`` the strength (0: off, 1: every channel full range; see
     ``npukit.quant.stream_equalize``).
@@ -64,6 +67,7 @@ class QuantConfig:
     bias_correction: bool = False
     calib_samples: int | None = None
     reduce_range: bool = False
+    pair_channels: bool = True
     adaround: bool = False
     adaround_iterations: int = 300
     range_search: bool = False

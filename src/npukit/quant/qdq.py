@@ -1,6 +1,6 @@
-"""INT8 post-training quantization: (CLE) -> (activation equalization) -> calibrate with our observers -> (choose the
-method, for "auto") -> (AdaRound) -> (bias correction) -> QDQ -> (range search on that model, then QDQ again on the
-searched ranges).
+"""INT8 post-training quantization: (CLE) -> (activation equalization) -> (channel pairing) -> calibrate with our
+observers -> (choose the method, for "auto") -> (AdaRound) -> (bias correction) -> QDQ -> (range search on that
+model, then QDQ again on the searched ranges).
 
 ONNX Runtime's ``quantize_static`` does the mechanical Q/DQ placement; every activation range it uses is ours,
 passed as ``TensorQuantOverrides`` (rmin/rmax, plus the 16-bit type for ``int16_nodes``), so its own calibration
@@ -30,6 +30,7 @@ from npukit.quant.bias_correction import correct_bias
 from npukit.quant.calibrate import Progress, calibrate, iter_samples, sixteen_bit_tensors
 from npukit.quant.config import QuantConfig
 from npukit.quant.equalize import equalize
+from npukit.quant.pair_channels import pair_channels, pairing_pays
 from npukit.quant.range_search import search_ranges
 from npukit.quant.schemes import pair_bounded, pair_bounded_scale, reduced_weight_range, weight_rows
 from npukit.quant.stream_equalize import equalize_streams
@@ -207,6 +208,10 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
                                    limit=config.calib_samples)
         work = streams.model
         steps["activation_equalization"] = streams.summary()
+    if pairing_pays(config):
+        paired = pair_channels(work, config)
+        work = paired.model
+        steps["pair_channels"] = paired.summary()
     reference = work
     if config.method == "auto":
         split = split_samples(sum(1 for _ in iter_samples(work, samples, limit=config.calib_samples)))

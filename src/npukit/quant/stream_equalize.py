@@ -44,6 +44,7 @@ class StreamGroup:
     tensors: tuple[str, ...]
     producers: tuple[str, ...]  # node names
     consumers: tuple[str, ...]
+    channelwise: tuple[str, ...] = ()  # depthwise Convs the group runs through (``permutation`` groups only)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +59,14 @@ class StreamEqualizeResult:
                 "median_scale": float(np.median([g["median_scale"] for g in self.groups])) if self.groups else 1.0}
 
 
-def find_stream_groups(model: onnx.ModelProto) -> tuple[list[StreamGroup], list[dict]]:
-    """Every group of activations that can be scaled per channel without changing the model (module docstring)."""
+def find_stream_groups(model: onnx.ModelProto, *, permutation: bool = False
+                       ) -> tuple[list[StreamGroup], list[dict]]:
+    """Every group of activations that can be scaled per channel without changing the model (module docstring).
+
+    ``permutation``: the groups whose channels can be reordered instead. A reordering also commutes with Clip
+    (scalar bounds) and with depthwise Convs (channel c of the input makes channel c of the output, once the
+    depthwise weights and bias are reordered too), so both run through such a group; those Convs are its
+    ``channelwise`` nodes."""
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     producer = {o: n for n in graph.node for o in n.output}
@@ -77,6 +84,7 @@ def find_stream_groups(model: onnx.ModelProto) -> tuple[list[StreamGroup], list[
         tensors: set[str] = set()
         prods: dict[str, None] = {}
         cons: dict[str, None] = {}
+        through: dict[str, None] = {}
         todo = [seed.output[0]]
         reason = ""
         while todo and not reason:
@@ -84,9 +92,9 @@ def find_stream_groups(model: onnx.ModelProto) -> tuple[list[StreamGroup], list[
             if t in tensors:
                 continue
             tensors.add(t)
-            reason = _check_producer(t, producer, inits, outputs, prods, todo)
+            reason = _check_producer(t, producer, inits, outputs, prods, todo, through if permutation else None)
             for c in consumers.get(t, []) if not reason else ():
-                reason = _check_consumer(t, c, producer, inits, cons, todo)
+                reason = _check_consumer(t, c, producer, inits, cons, todo, through if permutation else None)
                 if reason:
                     break
         seen |= tensors
@@ -95,17 +103,36 @@ def find_stream_groups(model: onnx.ModelProto) -> tuple[list[StreamGroup], list[
         if reason:
             skipped.append({"seed": seed.name, "reason": reason})
         else:
-            groups.append(StreamGroup(tuple(sorted(tensors)), tuple(prods), tuple(cons)))
+            groups.append(StreamGroup(tuple(sorted(tensors)), tuple(prods), tuple(cons), tuple(through)))
     return groups, skipped
 
 
-def _check_producer(t: str, producer: dict, inits: dict, outputs: set[str], prods: dict, todo: list[str]) -> str:
+def _channelwise(node: onnx.NodeProto, t: str, inits: dict, through: dict | None) -> str:
+    """For a ``permutation`` group (``through`` given): "clip" for a Clip of ``t`` with constant bounds, "depthwise"
+    for a depthwise Conv of ``t`` with constant weights; "" otherwise."""
+    if through is None or not node.input or node.input[0] != t:
+        return ""
+    if node.op_type == "Clip" and all(not i or i in inits for i in node.input[1:]):
+        return "clip"
+    if node.op_type == "Conv" and len(node.input) > 1 and node.input[1] in inits \
+            and is_depthwise(node, inits[node.input[1]].dims):
+        return "depthwise"
+    return ""
+
+
+def _check_producer(t: str, producer: dict, inits: dict, outputs: set[str], prods: dict, todo: list[str],
+                    through: dict | None = None) -> str:
     if t in outputs:
         return f"{t} is a graph output"
     node = producer.get(t)
     if node is None:
         return f"{t} is a graph input or an initializer"
-    if node.op_type == "Conv" and node.input[1] in inits:
+    kind = _channelwise(node, node.input[0] if node.input else "", inits, through)
+    if kind:
+        if kind == "depthwise":
+            through[node.name] = None
+        todo.append(node.input[0])
+    elif node.op_type == "Conv" and node.input[1] in inits:
         prods[node.name] = None
     elif node.op_type == "Gemm" and node.input[1] in inits and not node_attr(node, "transA", 0):
         prods[node.name] = None
@@ -134,7 +161,14 @@ def _is_channel_flatten(node: onnx.NodeProto, producer: dict, inits: dict) -> bo
     return shape is not None and len(numpy_helper.to_array(shape).reshape(-1)) == 2
 
 
-def _check_consumer(t: str, node: onnx.NodeProto, producer: dict, inits: dict, cons: dict, todo: list[str]) -> str:
+def _check_consumer(t: str, node: onnx.NodeProto, producer: dict, inits: dict, cons: dict, todo: list[str],
+                    through: dict | None = None) -> str:
+    kind = _channelwise(node, t, inits, through)
+    if kind:
+        if kind == "depthwise":
+            through[node.name] = None
+        todo.extend(node.output)
+        return ""
     if node.op_type in ("Flatten", "Reshape") and _is_channel_flatten(node, producer, inits):
         todo.extend(node.output)
         return ""
