@@ -34,7 +34,11 @@ Measured on MobileNetV2 (official weights, 42 calibration and 208 evaluation pho
 - per tensor: no gain (auto 8.4 -> 8.2 dB, minmax 6.9 -> 6.5 dB): the one tensor scale follows the single largest
   pair of the whole weight, and the error is the small channels' few levels, which pairing does not change.
 
-Pairing costs 6-7 s on MobileNetV2 (25 groups; the 1280-channel group read by the classifier takes most of it).
+Where rows x free channels exceed ``EXACT_LIMIT``, each step computes the exact cost only for a shortlist of
+``SHORTLIST`` partners, those overlapping least with c on the rows where c is large: 99% of the exact matching's
+drop in the log-scale sum on MobileNetV2. Pairing takes 4 s there (25 groups) and 6 s on ResNet50 (21 groups, up to
+2048 channels read by 2000 rows), the float outputs within 8e-7 relative of the original's on both and on ResNet18,
+RegNetY-400MF and EfficientNet-B0.
 """
 
 from __future__ import annotations
