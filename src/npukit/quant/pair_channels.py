@@ -52,7 +52,7 @@ from onnx import numpy_helper
 from npukit.quant.config import QuantConfig
 from npukit.quant.nodes import node_attr
 from npukit.quant.schemes import is_depthwise, pair_bounded, weight_rows
-from npukit.quant.stream_equalize import StreamGroup, find_stream_groups
+from npukit.quant.stream_equalize import StreamGroup, channel_axis, find_stream_groups
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,15 +224,9 @@ def _reorder(g: StreamGroup, order: np.ndarray, nodes: dict, inits: dict) -> Non
 
     for name in (*g.producers, *g.channelwise):
         node = nodes[name]
-        if node.op_type == "Gemm":
-            take(node.input[1], 0 if node_attr(node, "transB", 0) else 1)
-        else:
-            take(node.input[1], 0)
+        take(node.input[1], channel_axis(node, output=True))
         if len(node.input) > 2 and node.input[2]:
             take(node.input[2], -1)
     for name in g.consumers:
         node = nodes[name]
-        if node.op_type == "Gemm":
-            take(node.input[1], 1 if node_attr(node, "transB", 0) else 0)
-        else:
-            take(node.input[1], 1)
+        take(node.input[1], channel_axis(node, output=False))

@@ -189,6 +189,21 @@ def _check_consumer(t: str, node: onnx.NodeProto, producer: dict, inits: dict, c
     return f"{t} feeds {node.op_type} {node.name}"
 
 
+def channel_axis(node: onnx.NodeProto, *, output: bool) -> int:
+    """The axis of a Conv's or Gemm's weight that holds a group's channel c: of the node's output (a producer, or a
+    depthwise Conv a permutation group runs through) or of its input (a consumer)."""
+    if node.op_type == "Gemm":
+        return int(bool(node_attr(node, "transB", 0)) != output)  # (K, N) weight, or (N, K) with transB
+    return 0 if output or node_attr(node, "group", 1) != 1 else 1  # depthwise: channel c is row c either way
+
+
+def along(values: np.ndarray, axis: int, ndim: int) -> np.ndarray:
+    """``values`` shaped to broadcast along ``axis`` of an ``ndim``-dimensional array."""
+    shape = [1] * ndim
+    shape[axis] = -1
+    return values.reshape(shape)
+
+
 def equalize_streams(model: onnx.ModelProto, samples: Iterable[object], *, alpha: float = 0.5,
                      max_scale: float = 100.0, limit: int | None = None) -> StreamEqualizeResult:
     """Scale every stream group's channels towards equal ranges (a copy is returned; see the module docstring)."""
@@ -225,23 +240,13 @@ def equalize_streams(model: onnx.ModelProto, samples: Iterable[object], *, alpha
         for name in g.producers:
             node = nodes[name]
             w = get(node.input[1])
-            if node.op_type == "Gemm" and not node_attr(node, "transB", 0):
-                put(node.input[1], w * s.reshape(1, -1))
-            else:
-                put(node.input[1], w * s.reshape(-1, *([1] * (w.ndim - 1))))
+            put(node.input[1], w * along(s, channel_axis(node, output=True), w.ndim))
             if len(node.input) > 2 and node.input[2]:
                 put(node.input[2], get(node.input[2]) * s)
         for name in g.consumers:
             node = nodes[name]
             w = get(node.input[1])
-            if node.op_type == "Conv" and node_attr(node, "group", 1) != 1:  # depthwise: channel c is row c
-                put(node.input[1], w / s.reshape(-1, *([1] * (w.ndim - 1))))
-            elif node.op_type == "Conv":
-                put(node.input[1], w / s.reshape(1, -1, *([1] * (w.ndim - 2))))
-            elif node_attr(node, "transB", 0):
-                put(node.input[1], w / s.reshape(1, -1))
-            else:
-                put(node.input[1], w / s.reshape(-1, 1))
+            put(node.input[1], w / along(s, channel_axis(node, output=False), w.ndim))
         rows.append({"tensors": list(g.tensors), "producers": list(g.producers), "consumers": list(g.consumers),
                      "channels": int(r.size), "median_scale": float(np.median(s)), "max_scale": float(s.max())})
     return StreamEqualizeResult(model=out, groups=rows, skipped=skipped)
