@@ -51,7 +51,7 @@ from onnx import numpy_helper
 
 from npukit.quant.config import QuantConfig
 from npukit.quant.nodes import node_attr
-from npukit.quant.schemes import is_depthwise, pair_bounded, weight_rows
+from npukit.quant.schemes import is_depthwise, largest_pair_sums, pair_bounded, weight_rows
 from npukit.quant.stream_equalize import StreamGroup, channel_axis, find_stream_groups
 
 
@@ -120,12 +120,7 @@ def greedy_pairing(a: np.ndarray) -> np.ndarray:
 
 def pair_scales(rows: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
     """Each row's largest pair sum when the K columns of ``rows`` are read in ``order`` (None: as they are)."""
-    a = np.abs(np.asarray(rows, np.float64))
-    if order is not None:
-        a = a[:, order]
-    if a.shape[1] % 2:
-        a = np.concatenate([a, np.zeros((a.shape[0], 1))], axis=1)
-    return (a[:, 0::2] + a[:, 1::2]).max(axis=1)
+    return largest_pair_sums(rows if order is None else np.asarray(rows)[:, order])
 
 
 def _scales(rows: np.ndarray, order: np.ndarray | None, per_channel: bool) -> np.ndarray:

@@ -106,15 +106,21 @@ def weight_rows(node: onnx.NodeProto, w: np.ndarray) -> np.ndarray:
     return w.reshape(w.shape[0], -1)
 
 
+def largest_pair_sums(rows: np.ndarray) -> np.ndarray:
+    """|w_2j| + |w_2j+1| at its largest along the last axis of (..., K) ``rows``, in float64 (an odd K's last weight
+    pairs with nothing)."""
+    a = np.abs(np.asarray(rows, np.float64))
+    if a.shape[-1] % 2:
+        a = np.concatenate([a, np.zeros(a.shape[:-1] + (1,))], axis=-1)
+    return (a[..., 0::2] + a[..., 1::2]).max(axis=-1)
+
+
 def pair_bounded_scale(rows: np.ndarray, *, per_channel: bool, headroom: int = 1) -> np.ndarray:
     """Scales for (..., K) weight rows such that rounded weights keep |q_2j| + |q_2j+1| <= PAIR_LIMIT: one per row
     (shape rows.shape[:-1]), or per tensor one value in an array of as many dimensions, all of size 1. The largest
     pair sum maps to PAIR_LIMIT - headroom, where ``headroom`` is how far rounding can push a pair's sum up (1 for
     nearest rounding, 2 for AdaRound's floor-or-ceil). No single weight exceeds that either: the int8 range holds."""
-    a = np.abs(np.asarray(rows, np.float64))
-    if a.shape[-1] % 2:
-        a = np.concatenate([a, np.zeros(a.shape[:-1] + (1,))], axis=-1)
-    pair = (a[..., 0::2] + a[..., 1::2]).max(axis=-1)
+    pair = largest_pair_sums(rows)
     if not per_channel:
         pair = pair.max(keepdims=True)
     scale = pair / (PAIR_LIMIT - headroom)
