@@ -133,6 +133,8 @@ def npukit_column(key: str, label: str, **options: Any) -> Column:
 
     if pairing_pays(config):
         label += ", channels paired"
+    if config.float_stem:
+        label += ", stem in float"
     return Column(key, label, "npukit", scheme, make, config.as_dict())
 
 
@@ -151,6 +153,8 @@ def mixed_column(key: str, label: str, *, target_sqnr_db: float, max_layers: int
         return quantize(model, calibration, config=final).model
 
     scheme = "per-channel" if config.per_channel else "per-tensor"
+    if config.float_stem:
+        label += ", stem in float"
     return Column(key, label, "npukit", scheme, make,
                   config.as_dict() | {"range_search": True, "mixed_precision": {"target_sqnr_db": target_sqnr_db,
                                                                                 "max_layers": max_layers}})
@@ -170,11 +174,11 @@ COLUMNS: tuple[Column, ...] = (
     npukit_column("npk-pc-rr", "npukit per-channel minmax reduce_range", per_channel=True, reduce_range=True),
     npukit_column("npk-pt-rr", "npukit per-tensor minmax reduce_range", per_channel=False, reduce_range=True),
     npukit_column("npk-pc-auto-rr", "npukit per-channel auto reduce_range (CLI defaults, no algorithm)",
-                  per_channel=True, method="auto", reduce_range=True),
+                  per_channel=True, method="auto", reduce_range=True, float_stem=True),
     npukit_column("npk-pc-auto-rr-unpaired", "npukit per-channel auto reduce_range, channels not paired",
-                  per_channel=True, method="auto", reduce_range=True, pair_channels=False),
+                  per_channel=True, method="auto", reduce_range=True, pair_channels=False, float_stem=True),
     npukit_column("npk-pt-auto-rr", "npukit per-tensor auto reduce_range (CLI defaults, no algorithm)",
-                  per_channel=False, method="auto", reduce_range=True),
+                  per_channel=False, method="auto", reduce_range=True, float_stem=True),
     npukit_column("npk-pc-cle-bc", "npukit per-channel entropy +CLE +BC", per_channel=True, **_CLE_BC),
     npukit_column("npk-pt-cle-bc", "npukit per-tensor entropy +CLE +BC", per_channel=False, **_CLE_BC),
     npukit_column("npk-pc-cle-bc-rr", "npukit per-channel entropy +CLE +BC reduce_range", per_channel=True,
@@ -182,31 +186,36 @@ COLUMNS: tuple[Column, ...] = (
     npukit_column("npk-pt-cle-bc-rr", "npukit per-tensor entropy +CLE +BC reduce_range", per_channel=False,
                   **_CLE_BC, reduce_range=True),
     npukit_column("npk-pc-auto-cle-bc-rr", "npukit per-channel auto +CLE +BC reduce_range", per_channel=True,
-                  **(_CLE_BC | {"method": "auto"}), reduce_range=True),
+                  **(_CLE_BC | {"method": "auto"}), reduce_range=True, float_stem=True),
     npukit_column("npk-pt-auto-cle-bc", "npukit per-tensor auto +CLE +BC", per_channel=False,
-                  **(_CLE_BC | {"method": "auto"})),
+                  **(_CLE_BC | {"method": "auto"}), float_stem=True),
     npukit_column("npk-pc-auto-cle-ae-bc-rr", "npukit per-channel auto +CLE +AE +BC reduce_range", per_channel=True,
+                  **(_CLE_BC | {"method": "auto"}), activation_equalization=True, reduce_range=True, float_stem=True),
+    npukit_column("npk-pc-auto-cle-ae-bc-rr-qstem",
+                  "npukit per-channel auto +CLE +AE +BC reduce_range, stem quantized", per_channel=True,
                   **(_CLE_BC | {"method": "auto"}), activation_equalization=True, reduce_range=True),
     npukit_column("npk-pt-auto-cle-ae-bc", "npukit per-tensor auto +CLE +AE +BC", per_channel=False,
-                  **(_CLE_BC | {"method": "auto"}), activation_equalization=True),
+                  **(_CLE_BC | {"method": "auto"}), activation_equalization=True, float_stem=True),
     npukit_column("npk-pt-auto-cle-ae-bc-rr", "npukit per-tensor auto +CLE +AE +BC reduce_range", per_channel=False,
-                  **(_CLE_BC | {"method": "auto"}), activation_equalization=True, reduce_range=True),
+                  **(_CLE_BC | {"method": "auto"}), activation_equalization=True, reduce_range=True, float_stem=True),
     npukit_column("npk-pc-rs-rr", "npukit per-channel auto +CLE +AE +BC +range search reduce_range",
                   per_channel=True, **(_CLE_BC | {"method": "auto"}), activation_equalization=True, range_search=True,
-                  reduce_range=True),
+                  reduce_range=True, float_stem=True),
     npukit_column("npk-pt-rs-rr", "npukit per-tensor auto +CLE +AE +BC +range search reduce_range",
                   per_channel=False, **(_CLE_BC | {"method": "auto"}), activation_equalization=True,
-                  range_search=True, reduce_range=True),
+                  range_search=True, reduce_range=True, float_stem=True),
     mixed_column("npk-pc-mixed-rs-rr", "npukit per-channel auto +CLE +AE +BC, int16 on <= 4 layers, +range search "
                  "reduce_range", target_sqnr_db=21.0, max_layers=4, per_channel=True, **(_CLE_BC | {"method": "auto"}),
-                 activation_equalization=True, reduce_range=True),
+                 activation_equalization=True, reduce_range=True, float_stem=True),
     npukit_column("npk-pc-ada-rr", "npukit per-channel auto +CLE +AE +AdaRound reduce_range", per_channel=True,
-                  method="auto", cle=True, activation_equalization=True, adaround=True, reduce_range=True),
+                  method="auto", cle=True, activation_equalization=True, adaround=True, reduce_range=True,
+                  float_stem=True),
     npukit_column("npk-pt-ada-rr", "npukit per-tensor auto +CLE +AE +AdaRound reduce_range", per_channel=False,
-                  method="auto", cle=True, activation_equalization=True, adaround=True, reduce_range=True),
+                  method="auto", cle=True, activation_equalization=True, adaround=True, reduce_range=True,
+                  float_stem=True),
     npukit_column("npk-pc-ada-bc-rr", "npukit per-channel auto +CLE +AE +AdaRound +BC reduce_range",
                   per_channel=True, method="auto", cle=True, activation_equalization=True, adaround=True,
-                  bias_correction=True, reduce_range=True),
+                  bias_correction=True, reduce_range=True, float_stem=True),
 )
 COLUMN_KEYS = tuple(c.key for c in COLUMNS)
 

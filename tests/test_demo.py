@@ -23,7 +23,10 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     # a working INT8 model agrees with the float one on most real-photo crops and is about 4x smaller.
     assert int8["agreement_with_fp32"]["top1_agreement"] > 0.6
     assert int8["file_bytes"] < models["fp32"]["file_bytes"] / 3
-    assert report["results"]["quantize.integer_kernels"]["integer_fraction"] == 1.0
+    # every Conv/Gemm on integer kernels, except the 3x3 RGB stem where this CPU runs it faster in float
+    stems = report["results"]["quantize.steps"].get("float_stem", {}).get("nodes", [])
+    assert len(stems) <= 1
+    assert sum(report["results"]["quantize.integer_kernels"]["float_compute"].values()) == len(stems)
     assert (tmp_path / "demo.report.html").read_text().count("<svg") >= 1
     predictions = {p["photo"]: p["top1"] for p in report["results"]["predictions"]}
     assert predictions["coffee"] == "espresso"

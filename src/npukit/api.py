@@ -246,6 +246,7 @@ def quantize(
     int16_nodes: Sequence[str] = (),
     activation_dtype: str | None = None,
     reduce_range: bool | None = None,
+    float_stem: bool | None = None,
     adaround: bool = False,
     range_search: bool = False,
     calib_samples: int | None = None,
@@ -260,9 +261,10 @@ def quantize(
     """INT8 post-training quantization to a QDQ model that ORT runs with integer kernels, with a report of what it
     cost: per-layer SQNR, size, latency against the float model and, with ``data``, agreement on held-out data.
 
-    ``calib`` is an image folder / .npy / .npz, or a sequence of feed dicts. ``activation_dtype=None`` and
-    ``reduce_range=None`` take what this CPU runs accurately (e.g. 7-bit weights on x86 CPUs without VNNI, where
-    ORT's u8s8 kernels saturate). ``extra`` passes further QuantConfig fields.
+    ``calib`` is an image folder / .npy / .npz, or a sequence of feed dicts. ``activation_dtype=None``,
+    ``reduce_range=None`` and ``float_stem=None`` take what this CPU runs accurately and fast (e.g. 7-bit weights
+    on x86 CPUs without VNNI, where ORT's u8s8 kernels saturate, and a 3x3 RGB stem left in float there, where it
+    runs faster). ``extra`` passes further QuantConfig fields.
     """
     from npukit.frontend.onnx_io import load_onnx, save_onnx
     from npukit.measure.latency import measure_latency_interleaved
@@ -282,6 +284,7 @@ def quantize(
                          int16_nodes=tuple(int16_nodes),
                          activation_dtype=activation_dtype or scheme["activation_dtype"],
                          reduce_range=scheme["reduce_range"] if reduce_range is None else reduce_range,
+                         float_stem=scheme["float_stem"] if float_stem is None else float_stem,
                          calib_samples=calib_samples, **(extra or {}))
     samples = _open_data(calib, proto, preprocess) if isinstance(calib, (str, Path)) else list(calib)
     evaluation = _open_data(data, proto, preprocess) if data is not None else None

@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="activation dtype (auto: what this CPU's int8 kernels run accurately)")
     p.add_argument("--reduce-range", choices=("auto", "on", "off"), default="auto",
                    help="7-bit weights; auto: on for x86 CPUs without VNNI, where ORT's u8s8 kernels saturate")
+    p.add_argument("--float-stem", choices=("auto", "on", "off"), default="auto",
+                   help="keep a 3x3 RGB-style stem conv (reading the float input, <= 32 values per output) in float; "
+                        "auto: on for x86 CPUs without VNNI, where it runs faster in float")
     p.add_argument("--no-pair-channels", action="store_true",
                    help="keep the channel order (by default, per-channel weights on the reduce-range grid without "
                         "bias correction get channels reordered so each large weight shares its kernel pair with a "
@@ -205,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
                            exclude=args.exclude, int16_nodes=args.int16,
                            activation_dtype=None if args.activations == "auto" else args.activations,
                            reduce_range={"auto": None, "on": True, "off": False}[args.reduce_range],
+                           float_stem={"auto": None, "on": True, "off": False}[args.float_stem],
                            calib_samples=args.calib_samples, data=args.data, max_samples=args.max_samples,
                            threads=args.threads, runs=args.runs, html=args.html,
                            extra={"pair_channels": False} if args.no_pair_channels else None)

@@ -135,7 +135,8 @@ def test_mnist_quick_run_has_every_column_with_plausible_figures(tmp_path):
         assert math.isfinite(row["sqnr_db"]) and row["sqnr_db"] > 5.0, key
         assert row["top1_agreement"] > 0.9, key
         if row["tool"] in ("ort", "npukit") and not row["options"].get("mixed_precision"):
-            assert row["integer_fraction"] == 1.0, key
+            # a float stem: the CNN's first Conv (one input channel) of its ten Convs and Gemms stays in float
+            assert row["integer_fraction"] == (0.9 if row["options"].get("float_stem") else 1.0), key
     assert {t["target"] for t in mnist["targets"]} >= {"accuracy drop <= 0.3 points"}
     assert results["machine"]["cpu"]["int8_features"]
 

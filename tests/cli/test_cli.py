@@ -197,7 +197,10 @@ def test_quantize_writes_integer_model_and_report(exported, tmp_path):
     report = json.loads(out.with_name("tiny.int8.report.json").read_text())
     search = report["results"]["steps"]["range_search"]
     assert search["calibration_sqnr_after_db"] >= search["calibration_sqnr_before_db"] and search["samples"] == 8
-    assert report["results"]["integer_kernels"]["integer_fraction"] == 1.0
+    # every Conv on integer kernels but a stem this CPU runs faster in float (--float-stem auto)
+    stems = report["results"]["steps"].get("float_stem", {}).get("nodes", [])
+    assert report["config"]["quant"]["float_stem"] == report["config"]["cpu_scheme"]["float_stem"]
+    assert sum(report["results"]["integer_kernels"]["float_compute"].values()) == len(stems)
     assert report["results"]["agreement"]["samples"] == 6
     assert report["results"]["size"]["int8"] < report["results"]["size"]["float"]
     ops = {n.op_type for n in onnx.load(str(out)).graph.node}
@@ -215,6 +218,22 @@ def test_quantize_pairs_channels_unless_told_not_to(pair, exported, tmp_path):
     report = json.loads(out.with_name("tiny.int8.report.json").read_text())
     assert report["config"]["quant"]["pair_channels"] is pair
     assert ("pair_channels" in report["results"]["steps"]) is pair
+
+
+@pytest.mark.parametrize("stem", ["on", "off"])
+def test_quantize_float_stem_flag(stem, exported, tmp_path):
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(4).standard_normal((8, 3, 32, 32)).astype(np.float32))
+    out = tmp_path / "tiny.int8.onnx"
+    assert main(["quantize", str(exported), "--calib", str(calib), "-o", str(out), "--method", "minmax",
+                 "--float-stem", stem, "--runs", "2"]) == 0
+    report = json.loads(out.with_name("tiny.int8.report.json").read_text())
+    kernels = report["results"]["integer_kernels"]
+    if stem == "on":  # TinyNet's first Conv: 3 input channels, 3x3
+        assert len(report["results"]["steps"]["float_stem"]["nodes"]) == 1
+        assert sum(kernels["float_compute"].values()) == 1
+    else:
+        assert "float_stem" not in report["results"]["steps"] and kernels["integer_fraction"] == 1.0
 
 
 @pytest.mark.parametrize("case", ["nan", "empty", "wrong shape", "too few"])

@@ -13,21 +13,24 @@ def _cpu(tmp_path, flags: str):
     return read_cpu_info(path)
 
 
-@pytest.mark.parametrize("flags, activation, reduce_range", [
-    ("sse4_2 avx avx2 fma", "uint8", True),  # AVX2 without VNNI: saturating 16-bit pair sums
-    ("avx2 avx512f avx512bw avx512_vnni", "uint8", False),
-    ("avx2 avx_vnni", "uint8", False),
-    ("sse2", "uint8", True),
+@pytest.mark.parametrize("flags, activation, reduce_range, float_stem", [
+    ("sse4_2 avx avx2 fma", "uint8", True, True),  # AVX2 without VNNI: saturating 16-bit pair sums, slow int8 stem
+    ("avx2 avx512f avx512bw avx512_vnni", "uint8", False, False),
+    ("avx2 avx_vnni", "uint8", False, False),
+    ("sse2", "uint8", True, False),
 ])
-def test_x86_scheme_follows_the_dot_product_instructions(tmp_path, monkeypatch, flags, activation, reduce_range):
+def test_x86_scheme_follows_the_dot_product_instructions(tmp_path, monkeypatch, flags, activation, reduce_range,
+                                                         float_stem):
     monkeypatch.setattr("platform.machine", lambda: "x86_64")
     cpu = _cpu(tmp_path, flags)
     assert set(cpu.int8_features) >= set(X86_INT8_FLAGS)
     scheme = cpu_int8_scheme(cpu)
-    assert (scheme["activation_dtype"], scheme["reduce_range"]) == (activation, reduce_range)
+    assert (scheme["activation_dtype"], scheme["reduce_range"], scheme["float_stem"]) == (activation, reduce_range,
+                                                                                          float_stem)
     assert scheme["reason"]
     config = config_for_cpu(QuantConfig(method="entropy", cle=True), cpu)
     assert config.reduce_range == reduce_range and config.method == "entropy" and config.cle
+    assert config.float_stem == float_stem
 
 
 def test_arm_scheme_uses_full_range_and_signed_activations_with_i8mm(tmp_path, monkeypatch):
@@ -79,3 +82,51 @@ def test_pair_bounded_scale_keeps_every_rounded_pair_within_the_int16_lane() -> 
         assert (np.concatenate([up, np.zeros((16, 1))], 1)[:, 0::2]
                 + np.concatenate([up, np.zeros((16, 1))], 1)[:, 1::2]).max() <= PAIR_LIMIT
         assert s.shape == ((16,) if per_channel else (1,))  # one scale per row, or one
+
+
+def _stem_model(in_channels: int, kernel: int):
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.normal(size=(8, in_channels, kernel, kernel)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.normal(size=(4, 8, 3, 3)).astype(np.float32), "w2")
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], name="stem", pads=[kernel // 2] * 4),
+             helper.make_node("Relu", ["a"], ["b"], name="relu"),
+             helper.make_node("Conv", ["b", "w2"], ["y"], name="body", pads=[1] * 4)]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, in_channels, 8, 8])
+    graph = helper.make_graph(nodes, "g", [x],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [w1, w2])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_stem_convs_are_the_short_reductions_over_the_float_input() -> None:
+    from npukit.quant.schemes import STEM_MAX_K, stem_convs
+
+    assert stem_convs(_stem_model(3, 3)) == ["stem"]  # K = 27: a 3x3 RGB stem
+    assert stem_convs(_stem_model(1, 5)) == ["stem"]  # K = 25
+    assert stem_convs(_stem_model(3, 7)) == []  # K = 147: faster in int8 (ResNet's stem)
+    assert 27 <= STEM_MAX_K < 147
+
+
+def test_float_stem_leaves_the_stem_and_the_input_unquantized() -> None:
+    import numpy as np
+
+    from npukit.quant.qdq import quantize
+    from npukit.runtime.ort import make_session
+
+    model = _stem_model(3, 3)
+    rng = np.random.default_rng(1)
+    samples = [{"x": rng.normal(size=(1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
+    plain = quantize(model, samples, config=QuantConfig())
+    stem = quantize(model, samples, config=QuantConfig(float_stem=True))
+    assert stem.steps["float_stem"]["nodes"] == ["stem"] and "float_stem" not in plain.steps
+    quantized_inputs = {n.input[0] for n in stem.model.graph.node if n.op_type == "QuantizeLinear"}
+    assert "x" not in quantized_inputs and "x" in {n.input[0] for n in plain.model.graph.node
+                                                   if n.op_type == "QuantizeLinear"}
+    rows = {r["node"]: r for r in stem.per_layer}
+    assert rows["stem"]["excluded"] and not rows["stem"]["quantized"] and rows["body"]["quantized"]
+    # the stem's float weights: its output is exact up to the body's own rounding, so closer to float than plain
+    ref = make_session(model).run(None, samples[0])[0]
+    err = [np.abs(make_session(r.model).run(None, samples[0])[0] - ref).mean() for r in (plain, stem)]
+    assert err[1] < err[0]

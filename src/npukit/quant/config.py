@@ -33,6 +33,9 @@ class QuantConfig:
     ``pair_channels`` reorders channels so that each large weight shares its kernel pair with a small one, which
     lowers the pair-bounded scales (exact in float; per channel and without bias correction only, where it pays:
     see ``npukit.quant.pair_channels``).
+    ``float_stem`` leaves the Convs that read the model's float input with a short reduction (at most
+    ``schemes.STEM_MAX_K`` = input channels x kernel taps, e.g. a 3x3 RGB stem: 27) in float, so the input is never
+    quantized: on x86 CPUs without VNNI that stem runs faster in float (see ``npukit.quant.schemes.stem_convs``).
     ``activation_equalization`` scales the channels of linear streams (residual Adds, Relu) towards equal ranges,
     ``activation_equalization_alpha`` the strength (0: off, 1: every channel full range; see
     ``npukit.quant.stream_equalize``).
@@ -68,6 +71,7 @@ class QuantConfig:
     calib_samples: int | None = None
     reduce_range: bool = False
     pair_channels: bool = True
+    float_stem: bool = False
     adaround: bool = False
     adaround_iterations: int = 300
     range_search: bool = False

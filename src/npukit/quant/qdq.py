@@ -32,7 +32,8 @@ from npukit.quant.config import QuantConfig
 from npukit.quant.equalize import equalize
 from npukit.quant.pair_channels import pair_channels, pairing_pays
 from npukit.quant.range_search import search_ranges
-from npukit.quant.schemes import pair_bounded, pair_bounded_scale, reduced_weight_range, weight_rows
+from npukit.quant.schemes import (STEM_MAX_K, pair_bounded, pair_bounded_scale, reduced_weight_range, stem_convs,
+                                   weight_rows)
 from npukit.quant.stream_equalize import equalize_streams
 from npukit.runtime.ort import make_session
 
@@ -199,6 +200,10 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
                          hint="use node names from the graph")
     work = preprocess(model)
     steps: dict[str, dict] = {}
+    if config.float_stem:
+        stems = [n for n in stem_convs(model) if n not in config.exclude and n not in config.int16_nodes]
+        config = dataclasses.replace(config, exclude=config.exclude + tuple(stems))
+        steps["float_stem"] = {"nodes": stems, "max_k": STEM_MAX_K}
     if config.cle:
         eq = equalize(work, samples=samples, limit=config.calib_samples)
         work = eq.model
