@@ -69,3 +69,25 @@ def test_search_keeps_the_range_that_carries_the_output() -> None:
     assert all(c["to"][1] >= c["from"][1] for c in changed.values()), changed
     held = _outlier_samples(6, scale=0.05, outlier=100.0, seed=9)
     assert _sqnr(model, searched.model, held) >= _sqnr(model, plain.model, held) - 0.1
+
+
+def test_grids_the_builder_fixes_stay_put() -> None:
+    # a Softmax output is built on [0, 1] whatever range it is given: the search must not spend trials on it or
+    # report it as moved
+    from onnx import TensorProto, helper
+
+    from npukit.quant.qdq import softmax_outputs
+    from npukit.quant.range_search import search_ranges
+
+    model = _outlier_model("exp")
+    samples = _outlier_samples(16, scale=1.0, outlier=7.0)
+    plain = quantize(model, samples, config=QuantConfig(method="minmax"))
+    free = search_ranges(plain.reference, plain.model, samples, ranges=plain.ranges, passes=2)
+    pinned = search_ranges(plain.reference, plain.model, samples, ranges=plain.ranges, passes=2, fixed=["e"])
+    assert "e" in free.ranges and "e" not in pinned.ranges and pinned.trials < free.trials
+    soft = helper.make_graph([helper.make_node("Softmax", ["x"], ["p"], name="s")], "g",
+                             [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                             [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, 4])])
+    soft_model = helper.make_model(soft)
+    assert softmax_outputs(soft_model, QuantConfig()) == ["p"]
+    assert softmax_outputs(soft_model, QuantConfig(exclude=("s",))) == []

@@ -99,9 +99,15 @@ def effective_ranges(model: onnx.ModelProto, ranges: dict[str, tuple[float, floa
         if node.op_type in ("Relu", "Clip") and consumers[node.input[0]] == 1 and node.output[0] in ranges \
                 and node.input[0] in ranges:
             adjusted[node.input[0]] = ranges[node.output[0]]
-        elif node.op_type == "Softmax" and node.output[0] in ranges:
-            adjusted[node.output[0]] = (0.0, 1.0)
+    for name in softmax_outputs(model, config):
+        if name in ranges:
+            adjusted[name] = (0.0, 1.0)
     return adjusted
+
+
+def softmax_outputs(model: onnx.ModelProto, config: QuantConfig) -> list[str]:
+    """Outputs of the quantized Softmax nodes, whose range is [0, 1] whatever was calibrated."""
+    return [n.output[0] for n in model.graph.node if n.op_type == "Softmax" and n.name not in config.exclude]
 
 
 def _overrides(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]], config: QuantConfig,
@@ -262,7 +268,8 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
     if config.range_search:  # last, on the model as built: bias correction stays as measured on the first grid
         search = search_ranges(reference, qdq, samples, ranges=effective_ranges(work, ranges, config),
                                limit=config.calib_samples, passes=config.range_search_passes,
-                               symmetric=config.symmetric_activations, threads=0)
+                               symmetric=config.symmetric_activations, threads=0,
+                               fixed=softmax_outputs(work, config))
         ranges = ranges | search.ranges
         steps["range_search"] = search.summary()
         qdq = _to_qdq(work, first, config, ranges, weight_grids)

@@ -205,15 +205,18 @@ def _moved(r: Range, move: tuple[str, float]) -> Range:
 def search_ranges(reference: onnx.ModelProto, qdq: onnx.ModelProto, samples: Iterable[object], *,
                   ranges: dict[str, Range] | None = None, limit: int | None = None,
                   factors: Sequence[float] = FACTORS, min_gain_db: float = MIN_GAIN_DB, min_t: float = MIN_T,
-                  passes: int = 1, symmetric: bool = False, threads: int = 1) -> RangeSearchResult:
+                  passes: int = 1, symmetric: bool = False, threads: int = 1,
+                  fixed: Iterable[str] = ()) -> RangeSearchResult:
     """Greedy ranges for the activation grids of ``qdq`` against the float ``reference`` (same inputs and outputs)
     on the first ``limit`` samples. ``ranges``: the ranges ``qdq`` was built from (tensor -> range, as ORT took
     them), where each grid starts (else from its scale and zero point, which on a coarse grid may have lost a short
     side); ``symmetric``: the activations are quantized symmetrically (ranges only scaled about zero); ``threads``:
-    ORT intra-op threads of the trial sessions (0: all cores). See the module docstring."""
+    ORT intra-op threads of the trial sessions (0: all cores); ``fixed``: tensors whose range the model builder sets
+    whatever the search finds (a Softmax output spans [0, 1]): their grids stay put. See the module docstring."""
     start = time.perf_counter()
     feeds = list(itertools.islice(iter_samples(reference, samples, limit=limit), limit))
-    grids = activation_grids(qdq)
+    pinned = set(fixed)
+    grids = [g for g in activation_grids(qdq) if not pinned & set(g.tensors)]
     scorer = _Scorer(reference, qdq, feeds, grids, symmetric=symmetric, threads=threads)
     given = ranges or {}
     first = {g.scale: next((tuple(given[t]) for t in g.tensors if t in given), scorer.range_of(g)) for g in grids}
