@@ -41,8 +41,10 @@ class QuantConfig:
     ``npukit.quant.stream_equalize``).
     ``adaround`` learns each Conv/Gemm weight's rounding on the calibration data (``adaround_iterations`` Adam steps
     per layer; it needs symmetric weights). Measured on MobileNetV2 (42 calibration crops, 2 cores, 300 steps, with
-    CLE and activation equalization): per-tensor 6.6 min, 87.0% top-1 agreement / 16.6 dB against 81.2% / 15.1 dB
-    with bias correction instead; per-channel 7.1 min, 85.6% / 18.8 dB, no better than bias correction there.
+    CLE, activation equalization, reduce_range and the float stem; benchmarks/results/quant_vs_anchors.md):
+    per-channel (channels paired) 6.6 min, 89.4% top-1 agreement / 19.2 dB against 84.1% / 19.5 dB with bias
+    correction instead; per-tensor 6.7 min, 84.6% / 17.3 dB against 85.1% / 16.6 dB. Agreement on those 208 crops
+    of 13 photos has a photo-level 95% interval about +-9 points wide (benchmarks/agreement_noise.py).
     ``method="auto"`` calibrates once with one histogram per tensor, derives every method's ranges from it, and
     keeps the method whose QDQ model's outputs are closest (SQNR) to the float model's on held-out samples
     (see ``npukit.quant.auto``).

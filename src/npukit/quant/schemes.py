@@ -29,15 +29,16 @@ accumulate in 32 bits, so full-range int8 weights are exact. On Arm64, MLAS's NE
 and accumulate in 32 bits (and UDOT/SDOT/SMMLA where present), so full range is safe; with I8MM MLAS prefers signed
 activations.
 
-The stem: a Conv that reads the model's float input with a short reduction (K = input channels x kernel taps, 27 for
-a 3x3 RGB stem) runs faster in float on AVX2 without VNNI, where MLAS's NCHWc float kernel handles three input
-channels directly while the int8 path must first quantize the input and then runs a GEMM too short to amortize its
-packing. Measured (1 thread, interleaved medians, per-channel reduce_range models): MobileNetV2 0.766x -> 0.745x FP32
-with its stem (K = 27) in float, RegNetY-400MF 1.164x -> 1.145x (K = 27); ResNet18's 7x7 stem (K = 147, 64 outputs)
-is the opposite, 0.544x -> 0.657x. Leaving the stem in float also spares the input its rounding: MobileNetV2
-per-channel auto + CLE + AE + BC, 18.8 -> 19.5 dB logits SQNR on 208 held-out crops (top-1 agreement 85.6% ->
-84.1%: three crops, within that set's noise). ``float_stem`` is therefore on
-for that CPU class only (``stem_convs``, K <= ``STEM_MAX_K``).
+The stem: a Conv that reads the model's float input with a short reduction (K = input channels x kernel taps, 27 for a
+3x3 RGB stem) runs faster in float on AVX2 without VNNI: ORT profile of MobileNetV2's stem, 1.1 ms as an int8
+QLinearConv against 0.77 ms in float (the int8 path also quantizes the input first; we did not dig further). Side
+measurements (not a committed benchmark; 1 thread, interleaved medians, per-channel reduce_range): MobileNetV2 (auto +
+CLE + AE + BC) 0.766x -> 0.745x FP32 with its stem (K = 27) in float, RegNetY-400MF (minmax) 1.164x -> 1.145x (K =
+27); ResNet18's 7x7 stem (minmax; K = 147, 64 outputs) is the opposite, 0.544x -> 0.657x. Leaving the stem in float
+also spares the input its rounding: MobileNetV2 per-channel auto + CLE + AE + BC, 18.8 -> 19.5 dB logits SQNR on 208
+held-out crops (top-1 agreement 85.6% -> 84.1%: three crops, within that set's noise), 0.75x -> 0.73x FP32
+(benchmarks/results/quant_vs_anchors.md). ``float_stem`` is therefore on for that CPU class only (``stem_convs``, K <=
+``STEM_MAX_K``).
 """
 
 from __future__ import annotations
