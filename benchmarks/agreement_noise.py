@@ -41,19 +41,6 @@ from npukit.runtime.ort import make_session  # noqa: E402
 RESULTS = Path(__file__).parent / "results"
 
 
-def photo_bootstrap(values: np.ndarray, groups: np.ndarray, *, rounds: int, seed: int = 0) -> tuple[float, float]:
-    """95% interval of the mean of per-crop ``values`` when whole groups (photos) are resampled with replacement."""
-    labels = np.unique(groups)
-    members = [np.flatnonzero(groups == g) for g in labels]
-    rng = np.random.default_rng(seed)
-    means = np.empty(rounds)
-    for k in range(rounds):
-        idx = np.concatenate([members[i] for i in rng.integers(0, len(labels), len(labels))])
-        means[k] = values[idx].mean()
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
 def mcnemar_exact(only_a: int, only_b: int) -> float:
     """Two-sided exact McNemar p-value: the discordant pairs as a fair coin's flips."""
     n, k = only_a + only_b, min(only_a, only_b)
@@ -61,6 +48,9 @@ def mcnemar_exact(only_a: int, only_b: int) -> float:
         return 1.0
     tail = sum(math.comb(n, i) for i in range(k + 1)) / 2.0 ** n
     return float(min(1.0, 2.0 * tail))
+
+
+photo_bootstrap = qva.photo_bootstrap
 
 
 def compare(reference: np.ndarray, a: np.ndarray, b: np.ndarray, groups: np.ndarray, *,

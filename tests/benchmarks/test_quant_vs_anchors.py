@@ -54,7 +54,7 @@ def test_measure_task_records_unavailable_and_failing_columns_and_measures_the_r
     rng = np.random.default_rng(1)
     feeds = [{"x": rng.normal(size=(1, 2, 6, 6)).astype(np.float32)} for _ in range(30)]
     labels = rng.integers(0, 3, size=10)
-    task = qva.Task("tiny", model, feeds[:20], feeds[20:], labels, {})
+    task = qva.Task("tiny", model, feeds[:20], feeds[20:], labels, {"evaluation_crops_per_photo": 2})
 
     def broken(model, calibration):
         raise RuntimeError("quantizer exploded")
@@ -75,6 +75,10 @@ def test_measure_task_records_unavailable_and_failing_columns_and_measures_the_r
     assert npk["status"] == "ok" and npk["integer_fraction"] == 1.0
     assert 12.0 < npk["sqnr_db"] < 60.0  # 18.7 dB measured
     assert npk["latency_ms_1t"] > 0 and npk["latency_ratio_2t"] > 0
+    # agreement interval from resampling the five "photos" of two samples each: it holds the point estimate
+    assert fp32["top1_agreement_interval"] == (1.0, 1.0)
+    lo, hi = npk["top1_agreement_interval"]
+    assert 0.0 <= lo <= npk["top1_agreement"] <= hi <= 1.0
 
 
 def _row(key, tool, scheme, agreement, sqnr, *, latency_ms=1.0, **options):
