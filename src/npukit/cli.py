@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "model's on the calibration data (minutes)")
     p.add_argument("--exclude", nargs="+", default=[], metavar="NODE", help="nodes to keep in float")
     p.add_argument("--int16", nargs="+", default=[], metavar="NODE", help="nodes with 16-bit activations")
+    p.add_argument("--int16-tensors", nargs="+", default=[], metavar="TENSOR",
+                   help="activations quantized to 16 bits (only the nodes reading or writing them leave int8)")
     p.add_argument("--activations", choices=("auto", "uint8", "int8"), default="auto",
                    help="activation dtype (auto: what this CPU's int8 kernels run accurately)")
     p.add_argument("--reduce-range", choices=("auto", "on", "off"), default="auto",
@@ -205,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
         out = api.quantize(args.model, args.output, calib=args.calib, per_tensor=args.per_tensor, method=args.method,
                            cle=args.cle, bias_correction=args.bias_correction, adaround=args.adaround,
                            range_search=args.range_search, equalize_activations=args.equalize_activations,
-                           exclude=args.exclude, int16_nodes=args.int16,
+                           exclude=args.exclude, int16_nodes=args.int16, int16_tensors=args.int16_tensors,
                            activation_dtype=None if args.activations == "auto" else args.activations,
                            reduce_range={"auto": None, "on": True, "off": False}[args.reduce_range],
                            float_stem={"auto": None, "on": True, "off": False}[args.float_stem],

@@ -135,3 +135,19 @@ def test_pair_bounded_weights_run_exactly_on_u8s8_kernels_where_8_bit_ones_satur
     reference = run(make_session(result.model, optimization="disable"), samples[0])[0]
     integer = run(make_session(result.model), samples[0])[0]
     np.testing.assert_allclose(integer, reference, rtol=0, atol=1e-6)
+
+
+def test_16_bit_tensors_take_only_their_readers_and_writer_off_int8() -> None:
+    model = tiny_cnn()
+    samples = make_samples(8)
+    # pw's output alone: pw (its writer) leaves the int8 kernels; conv1 and dw stay QLinearConv
+    result = quantize(model, samples, config=QuantConfig(int16_tensors=("c3",)))
+    rows = {r["node"]: r for r in result.per_layer}
+    assert rows["pw"]["activation_bits"] == 16 and rows["dw"]["activation_bits"] == 8
+    q16 = [n for n in result.model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "c3"]
+    zero = next(i for i in result.model.graph.initializer if i.name == q16[0].input[2])
+    assert onnx.helper.tensor_dtype_to_np_dtype(zero.data_type) == np.dtype(np.uint16)
+    report = integer_kernel_report(result.model)
+    assert report["integer_ops"].get("QLinearConv") == 2
+    with pytest.raises(InputError, match="int16 tensors"):
+        quantize(model, samples, config=QuantConfig(int16_tensors=("nope",)))

@@ -105,7 +105,7 @@ def correct_bias(model: onnx.ModelProto, samples: Iterable[object], *, config: Q
     quantization's mean error): the shift removed is then E[Q(W~) x_q] - E[W x], the layer's whole remaining mean
     error, and nothing is corrected twice.
     """
-    wide = sixteen_bit_tensors(model, config.int16_nodes)
+    wide = sixteen_bit_tensors(model, config)
     inits = {i.name: i for i in model.graph.initializer}
     targets = [n for n in model.graph.node
                if n.op_type in ("Conv", "Gemm") and n.name not in config.exclude and len(n.input) > 1

@@ -134,14 +134,20 @@ def observe(model: onnx.ModelProto, names: list[str], samples: Iterable[object],
             progress(i)
 
 
-def sixteen_bit_tensors(model: onnx.ModelProto, nodes: Iterable[str]) -> set[str]:
-    """Activations read or written by the named nodes."""
-    chosen = set(nodes)
-    names = {n.name for n in model.graph.node}
-    missing = chosen - names
+def sixteen_bit_tensors(model: onnx.ModelProto, config: QuantConfig) -> set[str]:
+    """Activations quantized to 16 bits: those read or written by ``config.int16_nodes``, and
+    ``config.int16_tensors``."""
+    chosen = set(config.int16_nodes)
+    missing = chosen - {n.name for n in model.graph.node}
     if missing:
         raise InputError(f"int16 nodes {sorted(missing)} are not in the model", hint="use node names from the graph")
-    return {t for n in model.graph.node if n.name in chosen for t in [*n.input, *n.output] if t}
+    produced = {t for n in model.graph.node for t in n.output} | {i.name for i in model.graph.input}
+    unknown = set(config.int16_tensors) - produced
+    if unknown:
+        raise InputError(f"int16 tensors {sorted(unknown)} are not activations of the model",
+                         hint="use tensor names that a node writes (or a graph input)")
+    return {t for n in model.graph.node if n.name in chosen for t in [*n.input, *n.output] if t} \
+        | set(config.int16_tensors)
 
 
 def calibrate(model: onnx.ModelProto, samples: Iterable[object], *, config: QuantConfig,
@@ -149,7 +155,7 @@ def calibrate(model: onnx.ModelProto, samples: Iterable[object], *, config: Quan
     """Quantization ranges of every float activation of ``model``, observed with ``config.method`` in one pass over
     ``samples``; with "auto", every method's ranges (``candidates``) from one histogram per tensor."""
     names = float_activations(model)
-    wide = sixteen_bit_tensors(model, config.int16_nodes)
+    wide = sixteen_bit_tensors(model, config)
     # The model's own inputs and outputs keep their full range whatever the method: clipping the input throws real
     # data away, and clipping the outputs (logits) distorts exactly what a user compares against the float model.
     edges = {i.name for i in model.graph.input} | {o.name for o in model.graph.output}

@@ -23,8 +23,10 @@ class QuantConfig:
     """How weights and activations are quantized and which accuracy-recovery steps run.
 
     Weights are always int8 (per output channel or per tensor); activations are ``activation_dtype`` except the
-    inputs and outputs of ``int16_nodes``, which use the 16-bit type of the same signedness. ``exclude`` names nodes
-    left in float. ``calib_samples`` caps the calibration samples used; fewer available is an error.
+    inputs and outputs of ``int16_nodes`` and the activations named in ``int16_tensors``, which use the 16-bit type
+    of the same signedness (a tensor alone takes only the nodes that read or write it off the int8 kernels).
+    ``exclude`` names nodes left in float. ``calib_samples`` caps the calibration samples used; fewer available is an
+    error.
     ``reduce_range`` keeps weights out of saturation on x86 CPUs without VNNI, where ONNX Runtime's u8s8 integer
     kernels add pairs of 8-bit products (input channels 2j and 2j + 1) in saturating 16-bit lanes, which full-range
     int8 weights overflow: 1x1 convs and Gemms get a grid on which each such pair stays within 128 levels together,
@@ -65,6 +67,7 @@ class QuantConfig:
     percentile: float = 99.99
     num_bins: int = 2048
     int16_nodes: tuple[str, ...] = ()
+    int16_tensors: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     cle: bool = False
     activation_equalization: bool = False
@@ -81,6 +84,7 @@ class QuantConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "int16_nodes", tuple(self.int16_nodes))
+        object.__setattr__(self, "int16_tensors", tuple(self.int16_tensors))
         object.__setattr__(self, "exclude", tuple(self.exclude))
         _require(self.activation_dtype in typing.get_args(ActivationDtype),
                  f"unknown activation dtype {self.activation_dtype!r}", "use uint8 or int8")

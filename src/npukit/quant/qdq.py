@@ -2,10 +2,11 @@
 observers -> (choose the method, for "auto") -> (AdaRound) -> (bias correction) -> QDQ -> (range search on that
 model, then QDQ again on the searched ranges).
 
-ONNX Runtime's ``quantize_static`` does the mechanical Q/DQ placement; every activation range it uses is ours,
-passed as ``TensorQuantOverrides`` (rmin/rmax, plus the 16-bit type for ``int16_nodes``), so its own calibration
-pass (given one sample) decides nothing; AdaRound's weights come with their grids (scales, zero points) as overrides
-too, so ORT reproduces the learned integers. ``integer_kernel_report`` checks that ORT CPU then runs integer kernels.
+ONNX Runtime's ``quantize_static`` does the mechanical Q/DQ placement; every activation range it uses is ours, passed
+as ``TensorQuantOverrides`` (rmin/rmax, plus the 16-bit type for ``int16_nodes`` / ``int16_tensors``), so its own
+calibration pass (given one sample) decides nothing; AdaRound's weights come with their grids (scales, zero points) as
+overrides too, so ORT reproduces the learned integers. ``integer_kernel_report`` checks that ORT CPU then runs integer
+kernels.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def _overrides(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]], c
                weights: dict[str, list[dict]]) -> dict:
     """rmin/rmax for every calibrated tensor (16-bit type for int16 nodes); ``weights``: fixed weight grids."""
     adjusted = effective_ranges(model, ranges, config)
-    wide = sixteen_bit_tensors(model, config.int16_nodes)
+    wide = sixteen_bit_tensors(model, config)
     wide_type = QuantType.QInt16 if config.activation_signed else QuantType.QUInt16
     overrides: dict[str, list[dict]] = {}
     for name, (lo, hi) in adjusted.items():
@@ -149,7 +150,7 @@ def _per_layer(float_model: onnx.ModelProto, qdq: onnx.ModelProto, ranges: dict[
                config: QuantConfig) -> list[dict]:
     producers = {o: n.op_type for n in qdq.graph.node for o in n.output}
     qdq_nodes = {n.name: n for n in qdq.graph.node if n.name}
-    wide = set(config.int16_nodes)
+    wide, wide_tensors = set(config.int16_nodes), set(config.int16_tensors)
     rows = []
     for node in float_model.graph.node:
         twin = qdq_nodes.get(node.name)
@@ -158,7 +159,7 @@ def _per_layer(float_model: onnx.ModelProto, qdq: onnx.ModelProto, ranges: dict[
             "node": node.name,
             "op_type": node.op_type,
             "quantized": bool(quantized),
-            "activation_bits": 16 if node.name in wide else 8,
+            "activation_bits": 16 if node.name in wide or wide_tensors & set(node.output) else 8,
             "excluded": node.name in config.exclude,
             "input_ranges": {t: ranges[t] for t in node.input if t in ranges},
             "output_ranges": {t: ranges[t] for t in node.output if t in ranges},
@@ -249,7 +250,7 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
     weight_grids: dict[str, list[dict]] = {}
     before_rounding: dict[str, np.ndarray] | None = None
     if config.adaround:
-        wide = sixteen_bit_tensors(work, config.int16_nodes)
+        wide = sixteen_bit_tensors(work, config)
         eight_bit = {t: r for t, r in effective_ranges(work, calib.ranges, config).items() if t not in wide}
         ar = adaround(work, samples, config=config, ranges=eight_bit)
         before_rounding = {i.name: numpy_helper.to_array(i) for i in work.graph.initializer
