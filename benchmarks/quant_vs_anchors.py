@@ -131,11 +131,16 @@ def npukit_column(key: str, label: str, **options: Any) -> Column:
     def make(model: onnx.ModelProto, calibration: list[Feeds]) -> onnx.ModelProto:
         return quantize(model, calibration, config=config).model
 
+    return Column(key, _label(label, config), "npukit", scheme, make, config.as_dict())
+
+
+def _label(label: str, config: QuantConfig) -> str:
+    """``label`` with the steps ``quantize`` adds on its own under ``config`` (channel pairing, the float stem)."""
     if pairing_pays(config):
         label += ", channels paired"
     if config.float_stem:
         label += ", stem in float"
-    return Column(key, label, "npukit", scheme, make, config.as_dict())
+    return label
 
 
 def mixed_column(key: str, label: str, *, target_sqnr_db: float, max_layers: int, **options: Any) -> Column:
@@ -153,9 +158,7 @@ def mixed_column(key: str, label: str, *, target_sqnr_db: float, max_layers: int
         return quantize(model, calibration, config=final).model
 
     scheme = "per-channel" if config.per_channel else "per-tensor"
-    if config.float_stem:
-        label += ", stem in float"
-    return Column(key, label, "npukit", scheme, make,
+    return Column(key, _label(label, config), "npukit", scheme, make,
                   config.as_dict() | {"range_search": True, "mixed_precision": {"target_sqnr_db": target_sqnr_db,
                                                                                 "max_layers": max_layers}})
 
