@@ -27,6 +27,10 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     stems = report["results"]["quantize.steps"].get("float_stem", {}).get("nodes", [])
     assert len(stems) <= 1
     assert sum(report["results"]["quantize.integer_kernels"]["float_compute"].values()) == len(stems)
+    # MobileNetV2's 34 pointwise and 17 depthwise convs, each one node of ORT's profile in both models
+    kinds = report["results"]["quantize.kernel_profile"]["int8"]["by_kind"]
+    assert (kinds["pointwise conv"]["nodes"], kinds["depthwise conv"]["nodes"]) == (34, 17)
+    assert kinds["pointwise conv"]["integer_ms"] == kinds["pointwise conv"]["ms"] > 0
     assert (tmp_path / "demo.report.html").read_text().count("<svg") >= 1
     predictions = {p["photo"]: p["top1"] for p in report["results"]["predictions"]}
     assert predictions["coffee"] == "espresso"

@@ -260,7 +260,8 @@ def quantize(
     extra: dict[str, Any] | None = None,
 ) -> CommandResult:
     """INT8 post-training quantization to a QDQ model that ORT runs with integer kernels, with a report of what it
-    cost: per-layer SQNR, size, latency against the float model and, with ``data``, agreement on held-out data.
+    cost: per-layer SQNR, size, latency against the float model, where the time goes (kernel time by kind: which
+    kernels the integer arithmetic speeds up on this CPU) and, with ``data``, agreement on held-out data.
 
     ``calib`` is an image folder / .npy / .npz, or a sequence of feed dicts. ``activation_dtype=None``,
     ``reduce_range=None`` and ``float_stem=None`` take what this CPU runs accurately and fast (e.g. 7-bit weights
@@ -269,6 +270,7 @@ def quantize(
     """
     from npukit.frontend.onnx_io import load_onnx, save_onnx
     from npukit.measure.latency import measure_latency_interleaved
+    from npukit.measure.op_profile import compare_kinds, profile_ops
     from npukit.measure.size import model_size
     from npukit.quant.config import QuantConfig
     from npukit.quant.layer_sqnr import layer_sqnr
@@ -326,6 +328,16 @@ def quantize(
                                        "integer fraction"],
                      [[sum(kernels["integer_ops"].values()), sum(kernels["float_compute_after_dq"].values()),
                        kernels["integer_fraction"]]])
+    with step("where the time goes (ORT kernel profile)", timings=report.timings, key="kernel_profile"):
+        profiles = profile_ops({"float": str(model), "int8": str(output)}, threads=threads, warmup=3,
+                               runs=min(runs, 10), rounds=2, feeds=feeds)
+    report.add("kernel_profile", {k: p.as_dict() for k, p in profiles.items()})
+    kinds = compare_kinds(profiles["float"], profiles["int8"])
+    report.add_table(f"Where the time goes (ORT CPU kernel time by kind, ms, {threads} thread(s); speedup = float / "
+                     "int8)",
+                     ["kind", "float ms", "int8 ms", "speedup", "int8 nodes", "int8 share on integer kernels"],
+                     [[kind, v["base_ms"], v["ms"], v["speedup"], v["nodes"], v["integer_share"]]
+                      for kind, v in kinds.items()])
     if evaluation is not None:
         agreement = _evaluate(result.model, proto, evaluation,
                               config=BenchConfig(threads=threads, max_samples=max_samples), threads=threads)

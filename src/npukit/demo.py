@@ -62,9 +62,10 @@ def run_demo(output_dir: Path, *, threads: int = 1, runs: int = 50, html: bool =
     quantized = api.quantize(opt_path, int8_path, calib=calib, **QUANT_RECIPE, threads=threads, runs=runs,
                              html=False)
     report.timings.update({f"quantize.{k}": v for k, v in quantized.report.timings.items()})
-    for key in ("steps", "integer_kernels"):
+    for key in ("steps", "integer_kernels", "kernel_profile"):
         report.add(f"quantize.{key}", quantized.report.sections[key])
-    report.tables.extend(t for t in quantized.report.tables if t.title.startswith(("Layers", "What ORT")))
+    report.tables.extend(t for t in quantized.report.tables
+                         if t.title.startswith(("Layers", "What ORT", "Where the time goes")))
     models = {"fp32": fp32_path, "optimized": opt_path, "int8": int8_path}
 
     with step(f"timing {len(models)} models side by side", timings=report.timings, key="latency"):

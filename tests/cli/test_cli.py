@@ -203,6 +203,10 @@ def test_quantize_writes_integer_model_and_report(exported, tmp_path):
     assert sum(report["results"]["integer_kernels"]["float_compute"].values()) == len(stems)
     assert report["results"]["agreement"]["samples"] == 6
     assert report["results"]["size"]["int8"] < report["results"]["size"]["float"]
+    profile = report["results"]["kernel_profile"]
+    assert profile["float"]["kernel_ms"] > 0 and profile["int8"]["kernel_ms"] > 0
+    assert profile["int8"]["by_kind"]["pointwise conv"]["integer_ms"] > 0  # TinyNet's 1x1 convs on int8 kernels
+    assert not any(op["integer"] for op in profile["float"]["ops"])
     ops = {n.op_type for n in onnx.load(str(out)).graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops
 

@@ -34,9 +34,11 @@ def make_session(
     optimization: str = "all",
     optimized_model_path: str | None = None,
     session_config: Mapping[str, str] | None = None,
+    profile_prefix: str | None = None,
 ) -> ort.InferenceSession:
     """An InferenceSession with ``threads`` intra-op threads, sequential execution and no spinning between runs;
-    ``session_config``: more ``add_session_config_entry`` pairs."""
+    ``session_config``: more ``add_session_config_entry`` pairs; ``profile_prefix``: turn on ORT's profiler, writing
+    its JSON trace to ``<profile_prefix>_<time>.json`` (``session.end_profiling()`` returns the path)."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
@@ -51,6 +53,9 @@ def make_session(
     so.log_severity_level = 3
     if optimized_model_path:
         so.optimized_model_filepath = optimized_model_path
+    if profile_prefix:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
     for key, value in (session_config or {}).items():
         so.add_session_config_entry(key, value)
     if isinstance(model, onnx.ModelProto):
