@@ -26,13 +26,9 @@ import onnx
 
 from npukit.errors import InputError
 from npukit.measure.latency import LatencyResult, time_sessions_interleaved
-from npukit.runtime.ort import ModelLike, make_session, random_feeds
+from npukit.runtime.ort import INTEGER_KERNELS, ModelLike, make_session, random_feeds
 
 KINDS = ("pointwise conv", "depthwise conv", "spatial conv", "grouped conv", "matmul", "quantize", "layout", "other")
-INTEGER_KERNELS = frozenset({"QLinearConv", "ConvInteger", "QGemm", "QLinearMatMul", "MatMulInteger",
-                             "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QLinearAdd", "QLinearMul",
-                             "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearConcat", "QLinearSigmoid",
-                             "QLinearLeakyRelu", "QLinearSoftmax", "QLinearReduceMean", "QLinearWhere"})
 _CONV = {"Conv": 1, "FusedConv": 1, "NhwcFusedConv": 1, "QLinearConv": 3, "ConvInteger": 1}  # op -> weight input
 _MATMUL = frozenset({"MatMul", "Gemm", "FusedGemm", "FusedMatMul", "QGemm", "QLinearMatMul", "MatMulInteger",
                      "MatMulIntegerToFloat", "DynamicQuantizeMatMul"})

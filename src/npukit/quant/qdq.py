@@ -36,11 +36,8 @@ from npukit.quant.range_search import search_ranges
 from npukit.quant.schemes import (STEM_MAX_K, pair_bounded, pair_bounded_scale, reduced_weight_range, stem_convs,
                                    weight_rows)
 from npukit.quant.stream_equalize import equalize_streams
-from npukit.runtime.ort import make_session
+from npukit.runtime.ort import INTEGER_KERNELS, make_session
 
-INTEGER_OPS = ("QLinearConv", "ConvInteger", "QLinearMatMul", "MatMulInteger", "QGemm", "QLinearAdd",
-               "QLinearMul", "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearConcat", "QLinearSigmoid",
-               "QLinearLeakyRelu", "QLinearSoftmax", "MatMulIntegerToFloat", "DynamicQuantizeMatMul")
 FLOAT_COMPUTE_OPS = ("Conv", "FusedConv", "MatMul", "FusedMatMul", "Gemm", "FusedGemm")
 
 
@@ -290,7 +287,7 @@ def integer_kernel_report(model: onnx.ModelProto) -> dict:
         make_session(model, optimized_model_path=str(path))
         optimized = onnx.load(str(path))
     producers = {o: n.op_type for n in optimized.graph.node for o in n.output}
-    integer = collections.Counter(n.op_type for n in optimized.graph.node if n.op_type in INTEGER_OPS)
+    integer = collections.Counter(n.op_type for n in optimized.graph.node if n.op_type in INTEGER_KERNELS)
     float_ops = [n for n in optimized.graph.node if n.op_type in FLOAT_COMPUTE_OPS]
     after_dq = collections.Counter(n.op_type for n in float_ops
                                    if any(producers.get(t) == "DequantizeLinear" for t in n.input))

@@ -12,6 +12,12 @@ import onnxruntime as ort
 
 from npukit.errors import InputError
 
+# ONNX Runtime's CPU kernels that compute on integers (what its QDQ fusions turn Q/DQ-wrapped float ops into)
+INTEGER_KERNELS = frozenset({"QLinearConv", "ConvInteger", "QLinearMatMul", "MatMulInteger", "QGemm", "QLinearAdd",
+                             "QLinearMul", "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearConcat",
+                             "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax", "MatMulIntegerToFloat",
+                             "DynamicQuantizeMatMul"})
+
 _ORT_TO_NUMPY = {
     "tensor(float)": np.float32,
     "tensor(float16)": np.float16,
