@@ -45,8 +45,9 @@ def pointwise_needed(fp32: Mapping[str, Any], int8: Mapping[str, Any], *, target
 
 
 def analyse(profiles: Mapping[str, OpProfile], labels: Mapping[str, str]) -> dict[str, Any]:
-    """JSON document of the profiles: per model its kinds, totals and ratios to FP32 (the first model)."""
+    """JSON document of the profiles: per model its kinds, totals and ratios to FP32 (key "fp32")."""
     fp32 = profiles["fp32"]
+    fp32_doc = fp32.as_dict()
     out = {}
     for key, profile in profiles.items():
         doc = profile.as_dict()
@@ -55,7 +56,7 @@ def analyse(profiles: Mapping[str, OpProfile], labels: Mapping[str, str]) -> dic
                     "latency_ratio": profile.latency.median_ms / fp32.latency.median_ms,
                     "by_kind": compare_kinds(fp32, profile), "ops": doc["ops"]}
         if key != "fp32":
-            out[key]["pointwise_speedup_needed"] = pointwise_needed(fp32.as_dict(), doc)
+            out[key]["pointwise_speedup_needed"] = pointwise_needed(fp32_doc, doc)
     return out
 
 
