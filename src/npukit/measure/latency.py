@@ -83,23 +83,25 @@ def measure_latency_interleaved(
     if rounds < 1:
         raise InputError("rounds must be at least 1")
     sessions = {name: make_session(model, threads=threads) for name, model in models.items()}
-    inputs = {name: dict(feeds) if feeds is not None else random_feeds(sessions[name], seed=seed) for name in sessions}
-    return time_sessions_interleaved(sessions, inputs, threads=threads, warmup=warmup, runs=runs, rounds=rounds)
+    return time_sessions_interleaved(sessions, threads=threads, warmup=warmup, runs=runs, rounds=rounds, feeds=feeds,
+                                     seed=seed)
 
 
 def time_sessions_interleaved(
     sessions: Mapping[str, ort.InferenceSession],
-    inputs: Mapping[str, Mapping[str, np.ndarray]],
     *,
     threads: int,
     warmup: int,
     runs: int,
     rounds: int,
+    feeds: Mapping[str, np.ndarray] | None = None,
+    seed: int = 0,
 ) -> dict[str, LatencyResult]:
     """The timing loop of ``measure_latency_interleaved`` on sessions already made (``threads`` is recorded only):
-    ``warmup`` runs of each, then ``rounds`` rounds of ``runs`` timed runs in all, the order rotating each round."""
+    ``warmup`` runs of each, then ``rounds`` rounds of ``runs`` timed runs in all, the order rotating each round;
+    ``feeds`` go to every session, or each gets seeded random inputs for its own inputs."""
     names = list(sessions)
-    inputs = {name: dict(inputs[name]) for name in names}
+    inputs = {name: dict(feeds) if feeds is not None else random_feeds(sessions[name], seed=seed) for name in names}
     for name in names:
         for _ in range(warmup):
             sessions[name].run(None, inputs[name])

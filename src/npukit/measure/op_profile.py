@@ -26,7 +26,7 @@ import onnx
 
 from npukit.errors import InputError
 from npukit.measure.latency import LatencyResult, time_sessions_interleaved
-from npukit.runtime.ort import INTEGER_KERNELS, ModelLike, make_session, random_feeds
+from npukit.runtime.ort import INTEGER_KERNELS, ModelLike, make_session
 
 KINDS = ("pointwise conv", "depthwise conv", "spatial conv", "grouped conv", "matmul", "quantize", "layout", "other")
 _CONV = {"Conv": 1, "FusedConv": 1, "NhwcFusedConv": 1, "QLinearConv": 3, "ConvInteger": 1}  # op -> weight input
@@ -138,9 +138,8 @@ def profile_ops(
             sessions[name] = make_session(model, threads=threads, optimized_model_path=str(optimized),
                                           profile_prefix=str(Path(tmp) / f"profile_{i}"))
             graphs[name] = onnx.load(str(optimized), load_external_data=False).graph
-        inputs = {name: dict(feeds) if feeds is not None else random_feeds(session, seed=seed)
-                  for name, session in sessions.items()}
-        latency = time_sessions_interleaved(sessions, inputs, threads=threads, warmup=warmup, runs=runs, rounds=rounds)
+        latency = time_sessions_interleaved(sessions, threads=threads, warmup=warmup, runs=runs, rounds=rounds,
+                                            feeds=feeds, seed=seed)
         traces = {name: json.loads(Path(s.end_profiling()).read_text()) for name, s in sessions.items()}
     return {name: _profile(graphs[name], traces[name], warmup=warmup, latency=latency[name]) for name in models}
 
