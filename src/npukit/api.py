@@ -245,6 +245,7 @@ def quantize(
     exclude: Sequence[str] = (),
     int16_nodes: Sequence[str] = (),
     int16_tensors: Sequence[str] = (),
+    int16_budget: float = 0.0,
     activation_dtype: str | None = None,
     reduce_range: bool | None = None,
     float_stem: bool | None = None,
@@ -285,7 +286,7 @@ def quantize(
                          activation_equalization=equalize_activations, adaround=adaround, range_search=range_search,
                          exclude=tuple(exclude),
                          int16_nodes=tuple(int16_nodes), int16_tensors=tuple(int16_tensors),
-                         activation_dtype=activation_dtype or scheme["activation_dtype"],
+                         int16_budget=int16_budget, activation_dtype=activation_dtype or scheme["activation_dtype"],
                          reduce_range=scheme["reduce_range"] if reduce_range is None else reduce_range,
                          float_stem=scheme["float_stem"] if float_stem is None else float_stem,
                          calib_samples=calib_samples, **(extra or {}))
@@ -299,6 +300,15 @@ def quantize(
         result = _quantize(proto, samples, config=config)
     save_onnx(result.model, output)
     report.add("steps", result.steps)
+    plan = result.steps.get("int16_plan")
+    if plan:
+        added = {c["tensor"]: c["added_ms"] for c in plan["candidates"]}
+        report.add_table(f"16-bit activations chosen (int8 model {plan['base_ms']:.2f} ms, with them "
+                         f"{plan['plan_ms']:.2f} ms, budget +{plan['budget']:.0%}; output SQNR on "
+                         f"{plan['samples']} calibration samples {plan['base_sqnr_db']:.2f} dB all 8-bit, "
+                         f"{plan['estimated_sqnr_db']:.2f} dB without their rounding)",
+                         ["tensor", "share of the 8-bit output noise", "latency it adds alone (ms)"],
+                         [[t, plan["scanned"][t], added[t]] for t in plan["tensors"]])
     kernels = integer_kernel_report(result.model)
     report.add("integer_kernels", kernels)
     with step("per-layer SQNR", timings=report.timings, key="layer_sqnr"):

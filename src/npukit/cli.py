@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--int16", nargs="+", default=[], metavar="NODE", help="nodes with 16-bit activations")
     p.add_argument("--int16-tensors", nargs="+", default=[], metavar="TENSOR",
                    help="activations quantized to 16 bits (only the nodes reading or writing them leave int8)")
+    p.add_argument("--int16-budget", type=float, default=0.0, metavar="FRACTION",
+                   help="lift to 16 bits the activations whose rounding costs the outputs most per millisecond "
+                        "the lift adds, adding at most this fraction to the int8 model's latency (e.g. 0.1; chosen "
+                        "on the calibration data, latency measured on this machine)")
     p.add_argument("--activations", choices=("auto", "uint8", "int8"), default="auto",
                    help="activation dtype (auto: what this CPU's int8 kernels run accurately)")
     p.add_argument("--reduce-range", choices=("auto", "on", "off"), default="auto",
@@ -208,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
                            cle=args.cle, bias_correction=args.bias_correction, adaround=args.adaround,
                            range_search=args.range_search, equalize_activations=args.equalize_activations,
                            exclude=args.exclude, int16_nodes=args.int16, int16_tensors=args.int16_tensors,
+                           int16_budget=args.int16_budget,
                            activation_dtype=None if args.activations == "auto" else args.activations,
                            reduce_range={"auto": None, "on": True, "off": False}[args.reduce_range],
                            float_stem={"auto": None, "on": True, "off": False}[args.float_stem],

@@ -240,6 +240,22 @@ def test_quantize_float_stem_flag(stem, exported, tmp_path):
         assert "float_stem" not in report["results"]["steps"] and kernels["integer_fraction"] == 1.0
 
 
+def test_quantize_int16_budget_lifts_tensors_within_it(exported, tmp_path):
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(5).standard_normal((8, 3, 32, 32)).astype(np.float32))
+    out = tmp_path / "tiny.int8.onnx"
+    assert main(["quantize", str(exported), "--calib", str(calib), "-o", str(out), "--method", "minmax",
+                 "--int16-budget", "0.5", "--runs", "2"]) == 0
+    report = json.loads(out.with_name("tiny.int8.report.json").read_text())
+    plan = report["results"]["steps"]["int16_plan"]
+    assert report["config"]["quant"]["int16_budget"] == 0.5
+    assert plan["plan_ms"] <= 1.5 * plan["base_ms"] and set(plan["tensors"]) <= {c["tensor"] for c in
+                                                                                 plan["candidates"]}
+    assert any(t["title"].startswith("16-bit activations chosen") for t in report["tables"])
+    wide = {i.name for i in onnx.load(str(out)).graph.initializer if i.data_type == onnx.TensorProto.UINT16}
+    assert len(wide) >= len(plan["tensors"])  # a 16-bit zero point for each lifted tensor
+
+
 @pytest.mark.parametrize("case", ["nan", "empty", "wrong shape", "too few"])
 def test_quantize_bad_calibration_data(case, exported, tmp_path, capsys):
     calib = tmp_path / "calib.npy"

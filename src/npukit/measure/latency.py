@@ -105,13 +105,32 @@ def time_sessions_interleaved(
     for name in names:
         for _ in range(warmup):
             sessions[name].run(None, inputs[name])
-    blocks = [len(b) for b in np.array_split(np.arange(runs), min(rounds, runs))]
+    blocks = _blocks(runs, rounds)
     times: dict[str, list[float]] = {name: [] for name in names}
     for r, block in enumerate(blocks):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
             times[name].extend(_timed_runs(sessions[name], inputs[name], block))
     return {name: LatencyResult.from_times(times[name], threads=threads) for name in names}
+
+
+def _blocks(runs: int, rounds: int) -> list[int]:
+    """Timed runs per round of ``time_sessions_interleaved``."""
+    return [len(b) for b in np.array_split(np.arange(runs), min(rounds, runs))]
+
+
+def paired_ratio(base: LatencyResult, other: LatencyResult, *, rounds: int) -> float:
+    """``other``'s latency over ``base``'s, both timed by one ``time_sessions_interleaved`` call with ``rounds``:
+    the median over rounds of the ratio of their medians within the round. Robust to a machine that changes speed
+    between rounds (shared hosts here move by 30% for seconds at a time), which the ratio of whole-run medians is
+    not."""
+    if base.runs != other.runs:
+        raise ValueError("both results must come from one interleaved timing")
+    ratios, start = [], 0
+    for block in _blocks(base.runs, rounds):
+        ratios.append(np.median(other.times_ms[start:start + block]) / np.median(base.times_ms[start:start + block]))
+        start += block
+    return float(np.median(ratios))
 
 
 def _timed_runs(session: ort.InferenceSession, inputs: dict[str, np.ndarray], runs: int) -> list[float]:

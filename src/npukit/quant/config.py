@@ -25,6 +25,10 @@ class QuantConfig:
     Weights are always int8 (per output channel or per tensor); activations are ``activation_dtype`` except the
     inputs and outputs of ``int16_nodes`` and the activations named in ``int16_tensors``, which use the 16-bit type
     of the same signedness (a tensor alone takes only the nodes that read or write it off the int8 kernels).
+    ``int16_budget`` > 0 adds to ``int16_tensors`` the activations whose 8-bit rounding costs the outputs most per
+    millisecond their 16-bit grid adds, while the latency (measured on this machine, 1 thread) grows by at most
+    that fraction of the all-8-bit model's (chosen on the calibration data first; see
+    ``npukit.quant.tensor_precision``).
     ``exclude`` names nodes left in float. ``calib_samples`` caps the calibration samples used; fewer available is an
     error.
     ``reduce_range`` keeps weights out of saturation on x86 CPUs without VNNI, where ONNX Runtime's u8s8 integer
@@ -68,6 +72,7 @@ class QuantConfig:
     num_bins: int = 2048
     int16_nodes: tuple[str, ...] = ()
     int16_tensors: tuple[str, ...] = ()
+    int16_budget: float = 0.0
     exclude: tuple[str, ...] = ()
     cle: bool = False
     activation_equalization: bool = False
@@ -102,6 +107,8 @@ class QuantConfig:
                  "1000 to 2000 is typical")
         _require(not (self.adaround and not self.symmetric_weights), "AdaRound needs symmetric weights",
                  "drop symmetric_weights=False or adaround")
+        _require(0.0 <= self.int16_budget <= 1.0, f"int16_budget {self.int16_budget} must be in [0, 1]",
+                 "the latency the 16-bit tensors may add, as a fraction of the int8 model's, e.g. 0.1; 0 turns it off")
         _require(self.range_search_passes >= 1, f"range_search_passes {self.range_search_passes} must be at least 1",
                  "2 is the default")
         overlap = set(self.int16_nodes) & set(self.exclude)

@@ -198,7 +198,13 @@ class _ThresholdSearch(HistogramObserver):
 
 
 class EntropyObserver(_ThresholdSearch):
-    """The threshold minimizing KL(P || Q) between the clipped histogram P and its ``levels``-level quantization Q."""
+    """The threshold minimizing KL(P || Q) between the clipped histogram P and its ``levels``-level quantization Q.
+
+    KL weighs each bin by its mass, so a rare tail that carries the signal can be cut. Measured on the MNIST CNN of
+    ``benchmarks/quant_vs_anchors.py`` after CLE: its first ReLU6 output (43% exact zeros, a bump from the constant
+    background near 1.3, the strokes in a thin tail up to 5.5) is clipped at 1.33, and that activation's SQNR is
+    7.3 dB against 41.6 dB with min-max (50 test digits); the model's accuracy falls by 3 to 6 points. ``auto``
+    scores every method's model and drops such a choice."""
 
     def _threshold(self, mag: np.ndarray, levels: int) -> int:
         n = mag.size

@@ -36,6 +36,7 @@ from npukit.quant.range_search import search_ranges
 from npukit.quant.schemes import (STEM_MAX_K, pair_bounded, pair_bounded_scale, reduced_weight_range, stem_convs,
                                    weight_rows)
 from npukit.quant.stream_equalize import equalize_streams
+from npukit.quant.tensor_precision import plan_int16_tensors
 from npukit.runtime.ort import INTEGER_KERNELS, make_session
 
 FLOAT_COMPUTE_OPS = ("Conv", "FusedConv", "MatMul", "FusedMatMul", "Gemm", "FusedGemm")
@@ -164,7 +165,7 @@ def _per_layer(float_model: onnx.ModelProto, qdq: onnx.ModelProto, ranges: dict[
     return rows
 
 
-def _to_qdq(work: onnx.ModelProto, first: dict[str, np.ndarray], config: QuantConfig,
+def build_qdq(work: onnx.ModelProto, first: dict[str, np.ndarray], config: QuantConfig,
             ranges: dict[str, tuple[float, float]], weight_grids: dict[str, list[dict]]) -> onnx.ModelProto:
     """ORT's QDQ placement on the float model ``work`` with our activation ranges (and fixed weight grids)."""
     activation = QuantType.QInt8 if config.activation_signed else QuantType.QUInt8
@@ -202,8 +203,13 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
     if missing:
         raise InputError(f"nodes to exclude {sorted(missing)} are not in the model",
                          hint="use node names from the graph")
-    work = preprocess(model)
     steps: dict[str, dict] = {}
+    if config.int16_budget > 0:  # first: the plan is chosen on the recipe without it, then built like a given list
+        plan = plan_int16_tensors(model, samples, config=config, budget=config.int16_budget)
+        config = dataclasses.replace(config, int16_budget=0.0,
+                                     int16_tensors=tuple(dict.fromkeys(config.int16_tensors + plan.tensors)))
+        steps["int16_plan"] = plan.summary()
+    work = preprocess(model)
     if config.float_stem:
         stems = [n for n in stem_convs(model) if n not in config.exclude and n not in config.int16_nodes]
         config = dataclasses.replace(config, exclude=config.exclude + tuple(stems))
@@ -234,7 +240,7 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
             base = work
             if config.bias_correction or config.adaround:
                 base = correct_bias(work, samples, config=held_back, ranges=ranges).model
-            return _to_qdq(base, first, config, ranges, {})
+            return build_qdq(base, first, config, ranges, {})
 
         chosen, steps["auto"] = choose_method(reference, calib, samples, split=split, build=candidate)
         calib = calib.with_method(chosen)
@@ -262,7 +268,7 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
             "nodes": len(bc.shifts), "samples": bc.samples,
             "mean_abs_shift": float(np.mean([np.abs(s).mean() for s in bc.shifts.values()])) if bc.shifts else 0.0}
     ranges = calib.ranges
-    qdq = _to_qdq(work, first, config, ranges, weight_grids)
+    qdq = build_qdq(work, first, config, ranges, weight_grids)
     if config.range_search:  # last, on the model as built: bias correction stays as measured on the first grid
         search = search_ranges(reference, qdq, samples, ranges=effective_ranges(work, ranges, config),
                                limit=config.calib_samples, passes=config.range_search_passes,
@@ -270,7 +276,7 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
                                fixed=softmax_outputs(work, config))
         ranges = ranges | search.ranges
         steps["range_search"] = search.summary()
-        qdq = _to_qdq(work, first, config, ranges, weight_grids)
+        qdq = build_qdq(work, first, config, ranges, weight_grids)
     return QuantResult(model=qdq, reference=reference, ranges=ranges,
                        per_layer=_per_layer(work, qdq, ranges, config),
                        seconds=time.perf_counter() - start, steps=steps)

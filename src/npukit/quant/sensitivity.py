@@ -6,7 +6,8 @@ at its output minus at its input (per-layer SQNR from ``layer_sqnr``), so a laye
 not the error it inherits. The search lifts the 1, 2, 4, ... most sensitive layers (at most ``max_layers``), re-quantizes and measures
 the output SQNR on the samples each time, and returns the first plan that reaches the target, or the best one tried.
 16-bit layers run off ONNX Runtime's int8 kernels (see ``integer_kernel_report``), so each plan also records its
-integer-kernel fraction: measure its latency before shipping it.
+integer-kernel fraction: measure its latency before shipping it. ``npukit.quant.tensor_precision`` (QuantConfig
+``int16_budget``) chooses single activations instead, within a budget of MACs taken off the int8 kernels.
 """
 
 from __future__ import annotations
