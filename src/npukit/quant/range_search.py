@@ -81,6 +81,13 @@ class RangeSearchResult:
                 "trials": self.trials, "samples": self.samples, "seconds": self.seconds}
 
 
+def grid_range(scale: float, zero_point: np.ndarray) -> Range:
+    """The float range a grid covers: the ends of its zero point's integer type, dequantized."""
+    info = np.iinfo(np.asarray(zero_point).dtype)
+    zero = float(zero_point)
+    return ((int(info.min) - zero) * scale, (int(info.max) - zero) * scale)
+
+
 def activation_grids(qdq: onnx.ModelProto) -> list[Grid]:
     """The activation grids of ``qdq`` (QuantizeLinear nodes fed by a non-constant tensor, grouped by scale
     initializer), in graph order of their first use."""
@@ -138,8 +145,7 @@ class _Scorer:
         self.trials = 0
 
     def range_of(self, grid: Grid) -> Range:
-        scale, zero = float(self.base[grid.scale]), float(self.base[grid.zero_point])
-        return ((grid.qmin - zero) * scale, (grid.qmax - zero) * scale)
+        return grid_range(float(self.base[grid.scale]), self.base[grid.zero_point])
 
     def _qparams(self, grid: Grid, lo: float, hi: float) -> tuple[float, float]:
         """(scale, zero point) of ``grid`` for range [lo, hi], as ONNX Runtime derives them."""

@@ -48,6 +48,7 @@ from npukit.measure.latency import paired_ratio, time_sessions_interleaved
 from npukit.quant.auto import output_sqnrs
 from npukit.quant.calibrate import iter_samples
 from npukit.quant.config import QuantConfig
+from npukit.quant.range_search import grid_range
 from npukit.runtime.ort import make_session
 
 TIED_OPS = frozenset(op for op, quantizer in QDQRegistry.items()
@@ -122,12 +123,10 @@ def without_rounding(qdq: onnx.ModelProto, quantize_nodes: Iterable[onnx.NodePro
     out.CopyFrom(qdq)
     clips = {}
     for q in quantize_nodes:
-        scale, zero = float(values[q.input[1]]), values[q.input[2]]
-        info = np.iinfo(zero.dtype)
+        lo, hi = grid_range(float(values[q.input[1]]), values[q.input[2]])
         tag = q.output[0]
-        out.graph.initializer.extend([
-            numpy_helper.from_array(np.float32((info.min - float(zero)) * scale), f"{tag}_clip_lo"),
-            numpy_helper.from_array(np.float32((info.max - float(zero)) * scale), f"{tag}_clip_hi")])
+        out.graph.initializer.extend([numpy_helper.from_array(np.float32(lo), f"{tag}_clip_lo"),
+                                      numpy_helper.from_array(np.float32(hi), f"{tag}_clip_hi")])
         clips[tag] = q.input[0]
     nodes = []
     for node in out.graph.node:
