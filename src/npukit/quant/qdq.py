@@ -166,7 +166,7 @@ def _per_layer(float_model: onnx.ModelProto, qdq: onnx.ModelProto, ranges: dict[
 
 
 def build_qdq(work: onnx.ModelProto, first: dict[str, np.ndarray], config: QuantConfig,
-            ranges: dict[str, tuple[float, float]], weight_grids: dict[str, list[dict]]) -> onnx.ModelProto:
+              ranges: dict[str, tuple[float, float]], weight_grids: dict[str, list[dict]]) -> onnx.ModelProto:
     """ORT's QDQ placement on the float model ``work`` with our activation ranges (and fixed weight grids)."""
     activation = QuantType.QInt8 if config.activation_signed else QuantType.QUInt8
     with tempfile.TemporaryDirectory(prefix="npukit-quant-") as tmp:
