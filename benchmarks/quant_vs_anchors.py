@@ -55,6 +55,7 @@ from npukit.measure.size import model_size
 from npukit.quant.config import QuantConfig
 from npukit.quant.pair_channels import pairing_pays
 from npukit.quant.qdq import FeedsReader, integer_kernel_report, quantize
+from npukit.quant.tensor_precision import sixteen_bit_activations
 from npukit.runtime.devices import read_cpu_info
 from npukit.runtime.ort import make_session
 
@@ -406,7 +407,8 @@ def measure_task(task: Task, columns: Sequence[Column], *, latency_runs: int, th
             row.update(quant_seconds=None if column.tool == "fp32" else round(seconds, 2),
                        size_bytes=model_size(model).serialized_bytes,
                        integer_fraction=round(kernels["integer_fraction"], 3),
-                       float_compute_after_dq=sum(kernels["float_compute_after_dq"].values()), kernels=kernels)
+                       float_compute_after_dq=sum(kernels["float_compute_after_dq"].values()), kernels=kernels,
+                       int16_tensors=sorted(sixteen_bit_activations(model)))
             built[column.key] = model
             log(f"  {column.key}: agreement {row['top1_agreement']:.3f}, sqnr {row['sqnr_db']}, "
                 f"{seconds:.1f} s")
@@ -600,6 +602,9 @@ def markdown(results: dict[str, Any]) -> str:
         for row in result["rows"]:
             if row["status"] == "ok":
                 lines.append("| " + " | ".join(table_cells(model, row)[:-1]) + " |")
+        wide = [f"{r['key']}: {', '.join(r['int16_tensors'])}" for r in result["rows"] if r.get("int16_tensors")]
+        if wide:
+            lines += ["", "16-bit activations (as the quantized model holds them): " + "; ".join(wide) + "."]
         skipped = [f"{r['key']} ({r['status']})" for r in result["rows"] if r["status"] != "ok"]
         if skipped:
             lines += ["", "Not measured: " + "; ".join(skipped) + "."]

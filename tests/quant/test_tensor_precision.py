@@ -9,16 +9,10 @@ from npukit.quant.config import QuantConfig
 from npukit.quant.qdq import quantize
 from npukit.quant.sensitivity import output_sqnr
 from npukit.quant.tensor_precision import (TensorGain, activation_pairs, choose_tensors, plan_int16_tensors,
-                                           TIED_OPS, scan_gains, tied_groups, without_rounding)
+                                           TIED_OPS, scan_gains, sixteen_bit_activations, tied_groups,
+                                           without_rounding)
 from npukit.runtime.ort import make_session
 from tests.quant.conftest import make_samples, tiny_cnn
-
-
-def _sixteen_bit(model: onnx.ModelProto) -> set[str]:
-    """Tensors (float names) whose activation QuantizeLinear has a 16-bit zero point."""
-    zeros = {i.name: i.data_type for i in model.graph.initializer}
-    return {t for t, q in activation_pairs(model).items()
-            if zeros[q.input[2]] in (onnx.TensorProto.UINT16, onnx.TensorProto.INT16)}
 
 
 def test_activation_pairs_name_tensors_as_the_float_model_does() -> None:
@@ -106,8 +100,8 @@ def test_plan_times_its_candidates_and_stays_within_the_budget_and_quantize_buil
     mixed = quantize(model, samples, config=QuantConfig(per_channel=True, int16_budget=1.0))
     chosen = mixed.steps["int16_plan"]["tensors"]
     groups = tied_groups(mixed.reference)
-    assert _sixteen_bit(mixed.model) == {t for r in chosen for t in groups[r]}
-    assert not _sixteen_bit(quantize(model, samples, config=config).model)
+    assert sixteen_bit_activations(mixed.model) == {t for r in chosen for t in groups[r]}
+    assert not sixteen_bit_activations(quantize(model, samples, config=config).model)
     summary = mixed.steps["int16_plan"]
     assert {c["tensor"] for c in summary["candidates"]} >= set(chosen) and summary["budget"] == 1.0
 
@@ -129,3 +123,12 @@ def test_bad_budget(budget) -> None:
         QuantConfig(int16_budget=budget)
     with pytest.raises(InputError, match="int16 budget"):
         plan_int16_tensors(tiny_cnn(), make_samples(2), config=QuantConfig(), budget=budget)
+
+
+def test_a_tied_output_asked_for_alone_fails_naming_the_tensor_to_lift() -> None:
+    model, samples = tiny_cnn(), make_samples(4)
+    with pytest.raises(InputError, match="f would stay 8-bit.*grid of g") as err:
+        quantize(model, samples, config=QuantConfig(per_channel=False, int16_tensors=("f",)))
+    assert "name g instead" in err.value.hint
+    lifted = quantize(model, samples, config=QuantConfig(per_channel=False, int16_tensors=("g",)))
+    assert sixteen_bit_activations(lifted.model) == {"g", "f"}

@@ -36,7 +36,8 @@ from npukit.quant.range_search import search_ranges
 from npukit.quant.schemes import (STEM_MAX_K, pair_bounded, pair_bounded_scale, reduced_weight_range, stem_convs,
                                    weight_rows)
 from npukit.quant.stream_equalize import equalize_streams
-from npukit.quant.tensor_precision import plan_int16_tensors
+from npukit.quant.tensor_precision import (activation_pairs, plan_int16_tensors, sixteen_bit_activations,
+                                          tied_groups)
 from npukit.runtime.ort import INTEGER_KERNELS, make_session
 
 FLOAT_COMPUTE_OPS = ("Conv", "FusedConv", "MatMul", "FusedMatMul", "Gemm", "FusedGemm")
@@ -186,6 +187,22 @@ def build_qdq(work: onnx.ModelProto, first: dict[str, np.ndarray], config: Quant
         return onnx.load(str(out))
 
 
+def check_int16_tensors(work: onnx.ModelProto, first: dict[str, np.ndarray], config: QuantConfig) -> None:
+    """Fail before any long step when ORT's quantizer would keep one of ``config.int16_tensors`` at 8 bits: it gives
+    a tied output (of Flatten, Reshape, MaxPool, ... ``tensor_precision.TIED_OPS``) its input's grid, so only the
+    input can be lifted. Found by building the QDQ model on ranges from one sample (seconds)."""
+    probe = calibrate(work, [first], config=dataclasses.replace(config, method="minmax", calib_samples=None))
+    built = build_qdq(work, first, config, probe.ranges, {})
+    pairs, wide = activation_pairs(built), sixteen_bit_activations(built)
+    stuck = [t for t in config.int16_tensors if t in pairs and t not in wide]
+    if stuck:
+        root = {t: r for r, members in tied_groups(work).items() for t in members}
+        raise InputError(f"int16 tensor(s) {', '.join(stuck)} would stay 8-bit: ONNX Runtime's quantizer ties "
+                         + ", ".join(f"{t} to the grid of {root[t]}" for t in stuck),
+                         hint=f"name {', '.join(dict.fromkeys(root[t] for t in stuck))} instead (that lifts the "
+                              "tensors tied to it too)")
+
+
 def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: QuantConfig,
              progress: Progress | None = None) -> QuantResult:
     """Quantize ``model`` to a QDQ model (int8 weights, ``config.activation_dtype`` activations) on ``samples``.
@@ -204,6 +221,8 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
         raise InputError(f"nodes to exclude {sorted(missing)} are not in the model",
                          hint="use node names from the graph")
     steps: dict[str, dict] = {}
+    if config.int16_tensors:
+        check_int16_tensors(preprocess(model), first, config)
     if config.int16_budget > 0:  # first: the plan is chosen on the recipe without it, then built like a given list
         plan = plan_int16_tensors(model, samples, config=config, budget=config.int16_budget)
         config = dataclasses.replace(config, int16_budget=0.0,

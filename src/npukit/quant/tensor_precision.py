@@ -115,6 +115,13 @@ def activation_pairs(qdq: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
     return pairs
 
 
+def sixteen_bit_activations(qdq: onnx.ModelProto) -> set[str]:
+    """Tensors (named as ``activation_pairs`` names them) whose activation Q/DQ pair has a 16-bit type."""
+    types = {i.name: i.data_type for i in qdq.graph.initializer}
+    wide = (onnx.TensorProto.UINT16, onnx.TensorProto.INT16)
+    return {t for t, q in activation_pairs(qdq).items() if types.get(q.input[2]) in wide}
+
+
 def without_rounding(qdq: onnx.ModelProto, quantize_nodes: Iterable[onnx.NodeProto]) -> onnx.ModelProto:
     """A copy of ``qdq`` whose Q/DQ pairs at ``quantize_nodes`` are each a Clip to their grid's range instead: the
     same saturation, no rounding."""
