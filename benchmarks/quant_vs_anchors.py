@@ -55,6 +55,7 @@ from npukit.measure.size import model_size
 from npukit.quant.config import QuantConfig
 from npukit.quant.pair_channels import pairing_pays
 from npukit.quant.qdq import FeedsReader, integer_kernel_report, quantize
+from npukit.quant.schemes import config_for_cpu
 from npukit.quant.tensor_precision import sixteen_bit_activations
 from npukit.runtime.devices import read_cpu_info
 from npukit.runtime.ort import make_session
@@ -119,8 +120,10 @@ def nncf_column(key: str) -> Column:
     return Column(key, "NNCF nncf.quantize (defaults)", "nncf", "per-channel", make, {"defaults": True})
 
 
-def npukit_column(key: str, label: str, **options: Any) -> Column:
-    """npukit.quant.quantize with QuantConfig(**options); "not available" when this QuantConfig lacks an option."""
+def npukit_column(key: str, label: str, *, for_this_cpu: bool = False, **options: Any) -> Column:
+    """npukit.quant.quantize with QuantConfig(**options); "not available" when this QuantConfig lacks an option.
+    ``for_this_cpu``: the weight range, activation type and stem precision that ``npukit quantize`` picks for this
+    machine's CPU (``schemes.config_for_cpu``: 7-bit weights and a float stem without VNNI, full range with it)."""
     fields = {f.name for f in dataclasses.fields(QuantConfig)}
     scheme = "per-channel" if options.get("per_channel", True) else "per-tensor"
     missing = sorted(set(options) - fields)
@@ -128,6 +131,9 @@ def npukit_column(key: str, label: str, **options: Any) -> Column:
         return Column(key, label, "npukit", scheme, None, options,
                       unavailable=f"not available: QuantConfig has no {', '.join(missing)}")
     config = QuantConfig(**options)
+    if for_this_cpu:
+        config = config_for_cpu(config, read_cpu_info("/proc/cpuinfo"))
+        label += f", this CPU's scheme ({'reduce_range' if config.reduce_range else 'full-range weights'})"
 
     def make(model: onnx.ModelProto, calibration: list[Feeds]) -> onnx.ModelProto:
         return quantize(model, calibration, config=config).model
@@ -177,11 +183,11 @@ COLUMNS: tuple[Column, ...] = (
     npukit_column("npk-pt", "npukit per-tensor minmax", per_channel=False),
     npukit_column("npk-pc-rr", "npukit per-channel minmax reduce_range", per_channel=True, reduce_range=True),
     npukit_column("npk-pt-rr", "npukit per-tensor minmax reduce_range", per_channel=False, reduce_range=True),
-    npukit_column("npk-pc-auto-rr", "npukit per-channel auto reduce_range (CLI defaults, no algorithm)",
+    npukit_column("npk-pc-auto-rr", "npukit per-channel auto reduce_range (no algorithm)",
                   per_channel=True, method="auto", reduce_range=True, float_stem=True),
     npukit_column("npk-pc-auto-rr-unpaired", "npukit per-channel auto reduce_range, channels not paired",
                   per_channel=True, method="auto", reduce_range=True, pair_channels=False, float_stem=True),
-    npukit_column("npk-pt-auto-rr", "npukit per-tensor auto reduce_range (CLI defaults, no algorithm)",
+    npukit_column("npk-pt-auto-rr", "npukit per-tensor auto reduce_range (no algorithm)",
                   per_channel=False, method="auto", reduce_range=True, float_stem=True),
     npukit_column("npk-pc-cle-bc", "npukit per-channel entropy +CLE +BC", per_channel=True, **_CLE_BC),
     npukit_column("npk-pt-cle-bc", "npukit per-tensor entropy +CLE +BC", per_channel=False, **_CLE_BC),
@@ -227,6 +233,23 @@ COLUMNS: tuple[Column, ...] = (
     npukit_column("npk-pc-ada-i16-rr", "npukit per-channel auto +CLE +AE +AdaRound, 16-bit tensors within +10% "
                   "latency, reduce_range", per_channel=True, method="auto", cle=True, activation_equalization=True,
                   adaround=True, int16_budget=0.1, reduce_range=True, float_stem=True),
+    # The recipes as `npukit quantize` runs them on this machine (--reduce-range auto, --float-stem auto): on a CPU
+    # without VNNI the same as the reduce_range columns above, with it full-range weights and a quantized stem.
+    npukit_column("npk-pc-auto-cpu", "npukit per-channel auto (CLI defaults, no algorithm)", for_this_cpu=True,
+                  per_channel=True, method="auto"),
+    npukit_column("npk-pt-auto-cpu", "npukit per-tensor auto (CLI defaults, no algorithm)", for_this_cpu=True,
+                  per_channel=False, method="auto"),
+    npukit_column("npk-pc-demo-cpu", "npukit per-channel auto +CLE +AE +BC (the demo's recipe)", for_this_cpu=True,
+                  per_channel=True, **(_CLE_BC | {"method": "auto"}), activation_equalization=True),
+    npukit_column("npk-pt-demo-cpu", "npukit per-tensor auto +CLE +AE +BC", for_this_cpu=True, per_channel=False,
+                  **(_CLE_BC | {"method": "auto"}), activation_equalization=True),
+    npukit_column("npk-pc-ada-cpu", "npukit per-channel auto +CLE +AE +AdaRound", for_this_cpu=True,
+                  per_channel=True, method="auto", cle=True, activation_equalization=True, adaround=True),
+    npukit_column("npk-pt-ada-cpu", "npukit per-tensor auto +CLE +AE +AdaRound", for_this_cpu=True,
+                  per_channel=False, method="auto", cle=True, activation_equalization=True, adaround=True),
+    npukit_column("npk-pc-ada-i16-cpu", "npukit per-channel auto +CLE +AE +AdaRound, 16-bit tensors within +10% "
+                  "latency", for_this_cpu=True, per_channel=True, method="auto", cle=True,
+                  activation_equalization=True, adaround=True, int16_budget=0.1),
 )
 COLUMN_KEYS = tuple(c.key for c in COLUMNS)
 
