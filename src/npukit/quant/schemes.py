@@ -37,8 +37,12 @@ CLE + AE + BC) 0.766x -> 0.745x FP32 with its stem (K = 27) in float, RegNetY-40
 27); ResNet18's 7x7 stem (minmax; K = 147, 64 outputs) is the opposite, 0.544x -> 0.657x. Leaving the stem in float
 also spares the input its rounding: MobileNetV2 per-channel auto + CLE + AE + BC, 18.8 -> 19.5 dB logits SQNR on 208
 held-out crops (top-1 agreement 85.6% -> 84.1%: three crops, within that set's noise), 0.75x -> 0.73x FP32
-(benchmarks/results/quant_vs_anchors.md). ``float_stem`` is therefore on for that CPU class only (``stem_convs``, K <=
-``STEM_MAX_K``).
+(benchmarks/results/quant_vs_anchors_avx2.md). With VNNI the stem is no better in int8: on an Intel Xeon with
+AVX-512 VNNI, AVX-VNNI and AMX (ORT profile, benchmarks/results/int8_kernels_vnni.md) the int8 stem takes 0.62 ms
+against 0.33 ms in float, while the pointwise convs run 2.7x faster than float; side measurement there (not a
+committed benchmark; 1 thread, two interleaved repetitions, medians; per-channel auto + CLE + AE + BC, full-range
+weights): 0.516x / 0.521x FP32 with the stem quantized, 0.508x / 0.509x with it in float, 18.5 -> 19.5 dB logits
+SQNR. ``float_stem`` is therefore on for every x86 CPU with AVX2 (``stem_convs``, K <= ``STEM_MAX_K``).
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ from npukit.runtime.devices import CpuInfo
 X86_32BIT_ACCUMULATE = ("avx512_vnni", "avx_vnni", "amx_int8")
 
 
-STEM_MAX_K = 32  # longest stem reduction measured faster in float without VNNI: 27 (3x3 RGB); 147 was not
+STEM_MAX_K = 32  # longest stem reduction measured faster in float on x86: 27 (3x3 RGB); 147 was not (AVX2)
 
 
 def cpu_int8_scheme(cpu: CpuInfo) -> dict:
@@ -69,8 +73,9 @@ def cpu_int8_scheme(cpu: CpuInfo) -> dict:
                           + (" (I8MM: MLAS prefers signed activations)" if signed else "")}
     present = [f for f in X86_32BIT_ACCUMULATE if features.get(f)]
     if present:
-        return {"activation_dtype": "uint8", "reduce_range": False, "float_stem": False,
-                "reason": f"{', '.join(present)}: u8 x s8 products accumulate in 32 bits, full-range weights are exact"}
+        return {"activation_dtype": "uint8", "reduce_range": False, "float_stem": True,
+                "reason": f"{', '.join(present)}: u8 x s8 products accumulate in 32 bits, full-range weights are "
+                          "exact; a short stem still runs faster in float"}
     if features.get("avx2"):
         return {"activation_dtype": "uint8", "reduce_range": True, "float_stem": True,
                 "reason": "AVX2 without VNNI: vpmaddubsw adds u8 x s8 product pairs in saturating 16-bit lanes; "
