@@ -123,7 +123,7 @@ def nncf_column(key: str) -> Column:
 def npukit_column(key: str, label: str, *, for_this_cpu: bool = False, **options: Any) -> Column:
     """npukit.quant.quantize with QuantConfig(**options); "not available" when this QuantConfig lacks an option.
     ``for_this_cpu``: the weight range, activation type and stem precision that ``npukit quantize`` picks for this
-    machine's CPU (``schemes.config_for_cpu``: 7-bit weights and a float stem without VNNI, full range with it)."""
+    machine's CPU (``schemes.config_for_cpu``: 7-bit weights without VNNI, full range with it; on x86 a float stem)."""
     fields = {f.name for f in dataclasses.fields(QuantConfig)}
     scheme = "per-channel" if options.get("per_channel", True) else "per-tensor"
     missing = sorted(set(options) - fields)
@@ -234,7 +234,7 @@ COLUMNS: tuple[Column, ...] = (
                   "latency, reduce_range", per_channel=True, method="auto", cle=True, activation_equalization=True,
                   adaround=True, int16_budget=0.1, reduce_range=True, float_stem=True),
     # The recipes as `npukit quantize` runs them on this machine (--reduce-range auto, --float-stem auto): on a CPU
-    # without VNNI the same as the reduce_range columns above, with it full-range weights and a quantized stem.
+    # without VNNI the same as the reduce_range columns above, with it full-range weights (a float stem on both).
     npukit_column("npk-pc-auto-cpu", "npukit per-channel auto (CLI defaults, no algorithm)", for_this_cpu=True,
                   per_channel=True, method="auto"),
     npukit_column("npk-pt-auto-cpu", "npukit per-tensor auto (CLI defaults, no algorithm)", for_this_cpu=True,

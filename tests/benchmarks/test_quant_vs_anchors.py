@@ -144,8 +144,7 @@ def test_mnist_quick_run_has_every_column_with_plausible_figures(tmp_path):
             assert row["integer_fraction"] == (0.9 if row["options"].get("float_stem") else 1.0), key
         if row["options"].get("int16_budget"):  # 16-bit tensors take some nodes off the int8 kernels
             assert 0.5 <= row["integer_fraction"] <= 0.9, key
-        if row["options"].get("int16_budget"):  # read from the model: the plan's choice, recorded
-            assert row["int16_tensors"], key
+            assert row["int16_tensors"], key  # read from the model: the plan's choice, recorded
         elif not row["options"].get("mixed_precision"):  # (which may find every layer good enough at 8 bits)
             assert row["int16_tensors"] == [], key
     assert {t["target"] for t in mnist["targets"]} >= {"accuracy drop <= 0.3 points"}
