@@ -221,14 +221,14 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
         raise InputError(f"nodes to exclude {sorted(missing)} are not in the model",
                          hint="use node names from the graph")
     steps: dict[str, dict] = {}
+    work = preprocess(model)
     if config.int16_tensors:
-        check_int16_tensors(preprocess(model), first, config)
+        check_int16_tensors(work, first, config)
     if config.int16_budget > 0:  # first: the plan is chosen on the recipe without it, then built like a given list
         plan = plan_int16_tensors(model, samples, config=config, budget=config.int16_budget)
         config = dataclasses.replace(config, int16_budget=0.0,
                                      int16_tensors=tuple(dict.fromkeys(config.int16_tensors + plan.tensors)))
         steps["int16_plan"] = plan.summary()
-    work = preprocess(model)
     if config.float_stem:
         stems = [n for n in stem_convs(model) if n not in config.exclude and n not in config.int16_nodes]
         config = dataclasses.replace(config, exclude=config.exclude + tuple(stems))
