@@ -30,6 +30,7 @@ Writes benchmarks/results/quant_vs_anchors.json and .md (``_quick`` suffix with 
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import logging
@@ -431,7 +432,7 @@ def measure_task(task: Task, columns: Sequence[Column], *, latency_runs: int, th
                        size_bytes=model_size(model).serialized_bytes,
                        integer_fraction=round(kernels["integer_fraction"], 3),
                        float_compute_after_dq=sum(kernels["float_compute_after_dq"].values()), kernels=kernels,
-                       int16_tensors=sorted(sixteen_bit_activations(model)))
+                       int16_tensors=sorted(sixteen_bit_activations(model)), float_convs=float_convs(model))
             built[column.key] = model
             log(f"  {column.key}: agreement {row['top1_agreement']:.3f}, sqnr {row['sqnr_db']}, "
                 f"{seconds:.1f} s")
@@ -452,6 +453,13 @@ def measure_task(task: Task, columns: Sequence[Column], *, latency_runs: int, th
                 row[f"latency_ms_{n}t"] = round(timings[row["key"]].median_ms, 4)
                 row[f"latency_ratio_{n}t"] = round(timings[row["key"]].median_ms / base, 3)
     return rows
+
+
+def float_convs(model: onnx.ModelProto) -> list[str]:
+    """The Convs and Gemms of a QDQ model whose weight is a float initializer (not a DequantizeLinear output)."""
+    weights = {i.name for i in model.graph.initializer}
+    return [n.name for n in model.graph.node
+            if n.op_type in ("Conv", "Gemm") and len(n.input) > 1 and n.input[1] in weights]
 
 
 def photo_bootstrap(values: np.ndarray, groups: np.ndarray, *, rounds: int = 2000,
@@ -628,6 +636,13 @@ def markdown(results: dict[str, Any]) -> str:
         wide = [f"{r['key']}: {', '.join(r['int16_tensors'])}" for r in result["rows"] if r.get("int16_tensors")]
         if wide:
             lines += ["", "16-bit activations (as the quantized model holds them): " + "; ".join(wide) + "."]
+        heads = collections.defaultdict(list)  # float convs (the stem and the head timed fastest) -> columns
+        for r in result["rows"]:
+            if r.get("float_convs") and r["tool"] == "npukit":
+                heads[", ".join(r["float_convs"])].append(r["key"])
+        if heads:
+            lines += ["", "Convolutions left in float (as the quantized model holds them): "
+                      + "; ".join(f"{nodes} ({', '.join(keys)})" for nodes, keys in heads.items()) + "."]
         skipped = [f"{r['key']} ({r['status']})" for r in result["rows"] if r["status"] != "ok"]
         if skipped:
             lines += ["", "Not measured: " + "; ".join(skipped) + "."]

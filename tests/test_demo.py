@@ -23,14 +23,17 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     # a working INT8 model agrees with the float one on most real-photo crops and is about 4x smaller.
     assert int8["agreement_with_fp32"]["top1_agreement"] > 0.6
     assert int8["file_bytes"] < models["fp32"]["file_bytes"] / 3
-    # every Conv/Gemm on integer kernels, except the 3x3 RGB stem where this CPU runs it faster in float
+    # every Conv/Gemm on integer kernels, except the 3x3 RGB stem where this CPU runs it faster in float and the
+    # convs chained after it as far as that is timed fastest (at most three)
     stems = report["results"]["quantize.steps"].get("float_stem", {}).get("nodes", [])
-    assert len(stems) <= 1
+    assert len(stems) <= 4
     assert sum(report["results"]["quantize.integer_kernels"]["float_compute"].values()) == len(stems)
     # MobileNetV2's 34 pointwise and 17 depthwise convs, each one node of ORT's profile in both models
     kinds = report["results"]["quantize.kernel_profile"]["int8"]["by_kind"]
     assert (kinds["pointwise conv"]["nodes"], kinds["depthwise conv"]["nodes"]) == (34, 17)
-    assert kinds["pointwise conv"]["integer_ms"] == kinds["pointwise conv"]["ms"] > 0
+    ops = report["results"]["quantize.kernel_profile"]["int8"]["ops"]
+    float_pointwise = [op for op in ops if op["kind"] == "pointwise conv" and not op["integer"]]
+    assert len(float_pointwise) <= max(0, len(stems) - 1) and kinds["pointwise conv"]["integer_ms"] > 0
     assert (tmp_path / "demo.report.html").read_text().count("<svg") >= 1
     predictions = {p["photo"]: p["top1"] for p in report["results"]["predictions"]}
     assert predictions["coffee"] == "espresso"

@@ -267,7 +267,8 @@ def quantize(
     ``calib`` is an image folder / .npy / .npz, or a sequence of feed dicts. ``activation_dtype=None``,
     ``reduce_range=None`` and ``float_stem=None`` take what this CPU runs accurately and fast (e.g. 7-bit weights
     on x86 CPUs without VNNI, where ORT's u8s8 kernels saturate, and a 3x3 RGB stem left in float on x86 CPUs,
-    where it runs faster). ``extra`` passes further QuantConfig fields.
+    where it runs faster, with the convs chained after it as far as that is timed fastest). ``extra`` passes
+    further QuantConfig fields.
     """
     from npukit.frontend.onnx_io import load_onnx, save_onnx
     from npukit.measure.latency import measure_latency_interleaved

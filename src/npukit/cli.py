@@ -95,8 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reduce-range", choices=("auto", "on", "off"), default="auto",
                    help="7-bit weights; auto: on for x86 CPUs without VNNI, where ORT's u8s8 kernels saturate")
     p.add_argument("--float-stem", choices=("auto", "on", "off"), default="auto",
-                   help="keep a 3x3 RGB-style stem conv (reading the float input, <= 32 values per output) in float; "
-                        "auto: on for x86 CPUs without VNNI, where it runs faster in float")
+                   help="keep a 3x3 RGB-style stem conv (reading the float input, <= 32 values per output) in float, "
+                        "and the convs chained after it as far as that is timed fastest here; auto: on for x86 CPUs, "
+                        "where the stem runs faster in float")
     p.add_argument("--no-pair-channels", action="store_true",
                    help="keep the channel order (by default, per-channel weights on the reduce-range grid without "
                         "bias correction get channels reordered so each large weight shares its kernel pair with a "

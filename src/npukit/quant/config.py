@@ -42,6 +42,8 @@ class QuantConfig:
     ``float_stem`` leaves the Convs that read the model's float input with a short reduction (at most
     ``schemes.STEM_MAX_K`` = input channels x kernel taps, e.g. a 3x3 RGB stem: 27) in float, so the input is never
     quantized: on x86 CPUs, with VNNI or without, that stem runs faster in float (see ``npukit.quant.schemes``).
+    The convolutions that follow the stem in a chain (at most three) stay in float too as far as that is timed
+    fastest on this machine (``npukit.quant.float_head``; ties go to float, the more accurate).
     ``activation_equalization`` scales the channels of linear streams (residual Adds, Relu) towards equal ranges,
     ``activation_equalization_alpha`` the strength (0: off, 1: every channel full range; see
     ``npukit.quant.stream_equalize``).

@@ -31,6 +31,7 @@ from npukit.quant.bias_correction import correct_bias
 from npukit.quant.calibrate import Progress, calibrate, iter_samples, sixteen_bit_tensors
 from npukit.quant.config import QuantConfig
 from npukit.quant.equalize import equalize
+from npukit.quant.float_head import HeadChoice, choose_float_head
 from npukit.quant.pair_channels import pair_channels, pairing_pays
 from npukit.quant.range_search import search_ranges
 from npukit.quant.schemes import (STEM_MAX_K, pair_bounded, pair_bounded_scale, reduced_weight_range, stem_convs,
@@ -203,6 +204,28 @@ def check_int16_tensors(work: onnx.ModelProto, first: dict[str, np.ndarray], con
                               "tensors tied to it too)")
 
 
+def float_heads(work: onnx.ModelProto, first: dict[str, np.ndarray], config: QuantConfig) -> list[HeadChoice]:
+    """For each stem of ``work`` (``schemes.stem_convs``, less the excluded and 16-bit nodes), the Convs to leave in
+    float: the stem and the prefix of its chain that runs fastest here (``float_head``), each candidate built on
+    one-sample min-max ranges."""
+    stems = [n for n in stem_convs(work) if n not in config.exclude and n not in config.int16_nodes]
+    if not stems:
+        return []
+    probe = calibrate(work, [first], config=dataclasses.replace(config, method="minmax", calib_samples=None))
+    quick = dataclasses.replace(config, float_stem=False)
+    heads: list[HeadChoice] = []
+    for i, stem in enumerate(stems):
+        others = tuple(stems[i + 1:])  # the stems still to choose for, in float alone meanwhile
+
+        def build(prefix: tuple[str, ...], others: tuple[str, ...] = others) -> onnx.ModelProto:
+            chosen = tuple(n for h in heads for n in h.nodes)
+            return build_qdq(work, first, dataclasses.replace(quick, exclude=quick.exclude + chosen + others
+                                                              + prefix), probe.ranges, {})
+
+        heads.append(choose_float_head(work, stem, first, build, keep=frozenset(config.int16_nodes)))
+    return heads
+
+
 def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: QuantConfig,
              progress: Progress | None = None) -> QuantResult:
     """Quantize ``model`` to a QDQ model (int8 weights, ``config.activation_dtype`` activations) on ``samples``.
@@ -224,15 +247,17 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
     work = preprocess(model)
     if config.int16_tensors:
         check_int16_tensors(work, first, config)
+    if config.float_stem:  # before the 16-bit plan, which then times and scans the model with its float head
+        heads = float_heads(work, first, config)
+        config = dataclasses.replace(config, float_stem=False,
+                                     exclude=config.exclude + tuple(n for h in heads for n in h.nodes))
+        steps["float_stem"] = {"nodes": [n for h in heads for n in h.nodes], "max_k": STEM_MAX_K,
+                               "heads": [h.summary() for h in heads]}
     if config.int16_budget > 0:  # first: the plan is chosen on the recipe without it, then built like a given list
         plan = plan_int16_tensors(model, samples, config=config, budget=config.int16_budget)
         config = dataclasses.replace(config, int16_budget=0.0,
                                      int16_tensors=tuple(dict.fromkeys(config.int16_tensors + plan.tensors)))
         steps["int16_plan"] = plan.summary()
-    if config.float_stem:
-        stems = [n for n in stem_convs(model) if n not in config.exclude and n not in config.int16_nodes]
-        config = dataclasses.replace(config, exclude=config.exclude + tuple(stems))
-        steps["float_stem"] = {"nodes": stems, "max_k": STEM_MAX_K}
     if config.cle:
         eq = equalize(work, samples=samples, limit=config.calib_samples)
         work = eq.model

@@ -1,0 +1,110 @@
+"""How far past the stem a model stays in float on this CPU: the longest prefix of the stem's chain of convolutions
+that ONNX Runtime runs fastest, timed here.
+
+``float_stem`` leaves the stem (a Conv with a short reduction over the float input, ``schemes.stem_convs``) in
+float because ORT's int8 kernel is slower there. The convolutions right after it are often no better: they run at
+the network's largest spatial size with few channels, where MLAS's NHWC int8 kernels gain least, and the place the
+model crosses from float to int8 pays a layout change and a QuantizeLinear over the whole tensor it crosses at.
+Measured on MobileNetV2 (ORT profile, 1 thread, Intel Xeon with AVX-512 VNNI): the first depthwise conv (32
+channels, 112 x 112) takes 226 us as QLinearConv against 142 us in float; the crossing after the stem (NCHWc ->
+NCHW reorder, QuantizeLinear, NCHW -> NHWC transpose of a 32 x 112 x 112 tensor) 200 us; the pointwise conv after
+the depthwise one, 32 -> 16 channels, is faster in int8 (58 against 94 us) but moving the crossing past it halves
+the tensor crossed. The 16 -> 96 expansion after that is 2.2x faster in int8. Which prefix wins depends on the CPU
+and the shapes, so it is timed rather than modelled: each candidate prefix is built with quick ranges (min-max on
+one sample; latency does not depend on the ranges) and all are timed interleaved (1 thread, ratios to the stem-only
+model paired round by round, ``latency.paired_ratio``). The longest prefix within ``NOISE`` of the fastest wins:
+every convolution left in float also drops its own rounding and that of the tensor it writes, so a tie goes to
+accuracy.
+
+The chain: from the stem's output, a tensor with exactly one consumer (and not a graph output), through unary
+activations (which ORT fuses into a float Conv), to the next Conv with a constant weight, whose output must feed
+something other than the graph's outputs (the model's tail stays quantized); at most ``MAX_CONVS`` convolutions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+
+from npukit.measure.latency import paired_ratio, time_sessions_interleaved
+from npukit.runtime.ort import make_session
+
+MAX_CONVS = 4  # the stem and at most three convolutions after it
+ACTIVATIONS = frozenset({"Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Sigmoid", "Tanh"})
+TIMING = {"threads": 1, "warmup": 3, "runs": 100, "rounds": 10}  # interleaved; ratios paired by round
+NOISE = 0.01  # prefixes within 1% of the fastest count as ties (timer noise on a shared host)
+
+
+def stem_chain(model: onnx.ModelProto, stem: str, *, max_convs: int = MAX_CONVS) -> list[str]:
+    """The Convs of ``stem``'s chain (the module docstring), ``stem`` first; ``[stem]`` where nothing follows it."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    outputs = {o.name for o in model.graph.output}
+    constants = {i.name for i in model.graph.initializer}
+    constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    by_name = {n.name: n for n in model.graph.node}
+    chain = [stem]
+    tensor = by_name[stem].output[0]
+    while len(chain) < max_convs:
+        nxt = _sole_consumer(tensor, consumers, outputs)
+        while nxt is not None and nxt.op_type in ACTIVATIONS:
+            nxt = _sole_consumer(nxt.output[0], consumers, outputs)
+        if nxt is None or nxt.op_type != "Conv" or len(nxt.input) < 2 or nxt.input[1] not in constants:
+            break
+        if nxt.output[0] in outputs or not consumers.get(nxt.output[0]):
+            break
+        chain.append(nxt.name)
+        tensor = nxt.output[0]
+    return chain
+
+
+def _sole_consumer(tensor: str, consumers: dict[str, list[onnx.NodeProto]],
+                   outputs: set[str]) -> onnx.NodeProto | None:
+    readers = consumers.get(tensor, [])
+    if tensor in outputs or len(readers) != 1 or list(readers[0].input).count(tensor) != 1:
+        return None
+    return readers[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadChoice:
+    """``nodes``: the Convs left in float (the stem first); ``ratios``: each timed prefix length -> its latency over
+    the stem-only model's (empty when the chain is the stem alone: nothing to time)."""
+
+    nodes: tuple[str, ...]
+    chain: tuple[str, ...]
+    ratios: dict[int, float]
+
+    def summary(self) -> dict:
+        return {"nodes": list(self.nodes), "chain": list(self.chain), "noise": NOISE,
+                "latency_ratio_to_stem_only": {str(k): round(v, 4) for k, v in self.ratios.items()}}
+
+
+def pick_prefix(ratios: dict[int, float], *, noise: float = NOISE) -> int:
+    """The longest prefix length whose ratio is within ``noise`` of the fastest."""
+    best = min(ratios.values())
+    return max(k for k, r in ratios.items() if r <= best * (1.0 + noise))
+
+
+def choose_float_head(model: onnx.ModelProto, stem: str, feeds: dict[str, np.ndarray],
+                      build: Callable[[tuple[str, ...]], onnx.ModelProto], *,
+                      keep: frozenset[str] = frozenset()) -> HeadChoice:
+    """Time ``build(prefix)`` (the model quantized with ``prefix`` left in float) for every prefix of ``stem``'s
+    chain on ``feeds`` and pick one (``pick_prefix``). The chain ends before the first node in ``keep`` (ones the
+    caller wants quantized, e.g. its 16-bit nodes)."""
+    chain: tuple[str, ...] = ()
+    for node in stem_chain(model, stem):
+        if node in keep:
+            break
+        chain += (node,)
+    if len(chain) == 1:
+        return HeadChoice(nodes=chain, chain=chain, ratios={})
+    sessions = {k: make_session(build(chain[:k])) for k in range(1, len(chain) + 1)}
+    times = time_sessions_interleaved(sessions, feeds=feeds, **TIMING)
+    ratios = {k: paired_ratio(times[1], times[k], rounds=TIMING["rounds"]) for k in sessions}
+    return HeadChoice(nodes=chain[:pick_prefix(ratios)], chain=chain, ratios=ratios)
