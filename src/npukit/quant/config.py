@@ -49,10 +49,14 @@ class QuantConfig:
     ``npukit.quant.stream_equalize``).
     ``adaround`` learns each Conv/Gemm weight's rounding on the calibration data (``adaround_iterations`` Adam steps
     per layer; it needs symmetric weights). Measured on MobileNetV2 (42 calibration crops, 2 cores, 300 steps, with
-    CLE, activation equalization, reduce_range and the float stem; benchmarks/results/quant_vs_anchors.md):
-    per-channel (channels paired) 6.6 min, 89.4% top-1 agreement / 19.2 dB against 84.1% / 19.5 dB with bias
-    correction instead; per-tensor 6.7 min, 84.6% / 17.3 dB against 85.1% / 16.6 dB. Agreement on those 208 crops
-    of 13 photos has a photo-level 95% interval about +-9 points wide (benchmarks/agreement_noise.py).
+    CLE, activation equalization, reduce_range and the float stem alone; AMD EPYC without VNNI,
+    benchmarks/results/quant_vs_anchors_avx2.md): per-channel (channels paired) 6.6 min, 89.4% top-1 agreement /
+    19.2 dB against 84.1% / 19.5 dB with bias correction instead; per-tensor 6.7 min, 84.6% / 17.3 dB against
+    85.1% / 16.6 dB. On an Intel Xeon with VNNI, full-range weights and the float head
+    (benchmarks/results/quant_vs_anchors.md): per-channel 2.8 min, 90.4% / 19.6 dB against 91.3% / 20.5 dB with
+    bias correction instead (AdaRound no longer pays there); per-tensor 85.1% / 17.8 dB against 83.7% / 18.0 dB.
+    Agreement on those 208 crops of 13 photos has a photo-level 95% interval about +-5 to +-9 points wide
+    (benchmarks/agreement_noise.py).
     ``method="auto"`` calibrates once with one histogram per tensor, derives every method's ranges from it, and
     keeps the method whose QDQ model's outputs are closest (SQNR) to the float model's on held-out samples
     (see ``npukit.quant.auto``).
@@ -60,9 +64,11 @@ class QuantConfig:
     larger side alone) where that raises the output SQNR against the float model on the calibration samples, for at
     most ``range_search_passes`` walks over the grids, and builds the model again on the new ranges (see
     ``npukit.quant.range_search``). Measured on MobileNetV2 (per-channel, auto + CLE + activation equalization +
-    bias correction, reduce_range, 42 calibration crops, 2 cores): 5 min, 757 trials, five grids moved (the two
-    160-channel residual Adds and two projection outputs narrowed, one stem projection cut on its positive side);
-    208 evaluation crops of other photos 85.6% / 18.8 dB -> 88.0% / 19.6 dB.
+    bias correction, reduce_range, 42 calibration crops, 2 cores, AMD EPYC, stem alone in float): 5 min, 757
+    trials, five grids moved (the two 160-channel residual Adds and two projection outputs narrowed, one stem
+    projection cut on its positive side); 208 evaluation crops of other photos 85.6% / 18.8 dB -> 88.0% / 19.6 dB.
+    On the Xeon with VNNI and the float head, full-range weights: 2.1 min, 91.3% / 20.5 dB -> 90.9% / 22.0 dB
+    (benchmarks/results/quant_vs_anchors.md).
     """
 
     per_channel: bool = True
