@@ -53,7 +53,7 @@ class QuantConfig:
     benchmarks/results/quant_vs_anchors_avx2.md): per-channel (channels paired) 6.6 min, 89.4% top-1 agreement /
     19.2 dB against 84.1% / 19.5 dB with bias correction instead; per-tensor 6.7 min, 84.6% / 17.3 dB against
     85.1% / 16.6 dB. On an Intel Xeon with VNNI, full-range weights and the float head
-    (benchmarks/results/quant_vs_anchors.md): per-channel 2.8 min, 90.4% / 19.6 dB against 91.3% / 20.5 dB with
+    (benchmarks/results/quant_vs_anchors.md): per-channel 3.3 min, 90.4% / 19.6 dB against 91.3% / 20.5 dB with
     bias correction instead (AdaRound no longer pays there); per-tensor 85.1% / 17.8 dB against 83.7% / 18.0 dB.
     Agreement on those 208 crops of 13 photos has a photo-level 95% interval about +-5 to +-9 points wide
     (benchmarks/agreement_noise.py).
@@ -67,7 +67,7 @@ class QuantConfig:
     bias correction, reduce_range, 42 calibration crops, 2 cores, AMD EPYC, stem alone in float): 5 min, 757
     trials, five grids moved (the two 160-channel residual Adds and two projection outputs narrowed, one stem
     projection cut on its positive side); 208 evaluation crops of other photos 85.6% / 18.8 dB -> 88.0% / 19.6 dB.
-    On the Xeon with VNNI and the float head, full-range weights: 2.1 min, 91.3% / 20.5 dB -> 90.9% / 22.0 dB
+    On the Xeon with VNNI and the float head, full-range weights: 2.6 min, 91.3% / 20.5 dB -> 90.9% / 22.0 dB
     (benchmarks/results/quant_vs_anchors.md).
     """
 
