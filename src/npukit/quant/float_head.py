@@ -28,8 +28,10 @@ from collections.abc import Callable
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 
 from npukit.measure.latency import paired_ratio, time_sessions_interleaved
+from npukit.passes._rewrite import producer_of, sole_consumer
 from npukit.runtime.ort import make_session
 
 MAX_CONVS = 4  # the stem and at most three convolutions after it
@@ -43,35 +45,24 @@ NOISE = 0.02
 
 def stem_chain(model: onnx.ModelProto, stem: str, *, max_convs: int = MAX_CONVS) -> list[str]:
     """The Convs of ``stem``'s chain (the module docstring), ``stem`` first; ``[stem]`` where nothing follows it."""
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    outputs = {o.name for o in model.graph.output}
-    constants = {i.name for i in model.graph.initializer}
-    constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
-    by_name = {n.name: n for n in model.graph.node}
+    graph = ir.serde.deserialize_model(model).graph
+    node = next(n for n in graph if n.name == stem)
     chain = [stem]
-    tensor = by_name[stem].output[0]
     while len(chain) < max_convs:
-        nxt = _sole_consumer(tensor, consumers, outputs)
+        nxt = sole_consumer(node.outputs[0])
         while nxt is not None and nxt.op_type in ACTIVATIONS:
-            nxt = _sole_consumer(nxt.output[0], consumers, outputs)
-        if nxt is None or nxt.op_type != "Conv" or len(nxt.input) < 2 or nxt.input[1] not in constants:
+            nxt = sole_consumer(nxt.outputs[0])
+        if nxt is None or nxt.op_type != "Conv" or not _constant(nxt.inputs[1] if len(nxt.inputs) > 1 else None):
             break
-        if nxt.output[0] in outputs or not consumers.get(nxt.output[0]):
+        if nxt.outputs[0].is_graph_output() or not nxt.outputs[0].uses():
             break
         chain.append(nxt.name)
-        tensor = nxt.output[0]
+        node = nxt
     return chain
 
 
-def _sole_consumer(tensor: str, consumers: dict[str, list[onnx.NodeProto]],
-                   outputs: set[str]) -> onnx.NodeProto | None:
-    readers = consumers.get(tensor, [])
-    if tensor in outputs or len(readers) != 1 or list(readers[0].input).count(tensor) != 1:
-        return None
-    return readers[0]
+def _constant(value: ir.Value | None) -> bool:
+    return value is not None and (value.is_initializer() or producer_of(value, "Constant") is not None)
 
 
 @dataclasses.dataclass(frozen=True)
