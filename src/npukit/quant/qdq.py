@@ -188,12 +188,19 @@ def build_qdq(work: onnx.ModelProto, first: dict[str, np.ndarray], config: Quant
         return onnx.load(str(out))
 
 
-def check_int16_tensors(work: onnx.ModelProto, first: dict[str, np.ndarray], config: QuantConfig) -> None:
+def one_sample_ranges(work: onnx.ModelProto, first: dict[str, np.ndarray],
+                      config: QuantConfig) -> dict[str, tuple[float, float]]:
+    """Min-max ranges of ``work``'s activations on the one sample ``first``: enough to build a QDQ model whose
+    structure and speed (not accuracy) are those of the real one, in seconds."""
+    return calibrate(work, [first], config=dataclasses.replace(config, method="minmax", calib_samples=None)).ranges
+
+
+def check_int16_tensors(work: onnx.ModelProto, first: dict[str, np.ndarray], config: QuantConfig,
+                        probe: dict[str, tuple[float, float]]) -> None:
     """Fail before any long step when ORT's quantizer would keep one of ``config.int16_tensors`` at 8 bits: it gives
     a tied output (of Flatten, Reshape, MaxPool, ... ``tensor_precision.TIED_OPS``) its input's grid, so only the
-    input can be lifted. Found by building the QDQ model on ranges from one sample (seconds)."""
-    probe = calibrate(work, [first], config=dataclasses.replace(config, method="minmax", calib_samples=None))
-    built = build_qdq(work, first, config, probe.ranges, {})
+    input can be lifted. Found by building the QDQ model on the ``probe`` ranges (``one_sample_ranges``)."""
+    built = build_qdq(work, first, config, probe, {})
     pairs, wide = activation_pairs(built), sixteen_bit_activations(built)
     stuck = [t for t in config.int16_tensors if t in pairs and t not in wide]
     if stuck:
@@ -204,14 +211,16 @@ def check_int16_tensors(work: onnx.ModelProto, first: dict[str, np.ndarray], con
                               "tensors tied to it too)")
 
 
-def float_heads(work: onnx.ModelProto, first: dict[str, np.ndarray], config: QuantConfig) -> list[HeadChoice]:
+def float_heads(work: onnx.ModelProto, first: dict[str, np.ndarray], config: QuantConfig,
+                probe: dict[str, tuple[float, float]] | None = None) -> list[HeadChoice]:
     """For each stem of ``work`` (``schemes.stem_convs``, less the excluded and 16-bit nodes), the Convs to leave in
-    float: the stem and the prefix of its chain that runs fastest here (``float_head``), each candidate built on
-    one-sample min-max ranges."""
+    float: the stem and the prefix of its chain that runs fastest here (``float_head``), each candidate built on the
+    ``probe`` ranges (``one_sample_ranges``, computed here when None)."""
     stems = [n for n in stem_convs(work) if n not in config.exclude and n not in config.int16_nodes]
     if not stems:
         return []
-    probe = calibrate(work, [first], config=dataclasses.replace(config, method="minmax", calib_samples=None))
+    if probe is None:
+        probe = one_sample_ranges(work, first, config)
     quick = dataclasses.replace(config, float_stem=False)
     heads: list[HeadChoice] = []
     for i, stem in enumerate(stems):
@@ -220,7 +229,7 @@ def float_heads(work: onnx.ModelProto, first: dict[str, np.ndarray], config: Qua
         def build(prefix: tuple[str, ...], others: tuple[str, ...] = others) -> onnx.ModelProto:
             chosen = tuple(n for h in heads for n in h.nodes)
             return build_qdq(work, first, dataclasses.replace(quick, exclude=quick.exclude + chosen + others
-                                                              + prefix), probe.ranges, {})
+                                                              + prefix), probe, {})
 
         heads.append(choose_float_head(work, stem, first, build, keep=frozenset(config.int16_nodes)))
     return heads
@@ -245,14 +254,15 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
                          hint="use node names from the graph")
     steps: dict[str, dict] = {}
     work = preprocess(model)
+    probe = None
     if config.int16_tensors:
-        check_int16_tensors(work, first, config)
+        probe = one_sample_ranges(work, first, config)
+        check_int16_tensors(work, first, config, probe)
     if config.float_stem:  # before the 16-bit plan, which then times and scans the model with its float head
-        heads = float_heads(work, first, config)
-        config = dataclasses.replace(config, float_stem=False,
-                                     exclude=config.exclude + tuple(n for h in heads for n in h.nodes))
-        steps["float_stem"] = {"nodes": [n for h in heads for n in h.nodes], "max_k": STEM_MAX_K,
-                               "heads": [h.summary() for h in heads]}
+        heads = float_heads(work, first, config, probe)
+        head_nodes = tuple(n for h in heads for n in h.nodes)
+        config = dataclasses.replace(config, float_stem=False, exclude=config.exclude + head_nodes)
+        steps["float_stem"] = {"nodes": list(head_nodes), "max_k": STEM_MAX_K, "heads": [h.summary() for h in heads]}
     if config.int16_budget > 0:  # first: the plan is chosen on the recipe without it, then built like a given list
         plan = plan_int16_tensors(model, samples, config=config, budget=config.int16_budget)
         config = dataclasses.replace(config, int16_budget=0.0,
