@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from npukit.errors import InputError
 from npukit.frontend import onnx_io
-from npukit.frontend.onnx_io import fix_input_shape, load_onnx, save_onnx, static_input_shape
+from npukit.frontend.onnx_io import fix_input_shape, load_onnx, named_nodes, save_onnx, static_input_shape
 from npukit.runtime.ort import make_session, run
 
 from .conftest import make_matmul_model
@@ -119,3 +119,18 @@ def test_load_arbitrary_bytes_is_input_error(tmp_path_factory: pytest.TempPathFa
     path.write_bytes(data)
     with pytest.raises(InputError):
         load_onnx(path)
+
+
+def test_named_nodes_names_the_unnamed_and_the_repeated_without_clashing() -> None:
+    helper, TensorProto = onnx.helper, onnx.TensorProto
+    nodes = [helper.make_node("Relu", ["x"], ["a"]),  # unnamed: Relu_0
+             helper.make_node("Relu", ["a"], ["b"], name="Relu_2"),  # taken: the unnamed third becomes Relu_2_1
+             helper.make_node("Relu", ["b"], ["c"]),
+             helper.make_node("Relu", ["c"], ["d"], name="Relu_2")]  # repeated: renamed Relu_3
+    value = helper.make_tensor_value_info
+    graph = helper.make_graph(nodes, "g", [value("x", TensorProto.FLOAT, [1])], [value("d", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph)
+    named = named_nodes(model)
+    assert [n.name for n in named.graph.node] == ["Relu_0", "Relu_2", "Relu_2_1", "Relu_3"]
+    assert [n.name for n in model.graph.node] == ["", "Relu_2", "", "Relu_2"]  # the input is left as it was
+    assert named_nodes(named) is named

@@ -91,3 +91,19 @@ def test_quantize_leaves_the_chosen_head_in_float_and_reports_its_timings() -> N
     rows = {r["node"]: r for r in result.per_layer}
     for node in ("stem", "dw", "pw2", "pw3", "pw4"):
         assert rows[node]["quantized"] == (node not in step["nodes"]), node
+
+
+def test_quantize_names_unnamed_nodes_so_the_head_excludes_only_itself() -> None:
+    from npukit.quant.qdq import integer_kernel_report, quantize
+
+    model = _chain_model(branch_after=4)
+    for node in model.graph.node:
+        node.name = ""  # an exclusion of "" would otherwise leave every Conv in float
+    rng = np.random.default_rng(2)
+    samples = [{"x": rng.normal(size=(1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
+    result = quantize(model, samples, config=QuantConfig(float_stem=True))
+    head = result.steps["float_stem"]["nodes"]
+    assert head and head[0] == "Conv_0" and "" not in head
+    rows = {r["node"]: r for r in result.per_layer}
+    assert rows["Conv_6"]["quantized"]  # the fifth conv is past the chain's limit of four: never in the head
+    assert integer_kernel_report(result.model)["integer_fraction"] > 0

@@ -41,3 +41,22 @@ def test_lifting_the_most_sensitive_layers_reaches_the_target(mode) -> None:
 def test_bad_arguments() -> None:
     with pytest.raises(InputError, match="max_layers"):
         choose_mixed_precision(tiny_cnn(), make_samples(2), config=QuantConfig(), target_sqnr_db=30, max_layers=0)
+
+
+def test_the_trials_keep_the_float_head_chosen_for_the_base(monkeypatch) -> None:
+    import numpy as np
+
+    from npukit.quant import qdq
+    from tests.quant.test_float_head import _chain_model
+
+    timed = []
+    real = qdq.float_heads
+    monkeypatch.setattr(qdq, "float_heads", lambda *a, **k: timed.append(1) or real(*a, **k))
+    model = _chain_model(branch_after=4)
+    rng = np.random.default_rng(3)
+    samples = [{"x": rng.normal(size=(1, 3, 8, 8)).astype(np.float32)} for _ in range(6)]
+    plan = choose_mixed_precision(model, samples, config=QuantConfig(float_stem=True), target_sqnr_db=99.0,
+                                  max_layers=2, mode="int16")
+    assert len(timed) == 1 and len(plan.tried) > 1  # the head was timed for the base only
+    assert not plan.config.float_stem and plan.config.exclude[0] == "stem"  # the base's head, as exclusions
+    assert "float_stem" not in plan.result.steps

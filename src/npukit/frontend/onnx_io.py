@@ -173,3 +173,29 @@ def fix_input_shape(model: onnx.ModelProto, shape: tuple[int, ...], *, dynamic_b
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
         raise InputError(f"input shape {tuple(shape)} does not fit the model: {first_line(exc)}",
                          hint="pass the shape the model was made for with --input-shape") from exc
+
+
+def named_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` itself when every node has a unique name, else a copy naming the others ``<op_type>_<index>``
+    (with a suffix where that is taken). Node names are how exclusions, 16-bit layers, the float head and the
+    reports refer to nodes, so an unnamed node must not share the name "" with every other."""
+    names = [n.name for n in model.graph.node]
+    if all(names) and len(set(names)) == len(names):
+        return model
+    named = onnx.ModelProto()
+    named.CopyFrom(model)
+    taken = set(names)
+    seen: set[str] = set()
+    for index, node in enumerate(named.graph.node):
+        if node.name and node.name not in seen:
+            seen.add(node.name)
+            continue
+        base = name = f"{node.op_type}_{index}"
+        suffix = 0
+        while name in taken:
+            suffix += 1
+            name = f"{base}_{suffix}"
+        node.name = name
+        taken.add(name)
+        seen.add(name)
+    return named

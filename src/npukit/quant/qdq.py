@@ -25,6 +25,7 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from npukit.errors import InputError
+from npukit.frontend.onnx_io import named_nodes
 from npukit.quant.adaround import adaround, scale_override
 from npukit.quant.auto import choose_method, split_samples
 from npukit.quant.bias_correction import correct_bias
@@ -245,6 +246,7 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
     candidate's held-out output SQNR and the choice.
     """
     start = time.perf_counter()
+    model = named_nodes(model)  # unnamed nodes would all match an exclusion of the name ""
     samples = _Reiterable(samples)
     first = next(iter_samples(model, samples, limit=config.calib_samples))  # validates before any work
     names = {n.name for n in model.graph.node}

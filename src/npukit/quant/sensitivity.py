@@ -3,8 +3,10 @@ activations (or leave them in float) until the model's output SQNR reaches a tar
 
 Sensitivity of a Conv/Gemm = the noise-to-signal power ratio its own step adds in the all-8-bit model: 10^(-SQNR/10)
 at its output minus at its input (per-layer SQNR from ``layer_sqnr``), so a layer is blamed for the error it adds,
-not the error it inherits. The search lifts the 1, 2, 4, ... most sensitive layers (at most ``max_layers``), re-quantizes and measures
-the output SQNR on the samples each time, and returns the first plan that reaches the target, or the best one tried.
+not the error it inherits; layers left in float (excluded, or the float head) are not ranked. The search lifts the
+1, 2, 4, ... most sensitive layers (at most ``max_layers``), re-quantizes and measures the output SQNR on the samples
+each time, and returns the first plan that reaches the target, or the best one tried. The float head
+(``float_stem``) is timed and chosen once, for the all-8-bit model; every trial keeps it (as exclusions).
 16-bit layers run off ONNX Runtime's int8 kernels (see ``integer_kernel_report``), so each plan also records its
 integer-kernel fraction: measure its latency before shipping it. ``npukit.quant.tensor_precision`` (QuantConfig
 ``int16_budget``) chooses single activations instead, within a budget of MACs taken off the int8 kernels.
@@ -66,9 +68,11 @@ def layer_sensitivity(result: QuantResult, samples: Iterable[object], *, limit: 
         for t in node.input:
             consumers.setdefault(t, []).append(node)
     graph_inputs = {i.name for i in result.reference.graph.input}
+    excluded = {r["node"] for r in result.per_layer if r["excluded"]}  # in float: the user's and the float head
     scores = []
     for node in result.reference.graph.node:
-        if node.op_type not in ("Conv", "Gemm") or (node.input[0] not in at and node.input[0] not in graph_inputs):
+        if node.op_type not in ("Conv", "Gemm") or node.name in excluded \
+                or (node.input[0] not in at and node.input[0] not in graph_inputs):
             continue
         before = 10.0 ** (-at[node.input[0]] / 10.0) if node.input[0] in at else 0.0  # a graph input: exact
         out = node.output[0]
@@ -92,6 +96,9 @@ def choose_mixed_precision(model: onnx.ModelProto, samples: Iterable[object], *,
     samples = list(samples)
     evals = samples if eval_samples is None else list(eval_samples)
     base = quantize(model, samples, config=config)
+    if config.float_stem:  # the trials keep the base's float head instead of timing (and maybe choosing) anew
+        head = tuple(base.steps["float_stem"]["nodes"])
+        config = dataclasses.replace(config, float_stem=False, exclude=tuple(config.exclude) + head)
     baseline = output_sqnr(model, base.model, evals)
     ranking = layer_sensitivity(base, samples)
     tried = [{"nodes": [], "sqnr_db": baseline,

@@ -25,6 +25,7 @@ import onnx
 import onnxruntime as ort
 
 from npukit.errors import InputError
+from npukit.frontend.onnx_io import named_nodes
 from npukit.runtime.ort import ModelLike, model_path_or_bytes
 
 QNN_EP = "QNNExecutionProvider"
@@ -317,7 +318,8 @@ def _session_error(error: Exception, log: str, *, backend: str) -> InputError:
 
 
 def _first_line(exc: BaseException) -> str:
-    """The innermost ORT message of ``exc`` on one line (ORT nests "[ONNXRuntimeError] : 1 : FAIL : <source>" prefixes)."""
+    """The innermost ORT message of ``exc`` on one line (ORT nests "[ONNXRuntimeError] : 1 : FAIL : <source>"
+    prefixes)."""
     text = re.split(r"\[ONNXRuntimeError\] : \d+ : \w+ : ", str(exc).strip())[-1].strip()
     return " ".join(text.splitlines()[0].split()) if text else type(exc).__name__
 
@@ -397,7 +399,7 @@ def qnn_node_assignment(
     the QDQ node unit they were validated in. Reasons for rejected nodes come from the QNN EP's validation log.
     A float model gets the same fp16 defaults as ``make_qnn_session`` (``float_htp_options``).
     """
-    proto = _named_copy(as_proto(model))
+    proto = named_nodes(as_proto(model))
     session, log = create_session_with_log(proto, backend=backend, allow_cpu_fallback=True,
                                    provider_options=provider_options, profiling=False, verbose=True)
     assigned: dict[str, str] = {}
@@ -421,21 +423,6 @@ def qnn_node_assignment(
                                         evidence=evidence if provider else "removed"))
     return Assignment(backend=backend, nodes=tuple(placements), partitions=partitions,
                       backend_failure=_backend_failure(log))
-
-
-def _named_copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` itself when every node has a unique name, else a copy naming the others ``<op_type>_<index>``."""
-    names = [n.name for n in model.graph.node]
-    if all(names) and len(set(names)) == len(names):
-        return model
-    named = onnx.ModelProto()
-    named.CopyFrom(model)
-    seen: set[str] = set()
-    for index, node in enumerate(named.graph.node):
-        if not node.name or node.name in seen:
-            node.name = f"{node.op_type}_{index}"
-        seen.add(node.name)
-    return named
 
 
 def node_rejections(log: str) -> dict[str, str]:
