@@ -650,17 +650,12 @@ def _bench_memory(report: Report, model: str | Path) -> None:
 PRECISE_A16_HTP_ARCH = 73
 
 
-def _sixteen_bit_activations(proto: onnx.ModelProto) -> bool:
-    zero_points = {n.input[2] for n in proto.graph.node if n.op_type == "QuantizeLinear" and len(n.input) > 2}
-    return any(i.name in zero_points and i.data_type in (onnx.TensorProto.UINT16, onnx.TensorProto.INT16)
-               for i in proto.graph.initializer)
-
-
 def _bench_npu(report: Report, proto: onnx.ModelProto, ref_proto: onnx.ModelProto | None, dataset, *, target: str,
                max_samples: int | None, soc: str) -> None:
     from npukit.measure.fidelity import AgreementMeter
     from npukit.runtime.compile import soc_info, soc_provider_options
     from npukit.runtime.qnn import make_qnn_session, qdq_reference_session, qnn_node_assignment
+    from npukit.quant.tensor_precision import sixteen_bit_activations
     from npukit.runtime.ort import make_session
     from npukit.targets.registry import get_target
 
@@ -673,7 +668,7 @@ def _bench_npu(report: Report, proto: onnx.ModelProto, ref_proto: onnx.ModelProt
     options = soc_provider_options(soc)
     report.add("htp_soc", {"soc": chip.part, "name": chip.name, "htp_arch": chip.htp_arch,
                            "soc_model": chip.soc_model})
-    if chip.htp_arch < PRECISE_A16_HTP_ARCH and _sixteen_bit_activations(proto):
+    if chip.htp_arch < PRECISE_A16_HTP_ARCH and sixteen_bit_activations(proto):
         report.add("htp_note", f"HTP v{chip.htp_arch} computes 16-bit activation layers at reduced precision "
                                f"(measured: 63 dB per Conv against 86 dB on v{PRECISE_A16_HTP_ARCH}+); expect the HTP "
                                "and CPU runs to differ more than on newer SoCs")
