@@ -1,13 +1,14 @@
 """Where the time of an INT8 MobileNetV2 goes on this CPU, kernel kind by kernel kind, against its FP32 model.
 
-``quant_vs_anchors.py`` measures every INT8 model at 0.72-0.77x FP32 latency at 1 thread, ORT's own as well as
-npukit's, against the issue's target of <= 0.5x. This script shows why: it profiles FP32 and chosen columns of that
+``quant_vs_anchors.py`` measures INT8 MobileNetV2 models, ORT's own as well as npukit's, at about 0.5x FP32 latency
+at 1 thread on a Xeon with AVX-512 VNNI and at 0.72-0.80x on an AMD EPYC with AVX2 only, against the issue's target
+of <= 0.5x. This script shows why: it profiles FP32 and chosen columns of that
 benchmark (same model, same calibration) with ONNX Runtime's profiler, interleaved, on one real evaluation crop, and
 groups the kernel times by kind (``npukit.measure.op_profile``): pointwise (1x1), depthwise and spatial convolutions,
 matmul, quantize, layout, other. For each INT8 model it then asks what the 0.5x target would take: with every other
 kind as measured, how much faster than FP32 the pointwise convolutions (most of MobileNetV2's MACs) would have to be.
 
-    python benchmarks/int8_kernels.py                      # ORT per-channel reduce_range and npukit's demo recipe
+    python benchmarks/int8_kernels.py                # ORT per-channel, npukit demo recipe (this CPU scheme)
     python benchmarks/int8_kernels.py --columns npk-pc-ada-rr --runs 100
 
 Writes benchmarks/results/int8_kernels.json and .md (see --out-dir).
@@ -30,7 +31,7 @@ from npukit._atomic import write_text_atomic  # noqa: E402
 from npukit.measure.op_profile import KINDS, OpProfile, compare_kinds, profile_ops  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
-DEFAULT_COLUMNS = ("ort-pc-rr", "npk-pc-auto-cle-ae-bc-rr", "npk-pt-auto-cle-ae-bc-rr")
+DEFAULT_COLUMNS = ("ort-pc", "npk-pc-demo-cpu", "npk-pt-demo-cpu")
 TARGET_RATIO = 0.5
 
 

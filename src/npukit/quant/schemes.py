@@ -38,8 +38,9 @@ CLE + AE + BC) 0.766x -> 0.745x FP32 with its stem (K = 27) in float, RegNetY-40
 also spares the input its rounding: MobileNetV2 per-channel auto + CLE + AE + BC, 18.8 -> 19.5 dB logits SQNR on 208
 held-out crops (top-1 agreement 85.6% -> 84.1%: three crops, within that set's noise), 0.75x -> 0.73x FP32
 (benchmarks/results/quant_vs_anchors_avx2.md). With VNNI the stem is no better in int8: on an Intel Xeon with
-AVX-512 VNNI, AVX-VNNI and AMX (ORT profile, benchmarks/results/int8_kernels_vnni.md) the int8 stem takes 0.62 ms
-against 0.33 ms in float, while the pointwise convs run 2.7x faster than float; side measurement there (not a
+AVX-512 VNNI, AVX-VNNI and AMX (ORT profiles, benchmarks/results/int8_kernels_vnni.md) ORT's int8 stem takes 2x
+as long as the float one (0.62 against 0.33 ms, 0.47 against 0.24 ms in a later run), while the pointwise convs run
+2.5-2.7x faster than float; side measurement there (not a
 committed benchmark; 1 thread, two interleaved repetitions, medians; per-channel auto + CLE + AE + BC, full-range
 weights): 0.516x / 0.521x FP32 with the stem quantized, 0.508x / 0.509x with it in float, 18.5 -> 19.5 dB logits
 SQNR. ``float_stem`` is therefore on for every x86 CPU with AVX2 (``stem_convs``, K <= ``STEM_MAX_K``). The convs
