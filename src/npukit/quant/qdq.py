@@ -338,6 +338,13 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
                        seconds=time.perf_counter() - start, steps=steps)
 
 
+def keep_float_head(config: QuantConfig, result: QuantResult) -> QuantConfig:
+    """``config`` that builds ``result``'s float head again without timing it: the head's nodes (none when
+    ``result`` has no float head) excluded, ``float_stem`` off."""
+    head = tuple(result.steps.get("float_stem", {}).get("nodes", ()))
+    return dataclasses.replace(config, float_stem=False, exclude=tuple(config.exclude) + head)
+
+
 def integer_kernel_report(model: onnx.ModelProto) -> dict:
     """What ORT CPU actually runs after its optimizations: integer kernels vs float compute fed by DequantizeLinear.
 

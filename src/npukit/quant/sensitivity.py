@@ -25,7 +25,7 @@ from npukit.errors import InputError
 from npukit.quant.calibrate import iter_samples
 from npukit.quant.config import QuantConfig
 from npukit.quant.layer_sqnr import layer_sqnr, sqnr_db
-from npukit.quant.qdq import QuantResult, integer_kernel_report, quantize
+from npukit.quant.qdq import QuantResult, integer_kernel_report, keep_float_head, quantize
 from npukit.runtime.ort import make_session
 
 Mode = Literal["int16", "exclude"]
@@ -96,9 +96,7 @@ def choose_mixed_precision(model: onnx.ModelProto, samples: Iterable[object], *,
     samples = list(samples)
     evals = samples if eval_samples is None else list(eval_samples)
     base = quantize(model, samples, config=config)
-    if config.float_stem:  # the trials keep the base's float head instead of timing (and maybe choosing) anew
-        head = tuple(base.steps["float_stem"]["nodes"])
-        config = dataclasses.replace(config, float_stem=False, exclude=tuple(config.exclude) + head)
+    config = keep_float_head(config, base)  # the trials keep it instead of timing (and maybe choosing) anew
     baseline = output_sqnr(model, base.model, evals)
     ranking = layer_sensitivity(base, samples)
     tried = [{"nodes": [], "sqnr_db": baseline,

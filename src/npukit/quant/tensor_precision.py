@@ -216,7 +216,7 @@ def plan_int16_tensors(model: onnx.ModelProto, samples: Iterable[object], *, con
     fraction of the all-8-bit model's, measured here), scanned on the first ``scan_samples`` samples (all when
     fewer), the ``max_candidates`` of highest gain timed; see the module docstring. ``samples`` must be re-iterable
     (a list, a reader): they are read by the stand-in quantization and again by the scan."""
-    from npukit.quant.qdq import build_qdq, quantize
+    from npukit.quant.qdq import build_qdq, keep_float_head, quantize
 
     if not 0.0 < budget <= 1.0:
         raise InputError(f"int16 budget {budget} must be in (0, 1]",
@@ -231,8 +231,7 @@ def plan_int16_tensors(model: onnx.ModelProto, samples: Iterable[object], *, con
     available = sum(1 for _ in iter_samples(model, samples, limit=config.calib_samples))
     base, n, gains = scan_gains(reference, built.model, samples, limit=min(scan_samples, available))
     ranked = sorted((g for g in gains if g.share >= MIN_GAIN_SHARE), key=lambda g: -g.gain)[:max_candidates]
-    stems = tuple(built.steps.get("float_stem", {}).get("nodes", []))
-    as_built = dataclasses.replace(stand_in, exclude=stand_in.exclude + stems)
+    as_built = keep_float_head(stand_in, built)
 
     def build(tensors: Iterable[str]) -> onnx.ModelProto:
         lifted = dataclasses.replace(as_built, int16_tensors=tuple(dict.fromkeys(as_built.int16_tensors
