@@ -123,8 +123,9 @@ def nncf_column(key: str) -> Column:
 
 def npukit_column(key: str, label: str, *, for_this_cpu: bool = False, **options: Any) -> Column:
     """npukit.quant.quantize with QuantConfig(**options); "not available" when this QuantConfig lacks an option.
-    ``for_this_cpu``: the weight range, activation type and stem precision that ``npukit quantize`` picks for this
-    machine's CPU (``schemes.config_for_cpu``: 7-bit weights without VNNI, full range with it; on x86 a float stem)."""
+    ``for_this_cpu``: the weight range, activation type, stem precision and conv kernel choice that ``npukit
+    quantize`` picks for this machine's CPU (``schemes.config_for_cpu``: 7-bit weights without VNNI, full range with
+    it and each conv timed on ORT's two int8 conv kernels; on x86 a float stem)."""
     fields = {f.name for f in dataclasses.fields(QuantConfig)}
     scheme = "per-channel" if options.get("per_channel", True) else "per-tensor"
     missing = sorted(set(options) - fields)
@@ -148,6 +149,8 @@ def _label(label: str, config: QuantConfig) -> str:
         label += ", channels paired"
     if config.float_stem:
         label += ", stem in float"
+    if config.gemm_convs:
+        label += ", each conv on the faster of ORT's int8 conv kernels"
     return label
 
 

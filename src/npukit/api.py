@@ -249,6 +249,7 @@ def quantize(
     activation_dtype: str | None = None,
     reduce_range: bool | None = None,
     float_stem: bool | None = None,
+    gemm_convs: bool | None = None,
     adaround: bool = False,
     range_search: bool = False,
     calib_samples: int | None = None,
@@ -267,8 +268,9 @@ def quantize(
     ``calib`` is an image folder / .npy / .npz, or a sequence of feed dicts. ``activation_dtype=None``,
     ``reduce_range=None`` and ``float_stem=None`` take what this CPU runs accurately and fast (e.g. 7-bit weights
     on x86 CPUs without VNNI, where ORT's u8s8 kernels saturate, and a 3x3 RGB stem left in float on x86 CPUs,
-    where it runs faster, with the convs chained after it as far as that is timed fastest). ``extra`` passes
-    further QuantConfig fields.
+    where it runs faster, with the convs chained after it as far as that is timed fastest); ``gemm_convs=None``
+    likewise (on where ORT's two int8 conv kernels both accumulate in 32 bits, see ``npukit.quant.conv_kernel``).
+    ``extra`` passes further QuantConfig fields.
     """
     from npukit.frontend.onnx_io import load_onnx, save_onnx
     from npukit.measure.latency import measure_latency_interleaved
@@ -290,6 +292,7 @@ def quantize(
                          int16_budget=int16_budget, activation_dtype=activation_dtype or scheme["activation_dtype"],
                          reduce_range=scheme["reduce_range"] if reduce_range is None else reduce_range,
                          float_stem=scheme["float_stem"] if float_stem is None else float_stem,
+                         gemm_convs=scheme["gemm_convs"] if gemm_convs is None else gemm_convs,
                          calib_samples=calib_samples, **(extra or {}))
     samples = _open_data(calib, proto, preprocess) if isinstance(calib, (str, Path)) else list(calib)
     evaluation = _open_data(data, proto, preprocess) if data is not None else None
@@ -310,6 +313,12 @@ def quantize(
                          f"{plan['estimated_sqnr_db']:.2f} dB without their rounding)",
                          ["tensor", "share of the 8-bit output noise", "latency it adds alone (ms)"],
                          [[t, plan["scanned"][t], added[t]] for t in plan["tensors"]])
+    moves = result.steps.get("conv_kernels")
+    if moves and moves["moved_to_gemm"]:
+        report.add_table(f"Convs moved from ORT's symmetric int8 conv kernel to its int8 GEMM (whole model "
+                         f"{moves['model_ratio']:.3f}x the time as built; same outputs)",
+                         ["node", "GEMM / symmetric-conv time alone"],
+                         [[n, moves["gemm_over_convsym_alone"][n]] for n in moves["moved_to_gemm"]])
     kernels = integer_kernel_report(result.model)
     report.add("integer_kernels", kernels)
     with step("per-layer SQNR", timings=report.timings, key="layer_sqnr"):

@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep a 3x3 RGB-style stem conv (reading the float input, <= 32 values per output) in float, "
                         "and the convs chained after it as far as that is timed fastest here; auto: on for x86 CPUs, "
                         "where the stem runs faster in float")
+    p.add_argument("--gemm-convs", choices=("auto", "on", "off"), default="auto",
+                   help="time each int8 conv on ORT's two int8 conv kernels and move those faster on its general "
+                        "GEMM (AMX where the CPU has it) there; exact; auto: on for x86 CPUs with VNNI or AMX")
     p.add_argument("--no-pair-channels", action="store_true",
                    help="keep the channel order (by default, per-channel weights on the reduce-range grid without "
                         "bias correction get channels reordered so each large weight shares its kernel pair with a "
@@ -217,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
                            activation_dtype=None if args.activations == "auto" else args.activations,
                            reduce_range={"auto": None, "on": True, "off": False}[args.reduce_range],
                            float_stem={"auto": None, "on": True, "off": False}[args.float_stem],
+                           gemm_convs={"auto": None, "on": True, "off": False}[args.gemm_convs],
                            calib_samples=args.calib_samples, data=args.data, max_samples=args.max_samples,
                            threads=args.threads, runs=args.runs, html=args.html,
                            extra={"pair_channels": False} if args.no_pair_channels else None)

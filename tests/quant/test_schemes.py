@@ -17,6 +17,7 @@ def _cpu(tmp_path, flags: str):
     ("sse4_2 avx avx2 fma", "uint8", True, True),  # AVX2 without VNNI: saturating 16-bit pair sums, slow int8 stem
     ("avx2 avx512f avx512bw avx512_vnni", "uint8", False, True),  # 32-bit sums; the int8 stem is still slower
     ("avx2 avx_vnni", "uint8", False, True),
+    ("avx2 avx512_vnni amx_tile amx_int8", "uint8", False, True),
     ("sse2", "uint8", True, False),
 ])
 def test_x86_scheme_follows_the_dot_product_instructions(tmp_path, monkeypatch, flags, activation, reduce_range,
@@ -31,6 +32,7 @@ def test_x86_scheme_follows_the_dot_product_instructions(tmp_path, monkeypatch, 
     config = config_for_cpu(QuantConfig(method="entropy", cle=True), cpu)
     assert config.reduce_range == reduce_range and config.method == "entropy" and config.cle
     assert config.float_stem == float_stem
+    assert config.gemm_convs == scheme["gemm_convs"] == (not reduce_range)  # both conv kernels exact: time them
 
 
 def test_arm_scheme_uses_full_range_and_signed_activations_with_i8mm(tmp_path, monkeypatch):

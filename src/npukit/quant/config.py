@@ -44,6 +44,11 @@ class QuantConfig:
     quantized: on x86 CPUs, with VNNI or without, that stem runs faster in float (see ``npukit.quant.schemes``).
     The convolutions that follow the stem in a chain (at most three) stay in float too as far as that is timed
     fastest on this machine (``npukit.quant.float_head``; ties go to float, the more accurate).
+    ``gemm_convs`` times each int8 Conv of the built model on ONNX Runtime's two int8 conv kernels (its symmetric-conv
+    kernel, taken when the weights' zero points are 0, and its general int8 GEMM, AMX tiles on CPUs with AMX) and
+    moves those faster on the GEMM there by shifting their weight integers and zero point by one: the same
+    dequantized weights, the same outputs (see ``npukit.quant.conv_kernel``). This CPU's scheme turns it on where
+    both kernels accumulate in 32 bits (x86 with VNNI or AMX).
     ``activation_equalization`` scales the channels of linear streams (residual Adds, Relu) towards equal ranges,
     ``activation_equalization_alpha`` the strength (0: off, 1: every channel full range; see
     ``npukit.quant.stream_equalize``).
@@ -90,6 +95,7 @@ class QuantConfig:
     reduce_range: bool = False
     pair_channels: bool = True
     float_stem: bool = False
+    gemm_convs: bool = False
     adaround: bool = False
     adaround_iterations: int = 300
     range_search: bool = False

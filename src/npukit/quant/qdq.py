@@ -1,6 +1,7 @@
 """INT8 post-training quantization: (CLE) -> (activation equalization) -> (channel pairing) -> calibrate with our
 observers -> (choose the method, for "auto") -> (AdaRound) -> (bias correction) -> QDQ -> (range search on that
-model, then QDQ again on the searched ranges).
+model, then QDQ again on the searched ranges) -> (move the convs that ORT runs faster on its general int8 GEMM
+there, ``conv_kernel``).
 
 ONNX Runtime's ``quantize_static`` does the mechanical Q/DQ placement; every activation range it uses is ours, passed
 as ``TensorQuantOverrides`` (rmin/rmax, plus the 16-bit type for ``int16_nodes`` / ``int16_tensors``), so its own
@@ -31,6 +32,7 @@ from npukit.quant.auto import choose_method, split_samples
 from npukit.quant.bias_correction import correct_bias
 from npukit.quant.calibrate import Progress, calibrate, iter_samples, sixteen_bit_tensors
 from npukit.quant.config import QuantConfig
+from npukit.quant.conv_kernel import choose_conv_kernels
 from npukit.quant.equalize import equalize
 from npukit.quant.float_head import HeadChoice, choose_float_head
 from npukit.quant.pair_channels import pair_channels, pairing_pays
@@ -333,6 +335,10 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
         ranges = ranges | search.ranges
         steps["range_search"] = search.summary()
         qdq = build_qdq(work, first, config, ranges, weight_grids)
+    if config.gemm_convs:  # last: exact, it only picks ORT's kernel per conv
+        kernels = choose_conv_kernels(qdq, first)
+        qdq = kernels.model
+        steps["conv_kernels"] = kernels.summary()
     return QuantResult(model=qdq, reference=reference, ranges=ranges,
                        per_layer=_per_layer(work, qdq, ranges, config),
                        seconds=time.perf_counter() - start, steps=steps)

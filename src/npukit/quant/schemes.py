@@ -67,31 +67,35 @@ STEM_MAX_K = 32  # longest stem reduction measured faster in float on x86: 27 (3
 
 
 def cpu_int8_scheme(cpu: CpuInfo) -> dict:
-    """{"activation_dtype", "reduce_range", "float_stem", "reason"}: the QuantConfig fields for ``cpu`` and why."""
+    """{"activation_dtype", "reduce_range", "float_stem", "gemm_convs", "reason"}: the QuantConfig fields for ``cpu``
+    and why."""
     features = cpu.int8_features
     if "asimd" in features:  # Arm (read_cpu_info lists the Arm flags there)
         signed = bool(features.get("i8mm"))
         return {"activation_dtype": "int8" if signed else "uint8", "reduce_range": False, "float_stem": False,
-                "reason": "Arm NEON kernels accumulate in 32 bits: full-range int8 weights"
+                "gemm_convs": False, "reason": "Arm NEON kernels accumulate in 32 bits: full-range int8 weights"
                           + (" (I8MM: MLAS prefers signed activations)" if signed else "")}
     present = [f for f in X86_32BIT_ACCUMULATE if features.get(f)]
     if present:
-        return {"activation_dtype": "uint8", "reduce_range": False, "float_stem": True,
+        return {"activation_dtype": "uint8", "reduce_range": False, "float_stem": True, "gemm_convs": True,
                 "reason": f"{', '.join(present)}: u8 x s8 products accumulate in 32 bits, full-range weights are "
-                          "exact; a short stem still runs faster in float"}
+                          "exact on both int8 conv kernels (each conv timed on both); a short stem still runs "
+                          "faster in float"}
     if features.get("avx2"):
-        return {"activation_dtype": "uint8", "reduce_range": True, "float_stem": True,
+        return {"activation_dtype": "uint8", "reduce_range": True, "float_stem": True, "gemm_convs": False,
                 "reason": "AVX2 without VNNI: vpmaddubsw adds u8 x s8 product pairs in saturating 16-bit lanes; "
                           "7-bit weights keep the sums in range; a short stem runs faster in float"}
-    return {"activation_dtype": "uint8", "reduce_range": True, "float_stem": False,
+    return {"activation_dtype": "uint8", "reduce_range": True, "float_stem": False, "gemm_convs": False,
             "reason": "no known int8 dot-product instructions: 7-bit weights are the safe choice"}
 
 
 def config_for_cpu(config: QuantConfig, cpu: CpuInfo) -> QuantConfig:
-    """``config`` with the activation type, weight range and stem precision that ``cpu`` runs best."""
+    """``config`` with the activation type, weight range, stem precision and conv kernel choice that ``cpu`` runs
+    best."""
     scheme = cpu_int8_scheme(cpu)
     return dataclasses.replace(config, activation_dtype=scheme["activation_dtype"],
-                               reduce_range=scheme["reduce_range"], float_stem=scheme["float_stem"])
+                               reduce_range=scheme["reduce_range"], float_stem=scheme["float_stem"],
+                               gemm_convs=scheme["gemm_convs"])
 
 
 def stem_convs(model: onnx.ModelProto) -> list[str]:

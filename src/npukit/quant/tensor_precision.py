@@ -223,7 +223,8 @@ def plan_int16_tensors(model: onnx.ModelProto, samples: Iterable[object], *, con
                          hint="the latency the 16-bit tensors may add, as a fraction of the int8 model's, e.g. 0.1")
     if scan_samples < 1 or max_candidates < 1:
         raise InputError(f"scan_samples {scan_samples} and max_candidates {max_candidates} must be at least 1")
-    stand_in = dataclasses.replace(config, int16_budget=0.0, adaround=False, range_search=False,
+    # gemm_convs off: the candidates are built without it, and their latencies are compared with this one's
+    stand_in = dataclasses.replace(config, int16_budget=0.0, adaround=False, range_search=False, gemm_convs=False,
                                    bias_correction=config.bias_correction or config.adaround)
     built = quantize(model, samples, config=stand_in)
     reference = built.reference
