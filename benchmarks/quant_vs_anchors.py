@@ -135,6 +135,8 @@ def npukit_column(key: str, label: str, *, for_this_cpu: bool = False, **options
     config = QuantConfig(**options)
     if for_this_cpu:
         config = config_for_cpu(config, read_cpu_info("/proc/cpuinfo"))
+        if "gemm_convs" in options:  # an ablation of the kernel choice
+            config = dataclasses.replace(config, gemm_convs=options["gemm_convs"])
         label += f", this CPU's scheme ({'reduce_range' if config.reduce_range else 'full-range weights'})"
 
     def make(model: onnx.ModelProto, calibration: list[Feeds]) -> onnx.ModelProto:
@@ -251,6 +253,12 @@ COLUMNS: tuple[Column, ...] = (
                   per_channel=True, **(_CLE_BC | {"method": "auto"}), activation_equalization=True),
     npukit_column("npk-pt-demo-cpu", "npukit per-tensor auto +CLE +AE +BC", for_this_cpu=True, per_channel=False,
                   **(_CLE_BC | {"method": "auto"}), activation_equalization=True),
+    npukit_column("npk-pc-demo-cpu-convsym", "npukit per-channel auto +CLE +AE +BC, every conv on ORT's symmetric "
+                  "int8 conv kernel (--gemm-convs off)", for_this_cpu=True, per_channel=True,
+                  **(_CLE_BC | {"method": "auto"}), activation_equalization=True, gemm_convs=False),
+    npukit_column("npk-pt-demo-cpu-convsym", "npukit per-tensor auto +CLE +AE +BC, every conv on ORT's symmetric "
+                  "int8 conv kernel (--gemm-convs off)", for_this_cpu=True, per_channel=False,
+                  **(_CLE_BC | {"method": "auto"}), activation_equalization=True, gemm_convs=False),
     npukit_column("npk-pc-rs-cpu", "npukit per-channel auto +CLE +AE +BC +range search", for_this_cpu=True,
                   per_channel=True, **(_CLE_BC | {"method": "auto"}), activation_equalization=True, range_search=True),
     npukit_column("npk-pt-rs-cpu", "npukit per-tensor auto +CLE +AE +BC +range search", for_this_cpu=True,
