@@ -16,8 +16,8 @@ from npukit.quant.qdq import integer_kernel_report, quantize
 from tests.quant.conftest import make_samples, outputs
 
 
-def _projection_model() -> onnx.ModelProto:
-    """x[1,64,7,7] -> 1x1 (64 -> 256) -> Relu -> depthwise 3x3 (256) -> Relu -> 1x1 (256 -> 32) -> 3x3 (32 -> 16)."""
+def _projection_model(batch: int | str = 1) -> onnx.ModelProto:
+    """x[batch,64,7,7] -> 1x1 (64 -> 256) -> Relu -> depthwise 3x3 (256) -> Relu -> 1x1 (256 -> 32) -> 3x3 (32 -> 16)."""
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32), name) for name, shape in
              [("w1", (256, 64, 1, 1)), ("w2", (256, 1, 3, 3)), ("w3", (32, 256, 1, 1)), ("w4", (16, 32, 3, 3))]]
@@ -29,8 +29,8 @@ def _projection_model() -> onnx.ModelProto:
              helper.make_node("Relu", ["c2"], ["a2"], name="relu2"),
              helper.make_node("Conv", ["a2", "w3", "b3"], ["c3"], name="project"),
              helper.make_node("Conv", ["c3", "w4", "b4"], ["y"], name="spatial", pads=[1] * 4)]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 7, 7])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 7, 7])], inits)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 64, 7, 7])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 16, 7, 7])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
@@ -125,3 +125,9 @@ def test_a_conv_with_16_bit_activations_is_no_candidate() -> None:
     config = dataclasses.replace(QuantConfig(), int16_nodes=("project",))
     model = quantize(_projection_model(), samples, config=config).model
     assert "project" not in {c.node for c in candidates(model)}
+
+
+def test_a_symbolic_batch_is_timed_as_one() -> None:
+    model = quantize(_projection_model(batch="N"), _samples(), config=QuantConfig()).model
+    shapes = {c.node: c.input_shape for c in candidates(model)}
+    assert shapes.get("project") == (1, 7, 7, 256)

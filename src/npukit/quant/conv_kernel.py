@@ -68,12 +68,14 @@ def _inits(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
 
 
 def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    """Inferred static shapes; a symbolic batch (first) dimension is timed as 1, other symbolic dimensions leave
+    the tensor out (its conv is not timed, so it stays where it is)."""
     inferred = onnx.shape_inference.infer_shapes(model)
     shapes = {}
     for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
         dims = vi.type.tensor_type.shape.dim
-        if dims and all(d.HasField("dim_value") for d in dims):
-            shapes[vi.name] = tuple(d.dim_value for d in dims)
+        if dims and all(d.HasField("dim_value") for d in dims[1:]):
+            shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in dims)
     return shapes
 
 
