@@ -285,14 +285,16 @@ def quantize(
     preprocess = preprocess or PreprocessConfig()
     proto = load_onnx(model)
     scheme = cpu_scheme()
+    reduced = scheme["reduce_range"] if reduce_range is None else reduce_range
     config = QuantConfig(per_channel=not per_tensor, method=method, cle=cle, bias_correction=bias_correction,
                          activation_equalization=equalize_activations, adaround=adaround, range_search=range_search,
                          exclude=tuple(exclude),
                          int16_nodes=tuple(int16_nodes), int16_tensors=tuple(int16_tensors),
                          int16_budget=int16_budget, activation_dtype=activation_dtype or scheme["activation_dtype"],
-                         reduce_range=scheme["reduce_range"] if reduce_range is None else reduce_range,
+                         reduce_range=reduced,
                          float_stem=scheme["float_stem"] if float_stem is None else float_stem,
-                         gemm_convs=scheme["gemm_convs"] if gemm_convs is None else gemm_convs,
+                         # not with reduce_range (its pair-bounded grids must not shift), even on a CPU that takes both
+                         gemm_convs=scheme["gemm_convs"] and not reduced if gemm_convs is None else gemm_convs,
                          calib_samples=calib_samples, **(extra or {}))
     samples = _open_data(calib, proto, preprocess) if isinstance(calib, (str, Path)) else list(calib)
     evaluation = _open_data(data, proto, preprocess) if data is not None else None

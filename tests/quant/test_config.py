@@ -15,7 +15,7 @@ def test_defaults_are_per_channel_uint8_minmax() -> None:
 @pytest.mark.parametrize("kwargs", [
     {"method": "kl"}, {"activation_dtype": "int4"}, {"percentile": 40.0}, {"percentile": 100.5},
     {"num_bins": 100}, {"num_bins": 2050}, {"calib_samples": 0},
-    {"int16_nodes": ("a",), "exclude": ("a",)},
+    {"int16_nodes": ("a",), "exclude": ("a",)}, {"gemm_convs": True, "reduce_range": True},
 ])
 def test_bad_values_raise_input_error(kwargs: dict) -> None:
     with pytest.raises(InputError):

@@ -125,6 +125,9 @@ class QuantConfig:
                  "the latency the 16-bit tensors may add, as a fraction of the int8 model's, e.g. 0.1; 0 turns it off")
         _require(self.range_search_passes >= 1, f"range_search_passes {self.range_search_passes} must be at least 1",
                  "2 is the default")
+        _require(not (self.gemm_convs and self.reduce_range),
+                 "gemm_convs shifts weight integers by one, which can push reduce_range's pair-bounded weights into "
+                 "the saturation they avoid", "turn one of gemm_convs and reduce_range off")
         overlap = set(self.int16_nodes) & set(self.exclude)
         _require(not overlap, f"nodes {sorted(overlap)} are both excluded and marked 16-bit",
                  "name each node in only one of int16_nodes and exclude")
