@@ -28,7 +28,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from npukit.measure.latency import paired_ratio, time_sessions_interleaved
-from npukit.quant.nodes import node_attr
+from npukit.quant.schemes import is_depthwise
 from npukit.runtime.ort import make_session
 
 MARGIN = 0.05  # a node moves when the GEMM takes at most 95% of ConvSym's time alone
@@ -122,8 +122,7 @@ def candidates(model: onnx.ModelProto) -> list[_Candidate]:
         if any(len(consumers.get(name, [])) != 1 for name in (weight.name, zp.name)):
             continue  # shared: moving it would move another node too
         q = numpy_helper.to_array(weight)
-        group = node_attr(node, "group", 1)
-        if np.any(numpy_helper.to_array(zp) != 0) or (group > 1 and q.shape[1] == 1):
+        if np.any(numpy_helper.to_array(zp) != 0) or is_depthwise(node, q.shape):
             continue  # not ConvSym already, or depthwise (slower on MLAS's generic depthwise path: measured)
         shift = _shift(q)
         shape = shapes.get(node.input[0])
@@ -167,28 +166,27 @@ def _single_conv(node: onnx.NodeProto, x_dq: onnx.NodeProto, w_dq: onnx.NodeProt
                                                                                                      1)])
 
 
-def _moved_weights(model: onnx.ModelProto, weight: str, zero_point: str, shift: int) -> onnx.ModelProto:
-    """``model`` with ``weight``'s integers and ``zero_point`` moved by ``shift`` (the same dequantized values)."""
+def _moved_weights(model: onnx.ModelProto, shifts: list[tuple[str, str, int]]) -> onnx.ModelProto:
+    """A copy of ``model`` with each (weight, zero point, shift)'s integers and zero point moved by the shift (the
+    same dequantized values)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     inits = _inits(out)
-    q = numpy_helper.to_array(inits[weight]).astype(np.int16) + shift
-    inits[weight].CopyFrom(numpy_helper.from_array(q.astype(np.int8), weight))
-    z = numpy_helper.to_array(inits[zero_point]).astype(np.int16) + shift
-    inits[zero_point].CopyFrom(numpy_helper.from_array(z.astype(np.int8), zero_point))
+    for weight, zero_point, shift in shifts:
+        for name in (weight, zero_point):
+            moved = numpy_helper.to_array(inits[name]).astype(np.int16) + shift
+            inits[name].CopyFrom(numpy_helper.from_array(moved.astype(np.int8), name))
     return out
 
 
 def move_to_gemm(model: onnx.ModelProto, chosen: list[_Candidate]) -> onnx.ModelProto:
     """``model`` with each of ``chosen``'s weights shifted off ConvSym (onto ORT's general int8 GEMM path)."""
-    for c in chosen:
-        model = _moved_weights(model, c.weight, c.zero_point, c.shift)
-    return model
+    return _moved_weights(model, [(c.weight, c.zero_point, c.shift) for c in chosen])
 
 
 def _time_node(c: _Candidate) -> float:
     """GEMM / ConvSym time of ``c`` alone (paired ratio of interleaved runs)."""
-    gemm = _moved_weights(c.conv, "w", "wz", c.shift)
+    gemm = _moved_weights(c.conv, [("w", "wz", c.shift)])
     zp = numpy_helper.to_array(next(i for i in c.conv.graph.initializer if i.name == "xz"))
     rng = np.random.default_rng(0)
     info = np.iinfo(zp.dtype)
