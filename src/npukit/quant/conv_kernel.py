@@ -28,6 +28,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from npukit.measure.latency import paired_ratio, time_sessions_interleaved
+from npukit.quant.nodes import consumers
 from npukit.quant.schemes import is_depthwise
 from npukit.runtime.ort import make_session
 
@@ -99,17 +100,14 @@ def candidates(model: onnx.ModelProto) -> list[_Candidate]:
     QuantizeLinear, int8 weight initializer with zero points 0, not depthwise, 2-D) whose weights can shift."""
     inits = _inits(model)
     producer = {o: n for n in model.graph.node for o in n.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for n in model.graph.node:
-        for t in n.input:
-            consumers.setdefault(t, []).append(n)
+    readers = consumers(model.graph)
     shapes = _shapes(model)
     found = []
     for node in model.graph.node:
         if node.op_type != "Conv" or len(node.input) < 2:
             continue
         x_dq, w_dq = producer.get(node.input[0]), producer.get(node.input[1])
-        users = consumers.get(node.output[0], [])
+        users = readers.get(node.output[0], [])
         if x_dq is None or x_dq.op_type != "DequantizeLinear" or w_dq is None or w_dq.op_type != "DequantizeLinear":
             continue
         if len(users) != 1 or users[0].op_type != "QuantizeLinear" or len(w_dq.input) < 3:
@@ -119,7 +117,7 @@ def candidates(model: onnx.ModelProto) -> list[_Candidate]:
         weight, zp = inits.get(w_dq.input[0]), inits.get(w_dq.input[2])
         if weight is None or zp is None or weight.data_type != onnx.TensorProto.INT8 or len(weight.dims) != 4:
             continue
-        if any(len(consumers.get(name, [])) != 1 for name in (weight.name, zp.name)):
+        if any(len(readers.get(name, [])) != 1 for name in (weight.name, zp.name)):
             continue  # shared: moving it would move another node too
         q = numpy_helper.to_array(weight)
         if np.any(numpy_helper.to_array(zp) != 0) or is_depthwise(node, q.shape):

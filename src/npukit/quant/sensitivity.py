@@ -25,6 +25,7 @@ from npukit.errors import InputError
 from npukit.quant.calibrate import iter_samples
 from npukit.quant.config import QuantConfig
 from npukit.quant.layer_sqnr import layer_sqnr, sqnr_db
+from npukit.quant.nodes import consumers
 from npukit.quant.qdq import QuantResult, integer_kernel_report, keep_float_head, quantize
 from npukit.runtime.ort import make_session
 
@@ -63,10 +64,7 @@ def layer_sensitivity(result: QuantResult, samples: Iterable[object], *, limit: 
     """(Conv/Gemm node, noise-to-signal ratio it adds) for every quantized Conv/Gemm, most sensitive first."""
     rows = layer_sqnr(result.reference, result.model, samples, limit=limit)
     at = {r["tensor"]: r["sqnr_db"] for r in rows}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in result.reference.graph.node:
-        for t in node.input:
-            consumers.setdefault(t, []).append(node)
+    readers = consumers(result.reference.graph)
     graph_inputs = {i.name for i in result.reference.graph.input}
     excluded = {r["node"] for r in result.per_layer if r["excluded"]}  # in float: the user's and the float head
     scores = []
@@ -77,8 +75,8 @@ def layer_sensitivity(result: QuantResult, samples: Iterable[object], *, limit: 
         before = 10.0 ** (-at[node.input[0]] / 10.0) if node.input[0] in at else 0.0  # a graph input: exact
         out = node.output[0]
         # the reported activation may be the fused Relu/Clip's output
-        while out not in at and len(consumers.get(out, [])) == 1 and consumers[out][0].op_type in ("Relu", "Clip"):
-            out = consumers[out][0].output[0]
+        while out not in at and len(readers.get(out, [])) == 1 and readers[out][0].op_type in ("Relu", "Clip"):
+            out = readers[out][0].output[0]
         if out in at:
             scores.append((node.name, float(10.0 ** (-at[out] / 10.0) - before)))
     return sorted(scores, key=lambda s: -s[1])

@@ -33,7 +33,7 @@ import onnx
 from onnx import numpy_helper
 
 from npukit.quant.calibrate import channel_statistics
-from npukit.quant.nodes import node_attr
+from npukit.quant.nodes import consumers, node_attr
 from npukit.quant.schemes import is_depthwise
 
 PASS_THROUGH = ("Add", "Relu", "MaxPool", "AveragePool", "GlobalAveragePool")
@@ -70,10 +70,7 @@ def find_stream_groups(model: onnx.ModelProto, *, permutation: bool = False
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     producer = {o: n for n in graph.node for o in n.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for n in graph.node:
-        for t in n.input:
-            consumers.setdefault(t, []).append(n)
+    readers = consumers(graph)
     outputs = {o.name for o in graph.output}
     seen: set[str] = set()
     groups: list[StreamGroup] = []
@@ -93,7 +90,7 @@ def find_stream_groups(model: onnx.ModelProto, *, permutation: bool = False
                 continue
             tensors.add(t)
             reason = _check_producer(t, producer, inits, outputs, prods, todo, through if permutation else None)
-            for c in consumers.get(t, []) if not reason else ():
+            for c in readers.get(t, []) if not reason else ():
                 reason = _check_consumer(t, c, producer, inits, cons, todo, through if permutation else None)
                 if reason:
                     break
