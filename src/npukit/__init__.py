@@ -1,7 +1,26 @@
-"""npukit: PyTorch/ONNX -> fast, small, verified artifacts for phones and NPUs, with the numbers to prove it."""
+"""npukit: PyTorch/ONNX -> fast, small, verified artifacts for phones and NPUs, with the numbers to prove it.
+
+Every CLI verb is a function here with the same keyword arguments; each returns a ``CommandResult`` (the report, the
+artifact and report paths, and the verb's typed result object). ``result.report.passed`` is False where the CLI
+would exit 1, and ``result.report.verdict`` is the report's one-line verdict.
+"""
 
 __version__ = "0.1.0"
 
-from npukit.api import bench, demo, export, inspect, optimize_graph  # noqa: E402
+from npukit.api import (  # noqa: E402
+    CommandResult,
+    analyze,
+    bench,
+    compile,
+    demo,
+    devices,
+    export,
+    inspect,
+    optimize_graph,
+    plan_memory,
+    quantize,
+)
+from npukit.tasks import QualityGate  # noqa: E402
 
-__all__ = ["__version__", "bench", "demo", "export", "inspect", "optimize_graph"]
+__all__ = ["__version__", "CommandResult", "QualityGate", "analyze", "bench", "compile", "demo", "devices", "export",
+           "inspect", "optimize_graph", "plan_memory", "quantize"]

@@ -19,6 +19,7 @@ from npukit.config import BenchConfig, ExportConfig, OptimizeConfig, PreprocessC
 from npukit.errors import InputError
 from npukit.report.core import Report
 from npukit.report.progress import progress, step
+from npukit.tasks import QualityGate
 
 
 @dataclasses.dataclass
@@ -39,10 +40,24 @@ def report_path_for(artifact: str | Path, suffix: str = ".report.json") -> Path:
 
 
 def _finish(report: Report, artifact: Path | None, *, html: bool, json_path: Path | None = None,
-            result: Any = None) -> CommandResult:
+            result: Any = None, source: str | Path | None = None) -> CommandResult:
+    """Write the report: beside ``artifact`` (or at ``json_path``); a verb without an artifact that was asked for
+    HTML writes both beside its input ``source`` (``<stem>.<verb>.report.json`` / ``.html``)."""
+    from npukit.report.capture import drain
     from npukit.report.html import write_html
 
     json_path = json_path or (report_path_for(artifact) if artifact else None)
+    if json_path is None and html and source is not None and Path(str(source)).is_file():
+        json_path = report_path_for(source, f".{report.command}.report.json")
+
+    messages = drain()
+    if messages:
+        report.add("library_messages", messages)
+        report.add_table("Library messages while this ran (counted, not printed)", ["message", "times"],
+                         [[m, n] for m, n in list(messages.items())[:20]])
+    if report.verdict is None:  # a verb that checks nothing (inspect, analyze, plan-memory, devices) says so
+        report.set_verdict(f"INFO {report.command}: a description of the model or machine; nothing was checked",
+                           passed=True)
     html_path = None
     if artifact is not None:
         report.add_artifact("model", artifact)
@@ -89,13 +104,18 @@ def export(
     rtol: float = 1e-4,
     html: bool = False,
 ) -> CommandResult:
-    """Export MODEL (a spec string or a torch.nn.Module) to a verified single-file ONNX model at ``output``."""
+    """Export MODEL (a spec string or a torch.nn.Module) to a verified single-file ONNX model at ``output``.
+
+    ``input_shape`` takes the ``InputSpec`` forms; a torch model has one input (``input``), an .onnx file passed
+    through gets the shape of one of its inputs fixed (its first, or the one named)."""
     from npukit.frontend.export import export_model
+    from npukit.frontend.shapes import InputSpec
     from npukit.frontend.spec import ModelSource, resolve_model
     from npukit.measure.summary import summarize
 
-    config = ExportConfig(input_shape=input_shape, dynamic_batch=dynamic_batch, opset=opset, exporter=exporter,
-                          rtol=rtol)
+    spec = InputSpec.parse(input_shape)
+    config = ExportConfig(input_shape=spec.first if spec else None, dynamic_batch=dynamic_batch, opset=opset,
+                          exporter=exporter, rtol=rtol)
     output = _check_output(output, source=model if isinstance(model, (str, Path)) else None)
     if isinstance(model, (str, Path)):
         source = resolve_model(str(model), weights=str(weights) if weights else None)
@@ -106,10 +126,17 @@ def export(
             raise InputError(f"cannot export a {type(model).__name__}", hint="pass a torch.nn.Module or a model spec")
         if config.input_shape is None:
             raise InputError("exporting a torch module needs an input shape", hint="pass input_shape=(1, 3, 224, 224)")
+        from npukit.frontend.checkpoint import load_weights
+
+        notes = load_weights(model, weights) if weights else ()
         source = ModelSource(kind="torch", spec=type(model).__name__, module=model.eval(), onnx_path=None,
-                             default_input_shape=None, description=f"torch module {type(model).__name__}")
+                             default_input_shape=None, description=f"torch module {type(model).__name__}",
+                             notes=notes)
+    if spec is not None and spec.first is None:
+        config = dataclasses.replace(config, input_shape=_export_input_shape(spec, source))
     report = Report("export", config={"export": to_dict(config), "model": str(source.spec),
                                       "weights": str(weights) if weights else None})
+    report.add("model", {"description": source.description, "notes": list(source.notes)})
     with step(f"exporting {source.description}", timings=report.timings, key="export"):
         result = export_model(source, output, config=config)
     report.add("export", result.as_dict())
@@ -119,9 +146,39 @@ def export(
                                 "verified"],
                      [[source.description, result.exporter, result.opset, "x".join(map(str, result.input_shape or ())),
                        result.node_count, result.max_abs_error, result.max_rel_error, result.passed]])
+    if source.notes:
+        report.add_table("Model loading", ["note"], [[note] for note in source.notes])
     if result.fallback_reason:
         report.add_table("Exporter fallback", ["tried", "reason"], [["dynamo", result.fallback_reason]])
+    report.set_verdict(f"{'PASS' if result.passed else 'FAIL'} export: {source.description} with the "
+                       f"{result.exporter} exporter, outputs against torch's on seeded inputs: max abs error "
+                       f"{_g(result.max_abs_error)}, rel {_g(result.max_rel_error)} (rtol {config.rtol:g})",
+                       passed=result.passed)
     return _finish(report, output, html=html, result=result)
+
+
+def _g(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
+
+
+def _export_input_shape(spec, source) -> tuple[int, ...]:
+    """The one input shape ``export`` fixes, from a spec that names its input."""
+    (name, shape), *more = spec.shapes
+    if source.kind == "onnx":
+        from npukit.frontend.onnx_io import load_onnx
+        from npukit.frontend.shapes import runtime_inputs
+
+        proto = load_onnx(source.onnx_path)
+        resolved = spec.resolve(proto, override_static=True)
+        if list(resolved) == [runtime_inputs(proto)[0].name]:
+            return resolved[runtime_inputs(proto)[0].name]
+        raise InputError(f"export fixes the shape of an .onnx file's first input only, not of {spec.describe()}",
+                         hint="fix several or other inputs with `npukit optimize-graph MODEL.onnx -o OUT.onnx "
+                              "--input-shape NAME=... --input-shape NAME=...`")
+    if more or name != "input":
+        raise InputError(f"a torch model is exported with one input, named 'input', not {spec.describe()}",
+                         hint="pass --input-shape 1,3,224,224 (or input=1,3,224,224)")
+    return shape
 
 
 # ---------------------------------------------------------------------------------------------------- optimize-graph
@@ -141,17 +198,25 @@ def optimize_graph(
 
     With ``memory_budget`` (bytes) the model is then restructured so that its peak activation memory fits the budget
     (outputs verified): on ORT CPU, upsamples whose NCHWc form raises the peak are kept in the plain layout; then, if
-    needed, the early high-resolution stage is split into spatial tiles with the halo their receptive field needs."""
-    from npukit.frontend.onnx_io import load_onnx, save_onnx
+    needed, the early high-resolution stage is split into spatial tiles with the halo their receptive field needs.
+
+    ``input_shape`` (``InputSpec`` forms) is fixed into the model before the passes run, so the passes, the numeric
+    check, the MAC counts and the memory plan all use it, and the output keeps it. ``skip_passes`` takes the names
+    the Passes table prints (FoldBatchNormPass) or the registry's (fold_batch_norm)."""
+    from npukit.frontend.onnx_io import save_onnx
+    from npukit.frontend.shapes import InputSpec, load_with_inputs
     from npukit.measure.summary import summarize
-    from npukit.passes.pipeline import optimize_model, verify_equivalent
+    from npukit.passes.pipeline import optimize_model, resolve_pass_names, verify_equivalent
     from npukit.report.terminal import before_after_table
 
-    config = OptimizeConfig(skip_passes=tuple(skip_passes), verify=verify, rtol=rtol)
+    config = OptimizeConfig(skip_passes=resolve_pass_names(skip_passes), verify=verify, rtol=rtol)
     output = _check_output(output, source=model)
-    original = load_onnx(model)
-    shape = tuple(int(d) for d in input_shape.split(",")) if isinstance(input_shape, str) else input_shape
-    report = Report("optimize-graph", config={"optimize": to_dict(config), "model": str(model)})
+    spec = InputSpec.parse(input_shape)
+    original = load_with_inputs(model, spec, needs="optimize-graph's numeric check (skipped with --no-verify)"
+                                if verify else None)
+    shape = spec.first if spec else None
+    report = Report("optimize-graph", config={"optimize": to_dict(config), "model": str(model),
+                                              "input_shape": spec.as_dict() if spec else None})
     with step("running graph passes", timings=report.timings, key="passes"):
         ir_model = ir.serde.deserialize_model(original)
         pipeline = optimize_model(ir_model, config=config)
@@ -186,8 +251,23 @@ def optimize_graph(
                        "; ".join(r.notes[:3]) + (f" (+{len(r.notes) - 3} more)" if len(r.notes) > 3 else "")]
                       for r in pipeline.records])
     if errors is not None:
-        report.add_table("Verification against the original", ["max abs error", "max rel error", "rtol"],
-                         [[errors.max_abs, errors.max_rel, rtol]])
+        from npukit.measure.compare import ABS_FLOOR
+
+        # the output nearest its bound: abs error against rtol x its max |value| + the float32 floor (<= 1 passes)
+        worst = max(range(len(errors.per_output)), default=None,
+                    key=lambda k: errors.per_output[k][0] / errors.allowed(k, rtol))
+        share = None if worst is None else errors.per_output[worst][0] / errors.allowed(worst, rtol)
+        report.add_table(f"Verification against the original (an output passes when its max abs error <= rtol x "
+                         f"its max |value| + {ABS_FLOOR:g})",
+                         ["max abs error", "max rel error", "rtol", "worst output's error / allowed"],
+                         [[errors.max_abs, errors.max_rel, rtol, share]])
+    nodes = f"{before.nodes} -> {after.nodes} nodes"
+    if errors is None:
+        report.set_verdict(f"UNVERIFIED optimize-graph: {nodes}, numeric check skipped (--no-verify)", passed=True)
+    else:
+        report.set_verdict(f"PASS optimize-graph: {nodes}, every output within its tolerance of the original's "
+                           f"(max abs error {errors.max_abs:.3g}, worst output at {share or 0:.2f} of its allowance)",
+                           passed=True)
     if tiling is not None:
         report.add("tiling", tiling.sections)
         report.tables.extend(tiling.tables)
@@ -198,25 +278,37 @@ def optimize_graph(
 # ----------------------------------------------------------------------------------------------------------- inspect
 
 def inspect(model: str | Path, *, input_shape: str | Sequence[int] | None = None, top_layers: int = 15) -> CommandResult:
-    """Summarize an ONNX model: ops by type, parameters, MACs per layer and in total, the largest tensors."""
-    from npukit.config import parse_shape
-    from npukit.frontend.onnx_io import load_onnx
+    """Summarize an ONNX model: ops by type, parameters, MACs per layer and in total, the largest tensors.
+
+    ``input_shape`` (``InputSpec`` forms) is fixed into the model first. A symbolic batch counts as 1; when other
+    symbolic dimensions leave conv/matmul layers without shapes, the total is shown as unknown (the JSON keeps the
+    partial sum with ``unknown_mac_layers``) rather than a number that leaves them out."""
+    from npukit.frontend.shapes import InputSpec, load_with_inputs
     from npukit.measure.summary import summarize
 
-    proto = load_onnx(model)
-    summary = summarize(proto, input_shape=parse_shape(input_shape))
-    report = Report("inspect", config={"model": str(model), "input_shape": input_shape})
+    spec = InputSpec.parse(input_shape)
+    proto = load_with_inputs(model, spec)
+    summary = summarize(proto)
+    report = Report("inspect", config={"model": str(model), "input_shape": spec.as_dict() if spec else None})
     report.add("summary", summary.as_dict())
+    mac_layers = summary.unknown_mac_layers + sum(1 for la in summary.layers if la.macs)
+    macs_shown: int | str = summary.macs
+    if summary.unknown_mac_layers:
+        macs_shown = (f"unknown ({summary.unknown_mac_layers} of {mac_layers} conv/matmul layers have symbolic "
+                      f"shapes; pass --input-shape)")
+        report.add("macs_note", f"{summary.unknown_mac_layers} of {mac_layers} conv/matmul layers have symbolic "
+                                f"shapes: the {summary.macs:,} MACs counted leave them out")
     report.add_table("Model", ["inputs", "nodes", "parameters", "MACs", "size_bytes"],
                      [[", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in summary.input_shapes.items()),
-                       summary.nodes, summary.parameters, summary.macs, summary.serialized_bytes]])
+                       summary.nodes, summary.parameters, macs_shown, summary.serialized_bytes]])
     report.add_table("Ops by type", ["op", "count"], sorted(([k, v] for k, v in summary.ops.items()),
                                                              key=lambda r: (-r[1], r[0])))
     heavy = sorted((layer for layer in summary.layers if layer.macs), key=lambda layer: -layer.macs)[:top_layers]
     report.add_table(f"Layers by MACs (top {len(heavy)} of {sum(1 for la in summary.layers if la.macs)})",
                      ["layer", "op", "output shape", "params", "MACs", "share", "output_bytes"],
                      [[la.name, la.op, "x".join(map(str, la.output_shape or ())), la.params, la.macs,
-                       f"{la.macs / summary.macs:.1%}" if summary.macs else "—", la.output_bytes] for la in heavy])
+                       f"{la.macs / summary.macs:.1%}" if summary.macs and not summary.unknown_mac_layers else "—",
+                       la.output_bytes] for la in heavy])
     report.add_table("Largest activations", ["tensor", "shape", "dtype", "bytes"],
                      [[a.name, "x".join(map(str, a.shape)), a.dtype, a.bytes] for a in summary.largest_activations])
     return CommandResult(report=report, result=summary)
@@ -230,6 +322,14 @@ def cpu_scheme() -> dict:
     from npukit.runtime.devices import read_cpu_info
 
     return cpu_int8_scheme(read_cpu_info("/proc/cpuinfo"))
+
+
+def _gemm_convs_auto(scheme: dict, reduced: bool) -> bool:
+    """The conv kernel choice's default: on where this CPU's scheme takes it, the weights are full range, and both of
+    ORT's int8 conv kernels were measured exact here (``runtime.int8_paths``)."""
+    from npukit.runtime.int8_paths import full_range_exact, probe_int8_paths
+
+    return bool(scheme["gemm_convs"]) and not reduced and full_range_exact(probe_int8_paths())
 
 
 def quantize(
@@ -260,6 +360,9 @@ def quantize(
     max_samples: int | None = None,
     html: bool = False,
     extra: dict[str, Any] | None = None,
+    task: str | None = None,
+    gate: QualityGate | None = None,
+    input_shape: str | Sequence[Any] | None = None,
 ) -> CommandResult:
     """INT8 post-training quantization to a QDQ model that ORT runs with integer kernels, with a report of what it
     cost: per-layer SQNR, size, latency against the float model, where the time goes (kernel time by kind: which
@@ -271,8 +374,19 @@ def quantize(
     where it runs faster, with the convs chained after it as far as that is timed fastest); ``gemm_convs=None``
     likewise (on where ORT's two int8 conv kernels both accumulate in 32 bits, see ``npukit.quant.conv_kernel``).
     ``extra`` passes further QuantConfig fields.
+
+    The result is checked with the model's task (``task``: classify, detect, segment, text-detect, text-recognize,
+    generic; None detects it from the outputs) against the float model on ``data`` (else on up to
+    ``CHECK_SAMPLES`` calibration samples, which the report says is optimistic): the task metric and every output
+    the task does not decode are held to ``gate``'s floors, and a model that runs no integer kernel fails unless
+    every node was excluded on purpose. The report's verdict says which; a failed check makes the CLI exit 1.
+
+    ``input_shape`` (``InputSpec`` forms) is fixed into the model first; a model with symbolic dimensions other
+    than the batch needs it. A model below the opset its Q/DQ needs (per-channel: 13, 16-bit: 21) is converted and
+    verified on calibration samples first (``npukit.frontend.opset``); the report records it.
     """
-    from npukit.frontend.onnx_io import load_onnx, save_onnx
+    from npukit.frontend.onnx_io import save_onnx
+    from npukit.frontend.shapes import InputSpec, load_with_inputs
     from npukit.measure.latency import measure_latency_interleaved
     from npukit.measure.op_profile import compare_kinds, profile_ops
     from npukit.measure.size import model_size
@@ -283,7 +397,8 @@ def quantize(
 
     output = _check_output(output, source=model)
     preprocess = preprocess or PreprocessConfig()
-    proto = load_onnx(model)
+    spec = InputSpec.parse(input_shape)
+    proto = load_with_inputs(model, spec, needs="quantize")
     scheme = cpu_scheme()
     reduced = scheme["reduce_range"] if reduce_range is None else reduce_range
     config = QuantConfig(per_channel=not per_tensor, method=method, cle=cle, bias_correction=bias_correction,
@@ -294,14 +409,17 @@ def quantize(
                          reduce_range=reduced,
                          float_stem=scheme["float_stem"] if float_stem is None else float_stem,
                          # not with reduce_range (its pair-bounded grids must not shift), even on a CPU that takes both
-                         gemm_convs=scheme["gemm_convs"] and not reduced if gemm_convs is None else gemm_convs,
+                         gemm_convs=_gemm_convs_auto(scheme, reduced) if gemm_convs is None else gemm_convs,
                          calib_samples=calib_samples, **(extra or {}))
     samples = _open_data(calib, proto, preprocess) if isinstance(calib, (str, Path)) else list(calib)
     evaluation = _open_data(data, proto, preprocess) if data is not None else None
     report = Report("quantize", config={"quant": config.as_dict(), "cpu_scheme": scheme, "model": str(model),
                                         "calib": str(calib) if isinstance(calib, (str, Path)) else
                                         f"{len(samples)} samples given in memory",
-                                        "data": str(data) if data else None, "preprocess": to_dict(preprocess)})
+                                        "data": str(data) if data else None, "preprocess": to_dict(preprocess),
+                                        "task": task or "auto", "gate": (gate or QualityGate()).as_dict(),
+                                        "input_shape": spec.as_dict() if spec else None})
+    proto = _quant_opset(report, proto, config, samples)
     with step("quantizing (calibrate, equalize, correct, insert Q/DQ)", timings=report.timings, key="quantize"):
         result = _quantize(proto, samples, config=config)
     save_onnx(result.model, output)
@@ -321,6 +439,17 @@ def quantize(
                          f"{moves['model_ratio']:.3f}x the time as built; same outputs)",
                          ["node", "GEMM / symmetric-conv time alone"],
                          [[n, moves["gemm_over_convsym_alone"][n]] for n in moves["moved_to_gemm"]])
+    joins = result.steps.get("float_joins")
+    if joins:
+        report.add_table(f"Joins of very different scales left in float, with the nodes after them (each input keeps "
+                         f"its own grid; ratio >= {joins['ratio']:g})",
+                         ["join", "largest |value| per input", "ratio", "nodes after it, in float"],
+                         [[j["node"], ", ".join(f"{k} {v:.4g}" for k, v in j["input_magnitudes"].items()), j["ratio"],
+                           ", ".join(j["after"]) or "-"] for j in joins["joins"]])
+    head = result.steps.get("float_stem")
+    if head and (head["nodes"] or head.get("dropped")):
+        report.add_table("Float head (the stem and the convs after it that run fastest in float on this CPU)",
+                         ["convs left in float", "note"], [[", ".join(head["nodes"]) or "-", head.get("dropped", "")]])
     kernels = integer_kernel_report(result.model)
     report.add("integer_kernels", kernels)
     with step("per-layer SQNR", timings=report.timings, key="layer_sqnr"):
@@ -360,7 +489,17 @@ def quantize(
                      ["kind", "float ms", "int8 ms", "speedup", "int8 nodes", "int8 share on integer kernels"],
                      [[kind, v["base_ms"], v["ms"], v["speedup"], v["nodes"], v["integer_share"]]
                       for kind, v in kinds.items()])
-    if evaluation is not None:
+    from npukit.measure.task_fidelity import check_samples
+
+    with step("task check against the float model", timings=report.timings, key="task_check"):
+        check = evaluation if evaluation is not None else samples
+        limit = (max_samples or len(check)) if evaluation is not None else CHECK_SAMPLES
+        where = (f"held-out data {Path(str(data)).name}" if evaluation is not None else
+                 "calibration samples (no --data given: optimistic, the model was fitted to them)")
+        choice, _, _ = _task_check(report, proto, result.model, check_samples(check, limit), task=task,
+                                   gate=gate or QualityGate(), what="quantize", where=where, threads=threads,
+                                   extra_failures=_integer_failures(kernels, result, config))
+    if evaluation is not None and choice.name == "classify":
         agreement = _evaluate(result.model, proto, evaluation,
                               config=BenchConfig(threads=threads, max_samples=max_samples), threads=threads)
         report.add("agreement", agreement.as_dict())
@@ -374,7 +513,95 @@ def quantize(
     return _finish(report, output, html=html, result=result)
 
 
+CHECK_SAMPLES = 32  # calibration samples the task check reads when no held-out data is given
+
+
+def _quant_opset(report: Report, proto: onnx.ModelProto, config: Any, samples: Any) -> onnx.ModelProto:
+    """``proto`` at the opset its Q/DQ needs (16-bit: 21, per-channel: 13), converted and verified on the first
+    calibration samples when below it; the conversion goes into ``report``."""
+    from npukit.frontend.opset import PER_CHANNEL_QDQ_OPSET, SIXTEEN_BIT_QDQ_OPSET
+
+    if config.int16_nodes or config.int16_tensors or config.int16_budget > 0:
+        return _upgrade_opset(report, proto, SIXTEEN_BIT_QDQ_OPSET, "16-bit Q/DQ", samples,
+                              alternative="quantize without 16-bit activations")
+    if config.per_channel:
+        return _upgrade_opset(report, proto, PER_CHANNEL_QDQ_OPSET, "per-channel Q/DQ", samples,
+                              alternative="pass --per-tensor")
+    return proto
+
+
+def _upgrade_opset(report: Report, proto: onnx.ModelProto, minimum: int, reason: str, samples: Any, *,
+                   alternative: str = "") -> onnx.ModelProto:
+    """``proto`` converted to opset ``minimum`` and verified on the first samples, when below it (``ensure_opset``);
+    the conversion goes into ``report``."""
+    from npukit.frontend.opset import ensure_opset
+
+    feeds = list(samples[:4]) if isinstance(samples, list) else [samples.sample(i) for i in range(min(4, len(samples)))]
+    with step(f"checking the opset ({reason} needs {minimum})", timings=report.timings, key="opset"):
+        proto, upgrade = ensure_opset(proto, minimum, reason=reason, feeds=feeds, alternative=alternative)
+    if upgrade is not None:
+        report.add("opset_upgrade", upgrade.as_dict())
+        report.add_table("Opset upgrade (onnx.version_converter, verified)",
+                         ["from", "to", "needed for", "checked on", "max abs error", "max rel error"],
+                         [[upgrade.from_opset, upgrade.to_opset, upgrade.reason,
+                           f"{upgrade.samples} {upgrade.inputs}", upgrade.max_abs_error, upgrade.max_rel_error]])
+    return proto
+
+
+def _integer_failures(kernels: dict, result: Any, config: Any) -> list[str]:
+    """A quantized model that runs no integer kernel at all is a failure unless every node was excluded on
+    purpose; the float head's part in it is named."""
+    if kernels["integer_fraction"] > 0 or sum(kernels["integer_ops"].values()):
+        return []
+    head = result.steps.get("float_stem", {}).get("nodes", [])
+    floats = sum(kernels["float_compute_after_dq"].values()) + sum(kernels["float_compute"].values())
+    if not floats:
+        return []  # nothing to run on integer kernels (no Conv, MatMul or Gemm)
+    if config.exclude and not head:
+        return []  # asked for: the user excluded the compute nodes
+    why = f" (the float head left {len(head)} conv(s) in float: {', '.join(head)}; try --float-stem off)" if head \
+        else " (try --per-tensor, or check the model's ops with npukit analyze --target cpu)"
+    return [f"no integer kernels: ORT runs all {floats} conv/matmul nodes in float{why}"]
+
+
+def _task_check(report: Report, reference: Any, candidate: Any, samples: Sequence[Any], *, task: str | None,
+                gate: QualityGate, what: str, where: str, threads: int = 1,
+                extra_failures: Sequence[str] = (), reference_runner: Any = None, candidate_runner: Any = None):
+    """Compare ``candidate`` with ``reference`` (models or paths on ORT CPU, or runners given) on ``samples`` with
+    the model's task, judge it under ``gate``, and put the tables and the verdict into ``report``."""
+    from npukit.measure.task_fidelity import compare_task, session_runner
+    from npukit.report.task import add_task_check
+    from npukit.runtime.ort import make_session
+    from npukit.tasks import judge
+
+    names = None
+    if candidate_runner is None:
+        session = make_session(candidate, threads=threads)
+        names = [o.name for o in session.get_outputs()]
+        candidate_runner = session_runner(session)
+    if reference_runner is None:
+        ref_session = make_session(reference, threads=threads)
+        names = names or [o.name for o in ref_session.get_outputs()]
+        reference_runner = session_runner(ref_session)
+    if names is None:
+        proto = reference if isinstance(reference, onnx.ModelProto) else onnx.load(str(reference),
+                                                                                 load_external_data=False)
+        names = [o.name for o in proto.graph.output]
+    choice, result = compare_task(reference_runner, candidate_runner, samples, output_names=names, task=task)
+    verdict = judge(result, gate, what=what, extra_failures=extra_failures)
+    add_task_check(report, choice, result, gate, verdict, where=where)
+    return choice, result, verdict
+
+
 # ----------------------------------------------------------------------------------------------------------- compile
+
+COMPILE_CHECK_SAMPLES = 8  # the HTP emulator takes about 0.6 s per MobileNetV2 image on x86
+
+
+def _seeded_feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    from npukit.runtime.ort import make_session, random_feeds
+
+    return random_feeds(make_session(model), seed=0)
 
 def is_qdq(model: onnx.ModelProto) -> bool:
     return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
@@ -415,11 +642,14 @@ def compile(  # noqa: A001 - the verb's name
     input_shape: str | Sequence[int] | None = None,
     preprocess: PreprocessConfig | None = None,
     html: bool = False,
+    task: str | None = None,
+    gate: QualityGate | None = None,
 ) -> CommandResult:
     """Static shapes, QDQ as the HTP needs (unless the model already is QDQ), then an EPContext model with the HTP
-    context binary for ``soc`` embedded; loaded back and run to prove it works."""
-    from npukit.config import parse_shape
-    from npukit.frontend.onnx_io import fix_input_shape, load_onnx, static_input_shape
+    context binary for ``soc`` embedded; loaded back and run to prove it works, then checked with the model's task
+    (``task``; None: detected) on the HTP against the float model on ORT CPU, on up to ``COMPILE_CHECK_SAMPLES``
+    calibration samples, under ``gate``'s floors."""
+    from npukit.frontend.shapes import InputSpec, apply_input_spec, fixed_shapes, load_with_inputs, symbolic_inputs
     from npukit.runtime.compile import compile_qnn_context
     from npukit.targets.registry import get_target
 
@@ -428,38 +658,69 @@ def compile(  # noqa: A001 - the verb's name
         raise InputError(f"compiling for {profile.name} is not supported yet",
                          hint="use --target qnn-htp; other targets: export the QDQ model from `npukit quantize`")
     output = _check_output(output, source=model)
-    proto = load_onnx(model)
-    shape = parse_shape(input_shape) or static_input_shape(proto)  # a symbolic batch alone becomes 1
-    if shape is None:
-        raise InputError("the model has symbolic input dimensions and the HTP needs static shapes",
-                         hint="pass --input-shape, e.g. 1,3,224,224")
-    proto = fix_input_shape(proto, shape, dynamic_batch=False)
+    spec = InputSpec.parse(input_shape)
+    proto = load_with_inputs(model, spec, needs="the HTP")
+    if symbolic_inputs(proto, allow_batch=False):  # a symbolic batch alone becomes 1
+        proto = apply_input_spec(proto, InputSpec(tuple(fixed_shapes(proto).items())))
     report = Report("compile", config={"model": str(model), "target": profile.name, "soc": soc,
                                        "calib": str(calib) if calib else None,
-                                       "input_shape": list(shape) if shape else None})
+                                       "input_shape": {k: list(v) for k, v in fixed_shapes(proto).items()}})
     from npukit.runtime.compile import soc_info
 
     soc_info(soc)  # an unknown SoC fails before any work
     quantized_here = not is_qdq(proto)
-    if quantized_here:
-        if calib is None:
-            raise InputError("the model is float and the HTP runs quantized models",
-                             hint="pass --calib DIR (calibration images or .npy) or give a QDQ model from "
-                                  "`npukit quantize`")
+    reference = proto  # the float model (or the QDQ model given) on ORT CPU: what the HTP's outputs are checked against
+    samples = None
+    if calib is not None:
         samples = _open_data(calib, proto, preprocess or PreprocessConfig())
+    if quantized_here and samples is None:
+        raise InputError("the model is float and the HTP runs quantized models",
+                         hint="pass --calib DIR (calibration images or .npy) or give a QDQ model from "
+                              "`npukit quantize`")
+    from npukit.runtime.compile import prepare_graph
+
+    # With the shapes fixed, Shape/Range subgraphs fold to constants; Constant nodes become initializers (else the
+    # quantizer would quantize them as activations, which the HTP rejects).
+    with step("folding constants with the shapes fixed (npukit's graph passes)", timings=report.timings,
+              key="prepare"):
+        proto, prepared = prepare_graph(proto, feeds=samples.sample(0) if samples is not None else None)
+    report.add("graph_preparation", prepared)
+    if quantized_here:
+        from npukit.frontend.opset import SIXTEEN_BIT_QDQ_OPSET
+
+        proto = _upgrade_opset(report, proto, SIXTEEN_BIT_QDQ_OPSET, "uint16 activation Q/DQ for the HTP", samples)
         with step("quantizing for the HTP (int8 weights, uint16 activations)", timings=report.timings,
                   key="quantize"):
             proto = quantize_for_htp(proto, list(samples))
     with step(f"compiling the HTP context binary for {soc}", timings=report.timings, key="compile"):
         result = compile_qnn_context(proto, output, soc=soc)
     report.add("compile", result.as_dict())
+    with step(f"task check: the compiled model on the HTP ({soc}) against the "
+              f"{'float' if quantized_here else 'given'} model on ORT CPU", timings=report.timings,
+              key="task_check"):
+        from npukit.measure.task_fidelity import check_samples, session_runner
+        from npukit.runtime.compile import soc_provider_options
+        from npukit.runtime.qnn import make_qnn_session
+
+        htp = make_qnn_session(output, provider_options=soc_provider_options(soc))
+        check = check_samples(samples, COMPILE_CHECK_SAMPLES) if samples is not None else \
+            [_seeded_feeds(reference)]
+        where = (f"{len(check)} calibration samples (optimistic: the grids were fitted to them)" if samples is not None
+                 else "one seeded random input (no --calib given: pass it for a task check on real inputs)")
+        _task_check(report, reference, None, check, task=task, gate=gate or QualityGate(), what="compile",
+                    where=where, candidate_runner=session_runner(htp))
     report.add("quantized_here", quantized_here)
     report.add_table(f"EPContext model for {result.soc_name} ({result.soc})",
                      ["SoC", "HTP arch", "soc_model", "context nodes", "nodes left to CPU", "context_binary_bytes",
                       "model_bytes", "compile s", "matches HTP run"],
                      [[result.soc, f"v{result.htp_arch}", result.soc_model, result.context_nodes,
                        result.other_nodes, result.context_binary_bytes, result.model_bytes, result.compile_seconds,
-                       "identical" if result.identical else f"max abs diff {result.max_abs_diff:.3g}"]])
+                       result.match_summary]])
+    for name in dict.fromkeys(r["hazard"] for r in result.hazard_rewrites):
+        done = [r for r in result.hazard_rewrites if r["hazard"] == name]
+        report.add_table(f"Rewritten before compiling (exact on ORT CPU), because the HTP computes it wrongly: "
+                         f"{done[0]['reason'].rsplit(' [', 1)[0]}", ["nodes", "input", "rewrite"],
+                         [[" + ".join(r["nodes"]), r["where"], r["fix"]] for r in done])
     report.add_table("What the device needs", ["requirement"], [[result.device_requirements]])
     return _finish(report, output, html=html, result=result)
 
@@ -477,18 +738,25 @@ def analyze(
     html: bool = False,
 ) -> CommandResult:
     """Per node and per target: supported or not and why, the partition, CPU<->NPU transitions, delegated MACs;
-    with ``fix`` the safe substitutions are applied (verified numerically) and written to ``output``."""
-    from npukit.config import parse_shape
+    with ``fix`` the safe substitutions are applied (verified numerically) and written to ``output``.
+
+    ``input_shape`` (``InputSpec`` forms): an unnamed shape is the first input's (the targets' fix_input_shape);
+    shapes by input name are fixed into the model before it is analyzed."""
+    from npukit.frontend.shapes import InputSpec, load_with_inputs
     from npukit.targets.api import analyze_model
 
     if output is not None:
         output = _check_output(output, source=model)
     elif fix:
         raise InputError("--fix writes the fixed model, so it needs -o OUTPUT.onnx", hint="add -o fixed.onnx")
-    analyses, report = analyze_model(model, list(targets), input_shape=parse_shape(input_shape), fix=fix,
+    spec = InputSpec.parse(input_shape)
+    source = load_with_inputs(model, spec) if spec is not None and spec.first is None else model
+    analyses, report = analyze_model(source, list(targets), input_shape=spec.first if spec else None, fix=fix,
                                      output=output)
+    if spec is not None:
+        report.config["input_shape"] = spec.as_dict()
     json_path = Path(report_path) if report_path else (report_path_for(output) if output else None)
-    return _finish(report, None, html=html, json_path=json_path, result=analyses)
+    return _finish(report, None, html=html, json_path=json_path, result=analyses, source=model)
 
 
 # ------------------------------------------------------------------------------------------------------- plan-memory
@@ -512,7 +780,7 @@ def plan_memory(
     result, report = _plan(model, target=target, input_shape=input_shape, order_search=order_search,
                            runtime_graph=runtime_graph)
     json_path = Path(report_path) if report_path else None
-    return _finish(report, None, html=html, json_path=json_path, result=result)
+    return _finish(report, None, html=html, json_path=json_path, result=result, source=model)
 
 
 # ----------------------------------------------------------------------------------------------------------- devices
@@ -536,6 +804,9 @@ def devices(*, report_path: str | Path | None = None) -> CommandResult:
                      [[k, ", ".join(v) if isinstance(v, list) else v] for k, v in cpu.items()]
                      + [["memory_total_bytes", probe.memory_total_bytes],
                         ["memory_available_bytes", probe.memory_available_bytes]])
+    report.add_table("int8 conv paths (measured here against exact integer arithmetic)",
+                     ["conv", "ORT kernel", "weights", "exact", "max steps off", "share of outputs off"],
+                     [[p.name, p.kernel, p.weights, p.exact, p.steps_off, p.share_off] for p in probe.int8_paths])
     report.add_table("Plan", ["what npukit would pick"], [[line] for line in probe.plan])
     json_path = Path(report_path) if report_path else None
     return _finish(report, None, html=False, json_path=json_path, result=probe)
@@ -558,16 +829,27 @@ def bench(
     memory: bool = False,
     report_path: str | Path | None = None,
     html: bool = False,
+    task: str | None = None,
+    gate: QualityGate | None = None,
+    input_shape: str | Sequence[Any] | None = None,
 ) -> CommandResult:
     """Latency (ORT CPU), size, and — with ``data`` — agreement with ``reference`` and accuracy against labels.
+
+    With ``data`` and ``reference`` the model is checked against the reference with its task (``task``, None:
+    detected from the outputs; every output compared) under ``gate``'s floors: the verdict, and exit 1 from the CLI
+    when it fails. Without a reference the report measures only.
 
     ``target="qnn-htp"`` also runs the model on Qualcomm's HTP backend (an emulator on x86): which nodes the QNN EP
     took, and how the HTP output agrees with the reference and with the CPU run of the same model, on the HTP of
     ``soc`` (its htp_arch and soc_model; the emulator's own default is v68). ``memory``
-    measures ORT CPU's real peak activation memory in a fresh process beside the planner's prediction."""
-    from npukit.frontend.onnx_io import load_onnx
+    measures ORT CPU's real peak activation memory in a fresh process beside the planner's prediction.
+
+    ``input_shape`` (``InputSpec`` forms) is fixed into the model and the reference first, and they are timed,
+    compared and planned with it; without ``data``, a model with symbolic dimensions other than the batch needs it."""
+    from npukit.frontend.shapes import InputSpec, load_with_inputs
     from npukit.measure.latency import measure_latency, measure_latency_interleaved
     from npukit.measure.size import model_size
+    from npukit.measure.task_fidelity import check_samples
 
     config = BenchConfig(threads=threads, warmup=warmup, runs=runs, max_samples=max_samples)
     preprocess = preprocess or PreprocessConfig()
@@ -575,11 +857,22 @@ def bench(
         from npukit.runtime.compile import soc_info
 
         soc_info(soc)  # an unknown SoC fails before any work
-    proto = load_onnx(model)
-    ref_proto = load_onnx(reference) if reference is not None else None
+    spec = InputSpec.parse(input_shape)
+    proto = load_with_inputs(model, spec, needs=None if data is not None else "timing on seeded random inputs")
+    from npukit.runtime.compile import is_context_model
+
+    if is_context_model(proto):  # a compiled HTP context binary runs only on the QNN EP
+        return _bench_context(model, proto, data=data, reference=reference, warmup=warmup, runs=runs,
+                              max_samples=max_samples, preprocess=preprocess, target=target, soc=soc,
+                              report_path=report_path, html=html, task=task, gate=gate, spec=spec)
+    ref_proto = load_with_inputs(reference, spec) if reference is not None else None
     report = Report("bench", config={"bench": to_dict(config), "preprocess": to_dict(preprocess),
                                      "model": str(model), "reference": str(reference) if reference else None,
-                                     "data": str(data) if data else None})
+                                     "data": str(data) if data else None,
+                                     "input_shape": spec.as_dict() if spec else None})
+    timed: dict[str, Any] = {"model": proto if spec else str(model)}  # with fixed shapes: the models as fixed
+    if reference is not None:
+        timed["reference"] = ref_proto if spec else str(reference)
     dataset = None
     if data is not None:
         dataset = _open_data(data, proto, preprocess)
@@ -591,10 +884,9 @@ def bench(
     feeds = dataset.sample(0) if dataset is not None else None
     with step(f"timing on ORT CPU, {threads} thread(s)", timings=report.timings, key="latency"):
         if reference is not None:
-            lat = measure_latency_interleaved({"model": str(model), "reference": str(reference)}, threads=threads,
-                                              warmup=warmup, runs=runs, feeds=feeds)
+            lat = measure_latency_interleaved(timed, threads=threads, warmup=warmup, runs=runs, feeds=feeds)
         else:
-            lat = {"model": measure_latency(str(model), threads=threads, warmup=warmup, runs=runs, feeds=feeds)}
+            lat = {"model": measure_latency(timed["model"], threads=threads, warmup=warmup, runs=runs, feeds=feeds)}
     report.add("latency", {k: v.as_dict() for k, v in lat.items()})
     rows = []
     for name, res in lat.items():
@@ -606,7 +898,18 @@ def bench(
     report.add_figure("Latency (median ms)", "bar",
                       {"labels": list(lat), "values": [v.median_ms for v in lat.values()]}, x_label="ms")
 
-    if dataset is not None:
+    choice = None
+    if dataset is not None and ref_proto is not None:
+        with step("task check against the reference", timings=report.timings, key="task_check"):
+            total = len(dataset) if max_samples is None else min(max_samples, len(dataset))
+            choice, _, _ = _task_check(report, ref_proto, proto, check_samples(dataset, total), task=task,
+                                       gate=gate or QualityGate(), what="bench", threads=threads,
+                                       where=f"{total} samples of {Path(str(data)).name}")
+    else:
+        report.set_verdict(f"MEASURED bench: {Path(str(model)).name}, no "
+                           f"{'reference' if dataset is not None else 'data and reference'} given, so no task check",
+                           passed=True)
+    if dataset is not None and (choice is None or choice.name == "classify"):
         agreement = _evaluate(proto, ref_proto, dataset, config=config, threads=threads)
         shown = agreement.as_dict()
         if ref_proto is None:  # without a reference only the accuracy figures mean anything
@@ -627,7 +930,69 @@ def bench(
     if target != "cpu":
         _bench_npu(report, proto, ref_proto, dataset, target=target, max_samples=max_samples, soc=soc)
     if memory:
-        _bench_memory(report, model)
+        import tempfile
+
+        from npukit.frontend.onnx_io import save_onnx
+
+        with tempfile.TemporaryDirectory(prefix="npukit-bench-") as tmp:  # measured with the shapes fixed
+            _bench_memory(report, model if spec is None else save_onnx(proto, Path(tmp) / "model.onnx"))
+    json_path = Path(report_path) if report_path else None
+    return _finish(report, None, html=html, json_path=json_path, result=report.sections, source=model)
+
+
+def _bench_context(model: str | Path, proto: onnx.ModelProto, *, data, reference, warmup: int, runs: int,
+                   max_samples: int | None, preprocess: PreprocessConfig, target: str, soc: str, report_path,
+                   html: bool, task: str | None, gate: QualityGate | None, spec) -> CommandResult:
+    """``bench`` of a compiled EPContext model (``npukit compile``): it runs only on the QNN HTP backend, as the SoC
+    it was compiled for. Latency on the HTP emulator (x86: not the device's latency), size, and with ``data`` and
+    ``reference`` the task check of its HTP outputs against the reference on ORT CPU."""
+    from npukit.frontend.shapes import load_with_inputs
+    from npukit.measure.latency import LatencyResult, _timed_runs
+    from npukit.measure.size import model_size
+    from npukit.measure.task_fidelity import check_samples, session_runner
+    from npukit.runtime.compile import context_session
+    from npukit.runtime.ort import random_feeds
+    from npukit.targets.registry import get_target
+
+    if get_target(target).name != "qnn-htp":
+        raise InputError(f"{Path(str(model)).name} is a compiled EPContext model: it runs only on the QNN HTP, not "
+                         f"on {target}", hint="bench it with --target qnn-htp, or bench the QDQ model it was "
+                                              "compiled from")
+    report = Report("bench", config={"model": str(model), "reference": str(reference) if reference else None,
+                                     "data": str(data) if data else None, "target": target, "soc": soc,
+                                     "input_shape": spec.as_dict() if spec else None})
+    with step("loading the context binary on the HTP", timings=report.timings, key="load"):
+        ctx = context_session(model, proto, soc=soc)
+    chip = ctx.soc
+    report.add("htp_soc", {"soc": chip.part, "name": chip.name, "htp_arch": chip.htp_arch,
+                           "soc_model": chip.soc_model, "epcontext": True})
+    if ctx.note:
+        report.add("htp_note", ctx.note)
+    size = model_size(model)
+    report.add("size", {"model": size.as_dict()})
+    dataset = _open_data(data, proto, preprocess) if data is not None else None
+    feeds = dataset.sample(0) if dataset is not None else random_feeds(ctx.session, seed=0)
+    with step(f"timing on the HTP emulator ({chip.part})", timings=report.timings, key="latency"):
+        for _ in range(warmup):
+            ctx.session.run(None, feeds)
+        latency = LatencyResult.from_times(_timed_runs(ctx.session, dict(feeds), runs), threads=1)
+    report.add("latency", {"model": latency.as_dict()})
+    report.add_table(f"Latency of the EPContext model on the HTP emulator ({chip.name}, {chip.part}; x86 "
+                     f"emulation, not the device's latency; median of {runs} runs)",
+                     ["file", "size_bytes", "median ms", "p90 ms"],
+                     [[Path(str(model)).name, size.file_bytes, latency.median_ms, latency.p90_ms]])
+    if dataset is not None and reference is not None:
+        ref_proto = load_with_inputs(reference, spec)
+        total = len(dataset) if max_samples is None else min(max_samples, len(dataset))
+        with step("task check: the EPContext model on the HTP against the reference on ORT CPU",
+                  timings=report.timings, key="task_check"):
+            _task_check(report, ref_proto, None, check_samples(dataset, total), task=task, gate=gate or QualityGate(),
+                        what="bench", where=f"{total} samples of {Path(str(data)).name}, on the HTP as {chip.part}",
+                        candidate_runner=session_runner(ctx.session))
+    else:
+        report.set_verdict(f"MEASURED bench: {Path(str(model)).name} on the HTP emulator, no "
+                           f"{'reference' if dataset is not None else 'data and reference'} given, so no task check",
+                           passed=True)
     json_path = Path(report_path) if report_path else None
     return _finish(report, None, html=html, json_path=json_path, result=report.sections)
 

@@ -17,8 +17,32 @@ def _add_html(p: argparse.ArgumentParser) -> None:
     p.add_argument("--html", action="store_true", help="also write a self-contained HTML report beside the JSON one")
 
 
+def _add_gate(p: argparse.ArgumentParser) -> None:
+    from npukit.tasks import DEFAULT_MIN_METRIC, DEFAULT_MIN_SQNR_DB, TASKS
+
+    p.add_argument("--task", choices=("auto",) + TASKS, default="auto",
+                   help="how outputs are decoded and compared with the float model (auto: detected from the "
+                        "outputs, and printed)")
+    p.add_argument("--min-task-metric", type=float, default=None, metavar="X",
+                   help=f"floor of the task metric, 0-1 (default {DEFAULT_MIN_METRIC}: top-1 agreement, mAP@0.5, "
+                        "mIoU, text F1 or character agreement against the float model)")
+    p.add_argument("--min-sqnr", type=float, default=DEFAULT_MIN_SQNR_DB, metavar="DB",
+                   help=f"floor of the SQNR of every output the task does not decode (default {DEFAULT_MIN_SQNR_DB:g})")
+    p.add_argument("--accept-degraded", action="store_true",
+                   help="exit 0 even below the floors (the report's verdict then says DEGRADED)")
+
+
+def _gate(args: argparse.Namespace):
+    from npukit.tasks import QualityGate
+
+    return QualityGate(min_metric=args.min_task_metric, min_sqnr_db=args.min_sqnr,
+                       accept_degraded=args.accept_degraded)
+
+
 def _add_shape(p: argparse.ArgumentParser, help_text: str) -> None:
-    p.add_argument("--input-shape", metavar="N,C,H,W", help=help_text)
+    p.add_argument("--input-shape", action="append", metavar="[NAME=]N,C,H,W",
+                   help=help_text + "; or NAME=1,3,224,224 to give an input by name (repeatable, once per input). "
+                                    "Fixed into the model first: every check, count and plan uses these shapes")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,12 +54,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
 
-    p = sub.add_parser("export", help="PyTorch (torchvision:NAME, module:factory, .pt2) or ONNX -> verified ONNX",
+    p = sub.add_parser("export", help="PyTorch (torchvision:NAME, module:factory, TorchScript, pickled module, .pt2) "
+                                      "or ONNX -> verified ONNX",
                        description="Export a model to a single-file ONNX model, verified against torch on seeded "
-                                   "inputs. MODEL: torchvision:NAME | package.module:factory | file.pt2 | file.onnx")
+                                   "inputs. MODEL: torchvision:NAME | package.module:factory (found in the current "
+                                   "folder too; arguments as 'pkg.mod:factory(num_classes=5, width=0.5)', literal "
+                                   "values only) | a model file, told by its content: TorchScript (torch.jit.save), "
+                                   "a pickled nn.Module (torch.save(model); loading it runs code from the file), a "
+                                   "torch.export .pt2, an .onnx. A state dict is not a model: give it with --weights.")
     p.add_argument("model", metavar="MODEL")
     p.add_argument("-o", "--output", required=True, help="output .onnx path")
-    p.add_argument("--weights", help="state-dict file (.pth/.pt) for torchvision:NAME or module:factory")
+    p.add_argument("--weights", help="state dict file (torch.save(model.state_dict()), also nested under "
+                                     "'state_dict'/'model'/'model_state_dict', a 'module.' prefix stripped; or "
+                                     ".safetensors) for torchvision:NAME, module:factory or a pickled nn.Module")
     _add_shape(p, "input shape, e.g. 1,3,224,224 (default: the model's usual one)")
     p.add_argument("--dynamic-batch", action="store_true", help="make the batch dimension symbolic")
     p.add_argument("--opset", type=int, default=18, help="ONNX opset (17-23, default 18)")
@@ -51,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-pass", action="append", default=[], metavar="NAME", help="leave a pass out (repeatable)")
     p.add_argument("--no-verify", action="store_true", help="skip the numerical check against the original")
     p.add_argument("--rtol", type=float, default=1e-4, help="max error relative to the output range (default 1e-4)")
-    _add_shape(p, "input shape for the MAC count when the model's is symbolic")
+    _add_shape(p, "static input shapes for symbolic dimensions, e.g. 1,3,640,640 (the output keeps them)")
     p.add_argument("--memory-budget", type=int, metavar="BYTES",
                    help="restructure (ORT CPU: plain-layout upsamples; then spatial tiles of the high-resolution "
                         "stem) so the predicted peak activation memory fits BYTES")
@@ -70,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("--calib", required=True, help="calibration data: image folder, .npy or .npz")
     p.add_argument("-o", "--output", required=True, help="output .onnx path")
+    _add_gate(p)
     p.add_argument("--per-tensor", action="store_true", help="per-tensor weights (default per-channel)")
     p.add_argument("--method", choices=("auto", "minmax", "percentile", "entropy", "mse"), default="auto",
                    help="activation range observer; auto (default) calibrates once and keeps the method whose "
@@ -98,9 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep a 3x3 RGB-style stem conv (reading the float input, <= 32 values per output) in float, "
                         "and the convs chained after it as far as that is timed fastest here; auto: on for x86 CPUs, "
                         "where the stem runs faster in float")
+    _add_shape(p, "static input shapes for symbolic dimensions, e.g. 1,3,640,640 (needed when the model's are "
+                  "symbolic; the calibration data must have them)")
     p.add_argument("--gemm-convs", choices=("auto", "on", "off"), default="auto",
                    help="time each int8 conv on ORT's two int8 conv kernels and move those faster on its general "
-                        "GEMM (AMX where the CPU has it) there; exact; auto: on for x86 CPUs with VNNI or AMX")
+                        "GEMM (AMX where the CPU has it) there; exact where both kernels accumulate in 32 bits, refused "
+                        "(exit 2) where they were measured saturating (see npukit devices); auto: on for x86 CPUs "
+                        "with VNNI or AMX")
     p.add_argument("--no-pair-channels", action="store_true",
                    help="keep the channel order (by default, per-channel weights on the reduce-range grid without "
                         "bias correction get channels reordered so each large weight shares its kernel pair with a "
@@ -148,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("--data", help="image folder (class subfolders give labels), image, .npy or .npz")
     p.add_argument("--reference", metavar="REF.onnx", help="the model to compare against (e.g. the FP32 export)")
+    _add_gate(p)
     p.add_argument("--threads", type=int, default=1, help="ORT intra-op threads (default 1)")
     p.add_argument("--runs", type=int, default=50, help="timed runs (default 50)")
     p.add_argument("--warmup", type=int, default=10, help="untimed warm-up runs (default 10)")
@@ -160,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--soc", default="SM8650", help="with --target qnn-htp: the Snapdragon SoC whose HTP runs the "
                                                     "model (default SM8650, Snapdragon 8 Gen 3)")
     p.add_argument("--memory", action="store_true", help="measure ORT CPU's real peak activation memory")
+    _add_shape(p, "static input shapes for symbolic dimensions, e.g. 1,3,640,640 (applied to MODEL and REF)")
     p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
     _add_html(p)
 
@@ -171,7 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="output .onnx path (EPContext model)")
     p.add_argument("--target", default="qnn-htp", help="qnn-htp (default)")
     p.add_argument("--soc", required=True, help="Snapdragon part number, e.g. SM8350, SM8550, SM8650, SM8750")
-    p.add_argument("--calib", help="calibration data when MODEL is float (image folder, .npy, .npz)")
+    p.add_argument("--calib", help="calibration data when MODEL is float (image folder, .npy, .npz); also the "
+                                   "inputs of the task check on the HTP")
+    _add_gate(p)
     _add_shape(p, "static input shape, e.g. 1,3,224,224")
     _add_html(p)
 
@@ -223,7 +263,9 @@ def run(args: argparse.Namespace) -> int:
                            gemm_convs={"auto": None, "on": True, "off": False}[args.gemm_convs],
                            calib_samples=args.calib_samples, data=args.data, max_samples=args.max_samples,
                            threads=args.threads, runs=args.runs, html=args.html,
-                           extra={"pair_channels": False} if args.no_pair_channels else None)
+                           extra={"pair_channels": False} if args.no_pair_channels else None,
+                           task=None if args.task == "auto" else args.task, gate=_gate(args),
+                           input_shape=args.input_shape)
     elif args.verb == "analyze":
         out = api.analyze(args.model, targets=args.target, input_shape=args.input_shape, fix=args.fix,
                           output=args.output, report_path=args.report, html=args.html)
@@ -240,10 +282,12 @@ def run(args: argparse.Namespace) -> int:
         out = api.bench(args.model, data=args.data, reference=args.reference, threads=args.threads,
                         runs=args.runs, warmup=args.warmup, max_samples=args.max_samples, preprocess=pre,
                         target=args.target, soc=args.soc, memory=args.memory, report_path=args.report,
-                        html=args.html)
+                        html=args.html, task=None if args.task == "auto" else args.task, gate=_gate(args),
+                        input_shape=args.input_shape)
     elif args.verb == "compile":
         out = api.compile(args.model, args.output, soc=args.soc, target=args.target, calib=args.calib,
-                          input_shape=args.input_shape, html=args.html)
+                          input_shape=args.input_shape, html=args.html,
+                          task=None if args.task == "auto" else args.task, gate=_gate(args))
     elif args.verb == "demo":
         out = api.demo(args.output_dir, threads=args.threads, runs=args.runs, html=not args.no_html)
     else:  # pragma: no cover - argparse rejects unknown verbs
@@ -251,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     print_report(out.report, console=Console(width=None if sys.stdout.isatty() else 140))
-    return 0
+    return 0 if out.report.passed else 1  # exit 0 means the artifact passed its checks
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -260,9 +304,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     from npukit.errors import NpukitError
     from npukit.report.terminal import print_error
+    from npukit.report.capture import capture_library_messages
 
     try:
-        return run(args)
+        with capture_library_messages():
+            return run(args)
     except NpukitError as exc:
         if args.debug:
             raise

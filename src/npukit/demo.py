@@ -112,10 +112,29 @@ def run_demo(output_dir: Path, *, threads: int = 1, runs: int = 50, html: bool =
     report.add_table("What the INT8 model sees (center crop of each evaluation photo)",
                      ["photo", "top-1 class", "probability"], top)
 
+    _task_verdict(report, stacked, quantized.report)
     report.add_artifact("fp32", fp32_path)
     report.add_artifact("optimized", opt_path)
     report.add_artifact("int8", int8_path)
     return api._finish(report, None, html=html, json_path=output_dir / "demo.report.json", result=summary)
+
+
+def _task_verdict(report: Report, logits: dict[str, np.ndarray], quantize_report: Report) -> None:
+    """The demo's verdict: the INT8 model's classification check against FP32 on the held-out photo crops
+    (``npukit.tasks``, default floors), after quantize's own check on its calibration crops."""
+    from npukit.report.task import add_task_check
+    from npukit.tasks import QualityGate, choose_task, judge
+
+    reference, candidate = logits["fp32"], logits["int8"]
+    choice = choose_task([reference[:1].shape], [(1, *INPUT_SHAPE[1:])], task="classify")
+    meter = choice.meter(["logits"])
+    for i in range(len(reference)):
+        meter.update([reference[i:i + 1]], [candidate[i:i + 1]])
+    gate = QualityGate()
+    earlier = [] if quantize_report.passed else [f"quantize's own check failed ({quantize_report.verdict})"]
+    verdict = judge(meter.result(), gate, what="demo (INT8 vs FP32 on held-out photo crops)",
+                    extra_failures=earlier)
+    add_task_check(report, choice, meter.result(), gate, verdict, where=f"{len(reference)} held-out photo crops")
 
 
 def _input_name(path: Path) -> str:

@@ -183,6 +183,7 @@ def test_devices_probe(capsys):
     assert main(["devices"]) == 0
     out = capsys.readouterr().out
     assert "CPUExecutionProvider" in out and "Plan" in out
+    assert "int8 conv paths" in out and "depthwise" in out
 
 
 def test_quantize_writes_integer_model_and_report(exported, tmp_path):
@@ -209,6 +210,60 @@ def test_quantize_writes_integer_model_and_report(exported, tmp_path):
     assert not any(op["integer"] for op in profile["float"]["ops"])
     ops = {n.op_type for n in onnx.load(str(out)).graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+
+
+def test_quantize_checks_the_task_and_exits_1_below_the_floors(exported, tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    calib = tmp_path / "calib.npy"
+    np.save(calib, rng.standard_normal((8, 3, 32, 32)).astype(np.float32))
+    out = tmp_path / "q.onnx"
+    args = ["quantize", str(exported), "--calib", str(calib), "-o", str(out), "--method", "minmax", "--runs", "2"]
+    assert main(args) == 0
+    report = json.loads(out.with_name("q.report.json").read_text())
+    assert report["verdict"].startswith("PASS quantize: task classify") and report["passed"]
+    check = report["results"]["task_check"]
+    assert check["choice"]["task"] == "classify" and "calibration samples" in check["where"]
+    assert [o["name"] for o in check["result"]["outputs"]] == [o.name for o in onnx.load(str(exported)).graph.output]
+    capsys.readouterr()
+    assert main(args + ["--min-sqnr", "500", "--task", "generic"]) == 1  # no int8 model is that close
+    printed = capsys.readouterr().out
+    assert printed.splitlines()[0].startswith("FAIL quantize: task generic") and "< 500 dB" in printed
+    assert json.loads(out.with_name("q.report.json").read_text())["passed"] is False
+    assert main(args + ["--min-sqnr", "500", "--task", "generic", "--accept-degraded"]) == 0
+    assert json.loads(out.with_name("q.report.json").read_text())["verdict"].startswith("DEGRADED")
+
+
+def test_html_without_report_path_lands_beside_the_input(exported, tmp_path):
+    import shutil
+
+    model = tmp_path / "m.onnx"
+    shutil.copyfile(exported, model)
+    assert main(["plan-memory", str(model), "--html"]) == 0
+    assert main(["analyze", str(model), "--target", "qnn-htp", "--html"]) == 0
+    names = _files(tmp_path)
+    assert {"m.plan-memory.report.json", "m.plan-memory.report.html", "m.analyze.report.json",
+            "m.analyze.report.html"} <= set(names), names
+    report = json.loads((tmp_path / "m.analyze.report.json").read_text())
+    assert report["verdict"].startswith("INFO analyze")
+
+
+def test_bench_fails_a_broken_model_against_its_reference(exported, tmp_path, capsys):
+    broken = onnx.load(str(exported))
+    logits = broken.graph.output[0].name
+    for node in broken.graph.node:  # the logits negated: the argmax becomes the argmin
+        node.output[:] = [o if o != logits else "pre_logits" for o in node.output]
+    broken.graph.node.append(onnx.helper.make_node("Neg", ["pre_logits"], [logits], name="broken"))
+    path = tmp_path / "broken.onnx"
+    onnx.save(broken, str(path))
+    data = tmp_path / "data.npy"
+    np.save(data, np.random.default_rng(2).standard_normal((6, 3, 32, 32)).astype(np.float32))
+    report_path = tmp_path / "b.json"
+    code = main(["bench", str(path), "--reference", str(exported), "--data", str(data), "--runs", "2",
+                 "--report", str(report_path)])
+    assert code == 1
+    report = json.loads(report_path.read_text())
+    assert report["verdict"].startswith("FAIL bench") and not report["passed"]
+    assert main(["bench", str(exported), "--reference", str(exported), "--data", str(data), "--runs", "2"]) == 0
 
 
 @pytest.mark.parametrize("pair", [True, False])
@@ -275,6 +330,24 @@ def test_quantize_bad_calibration_data(case, exported, tmp_path, capsys):
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]
 
 
+def test_gemm_convs_on_where_the_kernels_saturate_is_exit_2_and_writes_nothing(exported, tmp_path, capsys,
+                                                                              monkeypatch):
+    from npukit.quant import conv_kernel
+    from npukit.runtime.int8_paths import Int8Path
+
+    saturating = (Int8Path("1x1 conv", "symmetric conv (ConvSym)", "full 8-bit", False, 22, 0.6),
+                  Int8Path("1x1 conv", "int8 GEMM", "full 8-bit", False, 23, 0.6))
+    monkeypatch.setattr(conv_kernel, "probe_int8_paths", lambda: saturating)  # an AVX2 CPU without VNNI, anywhere
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype(np.float32))
+    out = tmp_path / "q.onnx"
+    args = ["quantize", str(exported), "--calib", str(calib), "-o", str(out), "--method", "minmax"]
+    assert main(args + ["--gemm-convs", "on", "--reduce-range", "off"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "saturate" in err and "--gemm-convs" in err and "\n" not in err, err
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["calib.npy"]
+
+
 def test_compile_float_model_for_two_socs_and_bench_on_htp(exported, tmp_path):
     pytest.importorskip("onnxruntime_qnn")
     rng = np.random.default_rng(2)
@@ -296,6 +369,26 @@ def test_compile_float_model_for_two_socs_and_bench_on_htp(exported, tmp_path):
     assert results["npu_agreement"]["HTP vs CPU run of the same model"]["samples"] == 4
     assert results["htp_soc"]["soc"] == "SM8650" and results["htp_soc"]["htp_arch"] == 75
     assert main(["bench", str(int8), "--target", "qnn-htp", "--soc", "SM0000", "--runs", "2"]) == 2
+
+
+def test_bench_runs_an_epcontext_model_on_the_htp_as_its_soc(exported, tmp_path, capsys):
+    pytest.importorskip("onnxruntime_qnn")
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(3).standard_normal((2, 3, 32, 32)).astype(np.float32))
+    ctx = tmp_path / "tiny_ctx.onnx"
+    assert main(["compile", str(exported), "--soc", "SM8350", "--calib", str(calib), "-o", str(ctx)]) == 0
+    report = tmp_path / "ctx_bench.json"
+    # --soc says SM8650, but a context binary runs as the SoC it was compiled for, and the report says so
+    assert main(["bench", str(ctx), "--target", "qnn-htp", "--soc", "SM8650", "--reference", str(exported),
+                 "--data", str(calib), "--runs", "2", "--warmup", "1", "--report", str(report)]) == 0
+    results = json.loads(report.read_text())["results"]
+    assert results["htp_soc"] == {"soc": "SM8350", "name": "Snapdragon 888", "htp_arch": 68, "soc_model": 30,
+                                  "epcontext": True}
+    assert "compiled for SM8350" in results["htp_note"]
+    assert results["latency"]["model"]["runs"] == 2 and "task_check" in json.dumps(results)
+    capsys.readouterr()
+    assert main(["bench", str(ctx), "--runs", "2"]) == 2  # the CPU cannot run a context binary
+    assert "--target qnn-htp" in capsys.readouterr().err
 
 
 def test_compile_unknown_soc_lists_valid(exported, tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -119,7 +120,7 @@ def test_torchvision_unknown_and_unsupported() -> None:
 @pytest.mark.parametrize(
     ("spec", "expected"),
     [("missing.onnx", "does not exist"), ("missing.pt2", "does not exist"),
-     ("weights.pth", "holds weights, not a model"), ("what is this", "cannot tell what model")],
+     ("weights.pth", "does not exist"), ("what is this", "cannot tell what model")],
 )
 def test_bad_specs(tmp_path: Path, spec: str, expected: str) -> None:
     with pytest.raises(InputError, match=expected):
@@ -129,5 +130,10 @@ def test_bad_specs(tmp_path: Path, spec: str, expected: str) -> None:
 def test_pt2_not_a_program(tmp_path: Path) -> None:
     path = tmp_path / "bad.pt2"
     path.write_bytes(b"garbage")
+    with pytest.raises(InputError, match="bad.pt2 is a text file, not a model"):
+        resolve_model(str(path))
+    with zipfile.ZipFile(path, "w") as archive:  # a .pt2 layout whose program is missing
+        archive.writestr("bad/archive_format", "pt2")
+        archive.writestr("bad/models/model.json", "{}")
     with pytest.raises(InputError, match="is not a loadable torch.export program"):
         resolve_model(str(path))

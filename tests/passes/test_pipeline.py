@@ -13,6 +13,7 @@ from onnx import helper, numpy_helper
 from npukit.config import OptimizeConfig
 from npukit.errors import InputError, NumericCheckError
 from npukit.passes import DEFAULT_ORDER, PASS_REGISTRY, default_pipeline, optimize_model, verify_equivalent
+from npukit.passes.pipeline import resolve_pass_names
 
 from .tiny import assert_equivalent, const, constant_node, info, make_model, op_types
 
@@ -182,3 +183,91 @@ def test_models_over_the_protobuf_limit_are_checked_from_a_path(monkeypatch) -> 
     model.graph.node(0).op_type = "NoSuchOp"
     with pytest.raises(Exception, match="NoSuchOp"):
         check_model(model)
+
+
+@pytest.mark.parametrize("given", ["FoldBatchNormPass", "fold_batch_norm", "foldbatchnormpass", "Fold-Batch-Norm",
+                                   "FOLD_BATCH_NORM"])
+def test_skip_takes_the_names_the_table_prints_and_the_registry_names(given: str) -> None:
+    assert resolve_pass_names([given]) == ("fold_batch_norm",)
+    result = optimize_model(ir.serde.deserialize_model(_small_net()), config=OptimizeConfig(skip_passes=(given,)))
+    assert "FoldBatchNormPass" not in [r.name for r in result.records]
+
+
+def test_unknown_skip_name_lists_both_forms() -> None:
+    with pytest.raises(InputError, match="unknown pass name") as info_:
+        resolve_pass_names(["FoldBN"])
+    assert "fold_batch_norm (FoldBatchNormPass)" in info_.value.hint
+    assert all(cls.__name__ in info_.value.hint for cls in PASS_REGISTRY.values())
+
+
+@pytest.mark.parametrize("skipped", list(PASS_REGISTRY))
+def test_skipping_any_single_pass_never_crashes(skipped: str) -> None:
+    reference = _small_net()
+    result = optimize_model(ir.serde.deserialize_model(reference),
+                            config=OptimizeConfig(skip_passes=(PASS_REGISTRY[skipped].__name__,)))
+    assert PASS_REGISTRY[skipped].__name__ not in [r.name for r in result.records]
+    optimized = ir.serde.serialize_model(result.model)
+    onnx.checker.check_model(optimized, full_check=True)
+    assert verify_equivalent(reference, optimized, rtol=1e-5).max_rel <= 1e-5
+
+
+def test_dead_code_pass_without_onnxscript_imported() -> None:
+    """RemoveDeadCodePass reads ir.passes.common, which onnx_ir does not import by itself: skipping fold_constants (the
+    pass that imports onnxscript, which imports it) used to crash. A fresh process, so no other test imported it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, onnx, onnx_ir as ir\n"
+        "from onnx import helper, TensorProto\n"
+        "from npukit.config import OptimizeConfig\n"
+        "from npukit.passes import optimize_model\n"
+        "g = helper.make_graph([helper.make_node('Relu', ['x'], ['y']), helper.make_node('Neg', ['x'], ['dead'])],"
+        " 'g', [helper.make_tensor_value_info('x', TensorProto.FLOAT, [2])],"
+        " [helper.make_tensor_value_info('y', TensorProto.FLOAT, [2])])\n"
+        "m = helper.make_model(g, opset_imports=[helper.make_opsetid('', 17)])\n"
+        "r = optimize_model(ir.serde.deserialize_model(m), config=OptimizeConfig(skip_passes=('FoldConstantsPass',)))\n"
+        "assert 'onnxscript' not in sys.modules, 'onnxscript was imported'\n"
+        "print([n.op_type for n in r.model.graph])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "['Relu']"
+
+
+def _scaled(scale: float, offset: float = 0.0) -> onnx.ModelProto:
+    """y = (x @ W) * scale + offset: an output whose range is set by ``scale``; ``offset`` stands for an error."""
+    w = np.random.default_rng(5).standard_normal((16, 4)).astype(np.float32)
+    return make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Mul", ["m", "s"], ["p"]),
+         helper.make_node("Add", ["p", "o"], ["y"])],
+        [info("x", [1, 16])], [info("y", [1, 4])],
+        [const("w", w), const("s", scale), const("o", offset)])
+
+
+def test_a_tiny_range_output_is_held_to_its_range_plus_a_floor() -> None:
+    """An output of range ~1e-4 (a probability map near 0 on noise inputs) off by 3e-7, float32 rounding's size:
+    relative 3e-3 > rtol, yet within rtol * range + ABS_FLOOR. A 10% error on the same output still fails."""
+    reference = _scaled(2e-5)
+    errors = verify_equivalent(reference, _scaled(2e-5, offset=3e-7), rtol=1e-4)
+    assert errors.max_rel > 1e-4 and errors.max_abs < 1e-6
+    scale = errors.scales[0]
+    with pytest.raises(NumericCheckError, match=r"output 'y' max abs error .* allowed \(rtol 0.0001 x max "):
+        verify_equivalent(reference, _scaled(2e-5, offset=0.1 * scale), rtol=1e-4)
+
+
+def test_a_wrong_rewrite_on_a_normal_range_output_fails_as_before() -> None:
+    reference = _scaled(1.0)
+    scale = verify_equivalent(reference, reference, rtol=1e-4).scales[0]
+    with pytest.raises(NumericCheckError, match="'y'"):
+        verify_equivalent(reference, _scaled(1.0, offset=3e-4 * scale), rtol=1e-4)
+    assert verify_equivalent(reference, _scaled(1.0, offset=0.5e-4 * scale), rtol=1e-4).max_rel < 1e-4
+
+
+def test_verify_on_given_feeds() -> None:
+    reference = _scaled(1.0)
+    feeds = [{"x": np.full((1, 16), float(i), np.float32)} for i in range(3)]
+    errors = verify_equivalent(reference, _scaled(1.0, offset=1e-3), rtol=1.0, feeds=feeds)
+    assert errors.max_abs == pytest.approx(1e-3, rel=1e-3)
+    with pytest.raises(InputError, match="no inputs"):
+        verify_equivalent(reference, reference, rtol=1e-4, feeds=[])

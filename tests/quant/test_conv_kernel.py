@@ -10,10 +10,20 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from npukit.errors import InputError
+from npukit.quant import conv_kernel
 from npukit.quant.config import QuantConfig
-from npukit.quant.conv_kernel import _shift, candidates, choose_conv_kernels, move_to_gemm
+from npukit.quant.conv_kernel import _shift, candidates, choose_conv_kernels, move_to_gemm, require_exact_move
 from npukit.quant.qdq import integer_kernel_report, quantize
+from npukit.runtime.int8_paths import Int8Path, full_range_exact, probe_int8_paths
 from tests.quant.conftest import make_samples, outputs
+
+# The move is exact only where both of ORT's int8 conv kernels accumulate in 32 bits (VNNI, AMX, Arm): measured on
+# this CPU. Where they saturate (x86 without VNNI) the tests check the refusal instead.
+EXACT_HERE = full_range_exact(probe_int8_paths())
+needs_exact_kernels = pytest.mark.skipif(
+    not EXACT_HERE, reason="this CPU's int8 conv kernels saturate with full-range weights (no VNNI): the move is "
+                           "refused here, see test_gemm_convs_is_refused_where_the_kernels_saturate")
 
 
 def _projection_model(batch: int | str = 1) -> onnx.ModelProto:
@@ -82,7 +92,7 @@ def test_a_weight_using_both_ends_of_int8_cannot_move(built) -> None:
     assert "project" not in {c.node for c in candidates(model)}
 
 
-def test_moving_to_the_gemm_changes_no_weight_and_no_output(built) -> None:
+def test_moving_to_the_gemm_changes_no_weight(built) -> None:
     moved = move_to_gemm(built, candidates(built))
     before, after = _dequantized_weights(built), _dequantized_weights(moved)
     assert before.keys() == after.keys()
@@ -92,13 +102,44 @@ def test_moving_to_the_gemm_changes_no_weight_and_no_output(built) -> None:
                    if i.name in {c.zero_point for c in candidates(built)}}
     assert zero_points <= {-1, 1} and zero_points  # the moved convs leave ConvSym (zero points 0)
     assert candidates(moved) == []
-    samples = _samples(6)
-    np.testing.assert_array_equal(outputs(built, samples), outputs(moved, samples))
     kernels_before, kernels_after = integer_kernel_report(built), integer_kernel_report(moved)
     assert kernels_after["integer_ops"] == kernels_before["integer_ops"]  # still QLinearConv, on the other kernel
     assert kernels_after["integer_fraction"] == 1.0
 
 
+@needs_exact_kernels
+def test_moving_to_the_gemm_changes_no_output_where_both_kernels_are_exact(built) -> None:
+    moved = move_to_gemm(built, candidates(built))
+    samples = _samples(6)
+    np.testing.assert_array_equal(outputs(built, samples), outputs(moved, samples))
+
+
+def _saturating() -> tuple[Int8Path, ...]:
+    """The paths as measured on an AMD EPYC with AVX2 and no VNNI."""
+    return (Int8Path("1x1 conv", "symmetric conv (ConvSym)", "full 8-bit", False, 22, 0.6),
+            Int8Path("1x1 conv", "int8 GEMM", "full 8-bit", False, 23, 0.6),
+            Int8Path("3x3 depthwise conv", "depthwise (ConvSym)", "full 8-bit", True, 0, 0.0))
+
+
+def test_gemm_convs_is_refused_where_the_kernels_saturate(monkeypatch) -> None:
+    with pytest.raises(InputError, match="saturate .*off by up to 23 output steps"):
+        require_exact_move(_saturating())
+    monkeypatch.setattr(conv_kernel, "probe_int8_paths", _saturating)
+    with pytest.raises(InputError, match="gemm_convs moves"):  # before any calibration
+        quantize(_projection_model(), _samples(), config=QuantConfig(gemm_convs=True))
+    with pytest.raises(InputError):
+        choose_conv_kernels(_projection_model(), _samples(1)[0])
+
+
+def test_this_cpus_refusal_matches_its_measured_kernels() -> None:
+    if EXACT_HERE:
+        require_exact_move()
+    else:
+        with pytest.raises(InputError, match="saturate"):
+            quantize(_projection_model(), _samples(), config=QuantConfig(gemm_convs=True))
+
+
+@needs_exact_kernels
 def test_the_choice_is_timed_and_exact(built) -> None:
     samples = _samples(3)
     choice = choose_conv_kernels(built, samples[0])
@@ -112,6 +153,7 @@ def test_the_choice_is_timed_and_exact(built) -> None:
     assert summary["moved_to_gemm"] == list(choice.moved) and summary["margin"] == 0.05
 
 
+@needs_exact_kernels
 def test_quantize_with_gemm_convs_reports_the_choice_and_keeps_the_outputs(built) -> None:
     samples = _samples()
     result = quantize(_projection_model(), samples, config=QuantConfig(gemm_convs=True))

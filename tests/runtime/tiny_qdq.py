@@ -72,3 +72,43 @@ def float_conv_model(*, channels: int = 4, size: int = 8, seed: int = 0) -> onnx
     model.ir_version = 9
     onnx.checker.check_model(model, full_check=True)
     return model
+
+
+def qdq_swish_model(*, activations: int = TensorProto.UINT16, height: int = 10, width: int = 10,
+                    channels: int = 4) -> onnx.ModelProto:
+    """Q/DQ(x) -> Conv 3x3 (int8 per-channel weights) -> Q/DQ -> Sigmoid -> Q/DQ -> Mul(conv, sigmoid) -> Q/DQ: a
+    SiLU after a Conv the way ORT's quantizer writes it, with ``activations`` (uint16: what the HTP computes wrongly
+    at height 9..12)."""
+    rng = np.random.default_rng(1)
+    c = channels
+    w = rng.standard_normal((c, c, 3, 3)).astype(np.float32) * 0.3
+    w_scale = (np.abs(w).reshape(c, -1).max(1) / 127).astype(np.float32)
+    act = helper.tensor_dtype_to_np_dtype(activations)
+    top = float(np.iinfo(act).max)
+
+    def qparams(name: str, lo: float, hi: float) -> list[onnx.TensorProto]:
+        scale = (hi - lo) / top
+        return [numpy_helper.from_array(np.array(scale, np.float32), f"{name}_s"),
+                numpy_helper.from_array(np.array(round(-lo / scale), act), f"{name}_z")]
+
+    inits = [numpy_helper.from_array(np.round(w / w_scale[:, None, None, None]).astype(np.int8), "w_q"),
+             numpy_helper.from_array(w_scale, "w_s"), numpy_helper.from_array(np.zeros(c, np.int8), "w_z"),
+             *qparams("x", -3.0, 3.0), *qparams("c", -6.0, 6.0), *qparams("s", 0.0, 1.0), *qparams("y", -0.3, 6.0)]
+
+    def qdq(name: str, source: str, params: str) -> list[onnx.NodeProto]:
+        return [helper.make_node("QuantizeLinear", [source, f"{params}_s", f"{params}_z"], [f"{name}_q"],
+                                 name=f"{name}_QuantizeLinear"),
+                helper.make_node("DequantizeLinear", [f"{name}_q", f"{params}_s", f"{params}_z"], [f"{name}_dq"],
+                                 name=f"{name}_DequantizeLinear")]
+
+    nodes = [*qdq("x", "x", "x"),
+             helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w_dq"], name="w_DequantizeLinear", axis=0),
+             helper.make_node("Conv", ["x_dq", "w_dq"], ["c"], name="conv", pads=[1, 1, 1, 1]), *qdq("c", "c", "c"),
+             helper.make_node("Sigmoid", ["c_dq"], ["s"], name="sig"), *qdq("s", "s", "s"),
+             helper.make_node("Mul", ["c_dq", "s_dq"], ["y"], name="mul"), *qdq("y", "y", "y")]
+    graph = helper.make_graph(nodes, "qdq_swish", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, height, width])],
+                              [helper.make_tensor_value_info("y_dq", TensorProto.FLOAT, [1, c, height, width])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    onnx.checker.check_model(model, full_check=True)
+    return model

@@ -127,6 +127,7 @@ def _export_torch(source: ModelSource, staged: Path, work: Path, *, config: Expo
             model = _run_dynamo(module, example, input_names, output_names, config=config)
             exporter = "dynamo"
         except Exception as exc:
+            _reraise_interrupt(exc)
             if config.exporter == "dynamo":
                 raise NpukitError(f"the dynamo exporter failed: {_failure_summary(exc)}",
                                   hint="try --exporter torchscript") from exc
@@ -136,6 +137,7 @@ def _export_torch(source: ModelSource, staged: Path, work: Path, *, config: Expo
             model = _run_torchscript(module, example, input_names, output_names, work, config=config)
             exporter = "torchscript"
         except Exception as exc:
+            _reraise_interrupt(exc)
             before = f"the dynamo exporter failed ({fallback_reason}), then " if fallback_reason else ""
             raise NpukitError(f"{before}the TorchScript exporter failed: {_failure_summary(exc)}",
                               hint="simplify the model's forward, or export it yourself and pass the .onnx") from exc
@@ -189,6 +191,18 @@ def _run_torchscript(module: torch.nn.Module, example: tuple[torch.Tensor, ...],
             input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes, do_constant_folding=True,
         )
     return onnx.load_model(str(path))
+
+
+def _reraise_interrupt(exc: BaseException) -> None:
+    """An exporter error caused by an interrupt (Ctrl-C wrapped on its way out) is the interrupt, not a failure to
+    fall back from: raise it as KeyboardInterrupt. (A bare KeyboardInterrupt passes ``except Exception`` already.)"""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            raise KeyboardInterrupt from exc
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
 
 
 def _failure_summary(exc: BaseException) -> str:

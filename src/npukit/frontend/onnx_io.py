@@ -142,37 +142,12 @@ def static_input_shape(model: onnx.ModelProto) -> tuple[int, ...] | None:
 
 
 def fix_input_shape(model: onnx.ModelProto, shape: tuple[int, ...], *, dynamic_batch: bool) -> onnx.ModelProto:
-    """A copy of ``model`` whose first input has ``shape`` (dim 0 named "batch" if dynamic_batch), re-inferred."""
-    inputs = graph_inputs(model)
-    if not inputs:
-        raise InputError("the model has no inputs whose shape could be set")
-    fixed = onnx.ModelProto()
-    fixed.CopyFrom(model)
-    name = inputs[0].name
-    target = next(i for i in fixed.graph.input if i.name == name)
-    tensor_type = target.type.tensor_type
-    if tensor_type.HasField("shape") and len(tensor_type.shape.dim) != len(shape):
-        current = "x".join(d.dim_param or str(d.dim_value) for d in tensor_type.shape.dim)
-        raise InputError(f"input shape {tuple(shape)} has rank {len(shape)} but input {name!r} of the model has "
-                         f"rank {len(tensor_type.shape.dim)} ({current})",
-                         hint=f"pass --input-shape with {len(tensor_type.shape.dim)} dimensions")
-    tensor_type.shape.ClearField("dim")
-    for axis, size in enumerate(shape):
-        dim = tensor_type.shape.dim.add()
-        if axis == 0 and dynamic_batch:
-            dim.dim_param = "batch"
-        else:
-            dim.dim_value = int(size)
-    # Shapes recorded for the old input would conflict with the new one: infer them afresh.
-    fixed.graph.ClearField("value_info")
-    for output in fixed.graph.output:
-        if output.type.tensor_type.HasField("shape"):
-            output.type.tensor_type.ClearField("shape")
-    try:
-        return onnx.shape_inference.infer_shapes(fixed, strict_mode=True, data_prop=True)
-    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
-        raise InputError(f"input shape {tuple(shape)} does not fit the model: {first_line(exc)}",
-                         hint="pass the shape the model was made for with --input-shape") from exc
+    """A copy of ``model`` whose first input has ``shape`` (dim 0 named "batch" if dynamic_batch), re-inferred: the
+    first-input form of ``npukit.frontend.shapes.apply_input_spec``, which may also resize static dimensions."""
+    from npukit.frontend.shapes import InputSpec, apply_input_spec
+
+    return apply_input_spec(model, InputSpec(((None, tuple(shape)),)), dynamic_batch=dynamic_batch,
+                            override_static=True)
 
 
 def named_nodes(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -110,10 +110,13 @@ def load_tensor_graph(model: onnx.ModelProto, *, input_shape: Sequence[int] | No
 
 def _symbolic_inference(model: onnx.ModelProto) -> onnx.ModelProto:
     """ORT's symbolic shape inference, which propagates computed shape values further than ONNX's; the model as
-    given when it fails."""
+    given when it fails (in a scratch working directory: on failure it saves ``sym_shape_infer_temp.onnx`` there)."""
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
+    from npukit._scratch import scratch_cwd
+
     try:
-        return SymbolicShapeInference.infer_shapes(model, auto_merge=True) or model
+        with scratch_cwd(prefix="npukit-shapes-"):
+            return SymbolicShapeInference.infer_shapes(model, auto_merge=True) or model
     except Exception:  # noqa: BLE001 - any failure leaves the sizes open and the caller says which one
         return model

@@ -8,6 +8,7 @@ is what the device needs (``runtime_peak``), next to what npukit's planners woul
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -66,20 +67,24 @@ def plan_memory(
 ) -> tuple[MemoryResult, Report]:
     """Plan the activation memory of the ONNX model at ``model_path`` as ``target`` executes it.
 
+    ``input_shape`` (``InputSpec`` forms) is fixed into the model first; a model left with symbolic dimensions other
+    than the batch (planned as 1) is an InputError naming them.
     ``runtime_graph``: for target "cpu", plan on the graph ORT CPU executes, read from ORT, and replay ORT's own
     allocation (default); False applies the rule-based "cpu" view to the exported graph instead (no ORT needed)."""
-    from npukit.config import parse_shape
-    from npukit.frontend.onnx_io import load_onnx
+    from npukit.frontend.onnx_io import save_onnx
+    from npukit.frontend.shapes import InputSpec, load_with_inputs
     from npukit.memory.graph import load_tensor_graph
 
     execution = get_view(target)  # an unknown target fails before the model is read
-    shape = parse_shape(input_shape)
-    exported = load_tensor_graph(load_onnx(model_path), input_shape=shape)
+    spec = InputSpec.parse(input_shape)
+    proto = load_with_inputs(model_path, spec, needs="plan-memory")
+    exported = load_tensor_graph(proto)
     runtime_peak, allocator, description = None, "", execution.description
     if execution.name == "cpu" and runtime_graph:
         from npukit.memory.ort_cpu import ort_allocation, ort_executed_graph
 
-        executed = ort_executed_graph(model_path, input_shape=shape)
+        with tempfile.TemporaryDirectory(prefix="npukit-plan-") as tmp:  # ORT reads the model with shapes fixed
+            executed = ort_executed_graph(model_path if spec is None else save_onnx(proto, Path(tmp) / "model.onnx"))
         graph = executed.graph
         runtime_peak = ort_allocation(executed).peak_bytes
         allocator = "ORT CPU's allocation planner, replayed (same-shape reuse; inputs excluded)"
@@ -96,12 +101,12 @@ def plan_memory(
         unfused_lower_bound=lifetimes_of(exported).peak_bytes, order=order,
         runtime_peak=runtime_peak, runtime_allocator=allocator,
     )
-    return result, _report(result, description, shape)
+    return result, _report(result, description, spec)
 
 
-def _report(result: MemoryResult, description: str, input_shape: tuple[int, ...] | None) -> Report:
+def _report(result: MemoryResult, description: str, spec: Any) -> Report:
     report = Report("plan-memory", config={"model": result.model, "target": result.target,
-                                           "input_shape": None if input_shape is None else list(input_shape),
+                                           "input_shape": None if spec is None else spec.as_dict(),
                                            "order_search": result.order is not None})
     report.add("memory", result.as_dict())
     bound = result.lower_bound

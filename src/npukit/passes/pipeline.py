@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx_ir as ir
 
 from npukit.config import OptimizeConfig
 from npukit.errors import InputError, NumericCheckError
-from npukit.measure.compare import OutputErrors, compare_outputs
+from npukit.measure.compare import ABS_FLOOR, OutputErrors, compare_outputs
 from npukit.passes.base import NpukitPass, PassManager, PipelineResult
 from npukit.passes.canonicalize_activation import CanonicalizeActivationPass
 from npukit.passes.fold_batch_norm import FoldBatchNormPass
@@ -41,13 +42,31 @@ DEFAULT_ORDER: tuple[str, ...] = (
 )
 
 
-def default_pipeline(*, skip: Sequence[str] = ()) -> list[NpukitPass]:
-    """Fresh pass instances in DEFAULT_ORDER, leaving out the passes named in ``skip`` (every occurrence)."""
-    unknown = sorted(set(skip) - set(PASS_REGISTRY))
+def _name_key(name: str) -> str:
+    """"FoldBatchNormPass", "fold_batch_norm", "foldbatchnorm", "Fold-Batch-Norm" -> "foldbatchnorm"."""
+    key = re.sub(r"[^a-z0-9]", "", name.lower())
+    return key[: -len("pass")] if key.endswith("pass") and len(key) > len("pass") else key
+
+
+def resolve_pass_names(names: Sequence[str]) -> tuple[str, ...]:
+    """Registry names for ``names``, each given as the registry name (fold_batch_norm) or the class name the pass
+    table prints (FoldBatchNormPass), case-insensitively; an unknown name is an InputError listing the valid ones."""
+    by_key: dict[str, str] = {}
+    for registry_name, cls in PASS_REGISTRY.items():
+        by_key[_name_key(registry_name)] = registry_name
+        by_key[_name_key(cls.__name__)] = registry_name
+    unknown = [n for n in names if _name_key(n) not in by_key]
     if unknown:
-        raise InputError(f"unknown pass name(s): {', '.join(unknown)}",
-                         hint=f"valid names: {', '.join(PASS_REGISTRY)}")
-    factories: list[Callable[[], NpukitPass]] = [PASS_REGISTRY[name] for name in DEFAULT_ORDER if name not in skip]
+        valid = ", ".join(f"{name} ({cls.__name__})" for name, cls in PASS_REGISTRY.items())
+        raise InputError(f"unknown pass name(s): {', '.join(unknown)}", hint=f"valid names: {valid}")
+    return tuple(dict.fromkeys(by_key[_name_key(n)] for n in names))
+
+
+def default_pipeline(*, skip: Sequence[str] = ()) -> list[NpukitPass]:
+    """Fresh pass instances in DEFAULT_ORDER, leaving out the passes named in ``skip`` (every occurrence; names as
+    ``resolve_pass_names`` takes them)."""
+    skipped = set(resolve_pass_names(skip))
+    factories: list[Callable[[], NpukitPass]] = [PASS_REGISTRY[name] for name in DEFAULT_ORDER if name not in skipped]
     return [factory() for factory in factories]
 
 
@@ -66,36 +85,48 @@ def verify_equivalent(
     rtol: float,
     seed: int = 0,
     samples: int = 2,
+    feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
+    atol: float = ABS_FLOOR,
+    what: str = "optimized model",
+    hint: str = "rerun skipping passes one by one (--skip-pass NAME) to find the one at fault, and report the model",
 ) -> OutputErrors:
-    """Run both models on ORT CPU on the same seeded random inputs and return their worst disagreement.
+    """Run both models on ORT CPU on the same inputs and return their worst disagreement.
 
+    The inputs are ``feeds`` (real data, e.g. calibration samples) when given, else ``samples`` seeded random ones.
     The reference runs with graph optimizations disabled, the candidate with ORT's default optimizations. Outputs are
-    matched by name; errors are max |candidate - reference| / max |reference| over all ``samples`` inputs per
-    output. Raises NumericCheckError when an output's relative error exceeds ``rtol``.
+    matched by name; an output fails when its max |candidate - reference| over all inputs exceeds
+    ``rtol * max |reference| + atol``: scaled to that output's range, with a floor (``ABS_FLOOR``) for float32
+    rounding, so a tiny-range output is no false alarm while a real error still fails. Raises NumericCheckError
+    naming the worst failing output; ``what`` names the candidate and ``hint`` says what to try.
     """
-    if samples < 1:
+    if feeds is None and samples < 1:
         raise InputError("samples must be at least 1")
+    if feeds is not None and not feeds:
+        raise InputError("no inputs to verify on", hint="give at least one feed dict")
     ref_session = make_session(reference, optimization="disable")
     cand_session = make_session(candidate)
     names = [o.name for o in ref_session.get_outputs()]
     missing = sorted(set(names) - {o.name for o in cand_session.get_outputs()})
     if missing:
-        raise NumericCheckError(f"the optimized model lacks output(s) {', '.join(missing)}",
+        raise NumericCheckError(f"the {what} lacks output(s) {', '.join(missing)}",
                                 hint="report the model; a pass renamed a graph output")
+    inputs = list(feeds) if feeds is not None else [random_feeds(ref_session, seed=seed + i) for i in range(samples)]
     ref_runs, cand_runs = [], []
-    for i in range(samples):
-        feeds = random_feeds(ref_session, seed=seed + i)
-        ref_runs.append(run(ref_session, feeds))
-        cand_runs.append([np.asarray(o) for o in cand_session.run(names, feeds)])
+    for sample in inputs:
+        ref_runs.append(run(ref_session, sample))
+        cand_runs.append([np.asarray(o) for o in cand_session.run(names, dict(sample))])
     errors = compare_outputs(
-        [np.stack([r[k] for r in ref_runs]) for k in range(len(names))],
-        [np.stack([c[k] for c in cand_runs]) for k in range(len(names))],
+        [np.concatenate([np.asarray(r[k]).reshape(1, -1) for r in ref_runs], axis=1) for k in range(len(names))],
+        [np.concatenate([np.asarray(c[k]).reshape(1, -1) for c in cand_runs], axis=1) for k in range(len(names))],
     )
-    if not errors.within(rtol):
-        worst = max(range(len(names)), key=lambda k: errors.per_output[k][1])
+    failing = errors.failing(rtol, atol)
+    if failing:
+        worst = failing[0]
+        abs_err, rel_err = errors.per_output[worst]
         raise NumericCheckError(
-            f"optimized model differs from the original: output {names[worst]!r} max relative error "
-            f"{errors.max_rel:.3g} > rtol {rtol:g}",
-            hint="rerun skipping passes one by one (--skip-pass NAME) to find the one at fault, and report the model",
+            f"{what} differs from the original: output {names[worst]!r} max abs error {abs_err:.3g} > "
+            f"{errors.allowed(worst, rtol, atol):.3g} allowed (rtol {rtol:g} x max |reference| "
+            f"{errors.scales[worst]:.3g} + {atol:g}; relative error {rel_err:.3g})",
+            hint=hint,
         )
     return errors

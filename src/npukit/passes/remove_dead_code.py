@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import onnx_ir as ir
+import onnx_ir.passes.common  # noqa: F401 - ir.passes.common is not imported by onnx_ir itself
 
 from npukit.passes.base import NpukitPass
 

@@ -44,6 +44,8 @@ class QuantConfig:
     quantized: on x86 CPUs, with VNNI or without, that stem runs faster in float (see ``npukit.quant.schemes``).
     The convolutions that follow the stem in a chain (at most three) stay in float too as far as that is timed
     fastest on this machine (``npukit.quant.float_head``; ties go to float, the more accurate).
+    ``float_joins`` leaves a join of tensors on very different scales (a Concat of box coordinates and class scores)
+    and every node after it in float, so that each input keeps its own grid (``npukit.quant.joins``).
     ``gemm_convs`` times each int8 Conv of the built model on ONNX Runtime's two int8 conv kernels (its symmetric-conv
     kernel, taken when the weights' zero points are 0, and its general int8 GEMM, AMX tiles on CPUs with AMX) and
     moves those faster on the GEMM there by shifting their weight integers and zero point by one: the same
@@ -95,6 +97,7 @@ class QuantConfig:
     reduce_range: bool = False
     pair_channels: bool = True
     float_stem: bool = False
+    float_joins: bool = True
     gemm_convs: bool = False
     adaround: bool = False
     adaround_iterations: int = 300

@@ -14,7 +14,8 @@ median of the per-round ratios), with the same outputs to the bit.
 Nothing numerical changes: a weight tensor whose integers leave room (not both -128 and 127 present) moves by one,
 ``q + s`` with zero point ``s`` (s = -1 when no integer is -128, else +1), which dequantizes to exactly the same
 values, and both kernels accumulate in 32 bits (with VNNI or AMX; ``schemes.cpu_int8_scheme`` turns this on only
-there). Which convs move is timed, not modelled: each candidate as a single NHWC QLinearConv (ORT's own form after
+there, and ``require_exact_move`` refuses it wherever ``runtime.int8_paths`` measures either kernel inexact with
+full-range weights: on x86 without VNNI both saturate, each differently). Which convs move is timed, not modelled: each candidate as a single NHWC QLinearConv (ORT's own form after
 its layout transform) at its shape, both ways, interleaved; the ones at least ``MARGIN`` faster on the GEMM move, and
 the whole model is then timed both ways and the move kept only if that is faster too.
 """
@@ -27,9 +28,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from npukit.errors import InputError
 from npukit.measure.latency import paired_ratio, time_sessions_interleaved
 from npukit.quant.nodes import consumers
 from npukit.quant.schemes import is_depthwise
+from npukit.runtime.int8_paths import Int8Path, full_range_exact, probe_int8_paths
 from npukit.runtime.ort import make_session
 
 MARGIN = 0.05  # a node moves when the GEMM takes at most 95% of ConvSym's time alone
@@ -194,9 +197,26 @@ def _time_node(c: _Candidate) -> float:
     return paired_ratio(times["sym"], times["gemm"], rounds=NODE_TIMING["rounds"])
 
 
+def require_exact_move(paths: tuple[Int8Path, ...] | None = None) -> None:
+    """Raise InputError unless both of ORT's int8 conv kernels compute full-range int8 weights exactly on this CPU
+    (``paths``: the measured ``runtime.int8_paths``, probed here when None): only then is the move exact. Without
+    32-bit accumulation (x86 without VNNI) both saturate, each differently, so a moved conv changes its outputs."""
+    paths = probe_int8_paths() if paths is None else paths
+    if full_range_exact(paths):
+        return
+    worst = max(p.steps_off for p in paths if p.name == "1x1 conv" and p.weights == "full 8-bit")
+    raise InputError("gemm_convs moves int8 convs between ONNX Runtime's two int8 conv kernels, which is exact only "
+                     "where both accumulate u8 x s8 products in 32 bits; on this CPU they saturate (measured: "
+                     f"1x1 convs with full-range weights off by up to {worst} output steps)",
+                     hint="leave --gemm-convs at auto (off on this CPU) or off; `npukit devices` lists the int8 "
+                          "paths that are exact here")
+
+
 def choose_conv_kernels(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> KernelChoice:
     """Move the Convs of the QDQ ``model`` that ORT runs faster on its general int8 GEMM there (module docstring),
-    timing the whole model on ``feeds`` to confirm."""
+    timing the whole model on ``feeds`` to confirm. Refused (InputError) on a CPU where the move is not exact
+    (``require_exact_move``)."""
+    require_exact_move()
     found = candidates(model)
     ratios = {c.node: _time_node(c) for c in found}
     chosen = [c for c in found if ratios[c.node] <= 1.0 - MARGIN]

@@ -25,6 +25,7 @@ from onnx import numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
+from npukit._scratch import scratch_cwd
 from npukit.errors import InputError
 from npukit.frontend.onnx_io import named_nodes
 from npukit.quant.adaround import adaround, scale_override
@@ -32,9 +33,10 @@ from npukit.quant.auto import choose_method, split_samples
 from npukit.quant.bias_correction import correct_bias
 from npukit.quant.calibrate import Progress, calibrate, iter_samples, sixteen_bit_tensors
 from npukit.quant.config import QuantConfig
-from npukit.quant.conv_kernel import choose_conv_kernels
+from npukit.quant.conv_kernel import choose_conv_kernels, require_exact_move
 from npukit.quant.equalize import equalize
 from npukit.quant.float_head import HeadChoice, choose_float_head
+from npukit.quant.joins import JOIN_RATIO, mixed_scale_joins
 from npukit.quant.pair_channels import pair_channels, pairing_pays
 from npukit.quant.range_search import search_ranges
 from npukit.quant.schemes import (STEM_MAX_K, pair_bounded, pair_bounded_scale, reduced_weight_range, stem_convs,
@@ -84,10 +86,22 @@ class FeedsReader(CalibrationDataReader):
 
 
 def preprocess(model: onnx.ModelProto) -> onnx.ModelProto:
-    """ORT's quantization pre-processing (shape inference, BatchNorm folding and other basic optimizations)."""
+    """ORT's quantization pre-processing (shape inference, BatchNorm folding and other basic optimizations).
+
+    It runs in a scratch working directory: ORT's symbolic shape inference saves ``sym_shape_infer_temp.onnx`` (and
+    its weights) into the current directory when it gives up. When it does give up, ONNX shape inference alone is
+    used (enough for the static shapes npukit quantizes with)."""
     with tempfile.TemporaryDirectory(prefix="npukit-quant-") as tmp:
         out = Path(tmp) / "pre.onnx"
-        quant_pre_process(model, str(out))
+        with scratch_cwd(prefix="npukit-quant-cwd-"):
+            try:
+                quant_pre_process(model, str(out))
+            except Exception as exc:  # ORT raises a bare Exception("Incomplete symbolic shape inference")
+                if "symbolic shape inference" not in str(exc):
+                    raise
+                source = Path(tmp) / "in.onnx"  # from a path: given a ModelProto here ORT loses its weights
+                onnx.save(model, str(source))
+                quant_pre_process(str(source), str(out), skip_symbolic_shape=True)
         return onnx.load(str(out))
 
 
@@ -256,6 +270,8 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
     if missing:
         raise InputError(f"nodes to exclude {sorted(missing)} are not in the model",
                          hint="use node names from the graph")
+    if config.gemm_convs:
+        require_exact_move()  # before any long step: refused where ORT's two int8 conv kernels are not both exact
     steps: dict[str, dict] = {}
     work = preprocess(model)
     probe = None
@@ -265,8 +281,23 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
     if config.float_stem:  # before the 16-bit plan, which then times and scans the model with its float head
         heads = float_heads(work, first, config, probe)
         head_nodes = tuple(n for h in heads for n in h.nodes)
+        compute = {n.name for n in work.graph.node if n.op_type in FLOAT_COMPUTE_OPS} - set(config.exclude)
+        dropped = ""
+        if head_nodes and compute <= set(head_nodes):  # the head would leave no integer compute at all
+            dropped = (f"the float head ({', '.join(head_nodes)}) would have left every conv/matmul of the model in "
+                       "float; it is dropped and the model quantized whole")
+            head_nodes = ()
         config = dataclasses.replace(config, float_stem=False, exclude=config.exclude + head_nodes)
-        steps["float_stem"] = {"nodes": list(head_nodes), "max_k": STEM_MAX_K, "heads": [h.summary() for h in heads]}
+        steps["float_stem"] = {"nodes": list(head_nodes), "max_k": STEM_MAX_K, "heads": [h.summary() for h in heads],
+                               "dropped": dropped}
+    if config.float_joins:  # a join of very different scales (boxes and scores) and what follows it stay in float
+        probe = probe if probe is not None else one_sample_ranges(work, first, config)
+        joins = [j for j in mixed_scale_joins(work, probe) if j.node not in config.exclude]
+        kept = tuple(dict.fromkeys(n for j in joins for n in (j.node, *j.after)
+                                   if n not in config.exclude and n not in config.int16_nodes))
+        if kept:
+            config = dataclasses.replace(config, exclude=config.exclude + kept)
+            steps["float_joins"] = {"nodes": list(kept), "ratio": JOIN_RATIO, "joins": [j.summary() for j in joins]}
     if config.int16_budget > 0:  # first: the plan is chosen on the recipe without it, then built like a given list
         plan = plan_int16_tensors(model, samples, config=config, budget=config.int16_budget)
         config = dataclasses.replace(config, int16_budget=0.0,

@@ -64,6 +64,13 @@ class Report:
         self.artifacts: dict[str, str] = {}
         self.started = _dt.datetime.now(_dt.timezone.utc)
         self.timings: dict[str, float] = {}
+        self.verdict: str | None = None  # the one-line verdict that starts the report ("PASS ...", "FAIL ...")
+        self.passed: bool = True  # False: the artifact failed its checks (the CLI exits 1)
+
+    def set_verdict(self, line: str, *, passed: bool) -> None:
+        """The report's one-line verdict; ``passed=False`` makes the command exit 1."""
+        self.verdict = " ".join(line.split())
+        self.passed = passed
 
     def add(self, key: str, value: Any) -> None:
         self.sections[key] = value
@@ -82,6 +89,8 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         return {
             "npukit_report": 1,
+            "verdict": self.verdict,
+            "passed": self.passed,
             "command": self.command,
             "title": self.title,
             "created": self.started.isoformat(timespec="seconds"),

@@ -39,6 +39,10 @@ figure { margin: 0; }
 figure svg { display: block; max-width: 100%; height: auto; }
 .note { color: #57606a; }
 .error { color: #cf222e; }
+.verdict { font-weight: 600; padding: .5rem .75rem; border-radius: 6px; border: 1px solid; }
+.verdict.pass { color: #1a7f37; border-color: #1a7f37; }
+.verdict.warn { color: #9a6700; border-color: #9a6700; }
+.verdict.fail { color: #cf222e; border-color: #cf222e; }
 details { background: #ffffff; border: 1px solid #d0d7de; border-radius: 8px; padding: 8px 16px; margin: 0 0 12px; }
 summary { cursor: pointer; font-weight: 600; }
 pre { margin: 8px 0 4px; padding: 10px; background: #f6f8fa; border-radius: 6px; overflow: auto; max-height: 560px;
@@ -109,6 +113,9 @@ def render_html(report: Report) -> str:
         + (f" · total {_e(format_seconds(sum(report.timings.values())))}" if report.timings else "")
         + "</p></header>",
     ]
+    if report.verdict:
+        kind = "pass" if report.passed and report.verdict.startswith("PASS") else "warn" if report.passed else "fail"
+        parts.append(f'<p class="verdict {kind}">{_e(report.verdict)}</p>')
     if report.artifacts:
         parts += ["<h2>Artifacts</h2>", '<section class="card">', _kv_table(list(report.artifacts.items()),
                                                                             path_values=True), "</section>"]

@@ -22,6 +22,8 @@ MISSING = "—"
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 # "size" names a byte count unless it is one of these counts of something else.
 _NOT_BYTES = re.compile(r"(batch|kernel|group|window|step|sample|vocab|population|font)[ _-]?sizes?\b")
+# "size" as a word of its own ("file_size", "size bytes"), not inside one ("Resize", "Downsize")
+_SIZE_WORD = re.compile(r"(?<![a-z])sizes?(?![a-z])")
 # Text that reads as a number, a signed change, a percentage or a byte size ("-12 (-3.1%)", "1.5 MiB", "+3 (new)").
 _NUMERIC_TEXT = re.compile(
     r"^[+-]?(\d[\d,]*(\.\d+)?([eE][+-]?\d+)?|nan|inf)\s*(%|x|B|KiB|MiB|GiB|TiB|PiB|s|ms)?"
@@ -32,7 +34,7 @@ _NUMERIC_TEXT = re.compile(
 def is_bytes_column(name: str) -> bool:
     """A column (or axis, or before/after key) holds byte counts when its name says "bytes" or "size"."""
     lowered = name.lower()
-    return "bytes" in lowered or ("size" in lowered and not _NOT_BYTES.search(lowered))
+    return "bytes" in lowered or (_SIZE_WORD.search(lowered) is not None and not _NOT_BYTES.search(lowered))
 
 
 def _is_number(value: Any) -> bool:
@@ -147,8 +149,12 @@ def timings_line(timings: Mapping[str, float]) -> str:
 
 
 def print_report(report: Report, *, console: Console | None = None) -> None:
-    """Print the report's title, command, artifacts, every table, and the timings."""
+    """Print the report's verdict (when it has one), title, command, artifacts, every table, and the timings."""
     console = console or Console()
+    if report.verdict:
+        style = "bold green" if report.passed and report.verdict.startswith("PASS") else \
+            "bold yellow" if report.passed else "bold red"
+        console.print(Text(report.verdict, style=style), soft_wrap=True)
     console.print(Text(report.title, style="bold"))
     console.print(Text(f"{report.command} · {report.started.isoformat(timespec='seconds')}", style="dim"))
     for role, path in report.artifacts.items():

@@ -11,6 +11,7 @@ from typing import Any
 
 import onnxruntime as ort
 
+from npukit.runtime.int8_paths import Int8Path, full_range_exact, probe_int8_paths
 from npukit.runtime.qnn import QnnStatus, qnn_available
 
 # /proc/cpuinfo flag -> what it means for int8 inference. x86 flags are under "flags", Arm ones under "Features".
@@ -55,6 +56,7 @@ class DeviceReport:
     memory_total_bytes: int | None
     memory_available_bytes: int | None
     plan: tuple[str, ...]
+    int8_paths: tuple[Int8Path, ...] = ()  # ORT's int8 conv paths, measured exact or not on this CPU
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -66,6 +68,7 @@ class DeviceReport:
             "memory_total_bytes": self.memory_total_bytes,
             "memory_available_bytes": self.memory_available_bytes,
             "plan": list(self.plan),
+            "int8_paths": [p.as_dict() for p in self.int8_paths],
         }
 
 
@@ -76,6 +79,7 @@ def probe_devices(*, proc: str | os.PathLike[str] = "/proc") -> DeviceReport:
                        for d in ort.get_ep_devices())
     cpu = read_cpu_info(Path(proc) / "cpuinfo")
     total, available = read_meminfo(Path(proc) / "meminfo")
+    paths = probe_int8_paths()
     return DeviceReport(
         onnxruntime_version=ort.__version__,
         providers=tuple(ort.get_available_providers()),
@@ -84,7 +88,8 @@ def probe_devices(*, proc: str | os.PathLike[str] = "/proc") -> DeviceReport:
         cpu=cpu,
         memory_total_bytes=total,
         memory_available_bytes=available,
-        plan=make_plan(qnn, cpu),
+        plan=make_plan(qnn, cpu, paths),
+        int8_paths=paths,
     )
 
 
@@ -133,8 +138,9 @@ def read_meminfo(path: str | os.PathLike[str]) -> tuple[int | None, int | None]:
     return values.get("MemTotal"), values.get("MemAvailable")
 
 
-def make_plan(qnn: QnnStatus, cpu: CpuInfo) -> tuple[str, ...]:
-    """What npukit would pick here, most preferred first, each line with the reason."""
+def make_plan(qnn: QnnStatus, cpu: CpuInfo, paths: tuple[Int8Path, ...] = ()) -> tuple[str, ...]:
+    """What npukit would pick here, most preferred first, each line with the reason; ``paths`` (the measured
+    ``int8_paths``) adds which weight grid and conv kernel choice the measurements allow."""
     plan = []
     if qnn.available:
         where = "emulator on x86: numerically the NPU, slowly" if cpu.machine.lower() in ("x86_64", "amd64") \
@@ -162,4 +168,13 @@ def make_plan(qnn: QnnStatus, cpu: CpuInfo) -> tuple[str, ...]:
                     "expect a smaller speed-up (reduce_range avoids u8s8 saturation on AVX2)")
     else:
         plan.append("cpu float32: no int8 SIMD found; quantize for size only")
+    if paths:
+        if full_range_exact(paths):
+            plan.append("int8 conv paths measured exact with full-range weights: full 8-bit weights, and each conv "
+                        "timed on ORT's two int8 conv kernels (--gemm-convs auto)")
+        else:
+            exact = sorted({f"{p.name} with {p.weights} weights" for p in paths if p.exact})
+            plan.append("int8 convs with full-range weights measured saturating here: npukit quantizes with "
+                        "reduce_range grids (exact: " + ", ".join(exact) + ") and keeps each conv on ORT's "
+                        "symmetric kernel (--gemm-convs on is refused)")
     return tuple(plan)

@@ -306,15 +306,42 @@ def _session_error(error: Exception, log: str, *, backend: str) -> InputError:
                           hint="use --target cpu, or allow the CPU fallback explicitly")
     message = _first_line(error)
     if _FALLBACK_DISABLED in message:
-        rejected = node_rejections(log)
+        rejected = _rejected_ops(log)
         shown = "; ".join(f"{name}: {reason}" for name, reason in list(rejected.items())[:3])
         more = f" and {len(rejected) - 3} more" if len(rejected) > 3 else ""
         detail = f" ({shown}{more})" if rejected else ""
         return InputError(f"the QNN {backend} backend does not take every node of the model{detail}",
                           hint="see `npukit analyze --target qnn-htp`, quantize to QDQ first, or allow the CPU "
                                "fallback")
-    return InputError(f"ONNX Runtime cannot create the QNN {backend} session: {message}",
+    rejected = _rejected_ops(log)
+    errors = [e for e in qnn_errors(log) if not (rejected and e.startswith("Unsupported nodes"))]
+    details = [*errors[:3]]
+    if rejected:
+        details.append("nodes the QNN EP rejected: " + "; ".join(
+            f"{name}: {reason}" for name, reason in list(rejected.items())[:3])
+            + (f" and {len(rejected) - 3} more" if len(rejected) > 3 else ""))
+    detail = f" (QNN log: {' | '.join(details)})" if details else ""
+    return InputError(f"ONNX Runtime cannot create the QNN {backend} session: {message}{detail}",
                       hint="check the model with `npukit analyze --target qnn-htp`")
+
+
+_ERROR_LINE = re.compile(r"\[E:onnxruntime:[^\]]*\] (.*?)(?:\x1b\[m)?$", re.MULTILINE)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def qnn_errors(log: str) -> list[str]:
+    """The error-level lines of ORT's log (what the QNN EP says when composing or finalizing a graph fails, e.g.
+    "Failed to create tensor for node: X tensor_name: Y error code: 7004"), without the source locations, once each."""
+    lines = []
+    for match in _ERROR_LINE.finditer(log):
+        text = " ".join(_ANSI.sub("", match.group(1)).split())
+        text = re.sub(r"^\S+\.(?:cc|h|cpp):\d+ \S+\] ?", "", text)
+        if len(text) > 300:
+            text = text[:297] + "..."
+        if text and text not in lines:
+            lines.append(text)
+    # what failed (a tensor, a node, the graph) before the list of nodes the EP left out, which rejections give
+    return sorted(lines, key=lambda line: line.startswith("Unsupported nodes"))
 
 
 def _first_line(exc: BaseException) -> str:
@@ -326,16 +353,23 @@ def _first_line(exc: BaseException) -> str:
 
 @contextlib.contextmanager
 def capture_stderr() -> Iterator[Any]:
-    """Redirect file descriptor 2 (where ORT's C++ logger writes) to a temporary file; yields a reader."""
+    """Redirect file descriptors 2 (where ORT's C++ logger writes) and 1 (where QNN's libnative prints its
+    thread-local-config notice when the HTP backend loads) to a temporary file; yields a reader."""
+    import sys
+
     with _stderr_lock, tempfile.TemporaryFile(mode="w+b") as sink:
-        saved = os.dup(2)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        saved = {fd: os.dup(fd) for fd in (1, 2)}
         captured: list[str] = []
         try:
-            os.dup2(sink.fileno(), 2)
+            for fd in saved:
+                os.dup2(sink.fileno(), fd)
             yield lambda: "".join(captured)
         finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+            for fd, copy in saved.items():
+                os.dup2(copy, fd)
+                os.close(copy)
             sink.seek(0)
             captured.append(sink.read().decode("utf-8", errors="replace"))
 
@@ -436,6 +470,14 @@ def node_rejections(log: str) -> dict[str, str]:
             else:
                 rejected.pop(match.group(2), None)
     return rejected
+
+
+def _rejected_ops(log: str) -> dict[str, str]:
+    """Like ``node_rejections``, for the operator of each failed node unit only (not its Q/DQ nodes)."""
+    rejected = node_rejections(log)
+    ops = {m.group(2): m.group(1) for _verdict, body in _UNIT_BLOCK.findall(log) for m in _UNIT_NODE.finditer(body)}
+    main = {k: v for k, v in rejected.items() if ops.get(k) not in ("QuantizeLinear", "DequantizeLinear")}
+    return main or rejected
 
 
 def _unit_provider(name: str, units: list[list[str]], assigned: dict[str, str]) -> str | None:

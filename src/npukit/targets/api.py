@@ -64,6 +64,9 @@ def analyze_model(
         rows = [[v.name, v.op_type, "; ".join(v.reasons) or "-", v.fix or "-"] for v in a.unsupported]
         if rows:
             report.add_table(f"Nodes left to the CPU on {a.target}", ["node", "op", "why", "fix"], rows)
+        wrong = [[v.name, v.op_type, "; ".join(v.warnings), v.fix or "-"] for v in a.inaccurate]
+        if wrong:
+            report.add_table(f"Nodes {a.target} takes but computes wrongly", ["node", "op", "why", "fix"], wrong)
         if a.problem():
             report.add(f"problem[{a.target}]", {"message": a.problem(), "hint": a.hint()})
     report.add_figure("Share of MACs delegated", "bar",

@@ -315,15 +315,30 @@ def apply_fixes(
             continue
         taken.update(rule.source_ops)
         passes.append((rule, rule.make_pass()))  # type: ignore[misc]
-    if not passes:
-        return FixResult(reference, applied, None)
-    ir_model = ir.serde.deserialize_model(reference)
-    result = PassManager([p for _, p in passes])(ir_model)
-    for (rule, _), record in zip(passes, result.records):
-        applied.append({"fix": rule.name, "description": rule.description, "rewrites": record.rewrites,
-                        "notes": list(record.notes)})
-    fixed = ir.serde.serialize_model(result.model)
-    if not result.modified:
+    fixed, modified = reference, False
+    if passes:
+        ir_model = ir.serde.deserialize_model(reference)
+        result = PassManager([p for _, p in passes])(ir_model)
+        for (rule, _), record in zip(passes, result.records):
+            applied.append({"fix": rule.name, "description": rule.description, "rewrites": record.rewrites,
+                            "notes": list(record.notes)})
+        if result.modified:
+            fixed, modified = ir.serde.serialize_model(result.model), True
+    if target.hazards:  # patterns the target takes but computes wrongly: rewritten to a form it computes right
+        from npukit.targets.hazards import guard_hazards
+
+        guarded = guard_hazards(fixed, target)
+        for name in dict.fromkeys(m.hazard.fix or m.hazard.name for m in (*guarded.rewritten,
+                                                                           *(m for m, _ in guarded.left))):
+            done = [m for m in guarded.rewritten if (m.hazard.fix or m.hazard.name) == name]
+            left = [(m, why) for m, why in guarded.left if (m.hazard.fix or m.hazard.name) == name]
+            applied.append({"fix": name, "description": (done or [m for m, _ in left])[0].hazard.reason,
+                            "rewrites": len(done),
+                            "notes": [f"{' + '.join(m.nodes)}: rewritten" for m in done]
+                            + [f"{' + '.join(m.nodes)}: kept ({why})" for m, why in left]})
+        if guarded.rewritten:
+            fixed, modified = guarded.model, True
+    if not modified:
         return FixResult(reference, applied, None)
     errors = verify_equivalent(reference, fixed, rtol=rtol)
     return FixResult(fixed, applied, errors)

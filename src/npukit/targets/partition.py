@@ -45,9 +45,10 @@ class NodeVerdict:
     fix: str | None
     partition: int | None  # index into Analysis.partitions; None: CPU
     macs: int | None
+    warnings: tuple[str, ...] = ()  # the target takes the node but computes it wrongly (profile hazards), and why
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"reasons": list(self.reasons)}
+        return dataclasses.asdict(self) | {"reasons": list(self.reasons), "warnings": list(self.warnings)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +88,11 @@ class Analysis:
     def unsupported(self) -> tuple[NodeVerdict, ...]:
         return tuple(n for n in self.nodes if n.partition is None)
 
+    @property
+    def inaccurate(self) -> tuple[NodeVerdict, ...]:
+        """Nodes the target takes but computes wrongly (the profile's hazards), with the fix that avoids it."""
+        return tuple(n for n in self.nodes if n.warnings)
+
     def unsupported_ops(self) -> dict[str, int]:
         return dict(collections.Counter(n.op_type for n in self.unsupported).most_common())
 
@@ -112,6 +118,7 @@ class Analysis:
         return {
             "target": self.target, "display_name": self.display_name,
             "nodes_total": len(self.nodes), "nodes_delegated": self.delegated_nodes,
+            "nodes_inaccurate": len(self.inaccurate),
             "partitions": [p.as_dict() for p in self.partitions], "transitions": self.transitions,
             "macs_total": self.macs_total, "macs_delegated": self.macs_delegated, "mac_share": self.mac_share,
             "needs_quantization": self.needs_quantization, "symbolic_inputs": list(self.symbolic_inputs),
@@ -645,6 +652,19 @@ def analyze(
             kept.append(g)
         groups = kept
 
+    from npukit.targets.hazards import find_hazards
+
+    hazard_at: dict[int, tuple[str, str | None]] = {}
+    hazards = find_hazards(inferred, target, infos=infos)
+    for match in hazards:
+        for i in match.indices:  # a float model's hazard is rewritten by compile, after quantizing
+            hazard_at[i] = (match.reason, match.hazard.fix if match.quantized else None)
+    if hazards:
+        notes.append(f"{target.display_name} computes {len(hazards)} node pattern(s) wrongly "
+                     f"({', '.join(sorted({m.hazard.name for m in hazards}))}): see the nodes' warnings; "
+                     + ("--fix and compile rewrite them" if any(m.quantized for m in hazards) else
+                        "they appear once the model is quantized, and npukit compile rewrites them then"))
+
     cancelled = _layout_cancelled(graph, infos, target)
     removed = (*removed, *(graph.node[i].name for i in sorted(cancelled) if graph.node[i].name))
     if cancelled:
@@ -675,10 +695,14 @@ def analyze(
                 fix = rule.name
             elif any("static shapes" in r for r in unit_reasons) and "fix_input_shape" in target.substitutions:
                 fix = "fix_input_shape"
+        warnings: tuple[str, ...] = ()
+        if i in hazard_at and i in node_partition:
+            warnings = (hazard_at[i][0],)
+            fix = fix or hazard_at[i][1]
         verdicts.append(NodeVerdict(
             index=i, name=node.name or f"{node.op_type}_{i}", op_type=node.op_type,
             supported=i in node_partition, reasons=unit_reasons, fix=fix, partition=node_partition.get(i),
-            macs=node_macs[i]))
+            macs=node_macs[i], warnings=warnings))
 
     place = {i: node_partition.get(i, -1) for i in range(len(graph.node))}
     producer = {out: i for i, n in enumerate(graph.node) for out in n.output if out}
@@ -704,6 +728,10 @@ def _cell(verdicts: list[NodeVerdict], needs_quant: bool) -> str:
         text = ("no" if taken == 0 else f"{taken}/{len(verdicts)}") + (f": {first}" if first else "")
         if fix:
             text += f" [fix: {fix}]"
+    wrong = [v for v in verdicts if v.warnings]
+    if wrong:
+        fixes = ", ".join(sorted({v.fix for v in wrong if v.fix}))
+        text += f"; {len(wrong)} computed wrongly" + (f" [fix: {fixes}]" if fixes else "")
     return text + (" (after quantization)" if needs_quant and taken else "")
 
 
@@ -711,16 +739,19 @@ def tables(analyses: list[Analysis]) -> list[Table]:
     """Side-by-side tables for analyses of one model: op support per target, and a delegation summary."""
     if not analyses:
         return []
-    first = analyses[0]
-    by_op: dict[str, list[int]] = collections.defaultdict(list)
-    for v in first.nodes:
-        by_op[v.op_type].append(v.index)
+    # Grouped by op type per analysis: a target whose runtime optimizes the graph first (ORT's basic level) sees
+    # fewer nodes, numbered afresh, than one that takes the model as given.
+    counts: dict[str, int] = {}
+    for a in analyses:
+        for op, n in collections.Counter(v.op_type for v in a.nodes).items():
+            counts[op] = max(counts.get(op, 0), n)
     op_rows = []
-    for op, indices in sorted(by_op.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        row: list[Any] = [op, len(indices)]
+    for op, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        row: list[Any] = [op, count]
         for a in analyses:
-            by_index = {v.index: v for v in a.nodes}
-            row.append(_cell([by_index[i] for i in indices], a.needs_quantization))
+            verdicts = [v for v in a.nodes if v.op_type == op]
+            row.append(_cell(verdicts, a.needs_quantization) if verdicts else
+                       "removed by the runtime's graph optimizations")
         op_rows.append(row)
     summary_rows = []
     for a in analyses:

@@ -196,6 +196,48 @@ class Fusion:
     notes: str = ""
 
 
+@dataclasses.dataclass(frozen=True)
+class HazardSite:
+    """What a Hazard's condition sees of one match: the pattern's input tensor, the op that produces it (looking
+    through Q/DQ; None for a graph input or a constant), and its quantized dtype (None in a float model)."""
+
+    input: TensorInfo
+    producer: str | None
+    activation_dtype: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Hazard:
+    """A node pattern a backend takes but computes wrongly, as measured: where ``applies(site)`` holds, the backend's
+    result differs from the model's. ``patterns`` are PatternStep forms (matched through Q/DQ pairs), their input
+    produced by one of ``producers`` (empty: any; looking through ``transparent`` ops whose other inputs are
+    constant, which the backend folds into the op before them) and quantized to one of ``activation_dtypes``
+    (empty: any); a float model counts as quantized to ``float_as`` (the activations npukit's quantization gives
+    the target; None: a float model is not affected). ``fix`` names the rewrite
+    (``npukit.targets.hazards.REWRITES``) after which the backend computes it right; ``evidence`` says how it was
+    measured."""
+
+    name: str
+    patterns: tuple[tuple[PatternStep, ...], ...]
+    applies: Callable[[HazardSite], bool]
+    reason: str
+    producers: tuple[str, ...] = ()
+    transparent: tuple[str, ...] = ()
+    activation_dtypes: tuple[str, ...] = ()
+    float_as: str | None = None
+    fix: str | None = None
+    evidence: str = ""
+
+    def check(self, site: HazardSite) -> bool:
+        """Whether this hazard hits ``site``."""
+        if self.producers and site.producer not in self.producers:
+            return False
+        dtype = site.activation_dtype if site.activation_dtype is not None else self.float_as
+        if dtype is None or (self.activation_dtypes and dtype not in self.activation_dtypes):
+            return False
+        return bool(self.applies(site))
+
+
 GRAPH_OPTIMIZATIONS = (None, "ort-basic")
 
 
@@ -235,7 +277,7 @@ class TargetProfile:
     op of its own and checks as that op. ``graph_optimizations`` names the graph optimizations the runtime applies
     before the backend partitions the model ("ort-basic": ONNX Runtime's basic level), which ``analyze`` applies
     too. ``substitutions`` names the fix rules (``npukit.targets.fix.FIXES``) the target wants, in order of
-    preference.
+    preference. ``hazards`` are patterns the backend takes but computes wrongly (``Hazard``), each with its rewrite.
     """
 
     name: str
@@ -256,6 +298,7 @@ class TargetProfile:
     fusions: tuple[Fusion, ...] = ()
     graph_optimizations: str | None = None
     variants: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    hazards: tuple[Hazard, ...] = ()
 
     def __post_init__(self) -> None:
         if self.layout not in ("NCHW", "NHWC"):
@@ -288,6 +331,7 @@ class TargetProfile:
             "substitutions": list(self.substitutions),
             "fusions": [f.name for f in self.fusions],
             "graph_optimizations": self.graph_optimizations,
+            "hazards": [{"name": h.name, "reason": h.reason, "fix": h.fix} for h in self.hazards],
         }
 
 

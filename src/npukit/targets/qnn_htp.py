@@ -23,6 +23,8 @@ from npukit.targets.profile import (
     ConstantInput,
     DocSource,
     Fusion,
+    Hazard,
+    HazardSite,
     InputRank,
     NodeInfo,
     OpRule,
@@ -83,6 +85,13 @@ def _resize_nearest_ok(node: NodeInfo) -> bool:
     return not (nearest == "floor" and coord == "pytorch_half_pixel")
 
 
+def _resize_roi_ok(node: NodeInfo) -> bool:
+    roi = node.inputs[1] if len(node.inputs) > 1 else None
+    if roi is None or roi.dtype not in QUANT_DTYPES or roi.shape is None:
+        return True
+    return all(not isinstance(d, int) or d > 0 for d in roi.shape)
+
+
 def _group_norm_per_channel(node: NodeInfo) -> bool:
     x, scale = node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else None
     if x is None or scale is None or x.shape is None or scale.shape is None or len(x.shape) < 2:
@@ -100,6 +109,24 @@ _SIMPLE = (
     "STFT Sub Sum Tan Tanh ThresholdedRelu Tile TopK Transpose Upsample Where Xor GridSample Inverse Clip "
     "QuantizeLinear DequantizeLinear"
 )
+
+def _batch_norm_dtypes_ok(node: NodeInfo) -> bool:
+    """The QNN EP's BatchNormalization check on the HTP (batch_norm_op_builder.cc CheckHtpDataTypes): a 16-bit or
+    8-bit unsigned input takes a uint8 or int32 bias, an int8 input an int8 bias."""
+    if not node.quantized or len(node.inputs) < 3 or node.inputs[0] is None or node.inputs[2] is None:
+        return True
+    x, bias = node.inputs[0].dtype, node.inputs[2].dtype
+    if x in ("uint16", "uint8"):
+        return bias in ("uint8", "int32", None)
+    if x == "int8":
+        return bias in ("int8", None)
+    return True
+
+
+def _not_empty(node: NodeInfo) -> bool:
+    x = node.inputs[0] if node.inputs else None
+    return x is None or x.shape is None or all(not isinstance(d, int) or d > 0 for d in x.shape)
+
 
 def _layer_norm_bias_ok(node: NodeInfo) -> bool:
     bias = node.inputs[2] if len(node.inputs) > 2 else None
@@ -135,7 +162,10 @@ OPS = with_rules(
         InputRank(0, 3, 5),
         ConstantInput(2, "scales"),
         AttrPredicate(_resize_nearest_ok, "this nearest_mode / coordinate_transformation_mode pair is not "
-                                          "supported on the NPU"))),
+                                          "supported on the NPU"),
+        AttrPredicate(_resize_roi_ok, "its empty roi input is quantized (Q/DQ on a 0-element tensor): the HTP "
+                                      "cannot create it (QNN error 7004 when the graph is composed); make "
+                                      "constants initializers before quantizing"))),
     OpRule("ReduceProd", constraints=(AttrPredicate(lambda n: False, "ReduceProd is not supported on the NPU"),)),
     OpRule("LpNormalization", constraints=(AttrIn("p", (2,), 2),)),
     OpRule("GroupNormalization", constraints=(
@@ -143,6 +173,19 @@ OPS = with_rules(
     OpRule("Softmax", constraints=(AttrPredicate(lambda n: not (n.inputs and n.inputs[0] is not None
                                                                   and n.inputs[0].constant),
                                                  "input must not be a constant"),)),
+    # Seen on the emulator with PP-OCRv4's detector quantized from Constant nodes (its BatchNorm parameters became
+    # uint16 activations): "QNN Batchnorm unsupported datatype on HTP."
+    OpRule("BatchNormalization", constraints=(
+        AttrPredicate(_batch_norm_dtypes_ok, "quantized with this bias dtype the HTP rejects it (\"QNN Batchnorm "
+                                             "unsupported datatype on HTP\": a uint8/uint16 input needs a uint8 or "
+                                             "int32 bias); fold it into the Conv before it or make its parameters "
+                                             "initializers before quantizing"),)),
+    # A Q/DQ pair on an empty tensor (Resize's unused roi when it is a Constant node the quantizer took for an
+    # activation) passes validation, then composing the graph fails: "Failed to create tensor for node: ..._
+    # DequantizeLinear ... error code: 7004", "Failed to compose Qnn graph" (seen with PP-OCRv4's detector).
+    OpRule("DequantizeLinear", constraints=(
+        AttrPredicate(_not_empty, "an empty (0-element) tensor: the HTP cannot create it (QNN error 7004 when the "
+                                  "graph is composed); make constants initializers before quantizing"),)),
 )
 
 # Ops the QNN EP asks ORT's layout transformer to run in NHWC (QNNExecutionProvider::GetPreferredLayout users).
@@ -164,6 +207,36 @@ FUSIONS = (
     ), notes="x * 0.5 * (1 + Erf(x / sqrt(2))) in its exported orders (gelu_fusion.cc)"),
 )
 
+def _swish_tile_band(site: HazardSite) -> bool:
+    """Where the HTP's fused Swish computes wrongly: NCHW output height 9..12, or height >= 9 with width <= 8."""
+    shape = site.input.shape
+    if shape is None or len(shape) != 4 or not all(isinstance(d, int) for d in shape[2:]):
+        return False
+    height, width = shape[2], shape[3]
+    return height >= 9 and (height <= 12 or width <= 8)
+
+
+# Measured on the onnxruntime-qnn 2.7.0 HTP emulator (QNN SDK 2.51), same result for htp_arch 68, 69, 73, 75, 79 and
+# 81 and every htp_graph_finalization_optimization_mode: x * Sigmoid(x) with uint16 activations, x written by a
+# Conv (3x3 or 1x1, any stride, any channel count, depthwise too), ConvTranspose, MaxPool, AveragePool, Resize or a
+# Concat of Convs (also through a Relu or Clip the HTP folds into the Conv), is wrong where the output height is
+# 9..12 (any width) or >= 9 with width <= 8: the elements outside the first 8x8 tile are garbage (up to 2.4 on
+# values of 4.8; YOLOv8n's 10x10 stride-32 level: 3.8 on 6.6 after model.7, and the box outputs then differ from
+# run to run by up to 150 px, since the garbage is whatever the memory held). Heights 1..8, 13+ with width 9+, and
+# uint8 activations are right; so are x * Sigmoid(x) after an Add, a Tanh, a Transpose or on a graph input. The
+# product read through Mul(x, 1) is right everywhere (it stops the HTP fusing Sigmoid and Mul into its Swish).
+HAZARDS = (
+    Hazard(
+        "swish_16bit_tile", patterns=((PatternStep("Sigmoid", ("x",)), PatternStep("Mul", ("x", 0))),),
+        applies=_swish_tile_band,
+        reason="x * Sigmoid(x) on 16-bit activations after a Conv/pool/Resize, output height 9..12 (or >= 9 with "
+               "width <= 8): the HTP's fused Swish leaves the elements past the first 8x8 tile as garbage that "
+               "changes from run to run",
+        producers=tuple(sorted(LAYOUT_OPS | {"Concat"})), transparent=("Relu", "Clip", "Mul"),
+        activation_dtypes=("uint16", "int16"), float_as="uint16", fix="silu_split_input",
+        evidence="onnxruntime-qnn 2.7.0 HTP emulator, single Conv+SiLU QDQ models and YOLOv8n"),
+)
+
 KNOWN_LIMITS = (
     "every shape must be static: a symbolic dimension makes nodes fail with 'Cannot get shape'",
     "float32 models run in fp16 (enable_htp_fp16_precision) on HTP v69 and newer; v68 (Snapdragon 888) runs "
@@ -174,6 +247,8 @@ KNOWN_LIMITS = (
     "Erf has no QNN builder; the QNN EP fuses the x*0.5*(1+Erf(x/sqrt(2))) pattern into Gelu by itself",
     "Shape has no QNN builder: with static shapes ORT folds Shape subgraphs before partitioning",
     "ReduceProd is not supported on the NPU; ReduceL2 needs a float input",
+    "x * Sigmoid(x) (SiLU) with 16-bit activations after a Conv, pool or Resize is wrong at output height 9..12 "
+    "(or >= 9 with width <= 8): compile and analyze --fix read the product through Mul(x, 1)",
 )
 
 
@@ -207,6 +282,7 @@ def profile(soc: str | None = None) -> TargetProfile:
         fusions=FUSIONS,
         graph_optimizations="ort-basic",
         variants={part: f"{s.name}, HTP v{s.htp_arch}, soc_model {s.soc_model}" for part, s in SOCS.items()},
+        hazards=HAZARDS,
     )
 
 

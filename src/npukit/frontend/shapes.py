@@ -1,0 +1,238 @@
+"""Input shapes for every verb: one spec, fixed into the model first.
+
+``--input-shape 1,3,640,640`` gives the first input's shape; ``--input-shape name=1,3,640,640`` (repeatable) gives one
+per named input. :func:`apply_input_spec` writes those sizes into the model (a symbolic dimension's name shared with
+another input takes the same size there) and redoes ONNX shape inference, so that every later step (verification,
+ORT's quantizer, calibration data checks, memory planning, MAC counts) sees the same static shapes.
+:func:`require_static` is the one-line error of a verb that needs static shapes and was given none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import onnx
+
+from npukit.config import parse_shape
+from npukit.errors import InputError
+from npukit.frontend._messages import first_line
+
+Dim = int | str | None
+FIRST_INPUT = "<first input>"  # how an unnamed shape is shown in reports
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """Static input shapes: ``((None, shape),)`` for the first input, or ``((name, shape), ...)`` per input.
+
+    Build one with :meth:`parse` from what a user wrote (``"1,3,640,640"``, ``"x=1,3,640,640"``, a list of those,
+    a tuple of ints, or a ``{name: shape}`` mapping)."""
+
+    shapes: tuple[tuple[str | None, tuple[int, ...]], ...]
+
+    def __post_init__(self) -> None:
+        shapes = tuple((None if name is None else str(name), parse_shape(shape)) for name, shape in self.shapes)
+        object.__setattr__(self, "shapes", shapes)
+        if not shapes:
+            raise InputError("no input shape given", hint="write it like 1,3,224,224 or NAME=1,3,224,224")
+        names = [name for name, _ in shapes]
+        if None in names and len(names) > 1:
+            raise InputError("an input shape without a name can only be given alone",
+                             hint="name each input: --input-shape NAME=1,3,224,224 once per input")
+        duplicates = sorted({n for n in names if n is not None and names.count(n) > 1})
+        if duplicates:
+            raise InputError(f"input {duplicates[0]!r} is given more than one shape", hint="give each input once")
+
+    @classmethod
+    def parse(cls, value: InputSpec | str | Sequence[Any] | Mapping[str, Any] | None) -> InputSpec | None:
+        """None stays None; see the class docstring for the forms taken."""
+        if value is None or isinstance(value, InputSpec):
+            return value
+        if isinstance(value, Mapping):
+            return cls(tuple((str(k), v) for k, v in value.items()))
+        if isinstance(value, str):
+            return cls((_parse_one(value),))
+        items = list(value)
+        if not items:
+            return None
+        if all(isinstance(v, str) for v in items):
+            return cls(tuple(_parse_one(v) for v in items))
+        return cls(((None, tuple(items)),))
+
+    @property
+    def first(self) -> tuple[int, ...] | None:
+        """The shape of an unnamed spec (the first input's), else None."""
+        return self.shapes[0][1] if self.shapes[0][0] is None else None
+
+    def describe(self) -> str:
+        return ", ".join(("" if name is None else f"{name}=") + str(shape) for name, shape in self.shapes)
+
+    def as_dict(self) -> dict[str, list[int]]:
+        return {FIRST_INPUT if name is None else name: list(shape) for name, shape in self.shapes}
+
+    def resolve(self, model: onnx.ModelProto, *, override_static: bool = False) -> dict[str, tuple[int, ...]]:
+        """``{input name: shape}`` for ``model``: names checked against its inputs, ranks and static sizes against
+        what it declares (a symbolic dimension takes any size; a static one only with ``override_static``)."""
+        declared = input_dims(model)
+        if not declared:
+            raise InputError("the model has no inputs whose shape could be set", hint="leave out --input-shape")
+        resolved: dict[str, tuple[int, ...]] = {}
+        for name, shape in self.shapes:
+            key = next(iter(declared)) if name is None else name
+            if key not in declared:
+                raise InputError(f"the model has no input named {name!r}",
+                                 hint=f"its inputs: {', '.join(map(repr, declared))}")
+            dims = declared[key]
+            if dims is not None and len(dims) != len(shape):
+                raise InputError(f"input shape {shape} has rank {len(shape)} but input {key!r} "
+                                 f"of the model has rank {len(dims)} ({show_dims(dims)})",
+                                 hint=f"pass --input-shape {key}= with {len(dims)} dimensions")
+            for axis, (want, have) in enumerate(zip(shape, dims or ())):
+                if isinstance(have, int) and have != want and not override_static:
+                    raise InputError(f"input shape {shape} does not fit input {key!r} of the "
+                                     f"model ({show_dims(dims)}): axis {axis} is fixed to {have}",
+                                     hint="only symbolic dimensions can be set; keep the others as they are")
+            resolved[key] = tuple(shape)
+        return resolved
+
+
+def _parse_one(text: str) -> tuple[str | None, tuple[int, ...]]:
+    name, sep, dims = text.strip().rpartition("=")
+    if sep and not name.strip():
+        raise InputError(f"input shape {text!r} has an empty input name", hint="write it like x=1,3,224,224")
+    return (name.strip() if sep else None), parse_shape(dims)  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------------------------------------- model inputs
+
+def runtime_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The graph inputs fed at run time (older models also list their initializers as inputs)."""
+    initializers = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in initializers]
+
+
+def input_dims(model: onnx.ModelProto) -> dict[str, tuple[Dim, ...] | None]:
+    """Per runtime input: its dims (a positive int, the name of a symbolic dim, or None when unknown); None when its
+    rank is unknown."""
+    out: dict[str, tuple[Dim, ...] | None] = {}
+    for value in runtime_inputs(model):
+        tensor = value.type.tensor_type
+        if not value.type.HasField("tensor_type") or not tensor.HasField("shape"):
+            out[value.name] = None
+            continue
+        out[value.name] = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0
+                                else (d.dim_param or None) for d in tensor.shape.dim)
+    return out
+
+
+def show_dims(dims: Sequence[Dim] | None) -> str:
+    return "rank unknown" if dims is None else "x".join("?" if d is None else str(d) for d in dims)
+
+
+def symbolic_inputs(model: onnx.ModelProto, *, allow_batch: bool = True) -> dict[str, tuple[Dim, ...] | None]:
+    """The runtime inputs whose shape is not static: a symbolic or unknown dimension (``allow_batch``: other than
+    axis 0, which npukit runs as 1), or an unknown rank."""
+    return {name: dims for name, dims in input_dims(model).items()
+            if dims is None or any(not isinstance(d, int) for d in dims[1 if allow_batch else 0:])}
+
+
+def require_static(model: onnx.ModelProto, *, needs: str, allow_batch: bool = True) -> None:
+    """InputError naming each input with symbolic dimensions and the ``--input-shape`` to pass, unless every input
+    is static (``allow_batch``: a symbolic axis 0 alone is fine; it runs as 1). ``needs`` says what needs them."""
+    symbolic = symbolic_inputs(model, allow_batch=allow_batch)
+    if not symbolic:
+        return
+    shown = "; ".join(f"input {name!r} is {show_dims(dims)}" for name, dims in symbolic.items())
+    flags = " ".join(f"--input-shape {name}={_placeholder(dims)}" for name, dims in symbolic.items())
+    raise InputError(f"{needs} needs static input shapes and the model's are symbolic ({shown})",
+                     hint=f"pass the sizes to use: {flags}, with each symbolic name replaced by a number")
+
+
+def _placeholder(dims: tuple[Dim, ...] | None) -> str:
+    if dims is None:
+        return "N,C,H,W"
+    return ",".join("1" if axis == 0 and not isinstance(d, int) else
+                    str(d) if isinstance(d, int) else (d if d and len(d) <= 8 else f"D{axis}")
+                    for axis, d in enumerate(dims))
+
+
+# ------------------------------------------------------------------------------------------------- fixing shapes
+
+def apply_input_spec(model: onnx.ModelProto, spec: InputSpec | None, *, dynamic_batch: bool = False,
+                     override_static: bool = False) -> onnx.ModelProto:
+    """A copy of ``model`` with the shapes of ``spec`` written into its inputs and shapes inferred afresh;
+    ``model`` itself when ``spec`` is None.
+
+    A symbolic dimension's name is one size everywhere: an input not in ``spec`` that shares it takes the size too,
+    and two sizes for one name are an error. ``dynamic_batch`` keeps (or makes) axis 0 of the given inputs
+    symbolic ("batch"). A static dimension keeps its size unless ``override_static``. Shapes that do not fit the
+    model (shape inference fails) are an InputError."""
+    if spec is None:
+        return model
+    resolved = spec.resolve(model, override_static=override_static)
+    declared = input_dims(model)
+    sizes: dict[str, tuple[int, str]] = {}  # dim_param -> (size, the input that set it)
+    for name, shape in resolved.items():
+        for d, size in zip(declared[name] or (), shape):
+            if isinstance(d, str):
+                if d in sizes and sizes[d][0] != size:
+                    raise InputError(f"symbolic dimension {d!r} is {sizes[d][0]} for input {sizes[d][1]!r} but "
+                                     f"{size} for input {name!r}",
+                                     hint="give one size per symbolic dimension across the inputs")
+                sizes.setdefault(d, (size, name))
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    for value in runtime_inputs(fixed):
+        tensor = value.type.tensor_type
+        if value.name in resolved:
+            shape = resolved[value.name]
+            tensor.shape.ClearField("dim")
+            for axis, size in enumerate(shape):
+                dim = tensor.shape.dim.add()
+                if axis == 0 and dynamic_batch:
+                    dim.dim_param = "batch"
+                else:
+                    dim.dim_value = int(size)
+        elif tensor.HasField("shape"):
+            for axis, dim in enumerate(tensor.shape.dim):
+                if dim.dim_param in sizes and not (dynamic_batch and axis == 0):
+                    size = sizes[dim.dim_param][0]
+                    dim.Clear()
+                    dim.dim_value = size
+    # Shapes recorded for the old inputs would conflict with the new ones: infer them afresh.
+    fixed.graph.ClearField("value_info")
+    for output in fixed.graph.output:
+        if output.type.tensor_type.HasField("shape"):
+            output.type.tensor_type.ClearField("shape")
+    try:
+        return onnx.shape_inference.infer_shapes(fixed, strict_mode=True, data_prop=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
+        raise InputError(f"input shape {spec.describe()} does not fit the model: {first_line(exc)}",
+                         hint="pass the shape the model was made for with --input-shape") from exc
+
+
+def fixed_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    """The static shapes of ``model``'s runtime inputs, a symbolic axis 0 taken as 1 (inputs that are not static
+    otherwise are left out)."""
+    out = {}
+    for name, dims in input_dims(model).items():
+        if dims is None:
+            continue
+        shape = tuple(1 if axis == 0 and not isinstance(d, int) else d for axis, d in enumerate(dims))
+        if all(isinstance(d, int) for d in shape):
+            out[name] = shape  # type: ignore[assignment]
+    return out
+
+
+def load_with_inputs(path: Any, spec: InputSpec | str | Sequence[Any] | Mapping[str, Any] | None, *,
+                     needs: str | None = None, allow_batch: bool = True) -> onnx.ModelProto:
+    """Load the ONNX model at ``path`` with ``spec``'s shapes fixed into it first; with ``needs`` (what needs static
+    shapes, for the message) a model left with symbolic dimensions is an InputError naming them and the flag."""
+    from npukit.frontend.onnx_io import load_onnx
+
+    model = apply_input_spec(load_onnx(path), InputSpec.parse(spec))
+    if needs:
+        require_static(model, needs=needs, allow_batch=allow_batch)
+    return model

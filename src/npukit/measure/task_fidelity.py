@@ -1,0 +1,62 @@
+"""Run a candidate model beside its reference on the same inputs and measure them with the model's task
+(``npukit.tasks``): every output, decoded where the task knows how."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from npukit.tasks import TaskChoice, TaskResult, choose_task
+
+Feeds = Mapping[str, np.ndarray]
+Runner = Callable[[Feeds], Sequence[np.ndarray]]
+
+
+def session_runner(session: Any) -> Runner:
+    """An ORT InferenceSession as a function of one feed dict (all outputs, in order)."""
+    names = [o.name for o in session.get_outputs()]
+    return lambda feeds: session.run(names, dict(feeds))
+
+
+def _pairs(samples: Iterable[Any]) -> Iterable[tuple[Feeds, Any]]:
+    """(feeds, labels) from feed dicts, (feeds, labels) pairs, or a dataset's batches (``.feeds``, ``.labels``)."""
+    for item in samples:
+        if isinstance(item, Mapping):
+            yield item, None
+        elif hasattr(item, "feeds"):
+            yield item.feeds, getattr(item, "labels", None)
+        else:
+            feeds, labels = item
+            yield feeds, labels
+
+
+def compare_task(reference: Runner, candidate: Runner, samples: Iterable[Any], *, output_names: Sequence[str],
+                 task: str | None = None, limit: int | None = None) -> tuple[TaskChoice, TaskResult]:
+    """The candidate against the reference on ``samples`` (at most ``limit``), with ``task`` (None or "auto":
+    chosen from the reference's outputs on the first sample)."""
+    meter = None
+    choice = None
+    for count, (feeds, labels) in enumerate(_pairs(samples)):
+        if limit is not None and count >= limit:
+            break
+        ref = [np.asarray(o) for o in reference(feeds)]
+        cand = [np.asarray(o) for o in candidate(feeds)]
+        if meter is None:
+            choice = choose_task([o.shape for o in ref], [np.shape(v) for v in feeds.values()], task=task,
+                                 sample=ref)
+            meter = choice.meter(output_names)
+        meter.update(ref, cand, labels)
+    if meter is None or choice is None:
+        raise ValueError("no samples to compare on")
+    return choice, meter.result()
+
+
+def check_samples(data: Any, limit: int) -> list[Any]:
+    """At most ``limit`` samples of ``data`` (a dataset with ``batches``, or a sequence of feed dicts), one per
+    item, as ``compare_task`` takes them."""
+    if hasattr(data, "batches"):
+        total = min(limit, len(data))
+        return list(data.batches(1, limit=total))
+    return list(data)[:limit]

@@ -1,0 +1,62 @@
+"""Library messages (Python logging records and warnings from ONNX Runtime's quantizer, torch's exporter, ...)
+collected while a verb runs, so they go into its report instead of onto the terminal, counted once per message."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
+
+_active: list[collections.Counter[str]] = []
+
+
+class _Collect(logging.Handler):
+    def __init__(self, sink: collections.Counter[str]) -> None:
+        super().__init__(level=logging.WARNING)
+        self.sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+        except Exception:  # a library's malformed log call must not break the verb
+            text = str(record.msg)
+        self.sink[f"{record.levelname} {record.name}: {' '.join(text.split())[:300]}"] += 1
+
+
+@contextlib.contextmanager
+def capture_library_messages() -> Iterator[collections.Counter[str]]:
+    """Within the block, warnings and WARNING-or-worse log records of any library are counted instead of printed
+    (the root logger gets a collecting handler and stops propagating to stderr); ``drain`` hands them over."""
+    sink: collections.Counter[str] = collections.Counter()
+    root = logging.getLogger()
+    handler = _Collect(sink)
+    saved_handlers, saved_level = root.handlers[:], root.level
+    root.handlers = [handler]
+    if root.level > logging.WARNING or root.level == logging.NOTSET:
+        root.setLevel(logging.WARNING)
+    original_showwarning = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+        sink[f"{category.__name__}: {' '.join(str(message).split())[:300]}"] += 1
+
+    warnings.showwarning = show
+    _active.append(sink)
+    try:
+        yield sink
+    finally:
+        _active.remove(sink)
+        warnings.showwarning = original_showwarning
+        root.handlers = saved_handlers
+        root.setLevel(saved_level)
+
+
+def drain() -> dict[str, int]:
+    """The messages counted so far by the innermost active capture (emptied), or {} outside one."""
+    if not _active:
+        return {}
+    sink = _active[-1]
+    out = dict(sink.most_common())
+    sink.clear()
+    return out

@@ -1,0 +1,325 @@
+"""Patterns a target takes but computes wrongly (``TargetProfile.hazards``): where they are in a model, and the
+rewrites after which the target computes them right.
+
+Matching looks through activation Q/DQ pairs (``DQ(Q(t))`` is ``t``), so one hazard is found alike in a float model
+and in its QDQ model. Rewrites apply to QDQ models: the values they insert get Q/DQ pairs with the quantization
+parameters of the value they copy, so the rewritten model computes exactly what the original did on ORT CPU. In a
+float model a hazard is reported (it appears once the model is quantized the way npukit quantizes for the target)
+but not rewritten: ONNX Runtime's basic optimizations would remove the neutral ``Mul(x, 1)`` again, while inside a
+QDQ unit it stays.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from npukit.targets.profile import Hazard, HazardSite, PatternStep, TargetProfile, TensorInfo
+
+_QDQ = ("QuantizeLinear", "DequantizeLinear")
+
+
+@dataclasses.dataclass(frozen=True)
+class HazardMatch:
+    """One place a hazard hits: the nodes of the pattern (original graph names), its input tensor and what the
+    condition saw there."""
+
+    hazard: Hazard
+    nodes: tuple[str, ...]
+    input: str
+    site: HazardSite
+    indices: tuple[int, ...] = ()  # positions of the pattern's nodes in the graph
+
+    @property
+    def where(self) -> str:
+        """The input's shape and producer, e.g. "1x256x10x10 after Conv"."""
+        shape = "x".join(str(d) for d in self.site.input.shape) if self.site.input.shape else "?"
+        return shape + (f" after {self.site.producer}" if self.site.producer else "")
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the match is in a QDQ model (a float model's hazard appears once it is quantized)."""
+        return self.site.activation_dtype is not None
+
+    @property
+    def reason(self) -> str:
+        after = ""
+        if not self.quantized and self.hazard.float_as:
+            after = (f" (once quantized to {self.hazard.float_as} activations, as npukit quantizes for this target; "
+                     f"npukit compile then rewrites it{f': {self.hazard.fix}' if self.hazard.fix else ''})")
+        return f"{self.hazard.reason}{after} [{self.where}]"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"hazard": self.hazard.name, "nodes": list(self.nodes), "input": self.input, "where": self.where,
+                "reason": self.reason, "fix": self.hazard.fix}
+
+
+class _View:
+    """A graph read through activation Q/DQ pairs: every tensor maps to its float source."""
+
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        self.graph = graph
+        self.producer = {o: n for n in graph.node for o in n.output if o}
+        self.consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
+        for n in graph.node:
+            for x in n.input:
+                if x:
+                    self.consumers[x].append(n)
+        self.constants = {t.name for t in graph.initializer} | {
+            o for n in graph.node if n.op_type == "Constant" for o in n.output}
+
+    def source(self, name: str) -> str:
+        """``name`` with DQ(Q(.)) pairs peeled off."""
+        while True:
+            dq = self.producer.get(name)
+            if dq is None or dq.op_type != "DequantizeLinear":
+                return name
+            q = self.producer.get(dq.input[0])
+            if q is None or q.op_type != "QuantizeLinear":
+                return name
+            name = q.input[0]
+
+    def op_producer(self, name: str) -> onnx.NodeProto | None:
+        node = self.producer.get(self.source(name))
+        return None if node is None or node.op_type in _QDQ or node.op_type == "Constant" else node
+
+    def quantized_dtype(self, name: str) -> str | None:
+        """The dtype ``name`` (a float source) is quantized to, from the zero point of a Q reading it."""
+        for q in self.consumers.get(name, []):
+            if q.op_type != "QuantizeLinear":
+                continue
+            if len(q.input) > 2 and q.input[2]:
+                zp = next((t for t in self.graph.initializer if t.name == q.input[2]), None)
+                if zp is not None:
+                    return helper.tensor_dtype_to_np_dtype(zp.data_type).name
+            return "uint8"  # ONNX's default when there is no zero point
+        return None
+
+    def is_constant(self, name: str) -> bool:
+        source = self.source(name)
+        if source in self.constants:
+            return True
+        dq = self.producer.get(source)
+        return dq is not None and dq.op_type == "DequantizeLinear" and dq.input[0] in self.constants
+
+
+def _step_matches(view: _View, node: onnx.NodeProto, step: PatternStep, root: str, outputs: list[str]) -> bool:
+    if node.op_type != step.op_type or len(node.input) != len(step.inputs) or not node.output:
+        return False
+    free = [view.source(x) for x in node.input]
+    for ref in step.inputs:
+        if ref == "*":
+            continue
+        name = root if ref == "x" else outputs[int(ref)]
+        if name not in free:
+            return False
+        free.remove(name)
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return all(isinstance(attrs.get(k), (int, float)) and abs(attrs[k] - v) <= 1e-4 * max(1.0, abs(v))
+               for k, v in step.attributes.items())
+
+
+def _match(view: _View, pattern: tuple[PatternStep, ...], first: onnx.NodeProto, root: str
+           ) -> list[onnx.NodeProto] | None:
+    members: list[onnx.NodeProto] = []
+    for step in pattern:
+        if not members:
+            candidates = [first]
+        else:
+            near = [root, *(o for m in members for o in m.output)]
+            reach: list[onnx.NodeProto] = []
+            for name in near:  # consumers of the value, and of its Q/DQ copies
+                for c in view.consumers.get(name, []):
+                    if c.op_type == "QuantizeLinear":
+                        for dq in view.consumers.get(c.output[0], []):
+                            if dq.op_type == "DequantizeLinear":
+                                reach.extend(view.consumers.get(dq.output[0], []))
+                    else:
+                        reach.append(c)
+            candidates = list({id(c): c for c in reach}.values())
+        outputs = [m.output[0] for m in members]
+        pick = next((c for c in candidates if all(c is not m for m in members)
+                     and _step_matches(view, c, step, root, outputs)), None)
+        if pick is None:
+            return None
+        members.append(pick)
+    return members
+
+
+def _producer(view: _View, root: str, transparent: tuple[str, ...]) -> str | None:
+    """The op type producing ``root``, looking through Q/DQ and through ``transparent`` ops whose other inputs are
+    constant (an activation or a scale a backend folds into the op before it)."""
+    node = view.op_producer(root)
+    seen = 0
+    while node is not None and node.op_type in transparent and seen < 8:
+        others = [x for x in node.input[1:] if x]
+        if not node.input or not all(view.is_constant(x) for x in others):
+            break
+        node, seen = view.op_producer(node.input[0]), seen + 1
+    return None if node is None else node.op_type
+
+
+def find_hazards(model: onnx.ModelProto, target: TargetProfile, *,
+                 infos: dict[str, TensorInfo] | None = None) -> list[HazardMatch]:
+    """Every place one of ``target``'s hazards hits in ``model`` (shapes from ``infos`` or ONNX shape inference)."""
+    if not target.hazards:
+        return []
+    if infos is None:
+        from npukit.targets.partition import _tensor_infos
+
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        infos = _tensor_infos(inferred.graph)
+    view = _View(model.graph)
+    position = {id(n): i for i, n in enumerate(model.graph.node)}
+    found: list[HazardMatch] = []
+    taken: set[int] = set()
+    for node in model.graph.node:
+        if node.op_type in _QDQ:
+            continue
+        for hazard in target.hazards:
+            for pattern in hazard.patterns:
+                if id(node) in taken or node.op_type != pattern[0].op_type:
+                    continue
+                for root in dict.fromkeys(view.source(x) for x in node.input if x):
+                    members = _match(view, pattern, node, root)
+                    if members is None or any(id(m) in taken for m in members):
+                        continue
+                    site = HazardSite(input=infos.get(root, TensorInfo(None, None)),
+                                      producer=_producer(view, root, hazard.transparent),
+                                      activation_dtype=view.quantized_dtype(root))
+                    if not hazard.check(site):
+                        continue
+                    taken.update(id(m) for m in members)
+                    found.append(HazardMatch(hazard, tuple(m.name or f"{m.op_type}_{position[id(m)]}"
+                                                           for m in members), root, site,
+                                             tuple(position[id(m)] for m in members)))
+                    break
+    return found
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Rewrites
+
+
+class _Editor:
+    """Inserts nodes and initializers into a copy of a model with fresh names."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.model = onnx.ModelProto()
+        self.model.CopyFrom(model)
+        self.graph = self.model.graph
+        self.names = {n.name for n in self.graph.node} | {o for n in self.graph.node for o in n.output} | {
+            t.name for t in self.graph.initializer} | {i.name for i in self.graph.input}
+        self.inserted: list[tuple[onnx.NodeProto, onnx.NodeProto]] = []  # (new node, node it goes before)
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.names:
+            name, k = f"{base}_{k}", k + 1
+        self.names.add(name)
+        return name
+
+    def initializer(self, array: np.ndarray, base: str) -> str:
+        name = self.fresh(base)
+        self.graph.initializer.append(numpy_helper.from_array(array, name))
+        return name
+
+    def node(self, op_type: str, inputs: list[str], base: str, before: onnx.NodeProto, **attrs: Any) -> str:
+        out = self.fresh(f"{base}_output")
+        self.inserted.append((helper.make_node(op_type, inputs, [out], name=self.fresh(base), **attrs), before))
+        return out
+
+    def finish(self) -> onnx.ModelProto:
+        by_anchor: dict[int, list[onnx.NodeProto]] = collections.defaultdict(list)
+        for new, before in self.inserted:
+            by_anchor[id(before)].append(new)
+        ordered: list[onnx.NodeProto] = []
+        for n in self.graph.node:
+            ordered.extend(by_anchor.get(id(n), []))
+            ordered.append(n)
+        self.graph.ClearField("node")
+        self.graph.node.extend(ordered)
+        return self.model
+
+
+def _copy_value(editor: _Editor, view: _View, value: str, before: onnx.NodeProto, base: str) -> str:
+    """A second tensor equal to ``value`` made by ``Mul(value, 1)`` before ``before``; in a QDQ model (``value`` is
+    the output of DQ(Q(source))) the copy is quantized with the same parameters, so it holds the same numbers."""
+    dq = view.producer.get(value)
+    q = view.producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+    if q is None or q.op_type != "QuantizeLinear":
+        one = editor.initializer(np.array(1.0, np.float32), f"{base}_one")
+        return editor.node("Mul", [value, one], base, before)
+    zp_dtype = np.dtype(np.uint8)
+    if len(dq.input) > 2 and dq.input[2]:
+        zp = next((t for t in editor.graph.initializer if t.name == dq.input[2]), None)
+        if zp is not None:
+            zp_dtype = helper.tensor_dtype_to_np_dtype(zp.data_type)
+    # 1.0 exactly: quantized value 1 with scale 1 and zero point 0 (fits every Q/DQ integer type)
+    one_q = editor.initializer(np.array(1, zp_dtype), f"{base}_one_quantized")
+    one_s = editor.initializer(np.array(1.0, np.float32), f"{base}_one_scale")
+    one_z = editor.initializer(np.array(0, zp_dtype), f"{base}_one_zero_point")
+    one = editor.node("DequantizeLinear", [one_q, one_s, one_z], f"{base}_one_DequantizeLinear", before)
+    product = editor.node("Mul", [value, one], base, before)
+    axis = {a.name: helper.get_attribute_value(a) for a in dq.attribute}
+    params = list(dq.input[1:])
+    quantized = editor.node("QuantizeLinear", [product, *params], f"{base}_QuantizeLinear", before, **axis)
+    return editor.node("DequantizeLinear", [quantized, *params], f"{base}_DequantizeLinear", before, **axis)
+
+
+def _silu_split_input(editor: _Editor, view: _View, match: HazardMatch) -> str | None:
+    """x * Sigmoid(x) -> Mul(x, 1) * Sigmoid(x): the product no longer reads the Sigmoid's own input tensor, so the
+    backend does not fuse the pair into its Swish kernel; exact (times one, same quantization)."""
+    mul = editor.graph.node[match.indices[-1]] if match.indices else None
+    if mul is None or mul.op_type != "Mul":
+        return "the Mul of the pattern is not in the model"
+    index = next((i for i, x in enumerate(mul.input) if view.source(x) == match.input), None)
+    if index is None:
+        return "the Mul does not read the pattern input"
+    mul.input[index] = _copy_value(editor, view, mul.input[index], mul, f"{mul.name or 'Mul'}/npukit_unfuse")
+    return None
+
+
+REWRITES: dict[str, Callable[[_Editor, _View, HazardMatch], str | None]] = {
+    "silu_split_input": _silu_split_input,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class GuardResult:
+    """The rewritten model, what was rewritten, and the hazards left (no fix, or the fix declined, with why)."""
+
+    model: onnx.ModelProto
+    rewritten: tuple[HazardMatch, ...]
+    left: tuple[tuple[HazardMatch, str], ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rewritten": [m.as_dict() for m in self.rewritten],
+                "left": [m.as_dict() | {"why": why} for m, why in self.left]}
+
+
+def guard_hazards(model: onnx.ModelProto, target: TargetProfile) -> GuardResult:
+    """Apply the fix of every hazard of ``target`` found in ``model``; the model is copied, never changed."""
+    matches = find_hazards(model, target)
+    if not matches:
+        return GuardResult(model, (), ())
+    editor = _Editor(model)
+    view = _View(editor.graph)
+    rewritten, left = [], []
+    for match in matches:
+        rewrite = REWRITES.get(match.hazard.fix or "")
+        if not match.quantized:  # ONNX Runtime's basic optimizations drop Mul(x, 1) from a float graph
+            why = "a float model: the rewrite applies to its QDQ model (npukit compile does it after quantizing)"
+        else:
+            why = "no rewrite is known" if rewrite is None else rewrite(editor, view, match)
+        if why is None:
+            rewritten.append(match)
+        else:
+            left.append((match, why))
+    return GuardResult(editor.finish() if rewritten else model, tuple(rewritten), tuple(left))

@@ -1,0 +1,137 @@
+"""Tasks: how a model's outputs are decoded and compared, candidate against reference, and the pass/fail rule.
+
+One module per task (classify, detect, segment, text_detect, text_recognize, generic), each a meter fed sample by
+sample; ``choose_task`` picks one from the outputs (shapes, and the reference's values on one sample where shapes
+alone are ambiguous) or takes the user's ``--task``, and always says why. Adding a task: a module with a meter
+(``update(reference, candidate, labels)``, ``result() -> TaskResult``) and one entry in ``TASKS`` and in
+``choose_task``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from npukit.errors import InputError
+from npukit.tasks.base import (DEFAULT_MIN_METRIC, DEFAULT_MIN_SQNR_DB, OutputFidelity, QualityGate, TaskMeter,
+                               TaskResult, Verdict, judge)
+from npukit.tasks.classify import ClassifyMeter, is_class_scores
+from npukit.tasks.detect import DetectLayout, DetectMeter, detect_layout
+from npukit.tasks.generic import GenericMeter
+from npukit.tasks.segment import SegmentMeter
+from npukit.tasks.text_detect import TextDetectMeter
+from npukit.tasks.text_recognize import TextRecognizeMeter
+
+TASKS = ("classify", "detect", "segment", "text-detect", "text-recognize", "generic")
+
+__all__ = ["TASKS", "DEFAULT_MIN_METRIC", "DEFAULT_MIN_SQNR_DB", "OutputFidelity", "QualityGate", "TaskChoice",
+           "TaskMeter", "TaskResult", "Verdict", "choose_task", "judge"]
+
+Shape = Sequence[int | str | None]
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskChoice:
+    """The task, the output it decodes (index), the detection layout for detectors, and why it was chosen."""
+
+    name: str
+    output: int
+    reason: str
+    layout: DetectLayout | None = None
+    given: bool = False  # named by the user rather than detected
+
+    def meter(self, output_names: Sequence[str]) -> TaskMeter:
+        if self.name == "classify":
+            return ClassifyMeter(output_names, self.output)
+        if self.name == "detect":
+            assert self.layout is not None
+            return DetectMeter(output_names, self.layout)
+        if self.name == "segment":
+            return SegmentMeter(output_names, self.output)
+        if self.name == "text-detect":
+            return TextDetectMeter(output_names, self.output)
+        if self.name == "text-recognize":
+            return TextRecognizeMeter(output_names, self.output)
+        return GenericMeter(output_names)
+
+    def as_dict(self) -> dict:
+        return {"task": self.name, "output": self.output, "reason": self.reason, "given": self.given,
+                "layout": dataclasses.asdict(self.layout) if self.layout else None}
+
+
+def _is_softmax_rows(values: np.ndarray) -> bool:
+    v = np.asarray(values, np.float64)
+    return v.size > 0 and v.min() >= -1e-4 and np.allclose(v.sum(axis=-1), 1.0, atol=1e-2)
+
+
+def _plausible_yolo(layout: DetectLayout, sample: Sequence[np.ndarray] | None) -> bool:
+    """A YOLO-style layout whose values look like boxes and scores: sizes >= 0, scores in [0, 1] (the reference's
+    first sample; True without one)."""
+    if sample is None:
+        return True
+    raw = np.asarray(sample[layout.boxes], np.float64)[0]
+    arr = raw.T if layout.channels_first else raw
+    scores = arr[:, 5:] if layout.objectness else arr[:, 4:]
+    return bool(arr[:, 2:4].min() >= 0 and scores.min() >= -1e-4 and scores.max() <= 1 + 1e-4
+                and not _is_softmax_rows(raw))  # (N, steps, classes) probabilities: a CTC recognizer
+
+
+def _detected(shapes: Sequence[Shape], inputs: Sequence[Shape],
+              sample: Sequence[np.ndarray] | None) -> TaskChoice:
+    layout = detect_layout(shapes)
+    if layout is not None and (layout.kind != "yolo" or _plausible_yolo(layout, sample)):
+        return TaskChoice("detect", layout.boxes, f"outputs look like a detector's ({layout.kind})", layout)
+    image = next((s for s in inputs if len(s) == 4), None)
+    for i, shape in enumerate(shapes):
+        if len(shape) == 3 and all(isinstance(d, int) for d in shape[1:]) and shape[2] >= 2 and sample is not None \
+                and _is_softmax_rows(np.asarray(sample[i])):
+            return TaskChoice("text-recognize", i, f"output {i} is (N, steps, classes) with each step a "
+                                                   "probability distribution: CTC text recognition")
+    for i, shape in enumerate(shapes):
+        if len(shape) == 4 and all(isinstance(d, int) for d in shape[1:]) and image is not None:
+            h, w = shape[2], shape[3]
+            ih, iw = image[2], image[3]
+            if not (isinstance(ih, int) and isinstance(iw, int)) or h < 4 or w < 4:
+                continue
+            if shape[1] == 1 and (h, w) == (ih, iw):
+                return TaskChoice("text-detect", i, f"output {i} is one probability map at the input's resolution "
+                                                    "(a DB-style text detector; pass --task segment for a binary "
+                                                    "segmenter)")
+            if shape[1] >= 2 and h * 8 >= ih and w * 8 >= iw:
+                return TaskChoice("segment", i, f"output {i} is (N, {shape[1]} classes, H, W) at 1/{ih // h} of the "
+                                                "input's resolution or finer")
+    for i, shape in enumerate(shapes):
+        if is_class_scores(shape):
+            return TaskChoice("classify", i, f"output {i} is (N, {shape[1]}) class scores")
+    return TaskChoice("generic", 0, "no known output layout: every output compared by SQNR and cosine")
+
+
+def choose_task(output_shapes: Sequence[Shape], input_shapes: Sequence[Shape], *, task: str | None = None,
+                sample: Sequence[np.ndarray] | None = None) -> TaskChoice:
+    """The task for a model with these outputs: ``task`` when given (checked against the outputs), else detected
+    from the output shapes and, where shapes are ambiguous, the reference's outputs on one ``sample``."""
+    if task is None or task == "auto":
+        return _detected(output_shapes, input_shapes, sample)
+    if task not in TASKS:
+        raise InputError(f"unknown task {task!r}", hint=f"use one of {', '.join(TASKS)} (or auto)")
+    found = _detected(output_shapes, input_shapes, sample)
+    if task == found.name:
+        return dataclasses.replace(found, given=True, reason=f"given (and {found.reason})")
+    if task == "detect":
+        layout = detect_layout(output_shapes)
+        if layout is None:
+            raise InputError("--task detect but no output has a detector's layout ((N, 4 + C, A), (N, A, 4 + C), or "
+                             "boxes (N, A, 4) with scores (N, A, C))",
+                             hint="check the outputs with npukit inspect, or use --task generic")
+        return TaskChoice("detect", layout.boxes, "given", layout, given=True)
+    index = {"classify": lambda s: is_class_scores(s), "segment": lambda s: len(s) == 4,
+             "text-detect": lambda s: len(s) == 4, "text-recognize": lambda s: len(s) == 3,
+             "generic": lambda s: True}[task]
+    for i, shape in enumerate(output_shapes):
+        if index(shape):
+            return TaskChoice(task, i, "given", given=True)
+    raise InputError(f"--task {task} but no output has the shape that task decodes "
+                     f"(outputs: {', '.join(str(list(s)) for s in output_shapes)})",
+                     hint="check the outputs with npukit inspect, or use --task generic")

@@ -1,0 +1,189 @@
+"""What every task shares: per-output fidelity (SQNR, cosine, error against the output's range), the task result, and
+the quality gate that turns a result into a verdict.
+
+A task meter is fed one sample at a time: the reference model's outputs and the candidate's, as lists in the models'
+output order (one sample: batch dimension 1 or absent). It always measures every output's SQNR and cosine; the task
+decodes the outputs it understands (class scores, boxes, masks, text maps) into the task metric. The gate then
+checks the task metric against its floor and every output the task does not decode against an SQNR floor, so a
+model is never passed on its first output alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+# Default floors (the real-models issue's targets): the task metric of the candidate against the reference as
+# ground truth, and the SQNR of every output that the task metric does not cover.
+DEFAULT_MIN_METRIC = 0.90
+DEFAULT_MIN_SQNR_DB = 20.0
+
+
+def sqnr(signal: float, noise: float) -> float:
+    """10 log10(signal / noise) in dB: inf for no noise, nan for neither."""
+    if noise == 0.0:
+        return math.inf if signal > 0 else math.nan
+    if signal == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(signal / noise)
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputFidelity:
+    """One output of the candidate against the reference over every sample: SQNR, cosine similarity, and the
+    largest absolute error against the largest reference magnitude."""
+
+    name: str
+    shape: tuple[int, ...]
+    sqnr_db: float
+    cosine: float
+    max_abs_error: float
+    reference_max_abs: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class OutputStats:
+    """Streams the per-output sums for ``OutputFidelity``."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = list(names)
+        n = len(self.names)
+        self._signal, self._noise = [0.0] * n, [0.0] * n
+        self._dot, self._ref2, self._cand2 = [0.0] * n, [0.0] * n, [0.0] * n
+        self._max_err, self._ref_max = [0.0] * n, [0.0] * n
+        self._shapes: list[tuple[int, ...]] = [()] * n
+
+    def update(self, reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray]) -> None:
+        if len(reference) != len(self.names) or len(candidate) != len(self.names):
+            raise ValueError(f"expected {len(self.names)} outputs, got {len(reference)} reference and "
+                             f"{len(candidate)} candidate outputs")
+        for i, (r, c) in enumerate(zip(reference, candidate)):
+            ref = np.asarray(r, np.float64)
+            cand = np.asarray(c, np.float64)
+            if ref.shape != cand.shape:
+                raise ValueError(f"output {self.names[i]!r}: reference shape {ref.shape} but candidate {cand.shape}")
+            diff = ref - cand
+            self._shapes[i] = ref.shape
+            self._signal[i] += float(np.sum(ref * ref))
+            self._noise[i] += float(np.sum(diff * diff))
+            self._dot[i] += float(np.sum(ref * cand))
+            self._ref2[i] += float(np.sum(ref * ref))
+            self._cand2[i] += float(np.sum(cand * cand))
+            if diff.size:
+                self._max_err[i] = max(self._max_err[i], float(np.max(np.abs(diff))))
+                self._ref_max[i] = max(self._ref_max[i], float(np.max(np.abs(ref))))
+
+    def result(self) -> tuple[OutputFidelity, ...]:
+        out = []
+        for i, name in enumerate(self.names):
+            norm = math.sqrt(self._ref2[i] * self._cand2[i])
+            cosine = self._dot[i] / norm if norm > 0 else (1.0 if self._ref2[i] == self._cand2[i] else 0.0)
+            out.append(OutputFidelity(name=name, shape=self._shapes[i], sqnr_db=sqnr(self._signal[i], self._noise[i]),
+                                      cosine=cosine, max_abs_error=self._max_err[i],
+                                      reference_max_abs=self._ref_max[i]))
+        return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskResult:
+    """The candidate against the reference on ``samples`` inputs. ``metric`` names the headline figure (higher is
+    better, 1.0 for identical outputs) and ``value`` is it (None when it is undefined on these inputs, e.g. a
+    detector whose reference finds nothing: ``note`` says so). ``decoded`` names the outputs the metric covers;
+    every output's SQNR and cosine are in ``outputs``."""
+
+    task: str
+    samples: int
+    metric: str
+    value: float | None
+    metrics: dict[str, Any]
+    outputs: tuple[OutputFidelity, ...]
+    decoded: tuple[str, ...]
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"task": self.task, "samples": self.samples, "metric": self.metric, "value": self.value,
+                "metrics": dict(self.metrics), "outputs": [o.as_dict() for o in self.outputs],
+                "decoded": list(self.decoded), "note": self.note}
+
+
+class TaskMeter(Protocol):
+    """Fed sample by sample; ``labels`` (ground truth, where the task knows how to use it) may be None."""
+
+    def update(self, reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray],
+               labels: Any = None) -> None: ...
+
+    def result(self) -> TaskResult: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class QualityGate:
+    """The floors a candidate must meet: ``min_metric`` for the task metric (None: the task's default) and
+    ``min_sqnr_db`` for every output the task metric does not cover. ``accept_degraded`` passes a result below them
+    (the verdict then says DEGRADED, accepted)."""
+
+    min_metric: float | None = None
+    min_sqnr_db: float = DEFAULT_MIN_SQNR_DB
+    accept_degraded: bool = False
+
+    def __post_init__(self) -> None:
+        from npukit.errors import InputError
+
+        if self.min_metric is not None and not 0.0 <= self.min_metric <= 1.0:
+            raise InputError(f"the task metric floor {self.min_metric} must be in [0, 1]",
+                             hint=f"e.g. --min-task-metric {DEFAULT_MIN_METRIC}")
+        if not math.isfinite(self.min_sqnr_db):
+            raise InputError(f"the SQNR floor {self.min_sqnr_db} must be a finite number of dB",
+                             hint=f"e.g. --min-sqnr {DEFAULT_MIN_SQNR_DB:g}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """``passed``: the artifact met every floor (or was accepted degraded); ``line``: the one-line verdict that
+    starts every report; ``failures``: one entry per floor missed, worst first."""
+
+    passed: bool
+    line: str
+    failures: tuple[str, ...] = ()
+    degraded: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.3f}" if math.isfinite(value) else str(value)
+
+
+def judge(result: TaskResult, gate: QualityGate, *, what: str, default_min_metric: float = DEFAULT_MIN_METRIC,
+          extra_failures: Sequence[str] = ()) -> Verdict:
+    """The verdict on ``result`` under ``gate``: the task metric against its floor, every undecoded output's SQNR
+    against ``gate.min_sqnr_db``, plus ``extra_failures`` found elsewhere (e.g. no integer kernels)."""
+    floor = default_min_metric if gate.min_metric is None else gate.min_metric
+    failures = list(extra_failures)
+    if result.value is not None and not result.value >= floor:
+        failures.append(f"{result.metric} {_fmt(result.value)} < {floor:g}")
+    # outputs the task metric does not cover, and every output when the metric is undefined on these inputs
+    undecoded = [o for o in result.outputs if result.value is None or o.name not in result.decoded]
+    for o in sorted(undecoded, key=lambda o: o.sqnr_db if not math.isnan(o.sqnr_db) else -math.inf):
+        if math.isnan(o.sqnr_db) or o.sqnr_db < gate.min_sqnr_db:
+            failures.append(f"output {o.name!r} SQNR {_fmt(o.sqnr_db)} dB < {gate.min_sqnr_db:g} dB")
+    headline = f"{result.metric} {_fmt(result.value)}" if result.value is not None else \
+        f"{result.metric} undefined ({result.note})" if result.note else f"{result.metric} undefined"
+    sqnrs = [o.sqnr_db for o in result.outputs if not math.isnan(o.sqnr_db)]
+    worst = f", worst output SQNR {_fmt(min(sqnrs))} dB" if sqnrs else ""
+    summary = f"{what}: task {result.task}, {headline}{worst} on {result.samples} samples"
+    if not failures:
+        return Verdict(True, f"PASS {summary}")
+    if gate.accept_degraded:
+        return Verdict(True, f"DEGRADED (accepted with --accept-degraded) {summary}: {failures[0]}",
+                       tuple(failures), degraded=True)
+    return Verdict(False, f"FAIL {summary}: {failures[0]}", tuple(failures), degraded=True)

@@ -1,0 +1,286 @@
+"""Detection: decode both models' outputs into boxes, run NMS, and score the candidate's detections against the
+reference's as ground truth: mAP@0.5 (the headline), recall at the operating threshold, and the IoU of matched boxes.
+
+Layouts understood (``detect_layout`` finds them from the output shapes):
+- ``yolo``: one output (N, 4 + C, A) or (N, A, 4 + C): box centre x, y, width, height, then C class scores
+  (YOLOv8 style; ``objectness=True`` reads (N, A, 5 + C) as YOLOv5 does: score = objectness x class score).
+- ``boxes-scores``: a boxes output (N, A, 4) and a scores output (N, A, C) (SSD, RetinaFace, decoded detectors).
+  Boxes are corners (x1, y1, x2, y2) when the reference's confident boxes all have x2 >= x1 and y2 >= y1, centre
+  and size otherwise. Scores outside [0, 1] are logits (softmax over C > 1, sigmoid for one class); scores whose
+  rows sum to 1 over C >= 2 classes have a background class first, which is dropped. A raw head whose "boxes" are
+  anchor offsets (some values below -0.5: not coordinates) is matched anchor by anchor instead of by IoU, with no
+  NMS: the anchors are the same in both models.
+
+The reference's detections at ``GT_SCORE`` or more after NMS are the ground truth; the candidate's at
+``PRED_SCORE`` or more are ranked by score (the way COCO and VOC evaluate), matched greedily to an unmatched ground
+truth box of the same class at IoU >= 0.5, and AP is the area under the interpolated precision-recall curve, averaged
+over the classes present in the ground truth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from npukit.tasks.base import OutputStats, TaskResult
+
+GT_SCORE = 0.25  # the reference's operating threshold: its detections at or above it are the ground truth
+PRED_SCORE = 0.001  # the candidate's detections ranked for AP (COCO's evaluation threshold)
+NMS_IOU = 0.5
+MATCH_IOU = 0.5
+MAX_DETECTIONS = 300
+
+
+@dataclasses.dataclass(frozen=True)
+class DetectLayout:
+    kind: str  # "yolo" | "boxes-scores"
+    boxes: int  # output index of the boxes (of everything, for yolo)
+    scores: int  # output index of the scores
+    channels_first: bool = False  # yolo (N, 4 + C, A)
+    objectness: bool = False  # yolo (N, A, 5 + C)
+
+    def describe(self, names: Sequence[str]) -> str:
+        if self.kind == "yolo":
+            return (f"YOLO-style {names[self.boxes]!r} ({'4 + C, anchors' if self.channels_first else 'anchors, 4 + C'}"
+                    f"{', objectness' if self.objectness else ''})")
+        return f"boxes {names[self.boxes]!r} + scores {names[self.scores]!r}"
+
+
+def detect_layout(shapes: Sequence[Sequence[int | str | None]]) -> DetectLayout | None:
+    """The layout of a detector's outputs from their shapes, or None when they do not look like one."""
+    dims = [list(s) for s in shapes]
+
+    def static(d: list) -> bool:
+        return all(isinstance(v, int) for v in d[1:])
+
+    for i, d in enumerate(dims):  # (N, A, 4) boxes with an (N, A, C) scores output of the same A
+        if len(d) == 3 and d[-1] == 4 and static(d):
+            for j, e in enumerate(dims):
+                if j != i and len(e) == 3 and static(e) and e[1] == d[1] and e[2] >= 1 and e[2] != 4:
+                    return DetectLayout("boxes-scores", i, j)
+                if j != i and len(e) == 2 and static(e) and e[1] == d[1]:  # (N, A) single-class scores
+                    return DetectLayout("boxes-scores", i, j)
+    for i, d in enumerate(dims):  # one (N, 4 + C, A) or (N, A, 4 + C) output, A the larger
+        if len(d) == 3 and static(d) and min(d[1], d[2]) >= 5:
+            if d[2] > d[1] and d[2] >= 64:
+                return DetectLayout("yolo", i, i, channels_first=True)
+            if d[1] > d[2] and d[1] >= 64:
+                return DetectLayout("yolo", i, i, channels_first=False)
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Detections:
+    boxes: np.ndarray  # (M, 4) corners; anchor offsets for a raw head
+    scores: np.ndarray  # (M,)
+    classes: np.ndarray  # (M,) int
+    anchors: np.ndarray  # (M,) the anchor index each came from
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(x, -60, 60)))
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _corners(cxcywh: np.ndarray) -> np.ndarray:
+    cx, cy, w, h = cxcywh.T
+    return np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
+
+
+def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of every corner box of ``a`` (M, 4) with every one of ``b`` (K, 4)."""
+    if len(a) == 0 or len(b) == 0:
+        return np.zeros((len(a), len(b)))
+    x1 = np.maximum(a[:, None, 0], b[None, :, 0])
+    y1 = np.maximum(a[:, None, 1], b[None, :, 1])
+    x2 = np.minimum(a[:, None, 2], b[None, :, 2])
+    y2 = np.minimum(a[:, None, 3], b[None, :, 3])
+    inter = np.clip(x2 - x1, 0, None) * np.clip(y2 - y1, 0, None)
+    area_a = np.clip(a[:, 2] - a[:, 0], 0, None) * np.clip(a[:, 3] - a[:, 1], 0, None)
+    area_b = np.clip(b[:, 2] - b[:, 0], 0, None) * np.clip(b[:, 3] - b[:, 1], 0, None)
+    union = area_a[:, None] + area_b[None, :] - inter
+    return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
+
+
+def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou: float = NMS_IOU,
+        limit: int = MAX_DETECTIONS) -> np.ndarray:
+    """Indices kept by class-wise greedy non-maximum suppression, highest score first."""
+    keep: list[int] = []
+    order = np.argsort(-scores, kind="stable")
+    suppressed = np.zeros(len(scores), bool)
+    for pos, i in enumerate(order):
+        if suppressed[i]:
+            continue
+        keep.append(int(i))
+        if len(keep) >= limit:
+            break
+        rest = order[pos + 1:]
+        rest = rest[(classes[rest] == classes[i]) & ~suppressed[rest]]
+        if len(rest):
+            overlaps = iou_matrix(boxes[i:i + 1], boxes[rest])[0]
+            suppressed[rest[overlaps > iou]] = True
+    return np.array(keep, np.int64)
+
+
+class _Decoder:
+    """Turns one sample's outputs into detections. Box format, score form and background class are read from the
+    reference's first sample and then fixed, so both models are decoded the same way."""
+
+    def __init__(self, layout: DetectLayout) -> None:
+        self.layout = layout
+        self.corners: bool | None = None
+        self.score_form: str | None = None  # "prob" | "softmax" | "sigmoid"
+        self.background = False
+        self.raw = False
+
+    def _split(self, outputs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        lay = self.layout
+        if lay.kind == "yolo":
+            arr = np.asarray(outputs[lay.boxes], np.float64)[0]
+            if lay.channels_first:
+                arr = arr.T
+            boxes = _corners(arr[:, :4])
+            scores = arr[:, 5:] * arr[:, 4:5] if lay.objectness else arr[:, 4:]
+            return boxes, scores
+        boxes = np.asarray(outputs[lay.boxes], np.float64)[0]
+        scores = np.asarray(outputs[lay.scores], np.float64)[0]
+        if scores.ndim == 1:
+            scores = scores[:, None]
+        return boxes, scores
+
+    def fix_format(self, outputs: Sequence[np.ndarray]) -> None:
+        if self.score_form is not None:
+            return
+        boxes, scores = self._split(outputs)
+        if self.layout.kind == "yolo":
+            self.score_form, self.corners = "prob", True
+            return
+        if scores.min() < -1e-3 or scores.max() > 1 + 1e-3:
+            self.score_form = "softmax" if scores.shape[1] > 1 else "sigmoid"
+        else:
+            self.score_form = "prob"
+        probs = self._probs(scores)
+        if probs.shape[1] >= 2 and np.allclose(probs.sum(axis=1), 1.0, atol=1e-2):
+            self.background = True
+        self.raw = bool(boxes.size and boxes.min() < -0.5)
+        if not self.raw:
+            top = self._class_scores(probs).max(axis=1) >= GT_SCORE
+            sample = boxes[top] if top.any() else boxes
+            self.corners = bool(np.all(sample[:, 2] >= sample[:, 0]) and np.all(sample[:, 3] >= sample[:, 1]))
+
+    def _probs(self, scores: np.ndarray) -> np.ndarray:
+        if self.score_form == "softmax":
+            return _softmax(scores)
+        if self.score_form == "sigmoid":
+            return _sigmoid(scores)
+        return scores
+
+    def _class_scores(self, probs: np.ndarray) -> np.ndarray:
+        return probs[:, 1:] if self.background else probs
+
+    def decode(self, outputs: Sequence[np.ndarray], threshold: float) -> Detections:
+        boxes, scores = self._split(outputs)
+        probs = self._class_scores(self._probs(scores))
+        if self.layout.kind != "yolo" and not self.raw and not self.corners:
+            boxes = _corners(boxes)
+        classes = probs.argmax(axis=1)
+        best = probs[np.arange(len(probs)), classes]
+        chosen = np.nonzero(best >= threshold)[0]
+        boxes, best, classes = boxes[chosen], best[chosen], classes[chosen]
+        if self.raw:  # anchor offsets: no NMS, matched anchor by anchor
+            order = np.argsort(-best, kind="stable")[:MAX_DETECTIONS]
+        else:
+            order = nms(boxes, best, classes)
+        return Detections(boxes[order], best[order], classes[order], chosen[order])
+
+
+class DetectMeter:
+    task = "detect"
+
+    def __init__(self, output_names: Sequence[str], layout: DetectLayout) -> None:
+        self.names = list(output_names)
+        self.layout = layout
+        self._stats = OutputStats(self.names)
+        self._decoder = _Decoder(layout)
+        self._gt_per_class: dict[int, int] = defaultdict(int)
+        self._preds: dict[int, list[tuple[float, bool]]] = defaultdict(list)
+        self._samples = 0
+        self._gt = 0
+        self._recalled = 0
+        self._ious: list[float] = []
+        self._cand_at_threshold = 0
+
+    def update(self, reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray], labels: Any = None) -> None:
+        self._stats.update(reference, candidate)
+        batch = np.asarray(reference[self.layout.boxes]).shape[0]
+        for b in range(batch):
+            ref = [np.asarray(o)[b:b + 1] for o in reference]
+            cand = [np.asarray(o)[b:b + 1] for o in candidate]
+            self._decoder.fix_format(ref)
+            self._one(self._decoder.decode(ref, GT_SCORE), self._decoder.decode(cand, PRED_SCORE))
+
+    def _one(self, gt: Detections, pred: Detections) -> None:
+        self._samples += 1
+        self._gt += len(gt.scores)
+        for c in gt.classes.tolist():
+            self._gt_per_class[c] += 1
+        if self._decoder.raw:
+            same = (gt.anchors[:, None] == pred.anchors[None, :]) & (gt.classes[:, None] == pred.classes[None, :])
+            overlap = same.astype(np.float64)
+        else:
+            overlap = iou_matrix(gt.boxes, pred.boxes)
+            overlap[gt.classes[:, None] != pred.classes[None, :]] = 0.0
+        taken = np.zeros(len(gt.scores), bool)
+        for j in np.argsort(-pred.scores, kind="stable"):
+            hit = False
+            if len(gt.scores):
+                candidates = np.where(taken, -1.0, overlap[:, j])
+                i = int(np.argmax(candidates))
+                if candidates[i] >= MATCH_IOU:
+                    taken[i] = hit = True
+                    if pred.scores[j] >= GT_SCORE:
+                        self._recalled += 1
+                        if not self._decoder.raw:
+                            self._ious.append(float(overlap[i, j]))
+            self._preds[int(pred.classes[j])].append((float(pred.scores[j]), hit))
+        self._cand_at_threshold += int(np.sum(pred.scores >= GT_SCORE))
+
+    def result(self) -> TaskResult:
+        aps = {c: average_precision(self._preds.get(c, []), n) for c, n in self._gt_per_class.items() if n}
+        value = float(np.mean(list(aps.values()))) if aps else None
+        metrics = {"map50": value, "classes": len(aps), "reference_detections": self._gt,
+                   "candidate_detections": self._cand_at_threshold,
+                   "recall": self._recalled / self._gt if self._gt else None,
+                   "mean_iou_of_matches": float(np.mean(self._ious)) if self._ious else None,
+                   "layout": self.layout.describe(self.names),
+                   "matching": "anchor index (raw head)" if self._decoder.raw else f"IoU >= {MATCH_IOU}",
+                   "reference_threshold": GT_SCORE}
+        note = "" if value is not None else f"the reference detected nothing at score >= {GT_SCORE} on these inputs"
+        decoded = tuple(dict.fromkeys([self.names[self.layout.boxes], self.names[self.layout.scores]]))
+        return TaskResult(task=self.task, samples=self._samples, metric="map50", value=value, metrics=metrics,
+                          outputs=self._stats.result(), decoded=decoded, note=note)
+
+
+def average_precision(preds: list[tuple[float, bool]], positives: int) -> float:
+    """Area under the interpolated precision-recall curve of ``preds`` (score, true positive) over ``positives``
+    ground-truth boxes (all-point interpolation, as VOC 2010+ and COCO compute it)."""
+    if positives == 0:
+        return float("nan")
+    if not preds:
+        return 0.0
+    ranked = sorted(preds, key=lambda p: -p[0])
+    hits = np.array([h for _, h in ranked], np.float64)
+    tp = np.cumsum(hits)
+    precision = tp / np.arange(1, len(hits) + 1)
+    recall = tp / positives
+    precision = np.maximum.accumulate(precision[::-1])[::-1]
+    previous = np.concatenate([[0.0], recall[:-1]])
+    return float(np.sum((recall - previous) * precision))
