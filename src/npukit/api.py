@@ -311,6 +311,9 @@ def inspect(model: str | Path, *, input_shape: str | Sequence[int] | None = None
                        la.output_bytes] for la in heavy])
     report.add_table("Largest activations", ["tensor", "shape", "dtype", "bytes"],
                      [[a.name, "x".join(map(str, a.shape)), a.dtype, a.bytes] for a in summary.largest_activations])
+    report.set_verdict(f"INFO inspect: {summary.nodes} nodes, {summary.parameters:,} parameters, "
+                       f"{macs_shown if isinstance(macs_shown, str) else f'{macs_shown:,}'} MACs; nothing was checked",
+                       passed=True)
     return CommandResult(report=report, result=summary)
 
 

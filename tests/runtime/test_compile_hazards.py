@@ -106,7 +106,8 @@ def _paddle_like(size: int = 8, opset: int = 12) -> onnx.ModelProto:
              numpy_helper.from_array(np.array([-1], np.int64), "minus_one")]
     graph = helper.make_graph(nodes, "paddle_like",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, size, size])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 2 * size, 2 * size])], inits)
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 2 * size, 2 * size])],
+                              inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 7 if opset < 21 else 10
     return model

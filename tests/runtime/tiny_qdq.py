@@ -106,8 +106,9 @@ def qdq_swish_model(*, activations: int = TensorProto.UINT16, height: int = 10, 
              helper.make_node("Conv", ["x_dq", "w_dq"], ["c"], name="conv", pads=[1, 1, 1, 1]), *qdq("c", "c", "c"),
              helper.make_node("Sigmoid", ["c_dq"], ["s"], name="sig"), *qdq("s", "s", "s"),
              helper.make_node("Mul", ["c_dq", "s_dq"], ["y"], name="mul"), *qdq("y", "y", "y")]
-    graph = helper.make_graph(nodes, "qdq_swish", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, height, width])],
-                              [helper.make_tensor_value_info("y_dq", TensorProto.FLOAT, [1, c, height, width])], inits)
+    shape = [1, c, height, width]
+    graph = helper.make_graph(nodes, "qdq_swish", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y_dq", TensorProto.FLOAT, shape)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     model.ir_version = 10
     onnx.checker.check_model(model, full_check=True)
