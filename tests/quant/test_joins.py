@@ -86,3 +86,13 @@ def test_the_float_head_never_takes_every_conv() -> None:
     assert result.steps["float_stem"]["nodes"] == [] and "dropped" in result.steps["float_stem"]
     assert result.steps["float_stem"]["dropped"]  # the one conv was the stem: quantized whole, and said so
     assert integer_kernel_report(result.model)["integer_fraction"] == 1.0
+
+
+def test_bounded_activations_keep_their_whole_range() -> None:
+    from npukit.quant.qdq import effective_ranges
+
+    model = _detector_head()
+    ranges = {"scores": (0.0, 0.53), "b1": (0.0, 0.97), "r0": (0.0, 3.0)}  # a clipping observer's choice
+    adjusted = effective_ranges(model, ranges, QuantConfig())
+    assert adjusted["scores"] == (0.0, 1.0) and adjusted["b1"] == (0.0, 1.0) and adjusted["r0"] == (0.0, 3.0)
+    assert effective_ranges(model, ranges, QuantConfig(exclude=("score_sigmoid",)))["scores"] == (0.0, 0.53)

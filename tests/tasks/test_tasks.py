@@ -171,3 +171,75 @@ def test_the_gate_validates_its_floors() -> None:
         QualityGate(min_metric=1.5)
     with pytest.raises(InputError):
         QualityGate(min_sqnr_db=float("nan"))
+
+
+def test_scores_squeezed_below_a_callers_threshold_fail_though_ap_ranks_them_alike() -> None:
+    ref = _yolo([(50, 50, 20, 20), (150, 80, 40, 30), (250, 200, 30, 30)], [0, 0, 1], [0.83, 0.81, 0.69])
+    squeezed = ref.copy()
+    squeezed[0, 4:, :3] = np.minimum(squeezed[0, 4:, :3], 0.499)  # an int8 grid that stops at 0.5
+    result = _detect([ref], [squeezed], YOLO)
+    assert result.value == 1.0  # every box found and ranked the same: AP cannot see it
+    assert result.metrics["f1_at_0.25"] == 1.0 and result.metrics["f1_at_0.5"] == 0.0
+    verdict = judge(result, QualityGate(), what="quantize")
+    assert not verdict.passed and "f1_at_0.5 0.000 < 0.9" in verdict.line
+
+
+def test_the_probability_output_is_the_classification_among_several() -> None:
+    box, landmarks, prob = np.zeros((1, 4)), np.zeros((1, 10)), np.array([[0.2, 0.8]])
+    choice = choose_task([(1, 4), (1, 10), (1, 2)], [(1, 3, 48, 48)], sample=[box, landmarks, prob])
+    assert choice.name == "classify" and choice.output == 2 and "sum to 1" in choice.reason
+
+
+def test_channels_last_segmentation() -> None:
+    choice = choose_task([(1, 64, 64, 2)], [(1, 64, 64, 1)])
+    assert choice.name == "segment" and choice.channels_last
+    ref = np.zeros((1, 4, 4, 2), np.float32)
+    ref[0, :2, :, 1] = 1.0  # class 1 on the top half
+    meter = choice.meter(["masks"])
+    meter.update([ref], [ref.copy()])
+    assert meter.result().value == 1.0
+
+
+def _gfl_outputs(image=(64, 64), classes: int = 3, bins: int = 8) -> tuple[list[np.ndarray], list[tuple]]:
+    outputs, shapes = [], []
+    for stride in (8, 16):
+        anchors = (image[0] // stride) * (image[1] // stride)
+        scores = rng.uniform(0, 0.01, (1, anchors, classes)).astype(np.float32)
+        scores[0, 5, 1] = 0.9
+        dist = rng.standard_normal((1, anchors, 4 * bins)).astype(np.float32)
+        outputs += [scores, dist]
+        shapes += [scores.shape, dist.shape]
+    return outputs, shapes
+
+
+def test_per_level_gfl_heads_are_decoded() -> None:
+    outputs, shapes = _gfl_outputs()
+    choice = choose_task(shapes, [(1, 3, 64, 64)], sample=outputs)
+    assert choice.name == "detect" and choice.layout.kind == "gfl-levels"
+    assert [level[2] for level in choice.layout.levels] == [8, 16]
+    meter = choice.meter([f"o{i}" for i in range(4)])
+    meter.update(outputs, [o.copy() for o in outputs])
+    result = meter.result()
+    assert result.value == 1.0 and result.metrics["reference_detections"] == 2 and result.decoded == ("o0", "o1",
+                                                                                                       "o2", "o3")
+
+
+def test_a_raw_yolox_head_is_told_from_decoded_yolo_by_its_values() -> None:
+    anchors = sum((64 // s) ** 2 for s in (8, 16, 32))  # 84
+    raw = rng.standard_normal((1, anchors, 6)).astype(np.float32) * 2  # offsets, log sizes, logits
+    raw[0, 7, 4:] = 6.0  # one confident object
+    choice = choose_task([raw.shape], [(1, 3, 64, 64)], sample=[raw])
+    assert choice.name == "detect" and choice.layout.kind == "yolox"
+    meter = choice.meter(["out"])
+    meter.update([raw], [raw.copy()])
+    assert meter.result().value == 1.0
+
+
+def test_a_score_sitting_on_a_threshold_may_fall_either_way() -> None:
+    ref = _yolo([(50, 50, 20, 20), (150, 80, 40, 30)], [0, 1], [0.52, 0.9])
+    cand = _yolo([(50, 50, 20, 20), (150, 80, 40, 30)], [0, 1], [0.48, 0.9])  # 0.52 -> 0.48 across 0.5
+    assert _detect([ref], [cand], YOLO).metrics["f1_at_0.5"] == 1.0
+    dropped = _yolo([(50, 50, 20, 20), (150, 80, 40, 30)], [0, 1], [0.48, 0.62])  # 0.9 -> 0.62: still kept
+    assert _detect([ref], [dropped], YOLO).metrics["f1_at_0.5"] == 1.0
+    lost = _yolo([(50, 50, 20, 20), (150, 80, 40, 30)], [0, 1], [0.52, 0.45])  # 0.9 -> 0.45: lost at 0.5
+    assert _detect([ref], [lost], YOLO).metrics["f1_at_0.5"] == 0.0  # the one sure detection missed

@@ -3,8 +3,9 @@
 Inside ``quantize`` the order is: pre-process -> CLE -> calibrate once with histograms (``MultiObserver``) on the
 first samples -> one QDQ candidate per method of ``RANGE_METHODS`` (the same ORT step as the final model; when the
 final model gets bias correction or AdaRound, the candidate gets bias correction, measured on the calibration part
-only) -> SQNR of all graph outputs against the float model on the held-out samples -> the chosen method's ranges
-feed AdaRound and bias correction, which run once -> the final QDQ model.
+only) -> SQNR of all graph outputs against the float model on the held-out samples -> the chosen method calibrates
+again on every sample (the held-out quarter may show what the rest never does: a detector's only confident scores
+were there once) -> its ranges feed AdaRound and bias correction, which run once -> the final QDQ model.
 
 Why bias correction in the candidates: the methods differ in how much mean shift their clipping and rounding cause,
 and bias correction (or AdaRound) removes most of it, so the ranking without it is not the ranking with it. Measured
@@ -12,8 +13,8 @@ on MobileNetV2 (per-channel, CLE + activation equalization + bias correction, 42
 crops): scored bias-corrected, the held-out ranking is mse 19.9 dB, minmax 19.0, percentile 17.4, entropy 14.5, and
 the final model reaches 18.8 dB on the evaluation crops, against 17.5 dB when the candidates were scored without it.
 
-Held-out split: with ``n >= MIN_SPLIT`` samples the last quarter (at least one) is held out and the ranges come from
-the others; with fewer, the ranges come from all samples and the last quarter is also the evaluation set (noted).
+Held-out split: with ``n >= MIN_SPLIT`` samples the last quarter (at least one) is held out and the candidates' ranges
+come from the others (the final ranges from all); with fewer, the ranges come from all samples and the last quarter is also the evaluation set (noted).
 CLE, AdaRound and bias correction use all samples, as without "auto".
 """
 

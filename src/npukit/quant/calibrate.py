@@ -169,15 +169,55 @@ def calibrate(model: onnx.ModelProto, samples: Iterable[object], *, config: Quan
     ranges = {}
     candidates: dict[str, dict[str, tuple[float, float]]] = {m: {} for m in RANGE_METHODS} \
         if config.method == "auto" else {}
+    sensitive = saturating_inputs(model)
     for name, obs in observers.items():
         if obs.min <= obs.max:
+            limit = sensitive.get(name)
+
+            def kept(lo: float, hi: float, obs=obs, limit=limit) -> tuple[float, float]:
+                if limit is None:
+                    return float(lo), float(hi)
+                return (float(min(lo, max(obs.min, -limit))), float(max(hi, min(obs.max, limit))))
+
             lo, hi = obs.range()
-            ranges[name] = (float(lo), float(hi))
+            ranges[name] = kept(lo, hi)
             if candidates:
                 each = obs.ranges() if isinstance(obs, MultiObserver) else dict.fromkeys(RANGE_METHODS, (lo, hi))
                 for method, (mlo, mhi) in each.items():
-                    candidates[method][name] = (float(mlo), float(mhi))
+                    candidates[method][name] = kept(mlo, mhi)
     return CalibrationResult(ranges=ranges, samples=count, method=config.method, candidates=candidates)
+
+
+# Where a bounded activation stops responding to its input: a clipping observer may cut the tail beyond it, never
+# inside it. A detector's class logits are mostly very negative (background everywhere), so percentile, entropy and
+# MSE observers put the top of the grid near 0, where the sigmoid is 0.5: found on a YOLOv8 detector, whose
+# confident class scores (0.83, 0.81, 0.69) all came out 0.499 (MSE had chosen the logits' range). Softmax has no
+# such point (it reads differences between logits): its input keeps the observed range.
+SATURATION = {"Sigmoid": 6.0, "HardSigmoid": 3.0, "Tanh": 3.0, "Softmax": float("inf")}
+
+
+# Ops that move values without changing them: a bounded activation reached through them reads the same values.
+PASSTHROUGH = frozenset({"Concat", "Split", "Reshape", "Transpose", "Slice", "Squeeze", "Unsqueeze", "Flatten",
+                         "Gather", "Identity", "Expand", "Tile"})
+
+
+def saturating_inputs(model: onnx.ModelProto) -> dict[str, float]:
+    """Tensors that reach a bounded activation (``SATURATION``) directly or through ``PASSTHROUGH`` ops (a
+    detector's per-level class logits concatenated, reshaped and split before the sigmoid) -> how far (+-) their
+    range must reach where observed."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    found: dict[str, float] = {}
+    frontier = [(n.input[0], SATURATION[n.op_type]) for n in model.graph.node if n.op_type in SATURATION and n.input]
+    while frontier:
+        tensor, limit = frontier.pop()
+        if found.get(tensor, -1.0) >= limit:
+            continue
+        found[tensor] = limit
+        node = producer.get(tensor)
+        if node is not None and node.op_type in PASSTHROUGH:
+            data = node.input if node.op_type == "Concat" else node.input[:1]
+            frontier.extend((t, limit) for t in data if t)
+    return found
 
 
 def channel_statistics(model: onnx.ModelProto, names: list[str], samples: Iterable[object], *,

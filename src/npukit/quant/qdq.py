@@ -97,7 +97,12 @@ def preprocess(model: onnx.ModelProto) -> onnx.ModelProto:
             try:
                 quant_pre_process(model, str(out))
             except Exception as exc:  # ORT raises a bare Exception("Incomplete symbolic shape inference")
-                if "symbolic shape inference" not in str(exc):
+                import traceback
+
+                # ... or an AssertionError inside it (an If branch's output without a type, as in Silero VAD)
+                inside = any(f.filename.endswith("symbolic_shape_infer.py")
+                             for f in traceback.extract_tb(exc.__traceback__))
+                if "symbolic shape inference" not in str(exc) and not inside:
                     raise
                 source = Path(tmp) / "in.onnx"  # from a path: given a ModelProto here ORT loses its weights
                 onnx.save(model, str(source))
@@ -108,7 +113,8 @@ def preprocess(model: onnx.ModelProto) -> onnx.ModelProto:
 def effective_ranges(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]], config: QuantConfig
                      ) -> dict[str, tuple[float, float]]:
     """The range each calibrated tensor is quantized with, mirroring ORT's rule that a Relu/Clip input takes its
-    output's range (the two fuse) and that a Softmax output spans [0, 1]."""
+    output's range (the two fuse); a bounded activation's output (Softmax, Sigmoid, HardSigmoid: [0, 1]; Tanh:
+    [-1, 1]) spans its whole range, never what a clipping observer chose (``BOUNDED``)."""
     adjusted = dict(ranges)
     consumers = collections.Counter(t for n in model.graph.node for t in n.input)
     for node in model.graph.node:
@@ -117,10 +123,24 @@ def effective_ranges(model: onnx.ModelProto, ranges: dict[str, tuple[float, floa
         if node.op_type in ("Relu", "Clip") and consumers[node.input[0]] == 1 and node.output[0] in ranges \
                 and node.input[0] in ranges:
             adjusted[node.input[0]] = ranges[node.output[0]]
-    for name in softmax_outputs(model, config):
+    for name, bounds in bounded_outputs(model, config).items():
         if name in ranges:
-            adjusted[name] = (0.0, 1.0)
+            adjusted[name] = bounds
     return adjusted
+
+
+# Activations whose output lies in a fixed range: quantized over all of it. A clipping observer (percentile, entropy,
+# MSE) that cuts a sigmoid's rare high values cuts exactly the confident scores a detector reports (on a YOLOv8
+# detector's calibration photos MSE chose [0, 0.53] for its class scores), while the whole [0, 1] costs a few levels
+# at most. Their inputs are kept wide enough too (``calibrate.saturating_inputs``).
+BOUNDED = {"Softmax": (0.0, 1.0), "Sigmoid": (0.0, 1.0), "HardSigmoid": (0.0, 1.0), "Tanh": (-1.0, 1.0)}
+
+
+def bounded_outputs(model: onnx.ModelProto, config: QuantConfig) -> dict[str, tuple[float, float]]:
+    """Outputs of the quantized bounded activations (``BOUNDED``) and the range each spans whatever was
+    calibrated."""
+    return {n.output[0]: BOUNDED[n.op_type] for n in model.graph.node
+            if n.op_type in BOUNDED and n.name not in config.exclude}
 
 
 def softmax_outputs(model: onnx.ModelProto, config: QuantConfig) -> list[str]:
@@ -332,8 +352,12 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
             return build_qdq(base, first, config, ranges, {})
 
         chosen, steps["auto"] = choose_method(reference, calib, samples, split=split, build=candidate)
-        calib = calib.with_method(chosen)
         config = dataclasses.replace(config, method=chosen)
+        # the chosen method's ranges from every sample: the held-out part may hold what the rest never shows (the
+        # only confident detections of a detector's calibration photos were in the last quarter: its class logits
+        # were calibrated without them and its scores capped at 0.5)
+        calib = calibrate(work, samples, config=config, progress=progress) if split.held_out_start < split.total \
+            and split.calibration < split.total else calib.with_method(chosen)
         steps["calibration"] = {"method": "auto", "chosen": chosen, "samples": calib.samples,
                                 "tensors": len(calib.ranges)}
     else:
@@ -362,7 +386,7 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
         search = search_ranges(reference, qdq, samples, ranges=effective_ranges(work, ranges, config),
                                limit=config.calib_samples, passes=config.range_search_passes,
                                symmetric=config.symmetric_activations, threads=0,
-                               fixed=softmax_outputs(work, config))
+                               fixed=bounded_outputs(work, config))
         ranges = ranges | search.ranges
         steps["range_search"] = search.summary()
         qdq = build_qdq(work, first, config, ranges, weight_grids)

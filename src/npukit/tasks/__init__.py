@@ -41,6 +41,7 @@ class TaskChoice:
     reason: str
     layout: DetectLayout | None = None
     given: bool = False  # named by the user rather than detected
+    channels_last: bool = False  # segment: (N, H, W, C)
 
     def meter(self, output_names: Sequence[str]) -> TaskMeter:
         if self.name == "classify":
@@ -49,7 +50,7 @@ class TaskChoice:
             assert self.layout is not None
             return DetectMeter(output_names, self.layout)
         if self.name == "segment":
-            return SegmentMeter(output_names, self.output)
+            return SegmentMeter(output_names, self.output, channels_last=self.channels_last)
         if self.name == "text-detect":
             return TextDetectMeter(output_names, self.output)
         if self.name == "text-recognize":
@@ -78,9 +79,30 @@ def _plausible_yolo(layout: DetectLayout, sample: Sequence[np.ndarray] | None) -
                 and not _is_softmax_rows(raw))  # (N, steps, classes) probabilities: a CTC recognizer
 
 
+def _image_size(inputs: Sequence[Shape]) -> tuple[int, int] | None:
+    """(H, W) of the first image-like 4-D input: NCHW, or NHWC when its last axis has 1, 3 or 4 channels."""
+    image = next((list(s) for s in inputs if len(s) == 4), None)
+    if image is None:
+        return None
+    h, w = (image[1], image[2]) if image[3] in (1, 3, 4) and image[1] not in (1, 3, 4) else (image[2], image[3])
+    return (h, w) if isinstance(h, int) and isinstance(w, int) else None
+
+
+def _raw_head(layout: DetectLayout, sample: Sequence[np.ndarray] | None) -> bool:
+    """Whether an (N, A, 5 + C) output holds raw logits (objectness or class scores outside [0, 1]), as YOLOX's
+    head does before decoding; without a sample, no."""
+    if sample is None:
+        return False
+    scores = np.asarray(sample[layout.boxes], np.float64)[0][:, 4:]
+    return bool(scores.min() < -1e-3 or scores.max() > 1 + 1e-3)
+
+
 def _detected(shapes: Sequence[Shape], inputs: Sequence[Shape],
               sample: Sequence[np.ndarray] | None) -> TaskChoice:
-    layout = detect_layout(shapes)
+    size = _image_size(inputs)
+    layout = detect_layout(shapes, size)
+    if layout is not None and layout.kind == "yolox" and not _raw_head(layout, sample):
+        layout = detect_layout(shapes, size, raw_yolox=False)  # decoded boxes and probabilities: YOLOv8-style
     if layout is not None and (layout.kind != "yolo" or _plausible_yolo(layout, sample)):
         return TaskChoice("detect", layout.boxes, f"outputs look like a detector's ({layout.kind})", layout)
     image = next((s for s in inputs if len(s) == 4), None)
@@ -102,9 +124,20 @@ def _detected(shapes: Sequence[Shape], inputs: Sequence[Shape],
             if shape[1] >= 2 and h * 8 >= ih and w * 8 >= iw:
                 return TaskChoice("segment", i, f"output {i} is (N, {shape[1]} classes, H, W) at 1/{ih // h} of the "
                                                 "input's resolution or finer")
-    for i, shape in enumerate(shapes):
-        if is_class_scores(shape):
-            return TaskChoice("classify", i, f"output {i} is (N, {shape[1]}) class scores")
+    for i, shape in enumerate(shapes):  # channels last: (N, H, W, C) near the input's resolution
+        if len(shape) == 4 and all(isinstance(d, int) for d in shape[1:]) and size is not None \
+                and 2 <= shape[3] < min(shape[1], shape[2]) and shape[1] * 8 >= size[0] and shape[2] * 8 >= size[1]:
+            return TaskChoice("segment", i, f"output {i} is (N, H, W, {shape[3]} classes), channels last, near the "
+                                            "input's resolution", channels_last=True)
+    scores = [i for i, shape in enumerate(shapes) if is_class_scores(shape)]
+    if scores:
+        # several (N, C) outputs (a face net's box regression, landmarks and face probability): the one whose rows
+        # are probability distributions is the classification; the others are held to the SQNR floor
+        probable = [i for i in scores if sample is not None and _is_softmax_rows(
+            np.asarray(sample[i]).reshape(np.shape(sample[i])[0], -1))]
+        i = probable[0] if probable else scores[0]
+        why = " (its rows sum to 1)" if probable and len(scores) > 1 else ""
+        return TaskChoice("classify", i, f"output {i} is (N, {shapes[i][1]}) class scores{why}")
     return TaskChoice("generic", 0, "no known output layout: every output compared by SQNR and cosine")
 
 
@@ -120,7 +153,7 @@ def choose_task(output_shapes: Sequence[Shape], input_shapes: Sequence[Shape], *
     if task == found.name:
         return dataclasses.replace(found, given=True, reason=f"given (and {found.reason})")
     if task == "detect":
-        layout = detect_layout(output_shapes)
+        layout = detect_layout(output_shapes, _image_size(input_shapes))
         if layout is None:
             raise InputError("--task detect but no output has a detector's layout ((N, 4 + C, A), (N, A, 4 + C), or "
                              "boxes (N, A, 4) with scores (N, A, C))",

@@ -105,11 +105,18 @@ class TaskResult:
     outputs: tuple[OutputFidelity, ...]
     decoded: tuple[str, ...]
     note: str = ""
+    checks: dict[str, float] | None = None  # metrics each held to the floor; None: the headline alone
+
+    def gated(self) -> dict[str, float]:
+        """The metrics the gate holds to its floor: ``checks``, else the headline where it is defined."""
+        if self.checks is not None:
+            return dict(self.checks)
+        return {self.metric: self.value} if self.value is not None else {}
 
     def as_dict(self) -> dict[str, Any]:
         return {"task": self.task, "samples": self.samples, "metric": self.metric, "value": self.value,
                 "metrics": dict(self.metrics), "outputs": [o.as_dict() for o in self.outputs],
-                "decoded": list(self.decoded), "note": self.note}
+                "decoded": list(self.decoded), "note": self.note, "gated": self.gated()}
 
 
 class TaskMeter(Protocol):
@@ -169,8 +176,9 @@ def judge(result: TaskResult, gate: QualityGate, *, what: str, default_min_metri
     against ``gate.min_sqnr_db``, plus ``extra_failures`` found elsewhere (e.g. no integer kernels)."""
     floor = default_min_metric if gate.min_metric is None else gate.min_metric
     failures = list(extra_failures)
-    if result.value is not None and not result.value >= floor:
-        failures.append(f"{result.metric} {_fmt(result.value)} < {floor:g}")
+    for name, value in sorted(result.gated().items(), key=lambda kv: kv[1]):
+        if not value >= floor:
+            failures.append(f"{name} {_fmt(value)} < {floor:g}")
     # outputs the task metric does not cover, and every output when the metric is undefined on these inputs
     undecoded = [o for o in result.outputs if result.value is None or o.name not in result.decoded]
     for o in sorted(undecoded, key=lambda o: o.sqnr_db if not math.isnan(o.sqnr_db) else -math.inf):

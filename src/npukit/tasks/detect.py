@@ -15,6 +15,12 @@ The reference's detections at ``GT_SCORE`` or more after NMS are the ground trut
 ``PRED_SCORE`` or more are ranked by score (the way COCO and VOC evaluate), matched greedily to an unmatched ground
 truth box of the same class at IoU >= 0.5, and AP is the area under the interpolated precision-recall curve, averaged
 over the classes present in the ground truth.
+
+AP ranks scores and so cannot see scores squeezed below a caller's threshold (all ranked the same way, all found):
+the detections a user actually gets are checked too, as F1 at each operating threshold in ``OPERATING`` (the
+reference's detections at or above it against the candidate's at or above it; a score less than ``BAND`` above the
+threshold may fall either way). Each of mAP@0.5 and those F1 scores is held to
+the floor.
 """
 
 from __future__ import annotations
@@ -33,25 +39,56 @@ PRED_SCORE = 0.001  # the candidate's detections ranked for AP (COCO's evaluatio
 NMS_IOU = 0.5
 MATCH_IOU = 0.5
 MAX_DETECTIONS = 300
+OPERATING = (0.25, 0.5)  # score thresholds callers commonly use; F1 of the detections kept at each
+BAND = 0.05  # a detection within this of a threshold may fall on either side of it without counting as an error
+
+
+STRIDES = (8, 16, 32, 64, 128)  # feature-map strides of anchor-free heads (YOLOX, PicoDet/GFL)
 
 
 @dataclasses.dataclass(frozen=True)
 class DetectLayout:
-    kind: str  # "yolo" | "boxes-scores"
-    boxes: int  # output index of the boxes (of everything, for yolo)
+    kind: str  # "yolo" | "boxes-scores" | "gfl-levels" | "yolox"
+    boxes: int  # output index of the boxes (of everything, for yolo and yolox)
     scores: int  # output index of the scores
     channels_first: bool = False  # yolo (N, 4 + C, A)
     objectness: bool = False  # yolo (N, A, 5 + C)
+    levels: tuple[tuple[int, int, int], ...] = ()  # gfl-levels: (scores output, distribution output, stride)
+    image: tuple[int, int] | None = None  # the input's (H, W), for the grids of yolox and gfl-levels
+
+    def decoded(self) -> tuple[int, ...]:
+        if self.kind == "gfl-levels":
+            return tuple(i for level in self.levels for i in level[:2])
+        return tuple(dict.fromkeys((self.boxes, self.scores)))
 
     def describe(self, names: Sequence[str]) -> str:
         if self.kind == "yolo":
             return (f"YOLO-style {names[self.boxes]!r} ({'4 + C, anchors' if self.channels_first else 'anchors, 4 + C'}"
                     f"{', objectness' if self.objectness else ''})")
+        if self.kind == "yolox":
+            return f"YOLOX-style raw head {names[self.boxes]!r} (grid offsets, log sizes, objectness, classes)"
+        if self.kind == "gfl-levels":
+            return ("per-level scores + box distributions (GFL / PicoDet): "
+                    + ", ".join(f"stride {st}: {names[a]!r} + {names[b]!r}" for a, b, st in self.levels))
         return f"boxes {names[self.boxes]!r} + scores {names[self.scores]!r}"
 
 
-def detect_layout(shapes: Sequence[Sequence[int | str | None]]) -> DetectLayout | None:
-    """The layout of a detector's outputs from their shapes, or None when they do not look like one."""
+def _grid(side: int, stride: int) -> int:
+    return -(-side // stride)
+
+
+def _stride_for(anchors: int, image: tuple[int, int]) -> int | None:
+    for stride in STRIDES:
+        if _grid(image[0], stride) * _grid(image[1], stride) == anchors:
+            return stride
+    return None
+
+
+def detect_layout(shapes: Sequence[Sequence[int | str | None]],
+                  image: tuple[int, int] | None = None, *, raw_yolox: bool = True) -> DetectLayout | None:
+    """The layout of a detector's outputs from their shapes (and the input's (H, W) for anchor-free heads), or None
+    when they do not look like one. ``raw_yolox=False`` reads an (N, A, 5 + C) output as decoded boxes and scores
+    even where A is YOLOX's anchor count (YOLOv8 at the same size has as many)."""
     dims = [list(s) for s in shapes]
 
     def static(d: list) -> bool:
@@ -64,6 +101,25 @@ def detect_layout(shapes: Sequence[Sequence[int | str | None]]) -> DetectLayout 
                     return DetectLayout("boxes-scores", i, j)
                 if j != i and len(e) == 2 and static(e) and e[1] == d[1]:  # (N, A) single-class scores
                     return DetectLayout("boxes-scores", i, j)
+    if image is not None:  # per level: (N, A, C) scores and (N, A, 4 x bins) distributions, A = the level's grid
+        by_anchors: dict[int, list[int]] = {}
+        for i, d in enumerate(dims):
+            if len(d) == 3 and static(d):
+                by_anchors.setdefault(d[1], []).append(i)
+        levels = []
+        for anchors, members in by_anchors.items():
+            stride = _stride_for(anchors, image)
+            dist = [i for i in members if dims[i][2] % 4 == 0 and dims[i][2] >= 8]
+            score = [i for i in members if i not in dist]
+            if stride is not None and len(dist) == 1 and len(score) == 1:
+                levels.append((score[0], dist[0], stride))
+        if len(levels) >= 2:
+            levels.sort(key=lambda level: level[2])
+            return DetectLayout("gfl-levels", levels[0][1], levels[0][0], levels=tuple(levels), image=image)
+        for i, d in enumerate(dims):  # YOLOX: (N, A, 5 + C), A the anchors of strides 8, 16 and 32 together
+            if raw_yolox and len(d) == 3 and static(d) and d[2] >= 6 and \
+                    d[1] == sum(_grid(image[0], st) * _grid(image[1], st) for st in (8, 16, 32)):
+                return DetectLayout("yolox", i, i, objectness=True, image=image)
     for i, d in enumerate(dims):  # one (N, 4 + C, A) or (N, A, 4 + C) output, A the larger
         if len(d) == 3 and static(d) and min(d[1], d[2]) >= 5:
             if d[2] > d[1] and d[2] >= 64:
@@ -143,6 +199,12 @@ class _Decoder:
 
     def _split(self, outputs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         lay = self.layout
+        if lay.kind == "yolox":
+            return _yolox(np.asarray(outputs[lay.boxes], np.float64)[0], lay.image)
+        if lay.kind == "gfl-levels":
+            parts = [_gfl_level(np.asarray(outputs[a], np.float64)[0], np.asarray(outputs[b], np.float64)[0], st,
+                                lay.image) for a, b, st in lay.levels]
+            return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
         if lay.kind == "yolo":
             arr = np.asarray(outputs[lay.boxes], np.float64)[0]
             if lay.channels_first:
@@ -160,8 +222,12 @@ class _Decoder:
         if self.score_form is not None:
             return
         boxes, scores = self._split(outputs)
-        if self.layout.kind == "yolo":
+        if self.layout.kind in ("yolo", "yolox"):
             self.score_form, self.corners = "prob", True
+            return
+        if self.layout.kind == "gfl-levels":
+            self.corners = True
+            self.score_form = "sigmoid" if scores.min() < -1e-3 or scores.max() > 1 + 1e-3 else "prob"
             return
         if scores.min() < -1e-3 or scores.max() > 1 + 1e-3:
             self.score_form = "softmax" if scores.shape[1] > 1 else "sigmoid"
@@ -189,7 +255,7 @@ class _Decoder:
     def decode(self, outputs: Sequence[np.ndarray], threshold: float) -> Detections:
         boxes, scores = self._split(outputs)
         probs = self._class_scores(self._probs(scores))
-        if self.layout.kind != "yolo" and not self.raw and not self.corners:
+        if self.layout.kind == "boxes-scores" and not self.raw and not self.corners:
             boxes = _corners(boxes)
         classes = probs.argmax(axis=1)
         best = probs[np.arange(len(probs)), classes]
@@ -200,6 +266,38 @@ class _Decoder:
         else:
             order = nms(boxes, best, classes)
         return Detections(boxes[order], best[order], classes[order], chosen[order])
+
+
+def _centers(image: tuple[int, int], stride: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row-major cell indices (column, row) of a stride's grid over the image."""
+    rows, cols = _grid(image[0], stride), _grid(image[1], stride)
+    col, row = np.meshgrid(np.arange(cols, dtype=np.float64), np.arange(rows, dtype=np.float64))
+    return col.reshape(-1), row.reshape(-1)
+
+
+def _yolox(raw: np.ndarray, image: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """YOLOX's raw head (A, 5 + C) -> corner boxes in input pixels and objectness x class probabilities."""
+    grids = [(*_centers(image, st), st) for st in (8, 16, 32)]
+    col = np.concatenate([g[0] for g in grids])
+    row = np.concatenate([g[1] for g in grids])
+    stride = np.concatenate([np.full(len(g[0]), g[2], np.float64) for g in grids])
+    cx, cy = (raw[:, 0] + col) * stride, (raw[:, 1] + row) * stride
+    w, h = np.exp(np.clip(raw[:, 2], -20, 20)) * stride, np.exp(np.clip(raw[:, 3], -20, 20)) * stride
+    boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
+    return boxes, _sigmoid(raw[:, 4:5]) * _sigmoid(raw[:, 5:])
+
+
+def _gfl_level(scores: np.ndarray, dist: np.ndarray, stride: int,
+               image: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """One level of a GFL head: (A, 4 x bins) distances as distributions (softmax, expectation in bins of the
+    stride) around each cell's centre -> corner boxes; scores as given."""
+    bins = dist.shape[1] // 4
+    probs = _softmax(dist.reshape(-1, 4, bins))
+    distance = (probs * np.arange(bins)).sum(axis=-1) * stride  # left, top, right, bottom
+    col, row = _centers(image, stride)
+    cx, cy = (col + 0.5) * stride, (row + 0.5) * stride
+    boxes = np.stack([cx - distance[:, 0], cy - distance[:, 1], cx + distance[:, 2], cy + distance[:, 3]], axis=1)
+    return boxes, scores
 
 
 class DetectMeter:
@@ -217,27 +315,63 @@ class DetectMeter:
         self._recalled = 0
         self._ious: list[float] = []
         self._cand_at_threshold = 0
+        self._operating = {t: [0, 0, 0] for t in OPERATING}  # threshold -> [true pos, false pos, false neg]
 
     def update(self, reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray], labels: Any = None) -> None:
         self._stats.update(reference, candidate)
-        batch = np.asarray(reference[self.layout.boxes]).shape[0]
+        batch = np.asarray(reference[self.layout.decoded()[0]]).shape[0]
         for b in range(batch):
             ref = [np.asarray(o)[b:b + 1] for o in reference]
             cand = [np.asarray(o)[b:b + 1] for o in candidate]
             self._decoder.fix_format(ref)
             self._one(self._decoder.decode(ref, GT_SCORE), self._decoder.decode(cand, PRED_SCORE))
 
+    def _matches(self, gt: Detections, pred: Detections) -> np.ndarray:
+        """(len(gt), len(pred)) match strengths: IoU of same-class boxes, or 1 for the same anchor and class."""
+        if self._decoder.raw:
+            same = (gt.anchors[:, None] == pred.anchors[None, :]) & (gt.classes[:, None] == pred.classes[None, :])
+            return same.astype(np.float64)
+        overlap = iou_matrix(gt.boxes, pred.boxes)
+        overlap[gt.classes[:, None] != pred.classes[None, :]] = 0.0
+        return overlap
+
+    def _unmatched(self, wanted: np.ndarray, offered: np.ndarray, overlap: np.ndarray) -> int:
+        """How many of the ``wanted`` rows of ``overlap`` find no ``offered`` column at MATCH_IOU (one each)."""
+        sub = overlap[wanted][:, offered]
+        taken = np.zeros(sub.shape[1], bool)
+        missed = 0
+        for row in sub:
+            column = np.where(taken, -1.0, row)
+            j = int(np.argmax(column)) if len(column) else -1
+            if j >= 0 and column[j] >= MATCH_IOU:
+                taken[j] = True
+            else:
+                missed += 1
+        return missed
+
+    def _operating_point(self, gt: Detections, pred: Detections, threshold: float) -> None:
+        """F1 counts at ``threshold`` with a tolerance ``BAND``: a reference detection clearly above it (>=
+        threshold + BAND) is missed unless the candidate keeps it at the threshold, and a candidate detection
+        clearly above it is false unless the reference has it at the threshold; scores within BAND above the
+        threshold may fall either way."""
+        overlap = self._matches(gt, pred)
+        sure_gt, loose_gt = gt.scores >= threshold + BAND, gt.scores >= threshold
+        sure_pred, loose_pred = pred.scores >= threshold + BAND, pred.scores >= threshold
+        missed = self._unmatched(sure_gt, loose_pred, overlap)
+        false = self._unmatched(sure_pred, loose_gt, overlap.T)
+        counts = self._operating[threshold]
+        counts[0] += int(sure_gt.sum()) - missed
+        counts[1] += false
+        counts[2] += missed
+
     def _one(self, gt: Detections, pred: Detections) -> None:
+        for threshold in OPERATING:
+            self._operating_point(gt, pred, threshold)
         self._samples += 1
         self._gt += len(gt.scores)
         for c in gt.classes.tolist():
             self._gt_per_class[c] += 1
-        if self._decoder.raw:
-            same = (gt.anchors[:, None] == pred.anchors[None, :]) & (gt.classes[:, None] == pred.classes[None, :])
-            overlap = same.astype(np.float64)
-        else:
-            overlap = iou_matrix(gt.boxes, pred.boxes)
-            overlap[gt.classes[:, None] != pred.classes[None, :]] = 0.0
+        overlap = self._matches(gt, pred)
         taken = np.zeros(len(gt.scores), bool)
         for j in np.argsort(-pred.scores, kind="stable"):
             hit = False
@@ -263,10 +397,16 @@ class DetectMeter:
                    "layout": self.layout.describe(self.names),
                    "matching": "anchor index (raw head)" if self._decoder.raw else f"IoU >= {MATCH_IOU}",
                    "reference_threshold": GT_SCORE}
+        checks = {"map50": value} if value is not None else {}
+        for threshold, (tp, fp, fn) in self._operating.items():
+            if tp + fp + fn:  # undefined where neither model detects anything at this threshold
+                f1 = 2 * tp / (2 * tp + fp + fn)
+                metrics[f"f1_at_{threshold:g}"] = f1
+                checks[f"f1_at_{threshold:g}"] = f1
         note = "" if value is not None else f"the reference detected nothing at score >= {GT_SCORE} on these inputs"
-        decoded = tuple(dict.fromkeys([self.names[self.layout.boxes], self.names[self.layout.scores]]))
+        decoded = tuple(dict.fromkeys(self.names[i] for i in self.layout.decoded()))
         return TaskResult(task=self.task, samples=self._samples, metric="map50", value=value, metrics=metrics,
-                          outputs=self._stats.result(), decoded=decoded, note=note)
+                          outputs=self._stats.result(), decoded=decoded, note=note, checks=checks)
 
 
 def average_precision(preds: list[tuple[float, bool]], positives: int) -> float:

@@ -1,4 +1,5 @@
-"""Segmentation: per-pixel class masks (argmax over the class axis of an (N, C, H, W) output) of the candidate
+"""Segmentation: per-pixel class masks (argmax over the class axis of an (N, C, H, W) or, channels last,
+(N, H, W, C) output) of the candidate
 against the reference's: pixel agreement and mean IoU over the classes either mask uses (the headline), with the
 intersections and unions summed over every sample."""
 
@@ -15,9 +16,10 @@ from npukit.tasks.base import OutputStats, TaskResult
 class SegmentMeter:
     task = "segment"
 
-    def __init__(self, output_names: Sequence[str], masks: int = 0) -> None:
+    def __init__(self, output_names: Sequence[str], masks: int = 0, *, channels_last: bool = False) -> None:
         self.names = list(output_names)
         self.masks = masks
+        self.axis = -1 if channels_last else 1  # the class axis
         self._stats = OutputStats(self.names)
         self._inter: dict[int, int] = {}
         self._union: dict[int, int] = {}
@@ -25,8 +27,8 @@ class SegmentMeter:
 
     def update(self, reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray], labels: Any = None) -> None:
         self._stats.update(reference, candidate)
-        ref = np.asarray(reference[self.masks]).argmax(axis=1)
-        cand = np.asarray(candidate[self.masks]).argmax(axis=1)
+        ref = np.asarray(reference[self.masks]).argmax(axis=self.axis)
+        cand = np.asarray(candidate[self.masks]).argmax(axis=self.axis)
         self._samples += ref.shape[0]
         self._pixels += ref.size
         self._agree += int(np.sum(ref == cand))
