@@ -221,6 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown zoo models {unknown}; known: {', '.join(zoo_models.MODELS)}")
     rows = []
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
+                            text=True).stdout.strip()
     for name in names:
         model = zoo_models.MODELS[name]
         if not model.installed():
@@ -228,11 +230,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         print(f"{name} ({model.task}, {model.dist})")
         rows.append(run_model(model, args.verbs, timeout=args.timeout))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
-                            text=True).stdout.strip()
-    doc = {"cpu": _cpu(), "date": time.strftime("%Y-%m-%d"), "commit": commit, "soc": SOC, "rows": rows,
-           "summary": summarize(rows)}
-    json_path, md_path = write_results(doc, args.out, args.stem)
+        doc = {"cpu": _cpu(), "date": time.strftime("%Y-%m-%d"), "commit": commit, "soc": SOC, "rows": rows,
+               "summary": summarize(rows)}
+        json_path, md_path = write_results(doc, args.out, args.stem)  # after every model: a long run keeps its part
     print(json.dumps(doc["summary"], indent=2))
     print(f"wrote {json_path} and {md_path}")
     return 0

@@ -41,7 +41,7 @@ def test_class_subfolders_give_sorted_labels_and_order(tmp_path: Path) -> None:
     assert [b.size for b in ds.batches(2, limit=1)] == [1]
     assert len(list(ds)) == 3
     ds.check_against(("N", 3, 16, 16))
-    with pytest.raises(InputError, match=r"samples of shape \(3, 16, 16\).*\(N, 3, 224, 224\)"):
+    with pytest.raises(InputError, match=r"takes \(N, 3, 224, 224\): its samples are \(3, 16, 16\) each"):
         ds.check_against((None, 3, 224, 224))
 
 
@@ -88,10 +88,11 @@ def test_npy_is_memory_mapped(tmp_path: Path) -> None:
     np.testing.assert_array_equal(sample[0], data[2].astype(np.float32))
     assert [b.size for b in ds.batches(3)] == [3, 3, 1]
     ds.check_against(["batch", 3, 4, 4])
-    with pytest.raises(InputError, match="model takes"):
+    with pytest.raises(InputError, match="does not fit input 'x', which takes"):
         ds.check_against([1, 4, 4, 4])
-    with pytest.raises(InputError, match="model takes"):
-        ds.check_against([3, 4, 4])  # a rank short
+    ds.check_against([3, 4, 4])  # an input without a batch axis: the 7 samples are stacked, sample i is arr[i]
+    assert ds.stacked == {"x"} and ds.sample(2)["x"].shape == (3, 4, 4)
+    assert [b.size for b in ds.batches(3)] == [1] * 7
 
 
 def test_npz_inputs_and_labels(tmp_path: Path) -> None:
@@ -115,6 +116,42 @@ def test_npz_inputs_and_labels(tmp_path: Path) -> None:
     np.savez(tmp_path / "badlabels.npz", a=a, labels=np.ones(4) * 0.5)
     with pytest.raises(InputError, match="labels"):
         open_dataset(tmp_path / "badlabels.npz", preprocess=CFG)
+
+
+def test_npz_inputs_whose_batch_is_not_axis_0_and_scalars_are_stacked_samples(tmp_path: Path) -> None:
+    """Silero VAD: input [1, 576] (batch first), state [2, 1, 128] (batch on axis 1), sr an int64 scalar []."""
+    rng = np.random.default_rng(0)
+    audio = rng.standard_normal((5, 576)).astype(np.float32)
+    state = rng.standard_normal((5, 2, 1, 128)).astype(np.float32)
+    np.savez(tmp_path / "vad.npz", input=audio, state=state, sr=np.full(5, 16000, np.int32))
+    ds = open_dataset(tmp_path / "vad.npz", preprocess=CFG)
+    ds.check_against({"input": [1, 576], "state": [2, 1, 128], "sr": []},
+                     dtypes={"input": np.float32, "state": np.float32, "sr": np.int64})
+    assert ds.stacked == {"state", "sr"}
+    sample = ds.sample(3)
+    assert sample["input"].shape == (1, 576) and sample["state"].shape == (2, 1, 128) and sample["sr"].shape == ()
+    assert sample["sr"].dtype == np.int64 and int(sample["sr"]) == 16000
+    np.testing.assert_array_equal(sample["state"], state[3])
+    assert [b.size for b in ds.batches(4)] == [1] * 5  # no batch axis to put more samples on
+    ds.check_against({"input": ["batch", "sequence"], "state": [2, "batch", 128], "sr": []})  # symbolic: fits too
+    with pytest.raises(InputError, match="is float32 but the model's input 'state' takes int64"):
+        ds.check_against({"state": [2, 1, 128]}, dtypes={"state": np.int64})
+
+
+def test_npz_that_fits_no_rule_says_which_rule_failed_and_how(tmp_path: Path) -> None:
+    np.savez(tmp_path / "vad.npz", state=np.zeros((5, 2, 1, 128), np.float32))
+    ds = open_dataset(tmp_path / "vad.npz", preprocess=CFG, input_name="state")
+    with pytest.raises(InputError) as info:
+        ds.check_against([2, 4, 128])
+    text = info.value.one_line()
+    assert "does not fit input 'state', which takes (2, 4, 128): its samples are (2, 1, 128) each" in text
+    assert "as samples along the input's batch axis 0 each sample would be (1, 2, 1, 128)" in text
+    assert "as stacked samples each would be (2, 1, 128), not the input's whole shape (2, 4, 128)" in text
+    assert "(N, 2, 4, 128) of N stacked samples" in text and "(N, 4, 128) when axis 0 of the input is its batch" in text
+    with pytest.raises(InputError) as info:
+        ds.check_against([])
+    assert "a scalar input has no batch axis" in info.value.message
+    assert "save a scalar input as an array (N,)" in info.value.hint
 
 
 def test_missing_empty_and_unknown_paths(tmp_path: Path) -> None:

@@ -51,7 +51,34 @@ def test_converter_failure_says_why_and_what_to_do(monkeypatch) -> None:
     text = info.value.one_line()
     assert info.value.exit_code == 2 and "\n" not in text
     assert "from opset 12 to 13 (which per-channel Q/DQ needs) failed in onnx.version_converter" in text
-    assert "No Adapter For Squeeze" in text and "re-export the model at opset 13 or later, or pass --per-tensor" in text
+    assert "No Adapter For Squeeze" in text and "pass --per-tensor; or pass a copy of the model at opset 13" in text
+    assert "re-export" not in text  # a third-party file cannot be re-exported by its user
+
+
+def test_an_output_left_without_a_shape_is_repaired_before_conversion() -> None:
+    """ONNX requires a shape on a graph output; a model whose output lost it (as npukit's static-shape step used to
+    leave PP-OCR's and RetinaFace's) is repaired from shape inference, not blamed on the converter."""
+    model = _opset12_model()
+    model.graph.output[0].type.tensor_type.ClearField("shape")
+    with pytest.raises(onnx.checker.ValidationError, match="Field 'shape' of 'type' is required"):
+        onnx.checker.check_model(model)
+    converted, upgrade = ensure_opset(model, PER_CHANNEL_QDQ_OPSET, reason="per-channel Q/DQ")
+    assert upgrade is not None and onnx_opset(converted) == 13
+    assert [d.dim_value for d in converted.graph.output[0].type.tensor_type.shape.dim] == [1, 4]
+
+
+def test_an_output_no_inference_can_shape_is_named_not_blamed_on_the_converter() -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Gelu", ["x"], ["y"], domain="com.microsoft")], "gelu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])], [helper.make_tensor_value_info("y", 1, None)])
+    graph.output[0].type.tensor_type.ClearField("shape")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 7
+    with pytest.raises(InputError) as info:
+        ensure_opset(model, PER_CHANNEL_QDQ_OPSET, reason="per-channel Q/DQ")
+    assert "fails the ONNX checker before conversion" in info.value.message and "'y'" in info.value.message
+    assert "onnx.version_converter" not in info.value.message
 
 
 def test_a_conversion_that_changes_outputs_is_refused(monkeypatch) -> None:

@@ -64,7 +64,8 @@ def test_resolve_checks_names_ranks_and_static_dims() -> None:
     with pytest.raises(InputError, match="has rank 3 but input 'x' of the model has rank 4"):
         InputSpec.parse("1,3,8").resolve(model)
     with pytest.raises(InputError, match="axis 1 is fixed to 3"):
-        InputSpec.parse("1,5,8,8").resolve(model)
+        InputSpec.parse("1,5,8,8").resolve(model, override_static=False)
+    assert InputSpec.parse("1,5,8,8").resolve(model) == {"x": (1, 5, 8, 8)}  # ORT decides (apply_input_spec)
 
 
 def test_apply_fixes_inputs_shared_dims_and_infers_outputs() -> None:
@@ -100,3 +101,99 @@ def test_require_static_names_inputs_dims_and_the_flag() -> None:
     require_static(only_batch, needs="quantize")  # a symbolic batch alone runs as 1
     with pytest.raises(InputError):
         require_static(only_batch, needs="the HTP", allow_batch=False)
+
+
+def _contrib_gelu(dims: list) -> onnx.ModelProto:
+    """y = Relu(com.microsoft.Gelu(x)): ONNX shape inference knows no com.microsoft op, so once the input is fixed it
+    cannot work out y's shape (as with the Paddle/TF exports whose outputs came back shapeless)."""
+    graph = helper.make_graph(
+        [helper.make_node("Gelu", ["x"], ["g"], domain="com.microsoft"), helper.make_node("Relu", ["g"], ["y"])],
+        "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 7
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_an_output_inference_cannot_shape_keeps_its_declared_rank() -> None:
+    fixed = apply_input_spec(_contrib_gelu(["N", "L"]), InputSpec.parse("1,4"))
+    onnx.checker.check_model(fixed)  # "Field 'shape' of 'type' is required but missing" before the fix
+    dims = fixed.graph.output[0].type.tensor_type.shape.dim
+    assert [d.dim_value or d.dim_param for d in dims] == [1, 4]  # N and L sized from the input they share
+    other = _contrib_gelu(["N", 4])
+    other.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "rows"  # a name no input has
+    dims = apply_input_spec(other, InputSpec.parse("1,4")).graph.output[0].type.tensor_type.shape.dim
+    assert [d.dim_value or d.dim_param for d in dims] == ["rows", 4]
+
+
+@pytest.mark.parametrize("unknown", ["?", "-1", ""])
+def test_question_marks_and_numbers_as_dim_names_are_each_their_own(unknown: str) -> None:
+    """Paddle2ONNX names every unknown dim '?' (ppocr_cls: x [-1, 3, '?', '?']): two '?' are two dims."""
+    model = _two_input_conv()
+    for value in (*model.graph.input, *model.graph.output):
+        for axis in (0, 2, 3):
+            value.type.tensor_type.shape.dim[axis].dim_param = unknown if axis else "-1"
+    fixed = apply_input_spec(model, InputSpec.parse(["x=1,3,48,192", "skip=1,4,48,192"]))
+    assert input_dims(fixed) == {"x": (1, 3, 48, 192), "skip": (1, 4, 48, 192)}
+    onnx.checker.check_model(fixed)
+    with pytest.raises(InputError, match="symbolic dimension 'H' is 8"):  # real names are still one size
+        apply_input_spec(_two_input_conv(), InputSpec.parse(["x=1,3,8,8", "skip=1,4,9,8"]))
+
+
+def _placeholder_conv(*, reshape_to: list[int] | None = None) -> onnx.ModelProto:
+    """Conv on a placeholder static input [10, 3, 8, 8] (as CenterFace declares [10, 3, 32, 32]); with
+    ``reshape_to`` a Reshape after it to a shape baked in for that size, behind an Abs that ONNX shape inference
+    does not evaluate (so only running the model finds the mismatch)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv")]
+    out_dims: list = [10, 4, 8, 8]
+    if reshape_to is not None:
+        inits.append(numpy_helper.from_array(np.array(reshape_to, np.int64), "target"))
+        nodes += [helper.make_node("Abs", ["target"], ["shape"], name="abs"),
+                  helper.make_node("Reshape", ["c", "shape"], ["y"], name="flatten_for_10")]
+        out_dims = [None] * len(reshape_to)
+    else:
+        nodes[0].output[0] = "y"
+    graph = helper.make_graph(nodes, "placeholder",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [10, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_dims)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 7
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_a_full_shape_overrides_placeholder_static_dims_with_a_note() -> None:
+    from npukit.frontend.shapes import InputShapeOverride
+
+    model = _placeholder_conv()
+    with pytest.warns(InputShapeOverride, match=r"x axis 0: 10 -> 1; x axis 2: 8 -> 48; x axis 3: 8 -> 64"):
+        fixed = apply_input_spec(model, InputSpec.parse("1,3,48,64"))
+    assert input_dims(fixed) == {"x": (1, 3, 48, 64)}
+    assert [d.dim_value for d in fixed.graph.output[0].type.tensor_type.shape.dim] == [1, 4, 48, 64]  # re-inferred
+    assert run(make_session(fixed), {"x": np.zeros((1, 3, 48, 64), np.float32)})[0].shape == (1, 4, 48, 64)
+    with pytest.raises(InputError, match="axis 0 is fixed to 10"):
+        InputSpec.parse("1,3,48,64").resolve(model, override_static=False)
+
+
+def test_a_model_that_cannot_run_at_the_overridden_shape_names_the_failing_node() -> None:
+    with pytest.raises(InputError) as info:  # shape inference passes; ORT's run finds the baked-in size
+        apply_input_spec(_placeholder_conv(reshape_to=[10, 256]), InputSpec.parse("1,3,8,8"))
+    text = info.value.one_line()
+    assert "\n" not in text and "x axis 0: 10 -> 1" in text and "node 'flatten_for_10' (Reshape) fails" in text
+    with pytest.raises(InputError) as info:  # shape inference itself fails: the node is found and shown with inputs
+        apply_input_spec(_unnamed_add(), InputSpec.parse("2,3,8,8"))
+    assert "node #1 (Add, unnamed) fails on inputs 'c' 2x4x8x8, 'bias' 10x4x8x8" in info.value.one_line()
+
+
+def _unnamed_add() -> onnx.ModelProto:
+    """Conv(x) + a bias of the placeholder's size [10, 4, 8, 8], nodes unnamed (CenterFace's are)."""
+    model = _placeholder_conv()
+    model.graph.node[0].name = ""
+    model.graph.node[0].output[0] = "c"
+    model.graph.initializer.append(numpy_helper.from_array(np.zeros((10, 4, 8, 8), np.float32), "bias"))
+    model.graph.node.append(helper.make_node("Add", ["c", "bias"], ["y"]))
+    return model

@@ -45,3 +45,18 @@ def test_symbolic_inference_giving_up_leaves_nothing_in_the_cwd(tmp_path, monkey
     result = preprocess(_down_up_add())
     assert [n.op_type for n in result.graph.node if n.op_type != "Constant"] == ["Conv", "Resize", "Add"]
     assert os.listdir(work) == []
+
+
+def test_an_assertion_inside_symbolic_inference_falls_back_too(tmp_path, monkeypatch):
+    """ORT's symbolic shape inference asserts on some If nodes (Silero VAD's: `assert cls_type in ["tensor_type",
+    "sequence_type"]`); that is it giving up too, not an npukit bug, so ONNX shape inference alone is used."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    def assert_like_on_an_if(self):
+        raise AssertionError
+
+    monkeypatch.setattr(SymbolicShapeInference, "_infer_impl", assert_like_on_an_if)
+    monkeypatch.chdir(tmp_path)
+    result = preprocess(_down_up_add())
+    assert [n.op_type for n in result.graph.node if n.op_type != "Constant"] == ["Conv", "Resize", "Add"]
+    assert os.listdir(tmp_path) == []

@@ -243,3 +243,16 @@ def test_a_score_sitting_on_a_threshold_may_fall_either_way() -> None:
     assert _detect([ref], [dropped], YOLO).metrics["f1_at_0.5"] == 1.0
     lost = _yolo([(50, 50, 20, 20), (150, 80, 40, 30)], [0, 1], [0.52, 0.45])  # 0.9 -> 0.45: lost at 0.5
     assert _detect([ref], [lost], YOLO).metrics["f1_at_0.5"] == 0.0  # the one sure detection missed
+
+
+def test_a_yolox_head_with_sigmoids_applied_is_still_raw_by_its_negative_log_sizes() -> None:
+    anchors = sum((64 // s) ** 2 for s in (8, 16, 32))
+    raw = rng.standard_normal((1, anchors, 6)).astype(np.float32)  # offsets and log sizes, some negative
+    raw[0, :, 4:] = rng.uniform(0, 0.01, (anchors, 2))  # objectness and class already probabilities
+    raw[0, 7, 4:] = 0.95
+    choice = choose_task([raw.shape], [(1, 3, 64, 64)], sample=[raw])
+    assert choice.layout.kind == "yolox"
+    meter = choice.meter(["out"])
+    meter.update([raw], [raw.copy()])
+    result = meter.result()
+    assert result.metrics["reference_detections"] == 1 and result.value == 1.0  # 0.95 x 0.95, not sigmoid(0.95)

@@ -10,6 +10,14 @@
 - .npz: one array (N, ...) per model input, keyed by input name (a lone array goes to ``input_name`` whatever its
   key), and an optional integer ``labels`` array (N,). The archive's arrays are read into memory when opened.
 
+How an array (N, ...) gives sample i of an input, decided per input by ``check_against`` from the model's shape:
+- samples along the input's batch axis (axis 0): ``arr.shape[1:]`` is the input's shape without axis 0, and sample
+  i is ``arr[i:i+1]`` (N images (N, 3, H, W) for an input (batch, 3, H, W));
+- stacked samples: ``arr.shape[1:]`` is the input's whole shape, and sample i is ``arr[i]``: for inputs whose batch
+  is not axis 0 (a recurrent state (2, batch, 128) saved as (N, 2, 1, 128)) and scalars (an int64 sample rate
+  saved as (N,): sample i is a 0-d array).
+A data set with stacked inputs is read one sample at a time.
+
 Arrays must be numeric; float64 is read as float32. NaN/Inf is checked per sample as it is read.
 """
 
@@ -42,10 +50,11 @@ class Batch:
     feeds: dict[str, np.ndarray]
     labels: np.ndarray | None
     start: int
+    count: int | None = None  # samples in the batch, when the feeds do not all carry them on axis 0
 
     @property
     def size(self) -> int:
-        return len(next(iter(self.feeds.values())))
+        return self.count if self.count is not None else len(next(iter(self.feeds.values())))
 
 
 class Dataset(abc.ABC):
@@ -54,6 +63,7 @@ class Dataset(abc.ABC):
     kind: str
     source: Path
     labels: np.ndarray | None
+    stacked: frozenset[str] = frozenset()  # inputs whose sample i is arr[i] (see the module docstring)
 
     @property
     @abc.abstractmethod
@@ -80,22 +90,29 @@ class Dataset(abc.ABC):
             yield self._read(i, i + 1)
 
     def batches(self, batch_size: int, *, limit: int | None = None) -> Iterator[Batch]:
-        """Batches of up to ``batch_size`` samples over the first ``limit`` samples (all when None)."""
+        """Batches of up to ``batch_size`` samples over the first ``limit`` samples (all when None); one sample each
+        when an input is stacked (it has no batch axis to put more on)."""
         if batch_size < 1:
             raise InputError("batch size must be at least 1")
+        if self.stacked:
+            batch_size = 1
         end = len(self) if limit is None else min(limit, len(self))
         for start in range(0, end, batch_size):
             stop = min(start + batch_size, end)
             labels = None if self.labels is None else self.labels[start:stop]
-            yield Batch(self._read(start, stop), labels, start)
+            yield Batch(self._read(start, stop), labels, start, stop - start)
 
     def validate(self) -> None:
         """Read the first sample now, so that a bad data set fails before any long work starts."""
         self._read(0, 1)
 
-    def check_against(self, input_shape: ModelShape | Mapping[str, ModelShape]) -> None:
-        """Raise InputError unless samples fit the model's input shape(s); symbolic/None dims and the batch axis
-        match anything. A bare shape means the data set's only input."""
+    def check_against(self, input_shape: ModelShape | Mapping[str, ModelShape],
+                      dtypes: Mapping[str, np.dtype] | None = None) -> None:
+        """Raise InputError unless samples fit the model's input shape(s); symbolic/None dims match anything. A bare
+        shape means the data set's only input. Each input's samples lie along its batch axis (axis 0, which then
+        matches anything) or, for arrays, are stacked (each the input's whole shape): see the module docstring; the
+        rule that fits is kept for reading. ``dtypes`` ({input: numpy dtype}) has arrays read as the model's input
+        types where that loses nothing (integers of another width, integers as floats)."""
         if isinstance(input_shape, Mapping):
             expected = {name: tuple(shape) for name, shape in input_shape.items()}
         else:
@@ -105,19 +122,49 @@ class Dataset(abc.ABC):
             raise InputError(f"data {self.source} has no array for model input {missing[0]!r} "
                              f"(it has {', '.join(map(repr, self.input_names))})",
                              hint="name the arrays of the .npz after the model's inputs")
+        stacked = set()
         for name, model_shape in expected.items():
             got = self.sample_shapes[name]
-            fits = len(model_shape) == len(got) + 1 and all(
-                not isinstance(m, int) or m <= 0 or m == g for m, g in zip(model_shape[1:], got))
-            if not fits:
-                shown = "(" + ", ".join("N" if not isinstance(d, int) or d <= 0 else str(d) for d in model_shape) + ")"
-                raise InputError(
-                    f"data {self.source} has samples of shape {got} for input {name!r}, "
-                    f"but the model takes {shown}",
-                    hint=self._shape_hint(model_shape))
+            along_batch = len(model_shape) == len(got) + 1 and _dims_fit(model_shape[1:], got)
+            whole = self.kind in ("npy", "npz") and len(model_shape) == len(got) and _dims_fit(model_shape, got)
+            if whole and not along_batch:
+                stacked.add(name)
+            elif not along_batch:
+                raise InputError(self._misfit(name, got, model_shape), hint=self._shape_hint(model_shape))
+        self.stacked = frozenset(stacked)
+        if dtypes:
+            self._cast_to(dtypes)
+
+    def _misfit(self, name: str, got: tuple[int, ...], model_shape: tuple) -> str:
+        """Which rule failed, and how, for an input whose samples fit neither."""
+        shown = _show(model_shape)
+        head = f"data {self.source} does not fit input {name!r}, which takes {shown}"
+        batch_rule = (f"as samples along the input's batch axis 0 each sample would be {_show((1, *got))}, but the "
+                      f"input takes {_show(model_shape[1:])} after axis 0"
+                      if model_shape else "a scalar input has no batch axis")
+        if self.kind not in ("npy", "npz"):  # images always lie along the batch axis
+            return f"{head}: its samples are {_show(got)} each; {batch_rule}"
+        stacked_rule = f"as stacked samples each would be {_show(got)}, not the input's whole shape {shown}"
+        return f"{head}: its samples are {_show(got)} each; {batch_rule}; {stacked_rule}"
+
+    def _cast_to(self, dtypes: Mapping[str, np.dtype]) -> None:
+        """Arrays only (see ArrayDataset); images are always float32."""
 
     def _shape_hint(self, model_shape: tuple) -> str:
-        return "give samples with the model's input shape (the first axis counts samples)"
+        whole = _show(model_shape)
+        if not model_shape:
+            return "save a scalar input as an array (N,): sample i is arr[i]"
+        return (f"save the input as an array (N, {whole[1:-1]}) of N stacked samples (sample i is arr[i]), or "
+                f"(N, {_show(model_shape[1:])[1:-1]}) when axis 0 of the input is its batch (sample i is arr[i:i+1])")
+
+
+def _dims_fit(model: Sequence[int | str | None], got: Sequence[int]) -> bool:
+    return all(not isinstance(m, int) or m <= 0 or m == g for m, g in zip(model, got))
+
+
+def _show(shape: Sequence[int | str | None]) -> str:
+    dims = ["N" if not isinstance(d, int) or d <= 0 else str(d) for d in shape]
+    return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
 
 
 class ImageDataset(Dataset):
@@ -161,6 +208,7 @@ class ArrayDataset(Dataset):
         self.kind = kind
         self.arrays = arrays
         self.labels = labels
+        self.dtypes: dict[str, np.dtype] = {}  # inputs read as another type than the array's (``check_against``)
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -173,12 +221,30 @@ class ArrayDataset(Dataset):
     def __len__(self) -> int:
         return len(next(iter(self.arrays.values())))
 
+    def _cast_to(self, dtypes: Mapping[str, np.dtype]) -> None:
+        for name, want in dtypes.items():
+            arr = self.arrays.get(name)
+            want = np.dtype(want)
+            if arr is None or arr.dtype == want or (arr.dtype == np.float64 and want == np.float32):
+                continue
+            if arr.dtype.kind == "f" and want.kind in "biu":
+                raise InputError(f"array {name!r} in {self.source} is {arr.dtype} but the model's input {name!r} "
+                                 f"takes {want}", hint=f"save it as {want} (integer values)")
+            self.dtypes[name] = want
+
     def _read(self, start: int, stop: int) -> dict[str, np.ndarray]:
         feeds = {}
         for name, arr in self.arrays.items():
-            part = np.array(arr[start:stop], dtype=np.float32 if arr.dtype == np.float64 else arr.dtype)
+            dtype = self.dtypes.get(name, np.float32 if arr.dtype == np.float64 else arr.dtype)
+            if name in self.stacked:  # sample i is arr[i], one at a time (see ``batches``)
+                if stop - start != 1:
+                    raise ValueError(f"input {name!r} is stacked: read one sample at a time")
+                part = np.array(arr[start], dtype=dtype)
+            else:
+                part = np.array(arr[start:stop], dtype=dtype)
             if part.dtype.kind == "f" and not np.isfinite(part).all():
-                bad = start + int(np.argmin(np.isfinite(part.reshape(len(part), -1)).all(axis=1)))
+                rows = part.reshape(len(part), -1) if name not in self.stacked else part.reshape(1, -1)
+                bad = start + int(np.argmin(np.isfinite(rows).all(axis=1)))
                 raise InputError(f"sample {bad} of {self.source} (array {name!r}) holds NaN or Inf values",
                                  hint="remove or repair the non-finite samples")
             feeds[name] = part

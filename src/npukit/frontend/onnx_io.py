@@ -119,6 +119,42 @@ def save_onnx(model: onnx.ModelProto | ir.Model, path: str | Path) -> Path:
     return path
 
 
+def shapeless_outputs(model: onnx.ModelProto) -> list[str]:
+    """The main graph's outputs whose tensor type has no shape: the ONNX checker requires one there (a value_info
+    or a subgraph's output may lack it)."""
+    return [o.name for o in model.graph.output
+            if o.type.HasField("tensor_type") and not o.type.tensor_type.HasField("shape")]
+
+
+def complete_output_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` itself when every main-graph output has a shape, else a copy where each that lacks one takes it
+    from a value_info of the same name or from a lenient shape inference (what is known of its dims; its rank at
+    least). Outputs of unknown rank stay as they are (``shapeless_outputs`` names them). Value_info entries without
+    a shape are kept: the checker takes them, and their element type may be all that is known of a value."""
+    missing = set(shapeless_outputs(model))
+    if not missing:
+        return model
+    known = {v.name: v.type.tensor_type.shape for v in model.graph.value_info
+             if v.name in missing and v.type.tensor_type.HasField("shape")}
+    if len(known) < len(missing):
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        except Exception:  # noqa: BLE001 - nothing more to learn then
+            inferred = None
+        if inferred is not None:
+            for value in (*inferred.graph.value_info, *inferred.graph.output):
+                if value.name in missing and value.name not in known and value.type.tensor_type.HasField("shape"):
+                    known[value.name] = value.type.tensor_type.shape
+    if not known:
+        return model
+    repaired = onnx.ModelProto()
+    repaired.CopyFrom(model)
+    for output in repaired.graph.output:
+        if output.name in known:
+            output.type.tensor_type.shape.CopyFrom(known[output.name])
+    return repaired
+
+
 def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     """The graph inputs that are fed at run time (older models also list their initializers as inputs)."""
     initializers = {t.name for t in model.graph.initializer}
@@ -148,6 +184,30 @@ def fix_input_shape(model: onnx.ModelProto, shape: tuple[int, ...], *, dynamic_b
 
     return apply_input_spec(model, InputSpec(((None, tuple(shape)),)), dynamic_batch=dynamic_batch,
                             override_static=True)
+
+
+# Ops of a model that is quantized already: Q/DQ pairs (the QDQ format), or the operator format's integer kernels.
+QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+INTEGER_OPS = frozenset({"ConvInteger", "MatMulInteger", "DynamicQuantizeLinear", "QGemm", "QAttention",
+                         "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "DynamicQuantizeLSTM", "MatMulNBits",
+                         "QEmbedLayerNormalization", "QuantizeBFP", "DequantizeBFP"})
+
+
+def quantized_ops(model: onnx.ModelProto) -> dict[str, int]:
+    """{op type: count} of the quantization ops in ``model`` (subgraphs included): Q/DQ nodes, QLinear* kernels,
+    ConvInteger / MatMulInteger / DynamicQuantizeLinear and ONNX Runtime's contrib integer ops; {} for a float model."""
+    found: dict[str, int] = {}
+
+    def walk(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            if node.op_type in QDQ_OPS or node.op_type in INTEGER_OPS or node.op_type.startswith("QLinear"):
+                found[node.op_type] = found.get(node.op_type, 0) + 1
+            for attr in node.attribute:
+                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    walk(sub)
+
+    walk(model.graph)
+    return dict(sorted(found.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def named_nodes(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -16,6 +16,7 @@ import onnx
 
 from npukit.errors import InputError
 from npukit.frontend._messages import first_line
+from npukit.frontend.onnx_io import complete_output_shapes, shapeless_outputs
 from npukit.measure.compare import compare_outputs
 from npukit.runtime.ort import make_session, random_feeds, run
 
@@ -58,12 +59,27 @@ def ensure_opset(
     The check runs both models with ORT's graph optimizations off on ``feeds`` (at most 4 of them) or two seeded
     random inputs, and fails when an output's max abs error exceeds rtol * max |original| + ``ABS_FLOOR``. A
     conversion that fails or changes the outputs is an InputError (exit 2): it is the converter's limit, not a fault
-    of the model, and the message says so."""
+    of the model, and the message says so, with what the user can do (``alternative``, or bring a copy of the model
+    at that opset: a third-party file cannot be re-exported by its user). A graph output left without a shape is
+    given one from shape inference first (``complete_output_shapes``); a model that fails the checker before any
+    conversion is named as such, not blamed on the converter."""
     current = onnx_opset(model)
     if current >= minimum:
         return model, None
     what = f"converting the model from opset {current} to {minimum} (which {reason} needs)"
-    todo = f"re-export the model at opset {minimum} or later" + (f", or {alternative}" if alternative else "")
+    # What a user can do with a third-party file: the alternative the verb offers first, else bring an opset-N file.
+    todo = ((f"{alternative}; or " if alternative else "")
+            + f"pass a copy of the model at opset {minimum} or later (exported from its source with that opset, "
+              "or converted by another tool)")
+    model = complete_output_shapes(model)  # ONNX requires a shape on each graph output; the checker below too
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:  # the model as npukit prepared it, before any conversion
+        raise InputError(f"{what}: the model fails the ONNX checker before conversion ({first_line(exc)}; graph "
+                         f"outputs without a shape: {', '.join(map(repr, shapeless_outputs(model))) or 'none'})",
+                         hint="report the model: npukit's preparation left it invalid") from exc
+    except Exception:  # noqa: BLE001 - not a verdict on the model (over protobuf's 2 GB): the conversion tells
+        pass
     try:
         converted = onnx.version_converter.convert_version(model, minimum)
         onnx.checker.check_model(converted)

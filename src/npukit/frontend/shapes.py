@@ -10,6 +10,8 @@ ORT's quantizer, calibration data checks, memory planning, MAC counts) sees the 
 from __future__ import annotations
 
 import dataclasses
+import re
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -72,9 +74,11 @@ class InputSpec:
     def as_dict(self) -> dict[str, list[int]]:
         return {FIRST_INPUT if name is None else name: list(shape) for name, shape in self.shapes}
 
-    def resolve(self, model: onnx.ModelProto, *, override_static: bool = False) -> dict[str, tuple[int, ...]]:
+    def resolve(self, model: onnx.ModelProto, *, override_static: bool = True) -> dict[str, tuple[int, ...]]:
         """``{input name: shape}`` for ``model``: names checked against its inputs, ranks and static sizes against
-        what it declares (a symbolic dimension takes any size; a static one only with ``override_static``)."""
+        what it declares (a symbolic dimension takes any size; a static one too unless ``override_static`` is off:
+        the user gives the full shape, and some exporters declare a placeholder size that their users overwrite,
+        such as CenterFace's 10x3x32x32; whether the model runs at it is ORT's to say, see ``apply_input_spec``)."""
         declared = input_dims(model)
         if not declared:
             raise InputError("the model has no inputs whose shape could be set", hint="leave out --input-shape")
@@ -93,7 +97,7 @@ class InputSpec:
                 if isinstance(have, int) and have != want and not override_static:
                     raise InputError(f"input shape {shape} does not fit input {key!r} of the "
                                      f"model ({show_dims(dims)}): axis {axis} is fixed to {have}",
-                                     hint="only symbolic dimensions can be set; keep the others as they are")
+                                     hint="here only symbolic dimensions can be set; keep the others as they are")
             resolved[key] = tuple(shape)
         return resolved
 
@@ -125,6 +129,16 @@ def input_dims(model: onnx.ModelProto) -> dict[str, tuple[Dim, ...] | None]:
         out[value.name] = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0
                                 else (d.dim_param or None) for d in tensor.shape.dim)
     return out
+
+
+_ANONYMOUS_DIM = re.compile(r"\?*|[-+]?\d+")
+
+
+def is_anonymous_dim(name: str | None) -> bool:
+    """A symbolic dimension whose name says "unknown" rather than naming a size: none, '', '?', or a number such as
+    '-1' (Paddle2ONNX names every unknown dim '?', as in ``x: [-1, 3, '?', '?']``). Such a dim is its own: two of
+    them are not one size, unlike two dims that share a real name ('batch', 'height')."""
+    return name is None or _ANONYMOUS_DIM.fullmatch(name.strip()) is not None
 
 
 def show_dims(dims: Sequence[Dim] | None) -> str:
@@ -160,23 +174,36 @@ def _placeholder(dims: tuple[Dim, ...] | None) -> str:
 
 # ------------------------------------------------------------------------------------------------- fixing shapes
 
+class InputShapeOverride(UserWarning):
+    """A static input dimension of the model was set to another size because the user's ``--input-shape`` said so;
+    the verb's report lists it (as a message counted while the verb ran)."""
+
+
 def apply_input_spec(model: onnx.ModelProto, spec: InputSpec | None, *, dynamic_batch: bool = False,
-                     override_static: bool = False) -> onnx.ModelProto:
+                     override_static: bool = True) -> onnx.ModelProto:
     """A copy of ``model`` with the shapes of ``spec`` written into its inputs and shapes inferred afresh;
     ``model`` itself when ``spec`` is None.
 
     A symbolic dimension's name is one size everywhere: an input not in ``spec`` that shares it takes the size too,
-    and two sizes for one name are an error. ``dynamic_batch`` keeps (or makes) axis 0 of the given inputs
-    symbolic ("batch"). A static dimension keeps its size unless ``override_static``. Shapes that do not fit the
-    model (shape inference fails) are an InputError."""
+    and two sizes for one name are an error; a dim whose name only says "unknown" ('?', '', '-1': see
+    ``is_anonymous_dim``) is its own. ``dynamic_batch`` keeps (or makes) axis 0 of the given inputs symbolic
+    ("batch"). A static dimension given another size (unless ``override_static`` is off, then an error) is
+    overridden: an ``InputShapeOverride`` warning says so (the report lists it) and the model is run once in ORT on
+    seeded inputs of the new shape, so that a model that cannot run at it is an InputError naming the failing node.
+    Every value_info and output shape is inferred afresh; an output whose shape inference cannot work out keeps its
+    declared rank (dims sized from the inputs where they share a name, else unknown), since ONNX requires a shape on
+    a graph output. Shapes that do not fit the model (shape inference fails) are an InputError."""
     if spec is None:
         return model
     resolved = spec.resolve(model, override_static=override_static)
     declared = input_dims(model)
     sizes: dict[str, tuple[int, str]] = {}  # dim_param -> (size, the input that set it)
+    overridden: list[str] = []  # "input.1 axis 0: 10 -> 1"
     for name, shape in resolved.items():
-        for d, size in zip(declared[name] or (), shape):
-            if isinstance(d, str):
+        for axis, (d, size) in enumerate(zip(declared[name] or (), shape)):
+            if isinstance(d, int) and d != size:
+                overridden.append(f"{name} axis {axis}: {d} -> {size}")
+            if isinstance(d, str) and not is_anonymous_dim(d):
                 if d in sizes and sizes[d][0] != size:
                     raise InputError(f"symbolic dimension {d!r} is {sizes[d][0]} for input {sizes[d][1]!r} but "
                                      f"{size} for input {name!r}",
@@ -202,15 +229,126 @@ def apply_input_spec(model: onnx.ModelProto, spec: InputSpec | None, *, dynamic_
                     dim.Clear()
                     dim.dim_value = size
     # Shapes recorded for the old inputs would conflict with the new ones: infer them afresh.
+    outputs_declared = {o.name: _copy_shape(o) for o in fixed.graph.output}
     fixed.graph.ClearField("value_info")
     for output in fixed.graph.output:
         if output.type.tensor_type.HasField("shape"):
             output.type.tensor_type.ClearField("shape")
     try:
-        return onnx.shape_inference.infer_shapes(fixed, strict_mode=True, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(fixed, strict_mode=True, data_prop=True)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
-        raise InputError(f"input shape {spec.describe()} does not fit the model: {first_line(exc)}",
+        where = _failing_node(fixed, first_line(exc))
+        raise InputError(f"input shape {spec.describe()} does not fit the model"
+                         + (f" (static input size(s) overridden: {'; '.join(overridden)})" if overridden else "")
+                         + f": {where or first_line(exc)}",
                          hint="pass the shape the model was made for with --input-shape") from exc
+    _keep_output_ranks(inferred, outputs_declared, {d: size for d, (size, _) in sizes.items()},
+                       keep_static=not overridden)
+    if overridden:
+        _check_runs(inferred, spec, overridden)
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", InputShapeOverride)
+            warnings.warn(f"static input size(s) overridden by --input-shape ({'; '.join(overridden)}): the model "
+                          "declared other sizes; it was run once at the new shape in ONNX Runtime, and output "
+                          "shapes were inferred afresh", InputShapeOverride, stacklevel=2)
+    return inferred
+
+
+def _copy_shape(value: onnx.ValueInfoProto) -> onnx.TensorShapeProto | None:
+    tensor = value.type.tensor_type
+    if not value.type.HasField("tensor_type") or not tensor.HasField("shape"):
+        return None
+    shape = onnx.TensorShapeProto()
+    shape.CopyFrom(tensor.shape)
+    return shape
+
+
+def _keep_output_ranks(model: onnx.ModelProto, declared: Mapping[str, onnx.TensorShapeProto | None],
+                       sizes: Mapping[str, int], *, keep_static: bool) -> None:
+    """Graph outputs that shape inference left without a shape get their declared rank back, in place: a dim named
+    like a fixed input dim takes its size, another symbolic name stays, a static size stays when ``keep_static``
+    (no static input size was changed, so the model's own claim still holds), else the dim is unknown."""
+    for output in model.graph.output:
+        tensor = output.type.tensor_type
+        shape = declared.get(output.name)
+        if not output.type.HasField("tensor_type") or tensor.HasField("shape") or shape is None:
+            continue
+        tensor.shape.SetInParent()  # rank 0 when the declaration was a scalar
+        for old in shape.dim:
+            dim = tensor.shape.dim.add()
+            if old.HasField("dim_param") and old.dim_param in sizes:
+                dim.dim_value = sizes[old.dim_param]
+            elif old.HasField("dim_param"):
+                dim.dim_param = old.dim_param
+            elif old.HasField("dim_value") and old.dim_value > 0 and keep_static:  # -1: Paddle's "unknown"
+                dim.dim_value = old.dim_value
+
+
+def _check_runs(model: onnx.ModelProto, spec: InputSpec, overridden: Sequence[str]) -> None:
+    """Run ``model`` once in ORT (graph optimizations off, seeded inputs) after a static input size was overridden;
+    an InputError naming the failing node when it cannot run at that shape. Skipped while some input is still
+    symbolic (the verb's own checks run it then)."""
+    from npukit.runtime.ort import make_session, random_feeds
+
+    what = (f"input shape {spec.describe()} changes static input size(s) of the model "
+            f"({'; '.join(overridden)}) and the model does not run at it")
+    hint = ("the model was made for its declared size; pass that shape, or re-export the model with that "
+            "dimension symbolic")
+    try:
+        session = make_session(model, optimization="disable")
+    except InputError as exc:
+        raise InputError(f"{what}: {_ort_failure(exc.message)}", hint=hint) from exc
+    try:
+        feeds = random_feeds(session, seed=0)
+    except InputError:
+        return
+    import onnxruntime as ort
+
+    quiet = ort.RunOptions()
+    quiet.log_severity_level = 4  # the failure is reported in the InputError, not logged to the terminal too
+    try:
+        session.run(None, feeds, quiet)
+    except Exception as exc:  # ORT raises its own error types per status code
+        raise InputError(f"{what}: {_ort_failure(first_line(exc))}", hint=hint) from exc
+
+
+def _failing_node(model: onnx.ModelProto, message: str) -> str | None:
+    """The first node, in graph order, whose inputs all have shapes after a lenient shape inference but whose
+    outputs do not: where a strict inference failed with ``message`` (kept when it names another op type), shown
+    with its input shapes; None when no such node is found."""
+    try:
+        lenient = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - only a better message is at stake
+        return None
+    shapes: dict[str, str] = {t.name: "x".join(map(str, t.dims)) or "scalar" for t in lenient.graph.initializer}
+    for value in (*lenient.graph.input, *lenient.graph.value_info, *lenient.graph.output):
+        if value.type.tensor_type.HasField("shape"):
+            shapes[value.name] = "x".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?")
+                                          for d in value.type.tensor_type.shape.dim) or "scalar"
+    stated = re.search(r"op_type:(\w+)", message)
+    for index, node in enumerate(lenient.graph.node):
+        inputs = [i for i in node.input if i]
+        if node.op_type in ("If", "Loop", "Scan") or not all(i in shapes for i in inputs):
+            continue
+        if all(o in shapes for o in node.output if o):
+            continue
+        if stated and stated.group(1) != node.op_type:
+            return None
+        name = f"{node.name!r} ({node.op_type})" if node.name else f"#{index} ({node.op_type}, unnamed)"
+        given = ", ".join(f"{i!r} {shapes[i]}" for i in inputs)
+        reason = re.sub(r"^.*\[ShapeInferenceError\]\s*", "", message)
+        return f"node {name} fails on inputs {given}: {reason}"
+    return None
+
+
+def _ort_failure(message: str) -> str:
+    """ORT's error line cut to the node and reason: "Non-zero status code returned while running Reshape node.
+    Name:'r' Status Message: ..." -> "node 'r' (Reshape) fails: ..."."""
+    found = re.search(r"running (\w+) node\. Name:'([^']*)' Status Message: (.*)", message)
+    if found:
+        op, node, reason = found.groups()
+        return f"{f'node {node!r} ({op})' if node else f'an unnamed {op} node'} fails: {reason.strip()}"
+    return re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", message)
 
 
 def fixed_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:

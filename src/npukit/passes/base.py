@@ -85,6 +85,28 @@ def check_model(model: ir.Model) -> None:
         onnx.checker.check_model(str(path), full_check=False)
 
 
+def _output_shapes(model: ir.Model) -> dict[str, ir.Shape | None]:
+    """Each graph output's shape as the pipeline receives it; an output without one (ONNX requires it on a graph
+    output, and the checker after each pass would blame that pass) takes what shape inference knows of it."""
+    shapes = {v.name: v.shape for v in model.graph.outputs if v.name}
+    if any(s is None for s in shapes.values()):
+        from npukit.frontend.onnx_io import complete_output_shapes
+
+        repaired = complete_output_shapes(ir.serde.serialize_model(model))
+        for output in repaired.graph.output:
+            if shapes.get(output.name) is None and output.type.tensor_type.HasField("shape"):
+                shapes[output.name] = ir.serde.deserialize_type_proto_for_shape(output.type)
+    return shapes
+
+
+def _restore_output_shapes(model: ir.Model, shapes: dict[str, ir.Shape | None]) -> None:
+    """Give a graph output that has no shape (a pass put a new value there, or the input lacked it) the one it had
+    on entry, in place: the graph's interface does not change in a pass."""
+    for value in model.graph.outputs:
+        if value.shape is None and shapes.get(value.name) is not None:
+            value.shape = shapes[value.name]
+
+
 class PassManager:
     """Runs a list of passes in order; after each, optionally checks the graph. A failure names the pass."""
 
@@ -94,6 +116,7 @@ class PassManager:
 
     def __call__(self, model: ir.Model) -> PipelineResult:
         records: list[PassRecord] = []
+        declared = _output_shapes(model)
         for pass_ in self.passes:
             name = getattr(pass_, "name", type(pass_).__name__)
             before = count_nodes(model)
@@ -108,6 +131,7 @@ class PassManager:
                     hint="run with --skip-pass " + name + " to leave that rewrite out, and report the model",
                 ) from exc
             model = result.model
+            _restore_output_shapes(model, declared)
             if self.check_after_each and result.modified:
                 try:
                     check_model(model)

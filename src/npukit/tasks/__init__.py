@@ -89,12 +89,13 @@ def _image_size(inputs: Sequence[Shape]) -> tuple[int, int] | None:
 
 
 def _raw_head(layout: DetectLayout, sample: Sequence[np.ndarray] | None) -> bool:
-    """Whether an (N, A, 5 + C) output holds raw logits (objectness or class scores outside [0, 1]), as YOLOX's
-    head does before decoding; without a sample, no."""
+    """Whether an (N, A, 5 + C) output is YOLOX's raw head (grid offsets and log sizes, some sizes negative, or
+    objectness / class logits outside [0, 1]) rather than decoded boxes and probabilities; without a sample, no."""
     if sample is None:
         return False
-    scores = np.asarray(sample[layout.boxes], np.float64)[0][:, 4:]
-    return bool(scores.min() < -1e-3 or scores.max() > 1 + 1e-3)
+    raw = np.asarray(sample[layout.boxes], np.float64)[0]
+    scores = raw[:, 4:]
+    return bool(raw[:, 2:4].min() < 0 or scores.min() < -1e-3 or scores.max() > 1 + 1e-3)
 
 
 def _detected(shapes: Sequence[Shape], inputs: Sequence[Shape],

@@ -200,7 +200,7 @@ class _Decoder:
     def _split(self, outputs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         lay = self.layout
         if lay.kind == "yolox":
-            return _yolox(np.asarray(outputs[lay.boxes], np.float64)[0], lay.image)
+            return _yolox(np.asarray(outputs[lay.boxes], np.float64)[0], lay.image, logits=self.score_form != "prob")
         if lay.kind == "gfl-levels":
             parts = [_gfl_level(np.asarray(outputs[a], np.float64)[0], np.asarray(outputs[b], np.float64)[0], st,
                                 lay.image) for a, b, st in lay.levels]
@@ -221,8 +221,13 @@ class _Decoder:
     def fix_format(self, outputs: Sequence[np.ndarray]) -> None:
         if self.score_form is not None:
             return
+        if self.layout.kind == "yolox":  # objectness and classes: logits, or already probabilities
+            raw = np.asarray(outputs[self.layout.boxes], np.float64)[0][:, 4:]
+            self.score_form = "sigmoid" if raw.min() < -1e-3 or raw.max() > 1 + 1e-3 else "prob"
+            self.corners = True
+            return
         boxes, scores = self._split(outputs)
-        if self.layout.kind in ("yolo", "yolox"):
+        if self.layout.kind == "yolo":
             self.score_form, self.corners = "prob", True
             return
         if self.layout.kind == "gfl-levels":
@@ -275,8 +280,9 @@ def _centers(image: tuple[int, int], stride: int) -> tuple[np.ndarray, np.ndarra
     return col.reshape(-1), row.reshape(-1)
 
 
-def _yolox(raw: np.ndarray, image: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """YOLOX's raw head (A, 5 + C) -> corner boxes in input pixels and objectness x class probabilities."""
+def _yolox(raw: np.ndarray, image: tuple[int, int], *, logits: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """YOLOX's raw head (A, 5 + C) -> corner boxes in input pixels and objectness x class probabilities
+    (``logits=False``: the export applied the sigmoids already)."""
     grids = [(*_centers(image, st), st) for st in (8, 16, 32)]
     col = np.concatenate([g[0] for g in grids])
     row = np.concatenate([g[1] for g in grids])
@@ -284,7 +290,8 @@ def _yolox(raw: np.ndarray, image: tuple[int, int]) -> tuple[np.ndarray, np.ndar
     cx, cy = (raw[:, 0] + col) * stride, (raw[:, 1] + row) * stride
     w, h = np.exp(np.clip(raw[:, 2], -20, 20)) * stride, np.exp(np.clip(raw[:, 3], -20, 20)) * stride
     boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
-    return boxes, _sigmoid(raw[:, 4:5]) * _sigmoid(raw[:, 5:])
+    squash = _sigmoid if logits else (lambda v: v)
+    return boxes, squash(raw[:, 4:5]) * squash(raw[:, 5:])
 
 
 def _gfl_level(scores: np.ndarray, dist: np.ndarray, stride: int,
