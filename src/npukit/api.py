@@ -644,27 +644,11 @@ def is_qdq(model: onnx.ModelProto) -> bool:
 
 def quantize_for_htp(model: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]]) -> onnx.ModelProto:
     """QDQ as the HTP needs it (npukit.runtime.qnn.HTP_QDQ_RULES: int8 symmetric per-channel weights, uint16
-    activations), with ONNX Runtime's quantizer doing the mechanics."""
-    import logging
-    import tempfile
+    activations; the weights' rounding compensated, the 16-bit grids given headroom, BatchNorms the HTP mishandles
+    rewritten), with ONNX Runtime's quantizer doing the mechanics (npukit.runtime.htp_quant.quantize_for_htp)."""
+    from npukit.runtime.htp_quant import quantize_for_htp as _quantize_for_htp
 
-    from onnxruntime.quantization import quantize as ort_quantize
-
-    from npukit.quant.qdq import FeedsReader
-
-    from npukit.runtime.qnn import qnn_quant_config
-
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)  # ORT's quantizer warns on the root logger about steps npukit has done
-    try:
-        with tempfile.TemporaryDirectory(prefix="npukit-htp-") as tmp:
-            source, out = Path(tmp) / "float.onnx", Path(tmp) / "qdq.onnx"
-            onnx.save(model, str(source))
-            ort_quantize(str(source), str(out), qnn_quant_config(str(source), FeedsReader(samples)))
-            return onnx.load(str(out))
-    finally:
-        root.setLevel(level)
+    return _quantize_for_htp(model, samples).model
 
 
 def compile(  # noqa: A001 - the verb's name
@@ -728,7 +712,21 @@ def compile(  # noqa: A001 - the verb's name
         proto = _upgrade_opset(report, proto, SIXTEEN_BIT_QDQ_OPSET, "uint16 activation Q/DQ for the HTP", samples)
         with step("quantizing for the HTP (int8 weights, uint16 activations)", timings=report.timings,
                   key="quantize"):
-            proto = quantize_for_htp(proto, list(samples))
+            from npukit.runtime.htp_quant import quantize_for_htp as _quantize_for_htp
+
+            htp_quant = _quantize_for_htp(proto, list(samples))
+            proto = htp_quant.model
+        done = htp_quant.as_dict()
+        report.add("htp_quantization", done)
+        report.add_table("Quantized for the HTP (int8 weights, uint16 activations; npukit.runtime.htp_quant)",
+                         ["step", "count"],
+                         [["BatchNorm / bias Add folded into a ConvTranspose", len(done["folded"])],
+                          ["BatchNorm rewritten as Mul + Add", len(done["batchnorms_rewritten"])],
+                          ["zero biases added", done["biases_added"]],
+                          ["weights re-rounded (GPTQ)", done["gptq_nodes"]],
+                          [f"weight rounding bias corrected ({done['correction_samples']} samples)",
+                           done["bias_corrected_nodes"]],
+                          ["16-bit grids given headroom", done["widened_grids"]]])
     with step(f"compiling the HTP context binary for {soc}", timings=report.timings, key="compile"):
         result = compile_qnn_context(proto, output, soc=soc)
     report.add("compile", result.as_dict())

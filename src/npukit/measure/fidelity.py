@@ -17,10 +17,11 @@ def sqnr_db(reference: np.ndarray, candidate: np.ndarray) -> float:
     cand = np.asarray(candidate, dtype=np.float64)
     if ref.shape != cand.shape:
         raise ValueError(f"shapes differ: {ref.shape} vs {cand.shape}")
-    return _sqnr(float(np.sum(ref * ref)), float(np.sum((ref - cand) ** 2)))
+    return sqnr_from_sums(float(np.sum(ref * ref)), float(np.sum((ref - cand) ** 2)))
 
 
-def _sqnr(signal: float, noise: float) -> float:
+def sqnr_from_sums(signal: float, noise: float) -> float:
+    """10 log10(signal / noise) in dB from summed squares: inf for no noise, nan for neither."""
     if noise == 0.0:
         return math.inf if signal > 0 else math.nan
     if signal == 0.0:
@@ -112,7 +113,7 @@ class AgreementMeter:
             samples=n,
             top1_agreement=self._top1_agree / n,
             top5_overlap=self._top5_shared / (n * min(5, self._classes)),
-            sqnr_db=_sqnr(self._signal, self._noise),
+            sqnr_db=sqnr_from_sums(self._signal, self._noise),
             confident_samples=self._confident,
             top1_agreement_confident=self._confident_agree / self._confident if self._confident else None,
             labeled_samples=labeled,

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from npukit.targets.partition import _step_matches
 from npukit.targets.profile import Hazard, HazardSite, PatternStep, TargetProfile, TensorInfo
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
@@ -109,22 +110,6 @@ class _View:
         return dq is not None and dq.op_type == "DequantizeLinear" and dq.input[0] in self.constants
 
 
-def _step_matches(view: _View, node: onnx.NodeProto, step: PatternStep, root: str, outputs: list[str]) -> bool:
-    if node.op_type != step.op_type or len(node.input) != len(step.inputs) or not node.output:
-        return False
-    free = [view.source(x) for x in node.input]
-    for ref in step.inputs:
-        if ref == "*":
-            continue
-        name = root if ref == "x" else outputs[int(ref)]
-        if name not in free:
-            return False
-        free.remove(name)
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    return all(isinstance(attrs.get(k), (int, float)) and abs(attrs[k] - v) <= 1e-4 * max(1.0, abs(v))
-               for k, v in step.attributes.items())
-
-
 def _match(view: _View, pattern: tuple[PatternStep, ...], first: onnx.NodeProto, root: str
            ) -> list[onnx.NodeProto] | None:
     members: list[onnx.NodeProto] = []
@@ -145,7 +130,7 @@ def _match(view: _View, pattern: tuple[PatternStep, ...], first: onnx.NodeProto,
             candidates = list({id(c): c for c in reach}.values())
         outputs = [m.output[0] for m in members]
         pick = next((c for c in candidates if all(c is not m for m in members)
-                     and _step_matches(view, c, step, root, outputs)), None)
+                     and _step_matches(c, step, root, outputs, [view.source(x) for x in c.input])), None)
         if pick is None:
             return None
         members.append(pick)

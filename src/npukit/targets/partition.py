@@ -451,10 +451,13 @@ def _match(graph: onnx.GraphProto, pattern: tuple[PatternStep, ...], start: int,
     return members
 
 
-def _step_matches(node: onnx.NodeProto, step: PatternStep, root: str, outputs: list[str]) -> bool:
+def _step_matches(node: onnx.NodeProto, step: PatternStep, root: str, outputs: list[str],
+                  inputs: list[str] | None = None) -> bool:
+    """Whether ``node`` is ``step`` of a pattern rooted at ``root``; ``inputs``: the node's inputs as the matcher
+    should see them (e.g. through Q/DQ pairs), its own by default."""
     if node.op_type != step.op_type or len(node.input) != len(step.inputs) or not node.output:
         return False
-    free = list(node.input)
+    free = list(node.input if inputs is None else inputs)
     for ref in step.inputs:
         if ref == "*":
             continue

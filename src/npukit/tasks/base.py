@@ -17,19 +17,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from npukit.measure.fidelity import sqnr_from_sums as sqnr
+
 # Default floors (the real-models issue's targets): the task metric of the candidate against the reference as
 # ground truth, and the SQNR of every output that the task metric does not cover.
 DEFAULT_MIN_METRIC = 0.90
 DEFAULT_MIN_SQNR_DB = 20.0
-
-
-def sqnr(signal: float, noise: float) -> float:
-    """10 log10(signal / noise) in dB: inf for no noise, nan for neither."""
-    if noise == 0.0:
-        return math.inf if signal > 0 else math.nan
-    if signal == 0.0:
-        return -math.inf
-    return 10.0 * math.log10(signal / noise)
 
 
 @dataclasses.dataclass(frozen=True)
