@@ -12,7 +12,6 @@ from npukit.api import (  # noqa: E402
     analyze,
     bench,
     compile,
-    demo,
     devices,
     export,
     inspect,
@@ -20,6 +19,7 @@ from npukit.api import (  # noqa: E402
     plan_memory,
     quantize,
 )
+from npukit.demo_pipeline import demo  # noqa: E402
 from npukit.tasks import QualityGate  # noqa: E402
 
 __all__ = ["__version__", "CommandResult", "QualityGate", "analyze", "bench", "compile", "demo", "devices", "export",

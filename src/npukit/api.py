@@ -18,66 +18,10 @@ import onnx_ir as ir
 from npukit.config import BenchConfig, ExportConfig, OptimizeConfig, PreprocessConfig, to_dict
 from npukit.errors import InputError
 from npukit.report.core import Report
+from npukit.report.finish import CommandResult, finish, report_path_for
+from npukit.report.plan import add_plan
 from npukit.report.progress import progress, step
 from npukit.tasks import QualityGate
-
-
-@dataclasses.dataclass
-class CommandResult:
-    """What a verb produced: its report, the artifact and report files it wrote, and its main result object."""
-
-    report: Report
-    artifact: Path | None = None
-    report_path: Path | None = None
-    html_path: Path | None = None
-    result: Any = None
-
-
-def report_path_for(artifact: str | Path, suffix: str = ".report.json") -> Path:
-    artifact = Path(artifact)
-    stem = artifact.name[: -len(artifact.suffix)] if artifact.suffix else artifact.name
-    return artifact.with_name(stem + suffix)
-
-
-def _finish(report: Report, artifact: Path | None, *, html: bool, json_path: Path | None = None,
-            result: Any = None, source: str | Path | None = None) -> CommandResult:
-    """Write the report: beside ``artifact`` (or at ``json_path``); a verb without an artifact that was asked for
-    HTML writes both beside its input ``source`` (``<stem>.<verb>.report.json`` / ``.html``)."""
-    from npukit.report.capture import drain
-    from npukit.report.html import write_html
-
-    json_path = json_path or (report_path_for(artifact) if artifact else None)
-    if json_path is None and html and source is not None and Path(str(source)).is_file():
-        json_path = report_path_for(source, f".{report.command}.report.json")
-
-    messages = drain()
-    overrides = [m.split(": ", 1)[1] for m in messages if m.startswith("InputShapeOverride: ")]
-    if overrides:  # npukit's own note (frontend.shapes), not a library's
-        messages = {m: n for m, n in messages.items() if not m.startswith("InputShapeOverride: ")}
-        report.add("input_shape_override", overrides[0])
-        report.add_table("Input shape: the model's static sizes overridden by --input-shape", ["note"],
-                         [[m] for m in overrides])
-    if messages:
-        report.add("library_messages", messages)
-        report.add_table("Library messages while this ran (counted, not printed)", ["message", "times"],
-                         [[m, n] for m, n in list(messages.items())[:20]])
-    if report.verdict is None:  # a verb that checks nothing (inspect, analyze, plan-memory, devices) says so
-        report.set_verdict(f"INFO {report.command}: a description of the model or machine; nothing was checked",
-                           passed=True)
-    html_path = None
-    if artifact is not None:
-        report.add_artifact("model", artifact)
-    if json_path is not None:
-        report.add_artifact("report", json_path)
-        if html:
-            html_path = json_path.with_name(json_path.name.replace(".json", "") + ".html") \
-                if json_path.name.endswith(".json") else json_path.with_suffix(".html")
-            report.add_artifact("html", html_path)
-        report.write_json(json_path)
-        if html_path is not None:
-            write_html(report, html_path)
-    return CommandResult(report=report, artifact=artifact, report_path=json_path, html_path=html_path,
-                         result=result)
 
 
 def _check_output(output: str | Path, *, source: str | Path | None = None) -> Path:
@@ -160,7 +104,7 @@ def export(
                        f"{result.exporter} exporter, outputs against torch's on seeded inputs: max abs error "
                        f"{_g(result.max_abs_error)}, rel {_g(result.max_rel_error)} (rtol {config.rtol:g})",
                        passed=result.passed)
-    return _finish(report, output, html=html, result=result)
+    return finish(report, output, html=html, result=result)
 
 
 def _g(value: float | None) -> str:
@@ -282,7 +226,7 @@ def optimize_graph(
         report.add("tiling", tiling.sections)
         report.tables.extend(tiling.tables)
         report.config["memory_budget"] = memory_budget
-    return _finish(report, output, html=html, result=pipeline)
+    return finish(report, output, html=html, result=pipeline)
 
 
 # ----------------------------------------------------------------------------------------------------------- inspect
@@ -324,7 +268,7 @@ def inspect(model: str | Path, *, input_shape: str | Sequence[int] | None = None
     report.set_verdict(f"INFO inspect: {summary.nodes} nodes, {summary.parameters:,} parameters, "
                        f"{macs_shown if isinstance(macs_shown, str) else f'{macs_shown:,}'} MACs; nothing was checked",
                        passed=True)
-    return _finish(report, None, html=False, result=summary)
+    return finish(report, None, html=False, result=summary)
 
 
 # ---------------------------------------------------------------------------------------------------------- quantize
@@ -440,6 +384,7 @@ def quantize(
         result = _quantize(proto, samples, config=config)
     save_onnx(result.model, output)
     report.add("steps", result.steps)
+    add_plan(report, result.steps["plan"])
     plan = result.steps.get("int16_plan")
     if plan:
         added = {c["tensor"]: c["added_ms"] for c in plan["candidates"]}
@@ -526,7 +471,7 @@ def quantize(
             fields += [["top-1 accuracy float", agreement.top1_accuracy_reference],
                        ["top-1 accuracy int8", agreement.top1_accuracy_candidate]]
         report.add_table(f"Agreement with the float model on {Path(str(data)).name}", ["metric", "value"], fields)
-    return _finish(report, output, html=html, result=result)
+    return finish(report, output, html=html, result=result)
 
 
 CHECK_SAMPLES = 32  # calibration samples the task check reads when no held-out data is given
@@ -757,7 +702,7 @@ def compile(  # noqa: A001 - the verb's name
                          f"{done[0]['reason'].rsplit(' [', 1)[0]}", ["nodes", "input", "rewrite"],
                          [[" + ".join(r["nodes"]), r["where"], r["fix"]] for r in done])
     report.add_table("What the device needs", ["requirement"], [[result.device_requirements]])
-    return _finish(report, output, html=html, result=result)
+    return finish(report, output, html=html, result=result)
 
 
 # ----------------------------------------------------------------------------------------------------------- analyze
@@ -791,7 +736,7 @@ def analyze(
     if spec is not None:
         report.config["input_shape"] = spec.as_dict()
     json_path = Path(report_path) if report_path else (report_path_for(output) if output else None)
-    return _finish(report, None, html=html, json_path=json_path, result=analyses, source=model)
+    return finish(report, None, html=html, json_path=json_path, result=analyses, source=model)
 
 
 # ------------------------------------------------------------------------------------------------------- plan-memory
@@ -815,7 +760,7 @@ def plan_memory(
     result, report = _plan(model, target=target, input_shape=input_shape, order_search=order_search,
                            runtime_graph=runtime_graph)
     json_path = Path(report_path) if report_path else None
-    return _finish(report, None, html=html, json_path=json_path, result=result, source=model)
+    return finish(report, None, html=html, json_path=json_path, result=result, source=model)
 
 
 # ----------------------------------------------------------------------------------------------------------- devices
@@ -844,7 +789,7 @@ def devices(*, report_path: str | Path | None = None) -> CommandResult:
                      [[p.name, p.kernel, p.weights, p.exact, p.steps_off, p.share_off] for p in probe.int8_paths])
     report.add_table("Plan", ["what npukit would pick"], [[line] for line in probe.plan])
     json_path = Path(report_path) if report_path else None
-    return _finish(report, None, html=False, json_path=json_path, result=probe)
+    return finish(report, None, html=False, json_path=json_path, result=probe)
 
 
 # ------------------------------------------------------------------------------------------------------------- bench
@@ -972,7 +917,7 @@ def bench(
         with tempfile.TemporaryDirectory(prefix="npukit-bench-") as tmp:  # measured with the shapes fixed
             _bench_memory(report, model if spec is None else save_onnx(proto, Path(tmp) / "model.onnx"))
     json_path = Path(report_path) if report_path else None
-    return _finish(report, None, html=html, json_path=json_path, result=report.sections, source=model)
+    return finish(report, None, html=html, json_path=json_path, result=report.sections, source=model)
 
 
 def _bench_context(model: str | Path, proto: onnx.ModelProto, *, data, reference, warmup: int, runs: int,
@@ -1029,7 +974,7 @@ def _bench_context(model: str | Path, proto: onnx.ModelProto, *, data, reference
                            f"{'reference' if dataset is not None else 'data and reference'} given, so no task check",
                            passed=True)
     json_path = Path(report_path) if report_path else None
-    return _finish(report, None, html=html, json_path=json_path, result=report.sections)
+    return finish(report, None, html=html, json_path=json_path, result=report.sections)
 
 
 def _bench_memory(report: Report, model: str | Path) -> None:
@@ -1165,19 +1110,3 @@ def _evaluate(proto: onnx.ModelProto, ref_proto: onnx.ModelProto | None, dataset
 def _logits(outputs: list) -> np.ndarray:
     out = np.asarray(outputs[0], dtype=np.float32)
     return out.reshape(out.shape[0], -1)
-
-
-# -------------------------------------------------------------------------------------------------------------- demo
-
-def demo(
-    output_dir: str | Path = "npukit_out",
-    *,
-    threads: int = 1,
-    runs: int = 50,
-    html: bool = True,
-) -> CommandResult:
-    """The main job on the embedded default: MobileNetV2 with official ImageNet weights, real photos, every stage."""
-    from npukit.demo import run_demo
-
-    return run_demo(Path(output_dir), threads=threads, runs=runs, html=html)
-

@@ -233,67 +233,99 @@ def _floats(text: str, what: str) -> tuple[float, ...]:
             from None
 
 
-def run(args: argparse.Namespace) -> int:
-    from npukit import api
-    from npukit.config import PreprocessConfig
-    from npukit.report.terminal import print_report
+def _tri(value: str) -> bool | None:
+    return {"auto": None, "on": True, "off": False}[value]
 
-    if args.verb == "export":
-        out = api.export(args.model, args.output, weights=args.weights, input_shape=args.input_shape,
-                         dynamic_batch=args.dynamic_batch, opset=args.opset, exporter=args.exporter, rtol=args.rtol,
-                         html=args.html)
-    elif args.verb == "optimize-graph":
-        out = api.optimize_graph(args.model, args.output, skip_passes=args.skip_pass, verify=not args.no_verify,
-                                 rtol=args.rtol, input_shape=args.input_shape, memory_budget=args.memory_budget,
-                                 html=args.html)
-    elif args.verb == "inspect":
-        out = api.inspect(args.model, input_shape=args.input_shape, top_layers=args.top)
-        if args.json:
-            out = api._finish(out.report, None, html=False, json_path=__import__("pathlib").Path(args.json),
-                              result=out.result)
-    elif args.verb == "quantize":
-        out = api.quantize(args.model, args.output, calib=args.calib, per_tensor=args.per_tensor, method=args.method,
-                           cle=args.cle, bias_correction=args.bias_correction, adaround=args.adaround,
-                           range_search=args.range_search, equalize_activations=args.equalize_activations,
-                           exclude=args.exclude, int16_nodes=args.int16, int16_tensors=args.int16_tensors,
-                           int16_budget=args.int16_budget,
-                           activation_dtype=None if args.activations == "auto" else args.activations,
-                           reduce_range={"auto": None, "on": True, "off": False}[args.reduce_range],
-                           float_stem={"auto": None, "on": True, "off": False}[args.float_stem],
-                           gemm_convs={"auto": None, "on": True, "off": False}[args.gemm_convs],
-                           calib_samples=args.calib_samples, data=args.data, max_samples=args.max_samples,
-                           threads=args.threads, runs=args.runs, html=args.html,
-                           extra={"pair_channels": False} if args.no_pair_channels else None,
-                           task=None if args.task == "auto" else args.task, gate=_gate(args),
-                           input_shape=args.input_shape)
-    elif args.verb == "analyze":
-        out = api.analyze(args.model, targets=args.target, input_shape=args.input_shape, fix=args.fix,
-                          output=args.output, report_path=args.report, html=args.html)
-    elif args.verb == "plan-memory":
-        out = api.plan_memory(args.model, target=args.target, input_shape=args.input_shape,
-                              order_search=not args.no_order_search, runtime_graph=not args.rules_view,
-                              report_path=args.report, html=args.html)
-    elif args.verb == "devices":
-        out = api.devices(report_path=args.report)
-    elif args.verb == "bench":
-        mean, std = _floats(args.mean, "--mean"), _floats(args.std, "--std")
-        pre = PreprocessConfig(size=args.size, resize=max(args.resize, args.size), mean=mean, std=std,
-                               channels=len(mean))
-        out = api.bench(args.model, data=args.data, reference=args.reference, threads=args.threads,
-                        runs=args.runs, warmup=args.warmup, max_samples=args.max_samples, preprocess=pre,
-                        target=args.target, soc=args.soc, memory=args.memory, report_path=args.report,
-                        html=args.html, task=None if args.task == "auto" else args.task, gate=_gate(args),
-                        input_shape=args.input_shape)
-    elif args.verb == "compile":
-        out = api.compile(args.model, args.output, soc=args.soc, target=args.target, calib=args.calib,
-                          input_shape=args.input_shape, html=args.html,
-                          task=None if args.task == "auto" else args.task, gate=_gate(args))
-    elif args.verb == "demo":
-        out = api.demo(args.output_dir, threads=args.threads, runs=args.runs, html=not args.no_html)
-    else:  # pragma: no cover - argparse rejects unknown verbs
-        raise AssertionError(args.verb)
+
+def _task(args: argparse.Namespace) -> str | None:
+    return None if args.task == "auto" else args.task
+
+
+def _export(api, args):
+    return api.export(args.model, args.output, weights=args.weights, input_shape=args.input_shape,
+                      dynamic_batch=args.dynamic_batch, opset=args.opset, exporter=args.exporter, rtol=args.rtol,
+                      html=args.html)
+
+
+def _optimize_graph(api, args):
+    return api.optimize_graph(args.model, args.output, skip_passes=args.skip_pass, verify=not args.no_verify,
+                              rtol=args.rtol, input_shape=args.input_shape, memory_budget=args.memory_budget,
+                              html=args.html)
+
+
+def _inspect(api, args):
+    from pathlib import Path
+
+    from npukit.report.finish import finish
+
+    out = api.inspect(args.model, input_shape=args.input_shape, top_layers=args.top)
+    return finish(out.report, None, html=False, json_path=Path(args.json), result=out.result) if args.json else out
+
+
+def _quantize(api, args):
+    return api.quantize(args.model, args.output, calib=args.calib, per_tensor=args.per_tensor, method=args.method,
+                        cle=args.cle, bias_correction=args.bias_correction, adaround=args.adaround,
+                        range_search=args.range_search, equalize_activations=args.equalize_activations,
+                        exclude=args.exclude, int16_nodes=args.int16, int16_tensors=args.int16_tensors,
+                        int16_budget=args.int16_budget,
+                        activation_dtype=None if args.activations == "auto" else args.activations,
+                        reduce_range=_tri(args.reduce_range), float_stem=_tri(args.float_stem),
+                        gemm_convs=_tri(args.gemm_convs), calib_samples=args.calib_samples, data=args.data,
+                        max_samples=args.max_samples, threads=args.threads, runs=args.runs, html=args.html,
+                        extra={"pair_channels": False} if args.no_pair_channels else None,
+                        task=_task(args), gate=_gate(args), input_shape=args.input_shape)
+
+
+def _analyze(api, args):
+    return api.analyze(args.model, targets=args.target, input_shape=args.input_shape, fix=args.fix,
+                       output=args.output, report_path=args.report, html=args.html)
+
+
+def _plan_memory(api, args):
+    return api.plan_memory(args.model, target=args.target, input_shape=args.input_shape,
+                           order_search=not args.no_order_search, runtime_graph=not args.rules_view,
+                           report_path=args.report, html=args.html)
+
+
+def _devices(api, args):
+    return api.devices(report_path=args.report)
+
+
+def _bench(api, args):
+    from npukit.config import PreprocessConfig
+
+    mean, std = _floats(args.mean, "--mean"), _floats(args.std, "--std")
+    pre = PreprocessConfig(size=args.size, resize=max(args.resize, args.size), mean=mean, std=std, channels=len(mean))
+    return api.bench(args.model, data=args.data, reference=args.reference, threads=args.threads, runs=args.runs,
+                     warmup=args.warmup, max_samples=args.max_samples, preprocess=pre, target=args.target,
+                     soc=args.soc, memory=args.memory, report_path=args.report, html=args.html, task=_task(args),
+                     gate=_gate(args), input_shape=args.input_shape)
+
+
+def _compile(api, args):
+    return api.compile(args.model, args.output, soc=args.soc, target=args.target, calib=args.calib,
+                       input_shape=args.input_shape, html=args.html, task=_task(args), gate=_gate(args))
+
+
+def _demo(api, args):
+    from npukit.demo_pipeline import demo
+
+    return demo(args.output_dir, threads=args.threads, runs=args.runs, html=not args.no_html)
+
+
+# verb -> the function that maps its parsed arguments onto the Python API (npukit.api)
+VERBS = {"export": _export, "optimize-graph": _optimize_graph, "inspect": _inspect, "quantize": _quantize,
+         "analyze": _analyze, "plan-memory": _plan_memory, "devices": _devices, "bench": _bench,
+         "compile": _compile, "demo": _demo}
+
+
+def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from npukit import api
+    from npukit.report.terminal import print_report
+
+    out = VERBS[args.verb](api, args)
     print_report(out.report, console=Console(width=None if sys.stdout.isatty() else 140))
     return 0 if out.report.passed else 1  # exit 0 means the artifact passed its checks
 

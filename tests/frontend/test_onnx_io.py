@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from npukit.errors import InputError
 from npukit.frontend import onnx_io
-from npukit.frontend.onnx_io import fix_input_shape, load_onnx, named_nodes, save_onnx, static_input_shape
+from npukit.frontend.onnx_io import load_onnx, named_nodes, save_onnx, static_input_shape
+from npukit.frontend.shapes import fix_input_shape
 from npukit.runtime.ort import make_session, run
 
 from .conftest import make_matmul_model

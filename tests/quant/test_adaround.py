@@ -46,10 +46,11 @@ def test_weights_are_on_the_reduced_grid_and_ort_reproduces_the_integers(setup) 
     assert integer_kernel_report(qdq.model)["integer_fraction"] == 1.0
     q_inits = {i.name: numpy_helper.to_array(i) for i in qdq.model.graph.initializer}
     learned = {i.name: numpy_helper.to_array(i) for i in result.model.graph.initializer}
-    for name, entry in result.weight_overrides.items():
-        scales = np.array([e["scale"] for e in entry], np.float32)
+    for name, spec in result.weight_specs.items():
+        assert spec.dtype == "int8" and spec.symmetric and set(spec.zero_point) == {0}
+        scales = np.array(spec.scale, np.float32)
         w = learned[name]
-        shape = (-1,) + (1,) * (w.ndim - 1) if entry[0].get("axis", 0) == 0 else (1, -1)
+        shape = (-1,) + (1,) * (w.ndim - 1) if (spec.axis or 0) == 0 else (1, -1)
         ints = w / scales.reshape(shape)
         np.testing.assert_allclose(ints, np.round(ints), atol=1e-3)  # exactly on the grid
         # the range-setting element keeps its level: 7 bits for the 3x3 conv, 8 for the depthwise one (its kernel

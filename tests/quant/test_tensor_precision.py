@@ -6,9 +6,9 @@ import pytest
 
 from npukit.errors import InputError
 from npukit.quant.config import QuantConfig
-from npukit.quant.qdq import quantize
+from npukit.quant.qdq import plan_int16, quantize
 from npukit.quant.sensitivity import output_sqnr
-from npukit.quant.tensor_precision import (TensorGain, activation_pairs, choose_tensors, plan_int16_tensors,
+from npukit.quant.tensor_precision import (TensorGain, activation_pairs, choose_tensors,
                                            TIED_OPS, scan_gains, sixteen_bit_activations, tied_groups,
                                            without_rounding)
 from npukit.runtime.ort import make_session
@@ -89,7 +89,7 @@ def test_plan_times_its_candidates_and_stays_within_the_budget_and_quantize_buil
     model = tiny_cnn(spread=1.0, activation="Clip")  # full-range per-channel weights: the 1x1 conv's int8 kernel
     samples = make_samples(12)  # saturates on CPUs without VNNI
     config = QuantConfig(per_channel=True)
-    plan = plan_int16_tensors(model, samples, config=config, budget=1.0, max_candidates=3)  # scans all 12 (< 16)
+    plan = plan_int16(model, samples, config=config, budget=1.0, max_candidates=3)  # scans all 12 (< 16)
     assert plan.samples == 12 and len(plan.added_ms) <= 3
     ranked = sorted((g for g in plan.scanned if g.share >= 0.01), key=lambda g: -g.gain)[:3]
     assert list(plan.added_ms) == [g.tensor for g in ranked]  # the highest gains were timed
@@ -122,7 +122,7 @@ def test_bad_budget(budget) -> None:
     with pytest.raises(InputError, match="int16_budget"):
         QuantConfig(int16_budget=budget)
     with pytest.raises(InputError, match="int16 budget"):
-        plan_int16_tensors(tiny_cnn(), make_samples(2), config=QuantConfig(), budget=budget)
+        plan_int16(tiny_cnn(), make_samples(2), config=QuantConfig(), budget=budget)
 
 
 def test_a_tied_output_asked_for_alone_fails_naming_the_tensor_to_lift() -> None:

@@ -114,7 +114,7 @@ def _paddle_like(size: int = 8, opset: int = 12) -> onnx.ModelProto:
 
 
 def test_prepare_graph_folds_constants_shapes_and_batchnorm():
-    from npukit.frontend.onnx_io import fix_input_shape
+    from npukit.frontend.shapes import fix_input_shape
 
     model = fix_input_shape(_paddle_like(), (1, 3, 8, 8), dynamic_batch=False)
     prepared, summary = prepare_graph(model)
@@ -148,7 +148,7 @@ def test_constant_nodes_quantized_as_activations_fail_on_the_htp_as_analyze_pred
     import logging
 
     from npukit.api import quantize_for_htp
-    from npukit.frontend.onnx_io import fix_input_shape
+    from npukit.frontend.shapes import fix_input_shape
     from npukit.targets import analyze, get_target
 
     model = fix_input_shape(_paddle_like(opset=21), (1, 3, 8, 8), dynamic_batch=False)

@@ -23,7 +23,8 @@ import torch
 from npukit.config import ExportConfig
 from npukit.errors import InputError, NpukitError, NumericCheckError
 from npukit.frontend._messages import first_line
-from npukit.frontend.onnx_io import fix_input_shape, graph_inputs, load_onnx, save_onnx, static_input_shape
+from npukit.frontend.onnx_io import graph_inputs, load_onnx, save_onnx, static_input_shape
+from npukit.frontend.shapes import fix_input_shape
 from npukit.frontend.spec import ModelSource
 from npukit.frontend.verify import flatten_outputs, seeded_samples, stack_samples, verify_against_torch
 from npukit.measure.compare import OutputErrors, compare_outputs

@@ -177,15 +177,6 @@ def static_input_shape(model: onnx.ModelProto) -> tuple[int, ...] | None:
     return tuple(shape)
 
 
-def fix_input_shape(model: onnx.ModelProto, shape: tuple[int, ...], *, dynamic_batch: bool) -> onnx.ModelProto:
-    """A copy of ``model`` whose first input has ``shape`` (dim 0 named "batch" if dynamic_batch), re-inferred: the
-    first-input form of ``npukit.frontend.shapes.apply_input_spec``, which may also resize static dimensions."""
-    from npukit.frontend.shapes import InputSpec, apply_input_spec
-
-    return apply_input_spec(model, InputSpec(((None, tuple(shape)),)), dynamic_batch=dynamic_batch,
-                            override_static=True)
-
-
 # Ops of a model that is quantized already: Q/DQ pairs (the QDQ format), or the operator format's integer kernels.
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 INTEGER_OPS = frozenset({"ConvInteger", "MatMulInteger", "DynamicQuantizeLinear", "QGemm", "QAttention",

@@ -374,3 +374,10 @@ def load_with_inputs(path: Any, spec: InputSpec | str | Sequence[Any] | Mapping[
     if needs:
         require_static(model, needs=needs, allow_batch=allow_batch)
     return model
+
+
+def fix_input_shape(model: onnx.ModelProto, shape: tuple[int, ...], *, dynamic_batch: bool) -> onnx.ModelProto:
+    """A copy of ``model`` whose first input has ``shape`` (dim 0 named "batch" if dynamic_batch), re-inferred: the
+    first-input form of ``apply_input_spec``, which may also resize static dimensions."""
+    return apply_input_spec(model, InputSpec(((None, tuple(shape)),)), dynamic_batch=dynamic_batch,
+                            override_static=True)

@@ -25,8 +25,8 @@ nearest rounding on all collected rows. A row is one output position: an im2col 
 at random per calibration sample, per group for grouped convolutions), a whole input row of a Gemm.
 
 The element that sets each channel's range (|W| = max) keeps nearest rounding, so the grid is unchanged. The rounded
-weights are written back as floats exactly on the grid, and their scales and zero points are returned as
-``TensorQuantOverrides`` entries, so ONNX Runtime's quantizer reproduces the learned integers. A layer with fewer
+weights are written back as floats exactly on the grid, and their scales and zero points are returned as the
+quantization plan's weight specs (``npukit.quant.plan``), so ONNX Runtime's quantizer reproduces the learned integers. A layer with fewer
 rows than weights per output channel is skipped (learned rounding would fit noise), with that reason.
 """
 
@@ -48,6 +48,7 @@ from npukit.quant.bias_correction import activation_qparams, weight_axis
 from npukit.quant.calibrate import iter_samples, with_outputs
 from npukit.quant.config import QuantConfig
 from npukit.quant.nodes import node_attr
+from npukit.quant.plan import TensorSpec
 from npukit.quant.schemes import pair_bounded, pair_bounded_scale, reduced_weight_range
 from npukit.runtime.ort import make_session
 
@@ -68,13 +69,13 @@ class WeightGrid:
 
 @dataclasses.dataclass(frozen=True)
 class AdaRoundResult:
-    """``model``: the input model with learned on-grid weights; ``weight_overrides``: weight name -> the
-    ``TensorQuantOverrides`` entry (scales, zero points, axis) that makes ORT reproduce them; ``layers``: per rounded
+    """``model``: the input model with learned on-grid weights; ``weight_specs``: weight name -> its grid (scales,
+    zero points 0, axis) for the quantization plan, which makes ORT reproduce the learned integers; ``layers``: per rounded
     layer {"node", "rows", "iterations", "mse_nearest", "mse_adaround", "flipped", "seconds"} (MSE of the layer
     output on all collected rows, against the float output); ``skipped``: {"node", "reason"}."""
 
     model: onnx.ModelProto
-    weight_overrides: dict[str, list[dict]]
+    weight_specs: dict[str, TensorSpec]
     layers: list[dict]
     skipped: list[dict]
     seconds: float
@@ -342,7 +343,7 @@ def _adaround(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], *, c
     fq, renamed = fake_quantized_model(work, ranges, config=config)
     fq_inits = {i.name: i for i in fq.graph.initializer}
     rng = np.random.default_rng(seed)
-    overrides: dict[str, list[dict]] = {}
+    overrides: dict[str, TensorSpec] = {}
     layers = []
     for index, node in enumerate(targets):
         t0 = time.perf_counter()
@@ -379,10 +380,11 @@ def _adaround(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], *, c
         new_w = _ungrouped(node, (q * grid.scale).astype(np.float32), w.shape)
         inits[node.input[1]].CopyFrom(numpy_helper.from_array(new_w, node.input[1]))
         fq_inits[node.input[1]].CopyFrom(numpy_helper.from_array(new_w, node.input[1]))
-        overrides[node.input[1]] = scale_override(node, grid.scale, per_channel=config.per_channel)
+        overrides[node.input[1]] = TensorSpec.fixed_weight(grid.scale,
+                                                           axis=weight_axis(node, per_channel=config.per_channel))
         layers.append({"node": node.name, "rows": int(xf_rows.shape[0]), "iterations": iterations, **stats,
                        "seconds": round(time.perf_counter() - t0, 2)})
-    return AdaRoundResult(model=work, weight_overrides=overrides, layers=layers, skipped=skipped,
+    return AdaRoundResult(model=work, weight_specs=overrides, layers=layers, skipped=skipped,
                           seconds=time.perf_counter() - start)
 
 
@@ -407,14 +409,3 @@ def _following_clip(model: onnx.ModelProto, node: onnx.NodeProto) -> tuple[float
         else:
             return None  # bounds computed at run time
     return (bounds[0], bounds[1])
-
-
-def scale_override(node: onnx.NodeProto, scale: np.ndarray, *, per_channel: bool) -> list[dict]:
-    """The TensorQuantOverrides entry that pins ORT to these int8 weight scales (zero point 0): ``scale`` holds the
-    output channels' scales in order (shape[axis] of them), or one value per tensor."""
-    zero = np.int8(0)
-    scales = np.asarray(scale).reshape(-1)
-    if not per_channel:
-        return [{"scale": np.float32(scales[0]), "zero_point": zero}]
-    axis = weight_axis(node, per_channel=True)
-    return [{"axis": axis, "scale": np.float32(s), "zero_point": zero} for s in scales]

@@ -16,34 +16,35 @@ import collections
 import dataclasses
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
-from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from npukit._scratch import scratch_cwd
 from npukit.errors import InputError
 from npukit.frontend.onnx_io import named_nodes
-from npukit.quant.adaround import adaround, scale_override
+from npukit.quant.adaround import adaround
 from npukit.quant.auto import choose_method, split_samples
-from npukit.quant.bias_correction import correct_bias
+from npukit.quant.bias_correction import correct_bias, weight_axis
 from npukit.quant.calibrate import Progress, calibrate, iter_samples, sixteen_bit_tensors
 from npukit.quant.config import QuantConfig
+from npukit.quant.emit_ort import FeedsReader, emit_qdq, resolve_grids  # noqa: F401 - FeedsReader re-exported
 from npukit.quant.conv_kernel import choose_conv_kernels, require_exact_move
 from npukit.quant.equalize import equalize
 from npukit.quant.float_head import HeadChoice, choose_float_head
 from npukit.quant.joins import JOIN_RATIO, mixed_scale_joins
+from npukit.quant.plan import SIXTEEN_BIT, Decision, QuantPlan, TensorSpec
 from npukit.quant.pair_channels import pair_channels, pairing_pays
 from npukit.quant.range_search import search_ranges
 from npukit.quant.schemes import (STEM_MAX_K, pair_bounded, pair_bounded_scale, reduced_weight_range, stem_convs,
                                    weight_rows)
 from npukit.quant.stream_equalize import equalize_streams
-from npukit.quant.tensor_precision import (activation_pairs, plan_int16_tensors, sixteen_bit_activations,
-                                          tied_groups)
+from npukit.quant.tensor_precision import (TensorPlan, activation_pairs, check_plan_arguments, plan_int16_tensors,
+                                          sixteen_bit_activations, stand_in_config, tied_groups)
 from npukit.runtime.ort import INTEGER_KERNELS, make_session
 
 FLOAT_COMPUTE_OPS = ("Conv", "FusedConv", "MatMul", "FusedMatMul", "Gemm", "FusedGemm")
@@ -63,6 +64,7 @@ class QuantResult:
     per_layer: list[dict]
     seconds: float
     steps: dict[str, dict]
+    plan: QuantPlan | None = None  # what every tensor was quantized to and which step decided it, as emitted
 
 
 class _Reiterable:
@@ -73,16 +75,6 @@ class _Reiterable:
 
     def __iter__(self):
         return iter(self._samples)
-
-
-class FeedsReader(CalibrationDataReader):
-    """ORT's CalibrationDataReader over a sequence of feed dicts, each given once."""
-
-    def __init__(self, feeds: Iterable[dict[str, np.ndarray]]) -> None:
-        self._it = iter(feeds)
-
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        return next(self._it, None)
 
 
 def preprocess(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -148,39 +140,69 @@ def softmax_outputs(model: onnx.ModelProto, config: QuantConfig) -> list[str]:
     return [n.output[0] for n in model.graph.node if n.op_type == "Softmax" and n.name not in config.exclude]
 
 
-def _overrides(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]], config: QuantConfig,
-               weights: dict[str, list[dict]]) -> dict:
-    """rmin/rmax for every calibrated tensor (16-bit type for int16 nodes); ``weights``: fixed weight grids."""
+def plan_for(model: onnx.ModelProto, config: QuantConfig, ranges: Mapping[str, tuple[float, float]],
+             weights: Mapping[str, TensorSpec] | None = None, *, why: Mapping[str, Decision] | None = None,
+             range_why: Mapping[str, Decision] | None = None) -> QuantPlan:
+    """The quantization plan of ``config`` on ``model`` with these activation ``ranges`` and fixed ``weights``
+    grids (AdaRound's), each entry with its decisions: the calibrated range (``range_why``: the step per tensor,
+    calibration by default, range search), the float nodes and 16-bit tensors (``why``: the step per node or tensor
+    when not the user's choice: the float head, a float join, the 16-bit plan), ORT's
+    Relu/Clip fusion and the bounded activations' whole range (``effective_ranges``), the 16-bit tensors, and under
+    ``reduce_range`` the weights this CPU's kernels take on more than 7 bits (``npukit.quant.schemes``)."""
+    why, range_why = why or {}, range_why or {}
+    plan = QuantPlan(activation_dtype=config.activation_dtype, weight_dtype="int8", per_channel=config.per_channel,
+                     symmetric_weights=config.symmetric_weights, symmetric_activations=config.symmetric_activations,
+                     reduce_range=config.reduce_range)
+    for node in config.exclude:
+        plan = plan.keep_float([node], why.get(node, Decision("exclude", "named by the user")))
+    calibrated = Decision("calibration", f"{config.method} over the calibration samples")
+    act = config.activation_dtype
+    plan = plan.with_specs({t: TensorSpec(act, symmetric=config.symmetric_activations, range=r)
+                            for t, r in ranges.items()}, {t: range_why.get(t, calibrated) for t in ranges})
     adjusted = effective_ranges(model, ranges, config)
+    bounded = bounded_outputs(model, config)
+    moved = {t: r for t, r in adjusted.items() if t not in ranges or tuple(r) != tuple(ranges[t])}
+    plan = plan.with_specs(
+        {t: TensorSpec(act, symmetric=config.symmetric_activations, range=r) for t, r in moved.items()},
+        {t: Decision("bounded_activation", "the whole range of a bounded activation's output") if t in bounded
+         else Decision("ort_fusion", "a Relu/Clip input takes its output's grid (ORT fuses the two)") for t in moved})
     wide = sixteen_bit_tensors(model, config)
-    wide_type = QuantType.QInt16 if config.activation_signed else QuantType.QUInt16
-    overrides: dict[str, list[dict]] = {}
-    for name, (lo, hi) in adjusted.items():
-        entry: dict = {"rmin": np.float32(lo), "rmax": np.float32(hi)}
-        if name in wide:
-            entry["quant_type"] = wide_type
-        overrides[name] = [entry]
-    return overrides | _weight_grid_overrides(model, config) | weights
+    lifted = {t: plan.tensors[t].as_dtype(SIXTEEN_BIT[act]) for t in adjusted if t in wide}
+    by_node = {t for n in model.graph.node if n.name in config.int16_nodes for t in (*n.input, *n.output)}
+    plan = plan.with_specs(lifted, {t: why.get(t, Decision("int16", "read or written by a 16-bit node" if t in by_node
+                                                           else "named a 16-bit tensor")) for t in lifted})
+    plan = plan.with_specs(*_weight_grids(model, config))
+    if weights:
+        plan = plan.with_specs(weights, Decision("adaround", "learned rounding; the grid ORT must reproduce"))
+    return plan
 
 
-def _weight_grid_overrides(model: onnx.ModelProto, config: QuantConfig) -> dict[str, list[dict]]:
+def _weight_grids(model: onnx.ModelProto, config: QuantConfig) -> tuple[dict[str, TensorSpec], dict[str, Decision]]:
     """Under ``reduce_range``, the weights whose kernel does not saturate at 7 bits: depthwise convs keep all 8 bits;
-    1x1 convs and Gemms take the pair-bounded grid (``npukit.quant.schemes``), given to ORT as explicit scales."""
+    1x1 convs and Gemms take the pair-bounded grid (``npukit.quant.schemes``), as explicit scales."""
     if not config.reduce_range:
-        return {}
+        return {}, {}
     inits = {i.name: i for i in model.graph.initializer}
-    out: dict[str, list[dict]] = {}
+    specs: dict[str, TensorSpec] = {}
+    reasons: dict[str, Decision] = {}
     for node in model.graph.node:
-        if node.op_type not in ("Conv", "Gemm") or len(node.input) < 2 or node.input[1] not in inits:
+        if node.op_type not in ("Conv", "Gemm") or len(node.input) < 2 or node.input[1] not in inits \
+                or node.name in config.exclude:
             continue
         shape = tuple(inits[node.input[1]].dims)
         if pair_bounded(node, shape, config):
             rows = weight_rows(node, numpy_helper.to_array(inits[node.input[1]]))
-            out[node.input[1]] = scale_override(node, pair_bounded_scale(rows, per_channel=config.per_channel),
-                                                per_channel=config.per_channel)
+            specs[node.input[1]] = TensorSpec.fixed_weight(
+                pair_bounded_scale(rows, per_channel=config.per_channel),
+                axis=weight_axis(node, per_channel=config.per_channel))
+            reasons[node.input[1]] = Decision("cpu_scheme", "pair-bounded: each pair of input channels' products "
+                                                            "stays within 128 levels (no 16-bit saturation)")
         elif not reduced_weight_range(node, shape, config):
-            out[node.input[1]] = [{"reduce_range": False, **({"axis": 0} if config.per_channel else {})}]
-    return out
+            specs[node.input[1]] = TensorSpec("int8", symmetric=config.symmetric_weights,
+                                              axis=0 if config.per_channel else None,
+                                              quant_min=-127 if config.symmetric_weights else -128)
+            reasons[node.input[1]] = Decision("cpu_scheme", "full 8 bits: this kernel does not saturate")
+    return specs, reasons
 
 
 def _per_layer(float_model: onnx.ModelProto, qdq: onnx.ModelProto, ranges: dict[str, tuple[float, float]],
@@ -205,24 +227,10 @@ def _per_layer(float_model: onnx.ModelProto, qdq: onnx.ModelProto, ranges: dict[
 
 
 def build_qdq(work: onnx.ModelProto, first: dict[str, np.ndarray], config: QuantConfig,
-              ranges: dict[str, tuple[float, float]], weight_grids: dict[str, list[dict]]) -> onnx.ModelProto:
-    """ORT's QDQ placement on the float model ``work`` with our activation ranges (and fixed weight grids)."""
-    activation = QuantType.QInt8 if config.activation_signed else QuantType.QUInt8
-    with tempfile.TemporaryDirectory(prefix="npukit-quant-") as tmp:
-        out = Path(tmp) / "qdq.onnx"
-        source = Path(tmp) / "float.onnx"  # a path: given a ModelProto, quantize_static rewrites it in place
-        onnx.save(work, str(source))
-        quantize_static(
-            # ORT insists on calibrating; one sample will do, since our overrides replace its ranges
-            str(source), str(out), FeedsReader([first]), quant_format=QuantFormat.QDQ,
-            per_channel=config.per_channel,
-            activation_type=activation, weight_type=QuantType.QInt8, reduce_range=config.reduce_range,
-            nodes_to_exclude=list(config.exclude),
-            extra_options={"ActivationSymmetric": config.symmetric_activations,
-                           "WeightSymmetric": config.symmetric_weights,
-                           "TensorQuantOverrides": _overrides(work, ranges, config, weight_grids)},
-        )
-        return onnx.load(str(out))
+              ranges: Mapping[str, tuple[float, float]], weight_grids: Mapping[str, TensorSpec]) -> onnx.ModelProto:
+    """ORT's QDQ placement on the float model ``work`` with our activation ranges (and fixed weight grids): the
+    plan of ``plan_for``, emitted by ``emit_ort.emit_qdq``."""
+    return emit_qdq(work, first, plan_for(work, config, ranges, weight_grids))
 
 
 def one_sample_ranges(work: onnx.ModelProto, first: dict[str, np.ndarray],
@@ -293,6 +301,8 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
     if config.gemm_convs:
         require_exact_move()  # before any long step: refused where ORT's two int8 conv kernels are not both exact
     steps: dict[str, dict] = {}
+    why: dict[str, Decision] = {}  # float node or 16-bit tensor -> the step that chose it, when not the user
+    range_why: dict[str, Decision] = {}  # tensor -> the step that set its range
     work = preprocess(model)
     probe = None
     if config.int16_tensors:
@@ -308,6 +318,8 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
                        "float; it is dropped and the model quantized whole")
             head_nodes = ()
         config = dataclasses.replace(config, float_stem=False, exclude=config.exclude + head_nodes)
+        why |= {n: Decision("float_stem", "a short-reduction stem and the chain after it run fastest in float here")
+                for n in head_nodes}
         steps["float_stem"] = {"nodes": list(head_nodes), "max_k": STEM_MAX_K, "heads": [h.summary() for h in heads],
                                "dropped": dropped}
     if config.float_joins:  # a join of very different scales (boxes and scores) and what follows it stay in float
@@ -317,12 +329,16 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
                                    if n not in config.exclude and n not in config.int16_nodes))
         if kept:
             config = dataclasses.replace(config, exclude=config.exclude + kept)
+            why |= {n: Decision("float_joins", "a join of tensors on very different scales, or after one")
+                    for n in kept}
             steps["float_joins"] = {"nodes": list(kept), "ratio": JOIN_RATIO, "joins": [j.summary() for j in joins]}
     if config.int16_budget > 0:  # first: the plan is chosen on the recipe without it, then built like a given list
-        plan = plan_int16_tensors(model, samples, config=config, budget=config.int16_budget)
+        int16 = plan_int16(model, samples, config=config, budget=config.int16_budget)
         config = dataclasses.replace(config, int16_budget=0.0,
-                                     int16_tensors=tuple(dict.fromkeys(config.int16_tensors + plan.tensors)))
-        steps["int16_plan"] = plan.summary()
+                                     int16_tensors=tuple(dict.fromkeys(config.int16_tensors + int16.tensors)))
+        steps["int16_plan"] = int16.summary()
+        why |= {t: Decision("int16_plan", f"most output error per ms within a {int16.budget:.0%} latency budget")
+                for t in int16.tensors}
     if config.cle:
         eq = equalize(work, samples=samples, limit=config.calib_samples)
         work = eq.model
@@ -363,16 +379,16 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
     else:
         calib = calibrate(work, samples, config=config, progress=progress)
         steps["calibration"] = {"method": config.method, "samples": calib.samples, "tensors": len(calib.ranges)}
-    weight_grids: dict[str, list[dict]] = {}
+    weight_grids: dict[str, TensorSpec] = {}
     before_rounding: dict[str, np.ndarray] | None = None
     if config.adaround:
         wide = sixteen_bit_tensors(work, config)
         eight_bit = {t: r for t, r in effective_ranges(work, calib.ranges, config).items() if t not in wide}
         ar = adaround(work, samples, config=config, ranges=eight_bit)
         before_rounding = {i.name: numpy_helper.to_array(i) for i in work.graph.initializer
-                           if i.name in ar.weight_overrides}
+                           if i.name in ar.weight_specs}
         work = ar.model
-        weight_grids = ar.weight_overrides
+        weight_grids = ar.weight_specs
         steps["adaround"] = ar.summary()
     if config.bias_correction:
         bc = correct_bias(work, samples, config=config, ranges=calib.ranges, reference_weights=before_rounding)
@@ -381,7 +397,10 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
             "nodes": len(bc.shifts), "samples": bc.samples,
             "mean_abs_shift": float(np.mean([np.abs(s).mean() for s in bc.shifts.values()])) if bc.shifts else 0.0}
     ranges = calib.ranges
-    qdq = build_qdq(work, first, config, ranges, weight_grids)
+    method = f"auto (chose {config.method})" if steps["calibration"]["method"] == "auto" else config.method
+    range_why |= dict.fromkeys(ranges, Decision("calibration", f"{method} over {calib.samples} samples"))
+    plan = plan_for(work, config, ranges, weight_grids, why=why, range_why=range_why)
+    qdq = emit_qdq(work, first, plan)
     if config.range_search:  # last, on the model as built: bias correction stays as measured on the first grid
         search = search_ranges(reference, qdq, samples, ranges=effective_ranges(work, ranges, config),
                                limit=config.calib_samples, passes=config.range_search_passes,
@@ -389,14 +408,39 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
                                fixed=bounded_outputs(work, config))
         ranges = ranges | search.ranges
         steps["range_search"] = search.summary()
-        qdq = build_qdq(work, first, config, ranges, weight_grids)
+        range_why |= {t: Decision("range_search", "moved where that raised the output SQNR on the calibration "
+                                                  "samples") for t in search.ranges}
+        plan = plan_for(work, config, ranges, weight_grids, why=why, range_why=range_why)
+        qdq = emit_qdq(work, first, plan)
     if config.gemm_convs:  # last: exact, it only picks ORT's kernel per conv
         kernels = choose_conv_kernels(qdq, first)
         qdq = kernels.model
         steps["conv_kernels"] = kernels.summary()
-    return QuantResult(model=qdq, reference=reference, ranges=ranges,
+    plan, not_honoured = resolve_grids(work, qdq, plan)
+    steps["plan"] = plan.summary() | {"not_as_planned": not_honoured}
+    return QuantResult(model=qdq, reference=reference, ranges=ranges, plan=plan,
                        per_layer=_per_layer(work, qdq, ranges, config),
                        seconds=time.perf_counter() - start, steps=steps)
+
+
+def plan_int16(model: onnx.ModelProto, samples: Iterable[object], *, config: QuantConfig, budget: float,
+               scan_samples: int = 16, max_candidates: int = 8) -> TensorPlan:
+    """The 16-bit activations for ``config`` within a latency ``budget`` (``tensor_precision.plan_int16_tensors``),
+    chosen on the stand-in recipe's model (``tensor_precision.stand_in_config``) and candidates built from its
+    ranges with its float head kept."""
+    check_plan_arguments(budget, scan_samples, max_candidates)
+    stand_in = stand_in_config(config)
+    built = quantize(model, samples, config=stand_in)
+    as_built = keep_float_head(stand_in, built)
+    first = next(iter_samples(model, samples))
+
+    def build(tensors: Iterable[str]) -> onnx.ModelProto:
+        lifted = dataclasses.replace(as_built, int16_tensors=tuple(dict.fromkeys(as_built.int16_tensors
+                                                                                 + tuple(tensors))))
+        return build_qdq(built.reference, first, lifted, built.ranges, {})
+
+    return plan_int16_tensors(built, samples, build=build, calib_samples=config.calib_samples, budget=budget,
+                              scan_samples=scan_samples, max_candidates=max_candidates)
 
 
 def keep_float_head(config: QuantConfig, result: QuantResult) -> QuantConfig:

@@ -33,7 +33,8 @@ grid's own rounding and calibration, and the recipe's later steps: measure the f
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -210,34 +211,36 @@ def choose_tensors(gains: list[TensorGain], added_ms: dict[str, float], *, allow
     return chosen
 
 
-def plan_int16_tensors(model: onnx.ModelProto, samples: Iterable[object], *, config: QuantConfig, budget: float,
-                       scan_samples: int = 16, max_candidates: int = 8) -> TensorPlan:
-    """The activations to quantize at 16 bits for ``config`` so that the latency grows by at most ``budget`` (a
-    fraction of the all-8-bit model's, measured here), scanned on the first ``scan_samples`` samples (all when
-    fewer), the ``max_candidates`` of highest gain timed; see the module docstring. ``samples`` must be re-iterable
-    (a list, a reader): they are read by the stand-in quantization and again by the scan."""
-    from npukit.quant.qdq import build_qdq, keep_float_head, quantize
-
+def check_plan_arguments(budget: float, scan_samples: int, max_candidates: int) -> None:
     if not 0.0 < budget <= 1.0:
         raise InputError(f"int16 budget {budget} must be in (0, 1]",
                          hint="the latency the 16-bit tensors may add, as a fraction of the int8 model's, e.g. 0.1")
     if scan_samples < 1 or max_candidates < 1:
         raise InputError(f"scan_samples {scan_samples} and max_candidates {max_candidates} must be at least 1")
-    # gemm_convs off: the candidates are built without it, and their latencies are compared with this one's
-    stand_in = dataclasses.replace(config, int16_budget=0.0, adaround=False, range_search=False, gemm_convs=False,
-                                   bias_correction=config.bias_correction or config.adaround)
-    built = quantize(model, samples, config=stand_in)
+
+
+def stand_in_config(config: QuantConfig) -> QuantConfig:
+    """The recipe the plan is chosen on: ``config`` without the 16-bit budget, AdaRound (bias correction instead),
+    range search and the conv-kernel move (the candidates are built without it, and timed against it)."""
+    return dataclasses.replace(config, int16_budget=0.0, adaround=False, range_search=False, gemm_convs=False,
+                               bias_correction=config.bias_correction or config.adaround)
+
+
+def plan_int16_tensors(built: Any, samples: Iterable[object], *,
+                       build: Callable[[Iterable[str]], onnx.ModelProto], calib_samples: int | None, budget: float,
+                       scan_samples: int = 16, max_candidates: int = 8) -> TensorPlan:
+    """The activations to quantize at 16 bits so that the latency grows by at most ``budget`` (a fraction of the
+    all-8-bit model's, measured here), scanned on the first ``scan_samples`` samples (all when fewer), the
+    ``max_candidates`` of highest gain timed; see the module docstring. ``built``: the stand-in quantization
+    (``stand_in_config``; a ``QuantResult``: its ``model``, ``reference`` and ``ranges``); ``build(tensors)``: that
+    model built again with ``tensors`` lifted to 16 bits (``npukit.quant.qdq.plan_int16`` provides both).
+    ``samples`` must be re-iterable (a list, a reader)."""
+    check_plan_arguments(budget, scan_samples, max_candidates)
     reference = built.reference
-    first = next(iter_samples(model, samples))
-    available = sum(1 for _ in iter_samples(model, samples, limit=config.calib_samples))
+    first = next(iter_samples(reference, samples))
+    available = sum(1 for _ in iter_samples(reference, samples, limit=calib_samples))
     base, n, gains = scan_gains(reference, built.model, samples, limit=min(scan_samples, available))
     ranked = sorted((g for g in gains if g.share >= MIN_GAIN_SHARE), key=lambda g: -g.gain)[:max_candidates]
-    as_built = keep_float_head(stand_in, built)
-
-    def build(tensors: Iterable[str]) -> onnx.ModelProto:
-        lifted = dataclasses.replace(as_built, int16_tensors=tuple(dict.fromkeys(as_built.int16_tensors
-                                                                                 + tuple(tensors))))
-        return build_qdq(reference, first, lifted, built.ranges, {})
 
     sessions = {"": make_session(built.model)} | {g.tensor: make_session(build([g.tensor])) for g in ranked}
     times = time_sessions_interleaved(sessions, feeds=first, **TIMING)

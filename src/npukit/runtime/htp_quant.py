@@ -98,7 +98,7 @@ def quantize_for_htp(
     (``rules.bias_correction``), ``widen_activation_grids`` (``rules.activation_headroom``)."""
     from onnxruntime.quantization import quantize as ort_quantize
 
-    from npukit.quant.qdq import FeedsReader
+    from npukit.quant.emit_ort import FeedsReader
 
     samples = list(samples)
     work, folded = fold_conv_transpose_affine(model)

@@ -269,13 +269,13 @@ def require_static_shapes(model: onnx.ModelProto) -> None:
         dims = inp.type.tensor_type.shape.dim
         if not inp.type.tensor_type.HasField("shape"):
             raise InputError(f"input {inp.name!r} has no shape; the QNN EP needs static shapes",
-                             hint="fix the input shape first (npukit.frontend.onnx_io.fix_input_shape)")
+                             hint="fix the input shape first (npukit.frontend.shapes.fix_input_shape)")
         for axis, dim in enumerate(dims):
             if not (dim.HasField("dim_value") and dim.dim_value > 0):
                 shown = "x".join(d.dim_param or (str(d.dim_value) if d.dim_value else "?") for d in dims)
                 raise InputError(f"input {inp.name!r} has a symbolic dimension at axis {axis} ({shown}); "
                                  "the QNN EP needs static shapes",
-                                 hint="fix the input shape first (npukit.frontend.onnx_io.fix_input_shape or "
+                                 hint="fix the input shape first (npukit.frontend.shapes.fix_input_shape or "
                                       "--input-shape)")
 
 

@@ -287,7 +287,7 @@ def apply_fixes(
     rtol: float = 1e-5,
 ) -> FixResult:
     """Apply the substitutions ``target`` wants and lacks, verify against ``model`` (raises NumericCheckError)."""
-    from npukit.frontend.onnx_io import fix_input_shape
+    from npukit.frontend.shapes import fix_input_shape
 
     for name in target.substitutions:
         if name not in FIXES:

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from npukit.targets.partition import _step_matches
+from npukit.targets.graph_match import step_matches, tensor_infos
 from npukit.targets.profile import Hazard, HazardSite, PatternStep, TargetProfile, TensorInfo
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
@@ -130,7 +130,7 @@ def _match(view: _View, pattern: tuple[PatternStep, ...], first: onnx.NodeProto,
             candidates = list({id(c): c for c in reach}.values())
         outputs = [m.output[0] for m in members]
         pick = next((c for c in candidates if all(c is not m for m in members)
-                     and _step_matches(c, step, root, outputs, [view.source(x) for x in c.input])), None)
+                     and step_matches(c, step, root, outputs, [view.source(x) for x in c.input])), None)
         if pick is None:
             return None
         members.append(pick)
@@ -156,10 +156,9 @@ def find_hazards(model: onnx.ModelProto, target: TargetProfile, *,
     if not target.hazards:
         return []
     if infos is None:
-        from npukit.targets.partition import _tensor_infos
 
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
-        infos = _tensor_infos(inferred.graph)
+        infos = tensor_infos(inferred.graph)
     view = _View(model.graph)
     position = {id(n): i for i, n in enumerate(model.graph.node)}
     found: list[HazardMatch] = []

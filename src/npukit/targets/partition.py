@@ -28,6 +28,7 @@ from npukit.errors import InputError
 from npukit.measure.summary import summarize
 from npukit.report.core import Table
 from npukit.targets.fix import fix_for
+from npukit.targets.graph_match import dtype_name, node_attrs, step_matches, tensor_infos
 from npukit.targets.profile import FLOAT_DTYPES, Fusion, NodeInfo, PatternStep, TargetProfile, TensorInfo
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
@@ -127,17 +128,9 @@ class Analysis:
         }
 
 
-def _dtype_name(elem_type: int) -> str | None:
-    if not elem_type:
-        return None
-    try:
-        return onnx.helper.tensor_dtype_to_np_dtype(elem_type).name
-    except (KeyError, TypeError, ValueError):
-        return onnx.TensorProto.DataType.Name(elem_type).lower()
-
 
 def _infer(model: onnx.ModelProto, input_shape: tuple[int, ...] | None) -> onnx.ModelProto:
-    from npukit.frontend.onnx_io import fix_input_shape
+    from npukit.frontend.shapes import fix_input_shape
 
     if input_shape is not None:
         return fix_input_shape(model, tuple(int(d) for d in input_shape), dynamic_batch=False)
@@ -254,35 +247,6 @@ def _toposort(nodes: list[onnx.NodeProto], priority: list[float]) -> list[onnx.N
     return order
 
 
-def _tensor_infos(graph: onnx.GraphProto) -> dict[str, TensorInfo]:
-    infos: dict[str, TensorInfo] = {}
-    for value in [*graph.input, *graph.value_info, *graph.output]:
-        if not value.type.HasField("tensor_type"):
-            continue
-        tt = value.type.tensor_type
-        shape = None
-        if tt.HasField("shape"):
-            shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
-        infos[value.name] = TensorInfo(_dtype_name(tt.elem_type), shape)
-    for t in graph.initializer:
-        infos[t.name] = TensorInfo(_dtype_name(t.data_type), tuple(t.dims), constant=True)
-    for node in graph.node:
-        if node.op_type == "Constant" and node.output:
-            tensor = next((a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR),
-                          None)
-            old = infos.get(node.output[0])
-            infos[node.output[0]] = TensorInfo(
-                _dtype_name(tensor.data_type) if tensor is not None else (old.dtype if old else None),
-                tuple(tensor.dims) if tensor is not None else (old.shape if old else None), constant=True)
-    return infos
-
-
-def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for a in node.attribute:
-        value = onnx.helper.get_attribute_value(a)
-        out[a.name] = value.decode() if isinstance(value, bytes) else value
-    return out
 
 
 def _is_float_model(graph: onnx.GraphProto) -> bool:
@@ -379,7 +343,7 @@ def _layout_cancelled(graph: onnx.GraphProto, infos: dict[str, TensorInfo], targ
     for i, node in enumerate(graph.node):
         if node.op_type != "Transpose":
             continue
-        perm = list(_attrs(node).get("perm") or ())
+        perm = list(node_attrs(node).get("perm") or ())
         up = source(i)
         if up is not None and perm == [0, 2, 1] and graph.node[up].op_type == "Reshape":
             before = infos.get(graph.node[up].input[0])
@@ -443,31 +407,13 @@ def _match(graph: onnx.GraphProto, pattern: tuple[PatternStep, ...], start: int,
             near = [root, *(o for m in members for o in graph.node[m].output)]
             candidates = list(dict.fromkeys(c for name in near for c in consumers.get(name, [])))
         pick = next((c for c in candidates if c not in members and c not in taken
-                     and _step_matches(graph.node[c], step, root, [graph.node[m].output[0] for m in members])),
+                     and step_matches(graph.node[c], step, root, [graph.node[m].output[0] for m in members])),
                     None)
         if pick is None:
             return None
         members.append(pick)
     return members
 
-
-def _step_matches(node: onnx.NodeProto, step: PatternStep, root: str, outputs: list[str],
-                  inputs: list[str] | None = None) -> bool:
-    """Whether ``node`` is ``step`` of a pattern rooted at ``root``; ``inputs``: the node's inputs as the matcher
-    should see them (e.g. through Q/DQ pairs), its own by default."""
-    if node.op_type != step.op_type or len(node.input) != len(step.inputs) or not node.output:
-        return False
-    free = list(node.input if inputs is None else inputs)
-    for ref in step.inputs:
-        if ref == "*":
-            continue
-        name = root if ref == "x" else outputs[int(ref)]
-        if name not in free:
-            return False
-        free.remove(name)
-    attrs = _attrs(node)
-    return all(isinstance(attrs.get(k), (int, float)) and abs(attrs[k] - v) <= 1e-4 * max(1.0, abs(v))
-               for k, v in step.attributes.items())
 
 
 def _constants(graph: onnx.GraphProto) -> set[str]:
@@ -504,7 +450,7 @@ def _unit_info(graph: onnx.GraphProto, unit: list[int], infos: dict[str, TensorI
         return base
 
     return NodeInfo(
-        op_type=node.op_type, domain=node.domain, attributes=_attrs(node),
+        op_type=node.op_type, domain=node.domain, attributes=node_attrs(node),
         inputs=tuple(info(x, is_input=True) for x in node.input),
         outputs=tuple(info(o, is_input=False) or TensorInfo(None, None) for o in node.output),
         quantized=len(unit) > 1,
@@ -588,7 +534,7 @@ def analyze(
                 notes.append(f"ONNX Runtime's basic graph optimizations remove {len(removed)} nodes before "
                              f"{target.display_name} partitions the model (constant folding, fusions)")
     graph = inferred.graph
-    infos = _tensor_infos(graph)
+    infos = tensor_infos(graph)
     initializers = {t.name for t in graph.initializer}
     symbolic = tuple(i.name for i in graph.input if i.name not in initializers
                      and not infos.get(i.name, TensorInfo(None, None)).static)

@@ -5,7 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from npukit.errors import InputError
-from npukit.targets import coreml, cpu, litert, nnapi, qnn_htp, xnnpack
+import npukit.targets.coreml as coreml
+import npukit.targets.cpu as cpu
+import npukit.targets.litert as litert
+import npukit.targets.nnapi as nnapi
+import npukit.targets.qnn_htp as qnn_htp
+import npukit.targets.xnnpack as xnnpack
 from npukit.targets.profile import TargetProfile
 
 TARGETS: list[str] = ["cpu", "qnn-htp", "nnapi", "coreml", "xnnpack", "litert"]

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from npukit.report.core import Report
+from npukit.report.finish import finish
 from npukit.report.progress import progress, step
 
 MODEL_SPEC = "torchvision:mobilenet_v2"
@@ -24,8 +25,14 @@ QUANT_RECIPE = {"method": "auto", "cle": True, "equalize_activations": True, "bi
 INPUT_SHAPE = (1, 3, 224, 224)
 
 
+def demo(output_dir: str | Path = "npukit_out", *, threads: int = 1, runs: int = 50, html: bool = True):
+    """The main job on the embedded default: MobileNetV2 with official ImageNet weights, real photos, every stage
+    (the verbs of ``npukit.api`` in a row); returns a ``CommandResult``."""
+    return run_demo(Path(output_dir), threads=threads, runs=runs, html=html)
+
+
 def run_demo(output_dir: Path, *, threads: int = 1, runs: int = 50, html: bool = True):
-    from npukit import api
+    import npukit.api as api
     from npukit.data.embedded import calibration_and_evaluation_sets, default_model_weights, imagenet_categories
     from npukit.measure.fidelity import AgreementMeter
     from npukit.measure.latency import measure_latency_interleaved
@@ -116,7 +123,7 @@ def run_demo(output_dir: Path, *, threads: int = 1, runs: int = 50, html: bool =
     report.add_artifact("fp32", fp32_path)
     report.add_artifact("optimized", opt_path)
     report.add_artifact("int8", int8_path)
-    return api._finish(report, None, html=html, json_path=output_dir / "demo.report.json", result=summary)
+    return finish(report, None, html=html, json_path=output_dir / "demo.report.json", result=summary)
 
 
 def _task_verdict(report: Report, logits: dict[str, np.ndarray], quantize_report: Report) -> None:

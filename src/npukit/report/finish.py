@@ -1,0 +1,68 @@
+"""The end of every verb: the report written (JSON beside the artifact, HTML on request), library messages and
+input-shape notes added, and the verb's result handed back as a ``CommandResult``."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from npukit.report.core import Report
+
+
+@dataclasses.dataclass
+class CommandResult:
+    """What a verb produced: its report, the artifact and report files it wrote, and its main result object."""
+
+    report: Report
+    artifact: Path | None = None
+    report_path: Path | None = None
+    html_path: Path | None = None
+    result: Any = None
+
+
+def report_path_for(artifact: str | Path, suffix: str = ".report.json") -> Path:
+    artifact = Path(artifact)
+    stem = artifact.name[: -len(artifact.suffix)] if artifact.suffix else artifact.name
+    return artifact.with_name(stem + suffix)
+
+
+def finish(report: Report, artifact: Path | None, *, html: bool, json_path: Path | None = None,
+            result: Any = None, source: str | Path | None = None) -> CommandResult:
+    """Write the report: beside ``artifact`` (or at ``json_path``); a verb without an artifact that was asked for
+    HTML writes both beside its input ``source`` (``<stem>.<verb>.report.json`` / ``.html``)."""
+    from npukit.report.capture import drain
+    from npukit.report.html import write_html
+
+    json_path = json_path or (report_path_for(artifact) if artifact else None)
+    if json_path is None and html and source is not None and Path(str(source)).is_file():
+        json_path = report_path_for(source, f".{report.command}.report.json")
+
+    messages = drain()
+    overrides = [m.split(": ", 1)[1] for m in messages if m.startswith("InputShapeOverride: ")]
+    if overrides:  # npukit's own note (frontend.shapes), not a library's
+        messages = {m: n for m, n in messages.items() if not m.startswith("InputShapeOverride: ")}
+        report.add("input_shape_override", overrides[0])
+        report.add_table("Input shape: the model's static sizes overridden by --input-shape", ["note"],
+                         [[m] for m in overrides])
+    if messages:
+        report.add("library_messages", messages)
+        report.add_table("Library messages while this ran (counted, not printed)", ["message", "times"],
+                         [[m, n] for m, n in list(messages.items())[:20]])
+    if report.verdict is None:  # a verb that checks nothing (inspect, analyze, plan-memory, devices) says so
+        report.set_verdict(f"INFO {report.command}: a description of the model or machine; nothing was checked",
+                           passed=True)
+    html_path = None
+    if artifact is not None:
+        report.add_artifact("model", artifact)
+    if json_path is not None:
+        report.add_artifact("report", json_path)
+        if html:
+            html_path = json_path.with_name(json_path.name.replace(".json", "") + ".html") \
+                if json_path.name.endswith(".json") else json_path.with_suffix(".html")
+            report.add_artifact("html", html_path)
+        report.write_json(json_path)
+        if html_path is not None:
+            write_html(report, html_path)
+    return CommandResult(report=report, artifact=artifact, report_path=json_path, html_path=html_path,
+                         result=result)

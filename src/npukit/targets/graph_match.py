@@ -1,0 +1,69 @@
+"""Graph reading shared by the target analyses (partition, hazards, fixes): tensor dtypes and shapes as a target
+profile sees them, node attributes, and one step of a node pattern (``profile.PatternStep``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import onnx
+
+from npukit.targets.profile import PatternStep, TensorInfo
+
+
+def dtype_name(elem_type: int) -> str | None:
+    if not elem_type:
+        return None
+    try:
+        return onnx.helper.tensor_dtype_to_np_dtype(elem_type).name
+    except (KeyError, TypeError, ValueError):
+        return onnx.TensorProto.DataType.Name(elem_type).lower()
+
+
+def tensor_infos(graph: onnx.GraphProto) -> dict[str, TensorInfo]:
+    infos: dict[str, TensorInfo] = {}
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        if not value.type.HasField("tensor_type"):
+            continue
+        tt = value.type.tensor_type
+        shape = None
+        if tt.HasField("shape"):
+            shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
+        infos[value.name] = TensorInfo(dtype_name(tt.elem_type), shape)
+    for t in graph.initializer:
+        infos[t.name] = TensorInfo(dtype_name(t.data_type), tuple(t.dims), constant=True)
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output:
+            tensor = next((a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR),
+                          None)
+            old = infos.get(node.output[0])
+            infos[node.output[0]] = TensorInfo(
+                dtype_name(tensor.data_type) if tensor is not None else (old.dtype if old else None),
+                tuple(tensor.dims) if tensor is not None else (old.shape if old else None), constant=True)
+    return infos
+
+
+def node_attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for a in node.attribute:
+        value = onnx.helper.get_attribute_value(a)
+        out[a.name] = value.decode() if isinstance(value, bytes) else value
+    return out
+
+
+def step_matches(node: onnx.NodeProto, step: PatternStep, root: str, outputs: list[str],
+                  inputs: list[str] | None = None) -> bool:
+    """Whether ``node`` is ``step`` of a pattern rooted at ``root``; ``inputs``: the node's inputs as the matcher
+    should see them (e.g. through Q/DQ pairs), its own by default."""
+    if node.op_type != step.op_type or len(node.input) != len(step.inputs) or not node.output:
+        return False
+    free = list(node.input if inputs is None else inputs)
+    for ref in step.inputs:
+        if ref == "*":
+            continue
+        name = root if ref == "x" else outputs[int(ref)]
+        if name not in free:
+            return False
+        free.remove(name)
+    attrs = node_attrs(node)
+    return all(isinstance(attrs.get(k), (int, float)) and abs(attrs[k] - v) <= 1e-4 * max(1.0, abs(v))
+               for k, v in step.attributes.items())
