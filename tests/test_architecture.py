@@ -1,0 +1,83 @@
+"""Architecture rules that a change can break without any other test noticing: no module of npukit imports one that
+imports it back (counting imports inside functions too), and every CLI verb goes through the verb table."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import npukit
+from npukit import cli
+
+SRC = Path(npukit.__file__).parent
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in SRC.rglob("*.py"):
+        parts = ("npukit", *path.relative_to(SRC).with_suffix("").parts)
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("npukit"):
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("npukit")}
+    return {m for m in found if m in modules and m != "npukit"}  # the package itself: every module's parent
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    modules = _modules()
+    graph = {m: _imports(p, modules) for m, p in modules.items()}
+    assert len(graph) > 50 and graph["npukit.quant.qdq"]  # the walk sees the package
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_every_cli_verb_is_in_the_verb_table() -> None:
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    assert set(sub.choices) == set(cli.VERBS)
