@@ -49,7 +49,7 @@ import onnxruntime as ort
 
 from npukit._atomic import write_text_atomic
 from npukit.measure.fidelity import AgreementMeter, AgreementResult
-from npukit.quant.qdq import FeedsReader
+from npukit.quant.emit_ort import FeedsReader
 from npukit.runtime.compile import soc_provider_options
 from npukit.runtime.ort import make_session, run
 from npukit.runtime.qnn import (

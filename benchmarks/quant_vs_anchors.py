@@ -55,7 +55,8 @@ from npukit.measure.latency import measure_latency_interleaved
 from npukit.measure.size import model_size
 from npukit.quant.config import QuantConfig
 from npukit.quant.pair_channels import pairing_pays
-from npukit.quant.qdq import FeedsReader, integer_kernel_report, quantize
+from npukit.quant.emit_ort import FeedsReader
+from npukit.quant.qdq import integer_kernel_report, quantize
 from npukit.quant.schemes import config_for_cpu
 from npukit.quant.tensor_precision import sixteen_bit_activations
 from npukit.runtime.devices import read_cpu_info

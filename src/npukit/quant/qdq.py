@@ -32,7 +32,7 @@ from npukit.quant.auto import choose_method, split_samples
 from npukit.quant.bias_correction import correct_bias, weight_axis
 from npukit.quant.calibrate import Progress, calibrate, iter_samples, sixteen_bit_tensors
 from npukit.quant.config import QuantConfig
-from npukit.quant.emit_ort import FeedsReader, emit_qdq, resolve_grids  # noqa: F401 - FeedsReader re-exported
+from npukit.quant.emit_ort import emit_qdq, resolve_grids
 from npukit.quant.conv_kernel import choose_conv_kernels, require_exact_move
 from npukit.quant.equalize import equalize
 from npukit.quant.float_head import HeadChoice, choose_float_head

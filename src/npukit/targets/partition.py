@@ -28,7 +28,7 @@ from npukit.errors import InputError
 from npukit.measure.summary import summarize
 from npukit.report.core import Table
 from npukit.targets.fix import fix_for
-from npukit.targets.graph_match import dtype_name, node_attrs, step_matches, tensor_infos
+from npukit.targets.graph_match import node_attrs, step_matches, tensor_infos
 from npukit.targets.profile import FLOAT_DTYPES, Fusion, NodeInfo, PatternStep, TargetProfile, TensorInfo
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")

@@ -1,0 +1,172 @@
+"""What several verbs share: output checks, the refusal of quantized inputs, opset upgrades for Q/DQ, the task check, data opening."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from npukit.config import BenchConfig, PreprocessConfig
+from npukit.errors import InputError
+from npukit.report.core import Report
+from npukit.report.progress import progress, step
+from npukit.tasks import QualityGate
+
+
+def check_output(output: str | Path, *, source: str | Path | None = None) -> Path:
+    output = Path(output)
+    if output.suffix.lower() != ".onnx":
+        raise InputError(f"output {output} must end in .onnx", hint="name the output like model.onnx")
+    if output.is_dir():
+        raise InputError(f"output {output} is a directory", hint="give a file name ending in .onnx")
+    if source is not None and Path(source).exists() and output.exists() and output.resolve() == Path(source).resolve():
+        raise InputError(f"output {output} is the input file", hint="write the result to a new file")
+    return output
+
+
+def summary_figures(summary) -> dict[str, int]:
+    return {"nodes": summary.nodes, "parameters": summary.parameters, "MACs": summary.macs,
+            "size_bytes": summary.serialized_bytes}
+
+
+def short_number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
+
+
+def refuse_quantized(proto: onnx.ModelProto, model: str | Path, *, verb: str = "quantize") -> None:
+    """An InputError (exit 2) when ``proto`` is quantized already (Q/DQ nodes, QLinear*/ConvInteger/... kernels),
+    before ``verb`` would quantize it again: grids stacked on grids, and ORT's quantizer fails on it (KeyError on a
+    '<tensor>_scale' it expects to have made)."""
+    from npukit.frontend.onnx_io import QDQ_OPS, quantized_ops
+
+    found = quantized_ops(proto)
+    if not found:
+        return
+    ops = ", ".join(f"{op} x{n}" for op, n in found.items())
+    where = ("bench it as it is (`npukit bench MODEL --data ...`) or compile it as it is (`npukit compile` takes "
+             "a QDQ model)" if set(found) <= QDQ_OPS else
+             "bench it as it is (`npukit bench MODEL --data ...`, ORT CPU runs these ops); the HTP takes float or "
+             "QDQ models, not these ops")
+    takes = "a float model" if verb == "quantize" else "a float model (quantized here for the HTP) or a QDQ model"
+    raise InputError(f"{Path(str(model)).name} is already quantized ({ops}); {verb} takes {takes}",
+                     hint=f"{where}; to quantize it with npukit, start from its float original")
+
+
+def quant_opset(report: Report, proto: onnx.ModelProto, config: Any, samples: Any) -> onnx.ModelProto:
+    """``proto`` at the opset its Q/DQ needs (16-bit: 21, per-channel: 13), converted and verified on the first
+    calibration samples when below it; the conversion goes into ``report``."""
+    from npukit.frontend.opset import PER_CHANNEL_QDQ_OPSET, SIXTEEN_BIT_QDQ_OPSET
+
+    if config.int16_nodes or config.int16_tensors or config.int16_budget > 0:
+        return upgrade_opset(report, proto, SIXTEEN_BIT_QDQ_OPSET, "16-bit Q/DQ", samples,
+                              alternative="quantize without 16-bit activations")
+    if config.per_channel:
+        return upgrade_opset(report, proto, PER_CHANNEL_QDQ_OPSET, "per-channel Q/DQ", samples,
+                              alternative="pass --per-tensor")
+    return proto
+
+
+def upgrade_opset(report: Report, proto: onnx.ModelProto, minimum: int, reason: str, samples: Any, *,
+                   alternative: str = "") -> onnx.ModelProto:
+    """``proto`` converted to opset ``minimum`` and verified on the first samples, when below it (``ensure_opset``);
+    the conversion goes into ``report``."""
+    from npukit.frontend.opset import ensure_opset
+
+    feeds = list(samples[:4]) if isinstance(samples, list) else [samples.sample(i) for i in range(min(4, len(samples)))]
+    with step(f"checking the opset ({reason} needs {minimum})", timings=report.timings, key="opset"):
+        proto, upgrade = ensure_opset(proto, minimum, reason=reason, feeds=feeds, alternative=alternative)
+    if upgrade is not None:
+        report.add("opset_upgrade", upgrade.as_dict())
+        report.add_table("Opset upgrade (onnx.version_converter, verified)",
+                         ["from", "to", "needed for", "checked on", "max abs error", "max rel error"],
+                         [[upgrade.from_opset, upgrade.to_opset, upgrade.reason,
+                           f"{upgrade.samples} {upgrade.inputs}", upgrade.max_abs_error, upgrade.max_rel_error]])
+    return proto
+
+
+def task_check(report: Report, reference: Any, candidate: Any, samples: Sequence[Any], *, task: str | None,
+                gate: QualityGate, what: str, where: str, threads: int = 1,
+                extra_failures: Sequence[str] = (), reference_runner: Any = None, candidate_runner: Any = None):
+    """Compare ``candidate`` with ``reference`` (models or paths on ORT CPU, or runners given) on ``samples`` with
+    the model's task, judge it under ``gate``, and put the tables and the verdict into ``report``."""
+    from npukit.measure.task_fidelity import compare_task, session_runner
+    from npukit.report.task import add_task_check
+    from npukit.runtime.ort import make_session
+    from npukit.tasks import judge
+
+    names = None
+    if candidate_runner is None:
+        session = make_session(candidate, threads=threads)
+        names = [o.name for o in session.get_outputs()]
+        candidate_runner = session_runner(session)
+    if reference_runner is None:
+        ref_session = make_session(reference, threads=threads)
+        names = names or [o.name for o in ref_session.get_outputs()]
+        reference_runner = session_runner(ref_session)
+    if names is None:
+        proto = reference if isinstance(reference, onnx.ModelProto) else onnx.load(str(reference),
+                                                                                 load_external_data=False)
+        names = [o.name for o in proto.graph.output]
+    choice, result = compare_task(reference_runner, candidate_runner, samples, output_names=names, task=task)
+    verdict = judge(result, gate, what=what, extra_failures=extra_failures)
+    add_task_check(report, choice, result, gate, verdict, where=where)
+    return choice, result, verdict
+
+
+def seeded_feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    from npukit.runtime.ort import make_session, random_feeds
+
+    return random_feeds(make_session(model), seed=0)
+
+
+def is_qdq(model: onnx.ModelProto) -> bool:
+    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
+
+
+def open_data(data: str | Path, proto: onnx.ModelProto, preprocess: PreprocessConfig):
+    from npukit.data.readers import open_dataset
+    from npukit.frontend.onnx_io import graph_inputs
+
+    inputs = graph_inputs(proto)
+    if len(inputs) != 1 and Path(data).suffix != ".npz":
+        raise InputError(f"the model has {len(inputs)} inputs; an image folder or .npy feeds only one",
+                         hint="pass a .npz file with one array per input name")
+    first = inputs[0]
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in first.type.tensor_type.shape.dim]
+    if len(dims) == 4 and dims[1] in (1, 3) and Path(data).is_dir() and dims[2] and dims[2] != preprocess.size:
+        preprocess = dataclasses.replace(preprocess, size=dims[2], resize=max(preprocess.resize, dims[2]))
+    if len(dims) == 4 and dims[1] == 1 and preprocess.channels != 1:
+        preprocess = dataclasses.replace(preprocess, channels=1, mean=(preprocess.mean[0],), std=(preprocess.std[0],))
+    dataset = open_dataset(data, preprocess=preprocess, input_name=first.name if len(inputs) == 1 else None)
+    dataset.check_against({i.name: tuple(d.dim_value if d.HasField("dim_value") else None
+                                         for d in i.type.tensor_type.shape.dim) for i in inputs},
+                          dtypes={i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
+                                  for i in inputs if i.type.tensor_type.elem_type})
+    dataset.validate()
+    return dataset
+
+
+def evaluate(proto: onnx.ModelProto, ref_proto: onnx.ModelProto | None, dataset, *, config: BenchConfig,
+              threads: int):
+    from npukit.measure.fidelity import AgreementMeter
+    from npukit.runtime.ort import make_session
+
+    session = make_session(proto, threads=threads)
+    ref_session = make_session(ref_proto, threads=threads) if ref_proto is not None else None
+    meter = AgreementMeter()
+    total = len(dataset) if config.max_samples is None else min(config.max_samples, len(dataset))
+    for batch in progress(dataset.batches(config.batch_size, limit=total), total=-(-total // config.batch_size),
+                          description="evaluating"):
+        cand = logits(session.run(None, batch.feeds))
+        ref = logits(ref_session.run(None, batch.feeds)) if ref_session is not None else cand
+        meter.update(ref, cand, batch.labels)
+    return meter.result()
+
+
+def logits(outputs: list) -> np.ndarray:
+    out = np.asarray(outputs[0], dtype=np.float32)
+    return out.reshape(out.shape[0], -1)

@@ -1,0 +1,138 @@
+"""The compile verb: QDQ for the Qualcomm HTP, an EPContext model for one Snapdragon SoC, run back and checked."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from npukit.config import PreprocessConfig
+from npukit.errors import InputError
+from npukit.report.core import Report
+from npukit.report.finish import CommandResult, finish
+from npukit.report.progress import step
+from npukit.tasks import QualityGate
+from npukit.verbs.common import check_output, is_qdq, open_data, refuse_quantized, seeded_feeds, task_check, upgrade_opset
+
+
+COMPILE_CHECK_SAMPLES = 8  # the HTP emulator takes about 0.6 s per MobileNetV2 image on x86
+
+
+def quantize_for_htp(model: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]]) -> onnx.ModelProto:
+    """QDQ as the HTP needs it (npukit.runtime.qnn.HTP_QDQ_RULES: int8 symmetric per-channel weights, uint16
+    activations; the weights' rounding compensated, the 16-bit grids given headroom, BatchNorms the HTP mishandles
+    rewritten), with ONNX Runtime's quantizer doing the mechanics (npukit.runtime.htp_quant.quantize_for_htp)."""
+    from npukit.runtime.htp_quant import quantize_for_htp as _quantize_for_htp
+
+    return _quantize_for_htp(model, samples).model
+
+
+def compile(  # noqa: A001 - the verb's name
+    model: str | Path,
+    output: str | Path,
+    *,
+    soc: str,
+    target: str = "qnn-htp",
+    calib: str | Path | None = None,
+    input_shape: str | Sequence[int] | None = None,
+    preprocess: PreprocessConfig | None = None,
+    html: bool = False,
+    task: str | None = None,
+    gate: QualityGate | None = None,
+) -> CommandResult:
+    """Static shapes, QDQ as the HTP needs (unless the model already is QDQ), then an EPContext model with the HTP
+    context binary for ``soc`` embedded; loaded back and run to prove it works, then checked with the model's task
+    (``task``; None: detected) on the HTP against the float model on ORT CPU, on up to ``COMPILE_CHECK_SAMPLES``
+    calibration samples, under ``gate``'s floors."""
+    from npukit.frontend.shapes import InputSpec, apply_input_spec, fixed_shapes, load_with_inputs, symbolic_inputs
+    from npukit.runtime.compile import compile_qnn_context
+    from npukit.targets.registry import get_target
+
+    profile = get_target(target)
+    if profile.name != "qnn-htp":
+        raise InputError(f"compiling for {profile.name} is not supported yet",
+                         hint="use --target qnn-htp; other targets: export the QDQ model from `npukit quantize`")
+    output = check_output(output, source=model)
+    spec = InputSpec.parse(input_shape)
+    proto = load_with_inputs(model, spec, needs="the HTP")
+    if symbolic_inputs(proto, allow_batch=False):  # a symbolic batch alone becomes 1
+        proto = apply_input_spec(proto, InputSpec(tuple(fixed_shapes(proto).items())))
+    report = Report("compile", config={"model": str(model), "target": profile.name, "soc": soc,
+                                       "calib": str(calib) if calib else None,
+                                       "input_shape": {k: list(v) for k, v in fixed_shapes(proto).items()}})
+    from npukit.runtime.compile import soc_info
+
+    soc_info(soc)  # an unknown SoC fails before any work
+    quantized_here = not is_qdq(proto)
+    if quantized_here:  # ConvInteger / QLinear* models: nothing for the HTP, and not to be quantized again
+        refuse_quantized(proto, model, verb="compile")
+    reference = proto  # the float model (or the QDQ model given) on ORT CPU: what the HTP's outputs are checked against
+    samples = None
+    if calib is not None:
+        samples = open_data(calib, proto, preprocess or PreprocessConfig())
+    if quantized_here and samples is None:
+        raise InputError("the model is float and the HTP runs quantized models",
+                         hint="pass --calib DIR (calibration images or .npy) or give a QDQ model from "
+                              "`npukit quantize`")
+    from npukit.runtime.compile import prepare_graph
+
+    # With the shapes fixed, Shape/Range subgraphs fold to constants; Constant nodes become initializers (else the
+    # quantizer would quantize them as activations, which the HTP rejects).
+    with step("folding constants with the shapes fixed (npukit's graph passes)", timings=report.timings,
+              key="prepare"):
+        proto, prepared = prepare_graph(proto, feeds=samples.sample(0) if samples is not None else None)
+    report.add("graph_preparation", prepared)
+    if quantized_here:
+        from npukit.frontend.opset import SIXTEEN_BIT_QDQ_OPSET
+
+        proto = upgrade_opset(report, proto, SIXTEEN_BIT_QDQ_OPSET, "uint16 activation Q/DQ for the HTP", samples)
+        with step("quantizing for the HTP (int8 weights, uint16 activations)", timings=report.timings,
+                  key="quantize"):
+            from npukit.runtime.htp_quant import quantize_for_htp as _quantize_for_htp
+
+            htp_quant = _quantize_for_htp(proto, list(samples))
+            proto = htp_quant.model
+        done = htp_quant.as_dict()
+        report.add("htp_quantization", done)
+        report.add_table("Quantized for the HTP (int8 weights, uint16 activations; npukit.runtime.htp_quant)",
+                         ["step", "count"],
+                         [["BatchNorm / bias Add folded into a ConvTranspose", len(done["folded"])],
+                          ["BatchNorm rewritten as Mul + Add", len(done["batchnorms_rewritten"])],
+                          ["zero biases added", done["biases_added"]],
+                          ["weights re-rounded (GPTQ)", done["gptq_nodes"]],
+                          [f"weight rounding bias corrected ({done['correction_samples']} samples)",
+                           done["bias_corrected_nodes"]],
+                          ["16-bit grids given headroom", done["widened_grids"]]])
+    with step(f"compiling the HTP context binary for {soc}", timings=report.timings, key="compile"):
+        result = compile_qnn_context(proto, output, soc=soc)
+    report.add("compile", result.as_dict())
+    with step(f"task check: the compiled model on the HTP ({soc}) against the "
+              f"{'float' if quantized_here else 'given'} model on ORT CPU", timings=report.timings,
+              key="task_check"):
+        from npukit.measure.task_fidelity import check_samples, session_runner
+        from npukit.runtime.compile import soc_provider_options
+        from npukit.runtime.qnn import make_qnn_session
+
+        htp = make_qnn_session(output, provider_options=soc_provider_options(soc))
+        check = check_samples(samples, COMPILE_CHECK_SAMPLES) if samples is not None else \
+            [seeded_feeds(reference)]
+        where = (f"{len(check)} calibration samples (optimistic: the grids were fitted to them)" if samples is not None
+                 else "one seeded random input (no --calib given: pass it for a task check on real inputs)")
+        task_check(report, reference, None, check, task=task, gate=gate or QualityGate(), what="compile",
+                    where=where, candidate_runner=session_runner(htp))
+    report.add("quantized_here", quantized_here)
+    report.add_table(f"EPContext model for {result.soc_name} ({result.soc})",
+                     ["SoC", "HTP arch", "soc_model", "context nodes", "nodes left to CPU", "context_binary_bytes",
+                      "model_bytes", "compile s", "matches HTP run"],
+                     [[result.soc, f"v{result.htp_arch}", result.soc_model, result.context_nodes,
+                       result.other_nodes, result.context_binary_bytes, result.model_bytes, result.compile_seconds,
+                       result.match_summary]])
+    for name in dict.fromkeys(r["hazard"] for r in result.hazard_rewrites):
+        done = [r for r in result.hazard_rewrites if r["hazard"] == name]
+        report.add_table(f"Rewritten before compiling (exact on ORT CPU), because the HTP computes it wrongly: "
+                         f"{done[0]['reason'].rsplit(' [', 1)[0]}", ["nodes", "input", "rewrite"],
+                         [[" + ".join(r["nodes"]), r["where"], r["fix"]] for r in done])
+    report.add_table("What the device needs", ["requirement"], [[result.device_requirements]])
+    return finish(report, output, html=html, result=result)

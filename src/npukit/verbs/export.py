@@ -1,0 +1,102 @@
+"""The export verb: a PyTorch or ONNX model to a verified ONNX model."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from npukit.config import ExportConfig, to_dict
+from npukit.errors import InputError
+from npukit.report.core import Report
+from npukit.report.finish import CommandResult, finish
+from npukit.report.progress import step
+from npukit.verbs.common import check_output, short_number
+
+
+def export(
+    model: str | Any,
+    output: str | Path,
+    *,
+    weights: str | Path | None = None,
+    input_shape: str | Sequence[int] | None = None,
+    dynamic_batch: bool = False,
+    opset: int = 18,
+    exporter: str = "auto",
+    rtol: float = 1e-4,
+    html: bool = False,
+) -> CommandResult:
+    """Export MODEL (a spec string or a torch.nn.Module) to a verified single-file ONNX model at ``output``.
+
+    ``input_shape`` takes the ``InputSpec`` forms; a torch model has one input (``input``), an .onnx file passed
+    through gets the shape of one of its inputs fixed (its first, or the one named)."""
+    from npukit.frontend.export import export_model
+    from npukit.frontend.shapes import InputSpec
+    from npukit.frontend.spec import ModelSource, resolve_model
+    from npukit.measure.summary import summarize
+
+    spec = InputSpec.parse(input_shape)
+    config = ExportConfig(input_shape=spec.first if spec else None, dynamic_batch=dynamic_batch, opset=opset,
+                          exporter=exporter, rtol=rtol)
+    output = check_output(output, source=model if isinstance(model, (str, Path)) else None)
+    if isinstance(model, (str, Path)):
+        source = resolve_model(str(model), weights=str(weights) if weights else None)
+    else:
+        import torch
+
+        if not isinstance(model, torch.nn.Module):
+            raise InputError(f"cannot export a {type(model).__name__}", hint="pass a torch.nn.Module or a model spec")
+        if config.input_shape is None:
+            raise InputError("exporting a torch module needs an input shape", hint="pass input_shape=(1, 3, 224, 224)")
+        from npukit.frontend.checkpoint import load_weights
+
+        notes = load_weights(model, weights) if weights else ()
+        source = ModelSource(kind="torch", spec=type(model).__name__, module=model.eval(), onnx_path=None,
+                             default_input_shape=None, description=f"torch module {type(model).__name__}",
+                             notes=notes)
+    if spec is not None and spec.first is None:
+        config = dataclasses.replace(config, input_shape=_export_input_shape(spec, source))
+    report = Report("export", config={"export": to_dict(config), "model": str(source.spec),
+                                      "weights": str(weights) if weights else None})
+    report.add("model", {"description": source.description, "notes": list(source.notes)})
+    with step(f"exporting {source.description}", timings=report.timings, key="export"):
+        result = export_model(source, output, config=config)
+    report.add("export", result.as_dict())
+    summary = summarize(onnx.load(str(output)), input_shape=result.input_shape)
+    report.add("summary", {k: v for k, v in summary.as_dict().items() if k != "layers"})
+    report.add_table("Export", ["model", "exporter", "opset", "input shape", "nodes", "max abs err", "max rel err",
+                                "verified"],
+                     [[source.description, result.exporter, result.opset, "x".join(map(str, result.input_shape or ())),
+                       result.node_count, result.max_abs_error, result.max_rel_error, result.passed]])
+    if source.notes:
+        report.add_table("Model loading", ["note"], [[note] for note in source.notes])
+    if result.fallback_reason:
+        report.add_table("Exporter fallback", ["tried", "reason"], [["dynamo", result.fallback_reason]])
+    report.set_verdict(f"{'PASS' if result.passed else 'FAIL'} export: {source.description} with the "
+                       f"{result.exporter} exporter, outputs against torch's on seeded inputs: max abs error "
+                       f"{short_number(result.max_abs_error)}, rel {short_number(result.max_rel_error)} (rtol {config.rtol:g})",
+                       passed=result.passed)
+    return finish(report, output, html=html, result=result)
+
+
+def _export_input_shape(spec, source) -> tuple[int, ...]:
+    """The one input shape ``export`` fixes, from a spec that names its input."""
+    (name, shape), *more = spec.shapes
+    if source.kind == "onnx":
+        from npukit.frontend.onnx_io import load_onnx
+        from npukit.frontend.shapes import runtime_inputs
+
+        proto = load_onnx(source.onnx_path)
+        resolved = spec.resolve(proto, override_static=True)
+        if list(resolved) == [runtime_inputs(proto)[0].name]:
+            return resolved[runtime_inputs(proto)[0].name]
+        raise InputError(f"export fixes the shape of an .onnx file's first input only, not of {spec.describe()}",
+                         hint="fix several or other inputs with `npukit optimize-graph MODEL.onnx -o OUT.onnx "
+                              "--input-shape NAME=... --input-shape NAME=...`")
+    if more or name != "input":
+        raise InputError(f"a torch model is exported with one input, named 'input', not {spec.describe()}",
+                         hint="pass --input-shape 1,3,224,224 (or input=1,3,224,224)")
+    return shape

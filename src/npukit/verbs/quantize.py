@@ -1,0 +1,237 @@
+"""The quantize verb: this CPU's scheme, npukit's quantization pipeline, the task check of the INT8 model."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from npukit.config import BenchConfig, PreprocessConfig, to_dict
+from npukit.report.core import Report
+from npukit.report.finish import CommandResult, finish
+from npukit.report.plan import add_plan
+from npukit.report.progress import step
+from npukit.tasks import QualityGate
+from npukit.verbs.common import check_output, evaluate, open_data, quant_opset, refuse_quantized, task_check
+
+
+CHECK_SAMPLES = 32  # calibration samples the task check reads when no held-out data is given
+
+
+def cpu_scheme() -> dict:
+    """The activation dtype and weight range this machine's CPU runs accurately (npukit.quant.schemes)."""
+    from npukit.quant.schemes import cpu_int8_scheme
+    from npukit.runtime.devices import read_cpu_info
+
+    return cpu_int8_scheme(read_cpu_info("/proc/cpuinfo"))
+
+
+def _gemm_convs_auto(scheme: dict, reduced: bool) -> bool:
+    """The conv kernel choice's default: on where this CPU's scheme takes it, the weights are full range, and both of
+    ORT's int8 conv kernels were measured exact here (``runtime.int8_paths``)."""
+    from npukit.runtime.int8_paths import full_range_exact, probe_int8_paths
+
+    return bool(scheme["gemm_convs"]) and not reduced and full_range_exact(probe_int8_paths())
+
+
+def quantize(
+    model: str | Path,
+    output: str | Path,
+    *,
+    calib: str | Path | Sequence[dict[str, np.ndarray]],
+    per_tensor: bool = False,
+    method: str = "auto",
+    cle: bool = False,
+    bias_correction: bool = False,
+    equalize_activations: bool = False,
+    exclude: Sequence[str] = (),
+    int16_nodes: Sequence[str] = (),
+    int16_tensors: Sequence[str] = (),
+    int16_budget: float = 0.0,
+    activation_dtype: str | None = None,
+    reduce_range: bool | None = None,
+    float_stem: bool | None = None,
+    gemm_convs: bool | None = None,
+    adaround: bool = False,
+    range_search: bool = False,
+    calib_samples: int | None = None,
+    data: str | Path | None = None,
+    preprocess: PreprocessConfig | None = None,
+    threads: int = 1,
+    runs: int = 30,
+    max_samples: int | None = None,
+    html: bool = False,
+    extra: dict[str, Any] | None = None,
+    task: str | None = None,
+    gate: QualityGate | None = None,
+    input_shape: str | Sequence[Any] | None = None,
+) -> CommandResult:
+    """INT8 post-training quantization to a QDQ model that ORT runs with integer kernels, with a report of what it
+    cost: per-layer SQNR, size, latency against the float model, where the time goes (kernel time by kind: which
+    kernels the integer arithmetic speeds up on this CPU) and, with ``data``, agreement on held-out data.
+
+    ``calib`` is an image folder / .npy / .npz, or a sequence of feed dicts. ``activation_dtype=None``,
+    ``reduce_range=None`` and ``float_stem=None`` take what this CPU runs accurately and fast (e.g. 7-bit weights
+    on x86 CPUs without VNNI, where ORT's u8s8 kernels saturate, and a 3x3 RGB stem left in float on x86 CPUs,
+    where it runs faster, with the convs chained after it as far as that is timed fastest); ``gemm_convs=None``
+    likewise (on where ORT's two int8 conv kernels both accumulate in 32 bits, see ``npukit.quant.conv_kernel``).
+    ``extra`` passes further QuantConfig fields.
+
+    The result is checked with the model's task (``task``: classify, detect, segment, text-detect, text-recognize,
+    generic; None detects it from the outputs) against the float model on ``data`` (else on up to
+    ``CHECK_SAMPLES`` calibration samples, which the report says is optimistic): the task metric and every output
+    the task does not decode are held to ``gate``'s floors, and a model that runs no integer kernel fails unless
+    every node was excluded on purpose. The report's verdict says which; a failed check makes the CLI exit 1.
+
+    ``input_shape`` (``InputSpec`` forms) is fixed into the model first; a model with symbolic dimensions other
+    than the batch needs it. A model below the opset its Q/DQ needs (per-channel: 13, 16-bit: 21) is converted and
+    verified on calibration samples first (``npukit.frontend.opset``); the report records it.
+    """
+    from npukit.frontend.onnx_io import save_onnx
+    from npukit.frontend.shapes import InputSpec, load_with_inputs, require_static
+    from npukit.measure.latency import measure_latency_interleaved
+    from npukit.measure.op_profile import compare_kinds, profile_ops
+    from npukit.measure.size import model_size
+    from npukit.quant.config import QuantConfig
+    from npukit.quant.layer_sqnr import layer_sqnr
+    from npukit.quant.qdq import integer_kernel_report
+    from npukit.quant.qdq import quantize as _quantize
+
+    output = check_output(output, source=model)
+    preprocess = preprocess or PreprocessConfig()
+    spec = InputSpec.parse(input_shape)
+    proto = load_with_inputs(model, spec)
+    refuse_quantized(proto, model)
+    require_static(proto, needs="quantize")
+    timed_float = proto if spec else str(model)  # with --input-shape: the float model as fixed (static sizes too)
+    scheme = cpu_scheme()
+    reduced = scheme["reduce_range"] if reduce_range is None else reduce_range
+    config = QuantConfig(per_channel=not per_tensor, method=method, cle=cle, bias_correction=bias_correction,
+                         activation_equalization=equalize_activations, adaround=adaround, range_search=range_search,
+                         exclude=tuple(exclude),
+                         int16_nodes=tuple(int16_nodes), int16_tensors=tuple(int16_tensors),
+                         int16_budget=int16_budget, activation_dtype=activation_dtype or scheme["activation_dtype"],
+                         reduce_range=reduced,
+                         float_stem=scheme["float_stem"] if float_stem is None else float_stem,
+                         # not with reduce_range (its pair-bounded grids must not shift), even on a CPU that takes both
+                         gemm_convs=_gemm_convs_auto(scheme, reduced) if gemm_convs is None else gemm_convs,
+                         calib_samples=calib_samples, **(extra or {}))
+    samples = open_data(calib, proto, preprocess) if isinstance(calib, (str, Path)) else list(calib)
+    evaluation = open_data(data, proto, preprocess) if data is not None else None
+    report = Report("quantize", config={"quant": config.as_dict(), "cpu_scheme": scheme, "model": str(model),
+                                        "calib": str(calib) if isinstance(calib, (str, Path)) else
+                                        f"{len(samples)} samples given in memory",
+                                        "data": str(data) if data else None, "preprocess": to_dict(preprocess),
+                                        "task": task or "auto", "gate": (gate or QualityGate()).as_dict(),
+                                        "input_shape": spec.as_dict() if spec else None})
+    proto = quant_opset(report, proto, config, samples)
+    with step("quantizing (calibrate, equalize, correct, insert Q/DQ)", timings=report.timings, key="quantize"):
+        result = _quantize(proto, samples, config=config)
+    save_onnx(result.model, output)
+    report.add("steps", result.steps)
+    add_plan(report, result.steps["plan"])
+    plan = result.steps.get("int16_plan")
+    if plan:
+        added = {c["tensor"]: c["added_ms"] for c in plan["candidates"]}
+        report.add_table(f"16-bit activations chosen (int8 model {plan['base_ms']:.2f} ms, with them "
+                         f"{plan['plan_ms']:.2f} ms, budget +{plan['budget']:.0%}; output SQNR on "
+                         f"{plan['samples']} calibration samples {plan['base_sqnr_db']:.2f} dB all 8-bit, "
+                         f"{plan['estimated_sqnr_db']:.2f} dB without their rounding)",
+                         ["tensor", "share of the 8-bit output noise", "latency it adds alone (ms)"],
+                         [[t, plan["scanned"][t], added[t]] for t in plan["tensors"]])
+    moves = result.steps.get("conv_kernels")
+    if moves and moves["moved_to_gemm"]:
+        report.add_table(f"Convs moved from ORT's symmetric int8 conv kernel to its int8 GEMM (whole model "
+                         f"{moves['model_ratio']:.3f}x the time as built; same outputs)",
+                         ["node", "GEMM / symmetric-conv time alone"],
+                         [[n, moves["gemm_over_convsym_alone"][n]] for n in moves["moved_to_gemm"]])
+    joins = result.steps.get("float_joins")
+    if joins:
+        report.add_table(f"Joins of very different scales left in float, with the nodes after them (each input keeps "
+                         f"its own grid; ratio >= {joins['ratio']:g})",
+                         ["join", "largest |value| per input", "ratio", "nodes after it, in float"],
+                         [[j["node"], ", ".join(f"{k} {v:.4g}" for k, v in j["input_magnitudes"].items()), j["ratio"],
+                           ", ".join(j["after"]) or "-"] for j in joins["joins"]])
+    head = result.steps.get("float_stem")
+    if head and (head["nodes"] or head.get("dropped")):
+        report.add_table("Float head (the stem and the convs after it that run fastest in float on this CPU)",
+                         ["convs left in float", "note"], [[", ".join(head["nodes"]) or "-", head.get("dropped", "")]])
+    kernels = integer_kernel_report(result.model)
+    report.add("integer_kernels", kernels)
+    with step("per-layer SQNR", timings=report.timings, key="layer_sqnr"):
+        probe = samples if not hasattr(samples, "batches") else [samples.sample(i) for i in
+                                                                 range(min(4, len(samples)))]
+        layers = layer_sqnr(result.reference, result.model, probe[:4] if isinstance(probe, list) else probe, limit=4)
+    report.add("layer_sqnr", layers)
+    worst = sorted((r for r in layers if np.isfinite(r["sqnr_db"])), key=lambda r: r["sqnr_db"])[:12]
+    report.add_table("Layers that hurt most (activation SQNR vs float, dB; higher is better)",
+                     ["node", "op", "tensor", "SQNR dB"], [[r["node"], r["op_type"], r["tensor"], r["sqnr_db"]]
+                                                          for r in worst])
+    report.add_figure("Per-layer activation SQNR (dB), in graph order", "line",
+                      {"series": {"SQNR": {"x": list(range(len(layers))),
+                                           "y": [r["sqnr_db"] for r in layers]}}},
+                      x_label="layer", y_label="dB")
+    with step(f"timing float vs int8, {threads} thread(s)", timings=report.timings, key="latency"):
+        feeds = samples[0] if isinstance(samples, list) else samples.sample(0)
+        latency = measure_latency_interleaved({"float": timed_float, "int8": str(output)}, threads=threads,
+                                              runs=runs, feeds=feeds)
+    sizes = {"float": model_size(model).file_bytes, "int8": model_size(output).file_bytes}
+    report.add("latency", {k: v.as_dict() for k, v in latency.items()})
+    report.add("size", sizes)
+    rows = [[k, sizes[k], latency[k].median_ms, latency[k].median_ms / latency["float"].median_ms] for k in latency]
+    report.add_table(f"Size and latency (ORT CPU, {threads} thread(s), interleaved medians of {runs})",
+                     ["model", "size_bytes", "median ms", "latency vs float"], rows)
+    report.add_table("What ORT runs", ["integer kernels", "float compute fed by DequantizeLinear",
+                                       "integer fraction"],
+                     [[sum(kernels["integer_ops"].values()), sum(kernels["float_compute_after_dq"].values()),
+                       kernels["integer_fraction"]]])
+    with step("where the time goes (ORT kernel profile)", timings=report.timings, key="kernel_profile"):
+        profiles = profile_ops({"float": timed_float, "int8": str(output)}, threads=threads, warmup=3,
+                               runs=min(runs, 10), rounds=2, feeds=feeds)
+    report.add("kernel_profile", {k: p.as_dict() for k, p in profiles.items()})
+    kinds = compare_kinds(profiles["float"], profiles["int8"])
+    report.add_table(f"Where the time goes (ORT CPU kernel time by kind, ms, {threads} thread(s); speedup = float / "
+                     "int8)",
+                     ["kind", "float ms", "int8 ms", "speedup", "int8 nodes", "int8 share on integer kernels"],
+                     [[kind, v["base_ms"], v["ms"], v["speedup"], v["nodes"], v["integer_share"]]
+                      for kind, v in kinds.items()])
+    from npukit.measure.task_fidelity import check_samples
+
+    with step("task check against the float model", timings=report.timings, key="task_check"):
+        check = evaluation if evaluation is not None else samples
+        limit = (max_samples or len(check)) if evaluation is not None else CHECK_SAMPLES
+        where = (f"held-out data {Path(str(data)).name}" if evaluation is not None else
+                 "calibration samples (no --data given: optimistic, the model was fitted to them)")
+        choice, _, _ = task_check(report, proto, result.model, check_samples(check, limit), task=task,
+                                   gate=gate or QualityGate(), what="quantize", where=where, threads=threads,
+                                   extra_failures=_integer_failures(kernels, result, config))
+    if evaluation is not None and choice.name == "classify":
+        agreement = evaluate(result.model, proto, evaluation,
+                              config=BenchConfig(threads=threads, max_samples=max_samples), threads=threads)
+        report.add("agreement", agreement.as_dict())
+        fields = [["samples", agreement.samples], ["top-1 agreement with float", agreement.top1_agreement],
+                  ["top-5 overlap", agreement.top5_overlap], ["logits SQNR dB", agreement.sqnr_db],
+                  ["top-1 agreement where float is confident", agreement.top1_agreement_confident]]
+        if agreement.labeled_samples:
+            fields += [["top-1 accuracy float", agreement.top1_accuracy_reference],
+                       ["top-1 accuracy int8", agreement.top1_accuracy_candidate]]
+        report.add_table(f"Agreement with the float model on {Path(str(data)).name}", ["metric", "value"], fields)
+    return finish(report, output, html=html, result=result)
+
+
+def _integer_failures(kernels: dict, result: Any, config: Any) -> list[str]:
+    """A quantized model that runs no integer kernel at all is a failure unless every node was excluded on
+    purpose; the float head's part in it is named."""
+    if kernels["integer_fraction"] > 0 or sum(kernels["integer_ops"].values()):
+        return []
+    head = result.steps.get("float_stem", {}).get("nodes", [])
+    floats = sum(kernels["float_compute_after_dq"].values()) + sum(kernels["float_compute"].values())
+    if not floats:
+        return []  # nothing to run on integer kernels (no Conv, MatMul or Gemm)
+    if config.exclude and not head:
+        return []  # asked for: the user excluded the compute nodes
+    why = f" (the float head left {len(head)} conv(s) in float: {', '.join(head)}; try --float-stem off)" if head \
+        else " (try --per-tensor, or check the model's ops with npukit analyze --target cpu)"
+    return [f"no integer kernels: ORT runs all {floats} conv/matmul nodes in float{why}"]
