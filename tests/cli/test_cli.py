@@ -228,6 +228,8 @@ def test_quantize_checks_the_task_and_exits_1_below_the_floors(exported, tmp_pat
     assert main(args + ["--min-sqnr", "500", "--task", "generic"]) == 1  # no int8 model is that close
     printed = capsys.readouterr().out
     assert printed.splitlines()[0].startswith("FAIL quantize: task generic") and "< 500 dB" in printed
+    verdict = json.loads(out.with_name("q.report.json").read_text())["verdict"]
+    assert "; try --cle --equalize-activations --bias-correction, --int16-budget 0.1" in verdict  # what it did not use
     assert json.loads(out.with_name("q.report.json").read_text())["passed"] is False
     assert main(args + ["--min-sqnr", "500", "--task", "generic", "--accept-degraded"]) == 0
     assert json.loads(out.with_name("q.report.json").read_text())["verdict"].startswith("DEGRADED")
@@ -263,6 +265,7 @@ def test_bench_fails_a_broken_model_against_its_reference(exported, tmp_path, ca
     assert code == 1
     report = json.loads(report_path.read_text())
     assert report["verdict"].startswith("FAIL bench") and not report["passed"]
+    assert "; try quantizing again with a recovery recipe" in report["verdict"]
     assert main(["bench", str(exported), "--reference", str(exported), "--data", str(data), "--runs", "2"]) == 0
 
 

@@ -141,6 +141,10 @@ def test_every_output_is_checked_and_the_worst_named() -> None:
     result = meter.result()
     verdict = judge(result, QualityGate(), what="bench")
     assert not verdict.passed and "output 'bad' SQNR 6.021 dB < 20 dB" in verdict.line
+    assert "worst output 'bad' SQNR 6.021 dB" in verdict.line  # the summary names it too
+    hinted = judge(result, QualityGate(), what="bench", hint="--int16-budget 0.1")
+    assert hinted.line.endswith("; try --int16-budget 0.1")
+    assert "try" not in judge(result, QualityGate(min_sqnr_db=5.0), what="bench", hint="x").line  # said on failure only
     assert judge(result, QualityGate(min_sqnr_db=5.0), what="bench").passed
     same = GenericMeter(["x"])
     same.update([a], [a])

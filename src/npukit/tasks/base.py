@@ -164,9 +164,10 @@ def _fmt(value: float) -> str:
 
 
 def judge(result: TaskResult, gate: QualityGate, *, what: str, default_min_metric: float = DEFAULT_MIN_METRIC,
-          extra_failures: Sequence[str] = ()) -> Verdict:
+          extra_failures: Sequence[str] = (), hint: str = "") -> Verdict:
     """The verdict on ``result`` under ``gate``: the task metric against its floor, every undecoded output's SQNR
-    against ``gate.min_sqnr_db``, plus ``extra_failures`` found elsewhere (e.g. no integer kernels)."""
+    against ``gate.min_sqnr_db``, plus ``extra_failures`` found elsewhere (e.g. no integer kernels). A failing
+    verdict ends with ``hint`` (what to try)."""
     floor = default_min_metric if gate.min_metric is None else gate.min_metric
     failures = list(extra_failures)
     for name, value in sorted(result.gated().items(), key=lambda kv: kv[1]):
@@ -179,12 +180,15 @@ def judge(result: TaskResult, gate: QualityGate, *, what: str, default_min_metri
             failures.append(f"output {o.name!r} SQNR {_fmt(o.sqnr_db)} dB < {gate.min_sqnr_db:g} dB")
     headline = f"{result.metric} {_fmt(result.value)}" if result.value is not None else \
         f"{result.metric} undefined ({result.note})" if result.note else f"{result.metric} undefined"
-    sqnrs = [o.sqnr_db for o in result.outputs if not math.isnan(o.sqnr_db)]
-    worst = f", worst output SQNR {_fmt(min(sqnrs))} dB" if sqnrs else ""
+    measured = [o for o in result.outputs if not math.isnan(o.sqnr_db)]
+    lowest = min(measured, key=lambda o: o.sqnr_db) if measured else None
+    named = f" {lowest.name!r}" if lowest is not None and len(result.outputs) > 1 else ""
+    worst = f", worst output{named} SQNR {_fmt(lowest.sqnr_db)} dB" if lowest is not None else ""
     summary = f"{what}: task {result.task}, {headline}{worst} on {result.samples} samples"
     if not failures:
         return Verdict(True, f"PASS {summary}")
     if gate.accept_degraded:
         return Verdict(True, f"DEGRADED (accepted with --accept-degraded) {summary}: {failures[0]}",
                        tuple(failures), degraded=True)
-    return Verdict(False, f"FAIL {summary}: {failures[0]}", tuple(failures), degraded=True)
+    return Verdict(False, f"FAIL {summary}: {failures[0]}" + (f"; try {hint}" if hint else ""), tuple(failures),
+                   degraded=True)

@@ -113,7 +113,9 @@ def bench(
             total = len(dataset) if max_samples is None else min(max_samples, len(dataset))
             choice, _, _ = task_check(report, ref_proto, proto, check_samples(dataset, total), task=task,
                                        gate=gate or QualityGate(), what="bench", threads=threads,
-                                       where=f"{total} samples of {Path(str(data)).name}")
+                                       where=f"{total} samples of {Path(str(data)).name}",
+                                       hint="quantizing again with a recovery recipe (npukit quantize --cle --equalize-activations --bias-correction, "
+                         "--int16-budget 0.1); --accept-degraded accepts it")
     else:
         report.set_verdict(f"MEASURED bench: {Path(str(model)).name}, no "
                            f"{'reference' if dataset is not None else 'data and reference'} given, so no task check",
@@ -197,7 +199,9 @@ def _bench_context(model: str | Path, proto: onnx.ModelProto, *, data, reference
                   timings=report.timings, key="task_check"):
             task_check(report, ref_proto, None, check_samples(dataset, total), task=task, gate=gate or QualityGate(),
                         what="bench", where=f"{total} samples of {Path(str(data)).name}, on the HTP as {chip.part}",
-                        candidate_runner=session_runner(ctx.session))
+                        candidate_runner=session_runner(ctx.session),
+                        hint="quantizing again with a recovery recipe (npukit quantize --cle --equalize-activations --bias-correction, "
+                             "--int16-budget 0.1); --accept-degraded accepts it")
     else:
         report.set_verdict(f"MEASURED bench: {Path(str(model)).name} on the HTP emulator, no "
                            f"{'reference' if dataset is not None else 'data and reference'} given, so no task check",

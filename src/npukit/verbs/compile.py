@@ -121,7 +121,10 @@ def compile(  # noqa: A001 - the verb's name
         where = (f"{len(check)} calibration samples (optimistic: the grids were fitted to them)" if samples is not None
                  else "one seeded random input (no --calib given: pass it for a task check on real inputs)")
         task_check(report, reference, None, check, task=task, gate=gate or QualityGate(), what="compile",
-                    where=where, candidate_runner=session_runner(htp))
+                    where=where, candidate_runner=session_runner(htp),
+                    hint=("`npukit quantize` with a recovery recipe and compile its QDQ model" if quantized_here
+                          else "quantizing again with a recovery recipe") + ", or another --soc; "
+                         "--accept-degraded keeps it as it is")
     report.add("quantized_here", quantized_here)
     report.add_table(f"EPContext model for {result.soc_name} ({result.soc})",
                      ["SoC", "HTP arch", "soc_model", "context nodes", "nodes left to CPU", "context_binary_bytes",

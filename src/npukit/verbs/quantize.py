@@ -206,7 +206,8 @@ def quantize(
                  "calibration samples (no --data given: optimistic, the model was fitted to them)")
         choice, _, _ = task_check(report, proto, result.model, check_samples(check, limit), task=task,
                                    gate=gate or QualityGate(), what="quantize", where=where, threads=threads,
-                                   extra_failures=_integer_failures(kernels, result, config))
+                                   extra_failures=_integer_failures(kernels, result, config),
+                                   hint=_recipe_hint(config))
     if evaluation is not None and choice.name == "classify":
         agreement = evaluate(result.model, proto, evaluation,
                               config=BenchConfig(threads=threads, max_samples=max_samples), threads=threads)
@@ -235,3 +236,16 @@ def _integer_failures(kernels: dict, result: Any, config: Any) -> list[str]:
     why = f" (the float head left {len(head)} conv(s) in float: {', '.join(head)}; try --float-stem off)" if head \
         else " (try --per-tensor, or check the model's ops with npukit analyze --target cpu)"
     return [f"no integer kernels: ORT runs all {floats} conv/matmul nodes in float{why}"]
+
+
+def _recipe_hint(config: Any) -> str:
+    """What to try when the quantized model fails its check: the recovery steps ``config`` did not use."""
+    tried = []
+    if not (config.cle and config.activation_equalization and config.bias_correction):
+        tried.append("--cle --equalize-activations --bias-correction")
+    if not (config.int16_budget or config.int16_tensors or config.int16_nodes):
+        tried.append("--int16-budget 0.1")
+    if not config.adaround:
+        tried.append("--adaround")
+    tried.append("--exclude the layers that hurt most (table above)")
+    return ", ".join(tried) + "; --accept-degraded keeps it as it is"
