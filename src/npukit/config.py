@@ -49,9 +49,12 @@ class ExportConfig:
     rtol: float = 1e-4  # max |onnx - torch| / max |torch|, per output
     verify_samples: int = 2
     seed: int = 0
+    input_name: str = "input"  # the ONNX input's name for a torch model (``--input-shape NAME=...`` sets it)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "input_shape", parse_shape(self.input_shape))
+        _require(bool(self.input_name) and self.input_name.strip() == self.input_name,
+                 f"input name {self.input_name!r} must be non-empty without surrounding spaces", "e.g. input")
         _require(17 <= self.opset <= 23, f"opset {self.opset} is not supported", "use an opset from 17 to 23")
         _require(self.exporter in typing.get_args(Exporter), f"unknown exporter {self.exporter!r}",
                  "use auto, dynamo or torchscript")

@@ -335,7 +335,7 @@ def test_quantize_bad_calibration_data(case, exported, tmp_path, capsys):
 
 def test_gemm_convs_on_where_the_kernels_saturate_is_exit_2_and_writes_nothing(exported, tmp_path, capsys,
                                                                               monkeypatch):
-    from npukit.quant import conv_kernel
+    from npukit.quant.cpu import conv_kernel
     from npukit.runtime.int8_paths import Int8Path
 
     saturating = (Int8Path("1x1 conv", "symmetric conv (ConvSym)", "full 8-bit", False, 22, 0.6),

@@ -170,6 +170,10 @@ def test_export_takes_the_named_form(symbolic, tmp_path, capsys, monkeypatch):
     assert [d.dim_value for d in onnx.load(str(out)).graph.input[0].type.tensor_type.shape.dim] == [1, 3, 40, 32]
     assert main(["export", str(symbolic), "-o", str(tmp_path / "f.onnx"), "--input-shape", "y=1,3,32,32"]) == 2
     assert "no input named 'y'" in _one_line_error(capsys)
-    assert main(["export", "tinynet:tiny", "-o", str(tmp_path / "g.onnx"), "--input-shape", "foo=1,3,32,32"]) == 2
-    assert "named 'input'" in _one_line_error(capsys)
-    assert not (tmp_path / "f.onnx").exists() and not (tmp_path / "g.onnx").exists()
+    # a torch model's one input takes the name given; two inputs are refused
+    assert main(["export", "tinynet:tiny", "-o", str(tmp_path / "g.onnx"), "--input-shape", "foo=1,3,32,32"]) == 0
+    assert [i.name for i in onnx.load(str(tmp_path / "g.onnx")).graph.input] == ["foo"]
+    assert main(["export", "tinynet:tiny", "-o", str(tmp_path / "h.onnx"), "--input-shape", "a=1,3,32,32",
+                 "--input-shape", "b=1,3,32,32"]) == 2
+    assert "one tensor input" in _one_line_error(capsys)
+    assert not (tmp_path / "f.onnx").exists() and not (tmp_path / "h.onnx").exists()

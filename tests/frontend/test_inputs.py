@@ -178,6 +178,21 @@ def test_scripted_file_without_shape_asks_for_one(user_dir: Path, capsys: pytest
     assert _files(user_dir) == before
 
 
+class _WithRate(torch.nn.Module):
+    def forward(self, x: torch.Tensor, rate: int) -> torch.Tensor:  # Silero VAD's forward(x, sr: int) shape
+        return x * float(rate)
+
+
+def test_a_forward_with_a_non_tensor_argument_is_named_in_one_line(user_dir: Path, capsys) -> None:
+    path = user_dir / "rate.pt"
+    torch.jit.save(torch.jit.script(_WithRate()), str(path))
+    before = _files(user_dir)
+    assert main(["export", str(path), "-o", str(user_dir / "out.onnx"), "--input-shape", "x=1,16"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "besides its input tensor (rate: int)" in err and "wrapper module" in err and "\n" not in err
+    assert _files(user_dir) == before
+
+
 # ------------------------------------------------------------------------------------------- pickled nn.Module
 
 

@@ -6,8 +6,8 @@ import pytest
 from onnx import numpy_helper
 
 from npukit.errors import InputError
-from npukit.quant.adaround import adaround
-from npukit.quant.calibrate import calibrate
+from npukit.quant.algorithms.adaround import adaround
+from npukit.quant.calibration.calibrate import calibrate
 from npukit.quant.config import QuantConfig
 from npukit.quant.layer_sqnr import sqnr_db
 from npukit.quant.qdq import effective_ranges, integer_kernel_report, preprocess, quantize
@@ -87,7 +87,7 @@ def test_adaround_rejects_asymmetric_weights_and_bad_counts() -> None:
 
 
 def test_the_error_is_measured_after_the_activation_that_follows() -> None:
-    from npukit.quant.adaround import _following_clip
+    from npukit.quant.algorithms.adaround import _following_clip
 
     for activation, bounds in (("Relu", (0.0, float("inf"))), ("Clip", (0.0, 6.0))):
         model = tiny_cnn(activation=activation)
@@ -101,7 +101,7 @@ def test_activation_aware_rounding_ignores_what_the_activation_cuts() -> None:
     """One output channel whose pre-activation is negative on half the rows: matching those rows costs rounding
     accuracy on the rows that pass the Relu; measured after the Relu the learned rounding must be at least as good
     there as the rounding learned on pre-activations."""
-    from npukit.quant.adaround import _learn, weight_grid
+    from npukit.quant.algorithms.adaround import _learn, weight_grid
 
     rng = np.random.default_rng(0)
     w = rng.standard_normal((1, 1, 16)).astype(np.float32)

@@ -5,12 +5,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import npukit.quant.calibrate as calibrate_module
-from npukit.quant.auto import split_samples
-from npukit.quant.calibrate import calibrate
-from npukit.quant.config import RANGE_METHODS, QuantConfig
+import npukit.quant.calibration.calibrate as calibrate_module
+from npukit.quant.calibration.auto import split_samples
+from npukit.quant.calibration.calibrate import calibrate
+from npukit.quant.calibration.observers import MultiObserver, make_observer
+from npukit.quant.config import QuantConfig, RANGE_METHODS
 from npukit.quant.layer_sqnr import sqnr_db
-from npukit.quant.observers import MultiObserver, make_observer
 from npukit.quant.qdq import quantize
 from tests.quant.conftest import make_samples, outputs, tiny_cnn
 

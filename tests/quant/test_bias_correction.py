@@ -4,9 +4,10 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from npukit.quant.bias_correction import activation_qparams, correct_bias, fake_quantize_weight, weight_axis
-from npukit.quant.calibrate import calibrate, observe
+from npukit.quant.algorithms.bias_correction import correct_bias, fake_quantize_weight
+from npukit.quant.calibration.calibrate import calibrate, observe
 from npukit.quant.config import QuantConfig
+from npukit.quant.grids import activation_qparams, weight_axis
 from npukit.quant.qdq import quantize
 from tests.quant.conftest import make_samples, tiny_cnn
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from npukit.errors import InputError
-from npukit.quant.calibrate import calibrate, channel_statistics, float_activations, observe
+from npukit.quant.calibration.calibrate import calibrate, channel_statistics, float_activations, observe
 from npukit.quant.config import QuantConfig
 from tests.quant.conftest import make_samples, tiny_cnn
 

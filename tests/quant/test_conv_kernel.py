@@ -11,9 +11,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from npukit.errors import InputError
-from npukit.quant import conv_kernel
+from npukit.quant.cpu import conv_kernel
 from npukit.quant.config import QuantConfig
-from npukit.quant.conv_kernel import _shift, candidates, choose_conv_kernels, move_to_gemm, require_exact_move
+from npukit.quant.cpu.conv_kernel import _shift, candidates, choose_conv_kernels, move_to_gemm, require_exact_move
 from npukit.quant.qdq import integer_kernel_report, quantize
 from npukit.runtime.int8_paths import Int8Path, full_range_exact, probe_int8_paths
 from tests.quant.conftest import make_samples, outputs

@@ -5,7 +5,7 @@ import onnx
 from onnx import numpy_helper
 
 from npukit.measure.compare import compare_outputs
-from npukit.quant.equalize import _ranges, equalize
+from npukit.quant.algorithms.equalize import _ranges, equalize
 from tests.quant.conftest import make_samples, outputs, tiny_cnn
 
 

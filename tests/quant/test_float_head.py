@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from npukit.quant.config import QuantConfig
-from npukit.quant.float_head import HeadChoice, choose_float_head, pick_prefix, stem_chain
+from npukit.quant.cpu.float_head import HeadChoice, choose_float_head, pick_prefix, stem_chain
 
 
 def _chain_model(*, branch_after: int = 3, tail_output: bool = False):

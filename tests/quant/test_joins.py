@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from npukit.measure.fidelity import sqnr_db
 from npukit.quant.config import QuantConfig
-from npukit.quant.joins import mixed_scale_joins
+from npukit.quant.precision.joins import mixed_scale_joins
 from npukit.quant.qdq import integer_kernel_report, one_sample_ranges, preprocess, quantize
 from tests.quant.conftest import make_samples, outputs
 

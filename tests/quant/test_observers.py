@@ -3,8 +3,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from npukit.quant.calibration.observers import (EntropyObserver, MinMaxObserver, MseObserver, PercentileObserver,
+                                                make_observer)
 from npukit.quant.config import QuantConfig
-from npukit.quant.observers import EntropyObserver, MinMaxObserver, MseObserver, PercentileObserver, make_observer
 
 
 def _feed(observer, batches) -> None:

@@ -6,11 +6,11 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from npukit.quant.algorithms.stream_equalize import find_stream_groups
 from npukit.quant.config import QuantConfig
+from npukit.quant.cpu.pair_channels import greedy_pairing, pair_channels, pair_scales
 from npukit.quant.layer_sqnr import sqnr_db
-from npukit.quant.pair_channels import greedy_pairing, pair_channels, pair_scales
 from npukit.quant.qdq import quantize
-from npukit.quant.stream_equalize import find_stream_groups
 from tests.quant.conftest import make_samples, outputs, tiny_cnn
 
 CONFIG = QuantConfig(per_channel=True, reduce_range=True)

@@ -5,9 +5,9 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from npukit.quant.algorithms.range_search import _Scorer, activation_grids
 from npukit.quant.config import QuantConfig
 from npukit.quant.qdq import quantize
-from npukit.quant.range_search import _Scorer, activation_grids
 from tests.quant.test_auto import _outlier_model, _outlier_samples, _sqnr
 
 
@@ -77,7 +77,7 @@ def test_grids_the_builder_fixes_stay_put() -> None:
     from onnx import TensorProto, helper
 
     from npukit.quant.qdq import softmax_outputs
-    from npukit.quant.range_search import search_ranges
+    from npukit.quant.algorithms.range_search import search_ranges
 
     model = _outlier_model("exp")
     samples = _outlier_samples(16, scale=1.0, outlier=7.0)

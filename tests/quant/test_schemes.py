@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from npukit.quant.config import QuantConfig
-from npukit.quant.schemes import config_for_cpu, cpu_int8_scheme
+from npukit.quant.cpu.schemes import config_for_cpu, cpu_int8_scheme
 from npukit.runtime.devices import X86_INT8_FLAGS, read_cpu_info
 
 
@@ -45,7 +45,7 @@ def test_arm_scheme_uses_full_range_and_signed_activations_with_i8mm(tmp_path, m
 def test_reduce_range_caps_only_the_weights_whose_kernel_saturates() -> None:
     from onnx import helper
 
-    from npukit.quant.schemes import is_depthwise, pair_bounded, reduced_weight_range
+    from npukit.quant.cpu.schemes import is_depthwise, pair_bounded, reduced_weight_range
 
     dw = helper.make_node("Conv", ["x", "w"], ["y"], group=8)
     grouped = helper.make_node("Conv", ["x", "w"], ["y"], group=2)  # 4 input channels per group: the GEMM path
@@ -68,7 +68,7 @@ def test_reduce_range_caps_only_the_weights_whose_kernel_saturates() -> None:
 def test_pair_bounded_scale_keeps_every_rounded_pair_within_the_int16_lane() -> None:
     import numpy as np
 
-    from npukit.quant.schemes import PAIR_LIMIT, pair_bounded_scale
+    from npukit.quant.cpu.schemes import PAIR_LIMIT, pair_bounded_scale
 
     rng = np.random.default_rng(0)
     rows = rng.standard_normal((16, 37)) * rng.uniform(0.1, 3, (16, 1))  # odd K: the last weight pairs with a zero
@@ -103,7 +103,7 @@ def _stem_model(in_channels: int, kernel: int):
 
 
 def test_stem_convs_are_the_short_reductions_over_the_float_input() -> None:
-    from npukit.quant.schemes import STEM_MAX_K, stem_convs
+    from npukit.quant.cpu.schemes import STEM_MAX_K, stem_convs
 
     assert stem_convs(_stem_model(3, 3)) == ["stem"]  # K = 27: a 3x3 RGB stem
     assert stem_convs(_stem_model(1, 5)) == ["stem"]  # K = 25

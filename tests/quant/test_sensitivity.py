@@ -4,8 +4,8 @@ import pytest
 
 from npukit.errors import InputError
 from npukit.quant.config import QuantConfig
+from npukit.quant.precision.sensitivity import choose_mixed_precision, layer_sensitivity, output_sqnr
 from npukit.quant.qdq import quantize
-from npukit.quant.sensitivity import choose_mixed_precision, layer_sensitivity, output_sqnr
 from tests.quant.conftest import make_samples, tiny_cnn
 
 

@@ -5,11 +5,11 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from npukit.measure.compare import compare_outputs
-from npukit.quant.calibrate import channel_statistics
+from npukit.quant.algorithms.stream_equalize import equalize_streams, find_stream_groups
+from npukit.quant.calibration.calibrate import channel_statistics
 from npukit.quant.config import QuantConfig
 from npukit.quant.layer_sqnr import sqnr_db
 from npukit.quant.qdq import quantize
-from npukit.quant.stream_equalize import equalize_streams, find_stream_groups
 from tests.quant.conftest import make_samples, outputs, tiny_cnn
 
 STREAM = ("s1", "s2", "r", "rr", "mp")

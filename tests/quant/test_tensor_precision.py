@@ -6,11 +6,10 @@ import pytest
 
 from npukit.errors import InputError
 from npukit.quant.config import QuantConfig
+from npukit.quant.precision.sensitivity import output_sqnr
+from npukit.quant.precision.tensor_precision import (TIED_OPS, TensorGain, activation_pairs, choose_tensors, scan_gains,
+                                                     sixteen_bit_activations, tied_groups, without_rounding)
 from npukit.quant.qdq import plan_int16, quantize
-from npukit.quant.sensitivity import output_sqnr
-from npukit.quant.tensor_precision import (TensorGain, activation_pairs, choose_tensors,
-                                           TIED_OPS, scan_gains, sixteen_bit_activations, tied_groups,
-                                           without_rounding)
 from npukit.runtime.ort import make_session
 from tests.quant.conftest import make_samples, tiny_cnn
 
@@ -46,7 +45,7 @@ def test_without_rounding_keeps_the_saturation_and_drops_the_rounding() -> None:
 
 
 def _with_output(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
-    from npukit.quant.calibrate import with_outputs
+    from npukit.quant.calibration.calibrate import with_outputs
     return with_outputs(model, [name])
 
 

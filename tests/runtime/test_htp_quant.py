@@ -158,6 +158,25 @@ def test_other_batchnorms_become_mul_add_exactly():
                                rtol=1e-5, atol=1e-5)
 
 
+def test_a_batchnorm_whose_constants_are_also_graph_inputs_leaves_no_input_to_feed():
+    """IR version 3 models (CenterFace's) list every initializer as a graph input too; the rewritten BatchNorm's
+    constants must leave the inputs with the initializers, or ONNX Runtime asks for them to be fed."""
+    rng = np.random.default_rng(0)
+    c = 4
+    inits = {"g": rng.uniform(0.2, 3, c), "b": rng.standard_normal(c), "m": rng.standard_normal(c),
+             "v": rng.uniform(0.01, 4, c)}
+    nodes = [helper.make_node("Add", ["x1", "x2"], ["a"], name="add"),
+             helper.make_node("BatchNormalization", ["a", "g", "b", "m", "v"], ["y"], name="bn")]
+    model = _model(nodes, [("x1", [1, c, 3, 3]), ("x2", [1, c, 3, 3])], [("y", [1, c, 3, 3])], inits)
+    model.graph.input.extend(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [c]) for n in inits)
+    rewritten, _ = batchnorm_to_mul_add(model)
+    assert [i.name for i in rewritten.graph.input] == ["x1", "x2"]
+    samples = [{"x1": rng.standard_normal((1, c, 3, 3)).astype(np.float32),
+                "x2": rng.standard_normal((1, c, 3, 3)).astype(np.float32)}]
+    np.testing.assert_allclose(_outputs(rewritten, samples, qdq=False), _outputs(model, samples, qdq=False),
+                               rtol=1e-5, atol=1e-5)
+
+
 def _conv_relu6() -> onnx.ModelProto:
     """Conv -> Clip(0, 6) (a Relu6: ORT drops the Clip and lets the output grid clamp) -> Conv."""
     rng = np.random.default_rng(0)

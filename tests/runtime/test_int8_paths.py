@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from npukit.quant.schemes import cpu_int8_scheme
+from npukit.quant.cpu.schemes import cpu_int8_scheme
 from npukit.runtime.devices import read_cpu_info
 from npukit.runtime.int8_paths import (ROUNDING_STEPS, _exact, _weights, full_range_exact, inexact_summary,
-                                      probe_int8_paths)
+                                       probe_int8_paths)
 
 
 def test_the_reference_is_integer_convolution() -> None:

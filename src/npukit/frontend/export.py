@@ -115,7 +115,7 @@ def _export_torch(source: ModelSource, staged: Path, work: Path, *, config: Expo
     if shape is None:
         raise InputError(f"no input shape is known for {source.spec}", hint="pass one with --input-shape 1,3,224,224")
     outputs = _check_shape_fits(module, shape)
-    input_names = ["input"]
+    input_names = [config.input_name]
     output_names = ["output"] if len(outputs) == 1 else [f"output_{i}" for i in range(len(outputs))]
     # A batch of 1 invites torch to specialize the batch dim; trace a dynamic batch with 2.
     trace_shape = (max(shape[0], 2), *shape[1:]) if config.dynamic_batch else tuple(shape)
@@ -158,12 +158,37 @@ def _export_torch(source: ModelSource, staged: Path, work: Path, *, config: Expo
     }
 
 
+def _non_tensor_arguments(module: torch.nn.Module) -> list[str]:
+    """The arguments of ``module``'s forward after the first that are not tensors and have no default ("sr: int"),
+    from its TorchScript schema or its Python signature; [] when neither can be read."""
+    try:
+        if isinstance(module, torch.jit.ScriptModule):
+            args = module.forward.schema.arguments[2:]  # self, the input
+            return [f"{a.name}: {a.type}" for a in args if not a.has_default_value()
+                    and "Tensor" not in str(a.type)]
+        import inspect
+
+        params = list(inspect.signature(module.forward).parameters.values())[1:]
+        return [f"{p.name}: {getattr(p.annotation, '__name__', p.annotation)}" for p in params
+                if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                and p.annotation is not torch.Tensor]
+    except Exception:  # noqa: BLE001 - a best-effort diagnosis only
+        return []
+
+
 def _check_shape_fits(module: torch.nn.Module, shape: tuple[int, ...]) -> list[torch.Tensor]:
     x = torch.zeros(tuple(shape), dtype=torch.float32)
     try:
         with torch.no_grad(), _quiet():
             outputs = flatten_outputs(module(x))
     except Exception as exc:
+        extra = _non_tensor_arguments(module)
+        if extra:
+            raise InputError(f"the model's forward takes arguments besides its input tensor ({', '.join(extra)}), "
+                             "and npukit exports a model called with one tensor",
+                             hint="export a wrapper module whose forward(x) calls the model with those arguments "
+                                  "fixed (a stateful TorchScript model may not trace; use its ONNX release if it "
+                                  "has one)") from exc
         raise InputError(f"input shape ({','.join(map(str, shape))}) does not fit the model: {first_line(exc)}",
                          hint="pass the shape the model expects with --input-shape") from exc
     if not outputs:

@@ -17,11 +17,13 @@ from npukit.passes.canonicalize_activation import CanonicalizeActivationPass
 from npukit.passes.fold_batch_norm import FoldBatchNormPass
 from npukit.passes.fold_constants import FoldConstantsPass
 from npukit.passes.fuse_matmul_add import FuseMatMulAddPass
+from npukit.passes.initializers_as_constants import InitializersAsConstantsPass
 from npukit.passes.remove_dead_code import RemoveDeadCodePass
 from npukit.passes.remove_identity import RemoveIdentityPass
 from npukit.runtime.ort import ModelLike, make_session, random_feeds, run
 
 PASS_REGISTRY: dict[str, type[NpukitPass]] = {
+    "initializers_as_constants": InitializersAsConstantsPass,
     "fold_constants": FoldConstantsPass,
     "remove_identity": RemoveIdentityPass,
     "fold_batch_norm": FoldBatchNormPass,
@@ -30,9 +32,11 @@ PASS_REGISTRY: dict[str, type[NpukitPass]] = {
     "remove_dead_code": RemoveDeadCodePass,
 }
 
-# Folding first exposes constant weights and shapes to the fusions; the second folding cleans up what the fusions
-# left constant; dead code goes last so every orphan is gone.
+# Initializers that are also graph inputs become constants first (else nothing folds them); folding then exposes
+# constant weights and shapes to the fusions; the second folding cleans up what the fusions left constant; dead code
+# goes last so every orphan is gone.
 DEFAULT_ORDER: tuple[str, ...] = (
+    "initializers_as_constants",
     "fold_constants",
     "remove_identity",
     "fold_batch_norm",

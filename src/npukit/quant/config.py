@@ -28,32 +28,32 @@ class QuantConfig:
     ``int16_budget`` > 0 adds to ``int16_tensors`` the activations whose 8-bit rounding costs the outputs most per
     millisecond their 16-bit grid adds, while the latency (measured on this machine, 1 thread) grows by at most
     that fraction of the all-8-bit model's (chosen on the calibration data first; see
-    ``npukit.quant.tensor_precision``).
+    ``npukit.quant.precision.tensor_precision``).
     ``exclude`` names nodes left in float. ``calib_samples`` caps the calibration samples used; fewer available is an
     error.
     ``reduce_range`` keeps weights out of saturation on x86 CPUs without VNNI, where ONNX Runtime's u8s8 integer
     kernels add pairs of 8-bit products (input channels 2j and 2j + 1) in saturating 16-bit lanes, which full-range
     int8 weights overflow: 1x1 convs and Gemms get a grid on which each such pair stays within 128 levels together,
     depthwise convs (a kernel that does not saturate) all 8 bits, other convs 7 bits ([-64, 64]); see
-    ``npukit.quant.schemes``.
+    ``npukit.quant.cpu.schemes``.
     ``pair_channels`` reorders channels so that each large weight shares its kernel pair with a small one, which
     lowers the pair-bounded scales (exact in float; per channel and without bias correction only, where it pays:
-    see ``npukit.quant.pair_channels``).
+    see ``npukit.quant.cpu.pair_channels``).
     ``float_stem`` leaves the Convs that read the model's float input with a short reduction (at most
     ``schemes.STEM_MAX_K`` = input channels x kernel taps, e.g. a 3x3 RGB stem: 27) in float, so the input is never
-    quantized: on x86 CPUs, with VNNI or without, that stem runs faster in float (see ``npukit.quant.schemes``).
+    quantized: on x86 CPUs, with VNNI or without, that stem runs faster in float (see ``npukit.quant.cpu.schemes``).
     The convolutions that follow the stem in a chain (at most three) stay in float too as far as that is timed
-    fastest on this machine (``npukit.quant.float_head``; ties go to float, the more accurate).
+    fastest on this machine (``npukit.quant.cpu.float_head``; ties go to float, the more accurate).
     ``float_joins`` leaves a join of tensors on very different scales (a Concat of box coordinates and class scores)
-    and every node after it in float, so that each input keeps its own grid (``npukit.quant.joins``).
+    and every node after it in float, so that each input keeps its own grid (``npukit.quant.precision.joins``).
     ``gemm_convs`` times each int8 Conv of the built model on ONNX Runtime's two int8 conv kernels (its symmetric-conv
     kernel, taken when the weights' zero points are 0, and its general int8 GEMM, AMX tiles on CPUs with AMX) and
     moves those faster on the GEMM there by shifting their weight integers and zero point by one: the same
-    dequantized weights, the same outputs (see ``npukit.quant.conv_kernel``). This CPU's scheme turns it on where
+    dequantized weights, the same outputs (see ``npukit.quant.cpu.conv_kernel``). This CPU's scheme turns it on where
     both kernels accumulate in 32 bits (x86 with VNNI or AMX).
     ``activation_equalization`` scales the channels of linear streams (residual Adds, Relu) towards equal ranges,
     ``activation_equalization_alpha`` the strength (0: off, 1: every channel full range; see
-    ``npukit.quant.stream_equalize``).
+    ``npukit.quant.algorithms.stream_equalize``).
     ``adaround`` learns each Conv/Gemm weight's rounding on the calibration data (``adaround_iterations`` Adam steps
     per layer; it needs symmetric weights). Measured on MobileNetV2 (42 calibration crops, 2 cores, 300 steps, with
     CLE, activation equalization, reduce_range and the float stem alone; AMD EPYC without VNNI,
@@ -66,11 +66,11 @@ class QuantConfig:
     (benchmarks/agreement_noise.py).
     ``method="auto"`` calibrates once with one histogram per tensor, derives every method's ranges from it, and
     keeps the method whose QDQ model's outputs are closest (SQNR) to the float model's on held-out samples
-    (see ``npukit.quant.auto``).
+    (see ``npukit.quant.calibration.auto``).
     ``range_search`` runs last: on the built QDQ model it moves each activation grid (scaled about zero, or its
     larger side alone) where that raises the output SQNR against the float model on the calibration samples, for at
     most ``range_search_passes`` walks over the grids, and builds the model again on the new ranges (see
-    ``npukit.quant.range_search``). Measured on MobileNetV2 (per-channel, auto + CLE + activation equalization +
+    ``npukit.quant.algorithms.range_search``). Measured on MobileNetV2 (per-channel, auto + CLE + activation equalization +
     bias correction, reduce_range, 42 calibration crops, 2 cores, AMD EPYC, stem alone in float): 5 min, 757
     trials, five grids moved (the two 160-channel residual Adds and two projection outputs narrowed, one stem
     projection cut on its positive side); 208 evaluation crops of other photos 85.6% / 18.8 dB -> 88.0% / 19.6 dB.

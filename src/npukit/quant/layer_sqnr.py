@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import numpy as np
 import onnx
 
-from npukit.quant.calibrate import float_activations, iter_samples, with_outputs
+from npukit.quant.calibration.calibrate import float_activations, iter_samples, with_outputs
 from npukit.runtime.ort import make_session
 
 

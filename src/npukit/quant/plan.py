@@ -10,8 +10,8 @@ float32 for a tensor kept in floating point), symmetric or not, per tensor, per 
 ``QuantPlan`` maps tensors to specs and holds the scheme's defaults (for tensors the plan does not name, a weight or
 activation gets the scheme's dtype) and the nodes left in float. Every entry carries its provenance: the
 ``Decision`` s (step, why) that set it, in order. Steps return a new plan (``with_spec``, ``keep_float``); emitters
-turn a plan into an artifact (``npukit.quant.emit_ort``: ONNX QDQ through ONNX Runtime's quantizer), and
-``npukit.quant.emit_ort.resolve_grids`` records the grids an emitted model actually has, so the plan a report shows is
+turn a plan into an artifact (``npukit.quant.emit.ort_qdq``: ONNX QDQ through ONNX Runtime's quantizer), and
+``npukit.quant.emit.ort_qdq.resolve_grids`` records the grids an emitted model actually has, so the plan a report shows is
 the model's.
 """
 

@@ -27,24 +27,26 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 from npukit._scratch import scratch_cwd
 from npukit.errors import InputError
 from npukit.frontend.onnx_io import named_nodes
-from npukit.quant.adaround import adaround
-from npukit.quant.auto import choose_method, split_samples
-from npukit.quant.bias_correction import correct_bias, weight_axis
-from npukit.quant.calibrate import Progress, calibrate, iter_samples, sixteen_bit_tensors
+from npukit.quant.algorithms.adaround import adaround
+from npukit.quant.algorithms.bias_correction import correct_bias
+from npukit.quant.algorithms.equalize import equalize
+from npukit.quant.algorithms.range_search import search_ranges
+from npukit.quant.algorithms.stream_equalize import equalize_streams
+from npukit.quant.calibration.auto import choose_method, split_samples
+from npukit.quant.calibration.calibrate import Progress, calibrate, iter_samples, sixteen_bit_tensors
 from npukit.quant.config import QuantConfig
-from npukit.quant.emit_ort import emit_qdq, resolve_grids
-from npukit.quant.conv_kernel import choose_conv_kernels, require_exact_move
-from npukit.quant.equalize import equalize
-from npukit.quant.float_head import HeadChoice, choose_float_head
-from npukit.quant.joins import JOIN_RATIO, mixed_scale_joins
-from npukit.quant.plan import SIXTEEN_BIT, Decision, QuantPlan, TensorSpec
-from npukit.quant.pair_channels import pair_channels, pairing_pays
-from npukit.quant.range_search import search_ranges
-from npukit.quant.schemes import (STEM_MAX_K, pair_bounded, pair_bounded_scale, reduced_weight_range, stem_convs,
-                                   weight_rows)
-from npukit.quant.stream_equalize import equalize_streams
-from npukit.quant.tensor_precision import (TensorPlan, activation_pairs, check_plan_arguments, plan_int16_tensors,
-                                          sixteen_bit_activations, stand_in_config, tied_groups)
+from npukit.quant.cpu.conv_kernel import choose_conv_kernels, require_exact_move
+from npukit.quant.cpu.float_head import HeadChoice, choose_float_head
+from npukit.quant.cpu.pair_channels import pair_channels, pairing_pays
+from npukit.quant.cpu.schemes import (STEM_MAX_K, pair_bounded, pair_bounded_scale, reduced_weight_range, stem_convs,
+                                      weight_rows)
+from npukit.quant.emit.ort_qdq import emit_qdq, resolve_grids
+from npukit.quant.grids import weight_axis
+from npukit.quant.plan import Decision, QuantPlan, SIXTEEN_BIT, TensorSpec
+from npukit.quant.precision.joins import JOIN_RATIO, mixed_scale_joins
+from npukit.quant.precision.tensor_precision import (TensorPlan, activation_pairs, check_plan_arguments,
+                                                     plan_int16_tensors, sixteen_bit_activations, stand_in_config,
+                                                     tied_groups)
 from npukit.runtime.ort import INTEGER_KERNELS, make_session
 
 FLOAT_COMPUTE_OPS = ("Conv", "FusedConv", "MatMul", "FusedMatMul", "Gemm", "FusedGemm")
@@ -148,7 +150,7 @@ def plan_for(model: onnx.ModelProto, config: QuantConfig, ranges: Mapping[str, t
     calibration by default, range search), the float nodes and 16-bit tensors (``why``: the step per node or tensor
     when not the user's choice: the float head, a float join, the 16-bit plan), ORT's
     Relu/Clip fusion and the bounded activations' whole range (``effective_ranges``), the 16-bit tensors, and under
-    ``reduce_range`` the weights this CPU's kernels take on more than 7 bits (``npukit.quant.schemes``)."""
+    ``reduce_range`` the weights this CPU's kernels take on more than 7 bits (``npukit.quant.cpu.schemes``)."""
     why, range_why = why or {}, range_why or {}
     plan = QuantPlan(activation_dtype=config.activation_dtype, weight_dtype="int8", per_channel=config.per_channel,
                      symmetric_weights=config.symmetric_weights, symmetric_activations=config.symmetric_activations,
@@ -179,7 +181,7 @@ def plan_for(model: onnx.ModelProto, config: QuantConfig, ranges: Mapping[str, t
 
 def _weight_grids(model: onnx.ModelProto, config: QuantConfig) -> tuple[dict[str, TensorSpec], dict[str, Decision]]:
     """Under ``reduce_range``, the weights whose kernel does not saturate at 7 bits: depthwise convs keep all 8 bits;
-    1x1 convs and Gemms take the pair-bounded grid (``npukit.quant.schemes``), as explicit scales."""
+    1x1 convs and Gemms take the pair-bounded grid (``npukit.quant.cpu.schemes``), as explicit scales."""
     if not config.reduce_range:
         return {}, {}
     inits = {i.name: i for i in model.graph.initializer}
@@ -229,7 +231,7 @@ def _per_layer(float_model: onnx.ModelProto, qdq: onnx.ModelProto, ranges: dict[
 def build_qdq(work: onnx.ModelProto, first: dict[str, np.ndarray], config: QuantConfig,
               ranges: Mapping[str, tuple[float, float]], weight_grids: Mapping[str, TensorSpec]) -> onnx.ModelProto:
     """ORT's QDQ placement on the float model ``work`` with our activation ranges (and fixed weight grids): the
-    plan of ``plan_for``, emitted by ``emit_ort.emit_qdq``."""
+    plan of ``plan_for``, emitted by ``emit.ort_qdq.emit_qdq``."""
     return emit_qdq(work, first, plan_for(work, config, ranges, weight_grids))
 
 
@@ -286,7 +288,7 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
 
     ``samples`` (dicts of input name -> array) are read once per step; pass a re-iterable (a list, a reader) to
     keep memory bounded, since a one-shot iterator is held in memory. With ``method="auto"`` the method is chosen
-    after CLE and before AdaRound and bias correction (see ``npukit.quant.auto``); ``steps["auto"]`` holds each
+    after CLE and before AdaRound and bias correction (see ``npukit.quant.calibration.auto``); ``steps["auto"]`` holds each
     candidate's held-out output SQNR and the choice.
     """
     start = time.perf_counter()

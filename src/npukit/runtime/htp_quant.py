@@ -98,7 +98,7 @@ def quantize_for_htp(
     (``rules.bias_correction``), ``widen_activation_grids`` (``rules.activation_headroom``)."""
     from onnxruntime.quantization import quantize as ort_quantize
 
-    from npukit.quant.emit_ort import FeedsReader
+    from npukit.quant.emit.ort_qdq import FeedsReader
 
     samples = list(samples)
     work, folded = fold_conv_transpose_affine(model)
@@ -169,10 +169,15 @@ def _per_channel(value: np.ndarray, channels: int, rank: int) -> np.ndarray | No
 
 
 def _drop_unused(model: onnx.ModelProto) -> None:
-    """Remove initializers no node reads and value_info of tensors no node writes."""
+    """Remove initializers no node reads (and their graph inputs: a model of IR version 3 or less lists every
+    initializer as an input too, which ONNX Runtime would then ask to be fed) and value_info of tensors no node
+    writes."""
     used = {t for n in model.graph.node for t in n.input} | {o.name for o in model.graph.output}
-    for init in [i for i in model.graph.initializer if i.name not in used]:
+    dropped = {i.name for i in model.graph.initializer if i.name not in used}
+    for init in [i for i in model.graph.initializer if i.name in dropped]:
         model.graph.initializer.remove(init)
+    for value in [v for v in model.graph.input if v.name in dropped]:
+        model.graph.input.remove(value)
     written = {t for n in model.graph.node for t in n.output}
     kept = [v for v in model.graph.value_info if v.name in written]
     del model.graph.value_info[:]

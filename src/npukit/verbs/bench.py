@@ -236,7 +236,7 @@ def _bench_memory(report: Report, model: str | Path) -> None:
 def _bench_npu(report: Report, proto: onnx.ModelProto, ref_proto: onnx.ModelProto | None, dataset, *, target: str,
                max_samples: int | None, soc: str) -> None:
     from npukit.measure.fidelity import AgreementMeter
-    from npukit.quant.tensor_precision import sixteen_bit_activations
+    from npukit.quant.precision.tensor_precision import sixteen_bit_activations
     from npukit.runtime.compile import soc_info, soc_provider_options
     from npukit.runtime.ort import make_session
     from npukit.runtime.qnn import make_qnn_session, qdq_reference_session, qnn_node_assignment

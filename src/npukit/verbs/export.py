@@ -58,7 +58,8 @@ def export(
                              default_input_shape=None, description=f"torch module {type(model).__name__}",
                              notes=notes)
     if spec is not None and spec.first is None:
-        config = dataclasses.replace(config, input_shape=_export_input_shape(spec, source))
+        name, shape = _export_input_shape(spec, source)
+        config = dataclasses.replace(config, input_shape=shape, **({"input_name": name} if name else {}))
     report = Report("export", config={"export": to_dict(config), "model": str(source.spec),
                                       "weights": str(weights) if weights else None})
     report.add("model", {"description": source.description, "notes": list(source.notes)})
@@ -82,8 +83,9 @@ def export(
     return finish(report, output, html=html, result=result)
 
 
-def _export_input_shape(spec, source) -> tuple[int, ...]:
-    """The one input shape ``export`` fixes, from a spec that names its input."""
+def _export_input_shape(spec, source) -> tuple[str | None, tuple[int, ...]]:
+    """(the ONNX input's name, its shape) that ``export`` fixes, from a spec that names its input: an .onnx file's
+    first input keeps its name (None); a torch model's one input takes the name given."""
     (name, shape), *more = spec.shapes
     if source.kind == "onnx":
         from npukit.frontend.onnx_io import load_onnx
@@ -92,11 +94,12 @@ def _export_input_shape(spec, source) -> tuple[int, ...]:
         proto = load_onnx(source.onnx_path)
         resolved = spec.resolve(proto, override_static=True)
         if list(resolved) == [runtime_inputs(proto)[0].name]:
-            return resolved[runtime_inputs(proto)[0].name]
+            return None, resolved[runtime_inputs(proto)[0].name]
         raise InputError(f"export fixes the shape of an .onnx file's first input only, not of {spec.describe()}",
                          hint="fix several or other inputs with `npukit optimize-graph MODEL.onnx -o OUT.onnx "
                               "--input-shape NAME=... --input-shape NAME=...`")
-    if more or name != "input":
-        raise InputError(f"a torch model is exported with one input, named 'input', not {spec.describe()}",
-                         hint="pass --input-shape 1,3,224,224 (or input=1,3,224,224)")
-    return shape
+    if more:
+        raise InputError(f"npukit exports a torch model with one tensor input, not {spec.describe()}",
+                         hint=f"pass the one input's shape, e.g. --input-shape {name}="
+                              + ",".join(map(str, shape)))
+    return name, shape

@@ -21,8 +21,8 @@ CHECK_SAMPLES = 32  # calibration samples the task check reads when no held-out 
 
 
 def cpu_scheme() -> dict:
-    """The activation dtype and weight range this machine's CPU runs accurately (npukit.quant.schemes)."""
-    from npukit.quant.schemes import cpu_int8_scheme
+    """The activation dtype and weight range this machine's CPU runs accurately (npukit.quant.cpu.schemes)."""
+    from npukit.quant.cpu.schemes import cpu_int8_scheme
     from npukit.runtime.devices import read_cpu_info
 
     return cpu_int8_scheme(read_cpu_info("/proc/cpuinfo"))
@@ -76,7 +76,7 @@ def quantize(
     ``reduce_range=None`` and ``float_stem=None`` take what this CPU runs accurately and fast (e.g. 7-bit weights
     on x86 CPUs without VNNI, where ORT's u8s8 kernels saturate, and a 3x3 RGB stem left in float on x86 CPUs,
     where it runs faster, with the convs chained after it as far as that is timed fastest); ``gemm_convs=None``
-    likewise (on where ORT's two int8 conv kernels both accumulate in 32 bits, see ``npukit.quant.conv_kernel``).
+    likewise (on where ORT's two int8 conv kernels both accumulate in 32 bits, see ``npukit.quant.cpu.conv_kernel``).
     ``extra`` passes further QuantConfig fields.
 
     The result is checked with the model's task (``task``: classify, detect, segment, text-detect, text-recognize,

@@ -32,9 +32,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from npukit.quant.calibrate import channel_statistics
+from npukit.quant.calibration.calibrate import channel_statistics
+from npukit.quant.cpu.schemes import is_depthwise
 from npukit.quant.nodes import consumers, node_attr
-from npukit.quant.schemes import is_depthwise
 
 PASS_THROUGH = ("Add", "Relu", "MaxPool", "AveragePool", "GlobalAveragePool")
 

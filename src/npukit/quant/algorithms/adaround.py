@@ -16,7 +16,7 @@ output, identity otherwise: what the activation cuts away never reaches the next
 the rounding on it. Measured on MobileNetV2 (ReLU6, 300 iterations, 42 calibration crops, 208 evaluation crops):
 without f and with a target from the already-rounded model, AdaRound lowered the logits SQNR from 10.4 to 8.2 dB;
 with both, it raises it to 18.2 dB (87.0% top-1 agreement) on 7-bit weights. On the pair-bounded grid that
-``reduce_range`` now gives 1x1 convs (``npukit.quant.schemes``) nearest rounding with bias correction is as good
+``reduce_range`` now gives 1x1 convs (``npukit.quant.cpu.schemes``) nearest rounding with bias correction is as good
 per-channel (18.8 dB either way); per-tensor AdaRound still adds 1.5 dB and 6 points of agreement.
 
 The regulariser is off for the first 20% of the iterations (warm start), then beta anneals linearly from 20 to 2 and
@@ -44,12 +44,12 @@ import torch.nn.functional as F
 from onnx import helper, numpy_helper
 
 from npukit.errors import InputError
-from npukit.quant.bias_correction import activation_qparams, weight_axis
-from npukit.quant.calibrate import iter_samples, with_outputs
+from npukit.quant.calibration.calibrate import iter_samples, with_outputs
 from npukit.quant.config import QuantConfig
+from npukit.quant.cpu.schemes import pair_bounded, pair_bounded_scale, reduced_weight_range
+from npukit.quant.grids import activation_qparams, weight_axis
 from npukit.quant.nodes import node_attr
 from npukit.quant.plan import TensorSpec
-from npukit.quant.schemes import pair_bounded, pair_bounded_scale, reduced_weight_range
 from npukit.runtime.ort import make_session
 
 ZETA, GAMMA = 1.1, -0.1  # stretch of the rectified sigmoid
@@ -105,7 +105,7 @@ def _ungrouped(node: onnx.NodeProto, wg: np.ndarray, shape: tuple[int, ...]) -> 
 
 def weight_grid(wg: np.ndarray, *, per_channel: bool, reduce_range: bool, pairs: bool = False) -> WeightGrid:
     """ONNX Runtime's symmetric int8 grid for a (g, o, k) weight: scale = 2 max|w| / (qmax - qmin), zero point 0;
-    ``pairs``: the pair-bounded grid of ``npukit.quant.schemes`` (room for floor-or-ceil rounding of both weights)."""
+    ``pairs``: the pair-bounded grid of ``npukit.quant.cpu.schemes`` (room for floor-or-ceil rounding of both weights)."""
     if pairs:
         scale = pair_bounded_scale(wg, per_channel=per_channel, headroom=2)[..., None]
         return WeightGrid(scale=scale, qmin=-127, qmax=127)

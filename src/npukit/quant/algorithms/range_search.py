@@ -39,7 +39,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from npukit.quant.calibrate import iter_samples
+from npukit.quant.calibration.calibrate import iter_samples
+from npukit.quant.grids import Range, grid_range
 from npukit.quant.layer_sqnr import sqnr_db
 from npukit.runtime.ort import make_session
 
@@ -47,7 +48,6 @@ FACTORS: tuple[float, ...] = (0.5, 0.7, 0.85, 1.2)
 MIN_GAIN_DB = 0.05
 MIN_T = 2.0
 MAX_EXTRA_STEPS = 8  # beyond an edge factor: 0.5 ** 9 ~ 1/500 of the calibrated range at most
-Range = tuple[float, float]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,13 +79,6 @@ class RangeSearchResult:
         return {"changed": {t: {"from": list(self.before[t]), "to": list(r)} for t, r in sorted(self.ranges.items())},
                 "calibration_sqnr_before_db": self.before_db, "calibration_sqnr_after_db": self.after_db,
                 "trials": self.trials, "samples": self.samples, "seconds": self.seconds}
-
-
-def grid_range(scale: float, zero_point: np.ndarray) -> Range:
-    """The float range a grid covers: the ends of its zero point's integer type, dequantized."""
-    info = np.iinfo(np.asarray(zero_point).dtype)
-    zero = float(zero_point)
-    return ((int(info.min) - zero) * scale, (int(info.max) - zero) * scale)
 
 
 def activation_grids(qdq: onnx.ModelProto) -> list[Grid]:

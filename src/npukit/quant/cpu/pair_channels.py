@@ -1,7 +1,7 @@
 """Channel pairing: reorder channels so that the weight pairs ONNX Runtime's AVX2 kernels add together are unequal.
 
 Without VNNI, MLAS's u8 x s8 kernels add the products of input channels 2j and 2j + 1 in a saturating 16-bit lane,
-so a 1x1 Conv's or a Gemm's weights take the pair-bounded grid (``npukit.quant.schemes``): each output channel's
+so a 1x1 Conv's or a Gemm's weights take the pair-bounded grid (``npukit.quant.cpu.schemes``): each output channel's
 scale is set by its largest pair sum |w_2j| + |w_2j+1|, not by its largest weight. Which channels share a pair is
 only the order of the channels in the activation, and that order is free: reordering the output channels of the
 layers that write an activation (and of the depthwise Convs, Clips, Relus and residual Adds it passes through) and
@@ -49,10 +49,10 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from npukit.quant.algorithms.stream_equalize import StreamGroup, channel_axis, find_stream_groups
 from npukit.quant.config import QuantConfig
+from npukit.quant.cpu.schemes import is_depthwise, largest_pair_sums, pair_bounded, weight_rows
 from npukit.quant.nodes import node_attr
-from npukit.quant.schemes import is_depthwise, largest_pair_sums, pair_bounded, weight_rows
-from npukit.quant.stream_equalize import StreamGroup, channel_axis, find_stream_groups
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,8 +30,8 @@ from onnx import helper, numpy_helper
 
 from npukit.errors import InputError
 from npukit.measure.latency import paired_ratio, time_sessions_interleaved
+from npukit.quant.cpu.schemes import is_depthwise
 from npukit.quant.nodes import consumers
-from npukit.quant.schemes import is_depthwise
 from npukit.runtime.int8_paths import Int8Path, full_range_exact, probe_int8_paths
 from npukit.runtime.ort import make_session
 

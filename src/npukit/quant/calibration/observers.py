@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from npukit.quant.config import RANGE_METHODS, QuantConfig
+from npukit.quant.config import QuantConfig, RANGE_METHODS
 
 
 def _finite(x: np.ndarray) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Tensor-level mixed precision: lift to 16 bits the 8-bit activations whose rounding costs the outputs most per
 millisecond the lift adds, within a latency budget measured on this machine.
 
-Why tensors and not layers (``npukit.quant.sensitivity``): lifting a Conv lifts its input and output, often a wide
+Why tensors and not layers (``npukit.quant.precision.sensitivity``): lifting a Conv lifts its input and output, often a wide
 expanded tensor, and takes its neighbours off ONNX Runtime's int8 kernels too; lifting one tensor takes off only the
 nodes that read or write it. On MobileNetV2 the error of the 8-bit activations is spread over many tensors, but a
 few (the last stage's 160-channel residual stream) each add several times what the rest do.
@@ -46,10 +46,10 @@ from onnxruntime.quantization.registry import QDQRegistry
 
 from npukit.errors import InputError
 from npukit.measure.latency import paired_ratio, time_sessions_interleaved
-from npukit.quant.auto import output_sqnrs
-from npukit.quant.calibrate import iter_samples
+from npukit.quant.calibration.auto import output_sqnrs
+from npukit.quant.calibration.calibrate import iter_samples
 from npukit.quant.config import QuantConfig
-from npukit.quant.range_search import grid_range
+from npukit.quant.grids import grid_range
 from npukit.runtime.ort import make_session
 
 TIED_OPS = frozenset(op for op, quantizer in QDQRegistry.items()

@@ -18,10 +18,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from npukit.quant.calibrate import observe, sixteen_bit_tensors
+from npukit.quant.calibration.calibrate import observe, sixteen_bit_tensors
 from npukit.quant.config import QuantConfig
+from npukit.quant.cpu.schemes import pair_bounded, pair_bounded_scale, reduced_weight_range, weight_rows
+from npukit.quant.grids import activation_qparams, weight_axis
 from npukit.quant.nodes import node_attr
-from npukit.quant.schemes import pair_bounded, pair_bounded_scale, reduced_weight_range, weight_rows
 
 
 def fake_quantize_weight(w: np.ndarray, *, axis: int | None, symmetric: bool, reduce_range: bool = False
@@ -49,7 +50,7 @@ def fake_quantize_weight(w: np.ndarray, *, axis: int | None, symmetric: bool, re
 
 def quantize_node_weight(node: onnx.NodeProto, w: np.ndarray, config: QuantConfig) -> np.ndarray:
     """Q(w) for ``node``'s weight on the grid ``quantize`` gives ORT: pair-bounded scales where
-    ``npukit.quant.schemes.pair_bounded`` says so, else ``fake_quantize_weight``."""
+    ``npukit.quant.cpu.schemes.pair_bounded`` says so, else ``fake_quantize_weight``."""
     axis = weight_axis(node, per_channel=config.per_channel)
     if pair_bounded(node, w.shape, config):
         shape = [1] * w.ndim
@@ -59,31 +60,6 @@ def quantize_node_weight(node: onnx.NodeProto, w: np.ndarray, config: QuantConfi
         return (np.clip(np.rint(w / scale), -127, 127) * scale).astype(np.float32)
     return fake_quantize_weight(w, axis=axis, symmetric=config.symmetric_weights,
                                 reduce_range=reduced_weight_range(node, w.shape, config))
-
-
-def weight_axis(node: onnx.NodeProto, *, per_channel: bool) -> int | None:
-    """The output-channel axis of the node's weight that per-channel quantization uses (None: per tensor)."""
-    if not per_channel:
-        return None
-    if node.op_type == "Gemm":
-        return 0 if node_attr(node, "transB", 0) else 1
-    return 0
-
-
-def activation_qparams(lo: float, hi: float, *, signed: bool, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(scale, zero point) of an 8-bit activation with range [lo, hi], as ONNX Runtime computes them."""
-    lo, hi = min(lo, 0.0), max(hi, 0.0)
-    if symmetric:
-        absmax = max(-lo, hi)
-        qmin, qmax = (-127, 127) if signed else (0, 255)
-        scale = 2.0 * absmax / (qmax - qmin)
-        zero = 0 if signed else 128
-    else:
-        qmin, qmax = (-128, 127) if signed else (0, 255)
-        scale = (hi - lo) / (qmax - qmin)
-        zero = int(np.clip(np.round(qmin - lo / scale), qmin, qmax)) if scale > 0 else 0
-    scale = scale if scale > 0 else 1.0
-    return np.array(scale, np.float32), np.array(zero, np.int8 if signed else np.uint8)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,7 +45,7 @@ committed benchmark; 1 thread, two interleaved repetitions, medians; per-channel
 weights): 0.516x / 0.521x FP32 with the stem quantized, 0.508x / 0.509x with it in float, 18.5 -> 19.5 dB logits
 SQNR. ``float_stem`` is therefore on for every x86 CPU with AVX2 (``stem_convs``, K <= ``STEM_MAX_K``). The convs
 chained after the stem join it in float as far as that is timed fastest on the machine at hand
-(``npukit.quant.float_head``).
+(``npukit.quant.cpu.float_head``).
 """
 
 from __future__ import annotations

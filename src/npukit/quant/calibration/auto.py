@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import onnx
 
-from npukit.quant.calibrate import CalibrationResult, iter_samples
+from npukit.quant.calibration.calibrate import CalibrationResult, iter_samples
 from npukit.quant.config import RANGE_METHODS
 from npukit.quant.layer_sqnr import sqnr_db
 from npukit.runtime.ort import make_session

@@ -8,7 +8,7 @@ not the error it inherits; layers left in float (excluded, or the float head) ar
 each time, and returns the first plan that reaches the target, or the best one tried. The float head
 (``float_stem``) is timed and chosen once, for the all-8-bit model; every trial keeps it (as exclusions).
 16-bit layers run off ONNX Runtime's int8 kernels (see ``integer_kernel_report``), so each plan also records its
-integer-kernel fraction: measure its latency before shipping it. ``npukit.quant.tensor_precision`` (QuantConfig
+integer-kernel fraction: measure its latency before shipping it. ``npukit.quant.precision.tensor_precision`` (QuantConfig
 ``int16_budget``) chooses single activations instead, within a budget of MACs taken off the int8 kernels.
 """
 
@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 
 from npukit.errors import InputError
-from npukit.quant.calibrate import iter_samples
+from npukit.quant.calibration.calibrate import iter_samples
 from npukit.quant.config import QuantConfig
 from npukit.quant.layer_sqnr import layer_sqnr, sqnr_db
 from npukit.quant.nodes import consumers

@@ -15,8 +15,8 @@ import onnx
 from onnx import TensorProto, helper
 
 from npukit.errors import InputError
-from npukit.quant.config import RANGE_METHODS, QuantConfig
-from npukit.quant.observers import MultiObserver, make_observer
+from npukit.quant.calibration.observers import MultiObserver, make_observer
+from npukit.quant.config import QuantConfig, RANGE_METHODS
 from npukit.runtime.ort import make_session
 
 Sample = Mapping[str, np.ndarray]
