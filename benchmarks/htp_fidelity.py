@@ -49,17 +49,11 @@ import onnxruntime as ort
 
 from npukit._atomic import write_text_atomic
 from npukit.measure.fidelity import AgreementMeter, AgreementResult
-from npukit.quant.emit_ort import FeedsReader
+from npukit.quant.emit.ort_qdq import FeedsReader
 from npukit.runtime.compile import soc_provider_options
 from npukit.runtime.ort import make_session, run
-from npukit.runtime.qnn import (
-    HTP_QDQ_RULES,
-    make_qnn_session,
-    qdq_reference_session,
-    qnn_available,
-    qnn_node_assignment,
-    qnn_quant_config,
-)
+from npukit.runtime.qnn import (HTP_QDQ_RULES, make_qnn_session, qdq_reference_session, qnn_available,
+                                qnn_node_assignment, qnn_quant_config)
 
 RESULTS = Path(__file__).parent / "results"
 SOCS = ("SM8350", "SM8650")

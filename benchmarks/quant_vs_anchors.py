@@ -54,11 +54,11 @@ from npukit.measure.fidelity import AgreementMeter, AgreementResult
 from npukit.measure.latency import measure_latency_interleaved
 from npukit.measure.size import model_size
 from npukit.quant.config import QuantConfig
-from npukit.quant.pair_channels import pairing_pays
-from npukit.quant.emit_ort import FeedsReader
+from npukit.quant.cpu.pair_channels import pairing_pays
+from npukit.quant.cpu.schemes import config_for_cpu
+from npukit.quant.emit.ort_qdq import FeedsReader
+from npukit.quant.precision.tensor_precision import sixteen_bit_activations
 from npukit.quant.qdq import integer_kernel_report, quantize
-from npukit.quant.schemes import config_for_cpu
-from npukit.quant.tensor_precision import sixteen_bit_activations
 from npukit.runtime.devices import read_cpu_info
 from npukit.runtime.ort import make_session
 
@@ -158,10 +158,10 @@ def _label(label: str, config: QuantConfig) -> str:
 
 
 def mixed_column(key: str, label: str, *, target_sqnr_db: float, max_layers: int, **options: Any) -> Column:
-    """npukit.quant.sensitivity.choose_mixed_precision (16-bit activations on the fewest most sensitive layers, up
+    """npukit.quant.precision.sensitivity.choose_mixed_precision (16-bit activations on the fewest most sensitive layers, up
     to ``max_layers``, for ``target_sqnr_db`` on the calibration samples) with QuantConfig(**options), then the
     chosen plan quantized again with the range search."""
-    from npukit.quant.sensitivity import choose_mixed_precision
+    from npukit.quant.precision.sensitivity import choose_mixed_precision
 
     config = QuantConfig(**options)
 
