@@ -11,7 +11,8 @@ import numpy as np
 from npukit.config import BenchConfig, PreprocessConfig, to_dict
 from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
-from npukit.report.plan import add_plan
+from npukit.report.quantize import (add_agreement, add_kernel_profile, add_layer_sqnr, add_size_and_speed,
+                                     add_steps)
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
 from npukit.verbs.common import check_output, evaluate, open_data, quant_opset, refuse_quantized, task_check
@@ -92,7 +93,7 @@ def quantize(
     from npukit.frontend.onnx_io import save_onnx
     from npukit.frontend.shapes import InputSpec, load_with_inputs, require_static
     from npukit.measure.latency import measure_latency_interleaved
-    from npukit.measure.op_profile import compare_kinds, profile_ops
+    from npukit.measure.op_profile import profile_ops
     from npukit.measure.size import model_size
     from npukit.quant.config import QuantConfig
     from npukit.quant.layer_sqnr import layer_sqnr
@@ -130,73 +131,24 @@ def quantize(
     with step("quantizing (calibrate, equalize, correct, insert Q/DQ)", timings=report.timings, key="quantize"):
         result = _quantize(proto, samples, config=config)
     save_onnx(result.model, output)
-    report.add("steps", result.steps)
-    add_plan(report, result.steps["plan"])
-    plan = result.steps.get("int16_plan")
-    if plan:
-        added = {c["tensor"]: c["added_ms"] for c in plan["candidates"]}
-        report.add_table(f"16-bit activations chosen (int8 model {plan['base_ms']:.2f} ms, with them "
-                         f"{plan['plan_ms']:.2f} ms, budget +{plan['budget']:.0%}; output SQNR on "
-                         f"{plan['samples']} calibration samples {plan['base_sqnr_db']:.2f} dB all 8-bit, "
-                         f"{plan['estimated_sqnr_db']:.2f} dB without their rounding)",
-                         ["tensor", "share of the 8-bit output noise", "latency it adds alone (ms)"],
-                         [[t, plan["scanned"][t], added[t]] for t in plan["tensors"]])
-    moves = result.steps.get("conv_kernels")
-    if moves and moves["moved_to_gemm"]:
-        report.add_table(f"Convs moved from ORT's symmetric int8 conv kernel to its int8 GEMM (whole model "
-                         f"{moves['model_ratio']:.3f}x the time as built; same outputs)",
-                         ["node", "GEMM / symmetric-conv time alone"],
-                         [[n, moves["gemm_over_convsym_alone"][n]] for n in moves["moved_to_gemm"]])
-    joins = result.steps.get("float_joins")
-    if joins:
-        report.add_table(f"Joins of very different scales left in float, with the nodes after them (each input keeps "
-                         f"its own grid; ratio >= {joins['ratio']:g})",
-                         ["join", "largest |value| per input", "ratio", "nodes after it, in float"],
-                         [[j["node"], ", ".join(f"{k} {v:.4g}" for k, v in j["input_magnitudes"].items()), j["ratio"],
-                           ", ".join(j["after"]) or "-"] for j in joins["joins"]])
-    head = result.steps.get("float_stem")
-    if head and (head["nodes"] or head.get("dropped")):
-        report.add_table("Float head (the stem and the convs after it that run fastest in float on this CPU)",
-                         ["convs left in float", "note"], [[", ".join(head["nodes"]) or "-", head.get("dropped", "")]])
+    add_steps(report, result.steps)
     kernels = integer_kernel_report(result.model)
     report.add("integer_kernels", kernels)
     with step("per-layer SQNR", timings=report.timings, key="layer_sqnr"):
         probe = samples if not hasattr(samples, "batches") else [samples.sample(i) for i in
                                                                  range(min(4, len(samples)))]
         layers = layer_sqnr(result.reference, result.model, probe[:4] if isinstance(probe, list) else probe, limit=4)
-    report.add("layer_sqnr", layers)
-    worst = sorted((r for r in layers if np.isfinite(r["sqnr_db"])), key=lambda r: r["sqnr_db"])[:12]
-    report.add_table("Layers that hurt most (activation SQNR vs float, dB; higher is better)",
-                     ["node", "op", "tensor", "SQNR dB"], [[r["node"], r["op_type"], r["tensor"], r["sqnr_db"]]
-                                                          for r in worst])
-    report.add_figure("Per-layer activation SQNR (dB), in graph order", "line",
-                      {"series": {"SQNR": {"x": list(range(len(layers))),
-                                           "y": [r["sqnr_db"] for r in layers]}}},
-                      x_label="layer", y_label="dB")
+    add_layer_sqnr(report, layers)
     with step(f"timing float vs int8, {threads} thread(s)", timings=report.timings, key="latency"):
         feeds = samples[0] if isinstance(samples, list) else samples.sample(0)
         latency = measure_latency_interleaved({"float": timed_float, "int8": str(output)}, threads=threads,
                                               runs=runs, feeds=feeds)
     sizes = {"float": model_size(model).file_bytes, "int8": model_size(output).file_bytes}
-    report.add("latency", {k: v.as_dict() for k, v in latency.items()})
-    report.add("size", sizes)
-    rows = [[k, sizes[k], latency[k].median_ms, latency[k].median_ms / latency["float"].median_ms] for k in latency]
-    report.add_table(f"Size and latency (ORT CPU, {threads} thread(s), interleaved medians of {runs})",
-                     ["model", "size_bytes", "median ms", "latency vs float"], rows)
-    report.add_table("What ORT runs", ["integer kernels", "float compute fed by DequantizeLinear",
-                                       "integer fraction"],
-                     [[sum(kernels["integer_ops"].values()), sum(kernels["float_compute_after_dq"].values()),
-                       kernels["integer_fraction"]]])
+    add_size_and_speed(report, sizes, latency, kernels, threads=threads, runs=runs)
     with step("where the time goes (ORT kernel profile)", timings=report.timings, key="kernel_profile"):
         profiles = profile_ops({"float": timed_float, "int8": str(output)}, threads=threads, warmup=3,
                                runs=min(runs, 10), rounds=2, feeds=feeds)
-    report.add("kernel_profile", {k: p.as_dict() for k, p in profiles.items()})
-    kinds = compare_kinds(profiles["float"], profiles["int8"])
-    report.add_table(f"Where the time goes (ORT CPU kernel time by kind, ms, {threads} thread(s); speedup = float / "
-                     "int8)",
-                     ["kind", "float ms", "int8 ms", "speedup", "int8 nodes", "int8 share on integer kernels"],
-                     [[kind, v["base_ms"], v["ms"], v["speedup"], v["nodes"], v["integer_share"]]
-                      for kind, v in kinds.items()])
+    add_kernel_profile(report, profiles, threads=threads)
     from npukit.measure.task_fidelity import check_samples
 
     with step("task check against the float model", timings=report.timings, key="task_check"):
@@ -211,14 +163,7 @@ def quantize(
     if evaluation is not None and choice.name == "classify":
         agreement = evaluate(result.model, proto, evaluation,
                               config=BenchConfig(threads=threads, max_samples=max_samples), threads=threads)
-        report.add("agreement", agreement.as_dict())
-        fields = [["samples", agreement.samples], ["top-1 agreement with float", agreement.top1_agreement],
-                  ["top-5 overlap", agreement.top5_overlap], ["logits SQNR dB", agreement.sqnr_db],
-                  ["top-1 agreement where float is confident", agreement.top1_agreement_confident]]
-        if agreement.labeled_samples:
-            fields += [["top-1 accuracy float", agreement.top1_accuracy_reference],
-                       ["top-1 accuracy int8", agreement.top1_accuracy_candidate]]
-        report.add_table(f"Agreement with the float model on {Path(str(data)).name}", ["metric", "value"], fields)
+        add_agreement(report, agreement, where=Path(str(data)).name)
     return finish(report, output, html=html, result=result)
 
 
@@ -247,5 +192,5 @@ def _recipe_hint(config: Any) -> str:
         tried.append("--int16-budget 0.1")
     if not config.adaround:
         tried.append("--adaround")
-    tried.append("--exclude the layers that hurt most (table above)")
+    tried.append("--exclude the layers that hurt most (the report's table of them)")
     return ", ".join(tried) + "; --accept-degraded keeps it as it is"

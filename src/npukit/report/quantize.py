@@ -1,0 +1,95 @@
+"""The quantize verb's tables and figures: the steps it ran (the plan, 16-bit tensors, moved convs, float joins and
+head), per-layer SQNR, size and speed, where the time goes, agreement with the float model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from npukit.report.core import Report
+from npukit.report.plan import add_plan
+
+
+def add_steps(report: Report, steps: dict[str, Any]) -> None:
+    """``QuantResult.steps`` into ``report``: the JSON section and one table per step that chose something."""
+    report.add("steps", steps)
+    add_plan(report, steps["plan"])
+    plan = steps.get("int16_plan")
+    if plan:
+        added = {c["tensor"]: c["added_ms"] for c in plan["candidates"]}
+        report.add_table(f"16-bit activations chosen (int8 model {plan['base_ms']:.2f} ms, with them "
+                         f"{plan['plan_ms']:.2f} ms, budget +{plan['budget']:.0%}; output SQNR on "
+                         f"{plan['samples']} calibration samples {plan['base_sqnr_db']:.2f} dB all 8-bit, "
+                         f"{plan['estimated_sqnr_db']:.2f} dB without their rounding)",
+                         ["tensor", "share of the 8-bit output noise", "latency it adds alone (ms)"],
+                         [[t, plan["scanned"][t], added[t]] for t in plan["tensors"]])
+    moves = steps.get("conv_kernels")
+    if moves and moves["moved_to_gemm"]:
+        report.add_table(f"Convs moved from ORT's symmetric int8 conv kernel to its int8 GEMM (whole model "
+                         f"{moves['model_ratio']:.3f}x the time as built; same outputs)",
+                         ["node", "GEMM / symmetric-conv time alone"],
+                         [[n, moves["gemm_over_convsym_alone"][n]] for n in moves["moved_to_gemm"]])
+    joins = steps.get("float_joins")
+    if joins:
+        report.add_table(f"Joins of very different scales left in float, with the nodes after them (each input keeps "
+                         f"its own grid; ratio >= {joins['ratio']:g})",
+                         ["join", "largest |value| per input", "ratio", "nodes after it, in float"],
+                         [[j["node"], ", ".join(f"{k} {v:.4g}" for k, v in j["input_magnitudes"].items()), j["ratio"],
+                           ", ".join(j["after"]) or "-"] for j in joins["joins"]])
+    head = steps.get("float_stem")
+    if head and (head["nodes"] or head.get("dropped")):
+        report.add_table("Float head (the stem and the convs after it that run fastest in float on this CPU)",
+                         ["convs left in float", "note"], [[", ".join(head["nodes"]) or "-", head.get("dropped", "")]])
+
+
+def add_layer_sqnr(report: Report, layers: list[dict]) -> None:
+    """Per-layer activation SQNR against the float model: the twelve worst in a table, all of them in a figure."""
+    report.add("layer_sqnr", layers)
+    worst = sorted((r for r in layers if np.isfinite(r["sqnr_db"])), key=lambda r: r["sqnr_db"])[:12]
+    report.add_table("Layers that hurt most (activation SQNR vs float, dB; higher is better)",
+                     ["node", "op", "tensor", "SQNR dB"], [[r["node"], r["op_type"], r["tensor"], r["sqnr_db"]]
+                                                          for r in worst])
+    report.add_figure("Per-layer activation SQNR (dB), in graph order", "line",
+                      {"series": {"SQNR": {"x": list(range(len(layers))),
+                                           "y": [r["sqnr_db"] for r in layers]}}},
+                      x_label="layer", y_label="dB")
+
+
+def add_size_and_speed(report: Report, sizes: dict[str, int], latency: dict[str, Any], kernels: dict, *,
+                       threads: int, runs: int) -> None:
+    """File sizes and interleaved latencies of the float and int8 models, and what ORT runs on integer kernels."""
+    report.add("latency", {k: v.as_dict() for k, v in latency.items()})
+    report.add("size", sizes)
+    rows = [[k, sizes[k], latency[k].median_ms, latency[k].median_ms / latency["float"].median_ms] for k in latency]
+    report.add_table(f"Size and latency (ORT CPU, {threads} thread(s), interleaved medians of {runs})",
+                     ["model", "size_bytes", "median ms", "latency vs float"], rows)
+    report.add_table("What ORT runs", ["integer kernels", "float compute fed by DequantizeLinear",
+                                       "integer fraction"],
+                     [[sum(kernels["integer_ops"].values()), sum(kernels["float_compute_after_dq"].values()),
+                       kernels["integer_fraction"]]])
+
+
+def add_kernel_profile(report: Report, profiles: dict[str, Any], *, threads: int) -> None:
+    """ORT CPU kernel time by kind, float against int8."""
+    from npukit.measure.op_profile import compare_kinds
+
+    report.add("kernel_profile", {k: p.as_dict() for k, p in profiles.items()})
+    kinds = compare_kinds(profiles["float"], profiles["int8"])
+    report.add_table(f"Where the time goes (ORT CPU kernel time by kind, ms, {threads} thread(s); speedup = float / "
+                     "int8)",
+                     ["kind", "float ms", "int8 ms", "speedup", "int8 nodes", "int8 share on integer kernels"],
+                     [[kind, v["base_ms"], v["ms"], v["speedup"], v["nodes"], v["integer_share"]]
+                      for kind, v in kinds.items()])
+
+
+def add_agreement(report: Report, agreement: Any, *, where: str) -> None:
+    """A classifier's agreement with the float model (and accuracy where labelled) on held-out data ``where``."""
+    report.add("agreement", agreement.as_dict())
+    fields = [["samples", agreement.samples], ["top-1 agreement with float", agreement.top1_agreement],
+              ["top-5 overlap", agreement.top5_overlap], ["logits SQNR dB", agreement.sqnr_db],
+              ["top-1 agreement where float is confident", agreement.top1_agreement_confident]]
+    if agreement.labeled_samples:
+        fields += [["top-1 accuracy float", agreement.top1_accuracy_reference],
+                   ["top-1 accuracy int8", agreement.top1_accuracy_candidate]]
+    report.add_table(f"Agreement with the float model on {where}", ["metric", "value"], fields)
