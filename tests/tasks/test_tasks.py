@@ -260,3 +260,32 @@ def test_a_yolox_head_with_sigmoids_applied_is_still_raw_by_its_negative_log_siz
     meter.update([raw], [raw.copy()])
     result = meter.result()
     assert result.metrics["reference_detections"] == 1 and result.value == 1.0  # 0.95 x 0.95, not sigmoid(0.95)
+
+
+def _centerface(offset_x: float = 0.0) -> list[np.ndarray]:
+    """A CenterFace-style head at stride 4 over a 160x160 input: heatmap (1, 1, 40, 40) with one face at cell
+    (10, 10), log sizes log(4) (a 16x16 box), offsets (y, x), and 10 landmark channels."""
+    heat = np.full((1, 1, 40, 40), 0.01, np.float32)
+    heat[0, 0, 10, 10] = 0.9
+    heat[0, 0, 10, 11] = 0.5  # a neighbour of the peak: not a detection of its own
+    size = np.full((1, 2, 40, 40), np.log(4.0), np.float32)
+    offset = np.zeros((1, 2, 40, 40), np.float32)
+    offset[0, 1] = offset_x
+    landmarks = np.linspace(0, 1, 10 * 40 * 40, dtype=np.float32).reshape(1, 10, 40, 40)
+    return [heat, size, offset, landmarks]
+
+
+def test_a_centernet_heatmap_head_is_found_and_decoded_at_its_peaks() -> None:
+    shapes = [o.shape for o in _centerface()]
+    choice = choose_task(shapes, [(1, 3, 160, 160)])
+    assert choice.name == "detect" and choice.layout.kind == "heatmap"
+    assert (choice.layout.scores, choice.layout.boxes, choice.layout.offsets, choice.layout.stride) == (0, 1, 2, 4)
+    assert choose_task([(1, 21, 40, 40)], [(1, 3, 160, 160)]).name == "segment"  # a segmenter is not a heatmap
+    same = _detect(_centerface(), _centerface(), choice.layout)
+    assert same.value == 1.0 and same.metrics["reference_detections"] == 1  # the neighbour is no peak
+    assert "out3" not in same.decoded  # landmarks: held to the SQNR floor
+    # one cell (4 px) to the right: two 16x16 boxes overlap 12x16, IoU 192 / 320 = 0.6, still a match
+    near = _detect(_centerface(), _centerface(offset_x=1.0), choice.layout)
+    assert near.value == 1.0 and near.metrics["mean_iou_of_matches"] == pytest.approx(0.6, abs=1e-6)
+    # three cells: IoU 64 / 448, a miss
+    assert _detect(_centerface(), _centerface(offset_x=3.0), choice.layout).value == 0.0

@@ -10,6 +10,13 @@ Layouts understood (``detect_layout`` finds them from the output shapes):
   rows sum to 1 over C >= 2 classes have a background class first, which is dropped. A raw head whose "boxes" are
   anchor offsets (some values below -0.5: not coordinates) is matched anchor by anchor instead of by IoU, with no
   NMS: the anchors are the same in both models.
+- ``yolox`` (a raw YOLOX head) and ``gfl-levels`` (PicoDet / GFL: per-level scores and box distributions).
+- ``heatmap`` (CenterNet / CenterFace): a class heatmap (N, C, h, w) at a stride of the input, then a size output
+  and an offset output (N, 2, h, w) at the same resolution, in that order. Detections are the heatmap's 3x3 local
+  maxima (sigmoid first where the values are logits); a box is centred on its cell plus the offset, sized by the
+  size output, read as log sizes in strides (CenterFace: exp(s) x stride) where every value at the peaks is under
+  8 in magnitude, as sizes in output cells (CenterNet) otherwise. Outputs after these (CenterFace's landmarks) are
+  held to the SQNR floor.
 
 The reference's detections at ``GT_SCORE`` or more after NMS are the ground truth; the candidate's at
 ``PRED_SCORE`` or more are ranked by score (the way COCO and VOC evaluate), matched greedily to an unmatched ground
@@ -48,17 +55,21 @@ STRIDES = (8, 16, 32, 64, 128)  # feature-map strides of anchor-free heads (YOLO
 
 @dataclasses.dataclass(frozen=True)
 class DetectLayout:
-    kind: str  # "yolo" | "boxes-scores" | "gfl-levels" | "yolox"
+    kind: str  # "yolo" | "boxes-scores" | "gfl-levels" | "yolox" | "heatmap"
     boxes: int  # output index of the boxes (of everything, for yolo and yolox)
     scores: int  # output index of the scores
     channels_first: bool = False  # yolo (N, 4 + C, A)
     objectness: bool = False  # yolo (N, A, 5 + C)
     levels: tuple[tuple[int, int, int], ...] = ()  # gfl-levels: (scores output, distribution output, stride)
     image: tuple[int, int] | None = None  # the input's (H, W), for the grids of yolox and gfl-levels
+    offsets: int = -1  # heatmap: the offset output (``boxes`` is the size output, ``scores`` the heatmap)
+    stride: int = 0  # heatmap: input pixels per heatmap cell
 
     def decoded(self) -> tuple[int, ...]:
         if self.kind == "gfl-levels":
             return tuple(i for level in self.levels for i in level[:2])
+        if self.kind == "heatmap":
+            return (self.scores, self.boxes, self.offsets)
         return tuple(dict.fromkeys((self.boxes, self.scores)))
 
     def describe(self, names: Sequence[str]) -> str:
@@ -67,6 +78,9 @@ class DetectLayout:
                     f"{', objectness' if self.objectness else ''})")
         if self.kind == "yolox":
             return f"YOLOX-style raw head {names[self.boxes]!r} (grid offsets, log sizes, objectness, classes)"
+        if self.kind == "heatmap":
+            return (f"CenterNet-style heatmap {names[self.scores]!r} + size {names[self.boxes]!r} + offset "
+                    f"{names[self.offsets]!r} at stride {self.stride}")
         if self.kind == "gfl-levels":
             return ("per-level scores + box distributions (GFL / PicoDet): "
                     + ", ".join(f"stride {st}: {names[a]!r} + {names[b]!r}" for a, b, st in self.levels))
@@ -93,6 +107,17 @@ def detect_layout(shapes: Sequence[Sequence[int | str | None]],
 
     def static(d: list) -> bool:
         return all(isinstance(v, int) for v in d[1:])
+
+    if image is not None:  # CenterNet / CenterFace: heatmap, then size and offset maps at its resolution
+        maps = [i for i, d in enumerate(dims) if len(d) == 4 and static(d) and d[2] >= 2 and d[3] >= 2
+                and image[0] % d[2] == 0 and image[1] % d[3] == 0 and image[0] // d[2] == image[1] // d[3] >= 2]
+        for h in maps:
+            if dims[h][1] == 2:
+                continue
+            pairs = [i for i in maps if i > h and dims[i][1] == 2 and dims[i][2:] == dims[h][2:]]
+            if len(pairs) >= 2:
+                return DetectLayout("heatmap", pairs[0], h, image=image, offsets=pairs[1],
+                                    stride=image[0] // dims[h][2])
 
     for i, d in enumerate(dims):  # (N, A, 4) boxes with an (N, A, C) scores output of the same A
         if len(d) == 3 and d[-1] == 4 and static(d):
@@ -193,12 +218,17 @@ class _Decoder:
     def __init__(self, layout: DetectLayout) -> None:
         self.layout = layout
         self.corners: bool | None = None
+        self.log_sizes = False  # heatmap: sizes are log sizes in strides (CenterFace), not sizes in cells
         self.score_form: str | None = None  # "prob" | "softmax" | "sigmoid"
         self.background = False
         self.raw = False
 
     def _split(self, outputs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         lay = self.layout
+        if lay.kind == "heatmap":  # scores come back as probabilities
+            heat, size, offset = (np.asarray(outputs[i], np.float64)[0] for i in (lay.scores, lay.boxes, lay.offsets))
+            return _heatmap_peaks(heat, size, offset, lay.stride, logits=self.score_form == "sigmoid",
+                                  log_sizes=self.log_sizes)
         if lay.kind == "yolox":
             return _yolox(np.asarray(outputs[lay.boxes], np.float64)[0], lay.image, logits=self.score_form != "prob")
         if lay.kind == "gfl-levels":
@@ -234,6 +264,15 @@ class _Decoder:
             self.corners = True
             self.score_form = "sigmoid" if scores.min() < -1e-3 or scores.max() > 1 + 1e-3 else "prob"
             return
+        if self.layout.kind == "heatmap":  # read before the split: the peaks depend on both choices
+            heat = np.asarray(outputs[self.layout.scores], np.float64)[0]
+            self.score_form = "sigmoid" if heat.min() < -1e-3 or heat.max() > 1 + 1e-3 else "prob"
+            probs = _sigmoid(heat) if self.score_form == "sigmoid" else heat
+            peaks = _local_maxima(probs) & (probs >= GT_SCORE)
+            sizes = np.asarray(outputs[self.layout.boxes], np.float64)[0][:, peaks.any(axis=0)]
+            self.log_sizes = bool(sizes.size == 0 or np.abs(sizes).max() < 8.0)
+            self.corners = True
+            return
         if scores.min() < -1e-3 or scores.max() > 1 + 1e-3:
             self.score_form = "softmax" if scores.shape[1] > 1 else "sigmoid"
         else:
@@ -259,7 +298,7 @@ class _Decoder:
 
     def decode(self, outputs: Sequence[np.ndarray], threshold: float) -> Detections:
         boxes, scores = self._split(outputs)
-        probs = self._class_scores(self._probs(scores))
+        probs = scores if self.layout.kind == "heatmap" else self._class_scores(self._probs(scores))
         if self.layout.kind == "boxes-scores" and not self.raw and not self.corners:
             boxes = _corners(boxes)
         classes = probs.argmax(axis=1)
@@ -292,6 +331,35 @@ def _yolox(raw: np.ndarray, image: tuple[int, int], *, logits: bool = True) -> t
     boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
     squash = _sigmoid if logits else (lambda v: v)
     return boxes, squash(raw[:, 4:5]) * squash(raw[:, 5:])
+
+
+def _local_maxima(probs: np.ndarray) -> np.ndarray:
+    """(C, h, w) -> where each value is the largest of its 3x3 neighbourhood in its channel (CenterNet's NMS)."""
+    padded = np.pad(probs, ((0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    h, w = probs.shape[1:]
+    pooled = np.max([padded[:, dy:dy + h, dx:dx + w] for dy in range(3) for dx in range(3)], axis=0)
+    return probs >= pooled
+
+
+def _heatmap_peaks(heat: np.ndarray, size: np.ndarray, offset: np.ndarray, stride: int, *, logits: bool,
+                   log_sizes: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A CenterNet head's (C, h, w) heatmap with (2, h, w) sizes (height, width) and offsets (y, x) -> corner boxes
+    in input pixels at the heatmap's local maxima (at most ``MAX_DETECTIONS``, the strongest), and their class
+    scores (the peak's class has the peak's value, the others 0)."""
+    probs = _sigmoid(heat) if logits else heat
+    c, y, x = np.nonzero(_local_maxima(probs) & (probs >= PRED_SCORE))
+    keep = np.argsort(-probs[c, y, x], kind="stable")[:MAX_DETECTIONS]
+    c, y, x = c[keep], y[keep], x[keep]
+    sh, sw = size[0, y, x], size[1, y, x]
+    if log_sizes:
+        sh, sw = np.exp(np.clip(sh, -20, 20)) * stride, np.exp(np.clip(sw, -20, 20)) * stride
+    else:
+        sh, sw = sh * stride, sw * stride
+    cy, cx = (y + offset[0, y, x] + 0.5) * stride, (x + offset[1, y, x] + 0.5) * stride
+    boxes = np.stack([cx - sw / 2, cy - sh / 2, cx + sw / 2, cy + sh / 2], axis=1)
+    scores = np.zeros((len(c), heat.shape[0]))
+    scores[np.arange(len(c)), c] = probs[c, y, x]
+    return boxes, scores
 
 
 def _gfl_level(scores: np.ndarray, dist: np.ndarray, stride: int,
