@@ -81,3 +81,4 @@ def test_every_cli_verb_is_in_the_verb_table() -> None:
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
     assert set(sub.choices) == set(cli.VERBS)
+

@@ -53,8 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"npukit {__version__}")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    # --debug after the verb too (npukit compile ... --debug); unset there, the top-level value stands
+    verb_options = argparse.ArgumentParser(add_help=False)
+    verb_options.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                              help="show full tracebacks")
 
-    p = sub.add_parser("export", help="PyTorch (torchvision:NAME, module:factory, TorchScript, pickled module, .pt2) "
+    def verb(name: str, **kwargs) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[verb_options], **kwargs)
+
+    p = verb("export", help="PyTorch (torchvision:NAME, module:factory, TorchScript, pickled module, .pt2) "
                                       "or ONNX -> verified ONNX",
                        description="Export a model to a single-file ONNX model, verified against torch on seeded "
                                    "inputs. MODEL: torchvision:NAME | package.module:factory (found in the current "
@@ -75,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rtol", type=float, default=1e-4, help="max error relative to the output range (default 1e-4)")
     _add_html(p)
 
-    p = sub.add_parser("optimize-graph", help="constant folding, dead code, BatchNorm folding, fusions; verified",
+    p = verb("optimize-graph", help="constant folding, dead code, BatchNorm folding, fusions; verified",
                        description="Run npukit's graph passes and verify the result against the original.")
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("-o", "--output", required=True, help="output .onnx path")
@@ -88,13 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "stem) so the predicted peak activation memory fits BYTES")
     _add_html(p)
 
-    p = sub.add_parser("inspect", help="ops by type, parameters, MACs per layer, tensor sizes")
+    p = verb("inspect", help="ops by type, parameters, MACs per layer, tensor sizes")
     p.add_argument("model", metavar="MODEL.onnx")
     _add_shape(p, "input shape when the model's is symbolic")
     p.add_argument("--top", type=int, default=15, help="layers to list by MACs (default 15)")
     p.add_argument("--json", metavar="PATH", help="also write the summary as a JSON report")
 
-    p = sub.add_parser("quantize", help="INT8 post-training quantization (QDQ) with calibration, CLE, bias correction",
+    p = verb("quantize", help="INT8 post-training quantization (QDQ) with calibration, CLE, bias correction",
                        description="Quantize to a QDQ model that ONNX Runtime runs with integer kernels; the report "
                                    "shows per-layer SQNR, size, latency and (with --data) agreement with the float "
                                    "model.")
@@ -148,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=int, default=30, help="timed runs per model (default 30)")
     _add_html(p)
 
-    p = sub.add_parser("analyze", help="which nodes each target (NPU) takes, why not, and the CPU fallbacks",
+    p = verb("analyze", help="which nodes each target (NPU) takes, why not, and the CPU fallbacks",
                        description="Before any lowering: per node supported or not and why, the partition into "
                                    "delegated subgraphs, CPU<->NPU transitions, share of MACs delegated, and the "
                                    "substitution that would fix each unsupported node.")
@@ -161,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
     _add_html(p)
 
-    p = sub.add_parser("plan-memory", help="tensor lifetimes, buffer reuse plans, peak memory, timeline",
+    p = verb("plan-memory", help="tensor lifetimes, buffer reuse plans, peak memory, timeline",
                        description="Plan activation memory on the graph as the target executes it (fused "
                                    "activations, in-place ops, quantized activation dtypes); every plan is checked "
                                    "so that no two live tensors share bytes.")
@@ -175,10 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
     _add_html(p)
 
-    p = sub.add_parser("devices", help="probe execution providers, NPU backends, CPU int8 features, memory")
+    p = verb("devices", help="probe execution providers, NPU backends, CPU int8 features, memory")
     p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
 
-    p = sub.add_parser("bench", help="latency on ORT CPU, size, and agreement/accuracy on data",
+    p = verb("bench", help="latency on ORT CPU, size, and agreement/accuracy on data",
                        description="Measure latency (warm-up, then median/p90), size and, with --data, agreement "
                                    "with a reference model and accuracy against labels.")
     p.add_argument("model", metavar="MODEL.onnx")
@@ -201,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
     _add_html(p)
 
-    p = sub.add_parser("compile", help="QDQ model -> deployable EPContext model with the HTP binary for a SoC",
+    p = verb("compile", help="QDQ model -> deployable EPContext model with the HTP binary for a SoC",
                        description="Fix static shapes, quantize as the HTP needs (unless given a QDQ model), and "
                                    "compile an EPContext model holding the HTP context binary for --soc; the result "
                                    "is loaded back and run to prove it works.")
@@ -215,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shape(p, "static input shape, e.g. 1,3,224,224")
     _add_html(p)
 
-    p = sub.add_parser("demo", help="the whole pipeline on MobileNetV2 (official weights) and real photos, offline")
+    p = verb("demo", help="the whole pipeline on MobileNetV2 (official weights) and real photos, offline")
     p.add_argument("-o", "--output-dir", default="npukit_out", help="where artifacts and reports go")
     p.add_argument("--threads", type=int, default=1, help="ORT intra-op threads for timing (default 1)")
     p.add_argument("--runs", type=int, default=50, help="timed runs per model (default 50)")

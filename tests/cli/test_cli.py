@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 
-from npukit.cli import main
+from npukit.cli import build_parser, main
 
 HERE = Path(__file__).parent
 
@@ -408,3 +408,10 @@ def test_memory_budget_too_low_says_smallest_reachable_and_writes_nothing(export
     err = capsys.readouterr().err
     assert "smallest" in err and not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_debug_is_taken_before_or_after_the_verb() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["inspect", "m.onnx"]).debug is False
+    assert parser.parse_args(["--debug", "inspect", "m.onnx"]).debug is True
+    assert parser.parse_args(["inspect", "m.onnx", "--debug"]).debug is True
