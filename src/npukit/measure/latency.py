@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -59,7 +59,7 @@ def measure_latency(
     inputs = dict(feeds) if feeds is not None else random_feeds(session, seed=seed)
     for _ in range(warmup):
         session.run(None, inputs)
-    return LatencyResult.from_times(_timed_runs(session, inputs, runs), threads=threads)
+    return LatencyResult.from_times(_timed_calls(lambda: session.run(None, inputs), runs), threads=threads)
 
 
 def measure_latency_interleaved(
@@ -100,17 +100,26 @@ def time_sessions_interleaved(
     """The timing loop of ``measure_latency_interleaved`` on sessions already made (``threads`` is recorded only):
     ``warmup`` runs of each, then ``rounds`` rounds of ``runs`` timed runs in all, the order rotating each round;
     ``feeds`` go to every session, or each gets seeded random inputs for its own inputs."""
-    names = list(sessions)
-    inputs = {name: dict(feeds) if feeds is not None else random_feeds(sessions[name], seed=seed) for name in names}
+    inputs = {name: dict(feeds) if feeds is not None else random_feeds(sessions[name], seed=seed) for name in sessions}
+    calls = {name: (lambda s=session, f=inputs[name]: s.run(None, f)) for name, session in sessions.items()}
+    return time_calls_interleaved(calls, threads=threads, warmup=warmup, runs=runs, rounds=rounds)
+
+
+def time_calls_interleaved(calls: Mapping[str, Callable[[], Any]], *, threads: int, warmup: int, runs: int,
+                           rounds: int) -> dict[str, LatencyResult]:
+    """``warmup`` calls of each function, then ``rounds`` rounds of ``runs`` timed calls in all, the order rotating
+    each round (``threads`` is recorded only): any runtime's inference as a function of nothing (ORT, ExecuTorch,
+    eager torch), timed side by side."""
+    names = list(calls)
     for name in names:
         for _ in range(warmup):
-            sessions[name].run(None, inputs[name])
+            calls[name]()
     blocks = _blocks(runs, rounds)
     times: dict[str, list[float]] = {name: [] for name in names}
     for r, block in enumerate(blocks):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
-            times[name].extend(_timed_runs(sessions[name], inputs[name], block))
+            times[name].extend(_timed_calls(calls[name], block))
     return {name: LatencyResult.from_times(times[name], threads=threads) for name in names}
 
 
@@ -133,11 +142,11 @@ def paired_ratio(base: LatencyResult, other: LatencyResult, *, rounds: int) -> f
     return float(np.median(ratios))
 
 
-def _timed_runs(session: ort.InferenceSession, inputs: dict[str, np.ndarray], runs: int) -> list[float]:
+def _timed_calls(call: Callable[[], Any], runs: int) -> list[float]:
     out = []
     for _ in range(runs):
         start = time.perf_counter()
-        session.run(None, inputs)
+        call()
         out.append((time.perf_counter() - start) * 1e3)
     return out
 

@@ -33,7 +33,7 @@ def compile(  # noqa: A001 - the verb's name
     model: str | Path,
     output: str | Path,
     *,
-    soc: str,
+    soc: str | None = None,
     target: str = "qnn-htp",
     calib: str | Path | None = None,
     input_shape: str | Sequence[int] | None = None,
@@ -41,6 +41,7 @@ def compile(  # noqa: A001 - the verb's name
     html: bool = False,
     task: str | None = None,
     gate: QualityGate | None = None,
+    weights: str | Path | None = None,
 ) -> CommandResult:
     """Static shapes, QDQ as the HTP needs (unless the model already is QDQ), then an EPContext model with the HTP
     context binary for ``soc`` embedded; loaded back and run to prove it works, then checked with the model's task
@@ -50,10 +51,24 @@ def compile(  # noqa: A001 - the verb's name
     from npukit.runtime.compile import compile_qnn_context
     from npukit.targets.registry import get_target
 
+    if target.strip().lower() == "executorch-xnnpack":
+        from npukit.verbs.compile_executorch import compile_executorch
+
+        if soc is not None:
+            raise InputError("--soc is for --target qnn-htp; ExecuTorch's XNNPACK runs on the CPU",
+                             hint="drop --soc")
+        return compile_executorch(model, output, calib=calib, input_shape=input_shape, preprocess=preprocess,
+                                  html=html, task=task, gate=gate, weights=weights)
+    if weights is not None:
+        raise InputError("--weights is for a PyTorch MODEL (--target executorch-xnnpack)",
+                         hint="give the HTP an .onnx model with its weights in it")
     profile = get_target(target)
     if profile.name != "qnn-htp":
         raise InputError(f"compiling for {profile.name} is not supported yet",
-                         hint="use --target qnn-htp; other targets: export the QDQ model from `npukit quantize`")
+                         hint="use --target qnn-htp or executorch-xnnpack; other targets: export the QDQ model "
+                              "from `npukit quantize`")
+    if soc is None:
+        raise InputError("compiling for the HTP needs the Snapdragon SoC", hint="pass --soc, e.g. --soc SM8650")
     output = check_output(output, source=model)
     spec = InputSpec.parse(input_shape)
     proto = load_with_inputs(model, spec, needs="the HTP")

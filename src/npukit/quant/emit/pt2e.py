@@ -1,0 +1,399 @@
+"""Emit a quantization plan into a torch program (PT2E): the grids npukit chose and emitted on the ONNX model carried
+onto the ``torch.export`` graph of the same model as fixed quantization parameters, and the weights the plan rounded
+(AdaRound, GPTQ-style corrections, bias correction) carried with them, so that ``convert_pt2e`` and a runtime's
+lowering (ExecuTorch's XNNPACK delegate) compute on exactly the plan's integers.
+
+Which torch tensor is which ONNX tensor: both graphs come from the same module, so each tensor of the torch program
+is matched to the ONNX tensor with the same shape and the same values on one real input (to 1e-4 of its range),
+the earliest such tensor in the ONNX graph's order not yet taken (a Conv's output before the Clip after it, which
+equals it wherever nothing is clipped). A match of values is a proof of identity that names cannot give: the two
+exporters name tensors differently, and BatchNorm is folded on both sides.
+
+Which edges are quantized and how they pair with ops (conv + relu fused, shared grids through pooling and
+reshapes) is the XNNPACK quantizer's annotation, which its partitioner lowers; only the grids are replaced: each
+annotated activation gets the QDQ model's grid of its tensor (int8: an asymmetric uint8 grid shifted by 128, the
+same real values), a tensor the ONNX model leaves unquantized before a Relu / Clip gets the grid after it (the
+same function: the clamp is the grid's own range), a node the plan keeps in float is left unannotated, and each
+weight gets the plan's per-channel scales with its dequantized integer weights, so quantizing it again on those
+scales gives back the plan's integers. What cannot be matched is named in ``CarriedPlan.unmatched``; the caller
+refuses such a program.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+
+from npukit.quant.plan import QuantPlan
+
+MATCH_TOLERANCE = 1e-4  # relative to the tensor's largest magnitude
+_CLAMPS = ("relu.default", "relu_.default", "hardtanh.default", "hardtanh_.default")
+# ops XNNPACK quantizes with the input's grid shared, which compute a new value and so take a grid of their own
+_REQUANTIZING = ("adaptive_avg_pool2d.default", "mean.dim", "mean.default", "avg_pool2d.default")
+_WEIGHTED = {"conv2d.default": ("Conv",), "conv1d.default": ("Conv",), "linear.default": ("Gemm", "MatMul")}
+
+
+@dataclasses.dataclass(frozen=True)
+class CarriedPlan:
+    """The converted torch program (q/dq ops with the plan's grids) and what was carried onto it."""
+
+    program: torch.fx.GraphModule
+    matched: int  # torch tensors matched to ONNX tensors by value
+    activations: int  # activation grids carried from the QDQ model
+    weights: int  # weights (and their biases) replaced by the plan's dequantized integers
+    float_nodes: tuple[str, ...]  # torch nodes left in float because the plan keeps their ONNX twin in float
+    unmatched: tuple[str, ...]  # annotated torch tensors without a grid in the plan (the caller refuses these)
+    derived: tuple[str, ...] = ()  # torch tensors the ONNX model keeps in float, on an int8 grid of the plan's range
+
+    def summary(self) -> dict[str, Any]:
+        return {"matched_tensors": self.matched, "activation_grids": self.activations, "weights": self.weights,
+                "float_nodes": list(self.float_nodes), "unmatched": list(self.unmatched),
+                "derived_from_range": list(self.derived)}
+
+
+@dataclasses.dataclass(frozen=True)
+class _OnnxSide:
+    """What the QDQ model says, by the float model's tensor names."""
+
+    values: Mapping[str, np.ndarray]  # float tensor -> its value on the matching input
+    order: Mapping[str, int]  # float tensor -> position of its producer
+    producer: Mapping[str, onnx.NodeProto]  # float tensor -> node of the float model that writes it
+    grids: Mapping[str, tuple[float, int, str]]  # activation -> (scale, zero point, dtype) as emitted
+    specs: Mapping[str, Any]  # tensor -> the plan's TensorSpec (float32: left unquantized by the emitter)
+    weights: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]  # node -> (weight, scales, bias)
+    float_nodes: frozenset[str]
+
+
+def _onnx_side(reference: onnx.ModelProto, qdq: onnx.ModelProto, plan: QuantPlan,
+               values: Mapping[str, np.ndarray]) -> _OnnxSide:
+    order: dict[str, int] = {i.name: -1 for i in reference.graph.input}
+    producer: dict[str, onnx.NodeProto] = {}
+    for index, node in enumerate(reference.graph.node):
+        for out in node.output:
+            order[out] = index
+            producer[out] = node
+    grids = {}
+    for name, spec in plan.tensors.items():
+        if spec.is_float or spec.scale is None or spec.axis is not None or name not in order:
+            continue
+        grids[name] = (spec.scale[0], spec.zero_point[0], spec.dtype)
+    weights = {}
+    inits = {i.name: numpy_helper.to_array(i) for i in qdq.graph.initializer}
+    dq_out = {n.output[0]: n for n in qdq.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits}
+    for node in qdq.graph.node:
+        if node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.input) < 2 or node.input[1] not in dq_out:
+            continue
+        dq = dq_out[node.input[1]]
+        weight = _dequantize(dq, inits)
+        scale = inits[dq.input[1]].astype(np.float64).reshape(-1)
+        bias = None
+        if len(node.input) > 2 and node.input[2]:
+            bias = _dequantize(dq_out[node.input[2]], inits) if node.input[2] in dq_out else inits.get(node.input[2])
+        if node.op_type == "MatMul" or (node.op_type == "Gemm" and not _attr(node, "transB", 0)):
+            weight = weight.T  # torch's linear holds [out, in]
+        weights[node.name] = (weight, scale, bias)
+    return _OnnxSide(values=values, order=order, producer=producer, grids=grids, specs=plan.tensors, weights=weights,
+                     float_nodes=frozenset(plan.float_nodes))
+
+
+def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+def _dequantize(dq: onnx.NodeProto, inits: Mapping[str, np.ndarray]) -> np.ndarray:
+    q = inits[dq.input[0]].astype(np.float64)
+    scale = inits[dq.input[1]].astype(np.float64)
+    zero = inits[dq.input[2]].astype(np.float64) if len(dq.input) > 2 and dq.input[2] else np.zeros_like(scale)
+    if scale.size > 1:
+        axis = _attr(dq, "axis", 1)
+        shape = [1] * q.ndim
+        shape[axis] = -1
+        scale, zero = scale.reshape(shape), zero.reshape(shape)
+    return ((q - zero) * scale).astype(np.float32)
+
+
+def _op_name(node: torch.fx.Node) -> str:
+    target = node.target
+    return f"{getattr(target, '__name__', str(target))}"
+
+
+def _match(program: torch.fx.GraphModule, onnx_side: _OnnxSide, example: Sequence[torch.Tensor]
+           ) -> dict[torch.fx.Node, str]:
+    """Each tensor of ``program`` -> the ONNX tensor equal to it on ``example`` (see the module docstring)."""
+    recorded: dict[torch.fx.Node, np.ndarray] = {}
+
+    class _Recorder(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node) -> Any:
+            result = super().run_node(n)
+            if isinstance(result, torch.Tensor) and n.op in ("placeholder", "call_function") \
+                    and result.dtype.is_floating_point:
+                recorded[n] = result.detach().numpy().copy()  # in-place ops (hardtanh_) follow
+            return result
+
+    with torch.no_grad():
+        _Recorder(program).run(*example)
+    by_shape: dict[tuple[int, ...], list[str]] = {}
+    for name in sorted(onnx_side.values, key=lambda t: onnx_side.order.get(t, 1 << 30)):
+        by_shape.setdefault(tuple(onnx_side.values[name].shape), []).append(name)
+    taken: set[str] = set()
+    matched: dict[torch.fx.Node, str] = {}
+    for node, value in recorded.items():
+        scale = float(np.abs(value).max()) or 1.0
+        equal = [name for name in by_shape.get(tuple(value.shape), [])
+                 if float(np.abs(onnx_side.values[name] - value).max()) <= MATCH_TOLERANCE * scale]
+        if equal:
+            fresh = [name for name in equal if name not in taken]
+            matched[node] = (fresh or equal)[0]
+            taken.add(matched[node])
+    return matched
+
+
+def _plan_observer() -> type:
+    from torchao.quantization.pt2e.observer import PerChannelMinMaxObserver
+
+    class PlanPerChannelObserver(PerChannelMinMaxObserver):
+        """Per-channel weight grid fixed by the plan ("PerChannel" in the name: PT2E passes it the channel axis)."""
+
+        def __init__(self, scales: Sequence[float] = (1.0,), **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.register_buffer("plan_scale", torch.tensor(list(scales), dtype=torch.float32))
+
+        def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.plan_scale, torch.zeros(self.plan_scale.shape, dtype=torch.int64)
+
+    return PlanPerChannelObserver
+
+
+def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], report: dict[str, Any]) -> Any:
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (XNNPACKQuantizer,
+                                                                         get_symmetric_quantization_config)
+    from torchao.quantization.pt2e.quantizer import (FixedQParamsQuantizationSpec, QuantizationSpec, Quantizer,
+                                                     SharedQuantizationSpec)
+
+    observer = _plan_observer()
+
+    class PlanQuantizer(Quantizer):
+        """XNNPACK's annotation with the plan's grids and weights (see the module docstring)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.base = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+            self.match: dict[torch.fx.Node, str] = {}
+
+        def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+            model = self.base.transform_for_annotation(model)
+            self.match = _match(model, onnx_side, example)  # BatchNorm is folded by now, as in the ONNX model
+            report["matched"] = len(self.match)
+            report["weights"] = _carry_weights(model, self.match, onnx_side)
+            return model
+
+        def _grid(self, node: torch.fx.Node) -> Any:
+            name = self.match.get(node)
+            grid = onnx_side.grids.get(name) if name is not None else None
+            if grid is None:
+                users = list(node.users)
+                if len(users) == 1 and _op_name(users[0]) in _CLAMPS:
+                    return self._grid(users[0])
+                return None
+            scale, zero, dtype = grid
+            if dtype == "uint8":
+                zero -= 128
+            elif dtype != "int8":
+                return None
+            return FixedQParamsQuantizationSpec(dtype=torch.int8, scale=scale, zero_point=int(zero), quant_min=-128,
+                                                quant_max=127, qscheme=torch.per_tensor_affine)
+
+        def _in_float(self, node: torch.fx.Node) -> bool:
+            name = self.match.get(node)
+            twin = onnx_side.producer.get(name) if name is not None else None
+            return twin is not None and twin.name in onnx_side.float_nodes
+
+        def _range_grid(self, node: torch.fx.Node) -> Any:
+            """An int8 grid on the plan's calibrated range of a tensor the ONNX model left in float (the output
+            of a Gemm that ORT's integer kernel writes in float; XNNPACK's quantized linear writes int8)."""
+            name = self.match.get(node)
+            spec = onnx_side.specs.get(name) if name is not None else None
+            if spec is None or spec.range is None:
+                return None
+            lo, hi = min(spec.range[0], 0.0), max(spec.range[1], 0.0)
+            scale = (hi - lo) / 255.0 or 1.0
+            zero = int(np.clip(round(-128 - lo / scale), -128, 127))
+            return FixedQParamsQuantizationSpec(dtype=torch.int8, scale=scale, zero_point=zero, quant_min=-128,
+                                                quant_max=127, qscheme=torch.per_tensor_affine)
+
+        def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+            self.base.annotate(model)
+            unmatched: list[str] = []
+            floats: list[str] = []
+            derived: list[str] = []
+            carried = 0
+            for node in model.graph.nodes:
+                annotation = node.meta.get("quantization_annotation")
+                if annotation is None:
+                    continue
+                if self._in_float(node):
+                    del node.meta["quantization_annotation"]
+                    floats.append(node.name)
+                    continue
+                inputs = {}
+                for arg, spec in annotation.input_qspec_map.items():
+                    if isinstance(spec, QuantizationSpec) and spec.qscheme in (torch.per_channel_symmetric,
+                                                                               torch.per_tensor_symmetric) \
+                            and arg.op == "get_attr":
+                        inputs[arg] = self._weight_spec(node, spec)
+                    elif isinstance(spec, QuantizationSpec):
+                        grid = self._grid(arg)
+                        carried += grid is not None
+                        if grid is None:
+                            unmatched.append(f"{arg.name} (read by {node.name})")
+                        inputs[arg] = grid or spec
+                    else:
+                        inputs[arg] = spec
+                annotation.input_qspec_map = inputs
+                if isinstance(annotation.output_qspec, QuantizationSpec):
+                    grid = self._grid(node)
+                    if grid is None:
+                        grid = self._range_grid(node)
+                        if grid is not None:
+                            derived.append(node.name)
+                    carried += grid is not None
+                    if grid is None:
+                        unmatched.append(node.name)
+                    annotation.output_qspec = grid or annotation.output_qspec
+                elif isinstance(annotation.output_qspec, SharedQuantizationSpec) and _op_name(node) in _REQUANTIZING:
+                    grid = self._grid(node)  # an average's own, narrower grid, as ORT gives it
+                    if grid is not None:
+                        annotation.output_qspec = grid
+                        carried += 1
+            self._unshare(model, {n for n in model.graph.nodes if n.name in floats})
+            report["activations"] = carried
+            report["unmatched"] = unmatched
+            report["float_nodes"] = floats
+            report["derived"] = derived
+            return model
+
+        def _unshare(self, model: torch.fx.GraphModule, removed: set[torch.fx.Node]) -> None:
+            """Grids shared with a node now left in float (a Relu after a float conv) become the plan's own grid
+            of their tensor, or none."""
+            def gone(spec: Any) -> bool:
+                if not isinstance(spec, SharedQuantizationSpec):
+                    return False
+                where = spec.edge_or_node
+                return any(n in removed for n in where) if isinstance(where, tuple) else where in removed
+
+            for node in model.graph.nodes:
+                annotation = node.meta.get("quantization_annotation")
+                if annotation is None or not removed:
+                    continue
+                annotation.input_qspec_map = {arg: (self._grid(arg) if gone(spec) else spec)
+                                              for arg, spec in annotation.input_qspec_map.items()
+                                              if not gone(spec) or self._grid(arg) is not None}
+                if gone(annotation.output_qspec):
+                    annotation.output_qspec = self._grid(node)
+
+        def _weight_spec(self, node: torch.fx.Node, spec: Any) -> Any:
+            name = self.match.get(node)
+            twin = onnx_side.producer.get(name) if name is not None else None
+            carried = onnx_side.weights.get(twin.name) if twin is not None else None
+            if carried is None:
+                report.setdefault("unmatched_weights", []).append(node.name)
+                return spec
+            _, scales, _ = carried
+            channels = int(node.args[1].meta["val"].shape[0]) if "val" in node.args[1].meta else len(scales)
+            if len(scales) == 1:
+                scales = np.repeat(scales, channels)
+            # ORT's symmetric int8 grids reach -128 (scale = max |w| / 127.5): the range is the dtype's
+            return dataclasses.replace(spec, qscheme=torch.per_channel_symmetric, ch_axis=0, quant_min=-128,
+                                       quant_max=127,
+                                       observer_or_fake_quant_ctr=observer.with_args(scales=tuple(scales)))
+
+        def validate(self, model: torch.fx.GraphModule) -> None:
+            return None
+
+    return PlanQuantizer()
+
+
+def _carry_weights(model: torch.fx.GraphModule, match: Mapping[torch.fx.Node, str], onnx_side: _OnnxSide) -> int:
+    """Replace each conv / linear weight (and bias) with the QDQ model's dequantized integers."""
+    done = 0
+    for node, name in match.items():
+        kinds = _WEIGHTED.get(_op_name(node))
+        twin = onnx_side.producer.get(name)
+        if kinds is None or twin is None or twin.op_type not in kinds or twin.name not in onnx_side.weights:
+            continue
+        weight, _, bias = onnx_side.weights[twin.name]
+        weight_node = node.args[1]
+        bias_node = node.args[2] if len(node.args) > 2 else None
+        if weight_node.op != "get_attr":
+            continue
+        current = _attribute(model, weight_node.target)
+        if tuple(current.shape) != weight.shape:
+            continue
+        _set_attribute(model, weight_node.target, torch.from_numpy(np.ascontiguousarray(weight)))
+        if bias is not None and isinstance(bias_node, torch.fx.Node) and bias_node.op == "get_attr":
+            _set_attribute(model, bias_node.target, torch.from_numpy(np.ascontiguousarray(bias, dtype=np.float32)))
+        done += 1
+    return done
+
+
+def _attribute(model: torch.nn.Module, target: str) -> torch.Tensor:
+    obj: Any = model
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _set_attribute(model: torch.nn.Module, target: str, value: torch.Tensor) -> None:
+    owner: Any = model
+    *path, last = target.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    current = getattr(owner, last)
+    if isinstance(current, torch.nn.Parameter):
+        setattr(owner, last, torch.nn.Parameter(value, requires_grad=False))
+    else:
+        setattr(owner, last, value)
+
+
+def reference_values(model: onnx.ModelProto, example: Sequence[torch.Tensor]) -> dict[str, np.ndarray]:
+    """Every float tensor of ``model`` (the graph inputs included) on ``example``, by name (ONNX Runtime)."""
+    from npukit.quant.calibration.calibrate import float_activations, with_outputs
+    from npukit.runtime.ort import make_session
+
+    names = float_activations(model)
+    session = make_session(with_outputs(model, names))
+    feeds = {i.name: np.asarray(x.detach().numpy()) for i, x in zip(session.get_inputs(), example)}
+    values = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    return values | feeds
+
+
+def carry_plan(module: torch.nn.Module, example: Sequence[torch.Tensor], *, float_model: onnx.ModelProto,
+               qdq: onnx.ModelProto, plan: QuantPlan) -> CarriedPlan:
+    """``module`` exported (``torch.export``) and converted (PT2E) with ``plan``'s grids and weights as emitted in
+    ``qdq``; ``float_model`` is the ONNX model that was quantized (before any step that changed its weights: the
+    torch tensors are matched to its tensors by value on ``example``); see the module docstring."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from npukit.quant.qdq import named_nodes, preprocess
+
+    work = preprocess(named_nodes(float_model))  # the names the plan and the QDQ model use
+    onnx_side = _onnx_side(work, qdq, plan, reference_values(work, example))
+    report: dict[str, Any] = {}
+    program = torch.export.export(module.eval(), tuple(example)).module()
+    prepared = prepare_pt2e(program, _plan_quantizer(onnx_side, example, report))
+    with torch.no_grad():
+        prepared(*example)  # fixed grids learn nothing; PT2E wants the observers run once
+    converted = convert_pt2e(prepared)
+    return CarriedPlan(program=converted, matched=report.get("matched", 0), activations=report.get("activations", 0),
+                       weights=report.get("weights", 0), float_nodes=tuple(report.get("float_nodes", ())),
+                       unmatched=tuple(report.get("unmatched", ())) + tuple(report.get("unmatched_weights", ())),
+                       derived=tuple(report.get("derived", ())))

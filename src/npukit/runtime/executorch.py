@@ -1,0 +1,100 @@
+"""ExecuTorch with its XNNPACK delegate: lower a torch program to a .pte, load it in ExecuTorch's runtime, run it.
+
+ExecuTorch is an optional extra (``pip install 'npukit[executorch]'``, installed by scripts/setup.sh); it is imported
+only here and only when an ExecuTorch target is used. Its Qualcomm backend is never imported (it downloads the QNN
+SDK on import of its lowering code); the XNNPACK backend needs nothing at run time.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import importlib.util
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from npukit.errors import InputError
+
+EXTRA_HINT = "install it with: .venv/bin/pip install 'npukit[executorch]' (scripts/setup.sh does)"
+
+
+def require_executorch() -> None:
+    """ExecuTorch is installed, or an InputError that says how to install it."""
+    if importlib.util.find_spec("executorch") is None:
+        raise InputError("the executorch-xnnpack target needs ExecuTorch, which is not installed", hint=EXTRA_HINT)
+    # torchao registers an Enum with torch's pytree on import, which logs a deprecation warning to the terminal
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowered:
+    """A .pte program's bytes and what XNNPACK took."""
+
+    buffer: bytes
+    delegated_ops: int  # ops of the edge program inside XNNPACK delegate calls
+    delegate_calls: int
+    portable_ops: dict[str, int]  # ops left to ExecuTorch's portable kernels, by name
+
+    def summary(self) -> dict[str, Any]:
+        return {"bytes": len(self.buffer), "delegated_ops": self.delegated_ops, "delegate_calls": self.delegate_calls,
+                "portable_ops": dict(self.portable_ops)}
+
+
+def lower_xnnpack(program: torch.nn.Module, example: Sequence[torch.Tensor]) -> Lowered:
+    """``program`` exported and lowered with ExecuTorch's XNNPACK partitioner (fp32, or the q/dq of a PT2E-converted
+    program as XNNPACK's integer kernels)."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    exported = torch.export.export(program, tuple(_contiguous(x) for x in example))
+    before = sum(1 for n in exported.graph.nodes if n.op == "call_function")
+    try:
+        edge = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()])
+    except Exception as exc:  # noqa: BLE001 - any failure inside ExecuTorch's lowering is the model's, said in one line
+        raise InputError(f"ExecuTorch's XNNPACK lowering failed on this model: {_root_cause(exc)}",
+                         hint="try --target qnn-htp or npukit quantize on its ONNX export (npukit export)") from exc
+    left = collections.Counter(
+        getattr(n.target, "__name__", str(n.target)) for n in edge.exported_program().graph.nodes
+        if n.op == "call_function" and "getitem" not in str(n.target))
+    calls = left.pop("executorch_call_delegate", 0)
+    buffer = edge.to_executorch().buffer
+    return Lowered(buffer=bytes(buffer), delegated_ops=max(before - sum(left.values()), 0), delegate_calls=calls,
+                   portable_ops=dict(left))
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost exception's first line, with the pass it happened in when ExecuTorch names one."""
+    passes = ""
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        text = str(exc)
+        if "error occurred when running the" in text and not passes:
+            passes = text.split("running the", 1)[1].split("pass", 1)[0].strip(" '") + ": "
+        exc = exc.__cause__ or exc.__context__
+    line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return f"{passes}{line}"[:300]
+
+
+def _contiguous(x: torch.Tensor) -> torch.Tensor:
+    """A tensor with plain strides: a size-1 axis from numpy's x[None] has stride 0, which ExecuTorch refuses."""
+    return torch.from_numpy(np.array(x.detach().numpy(), copy=True)) if isinstance(x, torch.Tensor) else x
+
+
+class ExecuTorchRunner:
+    """A .pte program loaded in ExecuTorch's runtime; ``threads`` sets its thread pool (XNNPACK's threads)."""
+
+    def __init__(self, path: str | Path, *, threads: int = 1) -> None:
+        from executorch.extension.pybindings import portable_lib
+        from executorch.runtime import Runtime
+
+        portable_lib._unsafe_reset_threadpool(int(threads))  # before loading: the pool is read at load time
+        self.program = Runtime.get().load_program(Path(path))
+        self.method = self.program.load_method("forward")
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        inputs = [torch.from_numpy(np.array(v, dtype=np.float32, copy=True)) for v in feeds.values()]
+        return [o.numpy() if isinstance(o, torch.Tensor) else np.asarray(o) for o in self.method.execute(inputs)]

@@ -1,0 +1,110 @@
+"""npukit's plan carried onto a torch program (PT2E): the converted program's grids and weight integers are the
+QDQ model's, and it computes what the QDQ model computes (ORT with no fusions: the Q/DQ arithmetic as written)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import numpy_helper
+
+pytest.importorskip("executorch", reason="the executorch extra is not installed (scripts/setup.sh installs it)")
+
+from npukit.config import ExportConfig  # noqa: E402
+from npukit.frontend.export import export_model  # noqa: E402
+from npukit.frontend.spec import ModelSource  # noqa: E402
+from npukit.quant.config import QuantConfig  # noqa: E402
+from npukit.quant.emit.pt2e import carry_plan  # noqa: E402
+from npukit.quant.qdq import quantize  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
+from tinynet import tiny  # noqa: E402
+
+
+def _setup(tmp_path: Path, config: QuantConfig):
+    module = tiny()
+    source = ModelSource(kind="torch", spec="tinynet:tiny", module=module, onnx_path=None,
+                         default_input_shape=(1, 3, 32, 32), description="tiny CNN")
+    path = export_model(source, tmp_path / "tiny.onnx", config=ExportConfig(input_shape=(1, 3, 32, 32))).path
+    float_onnx = onnx.load(str(path))
+    rng = np.random.default_rng(0)
+    samples = [{"input": rng.normal(size=(1, 3, 32, 32)).astype(np.float32)} for _ in range(12)]
+    result = quantize(float_onnx, samples, config=config)
+    example = (torch.from_numpy(samples[0]["input"].copy()),)
+    carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan)
+    return module, result, carried, samples
+
+
+def _qdq_grids(model: onnx.ModelProto) -> tuple[set[tuple[float, int]], list[tuple[np.ndarray, np.ndarray]]]:
+    """Activation grids (scale, zero point as int8) and weights (integers, scales) of a QDQ model."""
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    grids, weights = set(), []
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear":
+            zero = int(inits[node.input[2]].reshape(-1)[0])
+            zero = zero - 128 if inits[node.input[2]].dtype == np.uint8 else zero
+            grids.add((round(float(inits[node.input[1]].reshape(-1)[0]), 9), zero))
+        elif node.op_type == "DequantizeLinear" and node.input[0] in inits and inits[node.input[0]].dtype == np.int8 \
+                and inits[node.input[0]].ndim > 1:
+            weights.append((inits[node.input[0]], inits[node.input[1]].reshape(-1)))
+    return grids, weights
+
+
+def _program_grids(program: torch.fx.GraphModule) -> tuple[set[tuple[float, int]], list[tuple[np.ndarray, np.ndarray]]]:
+    def value(arg):
+        return getattr(program, arg.target) if isinstance(arg, torch.fx.Node) and arg.op == "get_attr" else arg
+
+    grids, weights = set(), []
+    for node in program.graph.nodes:
+        name = str(node.target)
+        if "quantize_per_tensor" in name and "dequantize" not in name:
+            grids.add((round(float(value(node.args[1])), 9), int(value(node.args[2]))))
+        elif "dequantize_per_channel" in name:
+            weights.append((value(node.args[0]).numpy(), value(node.args[1]).numpy().reshape(-1)))
+    return grids, weights
+
+
+def test_the_program_has_the_plans_grids_and_weight_integers(tmp_path):
+    _, result, carried, _ = _setup(tmp_path, QuantConfig(activation_dtype="int8", method="minmax",
+                                                         bias_correction=True))
+    assert carried.unmatched == ()
+    assert carried.weights == 4  # every conv and the linear layer
+    qdq_grids, qdq_weights = _qdq_grids(result.model)
+    grids, weights = _program_grids(carried.program)
+    derived = len(carried.derived)  # the logits: float in the ONNX model, int8 on the plan's range in XNNPACK's
+    # every grid of the program is one of the QDQ model's (a tensor only ONNX has, inside a decomposed HardSwish,
+    # has a grid the program does not need)
+    assert len(grids - qdq_grids) <= derived and len(grids & qdq_grids) >= 5
+    assert len(weights) == len(qdq_weights)
+    for ints, scales in weights:
+        twins = [w for w, s in qdq_weights if w.shape == ints.shape and np.allclose(s, scales, rtol=1e-6)]
+        assert any(np.array_equal(w, ints) for w in twins), "a weight's integers differ from the plan's"
+
+
+def test_the_program_computes_what_the_qdq_model_computes(tmp_path):
+    _, result, carried, samples = _setup(tmp_path, QuantConfig(activation_dtype="int8", method="minmax", cle=True))
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # Q/DQ arithmetic as written
+    session = ort.InferenceSession(result.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    for feeds in samples[:4]:
+        want = session.run(None, feeds)[0]
+        with torch.no_grad():
+            got = carried.program(torch.from_numpy(feeds["input"].copy())).numpy()
+        # the same grids: differences are float rounding that flips a level now and then, and the logits' grid
+        sqnr = 10 * np.log10(np.sum(want ** 2) / max(np.sum((want - got) ** 2), 1e-30))
+        assert sqnr > 30, sqnr
+
+
+def test_a_node_the_plan_keeps_in_float_stays_float(tmp_path):
+    _, result, _, _ = _setup(tmp_path, QuantConfig(activation_dtype="int8", method="minmax"))
+    first_conv = next(n.name for n in result.reference.graph.node if n.op_type == "Conv")
+    _, result, carried, _ = _setup(tmp_path, QuantConfig(activation_dtype="int8", method="minmax",
+                                                         exclude=(first_conv,)))
+    assert carried.unmatched == ()
+    assert carried.float_nodes, "the excluded conv was quantized in torch"
+    assert carried.weights == 3
