@@ -16,6 +16,8 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     report = json.loads((tmp_path / "demo.report.json").read_text())
     models = report["results"]["models"]
     assert set(models) == {"fp32", "optimized", "int8"}
+    eager = report["results"]["eager_torch"]  # the PyTorch model in eager mode, timed in the same rounds
+    assert eager["latency"]["runs"] == 3 and set(eager["speedup"]) == set(models)
     assert report["results"]["export"]["passed"] and report["results"]["export"]["max_rel_error"] <= 1e-4
     assert models["optimized"]["agreement_with_fp32"]["top1_agreement"] == 1.0
     int8 = models["int8"]

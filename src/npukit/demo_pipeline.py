@@ -23,6 +23,7 @@ MODEL_SPEC = "torchvision:mobilenet_v2"
 # equalization of the residual streams and bias correction; 7-bit weights on CPUs without int8 dot products.
 QUANT_RECIPE = {"method": "auto", "cle": True, "equalize_activations": True, "bias_correction": True}
 INPUT_SHAPE = (1, 3, 224, 224)
+EAGER = "eager PyTorch fp32"  # the model as the user trains it, timed beside the artifacts
 
 
 def demo(output_dir: str | Path = "npukit_out", *, threads: int = 1, runs: int = 50, html: bool = True):
@@ -35,7 +36,6 @@ def run_demo(output_dir: Path, *, threads: int = 1, runs: int = 50, html: bool =
     import npukit.api as api
     from npukit.data.embedded import calibration_and_evaluation_sets, default_model_weights, imagenet_categories
     from npukit.measure.fidelity import AgreementMeter
-    from npukit.measure.latency import measure_latency_interleaved
     from npukit.measure.size import model_size
     from npukit.runtime.ort import make_session
 
@@ -75,10 +75,13 @@ def run_demo(output_dir: Path, *, threads: int = 1, runs: int = 50, html: bool =
                          if t.title.startswith(("Layers", "What ORT", "Where the time goes")))
     models = {"fp32": fp32_path, "optimized": opt_path, "int8": int8_path}
 
-    with step(f"timing {len(models)} models side by side", timings=report.timings, key="latency"):
-        latency = measure_latency_interleaved({k: str(v) for k, v in models.items()}, threads=threads, runs=runs,
-                                              feeds={_input_name(fp32_path): photos.evaluation[:1]})
+    with step(f"timing {len(models)} models and eager PyTorch side by side", timings=report.timings,
+              key="latency"):
+        latency = _time_with_eager(models, weights, photos.evaluation[:1], threads=threads, runs=runs)
     base = latency["fp32"].median_ms
+    eager = latency.pop(EAGER)
+    report.add("eager_torch", {"latency": eager.as_dict(), "speedup": {k: eager.median_ms / latency[k].median_ms
+                                                                       for k in models}})
     categories = imagenet_categories()
     sessions = {k: make_session(v, threads=threads) for k, v in models.items()}
     names = {k: s.get_inputs()[0].name for k, s in sessions.items()}
@@ -99,12 +102,14 @@ def run_demo(output_dir: Path, *, threads: int = 1, runs: int = 50, html: bool =
         rows.append([k, path.name, size.file_bytes, latency[k].median_ms, latency[k].median_ms / base,
                      agreement.top1_agreement, agreement.top5_overlap, agreement.sqnr_db])
     report.add("models", summary)
+    rows.append([EAGER, MODEL_SPEC, "-", eager.median_ms, eager.median_ms / base, "-", "-", "-"])
     report.add_table(f"Models on {len(photos.evaluation)} real-photo crops (ORT CPU, {threads} thread(s), "
-                     f"interleaved medians)",
+                     f"interleaved medians; eager PyTorch timed in the same rounds)",
                      ["model", "file", "size_bytes", "median ms", "latency vs fp32", "top-1 agreement",
                       "top-5 overlap", "logits SQNR dB"], rows)
     report.add_figure("Latency, median ms", "bar",
-                      {"labels": list(models), "values": [latency[k].median_ms for k in models]}, x_label="ms")
+                      {"labels": [*models, EAGER], "values": [latency[k].median_ms for k in models]
+                       + [eager.median_ms]}, x_label="ms")
 
     per_photo = len(photos.evaluation) // max(1, len(photos.evaluation_photos))
     best = "int8"
@@ -124,6 +129,32 @@ def run_demo(output_dir: Path, *, threads: int = 1, runs: int = 50, html: bool =
     report.add_artifact("optimized", opt_path)
     report.add_artifact("int8", int8_path)
     return finish(report, None, html=html, json_path=output_dir / "demo.report.json", result=summary)
+
+
+def _time_with_eager(models: dict[str, Path], weights: Path, x: np.ndarray, *, threads: int, runs: int) -> dict:
+    """Each ONNX model on ORT and the PyTorch model in eager mode (the starting point a user deploys from), timed in
+    the same interleaved rounds on the same input, ``threads`` each."""
+    import torch
+
+    from npukit.frontend.spec import resolve_model
+    from npukit.measure.latency import time_calls_interleaved
+    from npukit.runtime.ort import make_session
+
+    module = resolve_model(MODEL_SPEC, weights=str(weights)).module.eval()
+    sessions = {k: make_session(v, threads=threads) for k, v in models.items()}
+    calls = {k: (lambda s=s: s.run(None, {s.get_inputs()[0].name: x})) for k, s in sessions.items()}
+    tensor = torch.from_numpy(np.array(x, dtype=np.float32, copy=True))
+
+    def eager() -> None:
+        with torch.no_grad():
+            module(tensor)
+    calls[EAGER] = eager
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return time_calls_interleaved(calls, threads=threads, warmup=10, runs=runs, rounds=min(10, runs))
+    finally:
+        torch.set_num_threads(before)
 
 
 def _task_verdict(report: Report, logits: dict[str, np.ndarray], quantize_report: Report) -> None:
