@@ -136,6 +136,7 @@ def _time_with_eager(models: dict[str, Path], weights: Path, x: np.ndarray, *, t
     the same interleaved rounds on the same input, ``threads`` each."""
     import torch
 
+    from npukit._threads import torch_threads
     from npukit.frontend.spec import resolve_model
     from npukit.measure.latency import time_calls_interleaved
     from npukit.runtime.ort import make_session
@@ -149,12 +150,8 @@ def _time_with_eager(models: dict[str, Path], weights: Path, x: np.ndarray, *, t
         with torch.no_grad():
             module(tensor)
     calls[EAGER] = eager
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         return time_calls_interleaved(calls, threads=threads, warmup=10, runs=runs, rounds=min(10, runs))
-    finally:
-        torch.set_num_threads(before)
 
 
 def _task_verdict(report: Report, logits: dict[str, np.ndarray], quantize_report: Report) -> None:

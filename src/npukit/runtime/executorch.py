@@ -51,7 +51,7 @@ def lower_xnnpack(program: torch.nn.Module, example: Sequence[torch.Tensor]) -> 
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    exported = torch.export.export(program, tuple(_contiguous(x) for x in example))
+    exported = torch.export.export(program, tuple(plain_tensor(x) for x in example))
     before = sum(1 for n in exported.graph.nodes if n.op == "call_function")
     try:
         edge = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()])
@@ -79,9 +79,11 @@ def _root_cause(exc: BaseException) -> str:
     return f"{passes}{line}"[:300]
 
 
-def _contiguous(x: torch.Tensor) -> torch.Tensor:
-    """A tensor with plain strides: a size-1 axis from numpy's x[None] has stride 0, which ExecuTorch refuses."""
-    return torch.from_numpy(np.array(x.detach().numpy(), copy=True)) if isinstance(x, torch.Tensor) else x
+def plain_tensor(x: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """A float32 copy with plain strides: a size-1 axis from numpy's x[None] has stride 0, which ExecuTorch refuses
+    (and a tensor sharing a caller's array would see in-place ops)."""
+    array = x.detach().numpy() if isinstance(x, torch.Tensor) else x
+    return torch.from_numpy(np.array(array, dtype=np.float32, copy=True))
 
 
 class ExecuTorchRunner:
@@ -96,5 +98,5 @@ class ExecuTorchRunner:
         self.method = self.program.load_method("forward")
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        inputs = [torch.from_numpy(np.array(v, dtype=np.float32, copy=True)) for v in feeds.values()]
+        inputs = [plain_tensor(v) for v in feeds.values()]
         return [o.numpy() if isinstance(o, torch.Tensor) else np.asarray(o) for o in self.method.execute(inputs)]

@@ -59,6 +59,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from npukit._threads import torch_threads
+from npukit.quant.nodes import dequantized, node_attr
 from npukit.runtime.qnn import HTP_QDQ_RULES, QnnQdqRules, qnn_quant_config
 
 _WEIGHTED = ("Conv", "ConvTranspose", "Gemm")
@@ -138,13 +140,6 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
-
-
 def _readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
     readers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
@@ -208,7 +203,7 @@ def fold_conv_transpose_affine(model: onnx.ModelProto) -> tuple[onnx.ModelProto,
         if has_bias and (node.input[2] not in inits or uses.get(node.input[2]) != 1):
             continue
         w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float64)
-        group = int(_attr(node, "group", 1))
+        group = int(node_attr(node, "group", 1))
         per_group = w.shape[1]
         channels = per_group * group
         bias = numpy_helper.to_array(inits[node.input[2]]).astype(np.float64).reshape(-1) if has_bias \
@@ -224,12 +219,12 @@ def fold_conv_transpose_affine(model: onnx.ModelProto) -> tuple[onnx.ModelProto,
                     break
                 bias = bias + vec
             elif nxt.op_type == "BatchNormalization" and len(nxt.output) == 1 and nxt.input[0] == tail \
-                    and all(t in inits for t in nxt.input[1:5]) and not _attr(nxt, "training_mode", 0):
+                    and all(t in inits for t in nxt.input[1:5]) and not node_attr(nxt, "training_mode", 0):
                 gamma, beta, mean, var = (numpy_helper.to_array(inits[t]).astype(np.float64).reshape(-1)
                                           for t in nxt.input[1:5])
                 if gamma.size != channels:
                     break
-                s = gamma / np.sqrt(var + float(_attr(nxt, "epsilon", 1e-5)))
+                s = gamma / np.sqrt(var + float(node_attr(nxt, "epsilon", 1e-5)))
                 scale, bias = scale * s, (bias - mean) * s + beta
             else:
                 break
@@ -269,7 +264,7 @@ def batchnorm_to_mul_add(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[
     graph = out.graph
     inits = {i.name: i for i in graph.initializer}
     candidates = [n for n in graph.node if n.op_type == "BatchNormalization" and len(n.output) == 1
-                  and not _attr(n, "training_mode", 0) and all(t in inits for t in n.input[1:5])]
+                  and not node_attr(n, "training_mode", 0) and all(t in inits for t in n.input[1:5])]
     if not candidates:
         return out, []
     try:
@@ -286,7 +281,7 @@ def batchnorm_to_mul_add(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[
             continue
         gamma, beta, mean, var = (numpy_helper.to_array(inits[t]).astype(np.float64).reshape(-1)
                                   for t in node.input[1:5])
-        scale = gamma / np.sqrt(var + float(_attr(node, "epsilon", 1e-5)))
+        scale = gamma / np.sqrt(var + float(node_attr(node, "epsilon", 1e-5)))
         shift = beta - mean * scale
         shape = (scale.size, *([1] * (rank - 2)))
         base = node.name or node.output[0]
@@ -320,11 +315,11 @@ def add_zero_biases(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         if node.op_type == "Conv":
             channels = dims[0]
         elif node.op_type == "ConvTranspose":
-            channels = dims[1] * int(_attr(node, "group", 1))
+            channels = dims[1] * int(node_attr(node, "group", 1))
         else:
-            if _attr(node, "transA", 0) or len(dims) != 2:
+            if node_attr(node, "transA", 0) or len(dims) != 2:
                 continue
-            channels = dims[0] if _attr(node, "transB", 0) else dims[1]
+            channels = dims[0] if node_attr(node, "transB", 0) else dims[1]
         name = f"{node.name or node.output[0]}_bias_htp_zero"
         out.graph.initializer.append(numpy_helper.from_array(np.zeros(channels, np.float32), name))
         if len(node.input) > 2:
@@ -368,17 +363,10 @@ def _dequantized_weight(node: onnx.NodeProto, producers: dict[str, onnx.NodeProt
     dq = producers.get(node.input[1]) if len(node.input) > 1 else None
     if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in inits or dq.input[1] not in inits:
         return None
-    q = numpy_helper.to_array(inits[dq.input[0]])
-    if q.dtype not in (np.int8, np.uint8, np.int16, np.uint16):
+    arrays = {name: numpy_helper.to_array(inits[name]) for name in dq.input if name in inits}
+    if arrays[dq.input[0]].dtype not in (np.int8, np.uint8, np.int16, np.uint16):
         return None
-    scale = numpy_helper.to_array(inits[dq.input[1]]).astype(np.float64)
-    zero = numpy_helper.to_array(inits[dq.input[2]]).astype(np.float64) \
-        if len(dq.input) > 2 and dq.input[2] in inits else np.zeros_like(scale)
-    if scale.size > 1:
-        shape = [1] * q.ndim
-        shape[int(_attr(dq, "axis", 1)) % q.ndim] = -1
-        scale, zero = scale.reshape(shape), zero.reshape(shape)
-    return ((q.astype(np.float64) - zero) * scale).astype(np.float32)
+    return dequantized(dq, arrays)
 
 
 def _int32_bias(node: onnx.NodeProto, producers: dict[str, onnx.NodeProto],
@@ -443,11 +431,11 @@ def _weight_sites(float_model: onnx.ModelProto, qdq: onnx.ModelProto) -> list[_W
         if tuple(tensor.dims) != w.shape:
             continue
         scale = numpy_helper.to_array(q_inits[dq.input[1]]).astype(np.float64).reshape(-1)
-        axis = int(_attr(dq, "axis", 1)) % w.ndim if scale.size > 1 else None
+        axis = int(node_attr(dq, "axis", 1)) % w.ndim if scale.size > 1 else None
         if node.op_type == "Conv":
             if axis not in (None, 0) or w.ndim < 3:
                 continue
-            groups = int(_attr(node, "group", 1))
+            groups = int(node_attr(node, "group", 1))
             rows = w.shape[0] // groups
             weight = w.reshape(groups, rows, -1)
             scale = np.broadcast_to(scale, (w.shape[0],)).reshape(groups, rows)
@@ -455,9 +443,9 @@ def _weight_sites(float_model: onnx.ModelProto, qdq: onnx.ModelProto) -> list[_W
             def layout(q: np.ndarray, shape: tuple[int, ...] = w.shape) -> np.ndarray:
                 return q.reshape(shape)
         else:
-            if _attr(node, "transA", 0) or w.ndim != 2:
+            if node_attr(node, "transA", 0) or w.ndim != 2:
                 continue
-            trans_b = bool(_attr(node, "transB", 0))
+            trans_b = bool(node_attr(node, "transB", 0))
             rows_w = w if trans_b else w.T  # (N, K)
             if axis is not None and axis != (0 if trans_b else 1):
                 continue
@@ -480,12 +468,12 @@ def _input_rows(node: onnx.NodeProto, x: np.ndarray, kernel: tuple[int, ...], gr
 
     if node.op_type == "Gemm":
         return np.asarray(x, np.float32).reshape(x.shape[0], -1)[None]
-    if len(kernel) != 2 or _attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+    if len(kernel) != 2 or node_attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
         raise ValueError("2-D convolutions with explicit pads only")
-    pads = list(_attr(node, "pads", [0, 0, 0, 0]))
+    pads = list(node_attr(node, "pads", [0, 0, 0, 0]))
     t = F.pad(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), (pads[1], pads[3], pads[0], pads[2]))
-    cols = F.unfold(t, kernel, dilation=list(_attr(node, "dilations", [1, 1])),
-                    stride=list(_attr(node, "strides", [1, 1])))  # (N, C*kh*kw, L)
+    cols = F.unfold(t, kernel, dilation=list(node_attr(node, "dilations", [1, 1])),
+                    stride=list(node_attr(node, "strides", [1, 1])))  # (N, C*kh*kw, L)
     cols = cols.permute(0, 2, 1).reshape(-1, cols.shape[1])  # (N*L, C*kh*kw)
     if cols.shape[0] > limit:
         cols = cols[torch.from_numpy(np.sort(rng.choice(cols.shape[0], limit, replace=False)))]
@@ -562,9 +550,7 @@ def gptq_weights(
     rng = np.random.default_rng(seed)
     hessians: dict[int, np.ndarray] = {}
     counts: dict[int, int] = {}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         for sample in samples:
             values = dict(sample)
             if session is not None:
@@ -605,8 +591,6 @@ def gptq_weights(
                 continue
             site.tensor.CopyFrom(numpy_helper.from_array(site.layout(q).astype(np.int8), site.tensor.name))
             gains[site.node.name or site.node.output[0]] = 10.0 * float(np.log10(before / max(after, 1e-300)))
-    finally:
-        torch.set_num_threads(threads)
     return qdq, gains
 
 
@@ -640,7 +624,7 @@ def correct_weight_rounding_bias(
         target = match.get(k)
         if target is None or len(node.input) < 2 or node.input[1] not in f_inits:
             continue
-        if node.op_type == "Gemm" and _attr(node, "transA", 0):
+        if node.op_type == "Gemm" and node_attr(node, "transA", 0):
             continue
         wq = _dequantized_weight(target, q_producers, q_inits)
         w = numpy_helper.to_array(f_inits[node.input[1]]).astype(np.float32)
@@ -676,7 +660,7 @@ def correct_weight_rounding_bias(
     for target, mean_out in twins:
         shift = sums[mean_out] / len(samples)
         if target.op_type == "Gemm":
-            shift = shift / float(_attr(target, "beta", 1.0))
+            shift = shift / float(node_attr(target, "beta", 1.0))
         int_bias = _int32_bias(target, q_producers, q_inits)
         if int_bias is not None:
             tensor, step = int_bias
@@ -707,7 +691,7 @@ _BOUNDED = frozenset({"Sigmoid", "HardSigmoid", "Softmax", "Tanh", "LogSoftmax"}
 
 def _clip_bounds(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> tuple[float, float] | None:
     """(min, max) of a Clip with constant bounds (inputs or, before opset 11, attributes); None when computed."""
-    bounds = [float(_attr(node, "min", -np.inf)), float(_attr(node, "max", np.inf))]
+    bounds = [float(node_attr(node, "min", -np.inf)), float(node_attr(node, "max", np.inf))]
     for position in (1, 2):
         if len(node.input) > position and node.input[position]:
             if node.input[position] not in inits:

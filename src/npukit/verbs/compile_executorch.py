@@ -45,7 +45,7 @@ def compile_executorch(model: str | Path, output: str | Path, *, calib: str | Pa
     model's task under ``gate``; latency beside eager torch and ORT, 1 thread, interleaved."""
     from npukit.frontend.shapes import InputSpec
     from npukit.frontend.spec import resolve_model
-    from npukit.runtime.executorch import require_executorch
+    from npukit.runtime.executorch import ExecuTorchRunner, plain_tensor, require_executorch
 
     require_executorch()
     output = Path(output)
@@ -68,12 +68,12 @@ def compile_executorch(model: str | Path, output: str | Path, *, calib: str | Pa
     with tempfile.TemporaryDirectory(prefix="npukit-et-") as work:
         float_onnx = _export_onnx(report, source, shape, Path(work))
         samples = _samples(calib, float_onnx, preprocess, shape)
-        example = tuple(_tensor(v) for v in samples[0].values())
+        example = tuple(plain_tensor(v) for v in samples[0].values())
         program, carried = (_quantize(report, module, float_onnx, samples, example) if int8 else (module, None))
         _lower(report, program, example, output)
-        _check(report, module, float_onnx, output, samples, int8=int8, task=task, gate=gate or QualityGate(),
-               threads=threads)
-        _time(report, module, float_onnx, output, samples[0], threads=threads)
+        runner, eager = ExecuTorchRunner(output, threads=threads), _torch_runner(module)
+        _check(report, eager, runner, float_onnx, samples, int8=int8, task=task, gate=gate or QualityGate())
+        _time(report, eager, runner, float_onnx, samples[0], threads=threads)
     report.add("carried_plan", carried.summary() if carried is not None else None)
     return finish(report, output, html=html)
 
@@ -102,12 +102,6 @@ def _samples(calib: str | Path | None, float_onnx: onnx.ModelProto, preprocess: 
         return [{name: x} for x in seeded_samples(shape, samples=4, seed=0)]
     data = open_data(calib, float_onnx, preprocess or PreprocessConfig())
     return [dict(s.feeds) if hasattr(s, "feeds") else dict(s) for s in check_samples(data, len(data))]
-
-
-def _tensor(x: np.ndarray) -> Any:
-    import torch
-
-    return torch.from_numpy(np.array(x, dtype=np.float32, copy=True))
 
 
 def _quantize(report: Report, module: Any, float_onnx: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
@@ -153,21 +147,19 @@ def _torch_runner(module: Any) -> Any:
     import torch
 
     from npukit.frontend.verify import flatten_outputs
+    from npukit.runtime.executorch import plain_tensor
 
     def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         with torch.no_grad():
-            return [o.numpy() for o in flatten_outputs(module(*[_tensor(v) for v in feeds.values()]))]
+            return [o.numpy() for o in flatten_outputs(module(*[plain_tensor(v) for v in feeds.values()]))]
     return run
 
 
-def _check(report: Report, module: Any, float_onnx: onnx.ModelProto, output: Path, samples: list[dict[str, np.ndarray]], *, int8: bool,
-           task: str | None, gate: QualityGate, threads: int) -> None:
-    from npukit.runtime.executorch import ExecuTorchRunner
+def _check(report: Report, eager: Any, runner: Any, float_onnx: onnx.ModelProto,
+           samples: list[dict[str, np.ndarray]], *, int8: bool, task: str | None, gate: QualityGate) -> None:
     from npukit.verbs.common import task_check
 
     check = samples[:CHECK_SAMPLES]
-    runner = ExecuTorchRunner(output, threads=threads)
-    eager = _torch_runner(module)
     failures: list[str] = []
     if not int8:
         worst = 0.0
@@ -190,28 +182,19 @@ def _check(report: Report, module: Any, float_onnx: onnx.ModelProto, output: Pat
                         "it as it is")
 
 
-def _time(report: Report, module: Any, float_onnx: onnx.ModelProto, output: Path, feeds: dict[str, np.ndarray], *,
+def _time(report: Report, eager: Any, runner: Any, float_onnx: onnx.ModelProto, feeds: dict[str, np.ndarray], *,
           threads: int) -> None:
-    import torch
-
+    from npukit._threads import torch_threads
     from npukit.measure.latency import time_calls_interleaved
-    from npukit.runtime.executorch import ExecuTorchRunner
     from npukit.runtime.ort import make_session
 
-    runner = ExecuTorchRunner(output, threads=threads)
     session = make_session(float_onnx, threads=threads)
-    eager = _torch_runner(module)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with step(f"timing the .pte, eager torch and ORT float, {threads} thread(s)", timings=report.timings,
-                  key="latency"):
-            latency = time_calls_interleaved({"ExecuTorch .pte": lambda: runner(feeds),
-                                              "eager torch fp32": lambda: eager(feeds),
-                                              "ORT CPU fp32": lambda: session.run(None, feeds)},
-                                             threads=threads, warmup=3, runs=TIMED_RUNS, rounds=3)
-    finally:
-        torch.set_num_threads(before)
+    with torch_threads(threads), step(f"timing the .pte, eager torch and ORT float, {threads} thread(s)",
+                                      timings=report.timings, key="latency"):
+        latency = time_calls_interleaved({"ExecuTorch .pte": lambda: runner(feeds),
+                                          "eager torch fp32": lambda: eager(feeds),
+                                          "ORT CPU fp32": lambda: session.run(None, feeds)},
+                                         threads=threads, warmup=3, runs=TIMED_RUNS, rounds=3)
     report.add("latency", {k: dataclasses.asdict(v) for k, v in latency.items()})
     eager_ms = latency["eager torch fp32"].median_ms
     report.add_table(f"Latency ({threads} thread(s), {TIMED_RUNS} runs each, interleaved; this machine's CPU)",

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from onnx import helper, numpy_helper
 
+from npukit._threads import torch_threads
 from npukit.errors import InputError
 from npukit.quant.calibration.calibrate import iter_samples, with_outputs
 from npukit.quant.config import QuantConfig
@@ -309,13 +310,9 @@ def adaround(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
         raise InputError("AdaRound iterations, rows and batch_rows must be at least 1")
     start = time.perf_counter()
     samples = list(iter_samples(model, samples, limit=config.calib_samples))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small matrices: one thread is several times faster than two on a busy machine
-    try:
+    with torch_threads(1):  # small matrices: one thread is several times faster than two on a busy machine
         return _adaround(model, samples, config=config, ranges=ranges, iterations=iterations, rows=rows,
                          batch_rows=batch_rows, learning_rate=learning_rate, seed=seed, start=start)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _adaround(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], *, config: QuantConfig,

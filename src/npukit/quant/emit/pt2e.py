@@ -22,6 +22,7 @@ refuses such a program.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,6 +31,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 
+from npukit.quant.nodes import dequantized, node_attr
 from npukit.quant.plan import QuantPlan
 
 MATCH_TOLERANCE = 1e-4  # relative to the tensor's largest magnitude
@@ -64,7 +66,6 @@ class _OnnxSide:
     values: Mapping[str, np.ndarray]  # float tensor -> its value on the matching input
     order: Mapping[str, int]  # float tensor -> position of its producer
     producer: Mapping[str, onnx.NodeProto]  # float tensor -> node of the float model that writes it
-    grids: Mapping[str, tuple[float, int, str]]  # activation -> (scale, zero point, dtype) as emitted
     specs: Mapping[str, Any]  # tensor -> the plan's TensorSpec (float32: left unquantized by the emitter)
     weights: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]  # node -> (weight, scales, bias)
     float_nodes: frozenset[str]
@@ -78,11 +79,6 @@ def _onnx_side(reference: onnx.ModelProto, qdq: onnx.ModelProto, plan: QuantPlan
         for out in node.output:
             order[out] = index
             producer[out] = node
-    grids = {}
-    for name, spec in plan.tensors.items():
-        if spec.is_float or spec.scale is None or spec.axis is not None or name not in order:
-            continue
-        grids[name] = (spec.scale[0], spec.zero_point[0], spec.dtype)
     weights = {}
     inits = {i.name: numpy_helper.to_array(i) for i in qdq.graph.initializer}
     dq_out = {n.output[0]: n for n in qdq.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits}
@@ -90,35 +86,16 @@ def _onnx_side(reference: onnx.ModelProto, qdq: onnx.ModelProto, plan: QuantPlan
         if node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.input) < 2 or node.input[1] not in dq_out:
             continue
         dq = dq_out[node.input[1]]
-        weight = _dequantize(dq, inits)
+        weight = dequantized(dq, inits)
         scale = inits[dq.input[1]].astype(np.float64).reshape(-1)
         bias = None
         if len(node.input) > 2 and node.input[2]:
-            bias = _dequantize(dq_out[node.input[2]], inits) if node.input[2] in dq_out else inits.get(node.input[2])
-        if node.op_type == "MatMul" or (node.op_type == "Gemm" and not _attr(node, "transB", 0)):
+            bias = dequantized(dq_out[node.input[2]], inits) if node.input[2] in dq_out else inits.get(node.input[2])
+        if node.op_type == "MatMul" or (node.op_type == "Gemm" and not node_attr(node, "transB", 0)):
             weight = weight.T  # torch's linear holds [out, in]
         weights[node.name] = (weight, scale, bias)
-    return _OnnxSide(values=values, order=order, producer=producer, grids=grids, specs=plan.tensors, weights=weights,
+    return _OnnxSide(values=values, order=order, producer=producer, specs=plan.tensors, weights=weights,
                      float_nodes=frozenset(plan.float_nodes))
-
-
-def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
-    for a in node.attribute:
-        if a.name == name:
-            return onnx.helper.get_attribute_value(a)
-    return default
-
-
-def _dequantize(dq: onnx.NodeProto, inits: Mapping[str, np.ndarray]) -> np.ndarray:
-    q = inits[dq.input[0]].astype(np.float64)
-    scale = inits[dq.input[1]].astype(np.float64)
-    zero = inits[dq.input[2]].astype(np.float64) if len(dq.input) > 2 and dq.input[2] else np.zeros_like(scale)
-    if scale.size > 1:
-        axis = _attr(dq, "axis", 1)
-        shape = [1] * q.ndim
-        shape[axis] = -1
-        scale, zero = scale.reshape(shape), zero.reshape(shape)
-    return ((q - zero) * scale).astype(np.float32)
 
 
 def _op_name(node: torch.fx.Node) -> str:
@@ -181,6 +158,11 @@ def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], repor
 
     observer = _plan_observer()
 
+    def fixed_int8(scale: float, zero: int) -> Any:
+        """A per-tensor int8 grid fixed to ``scale`` and ``zero`` (XNNPACK's qs8 activations)."""
+        return FixedQParamsQuantizationSpec(dtype=torch.int8, scale=float(scale), zero_point=int(zero),
+                                            quant_min=-128, quant_max=127, qscheme=torch.per_tensor_affine)
+
     class PlanQuantizer(Quantizer):
         """XNNPACK's annotation with the plan's grids and weights (see the module docstring)."""
 
@@ -196,44 +178,46 @@ def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], repor
             report["weights"] = _carry_weights(model, self.match, onnx_side)
             return model
 
-        def _grid(self, node: torch.fx.Node) -> Any:
+        def _spec(self, node: torch.fx.Node) -> Any:
+            """The plan's spec of ``node``'s ONNX twin tensor, if matched and planned."""
             name = self.match.get(node)
-            grid = onnx_side.grids.get(name) if name is not None else None
-            if grid is None:
+            return onnx_side.specs.get(name) if name is not None else None
+
+        def _twin(self, node: torch.fx.Node) -> onnx.NodeProto | None:
+            """The ONNX node that writes ``node``'s twin tensor, if matched."""
+            name = self.match.get(node)
+            return onnx_side.producer.get(name) if name is not None else None
+
+        def _grid(self, node: torch.fx.Node) -> Any:
+            """The emitted per-tensor grid of ``node``'s ONNX twin (or of the clamp right after it) as int8."""
+            spec = self._spec(node)
+            if spec is None or spec.is_float or spec.scale is None or spec.axis is not None:
                 users = list(node.users)
                 if len(users) == 1 and _op_name(users[0]) in _CLAMPS:
                     return self._grid(users[0])
                 return None
-            scale, zero, dtype = grid
-            if dtype == "uint8":
-                zero -= 128
-            elif dtype != "int8":
+            if spec.dtype not in ("uint8", "int8"):
                 return None
-            return FixedQParamsQuantizationSpec(dtype=torch.int8, scale=scale, zero_point=int(zero), quant_min=-128,
-                                                quant_max=127, qscheme=torch.per_tensor_affine)
+            return fixed_int8(spec.scale[0], spec.zero_point[0] - (128 if spec.dtype == "uint8" else 0))
 
         def _in_float(self, node: torch.fx.Node) -> bool:
-            name = self.match.get(node)
-            twin = onnx_side.producer.get(name) if name is not None else None
+            twin = self._twin(node)
             return twin is not None and twin.name in onnx_side.float_nodes
 
         def _range_grid(self, node: torch.fx.Node) -> Any:
             """An int8 grid on the plan's calibrated range of a tensor the ONNX model left in float (the output
             of a Gemm that ORT's integer kernel writes in float; XNNPACK's quantized linear writes int8)."""
-            name = self.match.get(node)
-            spec = onnx_side.specs.get(name) if name is not None else None
+            spec = self._spec(node)
             if spec is None or spec.range is None:
                 return None
             lo, hi = min(spec.range[0], 0.0), max(spec.range[1], 0.0)
             scale = (hi - lo) / 255.0 or 1.0
-            zero = int(np.clip(round(-128 - lo / scale), -128, 127))
-            return FixedQParamsQuantizationSpec(dtype=torch.int8, scale=scale, zero_point=zero, quant_min=-128,
-                                                quant_max=127, qscheme=torch.per_tensor_affine)
+            return fixed_int8(scale, int(np.clip(round(-128 - lo / scale), -128, 127)))
 
         def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
             self.base.annotate(model)
             unmatched: list[str] = []
-            floats: list[str] = []
+            floats: list[torch.fx.Node] = []
             derived: list[str] = []
             carried = 0
             for node in model.graph.nodes:
@@ -242,7 +226,7 @@ def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], repor
                     continue
                 if self._in_float(node):
                     del node.meta["quantization_annotation"]
-                    floats.append(node.name)
+                    floats.append(node)
                     continue
                 inputs = {}
                 for arg, spec in annotation.input_qspec_map.items():
@@ -274,10 +258,10 @@ def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], repor
                     if grid is not None:
                         annotation.output_qspec = grid
                         carried += 1
-            self._unshare(model, {n for n in model.graph.nodes if n.name in floats})
+            self._unshare(model, set(floats))
             report["activations"] = carried
             report["unmatched"] = unmatched
-            report["float_nodes"] = floats
+            report["float_nodes"] = [n.name for n in floats]
             report["derived"] = derived
             return model
 
@@ -290,19 +274,25 @@ def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], repor
                 where = spec.edge_or_node
                 return any(n in removed for n in where) if isinstance(where, tuple) else where in removed
 
+            if not removed:
+                return
             for node in model.graph.nodes:
                 annotation = node.meta.get("quantization_annotation")
-                if annotation is None or not removed:
+                if annotation is None:
                     continue
-                annotation.input_qspec_map = {arg: (self._grid(arg) if gone(spec) else spec)
-                                              for arg, spec in annotation.input_qspec_map.items()
-                                              if not gone(spec) or self._grid(arg) is not None}
+                inputs = {}
+                for arg, spec in annotation.input_qspec_map.items():
+                    if gone(spec):
+                        spec = self._grid(arg)
+                        if spec is None:
+                            continue  # the edge stays float, like the node it shared with
+                    inputs[arg] = spec
+                annotation.input_qspec_map = inputs
                 if gone(annotation.output_qspec):
                     annotation.output_qspec = self._grid(node)
 
         def _weight_spec(self, node: torch.fx.Node, spec: Any) -> Any:
-            name = self.match.get(node)
-            twin = onnx_side.producer.get(name) if name is not None else None
+            twin = self._twin(node)
             carried = onnx_side.weights.get(twin.name) if twin is not None else None
             if carried is None:
                 report.setdefault("unmatched_weights", []).append(node.name)
@@ -335,7 +325,7 @@ def _carry_weights(model: torch.fx.GraphModule, match: Mapping[torch.fx.Node, st
         bias_node = node.args[2] if len(node.args) > 2 else None
         if weight_node.op != "get_attr":
             continue
-        current = _attribute(model, weight_node.target)
+        current = operator.attrgetter(weight_node.target)(model)
         if tuple(current.shape) != weight.shape:
             continue
         _set_attribute(model, weight_node.target, torch.from_numpy(np.ascontiguousarray(weight)))
@@ -343,13 +333,6 @@ def _carry_weights(model: torch.fx.GraphModule, match: Mapping[torch.fx.Node, st
             _set_attribute(model, bias_node.target, torch.from_numpy(np.ascontiguousarray(bias, dtype=np.float32)))
         done += 1
     return done
-
-
-def _attribute(model: torch.nn.Module, target: str) -> torch.Tensor:
-    obj: Any = model
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _set_attribute(model: torch.nn.Module, target: str, value: torch.Tensor) -> None:
