@@ -1,11 +1,14 @@
-"""ExecuTorch (.pte, XNNPACK delegate) from npukit against ExecuTorch's own quantizer, on real-weight PyTorch models.
+"""ExecuTorch (.pte, XNNPACK delegate) and LiteRT (.tflite, XNNPACK delegate) from npukit against the runtimes' own
+quantizers, on real-weight PyTorch models.
 
-For each model: the fp32 .pte (npukit compile --target executorch-xnnpack, no --calib) and its error against eager
-torch; the INT8 .pte from npukit's plan (compile with --calib); ExecuTorch's own INT8 route as the anchor (its
-XNNPACKQuantizer, symmetric per-channel, PT2E, calibrated on the same samples, lowered the same way); and npukit's
-own ORT INT8 model (quantize with this CPU's default scheme). Each INT8 model is compared with eager float torch on
-held-out inputs (output SQNR, and top-1 agreement where the model classifies). Latency: each .pte, eager torch and
-ORT, 1 thread, interleaved in one run. Writes benchmarks/results/mobile_runtimes.{md,json}, naming the CPU.
+For each model and runtime: the fp32 artifact (npukit compile --target executorch-xnnpack / litert, no --calib) and
+its error against eager torch; the INT8 artifact from npukit's plan (compile with --calib); the runtimes' own INT8
+routes as anchors, calibrated on the same samples: ExecuTorch's XNNPACKQuantizer (symmetric per-channel, PT2E,
+lowered the same way), LiteRT's PT2E quantizer (symmetric per-channel, converted by litert-torch) and
+ai-edge-quantizer's static int8 recipe on the fp32 .tflite (its default calibration); and npukit's own ORT INT8
+model (quantize with this CPU's default scheme). Each INT8 model is compared with eager float torch on held-out
+inputs (output SQNR, and top-1 agreement where the model classifies). Latency: each artifact, eager torch and ORT,
+1 thread, interleaved in one run. Writes benchmarks/results/mobile_runtimes.{md,json}, naming the CPU.
 
     .venv/bin/python benchmarks/mobile_runtimes.py [--only mobilenet_v2 mtcnn_onet] [--eval 64]
 """
@@ -76,18 +79,57 @@ def _anchor_pte(module: torch.nn.Module, calib: list[np.ndarray], path: Path) ->
     """ExecuTorch's own INT8 route: XNNPACKQuantizer (symmetric, per channel), PT2E, XNNPACK lowering."""
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (XNNPACKQuantizer,
                                                                          get_symmetric_quantization_config)
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
-    from npukit.runtime.executorch import lower_xnnpack
+    from npukit.runtime import executorch
 
     start = time.perf_counter()
-    example = (torch.from_numpy(np.array(calib[0], copy=True)),)
     quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+    prepared, example = _calibrated(module, calib, quantizer)
+    path.write_bytes(executorch.lower(convert_pt2e(prepared), example).buffer)
+    return time.perf_counter() - start
+
+
+def _calibrated(module: torch.nn.Module, calib: list[np.ndarray], quantizer: object) -> tuple:
+    """``module`` exported, prepared for PT2E with ``quantizer`` and run on every calibration input."""
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+    example = (torch.from_numpy(np.array(calib[0], copy=True)),)
     prepared = prepare_pt2e(torch.export.export(module, example).module(), quantizer)
     with torch.no_grad():
         for x in calib:
             prepared(torch.from_numpy(np.array(x, copy=True)))
-    path.write_bytes(lower_xnnpack(convert_pt2e(prepared), example).buffer)
+    return prepared, example
+
+
+def _anchor_litert_pt2e(module: torch.nn.Module, calib: list[np.ndarray], path: Path) -> float:
+    """LiteRT's PT2E route: its PT2EQuantizer (symmetric, per channel), convert_pt2e keeping the weights' quantize
+    ops, litert-torch's converter."""
+    from litert_torch.quantize.pt2e_quantizer import PT2EQuantizer, get_symmetric_quantization_config
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
+    from npukit.runtime import litert
+
+    start = time.perf_counter()
+    quantizer = PT2EQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+    prepared, example = _calibrated(module, calib, quantizer)
+    path.write_bytes(litert.lower(convert_pt2e(prepared, fold_quantize=False), example).buffer)
+    return time.perf_counter() - start
+
+
+def _anchor_ai_edge_quantizer(float_tflite: Path, calib: list[np.ndarray], path: Path) -> float:
+    """ai-edge-quantizer's static int8 recipe (int8 weights and activations) on the fp32 .tflite, its default
+    calibration on the same samples."""
+    from ai_edge_litert.interpreter import Interpreter
+    from ai_edge_quantizer import quantizer, recipe
+
+    start = time.perf_counter()
+    signature = Interpreter(model_path=str(float_tflite)).get_signature_list()
+    key, names = next(iter(signature.items()))
+    work = quantizer.Quantizer(str(float_tflite))
+    work.load_quantization_recipe(recipe.static_wi8_ai8())
+    data = {key: [{names["inputs"][0]: np.array(x, dtype=np.float32)} for x in calib]}
+    path.write_bytes(work.quantize(work.calibrate(data)).quantized_model)
     return time.perf_counter() - start
 
 
@@ -96,9 +138,9 @@ def run_model(name: str, work: Path, eval_count: int) -> dict:
     from npukit.frontend.spec import resolve_model
     from npukit.frontend.verify import flatten_outputs
     from npukit.measure.latency import time_calls_interleaved
-    from npukit.runtime.executorch import ExecuTorchRunner
+    from npukit.runtime import executorch, litert
     from npukit.runtime.ort import make_session
-    from npukit.verbs.compile_executorch import compile_executorch
+    from npukit.verbs.compile_mobile import compile_mobile
     from npukit.verbs.quantize import quantize
 
     spec = MODELS[name]()
@@ -109,20 +151,36 @@ def run_model(name: str, work: Path, eval_count: int) -> dict:
     evaluation = spec["eval"][:eval_count]
     seconds = {}
     paths = {"npukit fp32 .pte": work / f"{name}_fp32.pte", "npukit INT8 .pte": work / f"{name}_int8.pte",
-             "ExecuTorch XNNPACKQuantizer .pte": work / f"{name}_anchor.pte"}
-    start = time.perf_counter()
-    try:
-        fp32 = compile_executorch(spec["spec"], paths["npukit fp32 .pte"], input_shape=shape,
+             "ExecuTorch XNNPACKQuantizer .pte": work / f"{name}_anchor.pte",
+             "npukit fp32 .tflite": work / f"{name}_fp32.tflite", "npukit INT8 .tflite": work / f"{name}_int8.tflite",
+             "LiteRT PT2E quantizer .tflite": work / f"{name}_pt2e.tflite",
+             "ai-edge-quantizer .tflite": work / f"{name}_aeq.tflite"}
+    fp32_errors, verdicts, carried, refused = {}, {}, {}, {}
+    for target, suffix in (("executorch-xnnpack", ".pte"), ("litert", ".tflite")):
+        start = time.perf_counter()
+        try:
+            fp32 = compile_mobile(spec["spec"], paths[f"npukit fp32 {suffix}"], target=target, input_shape=shape,
                                   weights=spec["weights"])
-    except InputError as exc:  # a model ExecuTorch cannot lower: npukit's one-line refusal is the result
-        return {"model": name, "what": spec["what"], "refused": f"{exc} {exc.hint}".strip(), "rows": {}}
-    seconds["npukit fp32 .pte"] = time.perf_counter() - start
-    start = time.perf_counter()
-    int8 = compile_executorch(spec["spec"], paths["npukit INT8 .pte"], input_shape=shape, weights=spec["weights"],
-                              calib=calib_file)
-    seconds["npukit INT8 .pte"] = time.perf_counter() - start
-    seconds["ExecuTorch XNNPACKQuantizer .pte"] = _anchor_pte(module, spec["calib"], paths["ExecuTorch "
-                                                                                            "XNNPACKQuantizer .pte"])
+        except InputError as exc:  # a model the runtime cannot lower: npukit's one-line refusal is the result
+            refused[target] = f"{exc} {exc.hint}".strip()
+            for label in [k for k in paths if k.endswith(suffix)]:
+                del paths[label]
+            continue
+        seconds[f"npukit fp32 {suffix}"] = time.perf_counter() - start
+        fp32_errors[target] = fp32.report.sections["fp32_error"]["max_abs_over_range"]
+        start = time.perf_counter()
+        int8 = compile_mobile(spec["spec"], paths[f"npukit INT8 {suffix}"], target=target, input_shape=shape,
+                              weights=spec["weights"], calib=calib_file)
+        seconds[f"npukit INT8 {suffix}"] = time.perf_counter() - start
+        verdicts[target], carried[target] = int8.report.verdict, int8.report.sections["carried_plan"]
+    if "executorch-xnnpack" not in refused:
+        label = "ExecuTorch XNNPACKQuantizer .pte"
+        seconds[label] = _anchor_pte(module, spec["calib"], paths[label])
+    if "litert" not in refused:
+        label = "LiteRT PT2E quantizer .tflite"
+        seconds[label] = _anchor_litert_pt2e(module, spec["calib"], paths[label])
+        label = "ai-edge-quantizer .tflite"
+        seconds[label] = _anchor_ai_edge_quantizer(paths["npukit fp32 .tflite"], spec["calib"], paths[label])
     float_onnx = work / f"{name}.onnx"
     from npukit.verbs.export import export
 
@@ -131,7 +189,7 @@ def run_model(name: str, work: Path, eval_count: int) -> dict:
     start = time.perf_counter()
     quantize(float_onnx, ort_int8, calib=calib_file, runs=5)
     seconds["npukit INT8 ONNX (ORT CPU)"] = time.perf_counter() - start
-    runners = {label: ExecuTorchRunner(path) for label, path in paths.items()}
+    runners = {label: (executorch if label.endswith(".pte") else litert).Runner(path) for label, path in paths.items()}
     session = make_session(str(ort_int8), threads=1)
     runners["npukit INT8 ONNX (ORT CPU)"] = lambda feeds: session.run(None, feeds)
     input_name = session.get_inputs()[0].name
@@ -165,25 +223,24 @@ def run_model(name: str, work: Path, eval_count: int) -> dict:
         rows.setdefault(label, {})["median_ms"] = result.median_ms
         rows[label]["speedup_vs_eager"] = eager_ms / result.median_ms
     return {"model": name, "what": spec["what"], "eval_samples": len(evaluation), "calib_samples": len(spec["calib"]),
-            "fp32_error_over_range": fp32.report.sections["fp32_error"]["max_abs_over_range"],
-            "npukit_int8_verdict": int8.report.verdict, "carried_plan": int8.report.sections["carried_plan"],
-            "rows": rows}
+            "fp32_error_over_range": fp32_errors, "npukit_int8_verdict": verdicts, "carried_plan": carried,
+            "refused": refused, "rows": rows}
 
 
 def _markdown(results: list[dict], cpu: str) -> str:
-    lines = ["# Mobile runtimes: ExecuTorch .pte (XNNPACK) from npukit's plan vs ExecuTorch's own quantizer", "",
+    lines = ["# Mobile runtimes: ExecuTorch .pte and LiteRT .tflite (XNNPACK) from npukit's plan vs the runtimes' own "
+             "quantizers", "",
              f"CPU: {cpu}; 1 thread; latency interleaved in one run (median of 60). SQNR: mean over the held-out "
              "inputs of the worst output's SQNR against eager float torch. Written by benchmarks/mobile_runtimes.py.",
              ""]
     for result in results:
-        if "refused" in result:
-            lines += [f"## {result['model']}", "", result["what"] + ".", "",
-                      f"npukit compile --target executorch-xnnpack refused it (exit 2, nothing written): "
-                      f"{result['refused']}", ""]
-            continue
+        errors = "; ".join(f"fp32 {t} max error / output range {e:.1e}"
+                           for t, e in result["fp32_error_over_range"].items())
         lines += [f"## {result['model']}", "", result["what"] + f"; {result['calib_samples']} calibration, "
-                  f"{result['eval_samples']} evaluation inputs. fp32 .pte max error / output range "
-                  f"{result['fp32_error_over_range']:.1e}.", "",
+                  f"{result['eval_samples']} evaluation inputs. {errors}.", ""]
+        for target, why in result["refused"].items():
+            lines += [f"npukit compile --target {target} refused it (exit 2, nothing written): {why}", ""]
+        lines += [
                   "| artifact | top-1 agreement | SQNR dB (worst) | size | median ms | vs eager torch | build s |",
                   "|---|---|---|---|---|---|---|"]
         for label, row in result["rows"].items():
@@ -193,8 +250,9 @@ def _markdown(results: list[dict], cpu: str) -> str:
             build = f"{row['build_seconds']:.0f}" if "build_seconds" in row else "-"
             lines.append(f"| {label} | {agree} | {sqnr} | {size} | {row['median_ms']:.2f} | "
                          f"{row['speedup_vs_eager']:.2f}x | {build} |")
-        lines += ["", f"npukit INT8 .pte verdict (compile's check on calibration inputs): "
-                      f"{result['npukit_int8_verdict']}", ""]
+        lines.append("")
+        for target, verdict in result["npukit_int8_verdict"].items():
+            lines += [f"npukit INT8 {target} verdict (compile's check on calibration inputs): {verdict}", ""]
     return "\n".join(lines) + "\n"
 
 

@@ -208,21 +208,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
     _add_html(p)
 
-    p = verb("compile", help="model -> deployable artifact: an EPContext model for a Snapdragon HTP, or an "
-                             "ExecuTorch .pte",
+    p = verb("compile", help="model -> deployable artifact: an EPContext model for a Snapdragon HTP, an "
+                             "ExecuTorch .pte or a LiteRT .tflite",
                        description="--target qnn-htp: fix static shapes, quantize as the HTP needs (unless given a "
                                    "QDQ model), and compile an EPContext model holding the HTP context binary for "
-                                   "--soc. --target executorch-xnnpack: lower a PyTorch model to an ExecuTorch .pte "
-                                   "with the XNNPACK delegate, fp32, or INT8 from npukit's plan with --calib. The "
-                                   "result is loaded back, run and checked.")
+                                   "--soc. --target executorch-xnnpack / litert: lower a PyTorch model to an "
+                                   "ExecuTorch .pte / a LiteRT .tflite run by the XNNPACK delegate, fp32, or INT8 "
+                                   "from npukit's plan with --calib. The result is loaded back, run and checked.")
     p.add_argument("model", metavar="MODEL", help="an .onnx file (qnn-htp), or a PyTorch model (torchvision:NAME, "
                                                   "module:factory, .pt2, TorchScript .pt)")
-    p.add_argument("-o", "--output", required=True, help="output path: .onnx (EPContext model) or .pte")
-    p.add_argument("--target", default="qnn-htp", help="qnn-htp (default) or executorch-xnnpack")
+    p.add_argument("-o", "--output", required=True, help="output path: .onnx (EPContext model), .pte or .tflite")
+    p.add_argument("--target", default="qnn-htp", help="qnn-htp (default), executorch-xnnpack or litert")
     p.add_argument("--soc", help="Snapdragon part number for qnn-htp, e.g. SM8350, SM8550, SM8650, SM8750")
     p.add_argument("--calib", help="calibration data when MODEL is float (image folder, .npy, .npz); also the "
-                                   "inputs of the task check (qnn-htp: on the HTP); with executorch-xnnpack it asks "
-                                   "for INT8")
+                                   "inputs of the task check (qnn-htp: on the HTP); with executorch-xnnpack or "
+                                   "litert it asks for INT8")
     p.add_argument("--weights", help="state dict (.pt/.pth/.safetensors) for a PyTorch MODEL")
     _add_gate(p)
     _add_shape(p, "static input shape, e.g. 1,3,224,224")

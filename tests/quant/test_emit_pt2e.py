@@ -108,3 +108,62 @@ def test_a_node_the_plan_keeps_in_float_stays_float(tmp_path):
     assert carried.unmatched == ()
     assert carried.float_nodes, "the excluded conv was quantized in torch"
     assert carried.weights == 3
+
+
+def _tflite_grids(buffer: bytes) -> tuple[set[tuple[float, int]], list[tuple[np.ndarray, np.ndarray]]]:
+    """Activation grids (per-tensor int8) and constant int8 weights (integers, per-channel scales) of a .tflite."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_content=buffer)
+    interpreter.allocate_tensors()
+    weights_at = {int(op["inputs"][1]) for op in interpreter._get_ops_details()
+                  if op["op_name"] in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")}
+    grids, weights = set(), []
+    for detail in interpreter.get_tensor_details():
+        params = detail["quantization_parameters"]
+        if detail["dtype"] != np.int8 or not len(params["scales"]):
+            continue
+        if detail["index"] in weights_at:
+            weights.append((interpreter.get_tensor(detail["index"]), params["scales"]))
+        else:
+            grids.add((round(float(params["scales"][0]), 9), int(params["zero_points"][0])))
+    return grids, weights
+
+
+def test_the_litert_model_has_the_plans_grids_and_weight_integers(tmp_path):
+    """LiteRT's .tflite from the carried plan (weights' quantize ops kept, averages on their input's grid): its
+    integer weights and scales are the plan's, its activation grids the QDQ model's, and it computes what the
+    QDQ model computes."""
+    pytest.importorskip("litert_torch", reason="the litert extra is not installed (scripts/setup.sh installs it)")
+    from npukit.runtime import litert
+
+    module = tiny()
+    source = ModelSource(kind="torch", spec="tinynet:tiny", module=module, onnx_path=None,
+                         default_input_shape=(1, 3, 32, 32), description="tiny CNN")
+    float_onnx = onnx.load(str(export_model(source, tmp_path / "tiny.onnx",
+                                            config=ExportConfig(input_shape=(1, 3, 32, 32))).path))
+    rng = np.random.default_rng(0)
+    samples = [{"input": rng.normal(size=(1, 3, 32, 32)).astype(np.float32)} for _ in range(12)]
+    result = quantize(float_onnx, samples, config=QuantConfig(activation_dtype="int8", method="minmax", cle=True))
+    example = (torch.from_numpy(samples[0]["input"].copy()),)
+    carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan,
+                         fold_quantize=litert.FOLD_QUANTIZE, average_grids=litert.AVERAGE_GRIDS)
+    lowered = litert.lower(carried.program, example)
+    qdq_grids, qdq_weights = _qdq_grids(result.model)
+    grids, weights = _tflite_grids(lowered.buffer)
+    assert len(weights) == len(qdq_weights) == 4
+    for ints, scales in weights:  # LiteRT's layouts differ (OHWI, 1HWC): the same integers, the same scales
+        twins = [w for w, s in qdq_weights if w.size == ints.size and np.allclose(s, scales, rtol=1e-6)]
+        assert any(np.array_equal(np.sort(w, axis=None), np.sort(ints, axis=None)) for w in twins), \
+            "a weight's integers or scales differ from the plan's"
+    assert len(grids - qdq_grids) <= len(carried.derived) and len(grids & qdq_grids) >= 5, (grids, qdq_grids)
+    path = tmp_path / "tiny.tflite"
+    path.write_bytes(lowered.buffer)
+    runner = litert.Runner(path)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(result.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    for feeds in samples[:4]:
+        want, got = session.run(None, feeds)[0], runner(feeds)[0]
+        sqnr = 10 * np.log10(np.sum(want ** 2) / max(np.sum((want - got) ** 2), 1e-30))
+        assert sqnr > 30, sqnr

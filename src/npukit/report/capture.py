@@ -6,10 +6,15 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import os
+import sys
+import tempfile
+import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 _active: list[collections.Counter[str]] = []
+_native_lock = threading.Lock()
 
 
 class _Collect(logging.Handler):
@@ -60,3 +65,25 @@ def drain() -> dict[str, int]:
     out = dict(sink.most_common())
     sink.clear()
     return out
+
+
+@contextlib.contextmanager
+def capture_native_output() -> Iterator[Callable[[], str]]:
+    """Redirect file descriptors 1 and 2, where native libraries print (ORT's C++ logger, QNN's libnative notice
+    when the HTP backend loads, LiteRT's delegate notices), to a temporary file; yields a reader of what was
+    captured, complete once the block has ended."""
+    with _native_lock, tempfile.TemporaryFile(mode="w+b") as sink:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        saved = {fd: os.dup(fd) for fd in (1, 2)}
+        captured: list[str] = []
+        try:
+            for fd in saved:
+                os.dup2(sink.fileno(), fd)
+            yield lambda: "".join(captured)
+        finally:
+            for fd, copy in saved.items():
+                os.dup2(copy, fd)
+                os.close(copy)
+            sink.seek(0)
+            captured.append(sink.read().decode("utf-8", errors="replace"))

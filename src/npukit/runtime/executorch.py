@@ -19,11 +19,14 @@ import numpy as np
 import torch
 
 from npukit.errors import InputError
+from npukit.runtime.tensors import plain_tensor
 
 EXTRA_HINT = "install it with: .venv/bin/pip install 'npukit[executorch]' (scripts/setup.sh does)"
+FOLD_QUANTIZE = True  # XNNPACK's lowering reads weights already quantized by convert_pt2e
+AVERAGE_GRIDS = True  # XNNPACK requantizes an average onto its own grid
 
 
-def require_executorch() -> None:
+def require() -> None:
     """ExecuTorch is installed, or an InputError that says how to install it."""
     if importlib.util.find_spec("executorch") is None:
         raise InputError("the executorch-xnnpack target needs ExecuTorch, which is not installed", hint=EXTRA_HINT)
@@ -44,8 +47,14 @@ class Lowered:
         return {"bytes": len(self.buffer), "delegated_ops": self.delegated_ops, "delegate_calls": self.delegate_calls,
                 "portable_ops": dict(self.portable_ops)}
 
+    def table(self) -> tuple[str, list[str], list[list[Any]]]:
+        left = ", ".join(f"{k} x{v}" for k, v in self.portable_ops.items()) or "none"
+        return ("ExecuTorch program",
+                ["file bytes", "ops in XNNPACK", "delegate calls", "ops left to portable kernels"],
+                [[len(self.buffer), self.delegated_ops, self.delegate_calls, left]])
 
-def lower_xnnpack(program: torch.nn.Module, example: Sequence[torch.Tensor]) -> Lowered:
+
+def lower(program: torch.nn.Module, example: Sequence[torch.Tensor]) -> Lowered:
     """``program`` exported and lowered with ExecuTorch's XNNPACK partitioner (fp32, or the q/dq of a PT2E-converted
     program as XNNPACK's integer kernels)."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -79,14 +88,7 @@ def _root_cause(exc: BaseException) -> str:
     return f"{passes}{line}"[:300]
 
 
-def plain_tensor(x: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """A float32 copy with plain strides: a size-1 axis from numpy's x[None] has stride 0, which ExecuTorch refuses
-    (and a tensor sharing a caller's array would see in-place ops)."""
-    array = x.detach().numpy() if isinstance(x, torch.Tensor) else x
-    return torch.from_numpy(np.array(array, dtype=np.float32, copy=True))
-
-
-class ExecuTorchRunner:
+class Runner:
     """A .pte program loaded in ExecuTorch's runtime; ``threads`` sets its thread pool (XNNPACK's threads)."""
 
     def __init__(self, path: str | Path, *, threads: int = 1) -> None:

@@ -8,7 +8,6 @@ took which node comes from ORT's structured graph-assignment record (``session.r
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import os
@@ -16,7 +15,7 @@ import re
 import tempfile
 import threading
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ import onnx
 import onnxruntime as ort
 
 from npukit.errors import InputError
+from npukit.report.capture import capture_native_output
 from npukit.frontend.onnx_io import named_nodes
 from npukit.runtime.ort import ModelLike, model_path_or_bytes
 
@@ -34,7 +34,6 @@ BACKENDS = ("htp", "cpu", "gpu")
 _PIP_HINT = "install it with `pip install onnxruntime-qnn` (it brings the QNN EP plugin and the HTP backend)"
 
 _register_lock = threading.Lock()
-_stderr_lock = threading.Lock()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -208,7 +207,7 @@ def create_session_with_log(
     if "backend_path" not in options:  # the EP takes one of the two
         options["backend_type"] = backend
     so.add_provider_for_devices(devices, options)
-    with capture_stderr() as log:
+    with capture_native_output() as log:
         try:
             session = ort.InferenceSession(model_path_or_bytes(model if not isinstance(model, onnx.ModelProto)
                                                                else proto), sess_options=so)
@@ -349,29 +348,6 @@ def _first_line(exc: BaseException) -> str:
     prefixes)."""
     text = re.split(r"\[ONNXRuntimeError\] : \d+ : \w+ : ", str(exc).strip())[-1].strip()
     return " ".join(text.splitlines()[0].split()) if text else type(exc).__name__
-
-
-@contextlib.contextmanager
-def capture_stderr() -> Iterator[Any]:
-    """Redirect file descriptors 2 (where ORT's C++ logger writes) and 1 (where QNN's libnative prints its
-    thread-local-config notice when the HTP backend loads) to a temporary file; yields a reader."""
-    import sys
-
-    with _stderr_lock, tempfile.TemporaryFile(mode="w+b") as sink:
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        saved = {fd: os.dup(fd) for fd in (1, 2)}
-        captured: list[str] = []
-        try:
-            for fd in saved:
-                os.dup2(sink.fileno(), fd)
-            yield lambda: "".join(captured)
-        finally:
-            for fd, copy in saved.items():
-                os.dup2(copy, fd)
-                os.close(copy)
-            sink.seek(0)
-            captured.append(sink.read().decode("utf-8", errors="replace"))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -51,21 +51,20 @@ def compile(  # noqa: A001 - the verb's name
     from npukit.runtime.compile import compile_qnn_context
     from npukit.targets.registry import get_target
 
-    if target.strip().lower() == "executorch-xnnpack":
-        from npukit.verbs.compile_executorch import compile_executorch
+    from npukit.verbs.compile_mobile import MOBILE_TARGETS, compile_mobile
 
+    if target.strip().lower() in MOBILE_TARGETS:
         if soc is not None:
-            raise InputError("--soc is for --target qnn-htp; ExecuTorch's XNNPACK runs on the CPU",
-                             hint="drop --soc")
-        return compile_executorch(model, output, calib=calib, input_shape=input_shape, preprocess=preprocess,
-                                  html=html, task=task, gate=gate, weights=weights)
+            raise InputError(f"--soc is for --target qnn-htp; {target} runs on the CPU (XNNPACK)", hint="drop --soc")
+        return compile_mobile(model, output, target=target.strip().lower(), calib=calib, input_shape=input_shape,
+                              preprocess=preprocess, html=html, task=task, gate=gate, weights=weights)
     if weights is not None:
-        raise InputError("--weights is for a PyTorch MODEL (--target executorch-xnnpack)",
+        raise InputError("--weights is for a PyTorch MODEL (--target executorch-xnnpack or litert)",
                          hint="give the HTP an .onnx model with its weights in it")
     profile = get_target(target)
     if profile.name != "qnn-htp":
         raise InputError(f"compiling for {profile.name} is not supported yet",
-                         hint="use --target qnn-htp or executorch-xnnpack; other targets: export the QDQ model "
+                         hint="use --target qnn-htp, executorch-xnnpack or litert; other targets: export the QDQ model "
                               "from `npukit quantize`")
     if soc is None:
         raise InputError("compiling for the HTP needs the Snapdragon SoC", hint="pass --soc, e.g. --soc SM8650")

@@ -38,6 +38,9 @@ MATCH_TOLERANCE = 1e-4  # relative to the tensor's largest magnitude
 _CLAMPS = ("relu.default", "relu_.default", "hardtanh.default", "hardtanh_.default")
 # ops XNNPACK quantizes with the input's grid shared, which compute a new value and so take a grid of their own
 _REQUANTIZING = ("adaptive_avg_pool2d.default", "mean.dim", "mean.default", "avg_pool2d.default")
+# ops that pass their input's values through unchanged (an exported eval-mode dropout is one)
+_VIEWS = ("view.default", "flatten.using_ints", "reshape.default", "squeeze.dim", "squeeze.dims", "squeeze.default",
+          "unsqueeze.default", "_unsafe_view.default", "dropout.default", "clone.default", "alias.default")
 _WEIGHTED = {"conv2d.default": ("Conv",), "conv1d.default": ("Conv",), "linear.default": ("Gemm", "MatMul")}
 
 
@@ -150,7 +153,8 @@ def _plan_observer() -> type:
     return PlanPerChannelObserver
 
 
-def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], report: dict[str, Any]) -> Any:
+def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], report: dict[str, Any], *,
+                    average_grids: bool = True) -> Any:
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (XNNPACKQuantizer,
                                                                          get_symmetric_quantization_config)
     from torchao.quantization.pt2e.quantizer import (FixedQParamsQuantizationSpec, QuantizationSpec, Quantizer,
@@ -189,7 +193,10 @@ def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], repor
             return onnx_side.producer.get(name) if name is not None else None
 
         def _grid(self, node: torch.fx.Node) -> Any:
-            """The emitted per-tensor grid of ``node``'s ONNX twin (or of the clamp right after it) as int8."""
+            """The emitted per-tensor grid of ``node``'s ONNX twin (or of the clamp right after it) as int8; without
+            ``average_grids``, an average's (and its views') is its input's."""
+            if not average_grids and (source := _average_input(node)) is not None:
+                return self._grid(source)
             spec = self._spec(node)
             if spec is None or spec.is_float or spec.scale is None or spec.axis is not None:
                 users = list(node.users)
@@ -253,7 +260,8 @@ def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], repor
                     if grid is None:
                         unmatched.append(node.name)
                     annotation.output_qspec = grid or annotation.output_qspec
-                elif isinstance(annotation.output_qspec, SharedQuantizationSpec) and _op_name(node) in _REQUANTIZING:
+                elif isinstance(annotation.output_qspec, SharedQuantizationSpec) and average_grids \
+                        and _op_name(node) in _REQUANTIZING:
                     grid = self._grid(node)  # an average's own, narrower grid, as ORT gives it
                     if grid is not None:
                         annotation.output_qspec = grid
@@ -312,6 +320,15 @@ def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], repor
     return PlanQuantizer()
 
 
+def _average_input(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The input of the average (pooling, mean) ``node`` is, or is a view of; None if it is neither."""
+    while _op_name(node) in _VIEWS and isinstance(node.args[0], torch.fx.Node):
+        node = node.args[0]
+    if _op_name(node) in _REQUANTIZING and isinstance(node.args[0], torch.fx.Node):
+        return node.args[0]
+    return None
+
+
 def _carry_weights(model: torch.fx.GraphModule, match: Mapping[torch.fx.Node, str], onnx_side: _OnnxSide) -> int:
     """Replace each conv / linear weight (and bias) with the QDQ model's dequantized integers."""
     done = 0
@@ -360,10 +377,14 @@ def reference_values(model: onnx.ModelProto, example: Sequence[torch.Tensor]) ->
 
 
 def carry_plan(module: torch.nn.Module, example: Sequence[torch.Tensor], *, float_model: onnx.ModelProto,
-               qdq: onnx.ModelProto, plan: QuantPlan) -> CarriedPlan:
+               qdq: onnx.ModelProto, plan: QuantPlan, fold_quantize: bool = True,
+               average_grids: bool = True) -> CarriedPlan:
     """``module`` exported (``torch.export``) and converted (PT2E) with ``plan``'s grids and weights as emitted in
     ``qdq``; ``float_model`` is the ONNX model that was quantized (before any step that changed its weights: the
-    torch tensors are matched to its tensors by value on ``example``); see the module docstring."""
+    torch tensors are matched to its tensors by value on ``example``); see the module docstring. ``fold_quantize``
+    as in ``convert_pt2e`` (LiteRT's converter wants the weights' quantize ops kept); ``average_grids``: an average
+    (pooling, mean) gets its own grid from the plan (ExecuTorch), or shares its input's (LiteRT, whose MEAN keeps
+    its input's scale and would otherwise quantize the next bias on a scale its input does not have)."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     from npukit.quant.qdq import named_nodes, preprocess
@@ -372,10 +393,10 @@ def carry_plan(module: torch.nn.Module, example: Sequence[torch.Tensor], *, floa
     onnx_side = _onnx_side(work, qdq, plan, reference_values(work, example))
     report: dict[str, Any] = {}
     program = torch.export.export(module.eval(), tuple(example)).module()
-    prepared = prepare_pt2e(program, _plan_quantizer(onnx_side, example, report))
+    prepared = prepare_pt2e(program, _plan_quantizer(onnx_side, example, report, average_grids=average_grids))
     with torch.no_grad():
         prepared(*example)  # fixed grids learn nothing; PT2E wants the observers run once
-    converted = convert_pt2e(prepared)
+    converted = convert_pt2e(prepared, fold_quantize=fold_quantize)
     return CarriedPlan(program=converted, matched=report.get("matched", 0), activations=report.get("activations", 0),
                        weights=report.get("weights", 0), float_nodes=tuple(report.get("float_nodes", ())),
                        unmatched=tuple(report.get("unmatched", ())) + tuple(report.get("unmatched_weights", ())),

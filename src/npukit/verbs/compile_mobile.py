@@ -1,9 +1,11 @@
-"""compile --target executorch-xnnpack: a PyTorch model -> an ExecuTorch .pte with the XNNPACK delegate, fp32 or
-INT8 from npukit's quantization plan, run on ExecuTorch's runtime and checked against eager torch."""
+"""compile for the mobile runtimes: a PyTorch model -> an ExecuTorch .pte with the XNNPACK delegate
+(``--target executorch-xnnpack``) or a LiteRT .tflite run by LiteRT's XNNPACK delegate (``--target litert``), fp32
+or INT8 from npukit's quantization plan, run on the runtime itself and checked against eager torch."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,9 +22,8 @@ from npukit.report.finish import CommandResult, finish
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
 
-TARGET = "executorch-xnnpack"
 CHECK_SAMPLES = 32  # calibration samples the task check reads
-FP32_TOLERANCE = 1e-4  # fp32 .pte against eager torch: max abs error over the output's range
+FP32_TOLERANCE = 1e-4  # fp32 artifact against eager torch: max abs error over the output's range
 TIMED_RUNS = 30
 
 # XNNPACK's quantized kernels (qs8): int8 asymmetric activations, int8 symmetric per-channel weights on their full
@@ -33,27 +34,55 @@ TIMED_RUNS = 30
 XNNPACK_INT8 = QuantConfig(activation_dtype="int8", method="auto", cle=True, bias_correction=True)
 
 
-def compile_executorch(model: str | Path, output: str | Path, *, calib: str | Path | None = None,
-                       input_shape: str | Sequence[int] | None = None, preprocess: PreprocessConfig | None = None,
-                       html: bool = False, task: str | None = None, gate: QualityGate | None = None,
-                       threads: int = 1, weights: str | Path | None = None) -> CommandResult:
+@dataclasses.dataclass(frozen=True)
+class MobileTarget:
+    """A mobile runtime npukit compiles PyTorch models for; ``runtime`` names its module in ``npukit.runtime``, which
+    provides ``require()``, ``lower(program, example) -> Lowered`` (``.buffer``, ``.summary()``, ``.table()``),
+    ``Runner(path, threads=)``, and how npukit's plan is carried for its converter (``carry_plan``'s
+    ``FOLD_QUANTIZE`` and ``AVERAGE_GRIDS``)."""
+
+    name: str
+    suffix: str
+    artifact: str  # what the report calls the compiled file
+    runtime: str
+    lowering: str  # what the lowering step does, for the progress line
+
+    def module(self) -> Any:
+        return importlib.import_module(f"npukit.runtime.{self.runtime}")
+
+
+MOBILE_TARGETS = {
+    "executorch-xnnpack": MobileTarget("executorch-xnnpack", ".pte", "ExecuTorch .pte", "executorch",
+                                       "lowering to ExecuTorch with the XNNPACK delegate"),
+    "litert": MobileTarget("litert", ".tflite", "LiteRT .tflite", "litert",
+                           "converting to LiteRT (.tflite; XNNPACK delegate at load)"),
+}
+
+
+def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib: str | Path | None = None,
+                   input_shape: str | Sequence[int] | None = None, preprocess: PreprocessConfig | None = None,
+                   html: bool = False, task: str | None = None, gate: QualityGate | None = None,
+                   threads: int = 1, weights: str | Path | None = None) -> CommandResult:
     """``model`` (a PyTorch model: torchvision:NAME, module:factory, .pt2, TorchScript, a pickled module) exported
-    with ``torch.export`` and lowered to an ExecuTorch program whose XNNPACK delegate runs it: fp32 without
-    ``calib``; with it, INT8 on npukit's quantization plan (``XNNPACK_INT8``, made on the ONNX export of the same
-    model and carried onto the torch program by ``npukit.quant.emit.pt2e``). The .pte is loaded in ExecuTorch's
-    runtime and checked against eager torch: fp32 within ``FP32_TOLERANCE`` of the output range, INT8 with the
-    model's task under ``gate``; latency beside eager torch and ORT, 1 thread, interleaved."""
+    with ``torch.export`` and lowered for ``target`` (a key of ``MOBILE_TARGETS``): fp32 without ``calib``; with it,
+    INT8 on npukit's quantization plan (``XNNPACK_INT8``, made on the ONNX export of the same model and carried onto
+    the torch program by ``npukit.quant.emit.pt2e``). The artifact is loaded in the runtime and checked against
+    eager torch: fp32 within ``FP32_TOLERANCE`` of the output range, INT8 with the model's task under ``gate``;
+    latency beside eager torch and ORT, 1 thread, interleaved."""
     from npukit.frontend.shapes import InputSpec
     from npukit.frontend.spec import resolve_model
-    from npukit.runtime.executorch import ExecuTorchRunner, plain_tensor, require_executorch
+    from npukit.runtime.tensors import plain_tensor
 
-    require_executorch()
+    mobile = MOBILE_TARGETS[target]
+    runtime = mobile.module()
+    runtime.require()
     output = Path(output)
-    if output.suffix.lower() != ".pte" or output.is_dir():
-        raise InputError(f"output {output} must be a file ending in .pte", hint="name the output like model.pte")
+    if output.suffix.lower() != mobile.suffix or output.is_dir():
+        raise InputError(f"output {output} must be a file ending in {mobile.suffix} for --target {mobile.name}",
+                         hint=f"name the output like model{mobile.suffix}")
     source = resolve_model(str(model), weights=str(weights) if weights else None)
     if source.kind == "onnx" or source.module is None:
-        raise InputError(f"{model} is an ONNX model; ExecuTorch lowers PyTorch programs",
+        raise InputError(f"{model} is an ONNX model; --target {mobile.name} converts PyTorch programs",
                          hint="give the PyTorch model (torchvision:NAME, module:factory, .pt2, TorchScript or a "
                               "pickled module), or compile the ONNX model with --target qnn-htp")
     spec = InputSpec.parse(input_shape)
@@ -61,7 +90,8 @@ def compile_executorch(model: str | Path, output: str | Path, *, calib: str | Pa
     if shape is None:
         raise InputError(f"no input shape is known for {model}", hint="pass one with --input-shape 1,3,224,224")
     int8 = calib is not None
-    report = Report("compile", config={"model": str(model), "target": TARGET, "precision": "int8" if int8 else "fp32",
+    report = Report("compile", config={"model": str(model), "target": mobile.name,
+                                       "precision": "int8" if int8 else "fp32",
                                        "calib": str(calib) if calib else None, "input_shape": list(shape),
                                        "quant": XNNPACK_INT8.as_dict() if int8 else None, "threads": threads})
     module = source.module.eval()
@@ -69,11 +99,13 @@ def compile_executorch(model: str | Path, output: str | Path, *, calib: str | Pa
         float_onnx = _export_onnx(report, source, shape, Path(work))
         samples = _samples(calib, float_onnx, preprocess, shape)
         example = tuple(plain_tensor(v) for v in samples[0].values())
-        program, carried = (_quantize(report, module, float_onnx, samples, example) if int8 else (module, None))
-        _lower(report, program, example, output)
-        runner, eager = ExecuTorchRunner(output, threads=threads), _torch_runner(module)
-        _check(report, eager, runner, float_onnx, samples, int8=int8, task=task, gate=gate or QualityGate())
-        _time(report, eager, runner, float_onnx, samples[0], threads=threads)
+        program, carried = (_quantize(report, module, float_onnx, samples, example, runtime) if int8
+                            else (module, None))
+        _lower(report, mobile, program, example, output)
+        runner, eager = runtime.Runner(output, threads=threads), _torch_runner(module)
+        _check(report, mobile, eager, runner, float_onnx, samples, int8=int8, task=task,
+               gate=gate or QualityGate())
+        _time(report, mobile, eager, runner, float_onnx, samples[0], threads=threads)
     report.add("carried_plan", carried.summary() if carried is not None else None)
     return finish(report, output, html=html)
 
@@ -105,7 +137,7 @@ def _samples(calib: str | Path | None, float_onnx: onnx.ModelProto, preprocess: 
 
 
 def _quantize(report: Report, module: Any, float_onnx: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
-              example: tuple[Any, ...]) -> tuple[Any, Any]:
+              example: tuple[Any, ...], runtime: Any) -> tuple[Any, Any]:
     from npukit.quant.emit.pt2e import carry_plan
     from npukit.quant.qdq import quantize
     from npukit.report.quantize import add_steps
@@ -115,11 +147,12 @@ def _quantize(report: Report, module: Any, float_onnx: onnx.ModelProto, samples:
         result = quantize(float_onnx, samples, config=XNNPACK_INT8)
     add_steps(report, result.steps)
     with step("carrying the plan onto the torch program (PT2E, fixed grids)", timings=report.timings, key="carry"):
-        carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan)
+        carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan,
+                             fold_quantize=runtime.FOLD_QUANTIZE, average_grids=runtime.AVERAGE_GRIDS)
     if carried.unmatched:
         raise InputError(f"npukit's plan could not be carried onto {len(carried.unmatched)} tensor(s) of the torch "
                          f"program: {', '.join(carried.unmatched[:5])}",
-                         hint="compile without --calib for an fp32 .pte, or quantize the ONNX export with "
+                         hint="compile without --calib for an fp32 artifact, or quantize the ONNX export with "
                               "`npukit quantize`")
     report.add_table("npukit's plan carried onto the torch program (PT2E, grids fixed from the plan)",
                      ["tensors matched by value", "activation grids", "weights (plan's integers)",
@@ -129,25 +162,21 @@ def _quantize(report: Report, module: Any, float_onnx: onnx.ModelProto, samples:
     return carried.program, carried
 
 
-def _lower(report: Report, program: Any, example: tuple[Any, ...], output: Path) -> None:
+def _lower(report: Report, mobile: MobileTarget, program: Any, example: tuple[Any, ...], output: Path) -> None:
     from npukit._atomic import write_bytes_atomic
-    from npukit.runtime.executorch import lower_xnnpack
 
-    with step("lowering to ExecuTorch with the XNNPACK delegate", timings=report.timings, key="lower"):
-        lowered = lower_xnnpack(program, example)
+    with step(mobile.lowering, timings=report.timings, key="lower"):
+        lowered = mobile.module().lower(program, example)
     write_bytes_atomic(output, lowered.buffer)
     report.add("lowered", lowered.summary())
-    left = ", ".join(f"{k} x{v}" for k, v in lowered.portable_ops.items()) or "none"
-    report.add_table("ExecuTorch program", ["file bytes", "ops in XNNPACK", "delegate calls",
-                                            "ops left to portable kernels"],
-                     [[len(lowered.buffer), lowered.delegated_ops, lowered.delegate_calls, left]])
+    report.add_table(*lowered.table())
 
 
 def _torch_runner(module: Any) -> Any:
     import torch
 
     from npukit.frontend.verify import flatten_outputs
-    from npukit.runtime.executorch import plain_tensor
+    from npukit.runtime.tensors import plain_tensor
 
     def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         with torch.no_grad():
@@ -155,7 +184,7 @@ def _torch_runner(module: Any) -> Any:
     return run
 
 
-def _check(report: Report, eager: Any, runner: Any, float_onnx: onnx.ModelProto,
+def _check(report: Report, mobile: MobileTarget, eager: Any, runner: Any, float_onnx: onnx.ModelProto,
            samples: list[dict[str, np.ndarray]], *, int8: bool, task: str | None, gate: QualityGate) -> None:
     from npukit.verbs.common import task_check
 
@@ -168,30 +197,31 @@ def _check(report: Report, eager: Any, runner: Any, float_onnx: onnx.ModelProto,
                 span = float(ref.max() - ref.min()) or 1.0
                 worst = max(worst, float(np.abs(ref - got).max()) / span)
         report.add("fp32_error", {"max_abs_over_range": worst, "tolerance": FP32_TOLERANCE})
-        report.add_table("fp32 .pte against eager torch", ["max abs error / output range", "tolerance"],
+        report.add_table(f"fp32 {mobile.artifact} against eager torch", ["max abs error / output range", "tolerance"],
                          [[f"{worst:.2e}", f"{FP32_TOLERANCE:g}"]])
         if worst > FP32_TOLERANCE:
-            failures.append(f"fp32 .pte differs from eager torch by {worst:.2e} of the output range "
+            failures.append(f"fp32 {mobile.artifact} differs from eager torch by {worst:.2e} of the output range "
                             f"(> {FP32_TOLERANCE:g})")
     where = (f"{len(check)} calibration samples (optimistic: the grids were fitted to them)" if int8
              else f"{len(check)} seeded random inputs (pass --calib for real inputs and INT8)")
-    with step("task check: the .pte on ExecuTorch against eager torch", timings=report.timings, key="task_check"):
+    with step(f"task check: the {mobile.artifact} on its runtime against eager torch", timings=report.timings,
+              key="task_check"):
         task_check(report, float_onnx, None, check, task=task, gate=gate, what="compile", where=where,
                    reference_runner=eager, candidate_runner=runner, extra_failures=failures,
                    hint="compile without --calib for fp32, or try another --input-shape; --accept-degraded keeps "
                         "it as it is")
 
 
-def _time(report: Report, eager: Any, runner: Any, float_onnx: onnx.ModelProto, feeds: dict[str, np.ndarray], *,
-          threads: int) -> None:
+def _time(report: Report, mobile: MobileTarget, eager: Any, runner: Any, float_onnx: onnx.ModelProto,
+          feeds: dict[str, np.ndarray], *, threads: int) -> None:
     from npukit._threads import torch_threads
     from npukit.measure.latency import time_calls_interleaved
     from npukit.runtime.ort import make_session
 
     session = make_session(float_onnx, threads=threads)
-    with torch_threads(threads), step(f"timing the .pte, eager torch and ORT float, {threads} thread(s)",
+    with torch_threads(threads), step(f"timing the {mobile.artifact}, eager torch and ORT float, {threads} thread(s)",
                                       timings=report.timings, key="latency"):
-        latency = time_calls_interleaved({"ExecuTorch .pte": lambda: runner(feeds),
+        latency = time_calls_interleaved({mobile.artifact: lambda: runner(feeds),
                                           "eager torch fp32": lambda: eager(feeds),
                                           "ORT CPU fp32": lambda: session.run(None, feeds)},
                                          threads=threads, warmup=3, runs=TIMED_RUNS, rounds=3)

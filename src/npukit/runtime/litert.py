@@ -1,0 +1,239 @@
+"""LiteRT (TensorFlow Lite's successor): convert a torch program to a .tflite flatbuffer (litert-torch), load it in
+LiteRT's interpreter with its default XNNPACK delegate (ai-edge-litert), run it.
+
+LiteRT is an optional extra (``pip install 'npukit[litert]'``, installed by scripts/setup.sh); it is imported only here
+and only when the litert target is used (``import litert_torch`` alone takes several seconds: it loads jax).
+
+A PT2E-converted program (q/dq ops from ``convert_pt2e(..., fold_quantize=False)``: the weights' quantize ops kept, as
+LiteRT's converter reads them) becomes a fully integer model with int8 input and output tensors; the runner quantizes
+inputs and dequantizes outputs on the model's own grids, so callers feed and read float arrays either way.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import importlib.util
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from npukit.errors import InputError
+from npukit.runtime.tensors import plain_tensor
+
+EXTRA_HINT = "install it with: .venv/bin/pip install 'npukit[litert]' (scripts/setup.sh does)"
+FOLD_QUANTIZE = False  # LiteRT's converter wants the weights' quantize ops in the program (it folds them itself)
+AVERAGE_GRIDS = False  # LiteRT's MEAN keeps its input's scale: an average shares its input's grid
+
+
+def require() -> None:
+    """litert-torch and the LiteRT interpreter are installed, or an InputError that says how to install them."""
+    # executorch: its XNNPACK quantizer's annotation is what npukit's plan is carried on (npukit.quant.emit.pt2e)
+    for module in ("litert_torch", "ai_edge_litert", "executorch"):
+        if importlib.util.find_spec(module) is None:
+            raise InputError(f"the litert target needs {module.replace('_', '-')}, which is not installed",
+                             hint=EXTRA_HINT)
+    for name in ("torch.utils._pytree", "absl", "jax._src.xla_bridge"):  # import-time notices, not the user's business
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowered:
+    """A .tflite model's bytes and its operators."""
+
+    buffer: bytes
+    ops: dict[str, int]  # the model's builtin operators by name
+    delegation: Delegation  # what LiteRT's XNNPACK delegate takes when the model is loaded
+    int8_io: bool  # int8 input/output tensors (the runner quantizes and dequantizes)
+
+    def summary(self) -> dict[str, Any]:
+        return {"bytes": len(self.buffer), "ops": dict(self.ops), "int8_io": self.int8_io} \
+            | self.delegation.summary()
+
+    def table(self) -> tuple[str, list[str], list[list[Any]]]:
+        left = ", ".join(f"{k} x{v}" for k, v in self.delegation.left.items()) or "none"
+        return ("LiteRT model", ["file bytes", "operators", "ops in XNNPACK", "ops left to LiteRT's kernels",
+                                 "input/output"],
+                [[len(self.buffer), sum(self.ops.values()), self.delegation.delegated, left,
+                  "int8 (quantized for the caller)" if self.int8_io else "float32"]])
+
+
+@dataclasses.dataclass(frozen=True)
+class Delegation:
+    """Which of a model's operators LiteRT's XNNPACK delegate took when the interpreter was built."""
+
+    delegated: int
+    partitions: int
+    left: dict[str, int]  # operators LiteRT runs with its own kernels, by name
+    delegated_ops: tuple[int, ...] = ()  # indices of the delegated operators in the model
+
+    def summary(self) -> dict[str, Any]:
+        return {"delegated_ops": self.delegated, "partitions": self.partitions, "left": dict(self.left)}
+
+
+def lower(program: torch.nn.Module, example: Sequence[torch.Tensor]) -> Lowered:
+    """``program`` (float, or PT2E-converted with the weights' quantize ops kept) converted to a .tflite model."""
+    import litert_torch
+
+    args = tuple(plain_tensor(x) for x in example)
+    quant = _static_int8_config() if _has_qdq(program) else None
+    if isinstance(program, torch.fx.GraphModule):  # an exported program's module refuses .eval(); it is in eval
+        object.__setattr__(program, "training", False)
+    try:
+        with _quiet():
+            edge = litert_torch.convert(program, args, quant_config=quant)
+            buffer = bytes(edge.model_content())
+    except Exception as exc:  # noqa: BLE001 - a failure inside LiteRT's converter is the model's, said in one line
+        raise InputError(f"LiteRT's converter failed on this model: {_root_cause(exc)}",
+                         hint="try --target executorch-xnnpack, or npukit quantize on its ONNX export") from exc
+    interpreter = _interpreter(buffer, threads=1)
+    taken = delegation(interpreter)
+    ops = collections.Counter(op["op_name"] for op in interpreter._get_ops_details() if op["op_name"] != "DELEGATE")
+    inputs = interpreter.get_input_details()
+    return Lowered(buffer=buffer, ops=dict(ops), delegation=taken,
+                   int8_io=any(i["dtype"] != np.float32 for i in inputs))
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """litert-torch prints a line per conversion stage unless told not to (an environment variable it reads), and
+    its converter logs to the process's stderr: both kept off the terminal, the converter's warnings and errors
+    passed to the log (the report's library messages)."""
+    from npukit.report.capture import capture_native_output
+
+    before = os.environ.get(_PROGRESS)
+    os.environ[_PROGRESS] = "n"
+    try:
+        with capture_native_output() as native:
+            yield
+    finally:
+        if before is None:
+            os.environ.pop(_PROGRESS, None)
+        else:
+            os.environ[_PROGRESS] = before
+        _log_native(native())
+
+
+def _log_native(text: str) -> None:
+    """Native lines worth keeping (warnings and errors; not INFO notices) to the log."""
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("I0000", "INFO:", "WARNING: All log messages before absl")) \
+                and "Created TensorFlow Lite XNNPACK delegate" not in line:
+            logging.getLogger("litert").warning(line[:300])
+
+
+_PROGRESS = "LITERT_TORCH_SHOW_PROGRESS"
+
+
+def _static_int8_config() -> Any:
+    """LiteRT's quantization mode flag for a program that already carries its q/dq ops (static int8); the quantizer
+    inside is only read for that flag, never run."""
+    from litert_torch.quantize.pt2e_quantizer import PT2EQuantizer, get_symmetric_quantization_config
+    from litert_torch.quantize.quant_config import QuantConfig
+
+    return QuantConfig(pt2e_quantizer=PT2EQuantizer().set_global(get_symmetric_quantization_config(
+        is_per_channel=True)))
+
+
+def _has_qdq(program: Any) -> bool:
+    graph = getattr(program, "graph", None)
+    return graph is not None and any(n.op == "call_function" and "quantized_decomposed" in str(n.target)
+                                     for n in graph.nodes)
+
+
+def _root_cause(exc: BaseException) -> str:
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = str(exc).strip()
+    # the converter's MLIR diagnostics: "<file>:<line>:<col>: error: <what>"
+    for line in text.splitlines():
+        if "error:" in line:
+            return line.split("error:", 1)[1].strip()[:300]
+    return ((text.splitlines() or [type(exc).__name__])[0])[:300]
+
+
+def _interpreter(model: bytes | str | Path, *, threads: int) -> Any:
+    """LiteRT's interpreter on ``model`` with its tensors allocated (XNNPACK, LiteRT's default delegate, partitions
+    the model then); its native warnings go to the log (the report's library messages), its notices nowhere."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from npukit.report.capture import capture_native_output
+
+    source = {"model_content": model} if isinstance(model, bytes) else {"model_path": str(model)}
+    with capture_native_output() as native:
+        interpreter = Interpreter(**source, num_threads=int(threads))
+        interpreter.allocate_tensors()
+    _log_native(native())
+    return interpreter
+
+
+def delegation(interpreter: Any) -> Delegation:
+    """The operators inside the interpreter's delegate nodes: walking back from each delegate's outputs through the
+    model's operators, stopping at the delegate's inputs, reaches exactly the operators it replaced."""
+    ops = interpreter._get_ops_details()
+    delegates = [op for op in ops if op["op_name"] == "DELEGATE"]
+    model_ops = [op for op in ops if op["op_name"] != "DELEGATE"]
+    producer = {int(t): op["index"] for op in model_ops for t in op["outputs"]}
+    by_index = {op["index"]: op for op in model_ops}
+    taken: set[int] = set()
+    for node in delegates:
+        boundary = {int(t) for t in node["inputs"]}
+        todo = [int(t) for t in node["outputs"]]
+        while todo:
+            tensor = todo.pop()
+            index = producer.get(tensor)
+            if tensor in boundary or index is None or index in taken:
+                continue
+            taken.add(index)
+            todo.extend(int(t) for t in by_index[index]["inputs"] if int(t) >= 0)
+    left = collections.Counter(op["op_name"] for op in model_ops if op["index"] not in taken)
+    return Delegation(delegated=len(taken), partitions=len(delegates), left=dict(left),
+                      delegated_ops=tuple(sorted(taken)))
+
+
+class Runner:
+    """A .tflite model in LiteRT's interpreter with the XNNPACK delegate; ``threads`` sets its threads. Float arrays
+    in and out: an int8 model's inputs are quantized and its outputs dequantized on the model's own grids."""
+
+    def __init__(self, path: str | Path, *, threads: int = 1) -> None:
+        self.interpreter = _interpreter(path, threads=threads)
+        self.inputs = _in_signature_order(self.interpreter, self.interpreter.get_input_details(), "inputs")
+        self.outputs = _in_signature_order(self.interpreter, self.interpreter.get_output_details(), "outputs")
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        for detail, value in zip(self.inputs, feeds.values()):
+            self.interpreter.set_tensor(detail["index"], _to_tensor(np.asarray(value, dtype=np.float32), detail))
+        self.interpreter.invoke()
+        return [_from_tensor(self.interpreter.get_tensor(d["index"]), d) for d in self.outputs]
+
+
+def _in_signature_order(interpreter: Any, details: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """``details`` in the order of the model's signature (the torch program's argument and output order)."""
+    signatures = interpreter._get_full_signature_list()
+    if len(signatures) != 1:
+        return details
+    order = {index: i for i, index in enumerate(next(iter(signatures.values()))[kind].values())}
+    return sorted(details, key=lambda d: order.get(d["index"], len(order)))
+
+
+def _to_tensor(value: np.ndarray, detail: dict[str, Any]) -> np.ndarray:
+    dtype = np.dtype(detail["dtype"])
+    if dtype == np.float32:
+        return value.reshape(detail["shape"])
+    scale, zero = detail["quantization"]
+    info = np.iinfo(dtype)
+    return np.clip(np.round(value / scale) + zero, info.min, info.max).astype(dtype).reshape(detail["shape"])
+
+
+def _from_tensor(value: np.ndarray, detail: dict[str, Any]) -> np.ndarray:
+    if np.dtype(detail["dtype"]) == np.float32:
+        return value.copy()
+    scale, zero = detail["quantization"]
+    return (value.astype(np.float32) - zero) * np.float32(scale)
