@@ -147,7 +147,7 @@ def test_the_litert_model_has_the_plans_grids_and_weight_integers(tmp_path):
     result = quantize(float_onnx, samples, config=QuantConfig(activation_dtype="int8", method="minmax", cle=True))
     example = (torch.from_numpy(samples[0]["input"].copy()),)
     carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan,
-                         fold_quantize=litert.FOLD_QUANTIZE, average_grids=litert.AVERAGE_GRIDS)
+                         options=litert.CARRY)
     lowered = litert.lower(carried.program, example)
     qdq_grids, qdq_weights = _qdq_grids(result.model)
     grids, weights = _tflite_grids(lowered.buffer)
@@ -167,3 +167,51 @@ def test_the_litert_model_has_the_plans_grids_and_weight_integers(tmp_path):
         want, got = session.run(None, feeds)[0], runner(feeds)[0]
         sqnr = 10 * np.log10(np.sum(want ** 2) / max(np.sum((want - got) ** 2), 1e-30))
         assert sqnr > 30, sqnr
+
+
+class _Fire(torch.nn.Module):
+    """SqueezeNet's fire module: two conv branches concatenated (LiteRT's CONCATENATION wants one scale)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.squeeze = torch.nn.Conv2d(3, 8, 1)
+        self.left = torch.nn.Conv2d(8, 8, 1)
+        self.right = torch.nn.Conv2d(8, 16, 3, padding=1)
+        self.head = torch.nn.Linear(24, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.squeeze(x))
+        x = torch.cat([torch.relu(self.left(x)), torch.relu(self.right(x))], 1)
+        return self.head(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def test_a_concatenation_reaches_litert_on_one_grid(tmp_path):
+    """The plan gives each branch its own grid; LiteRT's converter refuses a concatenation whose inputs differ in
+    scale, so the branches write the concatenation's grid, and the .tflite still computes what the QDQ model does."""
+    pytest.importorskip("litert_torch", reason="the litert extra is not installed (scripts/setup.sh installs it)")
+    from npukit.runtime import litert
+
+    torch.manual_seed(0)
+    module = _Fire().eval()
+    source = ModelSource(kind="torch", spec="fire", module=module, onnx_path=None,
+                         default_input_shape=(1, 3, 16, 16), description="fire module")
+    float_onnx = onnx.load(str(export_model(source, tmp_path / "fire.onnx",
+                                            config=ExportConfig(input_shape=(1, 3, 16, 16))).path))
+    name = float_onnx.graph.input[0].name
+    rng = np.random.default_rng(0)
+    samples = [{name: rng.normal(size=(1, 3, 16, 16)).astype(np.float32)} for _ in range(12)]
+    result = quantize(float_onnx, samples, config=QuantConfig(activation_dtype="int8", method="minmax"))
+    example = (torch.from_numpy(samples[0][name].copy()),)
+    carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan,
+                         options=litert.CARRY)
+    assert carried.unmatched == ()
+    path = tmp_path / "fire.tflite"
+    path.write_bytes(litert.lower(carried.program, example).buffer)
+    runner = litert.Runner(path)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(result.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    for feeds in samples[:4]:
+        want, got = session.run(None, feeds)[0], runner(feeds)[0]
+        sqnr = 10 * np.log10(np.sum(want ** 2) / max(np.sum((want - got) ** 2), 1e-30))
+        assert sqnr > 25, sqnr

@@ -19,11 +19,11 @@ import numpy as np
 import torch
 
 from npukit.errors import InputError
+from npukit.quant.emit.pt2e import CarryOptions
 from npukit.runtime.tensors import plain_tensor
 
 EXTRA_HINT = "install it with: .venv/bin/pip install 'npukit[executorch]' (scripts/setup.sh does)"
-FOLD_QUANTIZE = True  # XNNPACK's lowering reads weights already quantized by convert_pt2e
-AVERAGE_GRIDS = True  # XNNPACK requantizes an average onto its own grid
+CARRY = CarryOptions()  # XNNPACK's lowering takes the plan as carried by default (see CarryOptions)
 
 
 def require() -> None:

@@ -25,11 +25,13 @@ import numpy as np
 import torch
 
 from npukit.errors import InputError
+from npukit.quant.emit.pt2e import CarryOptions
 from npukit.runtime.tensors import plain_tensor
 
 EXTRA_HINT = "install it with: .venv/bin/pip install 'npukit[litert]' (scripts/setup.sh does)"
-FOLD_QUANTIZE = False  # LiteRT's converter wants the weights' quantize ops in the program (it folds them itself)
-AVERAGE_GRIDS = False  # LiteRT's MEAN keeps its input's scale: an average shares its input's grid
+# how npukit's plan is carried for LiteRT's converter (see CarryOptions): weights' quantize ops kept, averages on
+# their input's grid, concatenations on one grid
+CARRY = CarryOptions(fold_quantize=False, average_grids=False, same_scale_concat=True)
 
 
 def require() -> None:

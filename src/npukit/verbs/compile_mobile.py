@@ -38,8 +38,7 @@ XNNPACK_INT8 = QuantConfig(activation_dtype="int8", method="auto", cle=True, bia
 class MobileTarget:
     """A mobile runtime npukit compiles PyTorch models for; ``runtime`` names its module in ``npukit.runtime``, which
     provides ``require()``, ``lower(program, example) -> Lowered`` (``.buffer``, ``.summary()``, ``.table()``),
-    ``Runner(path, threads=)``, and how npukit's plan is carried for its converter (``carry_plan``'s
-    ``FOLD_QUANTIZE`` and ``AVERAGE_GRIDS``)."""
+    ``Runner(path, threads=)``, and ``CARRY``: how npukit's plan is carried for its converter (``CarryOptions``)."""
 
     name: str
     suffix: str
@@ -148,7 +147,7 @@ def _quantize(report: Report, module: Any, float_onnx: onnx.ModelProto, samples:
     add_steps(report, result.steps)
     with step("carrying the plan onto the torch program (PT2E, fixed grids)", timings=report.timings, key="carry"):
         carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan,
-                             fold_quantize=runtime.FOLD_QUANTIZE, average_grids=runtime.AVERAGE_GRIDS)
+                             options=runtime.CARRY)
     if carried.unmatched:
         raise InputError(f"npukit's plan could not be carried onto {len(carried.unmatched)} tensor(s) of the torch "
                          f"program: {', '.join(carried.unmatched[:5])}",

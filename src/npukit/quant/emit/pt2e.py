@@ -41,7 +41,25 @@ _REQUANTIZING = ("adaptive_avg_pool2d.default", "mean.dim", "mean.default", "avg
 # ops that pass their input's values through unchanged (an exported eval-mode dropout is one)
 _VIEWS = ("view.default", "flatten.using_ints", "reshape.default", "squeeze.dim", "squeeze.dims", "squeeze.default",
           "unsqueeze.default", "_unsafe_view.default", "dropout.default", "clone.default", "alias.default")
+_CONCATS = ("cat.default", "concat.default")
 _WEIGHTED = {"conv2d.default": ("Conv",), "conv1d.default": ("Conv",), "linear.default": ("Gemm", "MatMul")}
+
+
+@dataclasses.dataclass(frozen=True)
+class CarryOptions:
+    """How a runtime's converter wants the plan carried.
+
+    ``fold_quantize``: as in ``convert_pt2e`` (LiteRT's converter wants the weights' quantize ops kept).
+    ``average_grids``: an average (pooling, mean) gets its own grid from the plan (ExecuTorch), or it and its views
+    share its input's (LiteRT: its MEAN keeps its input's scale, and a requantization after it leaves the next
+    layer's bias on a scale its input does not have).
+    ``same_scale_concat``: a concatenation's inputs and output all on the plan's grid of its output, the producers
+    of its inputs writing that grid (LiteRT's CONCATENATION requires one scale; a requantization on an input edge
+    is refused by its converter). ExecuTorch: XNNPACK's own sharing (the first input's grid)."""
+
+    fold_quantize: bool = True
+    average_grids: bool = True
+    same_scale_concat: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,8 +171,8 @@ def _plan_observer() -> type:
     return PlanPerChannelObserver
 
 
-def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], report: dict[str, Any], *,
-                    average_grids: bool = True) -> Any:
+def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], report: dict[str, Any],
+                    options: CarryOptions) -> Any:
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (XNNPACKQuantizer,
                                                                          get_symmetric_quantization_config)
     from torchao.quantization.pt2e.quantizer import (FixedQParamsQuantizationSpec, QuantizationSpec, Quantizer,
@@ -194,8 +212,8 @@ def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], repor
 
         def _grid(self, node: torch.fx.Node) -> Any:
             """The emitted per-tensor grid of ``node``'s ONNX twin (or of the clamp right after it) as int8; without
-            ``average_grids``, an average's (and its views') is its input's."""
-            if not average_grids and (source := _average_input(node)) is not None:
+            ``options.average_grids``, an average's (and its views') is its input's."""
+            if not options.average_grids and (source := _average_input(node)) is not None:
                 return self._grid(source)
             spec = self._spec(node)
             if spec is None or spec.is_float or spec.scale is None or spec.axis is not None:
@@ -260,13 +278,15 @@ def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], repor
                     if grid is None:
                         unmatched.append(node.name)
                     annotation.output_qspec = grid or annotation.output_qspec
-                elif isinstance(annotation.output_qspec, SharedQuantizationSpec) and average_grids \
+                elif isinstance(annotation.output_qspec, SharedQuantizationSpec) and options.average_grids \
                         and _op_name(node) in _REQUANTIZING:
                     grid = self._grid(node)  # an average's own, narrower grid, as ORT gives it
                     if grid is not None:
                         annotation.output_qspec = grid
                         carried += 1
             self._unshare(model, set(floats))
+            if options.same_scale_concat:
+                self._same_scale_concats(model)
             report["activations"] = carried
             report["unmatched"] = unmatched
             report["float_nodes"] = [n.name for n in floats]
@@ -298,6 +318,21 @@ def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], repor
                 annotation.input_qspec_map = inputs
                 if gone(annotation.output_qspec):
                     annotation.output_qspec = self._grid(node)
+
+        def _same_scale_concats(self, model: torch.fx.GraphModule) -> None:
+            """Each concatenation's inputs and output on the plan's grid of its output; an input's producer that
+            feeds nothing else writes that grid (no requantization on the edge)."""
+            for node in model.graph.nodes:
+                annotation = node.meta.get("quantization_annotation")
+                if annotation is None or _op_name(node) not in _CONCATS or (grid := self._grid(node)) is None:
+                    continue
+                annotation.output_qspec = grid
+                annotation.input_qspec_map = {arg: grid for arg in annotation.input_qspec_map}
+                for arg in annotation.input_qspec_map:
+                    producer = arg.meta.get("quantization_annotation")
+                    if producer is not None and len(arg.users) == 1 \
+                            and isinstance(producer.output_qspec, FixedQParamsQuantizationSpec):
+                        producer.output_qspec = grid
 
         def _weight_spec(self, node: torch.fx.Node, spec: Any) -> Any:
             twin = self._twin(node)
@@ -377,14 +412,11 @@ def reference_values(model: onnx.ModelProto, example: Sequence[torch.Tensor]) ->
 
 
 def carry_plan(module: torch.nn.Module, example: Sequence[torch.Tensor], *, float_model: onnx.ModelProto,
-               qdq: onnx.ModelProto, plan: QuantPlan, fold_quantize: bool = True,
-               average_grids: bool = True) -> CarriedPlan:
+               qdq: onnx.ModelProto, plan: QuantPlan, options: CarryOptions = CarryOptions()) -> CarriedPlan:
     """``module`` exported (``torch.export``) and converted (PT2E) with ``plan``'s grids and weights as emitted in
     ``qdq``; ``float_model`` is the ONNX model that was quantized (before any step that changed its weights: the
-    torch tensors are matched to its tensors by value on ``example``); see the module docstring. ``fold_quantize``
-    as in ``convert_pt2e`` (LiteRT's converter wants the weights' quantize ops kept); ``average_grids``: an average
-    (pooling, mean) gets its own grid from the plan (ExecuTorch), or shares its input's (LiteRT, whose MEAN keeps
-    its input's scale and would otherwise quantize the next bias on a scale its input does not have)."""
+    torch tensors are matched to its tensors by value on ``example``); see the module docstring; ``options``: what
+    the runtime's converter needs (``CarryOptions``)."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     from npukit.quant.qdq import named_nodes, preprocess
@@ -393,10 +425,10 @@ def carry_plan(module: torch.nn.Module, example: Sequence[torch.Tensor], *, floa
     onnx_side = _onnx_side(work, qdq, plan, reference_values(work, example))
     report: dict[str, Any] = {}
     program = torch.export.export(module.eval(), tuple(example)).module()
-    prepared = prepare_pt2e(program, _plan_quantizer(onnx_side, example, report, average_grids=average_grids))
+    prepared = prepare_pt2e(program, _plan_quantizer(onnx_side, example, report, options))
     with torch.no_grad():
         prepared(*example)  # fixed grids learn nothing; PT2E wants the observers run once
-    converted = convert_pt2e(prepared, fold_quantize=fold_quantize)
+    converted = convert_pt2e(prepared, fold_quantize=options.fold_quantize)
     return CarriedPlan(program=converted, matched=report.get("matched", 0), activations=report.get("activations", 0),
                        weights=report.get("weights", 0), float_nodes=tuple(report.get("float_nodes", ())),
                        unmatched=tuple(report.get("unmatched", ())) + tuple(report.get("unmatched_weights", ())),
