@@ -73,7 +73,6 @@ class Delegation:
     delegated: int
     partitions: int
     left: dict[str, int]  # operators LiteRT runs with its own kernels, by name
-    delegated_ops: tuple[int, ...] = ()  # indices of the delegated operators in the model
 
     def summary(self) -> dict[str, Any]:
         return {"delegated_ops": self.delegated, "partitions": self.partitions, "left": dict(self.left)}
@@ -196,8 +195,7 @@ def delegation(interpreter: Any) -> Delegation:
             taken.add(index)
             todo.extend(int(t) for t in by_index[index]["inputs"] if int(t) >= 0)
     left = collections.Counter(op["op_name"] for op in model_ops if op["index"] not in taken)
-    return Delegation(delegated=len(taken), partitions=len(delegates), left=dict(left),
-                      delegated_ops=tuple(sorted(taken)))
+    return Delegation(delegated=len(taken), partitions=len(delegates), left=dict(left))
 
 
 class Runner:

@@ -100,7 +100,7 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
         example = tuple(plain_tensor(v) for v in samples[0].values())
         program, carried = (_quantize(report, module, float_onnx, samples, example, runtime) if int8
                             else (module, None))
-        _lower(report, mobile, program, example, output)
+        _lower(report, mobile, runtime, program, example, output)
         runner, eager = runtime.Runner(output, threads=threads), _torch_runner(module)
         _check(report, mobile, eager, runner, float_onnx, samples, int8=int8, task=task,
                gate=gate or QualityGate())
@@ -161,11 +161,12 @@ def _quantize(report: Report, module: Any, float_onnx: onnx.ModelProto, samples:
     return carried.program, carried
 
 
-def _lower(report: Report, mobile: MobileTarget, program: Any, example: tuple[Any, ...], output: Path) -> None:
+def _lower(report: Report, mobile: MobileTarget, runtime: Any, program: Any, example: tuple[Any, ...],
+           output: Path) -> None:
     from npukit._atomic import write_bytes_atomic
 
     with step(mobile.lowering, timings=report.timings, key="lower"):
-        lowered = mobile.module().lower(program, example)
+        lowered = runtime.lower(program, example)
     write_bytes_atomic(output, lowered.buffer)
     report.add("lowered", lowered.summary())
     report.add_table(*lowered.table())

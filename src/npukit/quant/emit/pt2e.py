@@ -31,6 +31,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 
+from npukit.quant.grids import activation_qparams
 from npukit.quant.nodes import dequantized, node_attr
 from npukit.quant.plan import QuantPlan
 
@@ -235,9 +236,8 @@ def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], repor
             spec = self._spec(node)
             if spec is None or spec.range is None:
                 return None
-            lo, hi = min(spec.range[0], 0.0), max(spec.range[1], 0.0)
-            scale = (hi - lo) / 255.0 or 1.0
-            return fixed_int8(scale, int(np.clip(round(-128 - lo / scale), -128, 127)))
+            scale, zero = activation_qparams(spec.range[0], spec.range[1], signed=True, symmetric=False)
+            return fixed_int8(float(scale), int(zero))
 
         def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
             self.base.annotate(model)
