@@ -34,6 +34,12 @@ def tiny_cnn(*, seed: int = 0, activation: str = "Relu", spread: float = 1.0, op
     def act(name: str, src: str, dst: str) -> list[onnx.NodeProto]:
         if activation == "Relu":
             return [helper.make_node("Relu", [src], [dst], name=name)]
+        if activation == "LeakyRelu":
+            return [helper.make_node("LeakyRelu", [src], [dst], name=name, alpha=0.1)]
+        if activation == "PRelu":  # a slope per channel
+            inits.append(numpy_helper.from_array(rng.uniform(0.05, 0.3, (8, 1, 1)).astype(np.float32),
+                                                 f"{name}_slope"))
+            return [helper.make_node("PRelu", [src, f"{name}_slope"], [dst], name=name)]
         inits.extend([numpy_helper.from_array(np.float32(0.0), f"{name}_lo"),
                       numpy_helper.from_array(np.float32(6.0), f"{name}_hi")])
         return [helper.make_node("Clip", [src, f"{name}_lo", f"{name}_hi"], [dst], name=name)]

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import numpy_helper
 
 from npukit.measure.compare import compare_outputs
@@ -13,8 +14,9 @@ def _weight(model: onnx.ModelProto, name: str) -> np.ndarray:
     return next(numpy_helper.to_array(i) for i in model.graph.initializer if i.name == name)
 
 
-def test_cle_through_relu_is_exact_and_equalizes_ranges() -> None:
-    model = tiny_cnn(activation="Relu", spread=1.0)
+@pytest.mark.parametrize("activation", ["Relu", "LeakyRelu", "PRelu"])
+def test_cle_through_relu_is_exact_and_equalizes_ranges(activation: str) -> None:
+    model = tiny_cnn(activation=activation, spread=1.0)
     result = equalize(model, absorb_high_bias=False)
     onnx.checker.check_model(result.model)
     assert [n.op_type for n in result.model.graph.node] == [n.op_type for n in model.graph.node]
@@ -30,7 +32,7 @@ def test_cle_through_relu_is_exact_and_equalizes_ranges() -> None:
     assert errors.max_rel < 1e-5
     # the depthwise conv's weights changed, and the input model did not
     assert not np.allclose(_weight(result.model, "w2"), _weight(model, "w2"))
-    assert np.array_equal(_weight(model, "w2"), _weight(tiny_cnn(activation="Relu", spread=1.0), "w2"))
+    assert np.array_equal(_weight(model, "w2"), _weight(tiny_cnn(activation=activation, spread=1.0), "w2"))
 
 
 def test_cle_through_clip_needs_data_and_is_exact_on_it() -> None:

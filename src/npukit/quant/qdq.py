@@ -40,6 +40,7 @@ from npukit.quant.cpu.float_head import HeadChoice, choose_float_head
 from npukit.quant.cpu.pair_channels import pair_channels, pairing_pays
 from npukit.quant.cpu.schemes import (STEM_MAX_K, pair_bounded, pair_bounded_scale, reduced_weight_range, stem_convs,
                                       weight_rows)
+from npukit.quant.emit.ort_float import FLOAT_INPUT, TAKEN_OPS, taken_by_ort
 from npukit.quant.emit.ort_qdq import emit_qdq, resolve_grids
 from npukit.quant.grids import weight_axis
 from npukit.quant.plan import Decision, QuantPlan, SIXTEEN_BIT, TensorSpec
@@ -420,6 +421,7 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
         steps["conv_kernels"] = kernels.summary()
     plan, not_honoured = resolve_grids(work, qdq, plan)
     steps["plan"] = plan.summary() | {"not_as_planned": not_honoured}
+    steps["float_convs"] = float_conv_record(qdq, plan)
     return QuantResult(model=qdq, reference=reference, ranges=ranges, plan=plan,
                        per_layer=_per_layer(work, qdq, ranges, config),
                        seconds=time.perf_counter() - start, steps=steps)
@@ -443,6 +445,16 @@ def plan_int16(model: onnx.ModelProto, samples: Iterable[object], *, config: Qua
 
     return plan_int16_tensors(built, samples, build=build, calib_samples=config.calib_samples, budget=budget,
                               scan_samples=scan_samples, max_candidates=max_candidates)
+
+
+def float_conv_record(qdq: onnx.ModelProto, plan: QuantPlan) -> dict:
+    """The plan's float Conv/ConvTranspose/Gemm nodes, those among them that read a quantized input (kept off ORT's
+    own weight quantizer by ``emit.ort_float``), and any ORT would still run on its per-tensor int8 grid."""
+    ops = {n.name: n.op_type for n in qdq.graph.node}
+    convs = [n for n in plan.float_nodes if ops.get(n) in TAKEN_OPS]
+    own = {n.name for n in qdq.graph.node if n.op_type in TAKEN_OPS and n.input and n.input[0].endswith(FLOAT_INPUT)}
+    return {"float_convs": convs, "quantized_input_kept_float": [n for n in convs if n in own],
+            "int8_by_ort": taken_by_ort(qdq, convs)}
 
 
 def keep_float_head(config: QuantConfig, result: QuantResult) -> QuantConfig:

@@ -37,6 +37,13 @@ def add_steps(report: Report, steps: dict[str, Any]) -> None:
                          ["join", "largest |value| per input", "ratio", "nodes after it, in float"],
                          [[j["node"], ", ".join(f"{k} {v:.4g}" for k, v in j["input_magnitudes"].items()), j["ratio"],
                            ", ".join(j["after"]) or "-"] for j in joins["joins"]])
+    convs = steps.get("float_convs")
+    if convs and (convs["quantized_input_kept_float"] or convs["int8_by_ort"]):
+        report.add_table("Float convs that read a quantized input (ONNX Runtime would quantize their weights per "
+                         "tensor at load; each reads its input through a DequantizeLinear of its own instead)",
+                         ["node", "on ONNX Runtime"],
+                         [[n, "float, as planned"] for n in convs["quantized_input_kept_float"]]
+                         + [[n, "int8 weights, one scale (ORT's own; opset below 13)"] for n in convs["int8_by_ort"]])
     head = steps.get("float_stem")
     if head and (head["nodes"] or head.get("dropped")):
         report.add_table("Float head (the stem and the convs after it that run fastest in float on this CPU)",

@@ -1,10 +1,12 @@
 """Cross-layer equalization (Nagel et al. 2019) with high-bias absorption, on a float ONNX model with BN folded.
 
-For Conv1 -> [Relu | Clip(0, m) | nothing] -> Conv2, output channel i of Conv1 is divided by s_i and input channel
+For Conv1 -> [Relu | LeakyRelu | PRelu | Clip(0, m) | nothing] -> Conv2, output channel i of Conv1 is divided by s_i and input channel
 i of Conv2 multiplied by s_i, s_i = sqrt(r1_i / r2_i) (r: the channel's weight range), so both ranges become
 sqrt(r1_i * r2_i); repeated over all pairs until the scales settle. Depthwise convolutions pair channel i with i.
 
-Relu is positively scale-equivariant, so Relu pairs are exact. Clip(0, m) is not: after scaling, channel i would
+Relu, LeakyRelu and PRelu (constant slopes, per channel or not) are positively scale-equivariant per channel
+(f(x / s) = f(x) / s for s > 0), so their pairs are exact: detectors such as RetinaFace and the YOLO family before
+v5 put LeakyRelu between their convs. Clip(0, m) is not: after scaling, channel i would
 need the bound m / s_i, which ONNX Clip (scalar bounds) cannot express. Our choice: through Clip, a channel is scaled
 only where calibration data never reaches the bound, and only by s_i >= max_i / m so that the Clip stays inactive
 on it afterwards; channels that reach m keep s_i = 1. The result is exact on every input whose pre-activations stay
@@ -34,11 +36,14 @@ from npukit.quant.cpu.schemes import is_depthwise
 from npukit.quant.nodes import node_attr
 
 
+EQUIVARIANT = ("Relu", "LeakyRelu", "PRelu")  # f(x / s) = f(x) / s for every s > 0, channel by channel
+
+
 @dataclasses.dataclass
 class _Pair:
     conv1: onnx.NodeProto
     conv2: onnx.NodeProto
-    activation: str  # "none", "Relu" or "Clip"
+    activation: str  # "none", "Relu", "LeakyRelu", "PRelu" or "Clip"
     clip_max: float | None
     depthwise2: bool
 
@@ -93,7 +98,10 @@ def _find_pairs(model: onnx.ModelProto) -> tuple[list[_Pair], list[dict]]:
         if nxt is None:
             continue
         activation, clip_max = "none", None
-        if nxt.op_type in ("Relu", "Clip"):
+        if nxt.op_type in EQUIVARIANT + ("Clip",):
+            if nxt.op_type == "PRelu" and (len(nxt.input) < 2 or nxt.input[1] not in inits):
+                skipped.append({"conv1": c1.name, "reason": "PRelu's slope must be a constant"})
+                continue
             if nxt.op_type == "Clip":
                 bounds = [numpy_helper.to_array(inits[t]) if t in inits else None for t in nxt.input[1:3]]
                 if len(bounds) < 2 or bounds[0] is None or bounds[1] is None or float(bounds[0]) != 0.0:

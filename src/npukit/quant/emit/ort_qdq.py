@@ -3,7 +3,8 @@
 ``emit_qdq`` hands the plan to ``onnxruntime.quantization.quantize_static``: the scheme as its arguments, every
 activation's range (and 16-bit type) and every weight grid the plan fixes as ``TensorQuantOverrides``, the float nodes
 as ``nodes_to_exclude``. ORT then does the mechanical Q/DQ placement; its own calibration pass (given one sample,
-because it insists on one) decides nothing. ``resolve_grids`` reads the emitted model's Q/DQ initializers back into
+because it insists on one) decides nothing. The float convs ORT would quantize on its own when it loads the model are
+then given inputs it leaves alone (``emit.ort_float``). ``resolve_grids`` reads the emitted model's Q/DQ initializers back into
 the plan (scales, zero points, axes, dtypes, also for the weights and biases ORT gridded by its defaults) and lists
 every tensor whose emitted dtype is not the planned one.
 """
@@ -21,6 +22,7 @@ from onnx import helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader
 
 from npukit.errors import InputError
+from npukit.quant.emit.ort_float import keep_float_convs
 from npukit.quant.plan import Decision, QuantPlan, TensorSpec
 
 _QUANT_TYPES = {"uint8": "QUInt8", "int8": "QInt8", "uint16": "QUInt16", "int16": "QInt16"}
@@ -96,7 +98,8 @@ def emit_qdq(model: onnx.ModelProto, first: dict[str, np.ndarray], plan: QuantPl
                            "WeightSymmetric": plan.symmetric_weights,
                            "TensorQuantOverrides": ort_overrides(model, plan)},
         )
-        return onnx.load(str(out))
+        # the float convs ORT's weight quantizer would take as int8 at load: each reads its input on its own
+        return keep_float_convs(onnx.load(str(out)), plan.float_nodes).model
 
 
 _ONNX_DTYPES = {onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.INT16: "int16",
