@@ -18,9 +18,19 @@ from npukit.api import (  # noqa: E402
     optimize_graph,
     plan_memory,
     quantize,
+    serve_bench,
 )
 from npukit.demo_pipeline import demo  # noqa: E402
 from npukit.tasks import QualityGate  # noqa: E402
 
 __all__ = ["__version__", "CommandResult", "QualityGate", "analyze", "bench", "compile", "demo", "devices", "export",
-           "inspect", "optimize_graph", "plan_memory", "quantize"]
+           "inspect", "optimize_graph", "plan_memory", "quantize", "serve_bench", "Runtime", "RuntimeConfig"]
+
+
+def __getattr__(name: str):
+    """``npukit.Runtime`` / ``npukit.RuntimeConfig`` (the serving runtime), imported on first use."""
+    if name in ("Runtime", "RuntimeConfig"):
+        from npukit.runtime import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'npukit' has no attribute {name!r}")

@@ -228,6 +228,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shape(p, "static input shape, e.g. 1,3,224,224")
     _add_html(p)
 
+    p = verb("serve-bench", help="serve a model with npukit's runtime against a plain loop, under load",
+             description="Replay closed-loop (N clients) and open-loop (Poisson arrivals) load in-process against a "
+                         "plain one-session loop and against npukit.runtime.engine.Runtime (bound buffers, worker "
+                         "threads, dynamic batching on a symbolic batch axis): start-up, jitter, allocations per "
+                         "call, throughput against workers, latency percentiles and batch sizes formed.")
+    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("--data", help="requests from this image folder, .npy or .npz (default: seeded random inputs)")
+    p.add_argument("--device", default="cpu", help="auto | cpu | qnn-htp[@SOC] (default cpu)")
+    p.add_argument("--duration", type=float, default=3.0, help="seconds per load point (default 3)")
+    p.add_argument("--max-workers", type=int, help="largest worker count on the curve (default: the cores)")
+    p.add_argument("--loads", default="0.8,1.2,1.6",
+                   help="open-loop rates as multiples of the plain loop's capacity (default 0.8,1.2,1.6)")
+    p.add_argument("--max-batch", type=int, default=4, help="rows batched together at most (default 4; 1: off)")
+    p.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits for more (default 2)")
+    p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
+    _add_html(p)
+
     p = verb("demo", help="the whole pipeline on MobileNetV2 (official weights) and real photos, offline")
     p.add_argument("-o", "--output-dir", default="npukit_out", help="where artifacts and reports go")
     p.add_argument("--threads", type=int, default=1, help="ORT intra-op threads for timing (default 1)")
@@ -327,10 +344,17 @@ def _demo(api, args):
     return demo(args.output_dir, threads=args.threads, runs=args.runs, html=not args.no_html)
 
 
+def _serve_bench(api, args):
+    return api.serve_bench(args.model, data=args.data, device=args.device, duration_s=args.duration,
+                           max_workers=args.max_workers, loads=_floats(args.loads, "--loads"),
+                           max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, report_path=args.report,
+                           html=args.html)
+
+
 # verb -> the function that maps its parsed arguments onto the Python API (npukit.api)
 VERBS = {"export": _export, "optimize-graph": _optimize_graph, "inspect": _inspect, "quantize": _quantize,
          "analyze": _analyze, "plan-memory": _plan_memory, "devices": _devices, "bench": _bench,
-         "compile": _compile, "demo": _demo}
+         "compile": _compile, "serve-bench": _serve_bench, "demo": _demo}
 
 
 def run(args: argparse.Namespace) -> int:

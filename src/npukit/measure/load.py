@@ -1,0 +1,125 @@
+"""Load generators that replay requests against a serving function and measure what callers see.
+
+Closed loop: ``clients`` threads each send a request and wait for its answer before sending the next, for
+``duration_s``: throughput at that concurrency. Open loop: requests arrive on a Poisson process at ``rate`` per
+second regardless of answers (the way independent users arrive), each timed from its scheduled arrival to its answer,
+so queueing delay counts; requests the server refuses (``Overloaded``) are counted, not retried. Both stop by
+themselves and run in-process only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+
+import numpy as np
+
+Feeds = Mapping[str, np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadResult:
+    """One load run: completed requests, refused ones, wall seconds, and latency percentiles in ms."""
+
+    mode: str  # closed | open
+    level: float  # clients (closed) or offered requests per second (open)
+    completed: int
+    refused: int
+    failed: int
+    seconds: float
+    latency_ms: dict[str, float]
+
+    @property
+    def throughput(self) -> float:
+        return self.completed / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self) | {"throughput_per_s": round(self.throughput, 2)}
+
+
+def _percentiles(latencies: Sequence[float]) -> dict[str, float]:
+    if not latencies:
+        return {"p50": float("nan"), "p90": float("nan"), "p99": float("nan"), "mean": float("nan")}
+    a = np.asarray(latencies) * 1000.0
+    return {"p50": round(float(np.percentile(a, 50)), 3), "p90": round(float(np.percentile(a, 90)), 3),
+            "p99": round(float(np.percentile(a, 99)), 3), "mean": round(float(a.mean()), 3)}
+
+
+def closed_loop(call: Callable[[Feeds], object], requests: Sequence[Feeds], *, clients: int,
+                duration_s: float) -> LoadResult:
+    """``clients`` threads calling ``call`` back to back (request i % len(requests)) for ``duration_s``."""
+    if clients < 1 or duration_s <= 0 or not requests:
+        raise ValueError("closed_loop needs clients >= 1, a positive duration and at least one request")
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    failures = [0] * clients
+    start = time.perf_counter()
+    stop = start + duration_s
+
+    def client(k: int) -> None:
+        i = k
+        while time.perf_counter() < stop:
+            t0 = time.perf_counter()
+            try:
+                call(requests[i % len(requests)])
+            except Exception:  # a failed request counts as failed; the client goes on
+                failures[k] += 1
+            else:
+                latencies[k].append(time.perf_counter() - t0)
+            i += clients
+
+    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - start
+    flat = [x for lat in latencies for x in lat]
+    return LoadResult("closed", clients, len(flat), 0, sum(failures), seconds, _percentiles(flat))
+
+
+def open_loop(submit: Callable[[Feeds], Future], requests: Sequence[Feeds], *, rate: float, duration_s: float,
+              seed: int = 0, refused: type[BaseException] = RuntimeError) -> LoadResult:
+    """Poisson arrivals at ``rate`` per second for ``duration_s`` into ``submit`` (which returns a future);
+    latency runs from each request's scheduled arrival to its answer; ``refused`` exceptions count as refused."""
+    if rate <= 0 or duration_s <= 0 or not requests:
+        raise ValueError("open_loop needs a positive rate and duration and at least one request")
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1.0 / rate, size=int(rate * duration_s * 1.5) + 16)
+    arrivals = np.cumsum(gaps)
+    arrivals = arrivals[arrivals < duration_s]
+    done: list[float] = []
+    failed = [0]
+    lock = threading.Lock()
+    refusals = 0
+    futures: list[Future] = []
+    start = time.perf_counter()
+    for i, at in enumerate(arrivals):
+        delay = start + at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        scheduled = start + at
+        try:
+            future = submit(requests[i % len(requests)])
+        except refused:
+            refusals += 1
+            continue
+
+        def finished(f: Future, scheduled: float = scheduled) -> None:
+            with lock:
+                if f.cancelled() or f.exception() is not None:
+                    failed[0] += 1
+                else:
+                    done.append(time.perf_counter() - scheduled)
+
+        future.add_done_callback(finished)
+        futures.append(future)
+    for future in futures:
+        try:
+            future.result()
+        except Exception:  # counted by the callback
+            pass
+    seconds = time.perf_counter() - start
+    return LoadResult("open", rate, len(done), refusals, failed[0], seconds, _percentiles(done))

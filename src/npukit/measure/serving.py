@@ -1,0 +1,150 @@
+"""Serving measurements: a plain one-session loop against ``runtime.engine.Runtime`` under the same loads.
+
+Measured side by side in one process on the same requests: start-up (session creation to first result), the
+single-caller latency distribution (p99 / p50 as jitter) of a plain ``session.run`` loop and of the runtime on bound
+buffers, the bytes allocated per call (tracemalloc: Python objects and numpy buffers; ORT's native allocations, such as
+the output tensors a plain ``session.run`` makes on every call, are not visible to it) of a plain ``session.run``, of
+bound buffers alone and of the runtime (which adds a future and a queue hand-off per request), closed-loop throughput against the number of workers (1 thread each), and, for
+a model whose batch axis is symbolic, open-loop Poisson load at multiples of the plain loop's capacity with and
+without dynamic batching.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import tracemalloc
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from npukit.measure.load import LoadResult, closed_loop, open_loop
+from npukit.runtime.engine import Overloaded, Runtime, RuntimeConfig
+from npukit.runtime.ort import make_session
+from npukit.runtime.pool import BoundBuffers
+
+Feeds = Mapping[str, np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingConfig:
+    """``duration_s`` per load point; ``max_workers`` for the throughput curve (None: the machine's cores);
+    ``loads``: open-loop rates as multiples of the plain loop's measured capacity; ``max_batch`` / ``max_wait_ms``
+    for the batching runtime; ``alloc_calls`` calls measured for allocations."""
+
+    device: str = "cpu"
+    duration_s: float = 3.0
+    max_workers: int | None = None
+    loads: tuple[float, ...] = (0.8, 1.2, 1.6)
+    max_batch: int = 4
+    max_wait_ms: float = 2.0
+    alloc_calls: int = 200
+
+    def __post_init__(self) -> None:
+        from npukit.errors import InputError
+
+        if self.duration_s <= 0:
+            raise InputError(f"duration {self.duration_s} s must be positive", hint="e.g. 3")
+        if self.max_workers is not None and self.max_workers < 1:
+            raise InputError(f"max_workers {self.max_workers} must be at least 1", hint="or leave it to the cores")
+        if any(x <= 0 for x in self.loads):
+            raise InputError(f"open-loop loads {self.loads} must be positive multiples of capacity", hint="e.g. 0.8")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingResult:
+    device: dict
+    startup_ms: dict[str, float]
+    single: dict[str, LoadResult]  # plain / pool, one caller
+    allocated_bytes_per_call: dict[str, float]
+    curve: dict[int, LoadResult]  # workers (1 thread each) -> closed loop with two clients per worker
+    open: dict[str, list[LoadResult]]  # plain / batched, one per load
+    batching: dict
+    cpu: str
+
+    def as_dict(self) -> dict:
+        return {"device": self.device, "startup_ms": self.startup_ms, "cpu": self.cpu,
+                "single": {k: v.as_dict() for k, v in self.single.items()},
+                "allocated_bytes_per_call": self.allocated_bytes_per_call,
+                "curve": {str(w): r.as_dict() for w, r in self.curve.items()},
+                "open": {k: [r.as_dict() for r in v] for k, v in self.open.items()},
+                "batching": self.batching}
+
+
+def allocated_per_call(call: Callable[[], object], calls: int) -> float:
+    """Mean bytes allocated above the running baseline during one call (tracemalloc: Python objects and numpy
+    buffers), over ``calls`` calls after a warm-up."""
+    for _ in range(5):
+        call()
+    tracemalloc.start()
+    try:
+        total = 0
+        for _ in range(calls):
+            before = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            call()
+            total += tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    return total / calls
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def measure_serving(model: str | os.PathLike[str], requests: Sequence[Feeds], config: ServingConfig
+                    ) -> ServingResult:
+    """Every figure of the module docstring for ``model`` on ``requests`` (one sample each)."""
+    path = os.fspath(model)
+    sample = dict(requests[0])
+    t0 = time.perf_counter()
+    plain = make_session(path, threads=1)
+    names = [o.name for o in plain.get_outputs()]
+    plain.run(names, sample)
+    startup = {"plain_session_ms": (time.perf_counter() - t0) * 1000.0}
+    t0 = time.perf_counter()
+    with Runtime(path, RuntimeConfig(device=config.device, workers=1, threads=1)) as single:
+        single.run(sample)
+        startup["runtime_ms"] = (time.perf_counter() - t0) * 1000.0
+        device = single.device.as_dict()
+        out = [np.empty_like(o) for o in single.run(sample)]
+        singles = {"plain": closed_loop(lambda f: plain.run(names, dict(f)), requests, clients=1,
+                                        duration_s=config.duration_s),
+                   "pool": closed_loop(lambda f: single.run(f, out=out), requests, clients=1,
+                                       duration_s=config.duration_s)}
+        bound = BoundBuffers(single.session, {k: v.shape for k, v in sample.items()})
+        allocations = {"plain": allocated_per_call(lambda: plain.run(names, sample), config.alloc_calls),
+                       "bound_buffers": allocated_per_call(lambda: bound.run(sample), config.alloc_calls),
+                       "runtime": allocated_per_call(lambda: single.run(sample, out=out), config.alloc_calls)}
+    curve: dict[int, LoadResult] = {}
+    for workers in range(1, (config.max_workers or os.cpu_count() or 1) + 1):
+        with Runtime(path, RuntimeConfig(device=config.device, workers=workers, threads=1)) as rt:
+            curve[workers] = closed_loop(rt.run, requests, clients=workers * 2, duration_s=config.duration_s)
+    capacity = singles["plain"].throughput
+    opened: dict[str, list[LoadResult]] = {"plain": [], "batched": []}
+    batching: dict = {"max_batch": config.max_batch, "max_wait_ms": config.max_wait_ms, "capacity_per_s": capacity}
+    best_workers = max(curve, key=lambda w: curve[w].throughput)
+    plain_cfg = RuntimeConfig(device=config.device, workers=1, threads=1, pool=False, max_batch=1)
+    batched_cfg = RuntimeConfig(device=config.device, workers=best_workers, threads=1,
+                                max_batch=config.max_batch, max_wait_ms=config.max_wait_ms)
+    for factor in config.loads:
+        rate = capacity * factor
+        for key, cfg in (("plain", plain_cfg), ("batched", batched_cfg)):
+            with Runtime(path, cfg) as rt:
+                opened[key].append(open_loop(rt.submit, requests, rate=rate, duration_s=config.duration_s,
+                                             refused=Overloaded))
+                if key == "batched":
+                    batching["note"] = rt.batching_note
+                    batching.setdefault("batches", []).append(rt.describe()["batches"])
+    batching["workers"] = best_workers
+    return ServingResult(device=device, startup_ms={k: round(v, 1) for k, v in startup.items()}, single=singles,
+                         allocated_bytes_per_call={k: round(v, 1) for k, v in allocations.items()}, curve=curve,
+                         open=opened, batching=batching, cpu=_cpu_name())

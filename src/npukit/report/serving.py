@@ -1,0 +1,48 @@
+"""The serve-bench report: the tables and plots of a ``measure.serving.ServingResult``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from npukit.report.core import Report
+
+
+def add_serving(report: Report, result: Any) -> None:
+    d = result.as_dict()
+    report.add("serving", d)
+    report.add_table(f"Device: {d['device']['device']} ({d['device']['reason']}); CPU {d['cpu']}",
+                     ["start-up to first result", "ms"],
+                     [["plain session", d["startup_ms"]["plain_session_ms"]],
+                      ["runtime (session, bound buffers, workers)", d["startup_ms"]["runtime_ms"]]])
+    single = d["single"]
+    report.add_table("One caller, back to back (latency ms; jitter = p99 / p50)",
+                     ["loop", "requests/s", "p50", "p99", "jitter"],
+                     [[name, r["throughput_per_s"], r["latency_ms"]["p50"], r["latency_ms"]["p99"],
+                       round(r["latency_ms"]["p99"] / r["latency_ms"]["p50"], 3) if r["latency_ms"]["p50"] else None]
+                      for name, r in (("plain session.run", single["plain"]), ("runtime, bound buffers",
+                                                                              single["pool"]))])
+    report.add_table("Bytes allocated per call (tracemalloc: Python objects and numpy buffers, not ORT's native "
+                     "allocations such as the outputs a plain session.run makes on every call)",
+                     ["call", "bytes"], [[k, v] for k, v in d["allocated_bytes_per_call"].items()])
+    plain = single["plain"]["throughput_per_s"] or 1.0
+    report.add_table("Closed loop: throughput against workers (1 ORT thread each, two clients per worker)",
+                     ["workers", "requests/s", "x plain loop", "p50 ms", "p99 ms"],
+                     [[w, r["throughput_per_s"], round(r["throughput_per_s"] / plain, 2), r["latency_ms"]["p50"],
+                       r["latency_ms"]["p99"]] for w, r in d["curve"].items()])
+    report.add_figure("Throughput against workers", "line",
+                      {"series": {"runtime": {"x": [int(w) for w in d["curve"]],
+                                              "y": [r["throughput_per_s"] for r in d["curve"].values()]},
+                                  "plain loop": {"x": [int(w) for w in d["curve"]],
+                                                 "y": [plain for _ in d["curve"]]}}},
+                      x_label="workers", y_label="requests / s")
+    batching = d["batching"]
+    rows = []
+    for key, label in (("plain", "plain loop (1 session, 1 thread, FIFO)"),
+                       ("batched", f"runtime: {batching['workers']} workers, batches up to {batching['max_batch']} "
+                                   f"within {batching['max_wait_ms']} ms")):
+        for r in d["open"][key]:
+            rows.append([label, round(r["level"], 1), r["throughput_per_s"], r["refused"], r["latency_ms"]["p50"],
+                         r["latency_ms"]["p99"]])
+    note = f"; {batching['note']}" if batching.get("note") else ""
+    report.add_table(f"Open loop, Poisson arrivals (plain loop's capacity {batching['capacity_per_s']:.1f} "
+                     f"requests/s{note})", ["server", "offered/s", "served/s", "refused", "p50 ms", "p99 ms"], rows)

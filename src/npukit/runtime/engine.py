@@ -1,0 +1,330 @@
+"""A serving runtime over ONNX Runtime: the device chosen from the probe, buffers bound once per worker and batch
+size (``runtime.pool``), a pool of worker threads, dynamic batching, and requests that fail alone.
+
+``Runtime(model)`` loads one session (ORT's Run is thread-safe; the weights are held once) and starts ``workers``
+threads. Each worker takes the oldest request from one bounded queue and, when the model's batch axis is symbolic and
+``max_batch`` > 1, adds the requests that arrive within ``max_wait_ms`` up to ``max_batch`` rows, runs them as one
+batch on buffers bound for that batch size, and hands each caller its rows. ``submit`` returns a future; ``run`` waits
+for it; ``map`` keeps a bounded number in flight and yields results in order. A request whose names, dtypes or shapes
+do not match the model fails on its own future with an ``InputError``; a full queue raises ``Overloaded`` at
+``submit`` (back-pressure, never unbounded growth); ``close`` drains or cancels what is queued and joins the workers.
+
+Devices: ``cpu``; ``qnn-htp`` / ``qnn-htp@SOC`` (Qualcomm's HTP through the QNN EP, nodes it does not take on the CPU
+EP, and the split recorded); ``auto`` takes the HTP where the QNN HTP backend loads on an Arm machine (a phone or a
+Snapdragon laptop) and the CPU otherwise, saying why (on x86 the QNN HTP backend is Qualcomm's emulator, which
+simulates the NPU far slower than the CPU runs the model).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+import onnx
+
+from npukit.errors import InputError
+from npukit.runtime.ort import ModelLike, make_session
+from npukit.runtime.pool import BoundBuffers, signatures
+
+DEVICES = ("auto", "cpu", "qnn-htp")
+
+
+class Overloaded(RuntimeError):
+    """The request queue is full: the caller should slow down or retry (the runtime keeps serving)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+    """``workers``: threads that run requests (None: as many as the machine has cores); ``threads``: ORT intra-op
+    threads per run (None: cores // workers); ``max_batch`` rows run together at most (1: no batching), waiting at
+    most ``max_wait_ms`` for more; ``queue_limit`` requests queued at most; ``pool``: run on bound buffers."""
+
+    device: str = "auto"
+    workers: int | None = None
+    threads: int | None = None
+    max_batch: int = 1
+    max_wait_ms: float = 2.0
+    queue_limit: int = 256
+    pool: bool = True
+
+    def __post_init__(self) -> None:
+        base = self.device.split("@", 1)[0]
+        if base not in DEVICES or (self.device.count("@") and base != "qnn-htp"):
+            raise InputError(f"unknown device {self.device!r}", hint="use auto, cpu, qnn-htp or qnn-htp@SM8650")
+        for name in ("workers", "threads"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise InputError(f"{name} must be at least 1, not {value}", hint="or leave it to the runtime")
+        if self.max_batch < 1:
+            raise InputError(f"max_batch must be at least 1, not {self.max_batch}", hint="1 turns batching off")
+        if self.max_wait_ms < 0:
+            raise InputError(f"max_wait_ms must not be negative, not {self.max_wait_ms}", hint="e.g. 2")
+        if self.queue_limit < 1:
+            raise InputError(f"queue_limit must be at least 1, not {self.queue_limit}", hint="e.g. 256")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceChoice:
+    """Where the runtime runs: ``device`` (cpu | qnn-htp@SOC), why, and for the HTP the nodes left to the CPU."""
+
+    device: str
+    reason: str
+    cpu_nodes: tuple[str, ...] = ()
+    npu_nodes: int = 0
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def choose_device(requested: str, model: onnx.ModelProto) -> DeviceChoice:
+    """The device for ``requested`` (see the module docstring)."""
+    base, _, soc = requested.partition("@")
+    if base == "cpu":
+        return DeviceChoice("cpu", "asked for")
+    from npukit.runtime.qnn import qnn_available
+
+    status = qnn_available()
+    htp_ok = status.available and status.backend_ok("htp")
+    if base == "auto":
+        if not htp_ok:
+            why = status.error or (status.backends or {}).get("htp") or "the QNN HTP backend did not load"
+            return DeviceChoice("cpu", f"no NPU: {why}")
+        if platform.machine().lower() not in ("aarch64", "arm64"):
+            return DeviceChoice("cpu", f"the QNN HTP backend here is Qualcomm's emulator on {platform.machine()} "
+                                       "(it simulates the NPU, far slower than the CPU runs the model)")
+        soc = soc or ""
+    elif not htp_ok:
+        why = status.error or (status.backends or {}).get("htp") or "the QNN HTP backend did not load"
+        raise InputError(f"device {requested} is not available here: {why}", hint="use --device cpu or auto")
+    from npukit.runtime.qnn import qnn_node_assignment
+
+    assignment = qnn_node_assignment(model, provider_options=_soc_options(soc))
+    cpu = tuple(assignment.cpu_nodes)
+    npu = len(assignment.qnn_nodes)
+    where = f"qnn-htp@{soc}" if soc else "qnn-htp"
+    return DeviceChoice(where, f"{npu} nodes on the HTP, {len(cpu)} on the CPU EP (fallback)", cpu, npu)
+
+
+def _soc_options(soc: str) -> dict[str, str] | None:
+    from npukit.runtime.compile import soc_provider_options
+
+    return soc_provider_options(soc) if soc else None
+
+
+@dataclasses.dataclass
+class _Request:
+    feeds: Mapping[str, np.ndarray]
+    future: Future
+    out: Sequence[np.ndarray] | None
+    submitted: float
+    started: float = 0.0
+
+
+_STOP = object()
+
+
+class Runtime:
+    """See the module docstring. Use as a context manager, or call ``close``."""
+
+    def __init__(self, model: ModelLike | str | os.PathLike[str], config: RuntimeConfig | None = None,
+                 **overrides: Any) -> None:
+        config = dataclasses.replace(config or RuntimeConfig(), **overrides)
+        proto = model if isinstance(model, onnx.ModelProto) else onnx.load(os.fspath(model)) \
+            if not isinstance(model, bytes) else onnx.load_from_string(model)
+        self.device = choose_device(config.device, proto)
+        cores = os.cpu_count() or 1
+        workers = config.workers or cores
+        threads = config.threads or max(1, cores // workers)
+        if self.device.device == "cpu":
+            self.session = make_session(proto, threads=threads)
+        else:
+            from npukit.runtime.qnn import make_qnn_session
+
+            soc = self.device.device.partition("@")[2]
+            self.session = make_qnn_session(proto, allow_cpu_fallback=True, provider_options=_soc_options(soc))
+        self.signatures = signatures(self.session)
+        fixed = [s for s in self.signatures if any(d is None for d in s.shape[1:])]
+        if fixed:
+            raise InputError(f"input {fixed[0].name!r} has symbolic dimensions besides the batch: "
+                             f"{list(fixed[0].shape)}", hint="fix them first, e.g. npukit optimize-graph --input-shape")
+        batched = all(s.batched for s in self.signatures)
+        self.batching_note = ""
+        max_batch = config.max_batch
+        if max_batch > 1 and not batched:
+            self.batching_note = "batching off: the model's batch axis is fixed (export it with --dynamic-batch)"
+            max_batch = 1
+        self.config = dataclasses.replace(config, workers=workers, threads=threads, max_batch=max_batch)
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self._queue: queue.Queue = queue.Queue(maxsize=config.queue_limit)
+        self._closed = False
+        self._lock = threading.Lock()
+        self.batch_sizes: Counter = Counter()
+        self.queue_waits_ms: list[float] = []
+        self._workers = [threading.Thread(target=self._work, name=f"npukit-runtime-{i}", daemon=True)
+                         for i in range(workers)]
+        self._buffers: list[dict[int, BoundBuffers]] = [{} for _ in range(workers)]
+        if config.pool:  # bound up front: the first requests pay no allocation
+            for slot in self._buffers:
+                for rows in range(1, max_batch + 1):
+                    slot[rows] = BoundBuffers(self.session, self._shapes(rows))
+        for worker in self._workers:
+            worker.start()
+
+    # -- requests ----------------------------------------------------------------------------------------------
+    def _shapes(self, rows: int) -> dict[str, tuple[int, ...]]:
+        return {s.name: (rows if s.batched else s.shape[0], *s.shape[1:]) for s in self.signatures}
+
+    def _check(self, feeds: Mapping[str, np.ndarray]) -> str | None:
+        names = {s.name for s in self.signatures}
+        if set(feeds) != names:
+            return f"the request names inputs {sorted(feeds)}, the model takes {sorted(names)}"
+        for sig in self.signatures:
+            array = feeds[sig.name]
+            if not isinstance(array, np.ndarray):
+                return f"input {sig.name!r} is a {type(array).__name__}, not a numpy array"
+            if array.dtype != sig.dtype:
+                return f"input {sig.name!r} is {array.dtype}, the model takes {sig.dtype}"
+            want = self._shapes(1)[sig.name]
+            if array.shape != want:
+                return f"input {sig.name!r} has shape {list(array.shape)}, the model takes {list(want)} per request"
+        return None
+
+    def submit(self, feeds: Mapping[str, np.ndarray], *, out: Sequence[np.ndarray] | None = None) -> Future:
+        """Queue one request (batch 1); its future gets the outputs (written into ``out`` when given), or the
+        request's own error. Raises ``Overloaded`` when the queue is full, RuntimeError after ``close``."""
+        future: Future = Future()
+        problem = self._check(feeds)
+        if problem:
+            future.set_exception(InputError(problem, hint="send one sample per request, as the model's inputs say"))
+            return future
+        if self._closed:
+            raise RuntimeError("the runtime is closed")
+        try:
+            self._queue.put_nowait(_Request(feeds, future, out, time.perf_counter()))
+        except queue.Full:
+            raise Overloaded(f"{self.config.queue_limit} requests already queued; slow down or raise "
+                             "queue_limit") from None
+        return future
+
+    def run(self, feeds: Mapping[str, np.ndarray], *, out: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+        return self.submit(feeds, out=out).result()
+
+    def map(self, requests: Iterable[Mapping[str, np.ndarray]], *, in_flight: int | None = None
+            ) -> Iterator[list[np.ndarray]]:
+        """Results of ``requests`` in order, at most ``in_flight`` (default: workers x max_batch x 2) queued."""
+        limit = in_flight or self.config.workers * self.config.max_batch * 2
+        pending: list[Future] = []
+        for feeds in requests:
+            pending.append(self.submit(feeds))
+            if len(pending) >= limit:
+                yield pending.pop(0).result()
+        for future in pending:
+            yield future.result()
+
+    # -- workers -----------------------------------------------------------------------------------------------
+    def _take(self) -> list[_Request] | None:
+        first = self._queue.get()
+        if first is _STOP:
+            return None
+        batch = [first]
+        if self.config.max_batch > 1:
+            deadline = time.perf_counter() + self.config.max_wait_ms / 1000.0
+            while len(batch) < self.config.max_batch:
+                wait = deadline - time.perf_counter()
+                try:
+                    nxt = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    self._queue.put(_STOP)  # for the next worker; this one stops after this batch
+                    break
+                batch.append(nxt)
+        return batch
+
+    def _work(self) -> None:
+        slot = self._buffers[self._workers.index(threading.current_thread())]
+        while True:
+            batch = self._take()
+            if batch is None:
+                return
+            live = [r for r in batch if r.future.set_running_or_notify_cancel()]
+            if not live:
+                continue
+            start = time.perf_counter()
+            for r in live:
+                r.started = start
+            try:
+                outputs = self._run(slot, live)
+            except Exception as exc:  # the batch fails together; the runtime keeps serving
+                for r in live:
+                    r.future.set_exception(exc)
+                continue
+            with self._lock:
+                self.batch_sizes[len(live)] += 1
+                self.queue_waits_ms.extend((start - r.submitted) * 1000.0 for r in live)
+            for i, r in enumerate(live):
+                if r.out is not None:
+                    for dst, src in zip(r.out, outputs):
+                        np.copyto(dst, src[i:i + 1] if len(live) > 1 or src.shape[:1] != dst.shape[:1] else src)
+                    r.future.set_result(list(r.out))
+                else:
+                    r.future.set_result([np.array(o[i:i + 1]) for o in outputs])
+
+    def _run(self, slot: dict[int, BoundBuffers], batch: list[_Request]) -> list[np.ndarray]:
+        rows = len(batch)
+        if not self.config.pool:
+            feeds = {s.name: (batch[0].feeds[s.name] if rows == 1 else
+                              np.concatenate([r.feeds[s.name] for r in batch])) for s in self.signatures}
+            return [np.asarray(o) for o in self.session.run(self.output_names, feeds)]
+        buffers = slot[rows]
+        if rows == 1:
+            return buffers.run(batch[0].feeds)
+        for sig in self.signatures:
+            target = buffers.inputs[sig.name]
+            for i, r in enumerate(batch):
+                target[i:i + 1] = r.feeds[sig.name]
+        return buffers.run()
+
+    # -- life cycle --------------------------------------------------------------------------------------------
+    def close(self, *, drain: bool = True) -> None:
+        """Stop taking requests; run what is queued (``drain``) or cancel it; join the workers."""
+        if self._closed:
+            return
+        self._closed = True
+        if not drain:
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(item, _Request):
+                    item.future.cancel()
+        for _ in self._workers:
+            self._queue.put(_STOP)
+        for worker in self._workers:
+            worker.join()
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def describe(self) -> dict:
+        """The resolved configuration, the device and why, and what the workers did so far."""
+        waits = np.asarray(self.queue_waits_ms or [0.0])
+        return {"config": dataclasses.asdict(self.config), "device": self.device.as_dict(),
+                "batching_note": self.batching_note,
+                "inputs": [{"name": s.name, "dtype": str(s.dtype), "shape": list(s.shape)} for s in self.signatures],
+                "batches": {str(k): v for k, v in sorted(self.batch_sizes.items())},
+                "queue_wait_ms": {"p50": float(np.percentile(waits, 50)), "p99": float(np.percentile(waits, 99))}}
+

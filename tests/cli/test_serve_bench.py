@@ -1,0 +1,38 @@
+"""npukit serve-bench end to end on a tiny model: a report with every load's figures; bad input exits 2."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+
+from npukit.cli import main
+from tests.runtime.test_engine import _model
+
+
+def test_serve_bench_writes_every_figure(tmp_path) -> None:
+    model = tmp_path / "m.onnx"
+    onnx.save(_model(), str(model))
+    report = tmp_path / "serve.json"
+    assert main(["serve-bench", str(model), "--duration", "0.2", "--loads", "1.0", "--max-workers", "2",
+                 "--report", str(report), "--html"]) == 0
+    assert report.with_suffix(".html").is_file()
+    data = json.loads(report.read_text())
+    serving = data["results"]["serving"]
+    assert serving["device"]["device"] == "cpu"
+    assert set(serving["single"]) == {"plain", "pool"} and set(serving["curve"]) == {"1", "2"}
+    assert len(serving["open"]["plain"]) == len(serving["open"]["batched"]) == 1
+    assert serving["open"]["batched"][0]["completed"] > 0
+    assert set(serving["allocated_bytes_per_call"]) == {"plain", "bound_buffers", "runtime"}
+
+
+def test_serve_bench_refuses_bad_input(tmp_path, capsys) -> None:
+    text = tmp_path / "m.txt"
+    text.write_text("not a model")
+    assert main(["serve-bench", str(text)]) == 2
+    model = tmp_path / "m.onnx"
+    onnx.save(_model(), str(model))
+    assert main(["serve-bench", str(model), "--device", "gpu"]) == 2
+    assert main(["serve-bench", str(model), "--duration", "0"]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.txt"]
+    assert "unknown device" in capsys.readouterr().err

@@ -1,0 +1,155 @@
+"""The serving runtime: same outputs as a plain session, batching, bound buffers, bad requests, back-pressure, close."""
+
+from __future__ import annotations
+
+import platform
+import threading
+import time
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from npukit.errors import InputError
+from npukit.measure.load import closed_loop, open_loop
+from npukit.runtime.engine import Overloaded, Runtime, RuntimeConfig
+from npukit.runtime.ort import make_session
+from npukit.runtime.pool import BoundBuffers
+
+
+def _model(batch: int | str = "n") -> onnx.ModelProto:
+    """x[batch, 3, 8, 8] -> Conv 3x3 (3->4) -> Relu -> GlobalAveragePool -> Flatten -> y[batch, 4]."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]), helper.make_node("GlobalAveragePool", ["r"], ["g"]),
+             helper.make_node("Flatten", ["g"], ["y"])]
+    graph = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _requests(n: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(1)
+    return [{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(n)]
+
+
+def _plain(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    return make_session(model).run(None, feeds)[0]
+
+
+@pytest.mark.parametrize("pool", [True, False])
+def test_the_runtime_answers_what_a_plain_session_answers(pool: bool) -> None:
+    model = _model()
+    requests = _requests(12)
+    with Runtime(model, device="cpu", workers=2, threads=1, pool=pool) as rt:
+        futures = [rt.submit(r) for r in requests]
+        for r, f in zip(requests, futures):
+            np.testing.assert_array_equal(f.result()[0], _plain(model, r))
+        np.testing.assert_array_equal(np.concatenate([y[0] for y in rt.map(requests)]),
+                                      np.concatenate([_plain(model, r) for r in requests]))  # in order
+    assert not [t for t in threading.enumerate() if t.name.startswith("npukit-runtime")]  # close joined them
+
+
+def test_requests_arriving_together_run_as_one_batch_and_each_caller_gets_its_rows() -> None:
+    model = _model()
+    requests = _requests(8)
+    with Runtime(model, device="cpu", workers=1, threads=1, max_batch=4, max_wait_ms=200.0) as rt:
+        futures = [rt.submit(r) for r in requests]
+        results = [f.result()[0] for f in futures]
+        batches = dict(rt.batch_sizes)
+    assert max(batches) > 1 and sum(k * v for k, v in batches.items()) == 8
+    for r, y in zip(requests, results):
+        np.testing.assert_allclose(y, _plain(model, r), rtol=1e-5, atol=1e-6)
+
+
+def test_a_fixed_batch_axis_turns_batching_off_and_says_why() -> None:
+    with Runtime(_model(batch=1), device="cpu", workers=1, max_batch=4) as rt:
+        assert rt.config.max_batch == 1 and "batch axis is fixed" in rt.batching_note
+        np.testing.assert_array_equal(rt.run(_requests(1)[0])[0], _plain(_model(batch=1), _requests(1)[0]))
+
+
+def test_a_bad_request_fails_alone_and_the_runtime_keeps_serving() -> None:
+    good = _requests(1)[0]
+    with Runtime(_model(), device="cpu", workers=1) as rt:
+        wrong = {"has shape [1, 2, 8, 8]": {"x": good["x"][:, :2]}, "is float64": {"x": good["x"].astype(np.float64)},
+                 "names inputs ['input']": {"input": good["x"]}}
+        for said, feeds in wrong.items():
+            error = rt.submit(feeds).exception()
+            assert isinstance(error, InputError) and said in error.message
+        np.testing.assert_array_equal(rt.run(good)[0], _plain(_model(), good))
+
+
+def test_a_full_queue_refuses_and_close_without_drain_cancels_what_waits(monkeypatch) -> None:
+    release = threading.Event()
+    rt = Runtime(_model(), device="cpu", workers=1, queue_limit=1)
+    original = rt._run
+    monkeypatch.setattr(rt, "_run", lambda slot, batch: (release.wait(5), original(slot, batch))[1])
+    request = _requests(1)[0]
+    running = rt.submit(request)
+    deadline = time.time() + 5
+    while rt._queue.qsize() and time.time() < deadline:  # the worker took the first request
+        time.sleep(0.01)
+    waiting = rt.submit(request)
+    with pytest.raises(Overloaded, match="queue_limit"):
+        rt.submit(request)
+    closer = threading.Thread(target=rt.close, kwargs={"drain": False})
+    closer.start()
+    release.set()
+    closer.join(5)
+    assert not closer.is_alive() and running.result(5) and waiting.cancelled()
+    with pytest.raises(RuntimeError, match="closed"):
+        rt.submit(request)
+
+
+def test_bound_buffers_are_reused_and_follow_new_inputs() -> None:
+    model = _model(batch=1)
+    session = make_session(model)
+    buffers = BoundBuffers(session, {"x": (1, 3, 8, 8)})
+    a, b = _requests(2)
+    first = buffers.run(a)
+    np.testing.assert_array_equal(first[0], _plain(model, a))
+    second = buffers.run(b)
+    assert second[0] is first[0]  # the same bound array, overwritten
+    np.testing.assert_array_equal(second[0], _plain(model, b))
+
+
+def test_results_go_into_the_callers_arrays() -> None:
+    request = _requests(1)[0]
+    out = [np.empty((1, 4), np.float32)]
+    with Runtime(_model(), device="cpu", workers=1) as rt:
+        got = rt.run(request, out=out)
+    assert got[0] is out[0]
+    np.testing.assert_array_equal(out[0], _plain(_model(), request))
+
+
+def test_config_errors_are_input_errors() -> None:
+    for bad in ({"device": "gpu"}, {"workers": 0}, {"max_batch": 0}, {"max_wait_ms": -1}, {"queue_limit": 0},
+                {"device": "cpu@SM8650"}):
+        with pytest.raises(InputError):
+            RuntimeConfig(**bad)
+
+
+@pytest.mark.skipif(platform.machine().lower() in ("aarch64", "arm64"), reason="on Arm the HTP may be real")
+def test_auto_takes_the_cpu_on_x86_and_says_why() -> None:
+    with Runtime(_model(), device="auto", workers=1) as rt:
+        assert rt.device.device == "cpu" and rt.device.reason
+
+
+def test_load_generators_count_what_happened() -> None:
+    requests = _requests(4)
+    with Runtime(_model(), device="cpu", workers=2) as rt:
+        closed = closed_loop(rt.run, requests, clients=2, duration_s=0.3)
+        opened = open_loop(rt.submit, requests, rate=200.0, duration_s=0.3)
+    assert closed.completed > 0 and closed.failed == 0 and closed.latency_ms["p50"] > 0
+    assert opened.completed > 0 and opened.refused == 0
+
+    def refusing(_feeds):
+        raise Overloaded("full")
+
+    refused = open_loop(refusing, requests, rate=200.0, duration_s=0.2, refused=Overloaded)
+    assert refused.completed == 0 and refused.refused > 0
