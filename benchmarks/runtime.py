@@ -65,18 +65,58 @@ def _yolo(tmp: Path) -> dict[str, tuple[Path, list[dict]]]:
     return {"nudenet_yolov8n": (fixed, model.evaluation()[:16])}
 
 
+BUCKETS = ((1, 3, 160, 160), (1, 3, 224, 224), (1, 3, 288, 288))
+
+
+def _buckets(tmp: Path, duration: float) -> dict:
+    """MobileNetV2 exported with symbolic height and width, served through three size buckets against a session
+    fixed to each size."""
+    import torch
+    import torchvision
+
+    from npukit.data.embedded import default_model_weights
+    from npukit.measure.serving import measure_buckets
+
+    net = torchvision.models.mobilenet_v2()
+    net.load_state_dict(torch.load(default_model_weights()))
+    net.eval()
+    path = tmp / "mobilenet_v2_any_size.onnx"
+    torch.onnx.export(net, torch.zeros(1, 3, 224, 224), str(path), input_names=["input"],
+                      dynamic_axes={"input": {2: "h", 3: "w"}}, dynamo=False)
+    print("buckets: serving MobileNetV2 at 160, 224, 288 ...", flush=True)
+    return measure_buckets(path, BUCKETS, input_name="input", duration_s=duration).as_dict()
+
+
+def _bucket_markdown(buckets: dict | None) -> str:
+    if not buckets:
+        return ""
+    lines = ["", "## Shape buckets (MobileNetV2 with symbolic height and width, fp32, one caller)", "",
+             "| input | per-size session p50 ms | through buckets p50 ms | ratio | max abs difference |",
+             "|---|---|---|---|---|"]
+    for shape, r in buckets.items():
+        lines.append(f"| {shape} | {r['per_size_session']['latency_ms']['p50']:.2f} | "
+                     f"{r['buckets']['latency_ms']['p50']:.2f} | {r['latency_ratio_p50']:.3f} | "
+                     f"{r['max_abs_difference']:.3g} |")
+    return "\n".join(lines) + "\n"
+
+
 def _fmt(x: float) -> str:
     return f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+
+
+STARTUP = ("plain_session_ms", "cached_session_ms", "runtime_ms")
+SERVERS = ("plain", "workers", "batched")
 
 
 def _markdown(rows: list[dict], cpu: str, duration: float) -> str:
     lines = [f"# Serving runtime vs a plain session loop ({cpu}, {time.strftime('%Y-%m-%d')})", "",
              f"benchmarks/runtime.py, {duration:g} s per load point, one process, side by side. Plain loop: one "
              "session, 1 thread, session.run per request. Runtime: npukit.runtime.engine.Runtime (bound buffers, "
-             "worker threads with 1 ORT thread each, dynamic batching up to 4 within 2 ms where the batch axis is "
-             "symbolic).", "",
+             "worker threads with 1 ORT thread each; dynamic batching up to 4 within 2 ms where the batch axis is "
+             "symbolic). Start-up: session creation to first result; the cache keeps ORT's optimized graph on disk.",
+             "",
              "| model | plain req/s | runtime best req/s (workers) | x plain | jitter p99/p50 plain / runtime | "
-             "bytes/call plain / bound / runtime | start-up ms plain / runtime |",
+             "bytes/call plain / bound / runtime | start-up ms (median of 5): plain session / from cache / runtime |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         s = r["serving"]
@@ -84,22 +124,25 @@ def _markdown(rows: list[dict], cpu: str, duration: float) -> str:
         best = max(s["curve"].items(), key=lambda kv: kv[1]["throughput_per_s"])
         jit = [x["latency_ms"]["p99"] / x["latency_ms"]["p50"] for x in (plain, s["single"]["pool"])]
         a = s["allocated_bytes_per_call"]
+        start = " / ".join(f"{s['startup_ms'][k]:.0f}" for k in STARTUP if k in s["startup_ms"])
         lines.append(f"| {r['model']} | {_fmt(plain['throughput_per_s'])} | {_fmt(best[1]['throughput_per_s'])} "
                      f"({best[0]}) | {best[1]['throughput_per_s'] / plain['throughput_per_s']:.2f} | "
                      f"{jit[0]:.2f} / {jit[1]:.2f} | {a['plain']:.0f} / {a['bound_buffers']:.0f} / {a['runtime']:.0f} "
-                     f"| {s['startup_ms']['plain_session_ms']:.0f} / {s['startup_ms']['runtime_ms']:.0f} |")
+                     f"| {start} |")
     lines += ["", "## Open loop (Poisson arrivals at multiples of the plain loop's capacity)", "",
-              "| model | offered req/s | plain: served/s, p50, p99 ms | runtime: served/s, p50, p99 ms | batches "
-              "formed (size: count) |", "|---|---|---|---|---|"]
+              "Each cell: served requests/s, p50 ms, p99 ms. Workers: the runtime's best worker count without "
+              "batching; batched: the same workers with dynamic batching.", "",
+              "| model | offered req/s | plain loop | runtime, workers | runtime, workers + batching | batches formed "
+              "(size: count) |", "|---|---|---|---|---|---|"]
     for r in rows:
         s = r["serving"]
-        for plain, batched, batches in zip(s["open"]["plain"], s["open"]["batched"], s["batching"]["batches"]):
-            lines.append(f"| {r['model']} | {plain['level']:.1f} | {_fmt(plain['throughput_per_s'])}, "
-                         f"{plain['latency_ms']['p50']:.1f}, {plain['latency_ms']['p99']:.1f} | "
-                         f"{_fmt(batched['throughput_per_s'])}, {batched['latency_ms']['p50']:.1f}, "
-                         f"{batched['latency_ms']['p99']:.1f} | {batches} |")
+        for i, batches in enumerate(s["batching"]["batches"]):
+            cells = [s["open"][k][i] for k in SERVERS]
+            lines.append(f"| {r['model']} | {cells[0]['level']:.1f} | "
+                         + " | ".join(f"{_fmt(c['throughput_per_s'])}, {c['latency_ms']['p50']:.1f}, "
+                                      f"{c['latency_ms']['p99']:.1f}" for c in cells) + f" | {batches} |")
         if s["batching"].get("note"):
-            lines.append(f"| {r['model']} | {s['batching']['note']} | | | |")
+            lines.append(f"| {r['model']} | {s['batching']['note']} | | | | |")
     return "\n".join(lines) + "\n"
 
 
@@ -124,10 +167,11 @@ def main() -> None:
             rows.append({"model": name, "serving": result.as_dict()})
             print(f"  plain {result.single['plain'].throughput:.1f}/s, best "
                   f"{max(r.throughput for r in result.curve.values()):.1f}/s", flush=True)
+        buckets = _buckets(Path(tmp), args.duration) if not args.only or "buckets" in args.only else None
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "runtime.json").write_text(json.dumps({"cpu": cpu, "duration_s": args.duration, "models": rows},
-                                                      indent=1))
-    (args.out / "runtime.md").write_text(_markdown(rows, cpu, args.duration))
+    (args.out / "runtime.json").write_text(json.dumps({"cpu": cpu, "duration_s": args.duration, "models": rows,
+                                                       "buckets": buckets}, indent=1))
+    (args.out / "runtime.md").write_text(_markdown(rows, cpu, args.duration) + _bucket_markdown(buckets))
     print((args.out / "runtime.md").read_text())
 
 

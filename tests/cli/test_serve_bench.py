@@ -21,7 +21,7 @@ def test_serve_bench_writes_every_figure(tmp_path) -> None:
     serving = data["results"]["serving"]
     assert serving["device"]["device"] == "cpu"
     assert set(serving["single"]) == {"plain", "pool"} and set(serving["curve"]) == {"1", "2"}
-    assert len(serving["open"]["plain"]) == len(serving["open"]["batched"]) == 1
+    assert len(serving["open"]["plain"]) == len(serving["open"]["workers"]) == len(serving["open"]["batched"]) == 1
     assert serving["open"]["batched"][0]["completed"] > 0
     assert set(serving["allocated_bytes_per_call"]) == {"plain", "bound_buffers", "runtime"}
 

@@ -153,3 +153,49 @@ def test_load_generators_count_what_happened() -> None:
 
     refused = open_loop(refusing, requests, rate=200.0, duration_s=0.2, refused=Overloaded)
     assert refused.completed == 0 and refused.refused > 0
+
+
+def test_a_cached_optimized_graph_gives_the_same_answers(tmp_path) -> None:
+    request = _requests(1)[0]
+    with Runtime(_model(), device="cpu", workers=1, cache_dir=str(tmp_path)) as first:
+        assert first.cache == "miss"
+        want = first.run(request)[0]
+    (cached,) = tmp_path.iterdir()  # one file, nothing half-written beside it
+    assert cached.name.endswith(".optimized.onnx")
+    with Runtime(_model(), device="cpu", workers=1, cache_dir=str(tmp_path)) as second:
+        assert second.cache == "hit"
+        np.testing.assert_array_equal(second.run(request)[0], want)
+    np.testing.assert_allclose(want, _plain(_model(), request), rtol=1e-6)
+
+
+def _any_size_model() -> onnx.ModelProto:
+    """_model() with symbolic height and width (a fully convolutional net with a global pool)."""
+    model = _model()
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_param, dims[3].dim_param = "h", "w"
+    return model
+
+
+def test_buckets_match_per_size_sessions_and_pad_what_is_smaller() -> None:
+    from npukit.frontend.shapes import fix_input_shape
+    from npukit.runtime.buckets import BucketedRuntime
+
+    model = _any_size_model()
+    buckets = [(1, 3, 16, 16), (1, 3, 8, 8), (1, 3, 12, 12)]
+    rng = np.random.default_rng(3)
+    with BucketedRuntime(model, buckets, device="cpu", workers=1) as rt:
+        assert list(rt.runtimes) == [(1, 3, 8, 8), (1, 3, 12, 12), (1, 3, 16, 16)]  # smallest first
+        for shape in buckets:  # a request of a bucket's own size: exactly what a session at that size gives
+            x = rng.standard_normal(shape).astype(np.float32)
+            want = make_session(fix_input_shape(model, shape, dynamic_batch=False)).run(None, {"x": x})[0]
+            np.testing.assert_array_equal(rt.run({"x": x})[0], want)
+        small = rng.standard_normal((1, 3, 10, 9)).astype(np.float32)
+        padded = np.zeros((1, 3, 12, 12), np.float32)
+        padded[:, :, :10, :9] = small
+        want = make_session(fix_input_shape(model, (1, 3, 12, 12), dynamic_batch=False)).run(None, {"x": padded})[0]
+        np.testing.assert_array_equal(rt.run({"x": small})[0], want)
+        assert rt.padding[-1] == pytest.approx(1 - 90 / 144)
+        too_big = rt.submit({"x": np.zeros((1, 3, 20, 8), np.float32)}).exception()
+        assert isinstance(too_big, InputError) and "no bucket" in too_big.message
+    with BucketedRuntime(model, [(1, 3, 8, 8)], device="cpu", workers=1, fit="exact") as exact:
+        assert isinstance(exact.submit({"x": np.zeros((1, 3, 6, 6), np.float32)}).exception(), InputError)

@@ -1,20 +1,24 @@
 """Serving measurements: a plain one-session loop against ``runtime.engine.Runtime`` under the same loads.
 
-Measured side by side in one process on the same requests: start-up (session creation to first result), the
+Measured side by side in one process on the same requests: start-up (session creation to first result; on the CPU
+also with ORT's optimized graph cached on disk, ``runtime.session_cache``), the
 single-caller latency distribution (p99 / p50 as jitter) of a plain ``session.run`` loop and of the runtime on bound
 buffers, the bytes allocated per call (tracemalloc: Python objects and numpy buffers; ORT's native allocations, such as
 the output tensors a plain ``session.run`` makes on every call, are not visible to it) of a plain ``session.run``, of
 bound buffers alone and of the runtime (which adds a future and a queue hand-off per request), closed-loop throughput against the number of workers (1 thread each), and, for
-a model whose batch axis is symbolic, open-loop Poisson load at multiples of the plain loop's capacity with and
-without dynamic batching.
+open-loop Poisson load at multiples of the plain loop's capacity on three servers: the plain loop, the runtime's
+workers without batching, and the same workers with dynamic batching (which takes effect where the model's batch
+axis is symbolic), so the gain of each is seen apart.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 import time
 import tracemalloc
+from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -31,7 +35,8 @@ Feeds = Mapping[str, np.ndarray]
 class ServingConfig:
     """``duration_s`` per load point; ``max_workers`` for the throughput curve (None: the machine's cores);
     ``loads``: open-loop rates as multiples of the plain loop's measured capacity; ``max_batch`` / ``max_wait_ms``
-    for the batching runtime; ``alloc_calls`` calls measured for allocations."""
+    for the batching runtime; ``alloc_calls`` calls measured for allocations; ``startup_rounds`` start-ups of each
+    kind (medians)."""
 
     device: str = "cpu"
     duration_s: float = 3.0
@@ -40,6 +45,7 @@ class ServingConfig:
     max_batch: int = 4
     max_wait_ms: float = 2.0
     alloc_calls: int = 200
+    startup_rounds: int = 5
 
     def __post_init__(self) -> None:
         from npukit.errors import InputError
@@ -91,13 +97,38 @@ def allocated_per_call(call: Callable[[], object], calls: int) -> float:
 
 
 def _cpu_name() -> str:
+    from npukit.runtime.devices import read_cpu_info
+
     try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        return read_cpu_info("/proc/cpuinfo").model or "unknown CPU"
     except OSError:
-        pass
-    return "unknown CPU"
+        return "unknown CPU"
+
+
+def _startup(path: str, sample: Feeds, device: str, *, rounds: int) -> dict[str, float]:
+    """Median ms from nothing to the first result, ``rounds`` times interleaved: a plain session, a plain session
+    from ORT's optimized graph cached on disk (CPU; the cache filled once first), and the runtime."""
+    from npukit.runtime.session_cache import cached_session
+
+    times: dict[str, list[float]] = {"plain_session_ms": [], "runtime_ms": []}
+    with tempfile.TemporaryDirectory(prefix="npukit-serving-cache-") as cache:
+        model = Path(path).read_bytes()
+        if device == "cpu":
+            times["cached_session_ms"] = []
+            cached_session(model, threads=1, cache_dir=cache)
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            make_session(path, threads=1).run(None, dict(sample))
+            times["plain_session_ms"].append(time.perf_counter() - t0)
+            if device == "cpu":
+                t0 = time.perf_counter()
+                cached_session(model, threads=1, cache_dir=cache)[0].run(None, dict(sample))
+                times["cached_session_ms"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            with Runtime(path, RuntimeConfig(device=device, workers=1, threads=1)) as rt:
+                rt.run(sample)
+                times["runtime_ms"].append(time.perf_counter() - t0)
+    return {k: round(float(np.median(v)) * 1000.0, 1) for k, v in times.items()}
 
 
 def measure_serving(model: str | os.PathLike[str], requests: Sequence[Feeds], config: ServingConfig
@@ -105,15 +136,10 @@ def measure_serving(model: str | os.PathLike[str], requests: Sequence[Feeds], co
     """Every figure of the module docstring for ``model`` on ``requests`` (one sample each)."""
     path = os.fspath(model)
     sample = dict(requests[0])
-    t0 = time.perf_counter()
+    startup = _startup(path, sample, config.device, rounds=config.startup_rounds)
     plain = make_session(path, threads=1)
     names = [o.name for o in plain.get_outputs()]
-    plain.run(names, sample)
-    startup = {"plain_session_ms": (time.perf_counter() - t0) * 1000.0}
-    t0 = time.perf_counter()
     with Runtime(path, RuntimeConfig(device=config.device, workers=1, threads=1)) as single:
-        single.run(sample)
-        startup["runtime_ms"] = (time.perf_counter() - t0) * 1000.0
         device = single.device.as_dict()
         out = [np.empty_like(o) for o in single.run(sample)]
         singles = {"plain": closed_loop(lambda f: plain.run(names, dict(f)), requests, clients=1,
@@ -129,15 +155,15 @@ def measure_serving(model: str | os.PathLike[str], requests: Sequence[Feeds], co
         with Runtime(path, RuntimeConfig(device=config.device, workers=workers, threads=1)) as rt:
             curve[workers] = closed_loop(rt.run, requests, clients=workers * 2, duration_s=config.duration_s)
     capacity = singles["plain"].throughput
-    opened: dict[str, list[LoadResult]] = {"plain": [], "batched": []}
+    opened: dict[str, list[LoadResult]] = {"plain": [], "workers": [], "batched": []}
     batching: dict = {"max_batch": config.max_batch, "max_wait_ms": config.max_wait_ms, "capacity_per_s": capacity}
     best_workers = max(curve, key=lambda w: curve[w].throughput)
     plain_cfg = RuntimeConfig(device=config.device, workers=1, threads=1, pool=False, max_batch=1)
-    batched_cfg = RuntimeConfig(device=config.device, workers=best_workers, threads=1,
-                                max_batch=config.max_batch, max_wait_ms=config.max_wait_ms)
+    workers_cfg = RuntimeConfig(device=config.device, workers=best_workers, threads=1, max_batch=1)
+    batched_cfg = dataclasses.replace(workers_cfg, max_batch=config.max_batch, max_wait_ms=config.max_wait_ms)
     for factor in config.loads:
         rate = capacity * factor
-        for key, cfg in (("plain", plain_cfg), ("batched", batched_cfg)):
+        for key, cfg in (("plain", plain_cfg), ("workers", workers_cfg), ("batched", batched_cfg)):
             with Runtime(path, cfg) as rt:
                 opened[key].append(open_loop(rt.submit, requests, rate=rate, duration_s=config.duration_s,
                                              refused=Overloaded))
@@ -145,6 +171,42 @@ def measure_serving(model: str | os.PathLike[str], requests: Sequence[Feeds], co
                     batching["note"] = rt.batching_note
                     batching.setdefault("batches", []).append(rt.describe()["batches"])
     batching["workers"] = best_workers
-    return ServingResult(device=device, startup_ms={k: round(v, 1) for k, v in startup.items()}, single=singles,
+    return ServingResult(device=device, startup_ms=startup, single=singles,
                          allocated_bytes_per_call={k: round(v, 1) for k, v in allocations.items()}, curve=curve,
                          open=opened, batching=batching, cpu=_cpu_name())
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketResult:
+    """Per bucket shape: requests/s of a session fixed to that shape and of ``BucketedRuntime`` (one caller each),
+    the latency ratio, and the largest difference between their outputs on the same requests."""
+
+    rows: dict[str, dict]
+
+    def as_dict(self) -> dict:
+        return dict(self.rows)
+
+
+def measure_buckets(model: str | os.PathLike[str], shapes: Sequence[Sequence[int]], *, input_name: str,
+                    duration_s: float, seed: int = 0) -> BucketResult:
+    """``model`` (symbolic sizes) served through buckets at ``shapes`` against one session per shape, each given
+    seeded inputs of exactly that shape, one caller, back to back, side by side."""
+    from npukit.frontend.onnx_io import load_onnx
+    from npukit.frontend.shapes import fix_input_shape
+    from npukit.runtime.buckets import BucketedRuntime
+
+    proto = load_onnx(model)
+    rng = np.random.default_rng(seed)
+    rows: dict[str, dict] = {}
+    with BucketedRuntime(proto, shapes, device="cpu", workers=1, threads=1) as bucketed:
+        for shape in shapes:
+            session = make_session(fix_input_shape(proto, tuple(shape), dynamic_batch=False), threads=1)
+            requests = [{input_name: rng.standard_normal(tuple(shape)).astype(np.float32)} for _ in range(4)]
+            diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                       for r in requests for a, b in zip(session.run(None, r), bucketed.run(r)))
+            per_size = closed_loop(lambda f: session.run(None, dict(f)), requests, clients=1, duration_s=duration_s)
+            through = closed_loop(bucketed.run, requests, clients=1, duration_s=duration_s)
+            rows["x".join(map(str, shape))] = {
+                "per_size_session": per_size.as_dict(), "buckets": through.as_dict(), "max_abs_difference": diff,
+                "latency_ratio_p50": round(through.latency_ms["p50"] / per_size.latency_ms["p50"], 3)}
+    return BucketResult(rows)

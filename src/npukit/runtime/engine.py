@@ -46,7 +46,8 @@ class Overloaded(RuntimeError):
 class RuntimeConfig:
     """``workers``: threads that run requests (None: as many as the machine has cores); ``threads``: ORT intra-op
     threads per run (None: cores // workers); ``max_batch`` rows run together at most (1: no batching), waiting at
-    most ``max_wait_ms`` for more; ``queue_limit`` requests queued at most; ``pool``: run on bound buffers."""
+    most ``max_wait_ms`` for more; ``queue_limit`` requests queued at most; ``pool``: run on bound buffers;
+    ``cache_dir``: keep ORT's optimized graph there and start from it next time (CPU; ``runtime.session_cache``)."""
 
     device: str = "auto"
     workers: int | None = None
@@ -55,6 +56,7 @@ class RuntimeConfig:
     max_wait_ms: float = 2.0
     queue_limit: int = 256
     pool: bool = True
+    cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         base = self.device.split("@", 1)[0]
@@ -144,7 +146,13 @@ class Runtime:
         cores = os.cpu_count() or 1
         workers = config.workers or cores
         threads = config.threads or max(1, cores // workers)
-        if self.device.device == "cpu":
+        self.cache = "off"
+        if self.device.device == "cpu" and config.cache_dir:
+            from npukit.runtime.session_cache import cached_session
+
+            self.session, self.cache, _ = cached_session(proto.SerializeToString(), threads=threads,
+                                                         cache_dir=config.cache_dir)
+        elif self.device.device == "cpu":
             self.session = make_session(proto, threads=threads)
         else:
             from npukit.runtime.qnn import make_qnn_session
@@ -322,7 +330,7 @@ class Runtime:
     def describe(self) -> dict:
         """The resolved configuration, the device and why, and what the workers did so far."""
         waits = np.asarray(self.queue_waits_ms or [0.0])
-        return {"config": dataclasses.asdict(self.config), "device": self.device.as_dict(),
+        return {"config": dataclasses.asdict(self.config), "device": self.device.as_dict(), "cache": self.cache,
                 "batching_note": self.batching_note,
                 "inputs": [{"name": s.name, "dtype": str(s.dtype), "shape": list(s.shape)} for s in self.signatures],
                 "batches": {str(k): v for k, v in sorted(self.batch_sizes.items())},
