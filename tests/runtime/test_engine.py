@@ -199,3 +199,13 @@ def test_buckets_match_per_size_sessions_and_pad_what_is_smaller() -> None:
         assert isinstance(too_big, InputError) and "no bucket" in too_big.message
     with BucketedRuntime(model, [(1, 3, 8, 8)], device="cpu", workers=1, fit="exact") as exact:
         assert isinstance(exact.submit({"x": np.zeros((1, 3, 6, 6), np.float32)}).exception(), InputError)
+
+
+def test_a_fixed_batch_of_two_comes_back_whole() -> None:
+    model = _model(batch=2)
+    rng = np.random.default_rng(5)
+    request = {"x": rng.standard_normal((2, 3, 8, 8)).astype(np.float32)}
+    out = [np.empty((2, 4), np.float32)]
+    with Runtime(model, device="cpu", workers=1) as rt:
+        np.testing.assert_array_equal(rt.run(request)[0], _plain(model, request))
+        np.testing.assert_array_equal(rt.run(request, out=out)[0], _plain(model, request))

@@ -174,7 +174,8 @@ class Runtime:
         self.output_names = [o.name for o in self.session.get_outputs()]
         self._queue: queue.Queue = queue.Queue(maxsize=config.queue_limit)
         self._closed = False
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the statistics
+        self._accepting = threading.Lock()  # submit against close
         self.batch_sizes: Counter = Counter()
         self.queue_waits_ms: list[float] = []
         self._workers = [threading.Thread(target=self._work, name=f"npukit-runtime-{i}", daemon=True)
@@ -214,13 +215,14 @@ class Runtime:
         if problem:
             future.set_exception(InputError(problem, hint="send one sample per request, as the model's inputs say"))
             return future
-        if self._closed:
-            raise RuntimeError("the runtime is closed")
-        try:
-            self._queue.put_nowait(_Request(feeds, future, out, time.perf_counter()))
-        except queue.Full:
-            raise Overloaded(f"{self.config.queue_limit} requests already queued; slow down or raise "
-                             "queue_limit") from None
+        with self._accepting:  # close() cannot slip its stop markers in between the check and the put
+            if self._closed:
+                raise RuntimeError("the runtime is closed")
+            try:
+                self._queue.put_nowait(_Request(feeds, future, out, time.perf_counter()))
+            except queue.Full:
+                raise Overloaded(f"{self.config.queue_limit} requests already queued; slow down or raise "
+                                 "queue_limit") from None
         return future
 
     def run(self, feeds: Mapping[str, np.ndarray], *, out: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
@@ -280,12 +282,14 @@ class Runtime:
                 self.batch_sizes[len(live)] += 1
                 self.queue_waits_ms.extend((start - r.submitted) * 1000.0 for r in live)
             for i, r in enumerate(live):
+                # a request of its own takes whole outputs (a fixed batch axis may hold more than one row)
+                mine = outputs if len(live) == 1 else [o[i:i + 1] for o in outputs]
                 if r.out is not None:
-                    for dst, src in zip(r.out, outputs):
-                        np.copyto(dst, src[i:i + 1] if len(live) > 1 or src.shape[:1] != dst.shape[:1] else src)
+                    for dst, src in zip(r.out, mine):
+                        np.copyto(dst, src)
                     r.future.set_result(list(r.out))
                 else:
-                    r.future.set_result([np.array(o[i:i + 1]) for o in outputs])
+                    r.future.set_result([np.array(o) for o in mine])
 
     def _run(self, slot: dict[int, BoundBuffers], batch: list[_Request]) -> list[np.ndarray]:
         rows = len(batch)
@@ -305,9 +309,10 @@ class Runtime:
     # -- life cycle --------------------------------------------------------------------------------------------
     def close(self, *, drain: bool = True) -> None:
         """Stop taking requests; run what is queued (``drain``) or cancel it; join the workers."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._accepting:
+            if self._closed:
+                return
+            self._closed = True
         if not drain:
             while True:
                 try:
