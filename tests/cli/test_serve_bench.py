@@ -24,6 +24,7 @@ def test_serve_bench_writes_every_figure(tmp_path) -> None:
     assert len(serving["open"]["plain"]) == len(serving["open"]["workers"]) == len(serving["open"]["batched"]) == 1
     assert serving["open"]["batched"][0]["completed"] > 0
     assert set(serving["allocated_bytes_per_call"]) == {"plain", "bound_buffers", "runtime"}
+    assert serving["split"]["note"].startswith("measured") and serving["split"]["measured"]
 
 
 def test_serve_bench_refuses_bad_input(tmp_path, capsys) -> None:

@@ -195,6 +195,8 @@ def test_buckets_match_per_size_sessions_and_pad_what_is_smaller() -> None:
         want = make_session(fix_input_shape(model, (1, 3, 12, 12), dynamic_batch=False)).run(None, {"x": padded})[0]
         np.testing.assert_array_equal(rt.run({"x": small})[0], want)
         assert rt.padding[-1] == pytest.approx(1 - 90 / 144)
+        mixed = [{"x": rng.standard_normal(s).astype(np.float32)} for s in [(1, 3, 16, 16), (1, 3, 8, 8)] * 3]
+        assert [y[0].shape for y in rt.map(mixed, in_flight=2)] == [(1, 4)] * 6
         too_big = rt.submit({"x": np.zeros((1, 3, 20, 8), np.float32)}).exception()
         assert isinstance(too_big, InputError) and "no bucket" in too_big.message
     with BucketedRuntime(model, [(1, 3, 8, 8)], device="cpu", workers=1, fit="exact") as exact:
@@ -209,3 +211,19 @@ def test_a_fixed_batch_of_two_comes_back_whole() -> None:
     with Runtime(model, device="cpu", workers=1) as rt:
         np.testing.assert_array_equal(rt.run(request)[0], _plain(model, request))
         np.testing.assert_array_equal(rt.run(request, out=out)[0], _plain(model, request))
+
+
+def test_the_split_of_the_cores_is_measured_when_not_given(monkeypatch) -> None:
+    from npukit.runtime import split
+
+    assert split.candidates(2) == [(2, 1), (1, 2)] and split.candidates(6) == [(6, 1), (3, 2), (2, 3), (1, 6)]
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    with Runtime(_model(), device="cpu") as rt:
+        table = rt.describe()["split"]["measured"]
+        assert [(r["workers"], r["threads"]) for r in table] == [(2, 1), (1, 2)]
+        best = max(table, key=lambda r: r["runs_per_s"])
+        assert (rt.config.workers, rt.config.threads) == (best["workers"], best["threads"])
+        assert rt.split_note.startswith("measured")
+        np.testing.assert_array_equal(rt.run(_requests(1)[0])[0], _plain(_model(), _requests(1)[0]))
+    with Runtime(_model(), device="cpu", threads=2) as given:
+        assert (given.config.workers, given.config.threads) == (1, 2) and given.split_note == "given"

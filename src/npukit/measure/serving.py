@@ -68,6 +68,7 @@ class ServingResult:
     open: dict[str, list[LoadResult]]  # plain / batched, one per load
     batching: dict
     cpu: str
+    split: dict = dataclasses.field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {"device": self.device, "startup_ms": self.startup_ms, "cpu": self.cpu,
@@ -75,7 +76,7 @@ class ServingResult:
                 "allocated_bytes_per_call": self.allocated_bytes_per_call,
                 "curve": {str(w): r.as_dict() for w, r in self.curve.items()},
                 "open": {k: [r.as_dict() for r in v] for k, v in self.open.items()},
-                "batching": self.batching}
+                "batching": self.batching, "split": self.split}
 
 
 def allocated_per_call(call: Callable[[], object], calls: int) -> float:
@@ -150,6 +151,10 @@ def measure_serving(model: str | os.PathLike[str], requests: Sequence[Feeds], co
         allocations = {"plain": allocated_per_call(lambda: plain.run(names, sample), config.alloc_calls),
                        "bound_buffers": allocated_per_call(lambda: bound.run(sample), config.alloc_calls),
                        "runtime": allocated_per_call(lambda: single.run(sample, out=out), config.alloc_calls)}
+    split: dict = {}
+    if config.device == "cpu":  # the split a Runtime with no workers/threads given measures for itself
+        with Runtime(path, RuntimeConfig(device="cpu")) as auto:
+            split = auto.describe()["split"]
     curve: dict[int, LoadResult] = {}
     for workers in range(1, (config.max_workers or os.cpu_count() or 1) + 1):
         with Runtime(path, RuntimeConfig(device=config.device, workers=workers, threads=1)) as rt:
@@ -173,7 +178,7 @@ def measure_serving(model: str | os.PathLike[str], requests: Sequence[Feeds], co
     batching["workers"] = best_workers
     return ServingResult(device=device, startup_ms=startup, single=singles,
                          allocated_bytes_per_call={k: round(v, 1) for k, v in allocations.items()}, curve=curve,
-                         open=opened, batching=batching, cpu=_cpu_name())
+                         open=opened, batching=batching, cpu=_cpu_name(), split=split)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,6 +37,10 @@ def add_serving(report: Report, result: Any) -> None:
                                   "plain loop": {"x": [int(w) for w in d["curve"]],
                                                  "y": [plain for _ in d["curve"]]}}},
                       x_label="workers", y_label="requests / s")
+    if d.get("split", {}).get("measured"):
+        report.add_table(f"Split of the cores a Runtime measures at start ({d['split']['note']})",
+                         ["workers", "ORT threads each", "runs/s"],
+                         [[r["workers"], r["threads"], r["runs_per_s"]] for r in d["split"]["measured"]])
     batching = d["batching"]
     rows = []
     for key, label in (("plain", "plain loop (1 session, 1 thread, FIFO)"),

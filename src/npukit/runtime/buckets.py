@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 
 from npukit.errors import InputError
-from npukit.runtime.engine import Runtime, RuntimeConfig
+from npukit.runtime.engine import Runtime, RuntimeConfig, ordered_map
 
 FITS = ("pad", "exact")
 
@@ -89,13 +89,7 @@ class BucketedRuntime:
         return self.submit(feeds, out=out).result()
 
     def map(self, requests: Iterable[Mapping[str, np.ndarray]], *, in_flight: int = 8) -> Iterator[list[np.ndarray]]:
-        pending: list[Future] = []
-        for feeds in requests:
-            pending.append(self.submit(feeds))
-            if len(pending) >= in_flight:
-                yield pending.pop(0).result()
-        for future in pending:
-            yield future.result()
+        return ordered_map(self.submit, requests, in_flight)
 
     def close(self, *, drain: bool = True) -> None:
         for runtime in self.runtimes.values():

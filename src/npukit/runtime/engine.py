@@ -24,7 +24,7 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -38,14 +38,28 @@ from npukit.runtime.pool import BoundBuffers, signatures
 DEVICES = ("auto", "cpu", "qnn-htp")
 
 
+def ordered_map(submit: Callable[[Mapping[str, np.ndarray]], Future], requests: Iterable[Mapping[str, np.ndarray]],
+                in_flight: int) -> Iterator[list[np.ndarray]]:
+    """The results of ``submit`` over ``requests`` in order, with at most ``in_flight`` submitted and not yet
+    returned."""
+    pending: list[Future] = []
+    for feeds in requests:
+        pending.append(submit(feeds))
+        if len(pending) >= in_flight:
+            yield pending.pop(0).result()
+    for future in pending:
+        yield future.result()
+
+
 class Overloaded(RuntimeError):
     """The request queue is full: the caller should slow down or retry (the runtime keeps serving)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class RuntimeConfig:
-    """``workers``: threads that run requests (None: as many as the machine has cores); ``threads``: ORT intra-op
-    threads per run (None: cores // workers); ``max_batch`` rows run together at most (1: no batching), waiting at
+    """``workers``: threads that run requests and ``threads``: ORT intra-op threads per run (both None: the split
+    of the cores timed fastest on the model, ``runtime.split``; one None: the cores divided by the other; on the NPU
+    one worker); ``max_batch`` rows run together at most (1: no batching), waiting at
     most ``max_wait_ms`` for more; ``queue_limit`` requests queued at most; ``pool``: run on bound buffers;
     ``cache_dir``: keep ORT's optimized graph there and start from it next time (CPU; ``runtime.session_cache``)."""
 
@@ -144,8 +158,16 @@ class Runtime:
             if not isinstance(model, bytes) else onnx.load_from_string(model)
         self.device = choose_device(config.device, proto)
         cores = os.cpu_count() or 1
-        workers = config.workers or cores
-        threads = config.threads or max(1, cores // workers)
+        self.split_table: list[dict] = []
+        self.split_note = "given" if config.workers or config.threads else ""
+        if self.device.device != "cpu":  # the NPU as one queue: one worker feeds it
+            workers, threads = config.workers or 1, config.threads or cores
+            self.split_note = self.split_note or "one worker: the NPU runs one graph at a time"
+        elif config.workers is None and config.threads is None:
+            workers, threads = self._measured_split(proto, cores)
+        else:
+            workers = config.workers or max(1, cores // (config.threads or 1))
+            threads = config.threads or max(1, cores // workers)
         self.cache = "off"
         if self.device.device == "cpu" and config.cache_dir:
             from npukit.runtime.session_cache import cached_session
@@ -187,6 +209,23 @@ class Runtime:
                     slot[rows] = BoundBuffers(self.session, self._shapes(rows))
         for worker in self._workers:
             worker.start()
+
+    def _measured_split(self, proto: onnx.ModelProto, cores: int) -> tuple[int, int]:
+        """Workers x threads measured on this model and machine (``runtime.split``); cores x 1 where the model
+        cannot be fed seeded inputs (symbolic sizes besides the batch)."""
+        from npukit.runtime.ort import random_feeds
+        from npukit.runtime.split import measure_split
+
+        model = proto.SerializeToString()
+        try:
+            feeds = random_feeds(make_session(model), seed=0)
+        except InputError as exc:
+            self.split_note = f"{cores} x 1 thread, not measured: {exc.message}"
+            return cores, 1
+        best, table = measure_split(model, feeds, cores=cores)
+        self.split_table = [s.as_dict() for s in table]
+        self.split_note = f"measured: {best.workers} worker(s) x {best.threads} thread(s), {best.runs_per_s} runs/s"
+        return best.workers, best.threads
 
     # -- requests ----------------------------------------------------------------------------------------------
     def _shapes(self, rows: int) -> dict[str, tuple[int, ...]]:
@@ -231,14 +270,7 @@ class Runtime:
     def map(self, requests: Iterable[Mapping[str, np.ndarray]], *, in_flight: int | None = None
             ) -> Iterator[list[np.ndarray]]:
         """Results of ``requests`` in order, at most ``in_flight`` (default: workers x max_batch x 2) queued."""
-        limit = in_flight or self.config.workers * self.config.max_batch * 2
-        pending: list[Future] = []
-        for feeds in requests:
-            pending.append(self.submit(feeds))
-            if len(pending) >= limit:
-                yield pending.pop(0).result()
-        for future in pending:
-            yield future.result()
+        return ordered_map(self.submit, requests, in_flight or self.config.workers * self.config.max_batch * 2)
 
     # -- workers -----------------------------------------------------------------------------------------------
     def _take(self) -> list[_Request] | None:
@@ -336,6 +368,7 @@ class Runtime:
         """The resolved configuration, the device and why, and what the workers did so far."""
         waits = np.asarray(self.queue_waits_ms or [0.0])
         return {"config": dataclasses.asdict(self.config), "device": self.device.as_dict(), "cache": self.cache,
+                "split": {"note": self.split_note, "measured": self.split_table},
                 "batching_note": self.batching_note,
                 "inputs": [{"name": s.name, "dtype": str(s.dtype), "shape": list(s.shape)} for s in self.signatures],
                 "batches": {str(k): v for k, v in sorted(self.batch_sizes.items())},

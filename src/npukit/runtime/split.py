@@ -1,0 +1,65 @@
+"""How to split this machine's cores between concurrent runs and ORT's intra-op threads: measured, not assumed.
+
+For ``cores`` cores the candidates are every (workers, threads) with workers x threads = cores (2 cores: 2 x 1 and
+1 x 2; 8 cores: 8 x 1, 4 x 2, 2 x 4, 1 x 8). Each is timed on the model itself: a session with ``threads`` intra-op
+threads, ``workers`` Python threads calling it back to back on one seeded input for about ``seconds`` (ORT releases
+the GIL while it runs), after one warm-up call each. The split with the most runs per second wins; the table of all
+of them goes into the runtime's description. Many small models run best as one worker per core; a large model on
+few requests may run best as one worker with all threads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Mapping
+
+import numpy as np
+
+from npukit.runtime.ort import make_session
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    workers: int
+    threads: int
+    runs_per_s: float
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def candidates(cores: int) -> list[tuple[int, int]]:
+    """(workers, threads) pairs whose product is ``cores``, most workers first."""
+    return [(cores // t, t) for t in range(1, cores + 1) if cores % t == 0]
+
+
+def _throughput(model: bytes, feeds: Mapping[str, np.ndarray], workers: int, threads: int, seconds: float) -> float:
+    session = make_session(model, threads=threads)
+    names = [o.name for o in session.get_outputs()]
+    counts = [0] * workers
+    for _ in range(workers):
+        session.run(names, dict(feeds))
+    start = time.perf_counter()
+    stop = start + seconds
+
+    def loop(k: int) -> None:
+        while time.perf_counter() < stop:
+            session.run(names, dict(feeds))
+            counts[k] += 1
+
+    threads_ = [threading.Thread(target=loop, args=(k,), daemon=True) for k in range(workers)]
+    for t in threads_:
+        t.start()
+    for t in threads_:
+        t.join()
+    return sum(counts) / (time.perf_counter() - start)
+
+
+def measure_split(model: bytes, feeds: Mapping[str, np.ndarray], *, cores: int, seconds: float = 0.4
+                  ) -> tuple[Split, list[Split]]:
+    """The fastest (workers, threads) split of ``cores`` for ``model`` (serialized ONNX) on ``feeds``, and every
+    candidate measured."""
+    table = [Split(w, t, round(_throughput(model, feeds, w, t, seconds), 2)) for w, t in candidates(max(1, cores))]
+    return max(table, key=lambda s: s.runs_per_s), table
