@@ -94,8 +94,7 @@ def run(name: str, recipes: list[str], *, timeout: int) -> list[dict]:
 
 def write(rows: list[dict], out: Path, stem: str, *, note: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
-                            text=True).stdout.strip()
+    commit = zoo.revision()
     doc = {"cpu": zoo._cpu(), "cores": os.cpu_count(), "commit": commit, "date": time.strftime("%Y-%m-%d"),
            "note": note, "rows": rows}
     (out / f"{stem}.json").write_text(json.dumps(doc, indent=1))

@@ -159,6 +159,13 @@ def run_model(model: zoo_models.ZooModel, verbs: Sequence[str], *, timeout: int,
             "steps": [dataclasses.asdict(s) for s in steps]}
 
 
+def revision() -> str:
+    """The git revision of the checkout these benchmarks run from, or a note when they run from a copy."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
+                            text=True).stdout.strip()
+    return commit or "unknown (run from a copy outside a git checkout)"
+
+
 def _cpu() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -221,8 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown zoo models {unknown}; known: {', '.join(zoo_models.MODELS)}")
     rows = []
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
-                            text=True).stdout.strip()
+    commit = revision()
     for name in names:
         model = zoo_models.MODELS[name]
         if not model.installed():
