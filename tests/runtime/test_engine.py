@@ -227,3 +227,8 @@ def test_the_split_of_the_cores_is_measured_when_not_given(monkeypatch) -> None:
         np.testing.assert_array_equal(rt.run(_requests(1)[0])[0], _plain(_model(), _requests(1)[0]))
     with Runtime(_model(), device="cpu", threads=2) as given:
         assert (given.config.workers, given.config.threads) == (1, 2) and given.split_note == "given"
+
+
+def test_a_missing_model_is_a_one_line_input_error(tmp_path) -> None:
+    with pytest.raises(InputError, match="does not exist"):
+        Runtime(tmp_path / "nope.onnx", device="cpu", workers=1)

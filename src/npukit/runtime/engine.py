@@ -153,9 +153,11 @@ class Runtime:
 
     def __init__(self, model: ModelLike | str | os.PathLike[str], config: RuntimeConfig | None = None,
                  **overrides: Any) -> None:
+        from npukit.frontend.onnx_io import load_onnx
+
         config = dataclasses.replace(config or RuntimeConfig(), **overrides)
-        proto = model if isinstance(model, onnx.ModelProto) else onnx.load(os.fspath(model)) \
-            if not isinstance(model, bytes) else onnx.load_from_string(model)
+        proto = model if isinstance(model, onnx.ModelProto) else onnx.load_from_string(model) \
+            if isinstance(model, bytes) else load_onnx(model)  # a bad path or file: a one-line InputError
         self.device = choose_device(config.device, proto)
         cores = os.cpu_count() or 1
         self.split_table: list[dict] = []
@@ -168,19 +170,7 @@ class Runtime:
         else:
             workers = config.workers or max(1, cores // (config.threads or 1))
             threads = config.threads or max(1, cores // workers)
-        self.cache = "off"
-        if self.device.device == "cpu" and config.cache_dir:
-            from npukit.runtime.session_cache import cached_session
-
-            self.session, self.cache, _ = cached_session(proto.SerializeToString(), threads=threads,
-                                                         cache_dir=config.cache_dir)
-        elif self.device.device == "cpu":
-            self.session = make_session(proto, threads=threads)
-        else:
-            from npukit.runtime.qnn import make_qnn_session
-
-            soc = self.device.device.partition("@")[2]
-            self.session = make_qnn_session(proto, allow_cpu_fallback=True, provider_options=_soc_options(soc))
+        self.session, self.cache = self._open(proto, threads, config.cache_dir)
         self.signatures = signatures(self.session)
         fixed = [s for s in self.signatures if any(d is None for d in s.shape[1:])]
         if fixed:
@@ -209,6 +199,20 @@ class Runtime:
                     slot[rows] = BoundBuffers(self.session, self._shapes(rows))
         for worker in self._workers:
             worker.start()
+
+    def _open(self, proto: onnx.ModelProto, threads: int, cache_dir: str | None) -> tuple[Any, str]:
+        """The session on the chosen device, and whether ORT's optimized graph came from the cache (CPU)."""
+        if self.device.device == "cpu" and cache_dir:
+            from npukit.runtime.session_cache import cached_session
+
+            session, cache, _ = cached_session(proto.SerializeToString(), threads=threads, cache_dir=cache_dir)
+            return session, cache
+        if self.device.device == "cpu":
+            return make_session(proto, threads=threads), "off"
+        from npukit.runtime.qnn import make_qnn_session
+
+        soc = self.device.device.partition("@")[2]
+        return make_qnn_session(proto, allow_cpu_fallback=True, provider_options=_soc_options(soc)), "off"
 
     def _measured_split(self, proto: onnx.ModelProto, cores: int) -> tuple[int, int]:
         """Workers x threads measured on this model and machine (``runtime.split``); cores x 1 where the model
