@@ -183,6 +183,7 @@ class Runtime:
             self.batching_note = "batching off: the model's batch axis is fixed (export it with --dynamic-batch)"
             max_batch = 1
         self.config = dataclasses.replace(config, workers=workers, threads=threads, max_batch=max_batch)
+        self._request_shapes = self._shapes(1)  # what one request holds, checked on every submit
         self.output_names = [o.name for o in self.session.get_outputs()]
         self._queue: queue.Queue = queue.Queue(maxsize=config.queue_limit)
         self._closed = False
@@ -245,7 +246,7 @@ class Runtime:
                 return f"input {sig.name!r} is a {type(array).__name__}, not a numpy array"
             if array.dtype != sig.dtype:
                 return f"input {sig.name!r} is {array.dtype}, the model takes {sig.dtype}"
-            want = self._shapes(1)[sig.name]
+            want = self._request_shapes[sig.name]
             if array.shape != want:
                 return f"input {sig.name!r} has shape {list(array.shape)}, the model takes {list(want)} per request"
         return None

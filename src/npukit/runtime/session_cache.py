@@ -21,10 +21,7 @@ from npukit.runtime.ort import make_session
 def cache_key(model: bytes) -> str:
     from npukit.runtime.devices import read_cpu_info
 
-    try:
-        cpu = read_cpu_info("/proc/cpuinfo").model or ""
-    except OSError:
-        cpu = ""
+    cpu = read_cpu_info("/proc/cpuinfo").model or ""  # "" where the file does not say
     digest = hashlib.sha256(model)
     digest.update(f"|ort {ort.__version__}|cpu {cpu}".encode())
     return digest.hexdigest()[:24]

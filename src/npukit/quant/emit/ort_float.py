@@ -27,6 +27,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from npukit.frontend.opset import onnx_opset
 from npukit.quant.nodes import node_attr
 
 TAKEN_OPS = ("Conv", "ConvTranspose", "Gemm")  # the ops ORT's WeightBiasQuantization quantizes
@@ -57,10 +58,6 @@ def _input_channels(node: onnx.NodeProto, weight: onnx.TensorProto) -> int | Non
     if node.op_type == "Gemm" and len(dims) == 2 and not node_attr(node, "transA", 0):
         return dims[1] if node_attr(node, "transB", 0) else dims[0]
     return None
-
-
-def _opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
 def _taken(node: onnx.NodeProto, producers: dict[str, onnx.NodeProto], inits: dict[str, onnx.TensorProto]
@@ -103,8 +100,8 @@ def keep_float_convs(model: onnx.ModelProto, float_nodes: Iterable[str]) -> Floa
         if dq is None:
             continue
         channels = _input_channels(node, inits[node.input[1]])
-        if _opset(out) < PER_AXIS_OPSET:
-            not_kept[node.name] = f"opset {_opset(out)} has no per-axis DequantizeLinear (needs {PER_AXIS_OPSET})"
+        if onnx_opset(out) < PER_AXIS_OPSET:
+            not_kept[node.name] = f"opset {onnx_opset(out)} has no per-axis DequantizeLinear (needs {PER_AXIS_OPSET})"
             continue
         if channels is None:
             not_kept[node.name] = "its input's channel count is not known from its weight"
