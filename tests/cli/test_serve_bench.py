@@ -37,3 +37,13 @@ def test_serve_bench_refuses_bad_input(tmp_path, capsys) -> None:
     assert main(["serve-bench", str(model), "--duration", "0"]) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.txt"]
     assert "unknown device" in capsys.readouterr().err
+
+
+def test_serve_bench_takes_a_fixed_batch_larger_than_one(tmp_path) -> None:
+    model = tmp_path / "m2.onnx"
+    onnx.save(_model(batch=2), str(model))
+    report = tmp_path / "serve.json"
+    assert main(["serve-bench", str(model), "--duration", "0.2", "--loads", "1.0", "--max-workers", "1",
+                 "--report", str(report)]) == 0
+    serving = json.loads(report.read_text())["results"]["serving"]
+    assert serving["single"]["pool"]["completed"] > 0 and serving["single"]["pool"]["failed"] == 0

@@ -31,7 +31,6 @@ def serve_bench(
     import onnx
 
     from npukit.errors import InputError
-    from npukit.frontend.onnx_io import graph_inputs
     from npukit.measure.serving import ServingConfig, measure_serving
     from npukit.report.serving import add_serving
     from npukit.runtime.ort import make_session, random_feeds
@@ -49,8 +48,6 @@ def serve_bench(
     else:
         session = make_session(path)
         requests = [random_feeds(session, seed=i) for i in range(samples)]
-    names = [i.name for i in graph_inputs(proto)]
-    requests = [{n: r[n][:1] if r[n].ndim and r[n].shape[0] > 1 else r[n] for n in names} for r in requests]
     report = Report("serve-bench", config={"model": str(model), "data": str(data) if data else "seeded random inputs",
                                            "serving": {**config.__dict__, "loads": list(config.loads)},
                                            "requests": len(requests)})
