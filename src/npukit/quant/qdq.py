@@ -488,3 +488,19 @@ def integer_kernel_report(model: onnx.ModelProto) -> dict:
         "float_compute": dict(collections.Counter(n.op_type for n in float_ops)),
         "integer_fraction": heavy_integer / total if total else 0.0,
     }
+
+
+def integer_failures(kernels: dict, result: QuantResult, config: QuantConfig) -> list[str]:
+    """A quantized model that runs no integer kernel at all is a failure unless every node was excluded on
+    purpose; the float head's part in it is named."""
+    if kernels["integer_fraction"] > 0 or sum(kernels["integer_ops"].values()):
+        return []
+    head = result.steps.get("float_stem", {}).get("nodes", [])
+    floats = sum(kernels["float_compute_after_dq"].values()) + sum(kernels["float_compute"].values())
+    if not floats:
+        return []  # nothing to run on integer kernels (no Conv, MatMul or Gemm)
+    if config.exclude and not head:
+        return []  # asked for: the user excluded the compute nodes
+    why = f" (the float head left {len(head)} conv(s) in float: {', '.join(head)}; try --float-stem off)" if head \
+        else " (try --per-tensor, or check the model's ops with npukit analyze --target cpu)"
+    return [f"no integer kernels: ORT runs all {floats} conv/matmul nodes in float{why}"]

@@ -18,7 +18,7 @@ _CSS = """
 * { box-sizing: border-box; }
 body { margin: 0; background: #f6f8fa; color: #1f2328; font: 14px/1.5 system-ui, -apple-system, "Segoe UI", Roboto,
   "Helvetica Neue", Arial, sans-serif; }
-main { max-width: 1040px; margin: 0 auto; padding: 24px 20px 48px; }
+main { max-width: 1240px; margin: 0 auto; padding: 24px 20px 48px; }
 header { margin-bottom: 20px; }
 h1 { font-size: 24px; margin: 0 0 4px; }
 h2 { font-size: 17px; margin: 28px 0 10px; padding-bottom: 4px; border-bottom: 1px solid #d0d7de; }
@@ -28,9 +28,11 @@ h3 { font-size: 14px; margin: 0 0 8px; }
 .scroll { max-height: 480px; overflow: auto; }
 table { border-collapse: collapse; width: 100%; font-variant-numeric: tabular-nums; }
 th, td { padding: 4px 10px; border-bottom: 1px solid #eaeef2; text-align: left; vertical-align: top; }
-th { position: sticky; top: 0; background: #f6f8fa; font-weight: 600; white-space: nowrap; }
+th { position: sticky; top: 0; background: #f6f8fa; font-weight: 600; }
+td { overflow-wrap: anywhere; }
 tbody tr:hover { background: #f6f8fa; }
-td.num, th.num { text-align: right; white-space: nowrap; }
+td.num, th.num { text-align: right; }
+td.num { white-space: nowrap; }
 td.missing { color: #8c959f; }
 .kv th { position: static; width: 1%; background: none; }
 .path { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 13px;

@@ -11,6 +11,7 @@ import onnx
 from npukit.config import BenchConfig, PreprocessConfig, to_dict
 from npukit.errors import InputError
 from npukit.report.core import Report
+from npukit.report.energy import add_energy
 from npukit.report.finish import CommandResult, finish
 from npukit.report.progress import progress, step
 from npukit.tasks import QualityGate
@@ -56,6 +57,7 @@ def bench(
     ``input_shape`` (``InputSpec`` forms) is fixed into the model and the reference first, and they are timed,
     compared and planned with it; without ``data``, a model with symbolic dimensions other than the batch needs it."""
     from npukit.frontend.shapes import InputSpec, load_with_inputs
+    from npukit.measure.energy import energy_figures
     from npukit.measure.latency import measure_latency, measure_latency_interleaved
     from npukit.measure.size import model_size
     from npukit.measure.task_fidelity import check_samples
@@ -106,6 +108,9 @@ def bench(
                      ["role", "file", "size_bytes", "median ms", "p90 ms", "ratio to reference"], rows)
     report.add_figure("Latency (median ms)", "bar",
                       {"labels": list(lat), "values": [v.median_ms for v in lat.values()]}, x_label="ms")
+    with step("energy per operator (estimate; RAPL where readable)", timings=report.timings, key="energy"):
+        estimates, measured = energy_figures(timed, threads=threads, runs=runs, feeds=feeds)
+        add_energy(report, estimates, measured=measured)
 
     choice = None
     if dataset is not None and ref_proto is not None:

@@ -152,4 +152,12 @@ def compile(  # noqa: A001 - the verb's name
                          f"{done[0]['reason'].rsplit(' [', 1)[0]}", ["nodes", "input", "rewrite"],
                          [[" + ".join(r["nodes"]), r["where"], r["fix"]] for r in done])
     report.add_table("What the device needs", ["requirement"], [[result.device_requirements]])
+    from npukit.measure.energy import MeasuredEnergy, energy_figures
+    from npukit.report.energy import add_energy
+
+    with step("energy per operator (estimate)", timings=report.timings, key="energy"):
+        roles = {"compiled (its QDQ model)": proto} | ({"float": reference} if quantized_here else {})
+        estimates, _ = energy_figures(roles, measure=False)
+    add_energy(report, estimates, measured={"compiled (its QDQ model)": MeasuredEnergy(
+        None, 0, "the HTP's energy is not measured: no device here (x86 runs Qualcomm's HTP emulator)")})
     return finish(report, output, html=html, result=result)

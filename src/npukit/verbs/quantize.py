@@ -29,7 +29,7 @@ def cpu_scheme() -> dict:
     return cpu_int8_scheme(read_cpu_info("/proc/cpuinfo"))
 
 
-def _gemm_convs_auto(scheme: dict, reduced: bool) -> bool:
+def gemm_convs_auto(scheme: dict, reduced: bool) -> bool:
     """The conv kernel choice's default: on where this CPU's scheme takes it, the weights are full range, and both of
     ORT's int8 conv kernels were measured exact here (``runtime.int8_paths``)."""
     from npukit.runtime.int8_paths import full_range_exact, probe_int8_paths
@@ -97,7 +97,7 @@ def quantize(
     from npukit.measure.size import model_size
     from npukit.quant.config import QuantConfig
     from npukit.quant.layer_sqnr import layer_sqnr
-    from npukit.quant.qdq import integer_kernel_report
+    from npukit.quant.qdq import integer_failures, integer_kernel_report
     from npukit.quant.qdq import quantize as _quantize
 
     output = check_output(output, source=model)
@@ -117,7 +117,7 @@ def quantize(
                          reduce_range=reduced,
                          float_stem=scheme["float_stem"] if float_stem is None else float_stem,
                          # not with reduce_range (its pair-bounded grids must not shift), even on a CPU that takes both
-                         gemm_convs=_gemm_convs_auto(scheme, reduced) if gemm_convs is None else gemm_convs,
+                         gemm_convs=gemm_convs_auto(scheme, reduced) if gemm_convs is None else gemm_convs,
                          calib_samples=calib_samples, **(extra or {}))
     samples = open_data(calib, proto, preprocess) if isinstance(calib, (str, Path)) else list(calib)
     evaluation = open_data(data, proto, preprocess) if data is not None else None
@@ -158,29 +158,13 @@ def quantize(
                  "calibration samples (no --data given: optimistic, the model was fitted to them)")
         choice, _, _ = task_check(report, proto, result.model, check_samples(check, limit), task=task,
                                    gate=gate or QualityGate(), what="quantize", where=where, threads=threads,
-                                   extra_failures=_integer_failures(kernels, result, config),
+                                   extra_failures=integer_failures(kernels, result, config),
                                    hint=_recipe_hint(config))
     if evaluation is not None and choice.name == "classify":
         agreement = evaluate(result.model, proto, evaluation,
                               config=BenchConfig(threads=threads, max_samples=max_samples), threads=threads)
         add_agreement(report, agreement, where=Path(str(data)).name)
     return finish(report, output, html=html, result=result)
-
-
-def _integer_failures(kernels: dict, result: Any, config: Any) -> list[str]:
-    """A quantized model that runs no integer kernel at all is a failure unless every node was excluded on
-    purpose; the float head's part in it is named."""
-    if kernels["integer_fraction"] > 0 or sum(kernels["integer_ops"].values()):
-        return []
-    head = result.steps.get("float_stem", {}).get("nodes", [])
-    floats = sum(kernels["float_compute_after_dq"].values()) + sum(kernels["float_compute"].values())
-    if not floats:
-        return []  # nothing to run on integer kernels (no Conv, MatMul or Gemm)
-    if config.exclude and not head:
-        return []  # asked for: the user excluded the compute nodes
-    why = f" (the float head left {len(head)} conv(s) in float: {', '.join(head)}; try --float-stem off)" if head \
-        else " (try --per-tensor, or check the model's ops with npukit analyze --target cpu)"
-    return [f"no integer kernels: ORT runs all {floats} conv/matmul nodes in float{why}"]
 
 
 def _recipe_hint(config: Any) -> str:

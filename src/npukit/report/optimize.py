@@ -1,0 +1,62 @@
+"""The optimize report: the search's trials, its Pareto front, the chosen trial and the plot of the front."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from npukit.report.core import Report
+
+
+def _r(value: float, digits: int = 3) -> float | None:
+    return round(value, digits) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _row(number: int, m: Any, *, front: set[int], chosen: int | None) -> list[Any]:
+    mark = "chosen" if number == chosen else "front" if number in front else "yes" if m.feasible else "no"
+    why = m.error or (m.failures[0] if m.failures else "")
+    latency = f"{m.latency:.2f} (timed again)" if m.confirmed else _r(m.latency, 2)
+    return [number, m.recipe.label(), _r(m.metric), _r(m.worst_sqnr_db, 1), latency, _r(m.latency_ms, 2),
+            round(m.size_bytes / 1e6, 2) if m.size_bytes else None, round(m.peak_bytes / 1e6, 2) if m.peak_bytes
+            else None, _r(m.energy, 2), round(m.seconds, 1), mark, why]
+
+
+def add_search(report: Report, outcome: Any, config: Any, *, space: Any, pruned: Sequence[str],
+               head: Sequence[str], ranking: Sequence[str]) -> None:
+    front, chosen = set(outcome.front), outcome.chosen
+    metric = next((m.metric_name for m in outcome.trials if m.metric_name), "task metric")
+    report.add("search", {
+        "study": outcome.study_name, "stopped": outcome.stopped, "seconds": outcome.seconds,
+        "measured_this_run": outcome.measured_now, "space": {"name": space.name, "size": space.size(),
+                                                             "knobs": {k: list(v) for k, v in space.knobs().items()}},
+        "pruned": list(pruned), "float_head": list(head), "sensitivity_ranking": list(ranking[:16]),
+        "min_metric": config.min_metric, "prefer": config.prefer, "chosen": chosen, "front": sorted(front),
+        "trials": [{"number": n, **m.as_dict()} for n, m in zip(outcome.numbers, outcome.trials)]})
+    columns = ["trial", "recipe", metric, "worst SQNR dB", "latency x float", "ms", "MB", "peak MB",
+               "energy x float (estimate)", "s", "within budget", "first failure"]
+    ordered = sorted(zip(outcome.numbers, outcome.trials), key=lambda nm: (nm[0] != chosen, nm[0] not in front,
+                                                                         nm[1].latency if nm[1].feasible else 9e9))
+    report.add_table(f"Pareto front within the budget ({metric} >= {config.min_metric:.3f}; objectives: {metric}, "
+                     "latency, size, peak memory, estimated energy; chosen: best on " + config.prefer + ")", columns,
+                     [_row(n, m, front=front, chosen=chosen) for n, m in ordered if n in front])
+    report.add_table(f"Every trial ({len(outcome.trials)}; {outcome.measured_now} measured in this run, stopped by "
+                     f"{outcome.stopped}; trial 0 is the default recipe)", columns,
+                     [_row(n, m, front=front, chosen=chosen) for n, m in zip(outcome.numbers, outcome.trials)])
+    report.add_table(f"Search space '{space.name}': {space.size()} recipes", ["knob", "choices"],
+                     [[k, ", ".join(str(c) for c in v)] for k, v in space.knobs().items()]
+                     + [["pruned before timing", p] for p in pruned]
+                     + [["float head (timed once, default recipe)", ", ".join(head) or "none"],
+                        ["most sensitive layers (default recipe)", ", ".join(ranking[:8]) or "none"]])
+    series: dict[str, dict[str, list[float]]] = {}
+    for n, m in zip(outcome.numbers, outcome.trials):
+        if m.error or not (math.isfinite(m.latency) and math.isfinite(m.metric)):
+            continue
+        key = "chosen" if n == chosen else "Pareto front" if n in front else \
+            "within budget" if m.feasible else "over budget"
+        series.setdefault(key, {"x": [], "y": []})
+        series[key]["x"].append(round(m.latency, 4))
+        series[key]["y"].append(round(m.metric, 4))
+    if series:
+        report.add_figure(f"Trials: {metric} against latency (x the float model's)", "scatter", {"series": series},
+                          x_label="latency / float latency", y_label=metric)

@@ -1,0 +1,218 @@
+"""The multi-objective study: Optuna samples recipes from the space, each trial is measured on the target, the
+feasible trials' Pareto front is kept, and the chosen point is the best on the objective the user ranks first.
+
+The default recipe (what ``npukit quantize`` does with no flags) is always trial 0, so the search can only improve on
+it; the seed recipes (``space.SEEDS``) follow, then the sampler's proposals. Trials live in Optuna's SQLite storage when a path is given: a search stopped by its time budget, by Ctrl-C or by a
+crash continues where it was when run again with the same inputs (the study's name is a digest of them; a measured
+trial is never repeated). Samplers: TPE (multi-objective, Optuna's default for small budgets) or NSGA-II, both seeded;
+the budget is a constraint (Optuna's ``Trial.set_constraint``: <= 0 is feasible), so the sampler learns where it fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from npukit.errors import InputError
+from npukit.search.space import DEFAULT, SEEDS, Recipe, RecipeSpace
+from npukit.search.trial import OBJECTIVES, Measured, pareto_front
+
+PREFER = ("latency", "size", "memory", "energy")
+SAMPLERS = ("tpe", "nsga2")
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchConfig:
+    """``budget``: the task metric may fall this fraction below the float model's (0.01: within 1%); ``prefer``: the
+    objective the chosen point is best on among those that meet the budget; ``trials``: trials in the study in all
+    (a resumed study counts those it has); ``timeout_s``: no new trial starts after this many seconds of this run."""
+
+    budget: float = 0.01
+    prefer: str = "latency"
+    trials: int = 12
+    timeout_s: float | None = None
+    seed: int = 0
+    sampler: str = "tpe"
+    space: str = "quick"
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.budget < 1.0:
+            raise InputError(f"budget {self.budget:g} must be a fraction in [0, 1)", hint="e.g. --budget 1%")
+        if self.prefer not in PREFER:
+            raise InputError(f"unknown objective {self.prefer!r} to prefer", hint=f"use one of {', '.join(PREFER)}")
+        if self.trials < 1:
+            raise InputError(f"trials {self.trials} must be at least 1", hint="e.g. --trials 12")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise InputError(f"time budget {self.timeout_s:g} s must be positive", hint="e.g. --time-budget 10m")
+        if self.sampler not in SAMPLERS:
+            raise InputError(f"unknown sampler {self.sampler!r}", hint=f"use one of {', '.join(SAMPLERS)}")
+
+    @property
+    def min_metric(self) -> float:
+        return 1.0 - self.budget
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchOutcome:
+    """Every trial of the study (resumed ones included, in trial order), the feasible Pareto front, the chosen trial
+    (None: no trial met the budget), how many trials this run measured, and why it stopped."""
+
+    trials: tuple[Measured, ...]
+    numbers: tuple[int, ...]
+    front: tuple[int, ...]
+    chosen: int | None
+    measured_now: int
+    stopped: str
+    study_name: str
+    seconds: float
+
+    def trial(self, number: int) -> Measured:
+        return self.trials[self.numbers.index(number)]
+
+
+def study_name(parts: Mapping[str, Any]) -> str:
+    """A digest of everything a trial's figures depend on (model bytes, data, space, target, budget, ...)."""
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return "npukit-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+TIE = 0.03  # two figures of one objective within 3% are a tie: latency ratios of one model move that much between
+# trials on a quiet host (each trial times float and candidate in the same rounds)
+
+
+def choose(trials: list[tuple[int, Measured]], prefer: str) -> int | None:
+    """The trial of the feasible Pareto front best on ``prefer``; ties (within ``TIE``) go to the higher task metric,
+    then the better on ``prefer``, then the earlier trial."""
+    front = pareto_front([m for _, m in trials])
+    feasible = [(n, m) for n, m in trials if any(m is f for f in front)]
+    if not feasible:
+        return None
+    best = min(getattr(m, prefer) for _, m in feasible)
+    close = [(n, m) for n, m in feasible if getattr(m, prefer) <= best * (1.0 + TIE)]
+    return max(close, key=lambda nm: (nm[1].metric, -getattr(nm[1], prefer), -nm[0]))[0]
+
+
+def _sampler(config: SearchConfig) -> Any:
+    import optuna
+
+    if config.sampler == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=config.seed, population_size=max(4, min(20, config.trials // 2)))
+    return optuna.samplers.TPESampler(seed=config.seed, multivariate=True, n_startup_trials=max(3, config.trials // 4))
+
+
+def _measured(trial: Any) -> Measured | None:
+    data = trial.user_attrs.get("measured")
+    return Measured.from_dict(data) if data else None
+
+
+def run_study(evaluate: Callable[[Recipe], Measured], space: RecipeSpace, config: SearchConfig, *, name: str,
+              storage: Path | None = None, baseline: Measured | None = None,
+              on_trial: Callable[[int, Measured], None] | None = None) -> SearchOutcome:
+    """Run the study until it holds ``config.trials`` trials or the time budget is spent. ``evaluate`` measures a
+    recipe; ``baseline``, when given, is the default recipe's measurement, reused as trial 0 instead of measuring it
+    again; ``on_trial`` is told of each trial measured in this run."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    start = time.perf_counter()
+    url = f"sqlite:///{storage}" if storage is not None else None
+    directions = [way for _, way in OBJECTIVES]
+    study = optuna.create_study(storage=url, study_name=name, directions=directions, sampler=_sampler(config),
+                                load_if_exists=True)
+    if not study.trials:  # the default first, then the seed recipes the space holds, as far as the trials go
+        for recipe in [DEFAULT, *(s for s in SEEDS if space.contains(s))][: config.trials]:
+            study.enqueue_trial(_known_params(space, recipe))
+    measured_now = 0
+    stopped = "trials"
+
+    def objective(trial: Any) -> tuple[float, ...]:
+        nonlocal measured_now
+        recipe = space.suggest(trial)
+        earlier = _measured_recipe(study, recipe, trial.number)
+        if earlier is not None:  # the sampler proposed a recipe already measured: its figures, not a new trial
+            number, result = earlier
+            trial.set_user_attr("repeat_of", number)
+        else:
+            result = baseline if baseline is not None and recipe == DEFAULT else evaluate(recipe)
+            trial.set_user_attr("measured", json.loads(json.dumps(result.as_dict())))
+            measured_now += 1
+            if on_trial is not None:
+                on_trial(trial.number, result)
+        metric = result.metric if math.isfinite(result.metric) else -1.0
+        # <= 0 feasible: how far below the floor the metric is (a small positive value where another check failed)
+        trial.set_constraint("budget", 0.0 if result.feasible else max(config.min_metric - metric, 1e-3))
+        return tuple(v if math.isfinite(v) and not result.error else (-1.0 if way == "maximize" else 1e9)
+                     for v, way in zip(result.objectives(), directions))
+
+    calls = 0
+    while len(_unique(study)) < config.trials:
+        if config.timeout_s is not None and time.perf_counter() - start >= config.timeout_s:
+            stopped = "time budget"
+            break
+        if calls >= 4 * config.trials or len(_unique(study)) >= space.size():
+            stopped = "space exhausted" if len(_unique(study)) >= space.size() else "the sampler kept proposing " \
+                "recipes already measured"
+            break
+        study.optimize(objective, n_trials=1)
+        calls += 1
+    return outcome_of(_unique(study), config.prefer, measured_now=measured_now, stopped=stopped, name=name,
+                      seconds=time.perf_counter() - start)
+
+
+def outcome_of(trials: list[tuple[int, Measured]], prefer: str, *, measured_now: int, stopped: str, name: str,
+               seconds: float) -> SearchOutcome:
+    """The outcome of (trial number, figures) pairs: their feasible front and the choice on ``prefer``."""
+    front = pareto_front([m for _, m in trials])
+    return SearchOutcome(trials=tuple(m for _, m in trials), numbers=tuple(n for n, _ in trials),
+                         front=tuple(n for n, m in trials if any(m is f for f in front)),
+                         chosen=choose(trials, prefer), measured_now=measured_now, stopped=stopped,
+                         study_name=name, seconds=seconds)
+
+
+def confirm_latency(outcome: SearchOutcome, prefer: str, timed: Mapping[int, tuple[float, float]]) -> SearchOutcome:
+    """``outcome`` with the latency of the trials in ``timed`` (number -> (candidate ms, float ms), timed again
+    together with more runs) replacing what each trial measured on its own, and the front and choice made again."""
+    pairs = []
+    for number, measured in zip(outcome.numbers, outcome.trials):
+        if number in timed:
+            ms, float_ms = timed[number]
+            measured = dataclasses.replace(measured, latency=ms / float_ms, latency_ms=ms, float_latency_ms=float_ms,
+                                           confirmed=True)
+        pairs.append((number, measured))
+    return outcome_of(pairs, prefer, measured_now=outcome.measured_now, stopped=outcome.stopped,
+                      name=outcome.study_name, seconds=outcome.seconds)
+
+
+def _unique(study: Any) -> list[tuple[int, Measured]]:
+    """(trial number, figures) of every complete trial that measured its recipe (repeats left out)."""
+    import optuna
+
+    out = []
+    for t in study.trials:
+        measured = _measured(t) if t.state == optuna.trial.TrialState.COMPLETE else None
+        if measured is not None:
+            out.append((t.number, measured))
+    return out
+
+
+def _measured_recipe(study: Any, recipe: Recipe, number: int) -> tuple[int, Measured] | None:
+    for n, measured in _unique(study):
+        if n != number and measured.recipe == recipe:
+            return n, measured
+    return None
+
+
+def _known_params(space: RecipeSpace, recipe: Recipe) -> dict[str, Any]:
+    """``recipe``'s parameters that are knobs of ``space`` (a knob with one choice is not a parameter)."""
+    if not space.contains(recipe):
+        raise ValueError(f"{recipe.label()} is not in the space {space.name}")
+    return {k: v for k, v in recipe.params().items() if len(space.knobs()[k]) > 1}

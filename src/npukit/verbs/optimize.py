@@ -1,0 +1,332 @@
+"""The optimize verb: a multi-objective search over npukit's quantization recipes on the target, under a budget on
+the task metric, with the Pareto front, the full trial log and the chosen artifact re-checked before it is written."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from npukit.config import PreprocessConfig
+from npukit.errors import InputError
+from npukit.report.core import Report
+from npukit.report.finish import CommandResult, finish, report_path_for
+from npukit.report.progress import step
+from npukit.tasks import QualityGate
+from npukit.verbs.common import check_output, open_data, refuse_quantized, upgrade_opset
+
+CONFIRM = 4  # the fastest trials within the budget timed again together at the end
+TARGETS = ("cpu",)  # searched today; the others are refused with what to use instead
+LATER = {"qnn-htp": "npukit compile --soc SOC --calib DATA", "executorch-xnnpack": "npukit compile --target "
+         "executorch-xnnpack", "litert": "npukit compile --target litert"}
+
+
+def optimize(
+    model: str | Path,
+    output: str | Path,
+    *,
+    data: str | Path,
+    calib: str | Path | None = None,
+    target: str = "cpu",
+    budget: float = 0.01,
+    prefer: str = "latency",
+    trials: int = 12,
+    timeout_s: float | None = None,
+    space: str = "quick",
+    sampler: str = "tpe",
+    seed: int = 0,
+    exclude: Sequence[str] = (),
+    task: str | None = None,
+    min_sqnr_db: float | None = None,
+    threads: int = 1,
+    runs: int = 20,
+    max_samples: int | None = None,
+    input_shape: str | Sequence[Any] | None = None,
+    preprocess: PreprocessConfig | None = None,
+    html: bool = False,
+) -> CommandResult:
+    """Search npukit's quantization recipes for ``model`` on ``target`` (ORT CPU) and write the best artifact that
+    keeps the task metric within ``budget`` of the float model (0.01: within 1%), best on ``prefer`` (latency, size,
+    memory or energy) among those. Each trial builds a recipe's QDQ model on the calibration data and measures it
+    against the float model: task metric and output SQNR on ``data`` (held out), latency (ratio to the float model,
+    timed in the same rounds), size, predicted peak activation memory, estimated energy (``npukit.measure.energy``).
+    Without ``calib`` the first half of ``data`` calibrates and the second half evaluates.
+
+    The study (Optuna, ``sampler`` tpe or nsga2, seeded) is kept in ``<output stem>.optimize.db``: run the same
+    command again to continue it (``trials`` counts the study's trials in all; ``timeout_s`` bounds this run).
+    The report holds every trial, the Pareto front and the chosen trial, whose model is checked again on ``data``
+    before it is written; no trial within the budget: no artifact, exit 1."""
+    from npukit.search.space import get_space
+    from npukit.search.study import SearchConfig
+
+    output = check_output(output, source=model)
+    if target not in TARGETS:
+        hint = f"for {target}, {LATER[target]} builds one recipe" if target in LATER else \
+            f"use --target {' | '.join(TARGETS)}"
+        raise InputError(f"optimize searches ORT CPU recipes (--target cpu); {target!r} is not searched yet",
+                         hint=hint)
+    config = SearchConfig(budget=budget, prefer=prefer, trials=trials, timeout_s=timeout_s, seed=seed,
+                          sampler=sampler, space=space)
+    space_ = get_space(space)
+    gate = QualityGate(min_metric=config.min_metric, **({} if min_sqnr_db is None else {"min_sqnr_db": min_sqnr_db}))
+    inputs = _Inputs.open(model, data, calib, input_shape, preprocess or PreprocessConfig(), max_samples)
+    report = Report("optimize", config={"model": str(model), "target": target, "data": str(data),
+                                        "calib": str(calib) if calib else f"first half of {data}",
+                                        "search": config.as_dict(), "space": space_.name, "task": task or "auto",
+                                        "gate": gate.as_dict(), "exclude": list(exclude), "threads": threads,
+                                        "runs": runs, "input_shape": inputs.spec})
+    return _Search(report, inputs, config, space_, gate, task, tuple(exclude), threads, runs).run(output, html)
+
+
+@dataclasses.dataclass
+class _Inputs:
+    """The float model (shapes fixed) and the calibration and held-out samples (lists of (feeds, labels))."""
+
+    path: Path
+    proto: Any
+    calib: list[Any]
+    evaluation: list[Any]
+    spec: Any
+    split: bool
+
+    @classmethod
+    def open(cls, model: str | Path, data: str | Path, calib: str | Path | None, input_shape: Any,
+             preprocess: PreprocessConfig, max_samples: int | None) -> _Inputs:
+        from npukit.frontend.shapes import InputSpec, load_with_inputs, require_static
+
+        spec = InputSpec.parse(input_shape)
+        proto = load_with_inputs(model, spec)
+        refuse_quantized(proto, model, verb="optimize")
+        require_static(proto, needs="optimize")
+        held = list(open_data(data, proto, preprocess).batches(1))
+        if calib is None:
+            if len(held) < 4:
+                raise InputError(f"{data} holds {len(held)} samples; without --calib half of them calibrate and "
+                                 "half evaluate, which needs at least 4", hint="pass --calib with other samples")
+            half = len(held) // 2
+            calibration, held = held[:half], held[half:]
+        else:
+            calibration = list(open_data(calib, proto, preprocess).batches(1))
+        if max_samples is not None:
+            held = held[:max_samples]
+        return cls(Path(str(model)), proto, calibration, held, spec.as_dict() if spec else None, calib is None)
+
+
+class _Search:
+    """The verb's straight line: baseline (the default recipe) -> pruned space -> study -> chosen -> check -> write."""
+
+    def __init__(self, report: Report, inputs: _Inputs, config: Any, space: Any, gate: QualityGate,
+                 task: str | None, exclude: tuple[str, ...], threads: int, runs: int) -> None:
+        self.report, self.inputs, self.config, self.space, self.gate = report, inputs, config, space, gate
+        self.task, self.exclude, self.threads, self.runs = task, exclude, threads, runs
+        self.models = _Kept()  # recipe -> model, for the trials within the budget measured in this run
+        self.proto: Any = None  # the float model at the opset the space needs (set by _baseline)
+
+    def run(self, output: Path, html: bool) -> CommandResult:
+        from npukit.report.optimize import add_search
+        from npukit.search.study import run_study, study_name
+
+        report = self.report
+        runner, baseline, notes = self._baseline()
+        space, pruned = self.space.pruned(rankable=len(runner.ranking), has_head=bool(runner.head))
+        if not notes.get("int16", True):
+            space = dataclasses.replace(space, lift=tuple(v for v in space.lift if not v.startswith("int16")))
+            pruned.append(notes["int16_why"])
+        storage = report_path_for(output, ".optimize.db")
+        name = study_name({"model": hashlib.sha256(self.inputs.proto.SerializeToString()).hexdigest(),
+                           "calib": self.report.config["calib"], "data": self.report.config["data"],
+                           "samples": [len(self.inputs.calib), len(self.inputs.evaluation)],
+                           "space": dataclasses.asdict(space), "gate": self.gate.as_dict(), "task": self.task,
+                           "exclude": self.exclude, "budget": self.config.budget, "threads": self.threads,
+                           "sampler": self.config.sampler, "seed": self.config.seed, "base": runner.base.as_dict(),
+                           # the head's timing may choose otherwise on another run: then the trials differ
+                           "head": runner.head, "ranking": runner.ranking})
+        done = [0]
+
+        def evaluate(recipe: Any) -> Any:
+            done[0] += 1
+            with step(f"trial {done[0]} (of up to {self.config.trials}): {recipe.label()}", timings=report.timings,
+                      key="trials"):
+                measured, model = runner.run(recipe)
+            if model is not None and measured.feasible:
+                self.models.keep(recipe, model)
+            return measured
+
+        try:
+            outcome = run_study(evaluate, space, self.config, name=name, storage=storage, baseline=baseline)
+            outcome = self._confirm(outcome, runner)
+            report.add_artifact("study", storage)
+            model, verdict = self._check(outcome, runner)
+        finally:
+            self.models.close()
+        add_search(report, outcome, self.config, space=space, pruned=pruned, head=runner.head,
+                   ranking=runner.ranking)
+        if model is None:
+            report.set_verdict(verdict, passed=False)
+            return finish(report, None, html=html, json_path=report_path_for(output), result=outcome)
+        from npukit.frontend.onnx_io import save_onnx
+
+        save_onnx(model, output)
+        return finish(report, output, html=html, result=outcome)
+
+    def _baseline(self) -> tuple[Any, Any, dict]:
+        """The default recipe built and measured once: its float head and layer ranking fix two knobs for every
+        trial; the model at the opset the space needs."""
+        import time
+
+        from npukit.measure.energy import estimate_energy
+        from npukit.memory.layout import ort_predicted_peak
+        from npukit.quant.config import QuantConfig
+        from npukit.quant.precision.sensitivity import layer_sensitivity
+        from npukit.quant.qdq import quantize
+        from npukit.search.space import DEFAULT
+        from npukit.search.trial import FloatFigures, TrialRunner
+        from npukit.verbs.quantize import gemm_convs_auto, cpu_scheme
+
+        inputs, report = self.inputs, self.report
+        calib = [b.feeds for b in inputs.calib]
+        notes: dict[str, Any] = {}
+        proto = inputs.proto
+        if any(v.startswith("int16") for v in self.space.lift):
+            try:
+                proto = upgrade_opset(report, proto, 21, "16-bit Q/DQ (int16 lifts in the space)", calib)
+            except InputError as exc:
+                notes |= {"int16": False, "int16_why": f"int16 lifts: the model does not convert to opset 21 "
+                                                       f"({exc.message})"}
+        if notes.get("int16") is False or not any(v.startswith("int16") for v in self.space.lift):
+            proto = upgrade_opset(report, proto, 13, "per-channel Q/DQ", calib, alternative="")
+        scheme = cpu_scheme()
+        base = QuantConfig(activation_dtype=scheme["activation_dtype"], reduce_range=scheme["reduce_range"],
+                           float_stem=scheme["float_stem"], exclude=self.exclude,
+                           gemm_convs=gemm_convs_auto(scheme, scheme["reduce_range"]))
+        report.add("cpu_scheme", scheme)
+        started = time.perf_counter()
+        with step("baseline: the default recipe, float head timed once", timings=report.timings, key="baseline"):
+            first = quantize(proto, calib, config=base)
+        head = tuple(first.steps.get("float_stem", {}).get("nodes", ()))
+        with step("layer sensitivity of the default recipe", timings=report.timings, key="sensitivity"):
+            ranking = tuple(n for n, _ in layer_sensitivity(first, calib[:4], limit=4))
+        float_base = dataclasses.replace(base, float_stem=False)
+        given = inputs.proto  # the float model as given: what every ratio is against (an opset upgrade can slow it)
+        peak = ort_predicted_peak(given)
+        runner = TrialRunner(reference=given, quantize=lambda c: quantize(proto, calib, config=c),
+                             compare=self._compare(proto), gate=self.gate, base=float_base, head=head, ranking=ranking,
+                             floats=FloatFigures(given.ByteSize(), peak,
+                                                 estimate_energy(given, peak_bytes=peak).total_uj),
+                             feeds=calib[0], threads=self.threads, runs=self.runs)
+        baseline = runner.measure(DEFAULT, first, base, start=started)
+        if baseline.feasible:
+            self.models.keep(DEFAULT, first.model)
+        self.proto = proto
+        return runner, baseline, notes
+
+    def _compare(self, reference: Any) -> Any:
+        from npukit.measure.task_fidelity import compare_task, session_runner
+        from npukit.runtime.ort import make_session
+
+        ref = make_session(reference, threads=self.threads)
+        names = [o.name for o in ref.get_outputs()]
+        run_reference = session_runner(ref)
+        evaluation = self.inputs.evaluation
+        known: dict[int, Any] = {}  # the float model's outputs per held-out sample, computed once for every trial
+
+        def ref_runner(feeds: Any) -> Any:
+            key = id(feeds)  # the same feed dicts (self.inputs.evaluation's) are compared in every trial
+            if key not in known:
+                known[key] = run_reference(feeds)
+            return known[key]
+
+        def compare(model: Any) -> Any:
+            choice, result = compare_task(ref_runner, session_runner(make_session(model, threads=self.threads)),
+                                          evaluation, output_names=names, task=self.task)
+            return choice.name, result
+
+        return compare
+
+    def _confirm(self, outcome: Any, runner: Any) -> Any:
+        """The fastest trials within the budget (up to ``CONFIRM``, those built in this run) timed again together
+        with the float model, with more runs: one trial's own timing (20 runs) can be off by a fifth on a shared host,
+        and the choice should not rest on it."""
+        from npukit.measure.latency import measure_latency_interleaved
+        from npukit.search.study import confirm_latency
+
+        feasible = sorted(((n, m) for n, m in zip(outcome.numbers, outcome.trials) if m.feasible),
+                          key=lambda nm: nm[1].latency)
+        candidates = [(n, m) for n, m in feasible if m.recipe in self.models][:CONFIRM]
+        if not candidates:
+            return outcome
+        models = {str(n): self.models.load(m.recipe) for n, m in candidates}
+        runs = max(100, 5 * self.runs)
+        with step(f"timing the {len(models)} fastest trials within the budget again, {runs} runs each",
+                  timings=self.report.timings, key="confirm"):
+            timed = measure_latency_interleaved({"float": runner.reference, **models}, threads=self.threads,
+                                                warmup=10, runs=runs, rounds=10, feeds=runner.feeds)
+        return confirm_latency(outcome, self.config.prefer,
+                               {int(k): (timed[k].median_ms, timed["float"].median_ms) for k in models})
+
+    def _check(self, outcome: Any, runner: Any) -> tuple[Any, str]:
+        """The chosen trial's model (this run's, or built again for a trial of an earlier run) checked on the
+        held-out samples with the budget's gate; (None, the failing verdict) when no trial met the budget."""
+        from npukit.verbs.common import task_check
+
+        if outcome.chosen is None:
+            best = max(outcome.trials, key=lambda m: m.metric if m.metric == m.metric else -1.0)
+            if best.error:
+                return None, (f"FAIL optimize: none of {len(outcome.trials)} trials could be built (first: "
+                              f"{best.recipe.label()}: {best.error})")
+            return None, (f"FAIL optimize: none of {len(outcome.trials)} trials kept the task metric within "
+                          f"{self.config.budget:.1%} of the float model (best: {best.recipe.label()}, "
+                          f"{best.metric_name or 'task metric'} {best.metric:.3f}, needed "
+                          f"{self.config.min_metric:.3f}); try a larger --budget, more --trials, or --space full")
+        chosen = outcome.trial(outcome.chosen)
+        if chosen.recipe in self.models:
+            model = self.models.load(chosen.recipe)
+        else:
+            with step(f"building the chosen recipe again ({chosen.recipe.label()})", timings=self.report.timings,
+                      key="rebuild"):
+                _, model = runner.run(chosen.recipe)
+        half = "second half of " if self.inputs.split else ""
+        where = f"held-out samples ({half}{Path(str(self.report.config['data'])).name}; the search chose on them too)"
+        _, _, verdict = task_check(self.report, self.proto, model, self.inputs.evaluation, task=self.task,
+                                   gate=self.gate, what="optimize", where=where, threads=self.threads)
+        if not verdict.passed:
+            return None, verdict.line
+        within = sum(m.feasible for m in outcome.trials)
+        line = (f"PASS optimize: trial {outcome.chosen} ({chosen.recipe.label()}): {chosen.metric_name} "
+                f"{chosen.metric:.3f} (budget >= {self.config.min_metric:.3f}), latency {chosen.latency:.2f}x, size "
+                f"{chosen.size:.2f}x, peak memory {chosen.memory:.2f}x, energy {chosen.energy:.2f}x (estimate) the "
+                f"float model's; best on {self.config.prefer} of {within} trials within the budget "
+                f"({len(outcome.trials)} in all)"
+                + ("; even the fastest within the budget runs slower than the float model on this CPU: keep the float "
+                   "model where latency matters" if chosen.latency > 1.0 and self.config.prefer == "latency" else ""))
+        self.report.set_verdict(line, passed=True)
+        return model, line
+
+
+class _Kept:
+    """The models of the trials within the budget, on disk in a temporary folder (not in memory: a search of a large
+    model keeps dozens), gone when the search ends."""
+
+    def __init__(self) -> None:
+        import tempfile
+
+        self._folder = tempfile.TemporaryDirectory(prefix="npukit-optimize-")
+        self._paths: dict[Any, Path] = {}
+
+    def keep(self, recipe: Any, model: Any) -> None:
+        path = Path(self._folder.name) / f"{len(self._paths)}.onnx"
+        path.write_bytes(model.SerializeToString())
+        self._paths[recipe] = path
+
+    def __contains__(self, recipe: Any) -> bool:
+        return recipe in self._paths
+
+    def load(self, recipe: Any) -> Any:
+        import onnx
+
+        return onnx.load(str(self._paths[recipe]))
+
+    def close(self) -> None:
+        self._folder.cleanup()

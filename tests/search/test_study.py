@@ -1,0 +1,132 @@
+"""The study on a synthetic evaluator: the default recipe first, the feasible Pareto front, the choice, a resumed
+study that measures nothing twice, seeded repeatability, and the time budget."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from npukit.errors import InputError
+from npukit.search.space import DEFAULT, SEEDS, SPACES, Recipe
+from npukit.search.study import SearchConfig, choose, run_study
+from npukit.search.trial import Measured, dominates, pareto_front
+
+SPACE = dataclasses.replace(SPACES["quick"], method=("auto", "minmax"), lift=("none", "floatx1"))
+
+
+def fake(recipe: Recipe) -> Measured:
+    """Deterministic figures: per-tensor is faster and less accurate; CLE helps accuracy; a float layer slows."""
+    metric = 0.995 - (0.02 if not recipe.per_channel else 0) + (0.004 if recipe.cle else 0) \
+        - (0.001 if recipe.method == "minmax" else 0) + (0.003 if recipe.lift != "none" else 0)
+    latency = 0.7 - (0.05 if not recipe.per_channel else 0) + (0.1 if recipe.lift != "none" else 0) \
+        + (0.01 if recipe.bias_correction else 0) + (0.0 if recipe.float_head else 0.08)
+    return Measured(recipe, metric >= 0.99, metric_name="top1_agreement", metric=metric, latency=latency,
+                    size=0.26, memory=0.5, size_bytes=100, peak_bytes=50, energy=0.3)
+
+
+def test_dominance_and_the_front() -> None:
+    ways = ("maximize", "minimize")
+    assert dominates((1.0, 0.5), (0.9, 0.5), ways) and not dominates((1.0, 0.5), (1.0, 0.5), ways)
+    a = Measured(DEFAULT, True, metric=0.99, latency=0.6, size=0.3, memory=0.5, energy=0.3)
+    b = Measured(Recipe(cle=True), True, metric=1.0, latency=0.7, size=0.3, memory=0.5, energy=0.3)
+    c = Measured(Recipe(bias_correction=True), True, metric=0.98, latency=0.7, size=0.3, memory=0.5, energy=0.3)
+    d = Measured(Recipe(per_channel=False), False, metric=0.9, latency=0.1, size=0.3, memory=0.5, energy=0.3)
+    assert pareto_front([a, b, c, d]) == [a, b]  # c is dominated by a, d is over the budget
+    assert choose([(0, a), (1, b), (2, c), (3, d)], "latency") == 0
+    assert choose([(3, d)], "latency") is None
+
+
+def test_the_study_starts_from_the_default_and_chooses_within_the_budget(tmp_path) -> None:
+    seen = []
+    outcome = run_study(lambda r: seen.append(r) or fake(r), SPACE, SearchConfig(trials=10, seed=1),
+                        name="s", storage=tmp_path / "s.db")
+    assert outcome.numbers[0] == 0 and outcome.trials[0].recipe == DEFAULT and seen[0] == DEFAULT
+    assert len(set(seen)) == len(seen) == outcome.measured_now == len(outcome.trials) == 10
+    chosen = outcome.trial(outcome.chosen)
+    feasible = [m for m in outcome.trials if m.feasible]
+    fastest = min(m.latency for m in feasible)
+    tied = [m for m in feasible if m.latency <= fastest * 1.03]  # within the noise band: the more accurate wins
+    assert chosen.feasible and chosen in tied and chosen.metric == max(m.metric for m in tied)
+    assert [m.recipe for m in outcome.trials[:4]] == [DEFAULT, *SEEDS]  # the default, then the seed recipes
+    assert outcome.chosen in outcome.front
+    assert all(outcome.trial(n).feasible for n in outcome.front)
+
+
+def test_a_resumed_study_measures_nothing_twice_and_keeps_its_trials(tmp_path) -> None:
+    first = run_study(fake, SPACE, SearchConfig(trials=4, seed=2), name="r", storage=tmp_path / "r.db")
+    seen = []
+    second = run_study(lambda r: seen.append(r) or fake(r), SPACE, SearchConfig(trials=7, seed=2), name="r",
+                       storage=tmp_path / "r.db")
+    assert second.measured_now == len(seen) == 3 and len(second.trials) == 7
+    assert second.trials[:4] == first.trials
+    assert not set(seen) & {m.recipe for m in first.trials}
+
+
+def test_the_same_seed_gives_the_same_search() -> None:
+    one = run_study(fake, SPACE, SearchConfig(trials=8, seed=3), name="a")
+    two = run_study(fake, SPACE, SearchConfig(trials=8, seed=3), name="b")
+    assert [m.recipe for m in one.trials] == [m.recipe for m in two.trials] and one.front == two.front
+
+
+def test_the_baseline_is_reused_and_the_time_budget_stops_it() -> None:
+    base = fake(DEFAULT)
+    seen = []
+    outcome = run_study(lambda r: seen.append(r) or fake(r), SPACE, SearchConfig(trials=50, timeout_s=1e-9),
+                        name="t", baseline=base)
+    assert outcome.stopped == "time budget" and len(outcome.trials) <= 1 and DEFAULT not in seen
+
+
+def test_a_small_space_is_exhausted_not_looped() -> None:
+    tiny = dataclasses.replace(SPACE, per_channel=(True,), method=("auto",), cle=(False,),
+                               equalize_activations=(False,), bias_correction=(False,), float_head=(True,),
+                               lift=("none", "floatx1"))
+    outcome = run_study(fake, tiny, SearchConfig(trials=10), name="x")
+    assert len(outcome.trials) == 2 and outcome.stopped in ("space exhausted",
+                                                           "the sampler kept proposing recipes already measured")
+
+
+@pytest.mark.parametrize("kwargs", [{"budget": 1.5}, {"prefer": "speed"}, {"trials": 0}, {"timeout_s": 0},
+                                    {"sampler": "random"}])
+def test_bad_search_configs_are_input_errors(kwargs) -> None:
+    with pytest.raises(InputError):
+        SearchConfig(**kwargs)
+
+
+def test_a_recipe_that_crashes_ends_its_trial_alone() -> None:
+    from npukit.quant.config import QuantConfig
+    from npukit.search.trial import FloatFigures, TrialRunner
+
+    def boom(config):
+        raise RuntimeError("ORT refused the model\nmore")
+
+    runner = TrialRunner(reference=None, quantize=boom, compare=None, gate=None, base=QuantConfig(), head=(),
+                         ranking=(), floats=FloatFigures(1, 1, 1.0), feeds={})
+    measured, model = runner.run(DEFAULT)
+    assert model is None and not measured.feasible and measured.error == "RuntimeError: ORT refused the model"
+    # the trial log round-trips through the study's storage (NaN figures included)
+    text = json.dumps(measured.as_dict(), sort_keys=True)
+    assert json.dumps(Measured.from_dict(json.loads(text)).as_dict(), sort_keys=True) == text
+
+
+def test_latency_timed_again_replaces_the_trials_own_and_the_choice_follows() -> None:
+    from npukit.search.study import confirm_latency, outcome_of
+
+    a = Measured(DEFAULT, True, metric=0.995, latency=0.60, size=0.3, memory=0.5, energy=0.3)
+    b = Measured(Recipe(cle=True), True, metric=0.995, latency=0.70, size=0.3, memory=0.5, energy=0.3)
+    outcome = outcome_of([(0, a), (1, b)], "latency", measured_now=2, stopped="trials", name="c", seconds=1.0)
+    assert outcome.chosen == 0 and outcome.front == (0,)  # b is dominated on its own timing
+    # timed again together: a was a fast outlier, b is faster
+    again = confirm_latency(outcome, "latency", {0: (9.0, 10.0), 1: (7.0, 10.0)})
+    assert again.chosen == 1 and again.trial(1).confirmed and again.trial(1).latency == pytest.approx(0.7)
+    assert again.trial(0).latency == pytest.approx(0.9) and again.trial(1).latency_ms == 7.0
+
+
+def test_the_choice_is_on_the_front_and_a_tie_goes_to_the_more_accurate() -> None:
+    fast = Measured(DEFAULT, True, metric=0.99, latency=0.70, size=0.3, memory=0.5, energy=0.3)
+    close = Measured(Recipe(cle=True), True, metric=1.0, latency=0.71, size=0.3, memory=0.5, energy=0.3)
+    same = Measured(Recipe(bias_correction=True), True, metric=1.0, latency=0.71, size=0.4, memory=0.5, energy=0.3)
+    assert choose([(0, fast), (1, close), (2, same)], "latency") == 1  # 2 is dominated by 1 (larger)
+    far = dataclasses.replace(close, latency=0.80)
+    assert choose([(0, fast), (1, far)], "latency") == 0  # 14% slower is not a tie
