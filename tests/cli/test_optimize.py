@@ -87,6 +87,16 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tiny, tmp_path, capsys
     assert _files(tmp_path) == []
 
 
+def test_an_output_folder_is_made_as_for_every_verb(tiny, tmp_path) -> None:
+    out = tmp_path / "new" / "best.onnx"
+    assert main(["optimize", str(tiny), "-o", str(out), "--data", str(tiny.with_name("data.npy")), "--trials", "1",
+                 "--runs", "3", "--budget", "5%"]) == 0
+    assert sorted(p.name for p in out.parent.iterdir()) == ["best.onnx", "best.optimize.db", "best.report.json"]
+    (tmp_path / "file").write_text("x")
+    assert main(["optimize", str(tiny), "-o", str(tmp_path / "file" / "b.onnx"), "--data",
+                 str(tiny.with_name("data.npy"))]) == 2
+
+
 def test_missing_data_is_exit_2(tiny, tmp_path, capsys) -> None:
     assert main(["optimize", str(tiny), "-o", str(tmp_path / "b.onnx"), "--data", str(tmp_path / "none")]) == 2
     assert _files(tmp_path) == []

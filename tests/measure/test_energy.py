@@ -85,3 +85,18 @@ def test_energy_figures_say_why_nothing_was_measured() -> None:
         assert measured["m"].uj_per_inference is None and measured["m"].note == why and why
     else:
         assert measured["m"].uj_per_inference is not None and measured["m"].runs == 3
+
+
+def test_sizes_shape_inference_cannot_tell_come_from_one_run() -> None:
+    static = _conv_relu()
+    symbolic = onnx.ModelProto()
+    symbolic.CopyFrom(static)
+    dims = symbolic.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_param, dims[3].dim_param = "H", "W"
+    symbolic.graph.output[0].type.tensor_type.ClearField("shape")
+    blind = estimate_energy(symbolic)
+    assert blind.unknown_shapes > 0 and blind.notes[0].startswith("INCOMPLETE")
+    feeds = {"x": np.zeros((1, 3, 16, 16), np.float32)}
+    seen = estimate_energy(symbolic, feeds=feeds)
+    assert seen.unknown_shapes == 0 and seen.total_pj == pytest.approx(estimate_energy(static).total_pj)
+    assert energy_figures({"m": symbolic}, feeds=feeds, measure=False)[0]["m"].unknown_shapes == 0

@@ -27,6 +27,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import onnx
 
 SOURCE = ("M. Horowitz, 'Computing's energy problem (and what we can do about it)', ISSCC 2014, 45 nm, 0.9 V: "
@@ -88,6 +89,7 @@ class EnergyEstimate:
     activations_on_chip: bool
     model: EnergyModel
     notes: tuple[str, ...]
+    unknown_shapes: int = 0  # operators whose tensor sizes shape inference could not tell: priced at 0 bytes / MACs
 
     @property
     def compute_pj(self) -> float:
@@ -109,7 +111,8 @@ class EnergyEstimate:
         return sorted(self.ops, key=lambda o: -o.total_pj)[:count]
 
     def as_dict(self, *, top: int = 20) -> dict[str, Any]:
-        return {"estimate": True, "total_uj": self.total_uj, "compute_uj": self.compute_pj / 1e6,
+        return {"estimate": True, "complete": not self.unknown_shapes, "unknown_shapes": self.unknown_shapes,
+                "total_uj": self.total_uj, "compute_uj": self.compute_pj / 1e6,
                 "memory_uj": self.memory_pj / 1e6, "weights_on_chip": self.weights_on_chip,
                 "activations_on_chip": self.activations_on_chip, "model": self.model.as_dict(),
                 "notes": list(self.notes), "ops": len(self.ops), "top_ops": [o.as_dict() for o in self.top(top)]}
@@ -119,17 +122,47 @@ def _float_name(dtype: int | None) -> str:
     return "float16" if dtype in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16) else "float32"
 
 
+def _run_shapes(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
+    """Every node output's shape and dtype as ONNX Runtime computes them on ``feeds`` (shape inference cannot follow
+    shapes computed in the graph: Shape -> Reshape chains, Resize by scales of a computed size)."""
+    from onnx import helper
+
+    from npukit.runtime.ort import make_session
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    have = {o.name for o in probe.graph.output}
+    for node in probe.graph.node:
+        for name in node.output:
+            if name and name not in have:
+                probe.graph.output.append(helper.make_empty_tensor_value_info(name))
+                have.add(name)
+    session = make_session(probe, optimization="disable")
+    names = [o.name for o in session.get_outputs()]
+    values = session.run(names, dict(feeds))
+    arrays = [(n, np.asarray(v)) for n, v in zip(names, values)]
+    return ({n: tuple(int(d) for d in a.shape) for n, a in arrays},
+            {n: onnx.helper.np_dtype_to_tensor_dtype(a.dtype) for n, a in arrays})
+
+
 def estimate_energy(model: onnx.ModelProto, *, peak_bytes: int | None = None,
-                    energy_model: EnergyModel | None = None) -> EnergyEstimate:
-    """The estimate for one inference of ``model`` (static shapes; float or QDQ). ``peak_bytes``: the peak of live
-    activations from a memory plan (else the sum of the two largest activations, a lower bound)."""
-    from npukit.measure.summary import _weight_roots, infer_with_fixed_inputs, summarize, tensor_nbytes, value_types
+                    energy_model: EnergyModel | None = None,
+                    feeds: Mapping[str, np.ndarray] | None = None) -> EnergyEstimate:
+    """The estimate for one inference of ``model`` (float or QDQ). ``peak_bytes``: the peak of live activations from
+    a memory plan (else the sum of the two largest activations, a lower bound). Tensor sizes come from shape
+    inference; where it cannot tell them and ``feeds`` are given, from one run on ONNX Runtime."""
+    from npukit.measure.summary import (_constant_tensors, _node_macs, _weight_roots, infer_with_fixed_inputs,
+                                        tensor_nbytes, value_types)
 
     energy_model = energy_model or EnergyModel()
-    summary = summarize(model)
     graph = infer_with_fixed_inputs(model, None).graph
     shapes, dtypes = value_types(graph)
-    consts = {t.name: t for t in graph.initializer}
+    if feeds is not None and any(tensor_nbytes(shapes.get(o), dtypes.get(o)) is None
+                                 for n in graph.node for o in n.output[:1]):
+        run_shapes, run_dtypes = _run_shapes(model, feeds)
+        shapes |= run_shapes | {k: tuple(np.shape(v)) for k, v in feeds.items()}
+        dtypes |= {k: v for k, v in run_dtypes.items() if k not in dtypes or not dtypes[k]}
+    consts = _constant_tensors(graph)
     roots = _weight_roots(graph, consts)
     producers = {o: n for n in graph.node for o in n.output}
     readers: dict[str, list[onnx.NodeProto]] = {}
@@ -165,13 +198,12 @@ def estimate_energy(model: onnx.ModelProto, *, peak_bytes: int | None = None,
              f"({energy_model.on_chip_bytes} B): read from {'SRAM' if weights_on_chip else 'DRAM'}",
              f"activation peak {peak} B{' (memory plan)' if peak_bytes is not None else ' (two largest, a bound)'} "
              f"{'fits' if activations_on_chip else 'does not fit'} on chip"]
-    layer_of = {row.name: row for row in summary.layers}
+    macs_of = {id(node): _node_macs(node, shapes) or 0 for node in graph.node}
     ops: list[OpEnergy] = []
     for index, node in enumerate(graph.node):
         if node.op_type in _PLUMBING:
             continue
-        row = layer_of.get(node.name or f"{node.op_type}_{index}")
-        macs = (row.macs or 0) if row is not None else 0
+        macs = macs_of[id(node)]
         data = [n for n in node.input if n and n not in roots]
         weights = [n for n in node.input if n and n in roots]
         kinds = [stored(n)[0] for n in data + weights] + [stored(o)[0] for o in node.output if o]
@@ -180,7 +212,7 @@ def estimate_energy(model: onnx.ModelProto, *, peak_bytes: int | None = None,
             dtype = max([stored(n)[0] for n in node.input[:2] if n] or ["float32"], key=lambda k: _WIDTH[k])
         other = 0 if macs else _other_ops(node, shapes)
         sram = dram = 0
-        if not macs and _fused(node, producers, readers, layer_of):
+        if not macs and _fused(node, producers, readers, macs_of):
             ops.append(OpEnergy(name=node.name or f"{node.op_type}_{index}", op=node.op_type, dtype=dtype, macs=0,
                                 other_ops=other, sram_bytes=0, dram_bytes=0, compute_pj=other * OP_PJ[dtype],
                                 memory_pj=0.0))
@@ -199,14 +231,20 @@ def estimate_energy(model: onnx.ModelProto, *, peak_bytes: int | None = None,
                             memory_pj=sram * SRAM_PJ_PER_BYTE + dram * DRAM_PJ_PER_BYTE))
     if any(o.dtype == "int16" for o in ops):
         notes.append(INTERPOLATED["int16"])
-    return EnergyEstimate(tuple(ops), weights_on_chip, activations_on_chip, energy_model, tuple(notes))
+    unknown = sum(1 for node in graph.node if node.op_type not in _PLUMBING and node.output
+                  and tensor_nbytes(shapes.get(node.output[0]), dtypes.get(node.output[0])) is None)
+    if unknown:
+        notes.insert(0, f"INCOMPLETE: {unknown} of {len(ops)} operators have tensor sizes shape inference cannot "
+                        "tell (symbolic dimensions), priced at 0: fix the input shape (--input-shape) for a full "
+                        "estimate")
+    return EnergyEstimate(tuple(ops), weights_on_chip, activations_on_chip, energy_model, tuple(notes), unknown)
 
 
 _EPILOGUE = {"Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Sigmoid", "Tanh", "PRelu"}
 
 
 def _fused(node: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto],
-           readers: Mapping[str, list[onnx.NodeProto]], layers: Mapping[str, Any]) -> bool:
+           readers: Mapping[str, list[onnx.NodeProto]], macs_of: Mapping[int, int]) -> bool:
     """An activation applied as the epilogue of the MAC node before it (its only reader, through Q/DQ plumbing):
     every runtime fuses it, so it moves no bytes of its own (the MAC node writes its output)."""
     if node.op_type not in _EPILOGUE or not node.input:
@@ -218,8 +256,7 @@ def _fused(node: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto],
         source = producers.get(source.input[0])
     if source is None or len(readers.get(source.output[0], [])) != 1:
         return False
-    row = layers.get(source.name)
-    return bool(row is not None and row.macs)
+    return bool(macs_of.get(id(source)))
 
 
 def _other_ops(node: onnx.NodeProto, shapes: Mapping[str, Any]) -> int:
@@ -285,14 +322,23 @@ def energy_figures(models: Mapping[str, Any], *, threads: int = 1, runs: int = 5
     from npukit.memory.layout import ort_predicted_peak
     from npukit.runtime.ort import make_session, random_feeds
 
+    from npukit.frontend.shapes import InputSpec, apply_input_spec
+
     estimates, measured = {}, {}
     for role, model in models.items():
         proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
+        if feeds is not None:  # price the sizes that run: the feeds' shapes fixed into symbolic dimensions
+            names = {i.name for i in proto.graph.input}
+            given = tuple((k, tuple(np.shape(v))) for k, v in feeds.items() if k in names and np.ndim(v) > 0)
+            try:
+                proto = model = apply_input_spec(proto, InputSpec(given)) if given else proto
+            except NpukitError:  # sizes it cannot fix: estimated as declared (the run fills in what it can)
+                pass
         try:
             peak = ort_predicted_peak(model)
         except (NpukitError, ValueError, RuntimeError):  # e.g. symbolic sizes: the estimate's own bound instead
             peak = None
-        estimates[role] = estimate_energy(proto, peak_bytes=peak)
+        estimates[role] = estimate_energy(proto, peak_bytes=peak, feeds=feeds)
         if not measure:
             continue
         counter, why = read_rapl()

@@ -19,7 +19,8 @@ def add_energy(report: Report, estimates: Mapping[str, Any], *, measured: Mappin
     rows = []
     for role, e in estimates.items():
         m = (measured or {}).get(role)
-        rows.append([role, round(e.total_uj, 1), round(e.compute_pj / 1e6, 1), round(e.memory_pj / 1e6, 1),
+        rows.append([role + ("" if not e.unknown_shapes else f" (INCOMPLETE: {e.unknown_shapes} ops unsized)"),
+                     round(e.total_uj, 1), round(e.compute_pj / 1e6, 1), round(e.memory_pj / 1e6, 1),
                      "on chip" if e.weights_on_chip else "DRAM", "on chip" if e.activations_on_chip else "DRAM",
                      round(m.uj_per_inference, 1) if m is not None and m.uj_per_inference is not None else "-"])
     report.add_table(f"Energy per inference: ESTIMATE from MACs by type and bytes by memory level ({SOURCE}); "

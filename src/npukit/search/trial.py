@@ -140,7 +140,7 @@ class TrialRunner:
                                             warmup=3, runs=self.runs, rounds=min(5, self.runs), feeds=self.feeds)
         size = model.ByteSize()
         peak = ort_predicted_peak(model)
-        energy = estimate_energy(model, peak_bytes=peak).total_uj
+        energy = estimate_energy(model, peak_bytes=peak, feeds=self.feeds).total_uj
         sqnrs = [o.sqnr_db for o in outcome.outputs if not math.isnan(o.sqnr_db)]
         return Measured(
             recipe, verdict.passed and not verdict.degraded, metric_name=outcome.metric,

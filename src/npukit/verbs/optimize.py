@@ -62,6 +62,8 @@ def optimize(
     from npukit.search.study import SearchConfig
 
     output = check_output(output, source=model)
+    if any(p.exists() and not p.is_dir() for p in Path(output).parents):
+        raise InputError(f"output {output} is under a file, not a folder", hint="give a path in a folder")
     if target not in TARGETS:
         hint = f"for {target}, {LATER[target]} builds one recipe" if target in LATER else \
             f"use --target {' | '.join(TARGETS)}"
@@ -135,6 +137,7 @@ class _Search:
             space = dataclasses.replace(space, lift=tuple(v for v in space.lift if not v.startswith("int16")))
             pruned.append(notes["int16_why"])
         storage = report_path_for(output, ".optimize.db")
+        storage.parent.mkdir(parents=True, exist_ok=True)  # as every verb does for its artifact's folder
         name = study_name({"model": hashlib.sha256(self.inputs.proto.SerializeToString()).hexdigest(),
                            "calib": self.report.config["calib"], "data": self.report.config["data"],
                            "samples": [len(self.inputs.calib), len(self.inputs.evaluation)],
@@ -214,7 +217,7 @@ class _Search:
         runner = TrialRunner(reference=given, quantize=lambda c: quantize(proto, calib, config=c),
                              compare=self._compare(proto), gate=self.gate, base=float_base, head=head, ranking=ranking,
                              floats=FloatFigures(given.ByteSize(), peak,
-                                                 estimate_energy(given, peak_bytes=peak).total_uj),
+                                                 estimate_energy(given, peak_bytes=peak, feeds=calib[0]).total_uj),
                              feeds=calib[0], threads=self.threads, runs=self.runs)
         baseline = runner.measure(DEFAULT, first, base, start=started)
         if baseline.feasible:
