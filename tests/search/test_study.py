@@ -50,6 +50,9 @@ def test_the_study_starts_from_the_default_and_chooses_within_the_budget(tmp_pat
     tied = [m for m in feasible if m.latency <= fastest * 1.03]  # within the noise band: the more accurate wins
     assert chosen.feasible and chosen in tied and chosen.metric == max(m.metric for m in tied)
     assert [m.recipe for m in outcome.trials[:4]] == [DEFAULT, *SEEDS]  # the default, then the seed recipes
+    # what mattered: per-tensor drives both the metric and latency in the synthetic figures
+    assert set(outcome.importance) == {"metric", "latency"}
+    assert max(outcome.importance["metric"], key=outcome.importance["metric"].get) == "per_channel"
     assert outcome.chosen in outcome.front
     assert all(outcome.trial(n).feasible for n in outcome.front)
 

@@ -32,6 +32,7 @@ def add_search(report: Report, outcome: Any, config: Any, *, space: Any, pruned:
                                                              "knobs": {k: list(v) for k, v in space.knobs().items()}},
         "pruned": list(pruned), "float_head": list(head), "sensitivity_ranking": list(ranking[:16]),
         "min_metric": config.min_metric, "prefer": config.prefer, "chosen": chosen, "front": sorted(front),
+        "importance": {k: dict(v) for k, v in outcome.importance.items()},
         "trials": [{"number": n, **m.as_dict()} for n, m in zip(outcome.numbers, outcome.trials)]})
     columns = ["trial", "recipe", metric, "worst SQNR dB", "latency x float", "ms", "MB", "peak MB",
                "energy x float (estimate)", "s", "within budget", "first failure"]
@@ -48,6 +49,14 @@ def add_search(report: Report, outcome: Any, config: Any, *, space: Any, pruned:
                      + [["pruned before timing", p] for p in pruned]
                      + [["float head (timed once, default recipe)", ", ".join(head) or "none"],
                         ["most sensitive layers (default recipe)", ", ".join(ranking[:8]) or "none"]])
+    if outcome.importance:
+        knobs = sorted({k for v in outcome.importance.values() for k in v},
+                       key=lambda k: -max(v.get(k, 0.0) for v in outcome.importance.values()))
+        report.add_table(f"What mattered on this model: each knob's share of the variance of {metric} and of latency "
+                         f"over the {len(outcome.trials)} trials (fANOVA; rough with few trials)",
+                         ["knob", metric, "latency"],
+                         [[k, outcome.importance.get("metric", {}).get(k), outcome.importance.get("latency", {}).get(k)]
+                          for k in knobs])
     series: dict[str, dict[str, list[float]]] = {}
     for n, m in zip(outcome.numbers, outcome.trials):
         if m.error or not (math.isfinite(m.latency) and math.isfinite(m.metric)):

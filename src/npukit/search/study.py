@@ -2,9 +2,9 @@
 feasible trials' Pareto front is kept, and the chosen point is the best on the objective the user ranks first.
 
 The default recipe (what ``npukit quantize`` does with no flags) is always trial 0, so the search can only improve on
-it; the seed recipes (``space.SEEDS``) follow, then the sampler's proposals. Trials live in Optuna's SQLite storage when a path is given: a search stopped by its time budget, by Ctrl-C or by a
-crash continues where it was when run again with the same inputs (the study's name is a digest of them; a measured
-trial is never repeated). Samplers: TPE (multi-objective, Optuna's default for small budgets) or NSGA-II, both seeded;
+it; the seed recipes (``space.SEEDS``) follow, then the sampler's proposals. Trials live in Optuna's SQLite storage
+when a path is given: a search stopped by its time budget, by Ctrl-C or by a crash continues where it was when run
+again with the same inputs (the study's name is a digest of them; a measured trial is never repeated). Samplers: TPE (multi-objective, Optuna's default for small budgets) or NSGA-II, both seeded;
 the budget is a constraint (Optuna's ``Trial.set_constraint``: <= 0 is feasible), so the sampler learns where it fails.
 """
 
@@ -74,6 +74,7 @@ class SearchOutcome:
     stopped: str
     study_name: str
     seconds: float
+    importance: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
 
     def trial(self, number: int) -> Measured:
         return self.trials[self.numbers.index(number)]
@@ -164,8 +165,31 @@ def run_study(evaluate: Callable[[Recipe], Measured], space: RecipeSpace, config
             break
         study.optimize(objective, n_trials=1)
         calls += 1
-    return outcome_of(_unique(study), config.prefer, measured_now=measured_now, stopped=stopped, name=name,
-                      seconds=time.perf_counter() - start)
+    outcome = outcome_of(_unique(study), config.prefer, measured_now=measured_now, stopped=stopped, name=name,
+                         seconds=time.perf_counter() - start)
+    return dataclasses.replace(outcome, importance=importance(study))
+
+
+def importance(study: Any) -> dict[str, dict[str, float]]:
+    """Objective -> knob -> its share of the objective's variance over the measured trials (fANOVA, Optuna's
+    ``FanovaImportanceEvaluator``, seeded), for the task metric and latency; empty with fewer than 4 measured trials
+    or nothing that varied. A dozen trials give a rough picture, not a ranking to trust to the second digit."""
+    import optuna
+
+    measured = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and _measured(t) is not None
+                and not _measured(t).error]
+    if len(measured) < 4:
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
+    for index, name in ((0, "metric"), (1, "latency")):
+        try:
+            values = optuna.importance.get_param_importances(study, evaluator=evaluator,
+                                                             target=lambda t, i=index: t.values[i])
+        except (RuntimeError, ValueError):  # e.g. no parameter varied among the trials
+            continue
+        out[name] = {k: round(float(v), 3) for k, v in values.items()}
+    return out
 
 
 def outcome_of(trials: list[tuple[int, Measured]], prefer: str, *, measured_now: int, stopped: str, name: str,
@@ -188,8 +212,9 @@ def confirm_latency(outcome: SearchOutcome, prefer: str, timed: Mapping[int, tup
             measured = dataclasses.replace(measured, latency=ms / float_ms, latency_ms=ms, float_latency_ms=float_ms,
                                            confirmed=True)
         pairs.append((number, measured))
-    return outcome_of(pairs, prefer, measured_now=outcome.measured_now, stopped=outcome.stopped,
-                      name=outcome.study_name, seconds=outcome.seconds)
+    again = outcome_of(pairs, prefer, measured_now=outcome.measured_now, stopped=outcome.stopped,
+                       name=outcome.study_name, seconds=outcome.seconds)
+    return dataclasses.replace(again, importance=outcome.importance)
 
 
 def _unique(study: Any) -> list[tuple[int, Measured]]:
