@@ -1,9 +1,10 @@
 """One trial of the search: build a recipe's artifact and measure it on the target against the float model.
 
-Every figure is measured, none predicted except the peak activation memory (ORT CPU's own allocation planner replayed
-on the graph it executes, ``npukit.memory.layout.ort_predicted_peak``): the task metric and every output's SQNR on
-the held-out samples (``npukit.tasks``), the latency as a ratio to the float model timed in the same interleaved
-rounds (so a slow spell of a shared host hits both), the serialized size, and the integer-kernel fraction.
+Every figure is measured except two: the peak activation memory (predicted: ORT CPU's own allocation planner replayed
+on the graph it executes, ``npukit.memory.layout.ort_predicted_peak``) and the energy (estimated per operator,
+``npukit.measure.energy``). Measured: the task metric and every output's SQNR on the held-out samples
+(``npukit.tasks``), the latency as a ratio to the float model timed in the same interleaved rounds (so a slow spell
+of a shared host hits both), the serialized size, and the integer-kernel fraction.
 """
 
 from __future__ import annotations
@@ -30,10 +31,9 @@ OBJECTIVES: tuple[tuple[str, str], ...] = (("metric", "maximize"), ("latency", "
 @dataclasses.dataclass(frozen=True)
 class Measured:
     """A trial's figures. ``latency``, ``size``, ``memory`` and ``energy`` (an estimate: ``npukit.measure.energy``)
-    are ratios to the float model (lower is better);
-    ``metric`` is the task metric against the float model (1.0: the same outputs). ``feasible``: the artifact passed
-    the budget's gate and runs integer kernels; ``failures`` says why not. ``error``: the recipe could not be built
-    (the message), with no figures."""
+    are ratios to the float model (lower is better); ``metric`` is the task metric against the float model (1.0: the
+    same outputs). ``feasible``: the artifact passed the budget's gate and runs integer kernels; ``failures`` says
+    why not. ``error``: the recipe could not be built (the message), with no figures."""
 
     recipe: Recipe
     feasible: bool
