@@ -122,46 +122,25 @@ def _float_name(dtype: int | None) -> str:
     return "float16" if dtype in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16) else "float32"
 
 
-def _run_shapes(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
-    """Every node output's shape and dtype as ONNX Runtime computes them on ``feeds`` (shape inference cannot follow
-    shapes computed in the graph: Shape -> Reshape chains, Resize by scales of a computed size)."""
-    from onnx import helper
-
-    from npukit.runtime.ort import make_session
-
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    have = {o.name for o in probe.graph.output}
-    for node in probe.graph.node:
-        for name in node.output:
-            if name and name not in have:
-                probe.graph.output.append(helper.make_empty_tensor_value_info(name))
-                have.add(name)
-    session = make_session(probe, optimization="disable")
-    names = [o.name for o in session.get_outputs()]
-    values = session.run(names, dict(feeds))
-    arrays = [(n, np.asarray(v)) for n, v in zip(names, values)]
-    return ({n: tuple(int(d) for d in a.shape) for n, a in arrays},
-            {n: onnx.helper.np_dtype_to_tensor_dtype(a.dtype) for n, a in arrays})
-
-
 def estimate_energy(model: onnx.ModelProto, *, peak_bytes: int | None = None,
                     energy_model: EnergyModel | None = None,
                     feeds: Mapping[str, np.ndarray] | None = None) -> EnergyEstimate:
     """The estimate for one inference of ``model`` (float or QDQ). ``peak_bytes``: the peak of live activations from
     a memory plan (else the sum of the two largest activations, a lower bound). Tensor sizes come from shape
     inference; where it cannot tell them and ``feeds`` are given, from one run on ONNX Runtime."""
-    from npukit.measure.summary import (_constant_tensors, _node_macs, _weight_roots, infer_with_fixed_inputs,
-                                        tensor_nbytes, value_types)
+    from npukit.measure.summary import (_constant_tensors, _node_macs, _other_flops, _weight_roots,
+                                        infer_with_fixed_inputs, tensor_nbytes, value_types)
+    from npukit.runtime.ort import every_output
 
     energy_model = energy_model or EnergyModel()
     graph = infer_with_fixed_inputs(model, None).graph
     shapes, dtypes = value_types(graph)
     if feeds is not None and any(tensor_nbytes(shapes.get(o), dtypes.get(o)) is None
                                  for n in graph.node for o in n.output[:1]):
-        run_shapes, run_dtypes = _run_shapes(model, feeds)
-        shapes |= run_shapes | {k: tuple(np.shape(v)) for k, v in feeds.items()}
-        dtypes |= {k: v for k, v in run_dtypes.items() if k not in dtypes or not dtypes[k]}
+        found = every_output(model, feeds)
+        shapes |= {name: shape for name, (shape, _) in found.items()}
+        dtypes |= {name: onnx.helper.np_dtype_to_tensor_dtype(dtype) for name, (_, dtype) in found.items()
+                   if not dtypes.get(name)}
     consts = _constant_tensors(graph)
     roots = _weight_roots(graph, consts)
     producers = {o: n for n in graph.node for o in n.output}
@@ -187,9 +166,9 @@ def estimate_energy(model: onnx.ModelProto, *, peak_bytes: int | None = None,
     def nbytes(name: str) -> int:
         return tensor_nbytes(shapes.get(name), stored(name)[1]) or 0
 
-    weight_names = {r for rs in roots.values() for r in rs}
-    weight_total = sum(tensor_nbytes(tuple(consts[w].dims), consts[w].data_type) or 0 for w in weight_names
-                       if w in consts)
+    weight_bytes = {w: tensor_nbytes(tuple(consts[w].dims), consts[w].data_type) or 0
+                    for w in {r for rs in roots.values() for r in rs} if w in consts}
+    weight_total = sum(weight_bytes.values())
     weights_on_chip = weight_total <= energy_model.on_chip_bytes
     activations = sorted((nbytes(n) for n in shapes if n not in consts and n not in roots), reverse=True)
     peak = peak_bytes if peak_bytes is not None else sum(activations[:2])
@@ -206,11 +185,11 @@ def estimate_energy(model: onnx.ModelProto, *, peak_bytes: int | None = None,
         macs = macs_of[id(node)]
         data = [n for n in node.input if n and n not in roots]
         weights = [n for n in node.input if n and n in roots]
-        kinds = [stored(n)[0] for n in data + weights] + [stored(o)[0] for o in node.output if o]
-        dtype = max(kinds or ["float32"], key=lambda k: _WIDTH[k])
-        if macs:  # a MAC node computes in the wider of its two operands (not its bias: int32, the accumulator's)
-            dtype = max([stored(n)[0] for n in node.input[:2] if n] or ["float32"], key=lambda k: _WIDTH[k])
-        other = 0 if macs else _other_ops(node, shapes)
+        # a MAC node computes in the wider of its two operands (not its bias: int32, the accumulator's); another
+        # node in the widest of its inputs and outputs
+        operands = node.input[:2] if macs else data + weights + list(node.output)
+        dtype = max([stored(n)[0] for n in operands if n] or ["float32"], key=lambda k: _WIDTH[k])
+        other = 0 if macs else _other_flops(node, shapes) or 0
         sram = dram = 0
         if not macs and _fused(node, producers, readers, macs_of):
             ops.append(OpEnergy(name=node.name or f"{node.op_type}_{index}", op=node.op_type, dtype=dtype, macs=0,
@@ -218,8 +197,7 @@ def estimate_energy(model: onnx.ModelProto, *, peak_bytes: int | None = None,
                                 memory_pj=0.0))
             continue
         for name in weights:
-            size = sum(tensor_nbytes(tuple(consts[w].dims), consts[w].data_type) or 0 for w in roots[name]
-                       if w in consts)
+            size = sum(weight_bytes.get(w, 0) for w in roots[name])
             sram, dram = (sram + size, dram) if weights_on_chip else (sram, dram + size)
         for name in data + [o for o in node.output if o]:
             size = nbytes(name)
@@ -257,12 +235,6 @@ def _fused(node: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto],
     if source is None or len(readers.get(source.output[0], [])) != 1:
         return False
     return bool(macs_of.get(id(source)))
-
-
-def _other_ops(node: onnx.NodeProto, shapes: Mapping[str, Any]) -> int:
-    from npukit.measure.summary import _other_flops
-
-    return _other_flops(node, dict(shapes)) or 0
 
 
 def read_rapl() -> tuple[int | None, str]:
@@ -319,10 +291,9 @@ def energy_figures(models: Mapping[str, Any], *, threads: int = 1, runs: int = 5
     as the memory plan, and, with ``measure``, each one's energy on ORT CPU from RAPL where the host's counter is
     readable (else a ``MeasuredEnergy`` that says why not)."""
     from npukit.errors import NpukitError
+    from npukit.frontend.shapes import InputSpec, apply_input_spec
     from npukit.memory.layout import ort_predicted_peak
     from npukit.runtime.ort import make_session, random_feeds
-
-    from npukit.frontend.shapes import InputSpec, apply_input_spec
 
     estimates, measured = {}, {}
     for role, model in models.items():

@@ -26,7 +26,6 @@ How.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -39,7 +38,7 @@ from npukit.errors import InputError
 from npukit.memory.graph import OpNode, TensorGraph
 from npukit.memory.lifetimes import GRAPH_INPUT, Lifetimes, StepInfo, TensorLife
 from npukit.memory.measure import ORT_LEVELS
-from npukit.runtime.ort import make_session, random_feeds
+from npukit.runtime.ort import every_output, make_session, random_feeds
 
 NCHWC = "com.microsoft.nchwc"
 MICROSOFT = "com.microsoft"
@@ -125,23 +124,10 @@ def _feeds(session, input_shape: Sequence[int] | None) -> dict[str, np.ndarray]:
 
 
 def _run_for_shapes(proto: onnx.ModelProto, optimized: Path, feeds: Mapping[str, np.ndarray]):
-    proto = copy.deepcopy(proto)  # the caller's graph keeps its own outputs
-    listed = {o.name for o in proto.graph.output}
-    for node in proto.graph.node:
-        for name in node.output:
-            if name and name not in listed:
-                proto.graph.output.append(onnx.ValueInfoProto(name=name))
-                listed.add(name)
-    probe = optimized.with_name("probe.onnx")  # next to weights.bin, which its initializers point to
-    onnx.save(proto, str(probe))
-    session = make_session(probe, optimization="disable")
-    names = [o.name for o in session.get_outputs()]
-    values = session.run(names, dict(feeds))
-    shapes = {name: tuple(int(d) for d in value.shape) for name, value in zip(names, values, strict=True)}
-    itemsizes = {name: value.dtype.itemsize for name, value in zip(names, values, strict=True)}
-    for name, value in feeds.items():
-        shapes[name], itemsizes[name] = tuple(value.shape), value.dtype.itemsize
-    return shapes, itemsizes
+    # the probe goes next to weights.bin, which its initializers point to
+    found = every_output(proto, feeds, save_to=optimized.with_name("probe.onnx"))
+    return ({name: shape for name, (shape, _) in found.items()},
+            {name: dtype.itemsize for name, (_, dtype) in found.items()})
 
 
 def _tensor_graph(proto: onnx.ModelProto, shapes, itemsizes, kernels: OrtKernelTraits) -> TensorGraph:

@@ -126,6 +126,30 @@ def run(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]) -> list[
     return [np.asarray(o) for o in session.run(None, dict(feeds))]
 
 
+def every_output(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], *,
+                 save_to: Path | None = None) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """(shape, dtype) of every node output, and of each feed, as ONNX Runtime computes them on ``feeds``, with no
+    graph optimization (so every tensor of the graph as written exists): what shape inference cannot tell
+    (Shape -> Reshape chains, sizes computed in the graph). ``save_to``: where the probe model is written first (next
+    to the external data its initializers point to); else it is passed in memory. ``model`` is not changed."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    listed = {o.name for o in probe.graph.output}
+    for node in probe.graph.node:
+        for name in node.output:
+            if name and name not in listed:
+                probe.graph.output.append(onnx.ValueInfoProto(name=name))
+                listed.add(name)
+    if save_to is not None:
+        onnx.save(probe, str(save_to))
+    session = make_session(save_to if save_to is not None else probe, optimization="disable")
+    names = [o.name for o in session.get_outputs()]
+    values = session.run(names, dict(feeds))
+    found = {name: (tuple(int(d) for d in np.shape(v)), np.asarray(v).dtype)
+             for name, v in zip(names, values, strict=True)}
+    return found | {name: (tuple(np.shape(v)), np.asarray(v).dtype) for name, v in feeds.items()}
+
+
 def model_path_or_bytes(model: ModelLike) -> str | bytes:
     if isinstance(model, onnx.ModelProto):
         return model.SerializeToString()
