@@ -116,11 +116,10 @@ def _measured(trial: Any) -> Measured | None:
 
 
 def run_study(evaluate: Callable[[Recipe], Measured], space: RecipeSpace, config: SearchConfig, *, name: str,
-              storage: Path | None = None, baseline: Measured | None = None,
-              on_trial: Callable[[int, Measured], None] | None = None) -> SearchOutcome:
+              storage: Path | None = None, baseline: Measured | None = None) -> SearchOutcome:
     """Run the study until it holds ``config.trials`` trials or the time budget is spent. ``evaluate`` measures a
     recipe; ``baseline``, when given, is the default recipe's measurement, reused as trial 0 instead of measuring it
-    again; ``on_trial`` is told of each trial measured in this run."""
+    again."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -146,8 +145,6 @@ def run_study(evaluate: Callable[[Recipe], Measured], space: RecipeSpace, config
             result = baseline if baseline is not None and recipe == DEFAULT else evaluate(recipe)
             trial.set_user_attr("measured", json.loads(json.dumps(result.as_dict())))
             measured_now += 1
-            if on_trial is not None:
-                on_trial(trial.number, result)
         metric = result.metric if math.isfinite(result.metric) else -1.0
         # <= 0 feasible: how far below the floor the metric is (a small positive value where another check failed)
         trial.set_constraint("budget", 0.0 if result.feasible else max(config.min_metric - metric, 1e-3))
@@ -155,19 +152,20 @@ def run_study(evaluate: Callable[[Recipe], Measured], space: RecipeSpace, config
                      for v, way in zip(result.objectives(), directions))
 
     calls = 0
-    while len(_unique(study)) < config.trials:
+    while (done := len(_unique(study))) < config.trials:
         if config.timeout_s is not None and time.perf_counter() - start >= config.timeout_s:
             stopped = "time budget"
             break
-        if calls >= 4 * config.trials or len(_unique(study)) >= space.size():
-            stopped = "space exhausted" if len(_unique(study)) >= space.size() else "the sampler kept proposing " \
-                "recipes already measured"
+        if done >= space.size():
+            stopped = "space exhausted"
+            break
+        if calls >= 4 * config.trials:
+            stopped = "the sampler kept proposing recipes already measured"
             break
         study.optimize(objective, n_trials=1)
         calls += 1
-    outcome = outcome_of(_unique(study), config.prefer, measured_now=measured_now, stopped=stopped, name=name,
-                         seconds=time.perf_counter() - start)
-    return dataclasses.replace(outcome, importance=importance(study))
+    return outcome_of(_unique(study), config.prefer, measured_now=measured_now, stopped=stopped, name=name,
+                      seconds=time.perf_counter() - start, importance=importance(study))
 
 
 def importance(study: Any) -> dict[str, dict[str, float]]:
@@ -193,13 +191,13 @@ def importance(study: Any) -> dict[str, dict[str, float]]:
 
 
 def outcome_of(trials: list[tuple[int, Measured]], prefer: str, *, measured_now: int, stopped: str, name: str,
-               seconds: float) -> SearchOutcome:
+               seconds: float, importance: Mapping[str, Mapping[str, float]] | None = None) -> SearchOutcome:
     """The outcome of (trial number, figures) pairs: their feasible front and the choice on ``prefer``."""
     front = pareto_front([m for _, m in trials])
     return SearchOutcome(trials=tuple(m for _, m in trials), numbers=tuple(n for n, _ in trials),
                          front=tuple(n for n, m in trials if any(m is f for f in front)),
                          chosen=choose(trials, prefer), measured_now=measured_now, stopped=stopped,
-                         study_name=name, seconds=seconds)
+                         study_name=name, seconds=seconds, importance=dict(importance or {}))
 
 
 def confirm_latency(outcome: SearchOutcome, prefer: str, timed: Mapping[int, tuple[float, float]]) -> SearchOutcome:
@@ -212,9 +210,8 @@ def confirm_latency(outcome: SearchOutcome, prefer: str, timed: Mapping[int, tup
             measured = dataclasses.replace(measured, latency=ms / float_ms, latency_ms=ms, float_latency_ms=float_ms,
                                            confirmed=True)
         pairs.append((number, measured))
-    again = outcome_of(pairs, prefer, measured_now=outcome.measured_now, stopped=outcome.stopped,
-                       name=outcome.study_name, seconds=outcome.seconds)
-    return dataclasses.replace(again, importance=outcome.importance)
+    return outcome_of(pairs, prefer, measured_now=outcome.measured_now, stopped=outcome.stopped,
+                      name=outcome.study_name, seconds=outcome.seconds, importance=outcome.importance)
 
 
 def _unique(study: Any) -> list[tuple[int, Measured]]:

@@ -131,11 +131,11 @@ class _Search:
         from npukit.search.study import run_study, study_name
 
         report = self.report
-        runner, baseline, notes = self._baseline()
+        runner, baseline, int16_refused = self._baseline()
         space, pruned = self.space.pruned(rankable=len(runner.ranking), has_head=bool(runner.head))
-        if not notes.get("int16", True):
+        if int16_refused:
             space = dataclasses.replace(space, lift=tuple(v for v in space.lift if not v.startswith("int16")))
-            pruned.append(notes["int16_why"])
+            pruned.append(int16_refused)
         storage = report_path_for(output, ".optimize.db")
         storage.parent.mkdir(parents=True, exist_ok=True)  # as every verb does for its artifact's folder
         name = study_name({"model": hashlib.sha256(self.inputs.proto.SerializeToString()).hexdigest(),
@@ -174,9 +174,10 @@ class _Search:
         save_onnx(model, output)
         return finish(report, output, html=html, result=outcome)
 
-    def _baseline(self) -> tuple[Any, Any, dict]:
+    def _baseline(self) -> tuple[Any, Any, str]:
         """The default recipe built and measured once: its float head and layer ranking fix two knobs for every
-        trial; the model at the opset the space needs."""
+        trial; the model at the opset the space needs. Returns the trial runner, the default recipe's figures and,
+        where the model does not convert to the 16-bit Q/DQ opset, why (the int16 lifts are then dropped)."""
         import time
 
         from npukit.measure.energy import estimate_energy
@@ -186,24 +187,21 @@ class _Search:
         from npukit.quant.qdq import quantize
         from npukit.search.space import DEFAULT
         from npukit.search.trial import FloatFigures, TrialRunner
-        from npukit.verbs.quantize import gemm_convs_auto, cpu_scheme
+        from npukit.verbs.quantize import cpu_scheme, scheme_fields
 
         inputs, report = self.inputs, self.report
         calib = [b.feeds for b in inputs.calib]
-        notes: dict[str, Any] = {}
+        int16_refused = ""
         proto = inputs.proto
         if any(v.startswith("int16") for v in self.space.lift):
             try:
                 proto = upgrade_opset(report, proto, 21, "16-bit Q/DQ (int16 lifts in the space)", calib)
             except InputError as exc:
-                notes |= {"int16": False, "int16_why": f"int16 lifts: the model does not convert to opset 21 "
-                                                       f"({exc.message})"}
-        if notes.get("int16") is False or not any(v.startswith("int16") for v in self.space.lift):
+                int16_refused = f"int16 lifts: the model does not convert to opset 21 ({exc.message})"
+        if int16_refused or not any(v.startswith("int16") for v in self.space.lift):
             proto = upgrade_opset(report, proto, 13, "per-channel Q/DQ", calib, alternative="")
         scheme = cpu_scheme()
-        base = QuantConfig(activation_dtype=scheme["activation_dtype"], reduce_range=scheme["reduce_range"],
-                           float_stem=scheme["float_stem"], exclude=self.exclude,
-                           gemm_convs=gemm_convs_auto(scheme, scheme["reduce_range"]))
+        base = QuantConfig(exclude=self.exclude, **scheme_fields(scheme))
         report.add("cpu_scheme", scheme)
         started = time.perf_counter()
         with step("baseline: the default recipe, float head timed once", timings=report.timings, key="baseline"):
@@ -223,7 +221,7 @@ class _Search:
         if baseline.feasible:
             self.models.keep(DEFAULT, first.model)
         self.proto = proto
-        return runner, baseline, notes
+        return runner, baseline, int16_refused
 
     def _compare(self, reference: Any) -> Any:
         from npukit.measure.task_fidelity import compare_task, session_runner

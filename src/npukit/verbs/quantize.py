@@ -29,12 +29,23 @@ def cpu_scheme() -> dict:
     return cpu_int8_scheme(read_cpu_info("/proc/cpuinfo"))
 
 
-def gemm_convs_auto(scheme: dict, reduced: bool) -> bool:
+def _gemm_convs_auto(scheme: dict, reduced: bool) -> bool:
     """The conv kernel choice's default: on where this CPU's scheme takes it, the weights are full range, and both of
     ORT's int8 conv kernels were measured exact here (``runtime.int8_paths``)."""
     from npukit.runtime.int8_paths import full_range_exact, probe_int8_paths
 
     return bool(scheme["gemm_convs"]) and not reduced and full_range_exact(probe_int8_paths())
+
+
+def scheme_fields(scheme: dict, *, activation_dtype: str | None = None, reduce_range: bool | None = None,
+                  float_stem: bool | None = None, gemm_convs: bool | None = None) -> dict[str, Any]:
+    """The QuantConfig fields this CPU's ``scheme`` decides (``cpu_scheme``), each one unless given: what
+    ``quantize`` builds with no flags, and the base every recipe of ``optimize`` starts from."""
+    reduced = scheme["reduce_range"] if reduce_range is None else reduce_range
+    return {"activation_dtype": activation_dtype or scheme["activation_dtype"], "reduce_range": reduced,
+            "float_stem": scheme["float_stem"] if float_stem is None else float_stem,
+            # not with reduce_range (its pair-bounded grids must not shift), even on a CPU that takes both
+            "gemm_convs": _gemm_convs_auto(scheme, reduced) if gemm_convs is None else gemm_convs}
 
 
 def quantize(
@@ -108,17 +119,13 @@ def quantize(
     require_static(proto, needs="quantize")
     timed_float = proto if spec else str(model)  # with --input-shape: the float model as fixed (static sizes too)
     scheme = cpu_scheme()
-    reduced = scheme["reduce_range"] if reduce_range is None else reduce_range
     config = QuantConfig(per_channel=not per_tensor, method=method, cle=cle, bias_correction=bias_correction,
                          activation_equalization=equalize_activations, adaround=adaround, range_search=range_search,
                          exclude=tuple(exclude),
                          int16_nodes=tuple(int16_nodes), int16_tensors=tuple(int16_tensors),
-                         int16_budget=int16_budget, activation_dtype=activation_dtype or scheme["activation_dtype"],
-                         reduce_range=reduced,
-                         float_stem=scheme["float_stem"] if float_stem is None else float_stem,
-                         # not with reduce_range (its pair-bounded grids must not shift), even on a CPU that takes both
-                         gemm_convs=gemm_convs_auto(scheme, reduced) if gemm_convs is None else gemm_convs,
-                         calib_samples=calib_samples, **(extra or {}))
+                         int16_budget=int16_budget, calib_samples=calib_samples,
+                         **scheme_fields(scheme, activation_dtype=activation_dtype, reduce_range=reduce_range,
+                                         float_stem=float_stem, gemm_convs=gemm_convs), **(extra or {}))
     samples = open_data(calib, proto, preprocess) if isinstance(calib, (str, Path)) else list(calib)
     evaluation = open_data(data, proto, preprocess) if data is not None else None
     report = Report("quantize", config={"quant": config.as_dict(), "cpu_scheme": scheme, "model": str(model),
