@@ -4,8 +4,9 @@ feasible trials' Pareto front is kept, and the chosen point is the best on the o
 The default recipe (what ``npukit quantize`` does with no flags) is always trial 0, so the search can only improve on
 it; the seed recipes (``space.SEEDS``) follow, then the sampler's proposals. Trials live in Optuna's SQLite storage
 when a path is given: a search stopped by its time budget, by Ctrl-C or by a crash continues where it was when run
-again with the same inputs (the study's name is a digest of them; a measured trial is never repeated). Samplers: TPE (multi-objective, Optuna's default for small budgets) or NSGA-II, both seeded;
-the budget is a constraint (Optuna's ``Trial.set_constraint``: <= 0 is feasible), so the sampler learns where it fails.
+again with the same inputs (the study's name is a digest of them; a measured trial is never repeated). Samplers: TPE
+(multi-objective, Optuna's default for small budgets) or NSGA-II, both seeded; the budget is a constraint (Optuna's
+``Trial.set_constraint``: <= 0 is feasible), so the sampler learns where it fails.
 """
 
 from __future__ import annotations

@@ -87,13 +87,13 @@ class FloatFigures:
     energy_uj: float
 
 
-Compare = Callable[[onnx.ModelProto], tuple[str, TaskResult]]
+Compare = Callable[[onnx.ModelProto], TaskResult]
 
 
 @dataclasses.dataclass
 class TrialRunner:
     """Builds and measures recipes on ORT CPU. ``quantize(config) -> QuantResult`` builds one (npukit's pipeline
-    on the calibration samples); ``compare(model) -> (task name, TaskResult)`` runs it beside the float model on the
+    on the calibration samples); ``compare(model) -> TaskResult`` runs it beside the float model on the
     held-out samples; ``base``: quantize's default configuration with the float head off; ``head`` and ``ranking``:
     what the default recipe chose and measured (``Recipe.config``)."""
 
@@ -131,7 +131,7 @@ class TrialRunner:
 
         model = result.model
         kernels = integer_kernel_report(model)
-        task, outcome = self.compare(model)
+        outcome = self.compare(model)
         failures = list(integer_failures(kernels, result, config))
         if not failures and kernels["integer_fraction"] == 0.0:
             failures.append("runs no integer kernel: nothing gained over the float model")

@@ -240,9 +240,9 @@ class _Search:
             return known[key]
 
         def compare(model: Any) -> Any:
-            choice, result = compare_task(ref_runner, session_runner(make_session(model, threads=self.threads)),
-                                          evaluation, output_names=names, task=self.task)
-            return choice.name, result
+            _, result = compare_task(ref_runner, session_runner(make_session(model, threads=self.threads)),
+                                     evaluation, output_names=names, task=self.task)
+            return result
 
         return compare
 
