@@ -284,6 +284,44 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shape(p, "static input shape, e.g. 1,3,224,224")
     _add_html(p)
 
+    p = verb("qat", help="quantization-aware training (distillation from the float model) to 8- or 4-bit weights",
+             description="Post-training quantization on this CPU's scheme, then quantization-aware training of the "
+                         "QDQ model's grids in torch by distillation from the float model (labels used where the "
+                         "data has them), written back as a QDQ model that computes what training simulated "
+                         "(checked), and held to the task check on held-out data beside the PTQ model of the same "
+                         "bits. <output>.qat.pt keeps the last finished epoch: the same command again continues an "
+                         "interrupted run. Under torchrun the processes share every batch (DDP, gloo).")
+    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("-o", "--output", required=True, help="output .onnx path")
+    p.add_argument("--data", required=True, help="training samples (image folder, with class subfolders for "
+                                                 "labels; .npy; .npz with 'labels')")
+    p.add_argument("--eval", dest="eval_data", help="held-out samples for the check (default: the last fifth of "
+                                                     "--data, never trained on)")
+    p.add_argument("--calib", help="calibration samples for the PTQ start (default: 64 training samples spread evenly)")
+    p.add_argument("--bits", choices=("w8a8", "w4a8"), default="w8a8",
+                   help="weights and activations (default w8a8; w4a8 stores int4 weights, opset 21)")
+    p.add_argument("--bits-schedule", metavar="B,B,...", help="weight bits of equal parts of the training, "
+                                                             "lowered step by step (default: 8 for w8a8, 6,4 for "
+                                                             "w4a8)")
+    p.add_argument("--epochs", type=int, default=3, help="passes over the training samples (default 3)")
+    p.add_argument("--batch-size", type=int, default=16, help="samples per step, over all processes (default 16)")
+    p.add_argument("--lr", type=float, help="Adam learning rate (default 5e-5 for 8-bit weights, 1e-4 for 4)")
+    p.add_argument("--learn-scales", action="store_true", help="learn the grids' scales too (LSQ)")
+    p.add_argument("--no-augment", action="store_true", help="no random shifts of image inputs")
+    p.add_argument("--max-steps", type=int, help="steps per epoch at most (default: every sample once)")
+    p.add_argument("--method", choices=("auto", "minmax", "percentile", "entropy", "mse"), default="auto",
+                   help="activation range observer of the PTQ start (default auto)")
+    p.add_argument("--per-tensor", action="store_true", help="per-tensor weights (default per-channel)")
+    p.add_argument("--exclude", nargs="+", default=[], metavar="NODE", help="nodes to keep in float")
+    p.add_argument("--restart", action="store_true", help="ignore the checkpoint of an earlier run and start over")
+    p.add_argument("--seed", type=int, default=0, help="seed of the batches and shifts (default 0)")
+    p.add_argument("--threads", type=int, help="torch and ORT threads (default: torch's)")
+    p.add_argument("--runs", type=int, default=20, help="timed runs per model (default 20)")
+    p.add_argument("--max-samples", type=int, help="check on at most this many held-out samples")
+    _add_gate(p)
+    _add_shape(p, "static input shape, e.g. 1,3,224,224")
+    _add_html(p)
+
     p = verb("demo", help="the whole pipeline on MobileNetV2 (official weights) and real photos, offline")
     p.add_argument("-o", "--output-dir", default="npukit_out", help="where artifacts and reports go")
     p.add_argument("--threads", type=int, default=1, help="ORT intra-op threads for timing (default 1)")
@@ -408,6 +446,24 @@ def _optimize(api, args):
                         runs=args.runs, max_samples=args.max_samples, input_shape=args.input_shape, html=args.html)
 
 
+def _qat(api, args):
+    from npukit.errors import InputError
+
+    schedule = None
+    if args.bits_schedule:
+        try:
+            schedule = tuple(int(b) for b in args.bits_schedule.split(","))
+        except ValueError:
+            raise InputError(f"--bits-schedule {args.bits_schedule!r} is not a list of bit widths",
+                             hint="e.g. --bits-schedule 8,6,4") from None
+    return api.qat(args.model, args.output, data=args.data, eval_data=args.eval_data, calib=args.calib,
+                   bits=args.bits, schedule=schedule, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                   learn_scales=args.learn_scales, augment=not args.no_augment, max_steps=args.max_steps,
+                   method=args.method, per_tensor=args.per_tensor, exclude=args.exclude, restart=args.restart,
+                   task=_task(args), gate=_gate(args), seed=args.seed, threads=args.threads, runs=args.runs,
+                   max_samples=args.max_samples, input_shape=args.input_shape, html=args.html)
+
+
 def _demo(api, args):
     from npukit.demo_pipeline import demo
 
@@ -424,7 +480,7 @@ def _serve_bench(api, args):
 # verb -> the function that maps its parsed arguments onto the Python API (npukit.api)
 VERBS = {"export": _export, "optimize-graph": _optimize_graph, "inspect": _inspect, "quantize": _quantize,
          "analyze": _analyze, "plan-memory": _plan_memory, "devices": _devices, "bench": _bench,
-         "compile": _compile, "serve-bench": _serve_bench, "optimize": _optimize, "demo": _demo}
+         "compile": _compile, "serve-bench": _serve_bench, "optimize": _optimize, "qat": _qat, "demo": _demo}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -52,6 +52,8 @@ def reports(tmp_path_factory) -> dict[str, Path]:
                          "--report", str(work / "serve.json"), "--html"], "serve.html"),
         ("optimize", ["optimize", str(model), "-o", str(work / "best.onnx"), "--data", str(data), "--trials", "3",
                       "--runs", "3", "--budget", "5%", "--html"], "best.report.html"),
+        ("qat", ["qat", str(model), "-o", str(work / "qat.onnx"), "--data", str(data), "--epochs", "2",
+                 "--method", "minmax", "--runs", "3", "--html"], "qat.report.html"),
     ]
     out = {"export": work / "tiny.report.html"}
     for verb, args, html in runs:
@@ -61,7 +63,7 @@ def reports(tmp_path_factory) -> dict[str, Path]:
 
 
 VERBS = ["export", "optimize-graph", "quantize", "analyze", "plan-memory", "bench", "compile", "serve-bench",
-         "optimize"]
+         "optimize", "qat"]
 
 
 @pytest.mark.parametrize("verb", VERBS)
@@ -71,7 +73,7 @@ def test_the_report_reads_right_in_a_browser(reports, verb) -> None:
     result = inspect_report(path, width=1280, screenshot=SHOTS / f"{verb}.png")
     assert Path(result["screenshot"]).stat().st_size > 10_000  # a page was drawn
     assert layout_problems(result) == []
-    if verb in ("quantize", "bench", "plan-memory", "serve-bench", "optimize"):
+    if verb in ("quantize", "bench", "plan-memory", "serve-bench", "optimize", "qat"):
         assert result["figures"], f"{verb}'s report has no plot"
 
 

@@ -1,0 +1,148 @@
+"""An ONNX graph as a torch module: the nodes run in graph order on torch tensors (``npukit.quant.qat.ops``), float
+initializers that hold weights become parameters, and ``FakeQuant`` nodes (domain ``npukit.qat``, written by
+``npukit.quant.qat.twin``) run the quantizer their ``key`` names. Without FakeQuant nodes it is the float model,
+differentiable: the teacher of distillation and the check that the graph was read right (tests compare it with
+ONNX Runtime on the same input).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from onnx import helper, numpy_helper
+from torch import nn
+
+from npukit.errors import InputError
+from npukit.quant.qat.fake_quant import BiasQuant
+from npukit.quant.qat.ops import OPS
+
+DOMAIN = "npukit.qat"
+# ops whose float initializer inputs (beyond the data input) are trained
+WEIGHTED = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "BatchNormalization", "InstanceNormalization",
+                      "LayerNormalization", "PRelu", "Einsum"})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Node:
+    op_type: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: dict[str, Any]
+    name: str
+
+
+def _attr(value: Any) -> Any:
+    if isinstance(value, onnx.TensorProto):
+        return torch.from_numpy(numpy_helper.to_array(value).copy())
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, list):
+        return [v.decode() if isinstance(v, bytes) else v for v in value]
+    return value
+
+
+def unsupported_ops(model: onnx.ModelProto) -> list[str]:
+    """The op types of ``model`` this program cannot run (sorted)."""
+    return sorted({n.op_type for n in model.graph.node if n.domain == DOMAIN and n.op_type != "FakeQuant"
+                   or n.domain not in ("", "ai.onnx", DOMAIN) or (n.domain != DOMAIN and n.op_type not in OPS)})
+
+
+class OnnxProgram(nn.Module):
+    """``model`` (float, with or without FakeQuant nodes) as a module; ``quant``: key -> quantizer module.
+    ``forward(feeds)`` takes a dict of input name -> tensor (or tensors in input order) and returns the graph's
+    outputs in order."""
+
+    def __init__(self, model: onnx.ModelProto, quant: Mapping[str, nn.Module] | None = None) -> None:
+        super().__init__()
+        missing = unsupported_ops(model)
+        if missing:
+            raise InputError(f"training runs the model's graph in torch, which has no {', '.join(missing)} here",
+                             hint="quantize it post-training (npukit quantize) or export the model without them")
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+        inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+        trained = self._trained(model, inits)
+        self.keys: dict[str, str] = {}  # initializer name -> parameter / buffer key
+        self.params = nn.ParameterDict()
+        for index, (name, value) in enumerate(inits.items()):
+            key = f"i{index}"
+            self.keys[name] = key
+            tensor = torch.from_numpy(np.array(value, copy=True))
+            if name in trained:
+                self.params[key] = nn.Parameter(tensor)
+            else:
+                self.register_buffer(f"c_{key}", tensor, persistent=True)
+        self.quant = nn.ModuleDict({k: m for k, m in (quant or {}).items()})
+        self.input_names = tuple(i.name for i in model.graph.input if i.name not in inits)
+        self.output_names = tuple(o.name for o in model.graph.output)
+        self.nodes = tuple(_Node(n.op_type if n.domain != DOMAIN else "FakeQuant", tuple(n.input), tuple(n.output),
+                                 {a.name: _attr(helper.get_attribute_value(a)) for a in n.attribute}
+                                 | ({"_outputs": len(n.output)} if n.op_type == "Split" else {}), n.name)
+                           for n in model.graph.node)
+
+    @staticmethod
+    def _trained(model: onnx.ModelProto, inits: Mapping[str, np.ndarray]) -> set[str]:
+        trained = set()
+        for node in model.graph.node:
+            if node.domain == DOMAIN and helper.get_attribute_value(
+                    next(a for a in node.attribute if a.name == "kind")) in (b"weight", b"bias", "weight", "bias"):
+                trained.add(node.input[0])
+            elif node.op_type in WEIGHTED and node.domain != DOMAIN:
+                trained |= {name for name in node.input[1:] if name in inits and inits[name].dtype == np.float32
+                            and inits[name].ndim >= 1}
+        if any(n.op_type == "BatchNormalization" for n in model.graph.node):  # running statistics stay frozen
+            trained -= {n.input[i] for n in model.graph.node if n.op_type == "BatchNormalization" for i in (3, 4)}
+        return trained
+
+    def initializer(self, name: str) -> torch.Tensor:
+        key = self.keys[name]
+        return self.params[key] if key in self.params else getattr(self, f"c_{key}")
+
+    def trained_initializers(self) -> dict[str, torch.Tensor]:
+        """Initializer name -> its parameter, for the trained ones."""
+        return {name: self.params[key] for name, key in self.keys.items() if key in self.params}
+
+    def forward(self, *feeds: Any) -> list[torch.Tensor]:
+        env = self.run(*feeds)
+        return [env[name] for name in self.output_names]
+
+    def run(self, *feeds: Any, forced: Mapping[str, torch.Tensor] | None = None,
+            seen: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Every tensor the graph computes, by name. ``forced``: tensors taken from elsewhere (another runtime's
+        values of the same graph) in place of the computed ones, each computed value first put into ``seen``."""
+        if len(feeds) == 1 and isinstance(feeds[0], Mapping):
+            env = {name: feeds[0][name] for name in self.input_names}
+        else:
+            env = dict(zip(self.input_names, feeds))
+        for name in self.keys:
+            env[name] = self.initializer(name)
+        for node in self.nodes:
+            args = [env[name] if name else None for name in node.inputs]
+            if node.op_type == "FakeQuant":
+                outs = [self._fake_quant(node, args[0], env)]
+            else:
+                try:
+                    outs = OPS[node.op_type](args, node.attrs, self.opset)
+                except NotImplementedError as exc:
+                    raise InputError(f"node {node.name or node.op_type}: {exc} is not supported for training",
+                                     hint="quantize it post-training (npukit quantize)") from None
+            for name, value in zip(node.outputs, outs):
+                if name and forced is not None and name in forced:
+                    if seen is not None:
+                        seen[name] = value
+                    value = forced[name]
+                if name:
+                    env[name] = value
+        return env
+
+    def _fake_quant(self, node: _Node, x: torch.Tensor, env: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        module = self.quant[node.attrs["key"]]
+        if isinstance(module, BiasQuant):
+            weight_quant = self.quant[module.weight_key]
+            scale = BiasQuant.grid(self.quant[module.input_key].scale(), weight_quant.scale(env[module.weight]))
+            return module(x, scale)
+        return module(x)

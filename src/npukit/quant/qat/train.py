@@ -1,0 +1,326 @@
+"""Quantization-aware training of a QDQ model's twin (``npukit.quant.qat.twin``) by distillation from the float model.
+
+One step: a batch of training inputs (shifted at random when they are images and ``augment`` is on), the float
+model's outputs on them (the teacher, no gradient) and the twin's (the student, fake-quantized on the plan's grids);
+the loss is the task's: for a classifier the KL divergence of the softened class distributions (temperature
+``temperature``), plus cross-entropy on the labels when the data has them (weight ``label_weight``), plus the
+logits' squared error divided by their variance (weight ``logit_weight``: the fidelity the check measures as
+SQNR); for every other output, the squared error divided by its variance, so outputs of any scale weigh alike (the
+variances are the teacher's on the first training samples, fixed for the run). Adam on the
+float weights (and on the grids' scales with ``learn_scales``), cosine-decayed learning rate.
+
+Bits lowered step by step: ``schedule`` lists the weight bits of equal parts of the training (e.g. 6 then 4); at
+each change the weight grids are re-derived from the weights on the narrower rule.
+
+BatchNorm is folded into the convolutions before the QDQ model is built (ONNX Runtime's pre-processing), so its
+statistics are frozen from the first step and the folded weights train.
+
+Checkpoints: after every epoch the student, the optimizer, the epoch and the loss history go to ``checkpoint``
+atomically (an interrupted run keeps the last one); a run with the same fingerprint starts from it. Under
+``torchrun`` (``WORLD_SIZE`` > 1) each process takes its share of every batch (the global batch stays ``batch_size``) and DistributedDataParallel
+averages the gradients (gloo on CPUs); only rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from npukit._atomic import write_bytes_atomic
+from npukit.errors import InputError
+from npukit.quant.qat.fake_quant import WeightQuant
+from npukit.quant.qat.program import OnnxProgram
+
+BITS = (8, 4)
+SPREAD_SAMPLES = 32  # training samples whose teacher outputs set each output's loss scale
+
+
+@dataclasses.dataclass(frozen=True)
+class QatConfig:
+    """How the twin is trained; see the module docstring. ``lr`` None: 5e-5 for 8-bit weights, 1e-4 below.
+    ``max_steps`` caps the steps of each epoch (None: every training sample once per epoch)."""
+
+    weight_bits: int = 8
+    schedule: tuple[int, ...] | None = None
+    epochs: int = 3
+    batch_size: int = 16
+    lr: float | None = None
+    learn_scales: bool = False
+    temperature: float = 2.0
+    label_weight: float = 0.5
+    logit_weight: float = 1.0
+    augment: bool = True
+    max_steps: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        def require(cond: bool, message: str, hint: str) -> None:
+            if not cond:
+                raise InputError(message, hint=hint)
+
+        require(self.weight_bits in BITS, f"weight bits {self.weight_bits} are not trained",
+                f"use {' or '.join(map(str, BITS))}")
+        schedule = tuple(self.schedule) if self.schedule else ((6, 4) if self.weight_bits == 4 else (8,))
+        require(all(4 <= b <= 8 for b in schedule) and list(schedule) == sorted(schedule, reverse=True)
+                and schedule[-1] == self.weight_bits,
+                f"bit schedule {list(schedule)} must go down from at most 8 and end at {self.weight_bits}",
+                "e.g. 8,6,4 for 4-bit weights")
+        object.__setattr__(self, "schedule", schedule)
+        require(self.epochs >= 1, f"epochs {self.epochs} must be at least 1", "3 is the default")
+        require(self.batch_size >= 1, f"batch size {self.batch_size} must be at least 1", "16 is the default")
+        require(self.lr is None or 0 < self.lr < 1, f"learning rate {self.lr} must be in (0, 1)", "e.g. 1e-5")
+        require(self.temperature > 0, f"temperature {self.temperature} must be positive", "2 is the default")
+        require(0 <= self.label_weight <= 1, f"label weight {self.label_weight} must be in [0, 1]", "0.5")
+        require(self.logit_weight >= 0, f"logit weight {self.logit_weight} must be at least 0", "1 is the default")
+        require(self.max_steps is None or self.max_steps >= 1, "max_steps must be at least 1", "or leave it out")
+
+    @property
+    def learning_rate(self) -> float:
+        return self.lr if self.lr is not None else (5e-5 if self.weight_bits == 8 else 1e-4)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"learning_rate": self.learning_rate}
+
+
+@dataclasses.dataclass(frozen=True)
+class Epoch:
+    """One epoch's figures: mean loss, agreement with the teacher on the training batches (top-1 for a
+    classifier, else SQNR in dB), the weight bits at its end, and its wall time."""
+
+    epoch: int
+    loss: float
+    agreement: float
+    metric: str
+    bits: int
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    history: tuple[Epoch, ...]
+    steps: int
+    resumed_from: int  # epochs already done when this run started (0: a fresh start)
+    world_size: int
+    seconds: float
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) under torchrun, else (0, 1); the process group is set up on first use (gloo)."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size <= 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return dist.get_rank(), size
+
+
+class _Batched(nn.Module):
+    """The program over a batch: each sample runs as the batch-1 graph it was exported as (``torch.vmap``)."""
+
+    def __init__(self, program: OnnxProgram) -> None:
+        super().__init__()
+        self.program = program
+
+    def forward(self, feeds: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        def one(sample: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+            return [o[0] if o.dim() and o.shape[0] == 1 else o for o in
+                    self.program({k: v[None] for k, v in sample.items()})]
+
+        return torch.vmap(one)(dict(feeds))
+
+
+def _shifted(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Each image moved by up to 1/8 of its height and width (edges repeated): inputs of the model's kind that the
+    calibration set does not hold exactly."""
+    n, _, h, w = x.shape
+    pad_h, pad_w = max(1, h // 8), max(1, w // 8)
+    padded = F.pad(x, (pad_w, pad_w, pad_h, pad_h), mode="replicate")
+    dy = torch.randint(0, 2 * pad_h + 1, (n,), generator=generator)
+    dx = torch.randint(0, 2 * pad_w + 1, (n,), generator=generator)
+    return torch.stack([padded[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(n)])
+
+
+def _is_image(x: np.ndarray) -> bool:
+    return x.ndim == 4 and x.shape[1] in (1, 3, 4) and min(x.shape[2:]) >= 16 and x.dtype == np.float32
+
+
+class Trainer:
+    """Trains ``student`` (the twin's program) towards ``teacher`` (the float model's) on ``inputs`` (name ->
+    array, samples on axis 0) with optional ``labels``; ``classify_output`` is the index of the class scores when
+    the model is a classifier."""
+
+    def __init__(self, student: OnnxProgram, teacher: OnnxProgram, inputs: Mapping[str, np.ndarray],
+                 labels: np.ndarray | None, config: QatConfig, *, classify_output: int | None,
+                 checkpoint: Path | None, fingerprint: str) -> None:
+        self.student, self.teacher, self.config = student, teacher, config
+        self.inputs = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in inputs.items()}
+        self.count = len(next(iter(self.inputs.values())))
+        self.labels = torch.from_numpy(np.asarray(labels).astype(np.int64)) if labels is not None else None
+        self.classify_output, self.checkpoint, self.fingerprint = classify_output, checkpoint, fingerprint
+        self.rank, self.world = world()
+        if config.batch_size % self.world:
+            raise InputError(f"batch size {config.batch_size} does not split over {self.world} processes",
+                             hint="use a batch size divisible by the number of processes")
+        self.images = {k for k, v in inputs.items() if _is_image(v)} if config.augment else set()
+        for p in self.teacher.parameters():
+            p.requires_grad_(False)
+        self.model = _Batched(student)
+        self.trainable = [p for p in student.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(self.trainable, lr=config.learning_rate)
+        per_epoch = math.ceil(self.count / config.batch_size)
+        self.steps_per_epoch = min(per_epoch, config.max_steps) if config.max_steps else per_epoch
+        self.total = self.steps_per_epoch * config.epochs
+        self.history: list[Epoch] = []
+        self.epoch = 0
+        self.bits = 8
+        self.spread = self._spread()
+
+    # ------------------------------------------------------------------------------------------- schedule
+    def bits_at(self, step: int) -> int:
+        stages = self.config.schedule
+        return stages[min(len(stages) - 1, step * len(stages) // max(1, self.total))]
+
+    def _set_bits(self, bits: int) -> None:
+        for module, weight in self._weight_quants(self.student.trained_initializers()):
+            module.set_bits(bits, weight)
+        self.bits = bits
+
+    def _weight_quants(self, tensors: Mapping[str, torch.Tensor]) -> list[tuple[WeightQuant, torch.Tensor]]:
+        pairs = []
+        for node in self.student.nodes:
+            if node.op_type == "FakeQuant" and node.attrs.get("kind") == "weight":
+                pairs.append((self.student.quant[node.attrs["key"]], tensors[node.inputs[0]]))
+        return pairs
+
+    # ------------------------------------------------------------------------------------------- loss
+    def loss(self, student: Sequence[torch.Tensor], teacher: Sequence[torch.Tensor],
+             labels: torch.Tensor | None) -> tuple[torch.Tensor, float]:
+        """(loss, agreement) for one batch; see the module docstring."""
+        total = student[0].new_zeros(())
+        for i, (s, t) in enumerate(zip(student, teacher)):
+            if not s.is_floating_point():
+                continue
+            if i == self.classify_output:
+                s2, t2 = s.reshape(s.shape[0], -1), t.reshape(t.shape[0], -1)
+                temp = self.config.temperature
+                kd = F.kl_div(F.log_softmax(s2 / temp, -1), F.log_softmax(t2 / temp, -1), log_target=True,
+                              reduction="batchmean") * temp * temp
+                if labels is not None and self.config.label_weight > 0:
+                    w = self.config.label_weight
+                    kd = (1 - w) * kd + w * F.cross_entropy(s2, labels)
+                if self.config.logit_weight > 0:
+                    kd = kd + self.config.logit_weight * F.mse_loss(s2, t2) / self.spread[i]
+                total = total + kd
+            else:
+                total = total + F.mse_loss(s, t) / self.spread[i]
+        with torch.no_grad():
+            if self.classify_output is not None:
+                s, t = student[self.classify_output], teacher[self.classify_output]
+                agree = (s.reshape(s.shape[0], -1).argmax(-1) == t.reshape(t.shape[0], -1).argmax(-1)).float().mean()
+                return total, float(agree)
+            num = sum(float(t.double().square().sum()) for t in teacher)
+            den = sum(float((s.double() - t.double()).square().sum()) for s, t in zip(student, teacher))
+            return total, 10 * math.log10(num / den) if den > 0 else 99.0
+
+    # ------------------------------------------------------------------------------------------- loop
+    def _spread(self) -> list[float]:
+        """Each output's variance under the teacher on the first training samples: the constant its squared error
+        is divided by (the same on every process and in every batch)."""
+        first = {k: v[:SPREAD_SAMPLES] for k, v in self.inputs.items()}
+        with torch.no_grad():
+            outputs = _Batched(self.teacher)(first)
+        return [max(float(o.double().var()), 1e-12) if o.is_floating_point() and o.numel() > 1 else 1.0
+                for o in outputs]
+
+    def train(self, *, progress: Callable[[int, int, float, float], None] | None = None) -> TrainResult:
+        start = time.perf_counter()
+        resumed = self._resume()
+        model: nn.Module = self.model
+        if self.world > 1:
+            model = nn.parallel.DistributedDataParallel(self.model)
+        generator = torch.Generator().manual_seed(self.config.seed)
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * min(step, self.total) / self.total)))
+        for _ in range(self.epoch * self.steps_per_epoch):
+            schedule.step()
+        while self.epoch < self.config.epochs:
+            generator.manual_seed(self.config.seed * 1000 + self.epoch)  # the same batches after a resume
+            order = torch.randperm(self.count, generator=generator)
+            began, losses, agreements = time.perf_counter(), [], []
+            for step in range(self.steps_per_epoch):
+                global_step = self.epoch * self.steps_per_epoch + step
+                bits = self.bits_at(global_step)
+                if bits != self.bits:
+                    self._set_bits(bits)
+                index = order[(step * self.config.batch_size) % self.count:][:self.config.batch_size]
+                index = index.tensor_split(self.world)[self.rank]
+                feeds = {k: v[index] for k, v in self.inputs.items()}
+                for k in self.images:
+                    feeds[k] = _shifted(feeds[k], generator)
+                with torch.no_grad():
+                    teacher = _Batched(self.teacher)(feeds)
+                student = model(feeds)
+                labels = self.labels[index] if self.labels is not None else None
+                loss, agreement = self.loss(student, teacher, labels)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                self.optimizer.step()
+                schedule.step()
+                losses.append(float(loss.detach()))
+                agreements.append(agreement)
+                if progress is not None:
+                    progress(global_step + 1, self.total, losses[-1], agreement)
+            self.history.append(Epoch(self.epoch + 1, float(np.mean(losses)), float(np.mean(agreements)),
+                                      "top-1 agreement" if self.classify_output is not None else "SQNR dB",
+                                      self.bits, time.perf_counter() - began))
+            self.epoch += 1
+            self.save()
+        return TrainResult(tuple(self.history), self.total, resumed, self.world, time.perf_counter() - start)
+
+    # ------------------------------------------------------------------------------------------- checkpoints
+    def state(self) -> dict[str, Any]:
+        return {"fingerprint": self.fingerprint, "epoch": self.epoch, "bits": self.bits,
+                "student": self.student.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "quant": {k: {"rule": m.rule, "levels": m.levels, "qmin": m.qmin, "qmax": m.qmax}
+                          for k, m in self.student.quant.items() if isinstance(m, WeightQuant)},
+                "history": [e.as_dict() for e in self.history]}
+
+    def save(self) -> None:
+        if self.checkpoint is None or self.rank != 0:
+            return
+        buffer = io.BytesIO()
+        torch.save(self.state(), buffer)
+        write_bytes_atomic(self.checkpoint, buffer.getvalue())
+
+    def _resume(self) -> int:
+        if self.checkpoint is None or not self.checkpoint.exists():
+            return 0
+        state = torch.load(self.checkpoint, map_location="cpu", weights_only=False)
+        if state.get("fingerprint") != self.fingerprint:
+            raise InputError(f"checkpoint {self.checkpoint} is from another model, data or training setup",
+                             hint="delete it (or pass --restart) to start again, or run the command that wrote it")
+        for key, rule in state["quant"].items():
+            module = self.student.quant[key]
+            module.rule, module.levels, module.qmin, module.qmax = rule["rule"], rule["levels"], rule["qmin"], \
+                rule["qmax"]
+        self.student.load_state_dict(state["student"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.epoch, self.bits = int(state["epoch"]), int(state["bits"])
+        self.history = [Epoch(**e) for e in state["history"]]
+        return self.epoch

@@ -1,0 +1,66 @@
+"""The qat report: the training (each epoch's loss, agreement with the float model, bits, time), how far the exported
+model is from the training simulation, and the PTQ and QAT models of the same bits side by side."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from npukit.report.core import Report
+
+
+def _r(value: Any, digits: int = 4) -> Any:
+    return round(value, digits) if isinstance(value, float) and math.isfinite(value) else value
+
+
+def add_training(report: Report, trained: Any, export: dict[str, Any]) -> None:
+    report.add("training", {"history": [e.as_dict() for e in trained.history], "steps": trained.steps,
+                            "resumed_from_epoch": trained.resumed_from, "processes": trained.world_size,
+                            "seconds": trained.seconds})
+    resumed = f"; resumed after epoch {trained.resumed_from}" if trained.resumed_from else ""
+    report.add_table(f"Training ({trained.steps} steps on {trained.world_size} process(es), "
+                     f"{trained.seconds:.0f} s in this run{resumed}; agreement on the training batches)",
+                     ["epoch", "loss", "agreement", "measure", "weight bits", "s"],
+                     [[e.epoch, _r(e.loss), _r(e.agreement), e.metric, e.bits, _r(e.seconds, 1)]
+                      for e in trained.history])
+    if len(trained.history) > 1:
+        report.add_figure("Training loss per epoch", "line",
+                          {"series": {"loss": {"x": [e.epoch for e in trained.history],
+                                               "y": [e.loss for e in trained.history]}}},
+                          x_label="epoch", y_label="loss")
+    report.add("export_check", export.as_dict())
+    report.add_table(f"The exported model (ONNX Runtime) against the training simulation (torch) on {export.samples} "
+                     f"held-out samples: {'the same' if export.exact else 'DIFFERENT'}",
+                     ["check", "value"],
+                     [["quantized activations compared layer by layer (same inputs)", export.layers],
+                      ["largest difference, grid steps (at most 1)", f"{export.max_steps:.2f} ({export.worst_tensor})"
+                       if export.worst_tensor else f"{export.max_steps:.2f}"],
+                      ["outputs, integer kernels against the simulation, SQNR dB", _r(export.sqnr_db, 1)],
+                      ["outputs, integer kernels against ORT's float run of the same Q/DQ model, SQNR dB",
+                       _r(export.runtime_sqnr_db, 1)]])
+
+
+def add_comparison(report: Report, rows: dict[str, Any], latency: dict[str, Any], sizes: dict[str, int],
+                   kernels: dict, *, bits: int) -> None:
+    """The PTQ and QAT models of the same bits on the held-out samples: task metric, worst output SQNR, latency
+    and size against the float model."""
+    report.add("comparison", {k: v.as_dict() for k, v in rows.items()})
+    report.add("latency", {k: v.as_dict() for k, v in latency.items()})
+    report.add("size", sizes)
+    metric = next(iter(rows.values())).metric
+    base = latency["float"].median_ms
+    table = [["float", None, None, round(base, 3), 1.0, sizes["float"]]]
+    for label, result in rows.items():
+        worst = min((o.sqnr_db for o in result.outputs), default=None)
+        table.append([f"{label} (w{bits}a8)", _r(result.value), _r(worst, 2), round(latency[label].median_ms, 3),
+                      round(latency[label].median_ms / base, 3), sizes[label]])
+    report.add_table(f"PTQ and QAT on the held-out samples ({metric} against the float model; ORT CPU latency, "
+                     "interleaved medians)", ["model", metric, "worst output SQNR dB", "median ms", "x float",
+                                              "bytes"], table)
+    integer = sum(kernels["integer_ops"].values())
+    note = ("" if integer else "no integer kernels: ORT CPU dequantizes these weights and computes in float "
+            "(smaller, not faster)")
+    report.add_table("What ORT runs (the QAT model)", ["integer kernels", "float compute fed by DequantizeLinear",
+                                                       "integer fraction", "note"],
+                     [[integer, sum(kernels["float_compute_after_dq"].values()), _r(kernels["integer_fraction"], 3),
+                       note]])

@@ -1,0 +1,353 @@
+"""The qat verb: post-training quantization on this CPU's scheme, then quantization-aware training of its twin by
+distillation from the float model, the trained model written back onto the same grids, checked to compute what
+training simulated, and held to the task check on data it was not trained on."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from npukit.config import PreprocessConfig
+from npukit.errors import InputError
+from npukit.report.core import Report
+from npukit.report.finish import CommandResult, finish, report_path_for
+from npukit.report.progress import step
+from npukit.tasks import QualityGate
+from npukit.verbs.common import check_output, open_data, refuse_quantized, upgrade_opset
+
+HOLD_OUT = 0.2  # of --data held out for the check when no --eval is given
+CALIB = 64  # training samples (spread evenly) that calibrate the PTQ start when no --calib is given
+EXPORT_CHECK = 4  # held-out samples on which the exported model is compared with the training simulation
+INT4_OPSET = 21
+
+
+def qat(
+    model: str | Path,
+    output: str | Path,
+    *,
+    data: str | Path,
+    eval_data: str | Path | None = None,
+    calib: str | Path | None = None,
+    bits: str = "w8a8",
+    schedule: Sequence[int] | None = None,
+    epochs: int = 3,
+    batch_size: int = 16,
+    lr: float | None = None,
+    learn_scales: bool = False,
+    augment: bool = True,
+    max_steps: int | None = None,
+    method: str = "auto",
+    per_tensor: bool = False,
+    exclude: Sequence[str] = (),
+    restart: bool = False,
+    task: str | None = None,
+    gate: QualityGate | None = None,
+    seed: int = 0,
+    threads: int | None = None,
+    runs: int = 20,
+    max_samples: int | None = None,
+    input_shape: str | Sequence[Any] | None = None,
+    preprocess: PreprocessConfig | None = None,
+    html: bool = False,
+) -> CommandResult:
+    """Quantization-aware training of ``model`` to ``bits`` (w8a8 or w4a8: 8- or 4-bit weights, 8-bit activations)
+    on ``data`` (its labels used where the data has them), starting from npukit's PTQ model on this CPU's scheme
+    (calibrated on ``calib``, else on 64 training samples spread evenly), trained ``epochs`` times over ``data`` by
+    distillation from the float model (``npukit.quant.qat.train``), and written back as a QDQ model on the same
+    grids (4-bit weights stored as int4, opset 21). The report shows the PTQ model of the same bits beside the
+    trained one, on ``eval_data`` (else the last fifth of ``data``, never trained on), each epoch's loss and
+    agreement, and how far ONNX Runtime's integer model is from the training simulation.
+
+    ``<output stem>.qat.pt`` holds the last finished epoch: an interrupted run continues from it when the same
+    command runs again (``restart`` starts over); it is removed once the artifact is written. Under ``torchrun``
+    the processes share every batch (DistributedDataParallel, gloo) and rank 0 writes."""
+    from npukit.frontend.shapes import InputSpec, load_with_inputs, require_static
+    from npukit.quant.qat.train import QatConfig, world
+
+    output = check_output(output, source=model)
+    weight_bits = _weight_bits(bits)
+    train_config = QatConfig(weight_bits=weight_bits, schedule=tuple(schedule) if schedule else None,
+                             epochs=epochs, batch_size=batch_size, lr=lr, learn_scales=learn_scales, augment=augment,
+                             max_steps=max_steps, seed=seed)
+    spec = InputSpec.parse(input_shape)
+    proto = load_with_inputs(model, spec)
+    refuse_quantized(proto, model, verb="qat")
+    require_static(proto, needs="qat")
+    samples = _Samples.open(proto, data, eval_data, calib, preprocess or PreprocessConfig(), max_samples)
+    rank, size = world()
+    report = Report("qat", config={"model": str(model), "data": str(data), "eval": str(eval_data) if eval_data else
+                                   f"last {HOLD_OUT:.0%} of {data}", "calib": str(calib) if calib else
+                                   f"{len(samples.calib)} training samples, spread evenly", "bits": bits,
+                                   "train": train_config.as_dict(), "method": method, "per_tensor": per_tensor,
+                                   "exclude": list(exclude), "task": task or "auto",
+                                   "gate": (gate or QualityGate()).as_dict(), "seed": seed, "processes": size,
+                                   "input_shape": spec.as_dict() if spec else None,
+                                   "samples": samples.describe()})
+    checkpoint = report_path_for(output, ".qat.pt")
+    if restart and rank == 0:
+        checkpoint.unlink(missing_ok=True)
+    run = _Run(report, samples, train_config, task, gate or QualityGate(), threads, runs, rank)
+    return run.run(proto, output, checkpoint, method=method, per_tensor=per_tensor, exclude=tuple(exclude),
+                   html=html, source=Path(str(model)))
+
+
+def _weight_bits(bits: str) -> int:
+    forms = {"w8a8": 8, "w4a8": 4}
+    if bits not in forms:
+        raise InputError(f"--bits {bits!r} is not trained here", hint=f"use one of {', '.join(forms)}")
+    return forms[bits]
+
+
+@dataclasses.dataclass
+class _Samples:
+    """Training inputs (name -> array, samples on axis 0) and labels, the calibration feeds, the held-out check
+    samples (feeds, labels) and where each came from."""
+
+    train: dict[str, np.ndarray]
+    labels: np.ndarray | None
+    calib: list[dict[str, np.ndarray]]
+    held: list[Any]
+    held_from: str
+
+    @classmethod
+    def open(cls, proto: onnx.ModelProto, data: str | Path, eval_data: str | Path | None, calib: str | Path | None,
+             preprocess: PreprocessConfig, max_samples: int | None) -> _Samples:
+        batches = list(open_data(data, proto, preprocess).batches(1))
+        if eval_data is None:
+            held_count = max(1, int(round(len(batches) * HOLD_OUT)))
+            if len(batches) - held_count < 2:
+                raise InputError(f"{data} holds {len(batches)} samples: too few to train on and hold a fifth out",
+                                 hint="pass more samples, or --eval with held-out samples")
+            batches, held = batches[:-held_count], batches[-held_count:]
+            held_from = f"the last {held_count} samples of {Path(str(data)).name} (not trained on)"
+        else:
+            held = list(open_data(eval_data, proto, preprocess).batches(1))
+            held_from = f"held-out data {Path(str(eval_data)).name}"
+        if max_samples is not None:
+            held = held[:max_samples]
+        names = list(batches[0].feeds)
+        train = {n: np.concatenate([b.feeds[n] for b in batches]) for n in names}
+        for name, array in train.items():
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                raise InputError(f"training input {name!r} holds NaN or infinite values", hint="check the data")
+        labels = None
+        if all(b.labels is not None for b in batches):
+            labels = np.concatenate([np.asarray(b.labels).reshape(-1) for b in batches])
+        spread = batches[::max(1, len(batches) // CALIB)][:CALIB]  # evenly over the data: it may be sorted
+        calib_feeds = [b.feeds for b in (open_data(calib, proto, preprocess).batches(1) if calib else spread)]
+        return cls(train, labels, calib_feeds, held, held_from)
+
+    def describe(self) -> dict[str, Any]:
+        return {"train": len(next(iter(self.train.values()))), "labels": self.labels is not None,
+                "calibration": len(self.calib), "held_out": len(self.held), "held_out_from": self.held_from}
+
+    def fingerprint(self) -> str:
+        digest = hashlib.sha256()
+        for name, array in sorted(self.train.items()):
+            digest.update(name.encode())
+            digest.update(np.ascontiguousarray(array).tobytes())
+        if self.labels is not None:
+            digest.update(self.labels.tobytes())
+        return digest.hexdigest()
+
+
+class _Run:
+    """The verb's straight line: PTQ -> twin -> train -> write back -> export check -> PTQ vs QAT -> task check."""
+
+    def __init__(self, report: Report, samples: _Samples, config: Any, task: str | None, gate: QualityGate,
+                 threads: int | None, runs: int, rank: int) -> None:
+        self.report, self.samples, self.config, self.task, self.gate = report, samples, config, task, gate
+        self.threads, self.runs, self.rank = threads, runs, rank
+
+    def run(self, proto: onnx.ModelProto, output: Path, checkpoint: Path, *, method: str, per_tensor: bool,
+            exclude: tuple[str, ...], html: bool, source: Path) -> CommandResult:
+        import torch
+
+        from npukit.quant.qat.export_check import check_export
+        from npukit.quant.qat.program import OnnxProgram
+        from npukit.quant.qat.train import Trainer
+        from npukit.quant.qat.twin import split, write_back
+        from npukit.report.qat import add_training
+
+        report = self.report
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        torch.manual_seed(self.config.seed)
+        result, quant_config = self._ptq(proto, method=method, per_tensor=per_tensor, exclude=exclude)
+        twin = split(result.model, reduce_range=quant_config.reduce_range, learn_scales=self.config.learn_scales)
+        student = twin.program()
+        teacher = OnnxProgram(result.reference)
+        choice = self._choice(result.reference)
+        ptq_model = self._ptq_at_bits(result.model, twin, student)
+        fingerprint = hashlib.sha256(json.dumps({"model": hashlib.sha256(result.model.SerializeToString())
+                                                 .hexdigest(), "train": self.config.as_dict(),
+                                                 "data": self.samples.fingerprint()}, sort_keys=True,
+                                                default=str).encode()).hexdigest()
+        trainer = Trainer(student, teacher, self.samples.train, self.samples.labels, self.config,
+                          classify_output=choice.output if choice.name == "classify" else None,
+                          checkpoint=checkpoint, fingerprint=fingerprint)
+        with step(f"training ({self.config.epochs} epochs x {trainer.steps_per_epoch} steps, batch "
+                  f"{self.config.batch_size})", timings=report.timings, key="train"), _bar(trainer.total) as bar:
+            trained = trainer.train(progress=bar)
+        if self.rank != 0:  # rank 0 checks and writes; this process trained its share of every batch
+            report.set_verdict(f"INFO qat: process {self.rank} trained its share of every batch; process 0 checks "
+                               "and writes the artifact", passed=True)
+            return CommandResult(report=report)
+        student.eval()
+        exported = write_back(result.model, twin, student)
+        with step("checking the exported model against the training simulation", timings=report.timings,
+                  key="export_check"):
+            export = check_export(exported, student, [b.feeds for b in self.samples.held[:EXPORT_CHECK]])
+        from npukit.frontend.onnx_io import save_onnx
+
+        save_onnx(exported, output)
+        add_training(report, trained, export)
+        self._compare(result.reference, ptq_model, exported, output, choice, export)
+        checkpoint.unlink(missing_ok=True)
+        report.add("checkpoint", {"path": str(checkpoint), "removed": True, "resumed_from_epoch":
+                                  trained.resumed_from})
+        return finish(report, output, html=html, result=trained, source=source)
+
+    # --------------------------------------------------------------------------------------------- steps
+    def _ptq(self, proto: onnx.ModelProto, *, method: str, per_tensor: bool, exclude: tuple[str, ...]):
+        from npukit.quant.config import QuantConfig
+        from npukit.quant.qdq import quantize
+        from npukit.report.quantize import add_steps
+        from npukit.verbs.quantize import cpu_scheme, scheme_fields
+
+        scheme = cpu_scheme()
+        # the conv kernel choice shifts weight integers off a symmetric grid: a kernel choice, not trained
+        config = QuantConfig(per_channel=not per_tensor, method=method, exclude=exclude,
+                             **scheme_fields(scheme, gemm_convs=False))
+        self.report.config["quant"] = config.as_dict()
+        self.report.config["cpu_scheme"] = scheme
+        from npukit.verbs.common import quant_opset
+
+        if self.config.weight_bits == 4:
+            proto = upgrade_opset(self.report, proto, INT4_OPSET, "int4 weights", self.samples.calib,
+                                  alternative="train 8-bit weights (--bits w8a8)")
+        else:
+            proto = quant_opset(self.report, proto, config, self.samples.calib)
+        def build() -> tuple[bytes, bytes, dict]:
+            result = quantize(proto, self.samples.calib, config=config)
+            return result.model.SerializeToString(), result.reference.SerializeToString(), result.steps
+
+        with step("post-training quantization (the start)", timings=self.report.timings, key="ptq"):
+            model, reference, steps = _broadcast(build, self.rank)
+        add_steps(self.report, steps)
+        return _Start(onnx.load_from_string(model), onnx.load_from_string(reference)), config
+
+    def _choice(self, reference: onnx.ModelProto):
+        from npukit.runtime.ort import make_session
+        from npukit.tasks import choose_task
+
+        session = make_session(reference)
+        feeds = self.samples.held[0].feeds
+        outs = session.run(None, feeds)
+        return choose_task([o.shape for o in outs], [np.shape(v) for v in feeds.values()], task=self.task,
+                           sample=outs)
+
+    def _ptq_at_bits(self, qdq: onnx.ModelProto, twin: Any, student: Any) -> onnx.ModelProto:
+        """The PTQ model at the trained bits: the QDQ model itself for 8-bit weights; for fewer bits its weights
+        rounded to nearest on the narrower grid (no training), as a baseline."""
+        from npukit.quant.qat.twin import write_back
+
+        if self.config.weight_bits == 8:
+            return qdq
+        import copy
+
+        probe = copy.deepcopy(student)
+        weights = probe.trained_initializers()
+        for node in probe.nodes:
+            if node.op_type == "FakeQuant" and node.attrs.get("kind") == "weight":
+                probe.quant[node.attrs["key"]].set_bits(self.config.weight_bits, weights[node.inputs[0]])
+        return write_back(qdq, twin, probe)
+
+    def _compare(self, reference: onnx.ModelProto, ptq: onnx.ModelProto, trained: onnx.ModelProto, output: Path,
+                 choice: Any, export: Any) -> None:
+        from npukit.measure.latency import measure_latency_interleaved
+        from npukit.measure.size import model_size
+        from npukit.measure.task_fidelity import compare_task, session_runner
+        from npukit.quant.qdq import integer_kernel_report
+        from npukit.report.qat import add_comparison
+        from npukit.runtime.ort import make_session
+        from npukit.tasks import judge
+        from npukit.report.task import add_task_check
+
+        report, held = self.report, self.samples.held
+        threads = self.threads or 1
+        ref = session_runner(make_session(reference, threads=threads))
+        names = [o.name for o in reference.graph.output]
+        rows = {}
+        for label, model in (("PTQ", ptq), ("QAT", trained)):
+            with step(f"task check of the {label} model on {len(held)} held-out samples", timings=report.timings,
+                      key=f"check_{label.lower()}"):
+                _, result = compare_task(ref, session_runner(make_session(model, threads=threads)), held,
+                                         output_names=names, task=choice.name if choice.given else self.task)
+            rows[label] = result
+        with step(f"timing float vs PTQ vs QAT, {threads} thread(s)", timings=report.timings, key="latency"):
+            latency = measure_latency_interleaved({"float": reference, "PTQ": ptq, "QAT": str(output)},
+                                                  threads=threads, runs=self.runs, feeds=held[0].feeds)
+        with contextlib.ExitStack():
+            sizes = {"float": len(reference.SerializeToString()), "PTQ": len(ptq.SerializeToString()),
+                     "QAT": model_size(output).file_bytes}
+        kernels = integer_kernel_report(trained)
+        add_comparison(report, rows, latency, sizes, kernels, bits=self.config.weight_bits)
+        failures = [] if export.exact else [f"the exported model differs from the training simulation by up to "
+                                             f"{export.max_steps:.1f} steps at {export.worst_tensor} (layer by layer)"]
+        if self.config.weight_bits == 8 and not sum(kernels["integer_ops"].values()):
+            failures.append("no node runs on an integer kernel (ORT computes the whole model in float)")
+        verdict = judge(rows["QAT"], self.gate, what="qat", extra_failures=failures,
+                        hint="train longer (--epochs), try --learn-scales, or 8-bit weights (--bits w8a8)")
+        add_task_check(report, choice, rows["QAT"], self.gate, verdict, where=self.samples.held_from)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Start:
+    """The PTQ model training starts from, and the float model it mirrors tensor for tensor."""
+
+    model: onnx.ModelProto
+    reference: onnx.ModelProto
+
+
+def _broadcast(build, rank: int):
+    """``build()`` on rank 0, its result sent to the other processes under torchrun (one PTQ, the same start)."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return build()
+    import torch.distributed as dist
+
+    box = [build() if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+@contextlib.contextmanager
+def _bar(total: int):
+    """A progress callback (step, total, loss, agreement) drawing a transient bar on stderr when it is a terminal."""
+    from npukit.report.progress import _console
+
+    console = _console(True)
+    if console is None:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
+
+    with Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[figures]}"),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("training", total=total, figures="")
+
+        def update(done: int, _total: int, loss: float, agreement: float) -> None:
+            bar.update(task, completed=done, figures=f"loss {loss:.4f}  agreement {agreement:.3f}")
+
+        yield update

@@ -1,0 +1,112 @@
+"""npukit qat end to end on a tiny CNN: a trained artifact that passes its checks, with the PTQ model of the same bits
+beside it, the export check and the training in the report; 4-bit weights stored as int4; an interrupted run
+continued from its checkpoint; bad input (exit 2, nothing written)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from npukit.cli import main
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("qat")
+    out = folder / "tiny.onnx"
+    sys.path.insert(0, str(HERE))
+    try:
+        assert main(["export", "tinynet:tiny", "-o", str(out), "--input-shape", "1,3,32,32"]) == 0
+    finally:
+        sys.path.remove(str(HERE))
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((40, 3, 32, 32)).astype(np.float32)
+    np.savez(folder / "train.npz", input=x, labels=rng.integers(0, 10, 40))
+    np.save(folder / "held.npy", rng.standard_normal((12, 3, 32, 32)).astype(np.float32))
+    bad = x.copy()
+    bad[3, 0, 0, 0] = np.nan
+    np.save(folder / "nan.npy", bad)
+    np.save(folder / "wrong.npy", x[:, :, :16, :16])
+    return out
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def _input(tiny: Path) -> str:
+    return onnx.load(str(tiny)).graph.input[0].name
+
+
+def test_qat_writes_a_checked_artifact_beside_the_ptq_model(tiny, tmp_path) -> None:
+    out = tmp_path / "tiny.qat.onnx"
+    args = ["qat", str(tiny), "-o", str(out), "--data", str(tiny.with_name("held.npy")), "--epochs", "2",
+            "--runs", "3", "--method", "minmax", "--html"]
+    assert main(args) == 0
+    assert _files(tmp_path) == ["tiny.qat.onnx", "tiny.qat.report.html", "tiny.qat.report.json"]  # no checkpoint
+    report = json.loads((tmp_path / "tiny.qat.report.json").read_text())
+    assert report["passed"] and report["verdict"].startswith("PASS qat")
+    results = report["results"]
+    assert [e["epoch"] for e in results["training"]["history"]] == [1, 2]
+    assert results["export_check"]["exact"] and results["export_check"]["layers"] >= 3
+    assert set(results["comparison"]) == {"PTQ", "QAT"}
+    assert report["config"]["samples"]["held_out"] == 2  # the last fifth of 12 samples, never trained on
+    assert {"QuantizeLinear", "DequantizeLinear"} <= {n.op_type for n in onnx.load(str(out)).graph.node}
+
+
+def test_four_bit_weights_are_int4_and_an_interrupted_run_continues(tiny, tmp_path, monkeypatch) -> None:
+    from npukit.quant.qat import train
+
+    out = tmp_path / "w4.onnx"
+    args = ["qat", str(tiny), "-o", str(out), "--data", str(tiny.with_name("held.npy")), "--bits", "w4a8",
+            "--epochs", "3", "--runs", "3", "--method", "minmax", "--lr", "1e-3", "--accept-degraded"]
+    real_save = train.Trainer.save
+
+    def save_then_stop(self):
+        real_save(self)
+        if self.epoch == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(train.Trainer, "save", save_then_stop)
+    assert main(args) == 130
+    assert _files(tmp_path) == ["w4.qat.pt"]  # the last finished epoch, nothing else
+    monkeypatch.setattr(train.Trainer, "save", real_save)
+    assert main(args) == 0
+    report = json.loads((tmp_path / "w4.report.json").read_text())
+    assert report["results"]["training"]["resumed_from_epoch"] == 2
+    assert [e["bits"] for e in report["results"]["training"]["history"]] == [6, 6, 4]  # one step an epoch
+    model = onnx.load(str(out))
+    assert any(i.data_type == onnx.TensorProto.INT4 for i in model.graph.initializer)
+    assert report["results"]["export_check"]["exact"]
+    assert "w4.qat.pt" not in _files(tmp_path)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--data", "{folder}/none.npy"], "none.npy"),
+    (["--data", "{folder}/nan.npy"], "NaN"),
+    (["--data", "{folder}/wrong.npy"], "16"),
+    (["--data", "{folder}/held.npy", "--bits-schedule", "4,8"], "schedule"),
+    (["--data", "{folder}/held.npy", "--epochs", "0"], "at least 1"),
+])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(tiny, tmp_path, capsys, extra, message) -> None:
+    extra = [e.format(folder=tiny.parent) for e in extra]
+    assert main(["qat", str(tiny), "-o", str(tmp_path / "out.onnx")] + extra) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) <= 2
+    assert _files(tmp_path) == []
+
+
+def test_a_quantized_model_is_refused(tiny, tmp_path, capsys) -> None:
+    qdq = tmp_path / "q.onnx"
+    assert main(["quantize", str(tiny), "-o", str(qdq), "--calib", str(tiny.with_name("held.npy")),
+                 "--method", "minmax", "--runs", "2"]) in (0, 1)
+    assert main(["qat", str(qdq), "-o", str(tmp_path / "again.onnx"), "--data",
+                 str(tiny.with_name("held.npy"))]) == 2
+    assert "already quantized" in capsys.readouterr().err

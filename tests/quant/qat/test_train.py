@@ -1,0 +1,87 @@
+"""Training the twin by distillation brings the quantized model closer to the float model; checkpoints resume to the
+same result; a checkpoint of another run is refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from npukit.errors import InputError
+from npukit.quant.config import QuantConfig
+from npukit.quant.qat.program import OnnxProgram
+from npukit.quant.qat.train import QatConfig, Trainer
+from npukit.quant.qat.twin import split
+from npukit.quant.qdq import quantize
+from tests.quant.conftest import make_samples, tiny_cnn
+
+
+def _sqnr(student: OnnxProgram, teacher: OnnxProgram, x: np.ndarray) -> float:
+    with torch.no_grad():
+        s = torch.cat([student({"x": torch.from_numpy(x[i:i + 1])})[0] for i in range(len(x))])
+        t = torch.cat([teacher({"x": torch.from_numpy(x[i:i + 1])})[0] for i in range(len(x))])
+    return float(10 * torch.log10(t.square().sum() / (s - t).square().sum()))
+
+
+def _setup(tmp_path, *, bits: int, epochs: int = 4, seed: int = 0, checkpoint: bool = True, fingerprint="a"):
+    torch.manual_seed(0)
+    model = tiny_cnn(activation="Relu", spread=0.5)
+    train = np.concatenate([s["x"] for s in make_samples(64, seed=1)])
+    result = quantize(model, make_samples(16, seed=1), config=QuantConfig(method="minmax", reduce_range=True))
+    twin = split(result.model, reduce_range=True)
+    student, teacher = twin.program(), OnnxProgram(result.reference)
+    config = QatConfig(weight_bits=bits, epochs=epochs, batch_size=8, lr=3e-3, augment=False, seed=seed)
+    trainer = Trainer(student, teacher, {"x": train}, None, config, classify_output=None,
+                      checkpoint=tmp_path / "run.qat.pt" if checkpoint else None, fingerprint=fingerprint)
+    return trainer, student, teacher
+
+
+def test_distillation_brings_four_bit_weights_closer_to_the_float_model(tmp_path):
+    trainer, student, teacher = _setup(tmp_path, bits=4, epochs=6)
+    held = np.concatenate([s["x"] for s in make_samples(32, seed=7)])
+    trainer._set_bits(4)  # the untrained 4-bit start (rounded to nearest on the 4-bit grids)
+    before = _sqnr(student, teacher, held)
+    trainer._set_bits(8)  # back to where the schedule starts
+    result = trainer.train()
+    after = _sqnr(student, teacher, held)
+    assert [e.bits for e in result.history][-1] == 4
+    assert result.history[-1].loss < result.history[3].loss  # the 4-bit part of the schedule learns too
+    assert after > before + 1.0, (before, after)
+
+
+def test_resumed_training_ends_where_an_uninterrupted_one_does(tmp_path):
+    whole, student_whole, _ = _setup(tmp_path / "a", bits=4, epochs=3)
+    whole.train()
+    first, _, _ = _setup(tmp_path / "b", bits=4, epochs=3)
+
+    class Stop(Exception):
+        pass
+
+    def interrupt(step: int, total: int, loss: float, agreement: float) -> None:
+        if step == first.steps_per_epoch * 2 + 1:  # in the third epoch: the checkpoint holds two
+            raise Stop
+
+    with pytest.raises(Stop):
+        first.train(progress=interrupt)
+    assert (tmp_path / "b" / "run.qat.pt").exists()
+    second, student_second, _ = _setup(tmp_path / "b", bits=4, epochs=3)
+    result = second.train()
+    assert result.resumed_from == 2 and len(result.history) == 3
+    for (name, a), b in zip(student_whole.state_dict().items(), student_second.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_checkpoint_of_another_run_is_refused(tmp_path):
+    trainer, _, _ = _setup(tmp_path, bits=8, epochs=1)
+    trainer.train()
+    other, _, _ = _setup(tmp_path, bits=8, epochs=1, fingerprint="b")
+    with pytest.raises(InputError, match="another model"):
+        other.train()
+
+
+def test_config_refuses_what_it_cannot_train():
+    with pytest.raises(InputError, match="weight bits"):
+        QatConfig(weight_bits=2)
+    with pytest.raises(InputError, match="schedule"):
+        QatConfig(weight_bits=4, schedule=(4, 6))
+    assert QatConfig(weight_bits=4).schedule == (6, 4)
