@@ -16,6 +16,7 @@ photos in <= 30 minutes on 2 cores, W4A8 >= 85% / >= 15 dB; MNIST W4A8 QAT accur
 
     .venv/bin/python benchmarks/compression.py                          # both models, both bit widths
     .venv/bin/python benchmarks/compression.py --models mnist --epochs 3
+    .venv/bin/python benchmarks/compression.py --zoo          # + the twin checked on every ONNX zoo model
 
 Writes ``benchmarks/results/compression.{md,json}`` (the CPU named in both).
 """
@@ -110,6 +111,42 @@ def run_one(model: Path, train: Path, held: Path, bits: str, *, epochs: int, out
             "options": {k: v for k, v in options.items()}}
 
 
+def zoo_twins(names: list[str]) -> list[dict[str, Any]]:
+    """Each third-party ONNX model of the zoo (``zoo_models.py``): npukit's PTQ model (minmax, per-channel, 7-bit /
+    pair-bounded weights), its training twin, and the layer-by-layer check of the QDQ model against the twin
+    (``npukit.quant.qat.export_check``) on two held-out inputs; or the one-line reason it cannot be trained."""
+    import torch
+
+    import zoo_models
+    from npukit.frontend.opset import ensure_opset
+    from npukit.frontend.shapes import InputSpec, load_with_inputs
+    from npukit.quant.config import QuantConfig
+    from npukit.quant.qat.export_check import check_export
+    from npukit.quant.qat.twin import split
+    from npukit.quant.qdq import quantize
+
+    torch.set_num_threads(1)
+    rows = []
+    for name in names:
+        model = zoo_models.MODELS[name]
+        start = time.perf_counter()
+        try:
+            args = zoo._shape_args(model)
+            proto = load_with_inputs(model.model_path(), InputSpec.parse([a for a in args if a != "--input-shape"]
+                                                                        or None))
+            calib = [dict(f) for f in model.calibration()][:8]
+            proto, _ = ensure_opset(proto, 13, reason="per-channel Q/DQ", feeds=calib[:1])
+            result = quantize(proto, calib, config=QuantConfig(method="minmax", reduce_range=True))
+            twin = split(result.model, reduce_range=True)
+            check = check_export(result.model, twin.program(), [dict(f) for f in model.evaluation()][:2])
+            rows.append({"model": name, **check.as_dict(), "seconds": round(time.perf_counter() - start, 1)})
+        except Exception as exc:  # one line per model that cannot be trained, the others go on
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            rows.append({"model": name, "error": f"{type(exc).__name__}: {first}"[:240]})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
@@ -132,6 +169,18 @@ def table(doc: dict[str, Any]) -> str:
                              f"{r['bytes'] / 1024:.0f} | {run['train_s'] if label == 'qat' else ''} | {check} |")
     floats = [f"{n} {m['notes'].get('float_accuracy', 'n/a')} accuracy, {m['runs'][0]['float_bytes'] / 1024:.0f} KiB"
               for n, m in doc["models"].items()]
+    if doc.get("zoo"):
+        lines += ["", "The training twin on third-party ONNX models (PTQ minmax; the QDQ model's quantized activations "
+                  "against the twin's, layer by layer on the same inputs, 2 held-out inputs; end to end: ORT's integer "
+                  "kernels against the twin and against ORT's own float run of the Q/DQ nodes)", "",
+                  "| model | activations | largest layer difference, steps | SQNR vs twin dB | SQNR vs ORT float run dB "
+                  "| note |", "|---|---|---|---|---|---|"]
+        for row in doc["zoo"]:
+            if "error" in row:
+                lines.append(f"| {row['model']} | | | | | cannot be trained: {row['error']} |")
+            else:
+                lines.append(f"| {row['model']} | {row['layers']} | {row['max_steps']:.2f} | {row['sqnr_db']:.1f} | "
+                             f"{row['runtime_sqnr_db']:.1f} | {'within one step' if row['exact'] else 'DIFFERENT'} |")
     lines += ["", "Float: " + "; ".join(floats),
               "", "Targets (the compression issue): " + "; ".join(doc["targets"])]
     return "\n".join(lines) + "\n"
@@ -160,9 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--bits", nargs="+", choices=BITS, default=list(BITS))
     parser.add_argument("--epochs", type=int, default=None, help="epochs for every run (default: per model)")
+    parser.add_argument("--zoo", nargs="*", default=None, metavar="NAME",
+                        help="also check the training twin on these zoo models (no names: every ONNX model)")
     parser.add_argument("--out", default=str(HERE / "results" / "compression"))
     args = parser.parse_args(argv)
-    epochs = {"mnist": 3, "mobilenet_v2": 8}
+    epochs = {"mnist": 3, "mobilenet_v2": 10}
     builders = {"mnist": mnist, "mobilenet_v2": mobilenet_v2}
     doc: dict[str, Any] = {"cpu": zoo._cpu(), "cores": os.cpu_count(), "commit": zoo.revision(),
                            "date": time.strftime("%Y-%m-%d"), "models": {}}
@@ -177,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(run_one(model, train, held, bits, epochs=n, out=work / f"{name}.{bits}.onnx"))
                 print(json.dumps({k: runs[-1][k] for k in ("ptq", "qat", "wall_s")}), flush=True)
             doc["models"][name] = {"notes": notes, "runs": runs}
+    if args.zoo is not None:
+        import zoo_models
+
+        names = args.zoo or [n for n, m in zoo_models.MODELS.items() if str(m.model_path()).endswith(".onnx")]
+        doc["zoo"] = zoo_twins(names)
     doc["targets"] = targets(doc)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
