@@ -66,8 +66,8 @@ def qat(
     trained one, on ``eval_data`` (else the last fifth of ``data``, never trained on), each epoch's loss and
     agreement, and how far ONNX Runtime's integer model is from the training simulation.
 
-    ``<output stem>.qat.pt`` holds the last finished epoch: an interrupted run continues from it when the same
-    command runs again (``restart`` starts over); it is removed once the artifact is written. Under ``torchrun``
+    ``<output stem>.qat.pt`` holds the PTQ start and the last finished epoch: an interrupted run continues from it
+    when the same command runs again (``restart`` starts over); it is removed once the artifact is written. Under ``torchrun``
     the processes share every batch (DistributedDataParallel, gloo) and rank 0 writes."""
     from npukit.frontend.shapes import InputSpec, load_with_inputs, require_static
     from npukit.quant.qat.train import QatConfig, world
@@ -173,7 +173,7 @@ class _Run:
 
         from npukit.quant.qat.export_check import check_export
         from npukit.quant.qat.program import OnnxProgram
-        from npukit.quant.qat.train import Trainer
+        from npukit.quant.qat.train import Trainer, read_checkpoint
         from npukit.quant.qat.twin import split, write_back
         from npukit.report.qat import add_training
 
@@ -181,19 +181,22 @@ class _Run:
         if self.threads:
             torch.set_num_threads(self.threads)
         torch.manual_seed(self.config.seed)
-        result, quant_config = self._ptq(proto, method=method, per_tensor=per_tensor, exclude=exclude)
+        quant_config = self._quant_config(method=method, per_tensor=per_tensor, exclude=exclude)
+        # the run's identity: a checkpoint of the same one holds the PTQ start (whose float head is timed: it is not
+        # built again, it might differ), the student and the optimizer
+        fingerprint = hashlib.sha256(json.dumps({"model": hashlib.sha256(proto.SerializeToString()).hexdigest(),
+                                                 "quant": quant_config.as_dict(), "train": self.config.as_dict(),
+                                                 "data": self.samples.fingerprint()}, sort_keys=True,
+                                                default=str).encode()).hexdigest()
+        result, start = self._ptq(proto, quant_config, read_checkpoint(checkpoint, fingerprint))
         twin = split(result.model, reduce_range=quant_config.reduce_range, learn_scales=self.config.learn_scales)
         student = twin.program()
         teacher = OnnxProgram(result.reference)
         choice = self._choice(result.reference)
         ptq_model = self._ptq_at_bits(result.model, twin, student)
-        fingerprint = hashlib.sha256(json.dumps({"model": hashlib.sha256(result.model.SerializeToString())
-                                                 .hexdigest(), "train": self.config.as_dict(),
-                                                 "data": self.samples.fingerprint()}, sort_keys=True,
-                                                default=str).encode()).hexdigest()
         trainer = Trainer(student, teacher, self.samples.train, self.samples.labels, self.config,
                           classify_output=choice.output if choice.name == "classify" else None,
-                          checkpoint=checkpoint, fingerprint=fingerprint)
+                          checkpoint=checkpoint, fingerprint=fingerprint, payload={"start": start})
         with step(f"training ({self.config.epochs} epochs x {trainer.steps_per_epoch} steps, batch "
                   f"{self.config.batch_size})", timings=report.timings, key="train"), _bar(trainer.total) as bar:
             trained = trainer.train(progress=bar)
@@ -217,10 +220,8 @@ class _Run:
         return finish(report, output, html=html, result=trained, source=source)
 
     # --------------------------------------------------------------------------------------------- steps
-    def _ptq(self, proto: onnx.ModelProto, *, method: str, per_tensor: bool, exclude: tuple[str, ...]):
+    def _quant_config(self, *, method: str, per_tensor: bool, exclude: tuple[str, ...]):
         from npukit.quant.config import QuantConfig
-        from npukit.quant.qdq import quantize
-        from npukit.report.quantize import add_steps
         from npukit.verbs.quantize import cpu_scheme, scheme_fields
 
         scheme = cpu_scheme()
@@ -229,21 +230,33 @@ class _Run:
                              **scheme_fields(scheme, gemm_convs=False))
         self.report.config["quant"] = config.as_dict()
         self.report.config["cpu_scheme"] = scheme
+        return config
+
+    def _ptq(self, proto: onnx.ModelProto, config: Any, saved: dict | None) -> tuple[_Start, tuple]:
+        """The PTQ start: from the checkpoint of this run where there is one, else built (on rank 0, sent to the
+        others under torchrun); and its serialized form for the checkpoint."""
+        from npukit.quant.qdq import quantize
+        from npukit.report.quantize import add_steps
         from npukit.verbs.common import quant_opset
 
-        if self.config.weight_bits == 4:
-            proto = upgrade_opset(self.report, proto, INT4_OPSET, "int4 weights", self.samples.calib,
-                                  alternative="train 8-bit weights (--bits w8a8)")
+        if saved is not None and saved.get("payload", {}).get("start"):
+            model, reference, steps = saved["payload"]["start"]
+            self.report.add("resumed_start", "the PTQ start and the training were read from the checkpoint")
         else:
-            proto = quant_opset(self.report, proto, config, self.samples.calib)
-        def build() -> tuple[bytes, bytes, dict]:
-            result = quantize(proto, self.samples.calib, config=config)
-            return result.model.SerializeToString(), result.reference.SerializeToString(), result.steps
+            if self.config.weight_bits == 4:
+                proto = upgrade_opset(self.report, proto, INT4_OPSET, "int4 weights", self.samples.calib,
+                                      alternative="train 8-bit weights (--bits w8a8)")
+            else:
+                proto = quant_opset(self.report, proto, config, self.samples.calib)
 
-        with step("post-training quantization (the start)", timings=self.report.timings, key="ptq"):
-            model, reference, steps = _broadcast(build, self.rank)
+            def build() -> tuple[bytes, bytes, dict]:
+                result = quantize(proto, self.samples.calib, config=config)
+                return result.model.SerializeToString(), result.reference.SerializeToString(), result.steps
+
+            with step("post-training quantization (the start)", timings=self.report.timings, key="ptq"):
+                model, reference, steps = _broadcast(build, self.rank)
         add_steps(self.report, steps)
-        return _Start(onnx.load_from_string(model), onnx.load_from_string(reference)), config
+        return _Start(onnx.load_from_string(model), onnx.load_from_string(reference)), (model, reference, steps)
 
     def _choice(self, reference: onnx.ModelProto):
         from npukit.runtime.ort import make_session

@@ -167,12 +167,13 @@ class Trainer:
 
     def __init__(self, student: OnnxProgram, teacher: OnnxProgram, inputs: Mapping[str, np.ndarray],
                  labels: np.ndarray | None, config: QatConfig, *, classify_output: int | None,
-                 checkpoint: Path | None, fingerprint: str) -> None:
+                 checkpoint: Path | None, fingerprint: str, payload: Mapping[str, Any] | None = None) -> None:
         self.student, self.teacher, self.config = student, teacher, config
         self.inputs = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in inputs.items()}
         self.count = len(next(iter(self.inputs.values())))
         self.labels = torch.from_numpy(np.asarray(labels).astype(np.int64)) if labels is not None else None
         self.classify_output, self.checkpoint, self.fingerprint = classify_output, checkpoint, fingerprint
+        self.payload = dict(payload or {})  # saved with every checkpoint (the verb: the PTQ start it trains)
         self.rank, self.world = world()
         if config.batch_size % self.world:
             raise InputError(f"batch size {config.batch_size} does not split over {self.world} processes",
@@ -295,7 +296,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def state(self) -> dict[str, Any]:
-        return {"fingerprint": self.fingerprint, "epoch": self.epoch, "bits": self.bits,
+        return {"fingerprint": self.fingerprint, "payload": self.payload, "epoch": self.epoch, "bits": self.bits,
                 "student": self.student.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "quant": {k: {"rule": m.rule, "levels": m.levels, "qmin": m.qmin, "qmax": m.qmax}
                           for k, m in self.student.quant.items() if isinstance(m, WeightQuant)},
@@ -309,12 +310,9 @@ class Trainer:
         write_bytes_atomic(self.checkpoint, buffer.getvalue())
 
     def _resume(self) -> int:
-        if self.checkpoint is None or not self.checkpoint.exists():
+        state = read_checkpoint(self.checkpoint, self.fingerprint)
+        if state is None:
             return 0
-        state = torch.load(self.checkpoint, map_location="cpu", weights_only=False)
-        if state.get("fingerprint") != self.fingerprint:
-            raise InputError(f"checkpoint {self.checkpoint} is from another model, data or training setup",
-                             hint="delete it (or pass --restart) to start again, or run the command that wrote it")
         for key, rule in state["quant"].items():
             module = self.student.quant[key]
             module.rule, module.levels, module.qmin, module.qmax = rule["rule"], rule["levels"], rule["qmin"], \
@@ -324,3 +322,19 @@ class Trainer:
         self.epoch, self.bits = int(state["epoch"]), int(state["bits"])
         self.history = [Epoch(**e) for e in state["history"]]
         return self.epoch
+
+
+def read_checkpoint(path: Path | None, fingerprint: str) -> dict[str, Any] | None:
+    """The checkpoint at ``path`` (None where there is none); one written by a run with another fingerprint (model,
+    data or training setup) is refused."""
+    if path is None or not Path(path).exists():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # a truncated or foreign file
+        raise InputError(f"checkpoint {path} cannot be read ({type(exc).__name__})",
+                         hint="delete it (or pass --restart) to start again") from None
+    if not isinstance(state, dict) or state.get("fingerprint") != fingerprint:
+        raise InputError(f"checkpoint {path} is from another model, data or training setup",
+                         hint="delete it (or pass --restart) to start again, or run the command that wrote it")
+    return state
