@@ -16,13 +16,20 @@ def _r(value: Any, digits: int = 4) -> Any:
 def add_training(report: Report, trained: Any, export: dict[str, Any]) -> None:
     report.add("training", {"history": [e.as_dict() for e in trained.history], "steps": trained.steps,
                             "resumed_from_epoch": trained.resumed_from, "processes": trained.world_size,
-                            "seconds": trained.seconds})
+                            "seconds": trained.seconds, "kept_epoch": trained.kept,
+                            "start": trained.start.as_dict() if trained.start else None})
     resumed = f"; resumed after epoch {trained.resumed_from}" if trained.resumed_from else ""
+    kept = ("the start (no epoch did better on the validation samples)" if trained.kept == 0 else
+            f"epoch {trained.kept}")
+    rows = [[0, None, None, trained.start.metric, trained.start.bits, None, _r(trained.start.validation_loss),
+             _r(trained.start.validation_agreement), "kept" if trained.kept == 0 else "start"]] if trained.start \
+        else []
+    rows += [[e.epoch, _r(e.loss), _r(e.agreement), e.metric, e.bits, _r(e.seconds, 1), _r(e.validation_loss),
+              _r(e.validation_agreement), "kept" if e.epoch == trained.kept else ""] for e in trained.history]
     report.add_table(f"Training ({trained.steps} steps on {trained.world_size} process(es), "
-                     f"{trained.seconds:.0f} s in this run{resumed}; agreement on the training batches)",
-                     ["epoch", "loss", "agreement", "measure", "weight bits", "s"],
-                     [[e.epoch, _r(e.loss), _r(e.agreement), e.metric, e.bits, _r(e.seconds, 1)]
-                      for e in trained.history])
+                     f"{trained.seconds:.0f} s in this run{resumed}; kept: {kept})",
+                     ["epoch", "loss (training)", "agreement (training)", "measure", "weight bits", "s",
+                      "loss (validation)", "agreement (validation)", ""], rows)
     if len(trained.history) > 1:
         report.add_figure("Training loss per epoch", "line",
                           {"series": {"loss": {"x": [e.epoch for e in trained.history],

@@ -24,6 +24,8 @@ from npukit.tasks import QualityGate
 from npukit.verbs.common import check_output, open_data, refuse_quantized, upgrade_opset
 
 HOLD_OUT = 0.2  # of --data held out for the check when no --eval is given
+VALIDATION = 0.1  # of the training samples set aside to choose the epoch kept (the start included, 8-bit weights)
+MAX_VALIDATION = 256
 CALIB = 64  # training samples (spread evenly) that calibrate the PTQ start when no --calib is given
 EXPORT_CHECK = 4  # held-out samples on which the exported model is compared with the training simulation
 INT4_OPSET = 21
@@ -62,13 +64,16 @@ def qat(
     on ``data`` (its labels used where the data has them), starting from npukit's PTQ model on this CPU's scheme
     (calibrated on ``calib``, else on 64 training samples spread evenly), trained ``epochs`` times over ``data`` by
     distillation from the float model (``npukit.quant.qat.train``), and written back as a QDQ model on the same
-    grids (4-bit weights stored as int4, opset 21). The report shows the PTQ model of the same bits beside the
-    trained one, on ``eval_data`` (else the last fifth of ``data``, never trained on), each epoch's loss and
-    agreement, and how far ONNX Runtime's integer model is from the training simulation.
+    grids (4-bit weights stored as int4, opset 21). Every tenth training sample is set aside: after each epoch the
+    student is validated on them, and the best epoch at the final bits is kept (for 8-bit weights the start is a
+    candidate too: training never writes a model worse than its start on the validation samples). The report
+    shows the PTQ model of the same bits beside the trained one, on ``eval_data`` (else the last fifth of ``data``,
+    never trained on), each epoch's loss and agreement, and how far ONNX Runtime's integer model is from the
+    training simulation.
 
     ``<output stem>.qat.pt`` holds the PTQ start and the last finished epoch: an interrupted run continues from it
-    when the same command runs again (``restart`` starts over); it is removed once the artifact is written. Under ``torchrun``
-    the processes share every batch (DistributedDataParallel, gloo) and rank 0 writes."""
+    when the same command runs again (``restart`` starts over); it is removed once the artifact is written. Under
+    ``torchrun`` the processes share every batch (DistributedDataParallel, gloo) and rank 0 writes."""
     from npukit.frontend.shapes import InputSpec, load_with_inputs, require_static
     from npukit.quant.qat.train import QatConfig, world
 
@@ -109,13 +114,16 @@ def _weight_bits(bits: str) -> int:
 @dataclasses.dataclass
 class _Samples:
     """Training inputs (name -> array, samples on axis 0) and labels, the calibration feeds, the held-out check
-    samples (feeds, labels) and where each came from."""
+    samples (feeds, labels) and where they came from, and the validation samples (every tenth training sample,
+    not trained on) that choose the epoch kept."""
 
     train: dict[str, np.ndarray]
     labels: np.ndarray | None
     calib: list[dict[str, np.ndarray]]
     held: list[Any]
     held_from: str
+    validation: dict[str, np.ndarray]
+    validation_labels: np.ndarray | None
 
     @classmethod
     def open(cls, proto: onnx.ModelProto, data: str | Path, eval_data: str | Path | None, calib: str | Path | None,
@@ -134,19 +142,23 @@ class _Samples:
         if max_samples is not None:
             held = held[:max_samples]
         names = list(batches[0].feeds)
+        every = max(2, round(1 / VALIDATION))  # every k-th training sample validates (spread: data may be sorted)
+        picked = set(range(every - 1, len(batches), every)[:MAX_VALIDATION]) if len(batches) >= every else set()
+        validation = [b for i, b in enumerate(batches) if i in picked]
+        batches = [b for i, b in enumerate(batches) if i not in picked]
         train = {n: np.concatenate([b.feeds[n] for b in batches]) for n in names}
         for name, array in train.items():
             if array.dtype.kind == "f" and not np.isfinite(array).all():
                 raise InputError(f"training input {name!r} holds NaN or infinite values", hint="check the data")
-        labels = None
-        if all(b.labels is not None for b in batches):
-            labels = np.concatenate([np.asarray(b.labels).reshape(-1) for b in batches])
+        labels = _labels(batches)
+        valid = {n: np.concatenate([b.feeds[n] for b in validation]) for n in names} if validation else {}
         spread = batches[::max(1, len(batches) // CALIB)][:CALIB]  # evenly over the data: it may be sorted
         calib_feeds = [b.feeds for b in (open_data(calib, proto, preprocess).batches(1) if calib else spread)]
-        return cls(train, labels, calib_feeds, held, held_from)
+        return cls(train, labels, calib_feeds, held, held_from, valid, _labels(validation) if validation else None)
 
     def describe(self) -> dict[str, Any]:
         return {"train": len(next(iter(self.train.values()))), "labels": self.labels is not None,
+                "validation": len(next(iter(self.validation.values()))) if self.validation else 0,
                 "calibration": len(self.calib), "held_out": len(self.held), "held_out_from": self.held_from}
 
     def fingerprint(self) -> str:
@@ -157,6 +169,12 @@ class _Samples:
         if self.labels is not None:
             digest.update(self.labels.tobytes())
         return digest.hexdigest()
+
+
+def _labels(batches: Sequence[Any]) -> np.ndarray | None:
+    if batches and all(b.labels is not None for b in batches):
+        return np.concatenate([np.asarray(b.labels).reshape(-1) for b in batches])
+    return None
 
 
 class _Run:
@@ -196,7 +214,8 @@ class _Run:
         ptq_model = self._ptq_at_bits(result.model, twin, student)
         trainer = Trainer(student, teacher, self.samples.train, self.samples.labels, self.config,
                           classify_output=choice.output if choice.name == "classify" else None,
-                          checkpoint=checkpoint, fingerprint=fingerprint, payload={"start": start})
+                          checkpoint=checkpoint, fingerprint=fingerprint, payload={"start": start},
+                          validation=self.samples.validation, validation_labels=self.samples.validation_labels)
         with step(f"training ({self.config.epochs} epochs x {trainer.steps_per_epoch} steps, batch "
                   f"{self.config.batch_size})", timings=report.timings, key="train"), _bar(trainer.total) as bar:
             trained = trainer.train(progress=bar)

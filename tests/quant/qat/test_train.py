@@ -85,3 +85,20 @@ def test_config_refuses_what_it_cannot_train():
     with pytest.raises(InputError, match="schedule"):
         QatConfig(weight_bits=4, schedule=(4, 6))
     assert QatConfig(weight_bits=4).schedule == (6, 4)
+
+
+def test_validation_keeps_the_start_when_training_only_hurts(tmp_path):
+    """8-bit weights: the start is a candidate, so a harmful run (a learning rate far too high) writes the start."""
+    import dataclasses
+
+    trainer, student, teacher = _setup(tmp_path, bits=8, epochs=2, checkpoint=False)
+    start = {k: v.clone() for k, v in student.state_dict().items()}
+    trainer.config = dataclasses.replace(trainer.config, lr=0.5)
+    for group in trainer.optimizer.param_groups:
+        group["lr"] = 0.5
+    trainer.validation = {"x": torch.from_numpy(np.concatenate([s["x"] for s in make_samples(8, seed=9)]))}
+    result = trainer.train()
+    assert result.kept == 0 and result.start is not None
+    assert all(e.validation_loss > result.start.validation_loss for e in result.history)
+    for name, value in student.state_dict().items():
+        torch.testing.assert_close(value, start[name], msg=name)

@@ -96,7 +96,8 @@ class QatConfig:
 @dataclasses.dataclass(frozen=True)
 class Epoch:
     """One epoch's figures: mean loss, agreement with the teacher on the training batches (top-1 for a
-    classifier, else SQNR in dB), the weight bits at its end, and its wall time."""
+    classifier, else SQNR in dB), the weight bits at its end, its wall time, and the loss and agreement on the
+    validation samples after it (epoch 0: the start, before any training)."""
 
     epoch: int
     loss: float
@@ -104,6 +105,8 @@ class Epoch:
     metric: str
     bits: int
     seconds: float
+    validation_loss: float | None = None
+    validation_agreement: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -116,6 +119,8 @@ class TrainResult:
     resumed_from: int  # epochs already done when this run started (0: a fresh start)
     world_size: int
     seconds: float
+    kept: int  # the epoch whose weights the student holds at the end (0: the start; validation chose it)
+    start: Epoch | None  # the start on the validation samples (None: no validation samples)
 
 
 def world() -> tuple[int, int]:
@@ -167,13 +172,20 @@ class Trainer:
 
     def __init__(self, student: OnnxProgram, teacher: OnnxProgram, inputs: Mapping[str, np.ndarray],
                  labels: np.ndarray | None, config: QatConfig, *, classify_output: int | None,
-                 checkpoint: Path | None, fingerprint: str, payload: Mapping[str, Any] | None = None) -> None:
+                 checkpoint: Path | None, fingerprint: str, payload: Mapping[str, Any] | None = None,
+                 validation: Mapping[str, np.ndarray] | None = None,
+                 validation_labels: np.ndarray | None = None) -> None:
         self.student, self.teacher, self.config = student, teacher, config
         self.inputs = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in inputs.items()}
         self.count = len(next(iter(self.inputs.values())))
         self.labels = torch.from_numpy(np.asarray(labels).astype(np.int64)) if labels is not None else None
         self.classify_output, self.checkpoint, self.fingerprint = classify_output, checkpoint, fingerprint
         self.payload = dict(payload or {})  # saved with every checkpoint (the verb: the PTQ start it trains)
+        self.validation = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in (validation or {}).items()}
+        self.validation_labels = (torch.from_numpy(np.asarray(validation_labels).astype(np.int64))
+                                  if validation_labels is not None else None)
+        self.best: dict[str, Any] | None = None  # the best epoch at the final bits so far: loss, epoch, state
+        self.start: Epoch | None = None
         self.rank, self.world = world()
         if config.batch_size % self.world:
             raise InputError(f"batch size {config.batch_size} does not split over {self.world} processes",
@@ -240,6 +252,54 @@ class Trainer:
             return total, 10 * math.log10(num / den) if den > 0 else 99.0
 
     # ------------------------------------------------------------------------------------------- loop
+    # ------------------------------------------------------------------------------------------- validation
+    def validate(self) -> tuple[float, float] | None:
+        """(loss, agreement) of the student on the validation samples, as trained (no shifts), or None."""
+        if not self.validation:
+            return None
+        count = len(next(iter(self.validation.values())))
+        total_loss = total_agreement = 0.0
+        with torch.no_grad():
+            for first in range(0, count, self.config.batch_size):
+                part = {k: v[first:first + self.config.batch_size] for k, v in self.validation.items()}
+                labels = (self.validation_labels[first:first + self.config.batch_size]
+                          if self.validation_labels is not None else None)
+                loss, agreement = self.loss(self.model(part), _Batched(self.teacher)(part), labels)
+                size = len(next(iter(part.values())))
+                total_loss += float(loss) * size
+                total_agreement += agreement * size
+        return total_loss / count, total_agreement / count
+
+    def _consider(self, epoch: int) -> tuple[float, float] | None:
+        """Validate after ``epoch`` and remember the student when it is the best so far at the final bits."""
+        figures = self.validate()
+        if figures is None or self.bits != self.config.weight_bits:
+            return figures
+        if self.best is None or figures[0] < self.best["loss"]:
+            self.best = {"loss": figures[0], "epoch": epoch,
+                         "state": {k: v.detach().clone() for k, v in self.student.state_dict().items()},
+                         "quant": self._rules()}
+        return figures
+
+    def _keep_best(self) -> int:
+        """Put the best validated state back into the student; the epoch it is from (the last without
+        validation)."""
+        if self.best is None:
+            return self.epoch
+        self.student.load_state_dict(self.best["state"])
+        self._set_rules(self.best["quant"])
+        return int(self.best["epoch"])
+
+    def _rules(self) -> dict[str, dict[str, Any]]:
+        return {k: {"rule": m.rule, "levels": m.levels, "qmin": m.qmin, "qmax": m.qmax}
+                for k, m in self.student.quant.items() if isinstance(m, WeightQuant)}
+
+    def _set_rules(self, rules: Mapping[str, Mapping[str, Any]]) -> None:
+        for key, rule in rules.items():
+            module = self.student.quant[key]
+            module.rule, module.levels, module.qmin, module.qmax = rule["rule"], rule["levels"], rule["qmin"], \
+                rule["qmax"]
+
     def _spread(self) -> list[float]:
         """Each output's variance under the teacher on the first training samples: the constant its squared error
         is divided by (the same on every process and in every batch)."""
@@ -260,6 +320,10 @@ class Trainer:
             self.optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * min(step, self.total) / self.total)))
         for _ in range(self.epoch * self.steps_per_epoch):
             schedule.step()
+        if self.epoch == 0:  # the start, as a candidate where it is already at the final bits (8-bit weights)
+            figures = self._consider(0)
+            if figures is not None:
+                self.start = Epoch(0, figures[0], figures[1], self._metric(), self.bits, 0.0, *figures)
         while self.epoch < self.config.epochs:
             generator.manual_seed(self.config.seed * 1000 + self.epoch)  # the same batches after a resume
             order = torch.randperm(self.count, generator=generator)
@@ -287,20 +351,25 @@ class Trainer:
                 agreements.append(agreement)
                 if progress is not None:
                     progress(global_step + 1, self.total, losses[-1], agreement)
+            seconds = time.perf_counter() - began
+            figures = self._consider(self.epoch + 1) or (None, None)
             self.history.append(Epoch(self.epoch + 1, float(np.mean(losses)), float(np.mean(agreements)),
-                                      "top-1 agreement" if self.classify_output is not None else "SQNR dB",
-                                      self.bits, time.perf_counter() - began))
+                                      self._metric(), self.bits, seconds, *figures))
             self.epoch += 1
             self.save()
-        return TrainResult(tuple(self.history), self.total, resumed, self.world, time.perf_counter() - start)
+        kept = self._keep_best()
+        return TrainResult(tuple(self.history), self.total, resumed, self.world, time.perf_counter() - start, kept,
+                           self.start)
+
+    def _metric(self) -> str:
+        return "top-1 agreement" if self.classify_output is not None else "SQNR dB"
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def state(self) -> dict[str, Any]:
         return {"fingerprint": self.fingerprint, "payload": self.payload, "epoch": self.epoch, "bits": self.bits,
                 "student": self.student.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "quant": {k: {"rule": m.rule, "levels": m.levels, "qmin": m.qmin, "qmax": m.qmax}
-                          for k, m in self.student.quant.items() if isinstance(m, WeightQuant)},
-                "history": [e.as_dict() for e in self.history]}
+                "quant": self._rules(), "history": [e.as_dict() for e in self.history], "best": self.best,
+                "start": self.start.as_dict() if self.start else None}
 
     def save(self) -> None:
         if self.checkpoint is None or self.rank != 0:
@@ -313,11 +382,10 @@ class Trainer:
         state = read_checkpoint(self.checkpoint, self.fingerprint)
         if state is None:
             return 0
-        for key, rule in state["quant"].items():
-            module = self.student.quant[key]
-            module.rule, module.levels, module.qmin, module.qmax = rule["rule"], rule["levels"], rule["qmin"], \
-                rule["qmax"]
+        self._set_rules(state["quant"])
         self.student.load_state_dict(state["student"])
+        self.best = state.get("best")
+        self.start = Epoch(**state["start"]) if state.get("start") else None
         self.optimizer.load_state_dict(state["optimizer"])
         self.epoch, self.bits = int(state["epoch"]), int(state["bits"])
         self.history = [Epoch(**e) for e in state["history"]]
