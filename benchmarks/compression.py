@@ -124,6 +124,7 @@ def zoo_twins(names: list[str]) -> list[dict[str, Any]]:
     from npukit.quant.qat.export_check import check_export
     from npukit.quant.qat.twin import split
     from npukit.quant.qdq import quantize
+    from npukit.verbs.common import refuse_quantized
 
     torch.set_num_threads(1)
     rows = []
@@ -134,6 +135,7 @@ def zoo_twins(names: list[str]) -> list[dict[str, Any]]:
             args = zoo._shape_args(model)
             proto = load_with_inputs(model.model_path(), InputSpec.parse([a for a in args if a != "--input-shape"]
                                                                         or None))
+            refuse_quantized(proto, model.model_path(), verb="qat")  # as the verb does
             calib = [dict(f) for f in model.calibration()][:8]
             proto, _ = ensure_opset(proto, 13, reason="per-channel Q/DQ", feeds=calib[:1])
             result = quantize(proto, calib, config=QuantConfig(method="minmax", reduce_range=True))

@@ -51,7 +51,7 @@ def refuse_quantized(proto: onnx.ModelProto, model: str | Path, *, verb: str = "
              "a QDQ model)" if set(found) <= QDQ_OPS else
              "bench it as it is (`npukit bench MODEL --data ...`, ORT CPU runs these ops); the HTP takes float or "
              "QDQ models, not these ops")
-    takes = "a float model" if verb == "quantize" else "a float model (quantized here for the HTP) or a QDQ model"
+    takes = "a float model (quantized here for the HTP) or a QDQ model" if verb == "compile" else "a float model"
     raise InputError(f"{Path(str(model)).name} is already quantized ({ops}); {verb} takes {takes}",
                      hint=f"{where}; to quantize it with npukit, start from its float original")
 
