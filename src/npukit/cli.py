@@ -483,6 +483,18 @@ VERBS = {"export": _export, "optimize-graph": _optimize_graph, "inspect": _inspe
          "compile": _compile, "serve-bench": _serve_bench, "optimize": _optimize, "qat": _qat, "demo": _demo}
 
 
+def _resumable(args: argparse.Namespace) -> str:
+    """What an interrupted verb kept that the same command continues from."""
+    from npukit.report.finish import report_path_for
+
+    if args.verb == "qat" and report_path_for(args.output, ".qat.pt").exists():
+        return (f" The last finished epoch is kept in {report_path_for(args.output, '.qat.pt')}: run the same command "
+                "again to continue from it.")
+    if args.verb == "optimize" and report_path_for(args.output, ".optimize.db").exists():
+        return " Every finished trial is kept: run the same command again to continue the study."
+    return ""
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -511,7 +523,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_error(exc.one_line())
         return exc.exit_code
     except KeyboardInterrupt:
-        print_error("interrupted; nothing was left half-written.")
+        print_error("interrupted; nothing was left half-written." + _resumable(args))
         return 130
     except Exception as exc:  # an npukit bug: say so in one line, with the way to the traceback
         if args.debug:

@@ -61,7 +61,7 @@ def test_qat_writes_a_checked_artifact_beside_the_ptq_model(tiny, tmp_path) -> N
     assert {"QuantizeLinear", "DequantizeLinear"} <= {n.op_type for n in onnx.load(str(out)).graph.node}
 
 
-def test_four_bit_weights_are_int4_and_an_interrupted_run_continues(tiny, tmp_path, monkeypatch) -> None:
+def test_four_bit_weights_are_int4_and_an_interrupted_run_continues(tiny, tmp_path, monkeypatch, capsys) -> None:
     from npukit.quant.qat import train
 
     out = tmp_path / "w4.onnx"
@@ -76,6 +76,7 @@ def test_four_bit_weights_are_int4_and_an_interrupted_run_continues(tiny, tmp_pa
 
     monkeypatch.setattr(train.Trainer, "save", save_then_stop)
     assert main(args) == 130
+    assert "run the same command again to continue" in capsys.readouterr().err
     assert _files(tmp_path) == ["w4.qat.pt"]  # the last finished epoch, nothing else
     monkeypatch.setattr(train.Trainer, "save", real_save)
 
