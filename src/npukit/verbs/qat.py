@@ -290,17 +290,15 @@ class _Run:
     def _ptq_at_bits(self, qdq: onnx.ModelProto, twin: Any, student: Any) -> onnx.ModelProto:
         """The PTQ model at the trained bits: the QDQ model itself for 8-bit weights; for fewer bits its weights
         rounded to nearest on the narrower grid (no training), as a baseline."""
+        import copy
+
+        from npukit.quant.qat.fake_quant import set_weight_bits
         from npukit.quant.qat.twin import write_back
 
         if self.config.weight_bits == 8:
             return qdq
-        import copy
-
         probe = copy.deepcopy(student)
-        weights = probe.trained_initializers()
-        for node in probe.nodes:
-            if node.op_type == "FakeQuant" and node.attrs.get("kind") == "weight":
-                probe.quant[node.attrs["key"]].set_bits(self.config.weight_bits, weights[node.inputs[0]])
+        set_weight_bits(probe, self.config.weight_bits)
         return write_back(qdq, twin, probe)
 
     def _compare(self, reference: onnx.ModelProto, ptq: onnx.ModelProto, trained: onnx.ModelProto, output: Path,
@@ -328,9 +326,8 @@ class _Run:
         with step(f"timing float vs PTQ vs QAT, {threads} thread(s)", timings=report.timings, key="latency"):
             latency = measure_latency_interleaved({"float": reference, "PTQ": ptq, "QAT": str(output)},
                                                   threads=threads, runs=self.runs, feeds=held[0].feeds)
-        with contextlib.ExitStack():
-            sizes = {"float": len(reference.SerializeToString()), "PTQ": len(ptq.SerializeToString()),
-                     "QAT": model_size(output).file_bytes}
+        sizes = {"float": len(reference.SerializeToString()), "PTQ": len(ptq.SerializeToString()),
+                 "QAT": model_size(output).file_bytes}
         kernels = integer_kernel_report(trained)
         add_comparison(report, rows, latency, sizes, kernels, bits=self.config.weight_bits)
         failures = [] if export.exact else [f"the exported model differs from the training simulation by up to "

@@ -80,8 +80,7 @@ def check_export(exported: onnx.ModelProto, program: OnnxProgram, samples: Seque
             values = dict(zip(names, in_float.run(names, dict(feeds))))
             forced = {n: torch.from_numpy(np.asarray(values[n])) for n in steps}
             seen: dict[str, torch.Tensor] = {}
-            env = program.run({k: torch.from_numpy(np.asarray(v)) for k, v in feeds.items()}, forced=forced,
-                              seen=seen)
+            program.run({k: torch.from_numpy(np.asarray(v)) for k, v in feeds.items()}, forced=forced, seen=seen)
             for name, value in seen.items():
                 diff = float((value - forced[name]).abs().max()) / steps[name]
                 if diff > worst:
@@ -90,5 +89,4 @@ def check_export(exported: onnx.ModelProto, program: OnnxProgram, samples: Seque
             sim_out += [t.numpy() for t in clean]
             int_out += list(integer.run(out_names, dict(feeds)))
             float_out += [np.asarray(values[n]) for n in out_names]
-            del env
     return ExportCheck(len(samples), len(steps), worst, where, _sqnr(sim_out, int_out), _sqnr(float_out, int_out))

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from npukit.quant.cpu.schemes import PAIR_LIMIT
+from npukit.quant.cpu.schemes import pair_bounded_scale
 
 
 def round_ste(x: torch.Tensor) -> torch.Tensor:
@@ -113,14 +113,10 @@ class WeightQuant(nn.Module):
 
     def _rule_scale(self, w: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            if self.rule == "pair":
+            if self.rule == "pair":  # the PTQ rule itself (in float64, as the grid was made)
                 rows = w.t() if self.transpose_rows else w.reshape(w.shape[0], -1)
-                a = rows.abs()
-                if a.shape[-1] % 2:
-                    a = torch.cat([a, torch.zeros_like(a[..., :1])], dim=-1)
-                top = (a[..., 0::2] + a[..., 1::2]).amax(dim=-1)
-                top = top if self.axis is not None else top.amax().reshape(1)
-                scale = top / (PAIR_LIMIT - 1)
+                return torch.from_numpy(pair_bounded_scale(rows.numpy(), per_channel=self.axis is not None)
+                                        ).reshape(-1)
             else:
                 if self.axis is None:
                     top = w.abs().amax().reshape(1)
@@ -179,3 +175,12 @@ class BiasQuant(nn.Module):
         with torch.no_grad():
             q = torch.clamp(torch.round(b / scale), BiasQuant.QMIN, BiasQuant.QMAX)
         return q.numpy().astype(np.int64), scale.numpy().astype(np.float32)
+
+
+def set_weight_bits(program, bits: int) -> None:
+    """Every weight quantizer of ``program`` (an ``OnnxProgram`` with FakeQuant nodes) to ``bits``, each grid
+    re-derived from its current weights (``WeightQuant.set_bits``)."""
+    weights = program.trained_initializers()
+    for node in program.nodes:
+        if node.op_type == "FakeQuant" and node.attrs.get("kind") == "weight":
+            program.quant[node.attrs["key"]].set_bits(bits, weights[node.inputs[0]])

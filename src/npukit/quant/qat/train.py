@@ -39,7 +39,7 @@ from torch import nn
 
 from npukit._atomic import write_bytes_atomic
 from npukit.errors import InputError
-from npukit.quant.qat.fake_quant import WeightQuant
+from npukit.quant.qat.fake_quant import WeightQuant, set_weight_bits
 from npukit.quant.qat.program import OnnxProgram
 
 BITS = (8, 4)
@@ -210,16 +210,8 @@ class Trainer:
         return stages[min(len(stages) - 1, step * len(stages) // max(1, self.total))]
 
     def _set_bits(self, bits: int) -> None:
-        for module, weight in self._weight_quants(self.student.trained_initializers()):
-            module.set_bits(bits, weight)
+        set_weight_bits(self.student, bits)
         self.bits = bits
-
-    def _weight_quants(self, tensors: Mapping[str, torch.Tensor]) -> list[tuple[WeightQuant, torch.Tensor]]:
-        pairs = []
-        for node in self.student.nodes:
-            if node.op_type == "FakeQuant" and node.attrs.get("kind") == "weight":
-                pairs.append((self.student.quant[node.attrs["key"]], tensors[node.inputs[0]]))
-        return pairs
 
     # ------------------------------------------------------------------------------------------- loss
     def loss(self, student: Sequence[torch.Tensor], teacher: Sequence[torch.Tensor],
