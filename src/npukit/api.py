@@ -17,10 +17,11 @@ from npukit.verbs.inspect import inspect
 from npukit.verbs.optimize import optimize
 from npukit.verbs.optimize_graph import optimize_graph
 from npukit.verbs.plan_memory import plan_memory
+from npukit.verbs.prune import prune
 from npukit.verbs.qat import qat
 from npukit.verbs.quantize import cpu_scheme, quantize
 from npukit.verbs.serve_bench import serve_bench
 
 __all__ = ["CommandResult", "analyze", "bench", "compile", "cpu_scheme", "devices", "export", "inspect", "is_qdq",
-           "optimize", "optimize_graph", "plan_memory", "qat", "quantize", "quantize_for_htp", "report_path_for",
-           "serve_bench"]
+           "optimize", "optimize_graph", "plan_memory", "prune", "qat", "quantize", "quantize_for_htp",
+           "report_path_for", "serve_bench"]

@@ -39,6 +39,34 @@ def _gate(args: argparse.Namespace):
                        accept_degraded=args.accept_degraded)
 
 
+def _add_training_data(p: argparse.ArgumentParser, *, output: str) -> None:
+    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("-o", "--output", required=True, help=output)
+    p.add_argument("--data", required=True, help="training samples (image folder, with class subfolders for "
+                                                 "labels; .npy; .npz with 'labels')")
+    p.add_argument("--eval", dest="eval_data", help="held-out samples for the check (default: the last fifth of "
+                                                     "--data, never trained on)")
+
+
+def _add_training(p: argparse.ArgumentParser, *, passes: str, lr: str) -> None:
+    p.add_argument("--epochs", type=int, default=3, help=f"{passes} (default 3)")
+    p.add_argument("--batch-size", type=int, default=16, help="samples per step, over all processes (default 16)")
+    p.add_argument("--lr", type=float, help=lr)
+    p.add_argument("--no-augment", action="store_true", help="no random shifts of image inputs")
+    p.add_argument("--max-steps", type=int, help="steps per epoch at most (default: every sample once)")
+
+
+def _add_training_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--restart", action="store_true", help="ignore the checkpoint of an earlier run and start over")
+    p.add_argument("--seed", type=int, default=0, help="seed of the batches and shifts (default 0)")
+    p.add_argument("--threads", type=int, help="torch and ORT threads (default: torch's)")
+    p.add_argument("--runs", type=int, default=20, help="timed runs per model (default 20)")
+    p.add_argument("--max-samples", type=int, help="check on at most this many held-out samples")
+    _add_gate(p)
+    _add_shape(p, "static input shape, e.g. 1,3,224,224")
+    _add_html(p)
+
+
 def _add_shape(p: argparse.ArgumentParser, help_text: str) -> None:
     p.add_argument("--input-shape", action="append", metavar="[NAME=]N,C,H,W",
                    help=help_text + "; or NAME=1,3,224,224 to give an input by name (repeatable, once per input). "
@@ -291,36 +319,38 @@ def build_parser() -> argparse.ArgumentParser:
                          "(checked), and held to the task check on held-out data beside the PTQ model of the same "
                          "bits. <output>.qat.pt keeps the last finished epoch: the same command again continues an "
                          "interrupted run. Under torchrun the processes share every batch (DDP, gloo).")
-    p.add_argument("model", metavar="MODEL.onnx")
-    p.add_argument("-o", "--output", required=True, help="output .onnx path")
-    p.add_argument("--data", required=True, help="training samples (image folder, with class subfolders for "
-                                                 "labels; .npy; .npz with 'labels')")
-    p.add_argument("--eval", dest="eval_data", help="held-out samples for the check (default: the last fifth of "
-                                                     "--data, never trained on)")
+    _add_training_data(p, output="output .onnx path")
     p.add_argument("--calib", help="calibration samples for the PTQ start (default: 64 training samples spread evenly)")
     p.add_argument("--bits", choices=("w8a8", "w4a8"), default="w8a8",
                    help="weights and activations (default w8a8; w4a8 stores int4 weights, opset 21)")
     p.add_argument("--bits-schedule", metavar="B,B,...", help="weight bits of equal parts of the training, "
                                                              "lowered step by step (default: 8 for w8a8, 6,4 for "
                                                              "w4a8)")
-    p.add_argument("--epochs", type=int, default=3, help="passes over the training samples (default 3)")
-    p.add_argument("--batch-size", type=int, default=16, help="samples per step, over all processes (default 16)")
-    p.add_argument("--lr", type=float, help="Adam learning rate (default 5e-5 for 8-bit weights, 1e-4 for 4)")
+    _add_training(p, passes="passes over the training samples",
+                  lr="Adam learning rate (default 5e-5 for 8-bit weights, 1e-4 for 4)")
     p.add_argument("--learn-scales", action="store_true", help="learn the grids' scales too (LSQ)")
-    p.add_argument("--no-augment", action="store_true", help="no random shifts of image inputs")
-    p.add_argument("--max-steps", type=int, help="steps per epoch at most (default: every sample once)")
     p.add_argument("--method", choices=("auto", "minmax", "percentile", "entropy", "mse"), default="auto",
                    help="activation range observer of the PTQ start (default auto)")
     p.add_argument("--per-tensor", action="store_true", help="per-tensor weights (default per-channel)")
     p.add_argument("--exclude", nargs="+", default=[], metavar="NODE", help="nodes to keep in float")
-    p.add_argument("--restart", action="store_true", help="ignore the checkpoint of an earlier run and start over")
-    p.add_argument("--seed", type=int, default=0, help="seed of the batches and shifts (default 0)")
-    p.add_argument("--threads", type=int, help="torch and ORT threads (default: torch's)")
-    p.add_argument("--runs", type=int, default=20, help="timed runs per model (default 20)")
-    p.add_argument("--max-samples", type=int, help="check on at most this many held-out samples")
-    _add_gate(p)
-    _add_shape(p, "static input shape, e.g. 1,3,224,224")
-    _add_html(p)
+    _add_training_run(p)
+
+    p = verb("prune", help="structured channel pruning and/or magnitude sparsity, fine-tuned by distillation",
+             description="Prune a float model, then fine-tune it by distillation from the unpruned model (labels "
+                         "used where the data has them) and hold it to the task check on held-out data. --macs "
+                         "removes whole channels of the convs whose channels stand alone (a smaller, faster dense "
+                         "model); --sparsity raises that share of the weights to zero by magnitude while "
+                         "fine-tuning (npukit qat --bits w4a8 of the result keeps the zeros). <output>.prune.pt "
+                         "keeps the last finished epoch: the same command again continues an interrupted run.")
+    _add_training_data(p, output="output .onnx path (float)")
+    p.add_argument("--macs", type=float, metavar="FRACTION",
+                   help="structured: prune channels until the MACs are this fraction of today's (e.g. 0.7)")
+    p.add_argument("--sparsity", type=float, metavar="FRACTION",
+                   help="unstructured: this share of the Conv/Gemm/MatMul weights set to zero (e.g. 0.9)")
+    p.add_argument("--calib", help="samples that rank the channels (default: 64 training samples spread evenly)")
+    _add_training(p, passes="fine-tuning passes over the training samples",
+                  lr="Adam learning rate (default 1e-4, cosine-decayed)")
+    _add_training_run(p)
 
     p = verb("demo", help="the whole pipeline on MobileNetV2 (official weights) and real photos, offline")
     p.add_argument("-o", "--output-dir", default="npukit_out", help="where artifacts and reports go")
@@ -464,6 +494,14 @@ def _qat(api, args):
                    max_samples=args.max_samples, input_shape=args.input_shape, html=args.html)
 
 
+def _prune(api, args):
+    return api.prune(args.model, args.output, data=args.data, macs=args.macs, sparsity=args.sparsity,
+                     eval_data=args.eval_data, calib=args.calib, epochs=args.epochs, batch_size=args.batch_size,
+                     lr=args.lr, augment=not args.no_augment, max_steps=args.max_steps, restart=args.restart,
+                     task=_task(args), gate=_gate(args), seed=args.seed, threads=args.threads, runs=args.runs,
+                     max_samples=args.max_samples, input_shape=args.input_shape, html=args.html)
+
+
 def _demo(api, args):
     from npukit.demo_pipeline import demo
 
@@ -480,16 +518,18 @@ def _serve_bench(api, args):
 # verb -> the function that maps its parsed arguments onto the Python API (npukit.api)
 VERBS = {"export": _export, "optimize-graph": _optimize_graph, "inspect": _inspect, "quantize": _quantize,
          "analyze": _analyze, "plan-memory": _plan_memory, "devices": _devices, "bench": _bench,
-         "compile": _compile, "serve-bench": _serve_bench, "optimize": _optimize, "qat": _qat, "demo": _demo}
+         "compile": _compile, "serve-bench": _serve_bench, "optimize": _optimize, "qat": _qat, "prune": _prune,
+         "demo": _demo}
 
 
 def _resumable(args: argparse.Namespace) -> str:
     """What an interrupted verb kept that the same command continues from."""
     from npukit.report.finish import report_path_for
 
-    if args.verb == "qat" and report_path_for(args.output, ".qat.pt").exists():
-        return (f" The last finished epoch is kept in {report_path_for(args.output, '.qat.pt')}: run the same command "
-                "again to continue from it.")
+    for verb in ("qat", "prune"):
+        if args.verb == verb and report_path_for(args.output, f".{verb}.pt").exists():
+            return (f" The last finished epoch is kept in {report_path_for(args.output, f'.{verb}.pt')}: run the "
+                    "same command again to continue from it.")
     if args.verb == "optimize" and report_path_for(args.output, ".optimize.db").exists():
         return " Every finished trial is kept: run the same command again to continue the study."
     return ""

@@ -54,6 +54,8 @@ def reports(tmp_path_factory) -> dict[str, Path]:
                       "--runs", "3", "--budget", "5%", "--html"], "best.report.html"),
         ("qat", ["qat", str(model), "-o", str(work / "qat.onnx"), "--data", str(data), "--epochs", "2",
                  "--method", "minmax", "--runs", "3", "--html"], "qat.report.html"),
+        ("prune", ["prune", str(model), "-o", str(work / "pruned.onnx"), "--data", str(data), "--macs", "0.9",
+                   "--sparsity", "0.5", "--epochs", "2", "--runs", "3", "--html"], "pruned.report.html"),
     ]
     out = {"export": work / "tiny.report.html"}
     for verb, args, html in runs:
@@ -63,7 +65,7 @@ def reports(tmp_path_factory) -> dict[str, Path]:
 
 
 VERBS = ["export", "optimize-graph", "quantize", "analyze", "plan-memory", "bench", "compile", "serve-bench",
-         "optimize", "qat"]
+         "optimize", "qat", "prune"]
 
 
 @pytest.mark.parametrize("verb", VERBS)
@@ -73,7 +75,7 @@ def test_the_report_reads_right_in_a_browser(reports, verb) -> None:
     result = inspect_report(path, width=1280, screenshot=SHOTS / f"{verb}.png")
     assert Path(result["screenshot"]).stat().st_size > 10_000  # a page was drawn
     assert layout_problems(result) == []
-    if verb in ("quantize", "bench", "plan-memory", "serve-bench", "optimize", "qat"):
+    if verb in ("quantize", "bench", "plan-memory", "serve-bench", "optimize", "qat", "prune"):
         assert result["figures"], f"{verb}'s report has no plot"
 
 

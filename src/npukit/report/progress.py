@@ -77,3 +77,23 @@ def step(description: str, *, timings: MutableMapping[str, float] | None = None,
         if timings is not None:
             name = key or description
             timings[name] = timings.get(name, 0.0) + (time.perf_counter() - started)
+
+
+@contextlib.contextmanager
+def training_bar(total: int):
+    """A progress callback (step, total, loss, agreement) drawing a transient bar on stderr when it is a terminal."""
+    console = _console(True)
+    if console is None:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
+
+    with Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[figures]}"),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("training", total=total, figures="")
+
+        def update(done: int, _total: int, loss: float, agreement: float) -> None:
+            bar.update(task, completed=done, figures=f"loss {loss:.4f}  agreement {agreement:.3f}")
+
+        yield update

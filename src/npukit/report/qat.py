@@ -13,7 +13,9 @@ def _r(value: Any, digits: int = 4) -> Any:
     return round(value, digits) if isinstance(value, float) and math.isfinite(value) else value
 
 
-def add_training(report: Report, trained: Any, export: dict[str, Any]) -> None:
+def add_training(report: Report, trained: Any, *, bits: bool = True) -> None:
+    """Each epoch's loss and agreement (training and validation samples), the weight bits (``bits``: quantized
+    weights), and which epoch was kept."""
     report.add("training", {"history": [e.as_dict() for e in trained.history], "steps": trained.steps,
                             "resumed_from_epoch": trained.resumed_from, "processes": trained.world_size,
                             "seconds": trained.seconds, "kept_epoch": trained.kept,
@@ -26,15 +28,21 @@ def add_training(report: Report, trained: Any, export: dict[str, Any]) -> None:
         else []
     rows += [[e.epoch, _r(e.loss), _r(e.agreement), e.metric, e.bits, _r(e.seconds, 1), _r(e.validation_loss),
               _r(e.validation_agreement), "kept" if e.epoch == trained.kept else ""] for e in trained.history]
+    columns = ["epoch", "loss (training)", "agreement (training)", "measure", "weight bits", "s",
+               "loss (validation)", "agreement (validation)", ""]
+    if not bits:  # float weights: no bits to show
+        columns.pop(4)
+        rows = [row[:4] + row[5:] for row in rows]
     report.add_table(f"Training ({trained.steps} steps on {trained.world_size} process(es), "
-                     f"{trained.seconds:.0f} s in this run{resumed}; kept: {kept})",
-                     ["epoch", "loss (training)", "agreement (training)", "measure", "weight bits", "s",
-                      "loss (validation)", "agreement (validation)", ""], rows)
+                     f"{trained.seconds:.0f} s in this run{resumed}; kept: {kept})", columns, rows)
     if len(trained.history) > 1:
         report.add_figure("Training loss per epoch", "line",
                           {"series": {"loss": {"x": [e.epoch for e in trained.history],
                                                "y": [e.loss for e in trained.history]}}},
                           x_label="epoch", y_label="loss")
+
+
+def add_export_check(report: Report, export: Any) -> None:
     report.add("export_check", export.as_dict())
     report.add_table(f"The exported model (ONNX Runtime) against the training simulation (torch) on {export.samples} "
                      f"held-out samples: {'the same' if export.exact else 'DIFFERENT'}",
@@ -48,22 +56,23 @@ def add_training(report: Report, trained: Any, export: dict[str, Any]) -> None:
 
 
 def add_comparison(report: Report, rows: dict[str, Any], latency: dict[str, Any], sizes: dict[str, int],
-                   kernels: dict, *, bits: int) -> None:
+                   deflated: dict[str, int], kernels: dict, *, bits: int) -> None:
     """The PTQ and QAT models of the same bits on the held-out samples: task metric, worst output SQNR, latency
-    and size against the float model."""
+    and size (as stored and deflated) against the float model."""
     report.add("comparison", {k: v.as_dict() for k, v in rows.items()})
     report.add("latency", {k: v.as_dict() for k, v in latency.items()})
     report.add("size", sizes)
+    report.add("deflated_size", deflated)
     metric = next(iter(rows.values())).metric
     base = latency["float"].median_ms
-    table = [["float", None, None, round(base, 3), 1.0, sizes["float"]]]
+    table = [["float", None, None, round(base, 3), 1.0, sizes["float"], deflated["float"]]]
     for label, result in rows.items():
         worst = min((o.sqnr_db for o in result.outputs), default=None)
         table.append([f"{label} (w{bits}a8)", _r(result.value), _r(worst, 2), round(latency[label].median_ms, 3),
-                      round(latency[label].median_ms / base, 3), sizes[label]])
+                      round(latency[label].median_ms / base, 3), sizes[label], deflated[label]])
     report.add_table(f"PTQ and QAT on the held-out samples ({metric} against the float model; ORT CPU latency, "
                      "interleaved medians)", ["model", metric, "worst output SQNR dB", "median ms", "x float",
-                                              "bytes"], table)
+                                              "bytes", "bytes deflated (zip)"], table)
     integer = sum(kernels["integer_ops"].values())
     note = ("" if integer else "no integer kernels: ORT CPU dequantizes these weights and computes in float "
             "(smaller, not faster)")

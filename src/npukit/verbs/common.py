@@ -119,6 +119,15 @@ def task_check(report: Report, reference: Any, candidate: Any, samples: Sequence
     return choice, result, verdict
 
 
+def output_task(reference: onnx.ModelProto, feeds: dict[str, np.ndarray], task: str | None):
+    """The task of ``reference``'s outputs (``npukit.tasks.choose_task``), judged on one sample's ``feeds``."""
+    from npukit.runtime.ort import make_session
+    from npukit.tasks import choose_task
+
+    outs = make_session(reference).run(None, feeds)
+    return choose_task([o.shape for o in outs], [np.shape(v) for v in feeds.values()], task=task, sample=outs)
+
+
 def seeded_feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     from npukit.runtime.ort import make_session, random_feeds
 

@@ -4,7 +4,6 @@ training simulated, and held to the task check on data it was not trained on."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -19,9 +18,9 @@ from npukit.config import PreprocessConfig
 from npukit.errors import InputError
 from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish, report_path_for
-from npukit.report.progress import step
+from npukit.report.progress import step, training_bar
 from npukit.tasks import QualityGate
-from npukit.verbs.common import check_output, open_data, refuse_quantized, upgrade_opset
+from npukit.verbs.common import check_output, open_data, output_task, refuse_quantized, upgrade_opset
 
 HOLD_OUT = 0.2  # of --data held out for the check when no --eval is given
 VALIDATION = 0.1  # of the training samples set aside to choose the epoch kept (the start included, 8-bit weights)
@@ -86,7 +85,7 @@ def qat(
     proto = load_with_inputs(model, spec)
     refuse_quantized(proto, model, verb="qat")
     require_static(proto, needs="qat")
-    samples = _Samples.open(proto, data, eval_data, calib, preprocess or PreprocessConfig(), max_samples)
+    samples = TrainingSamples.open(proto, data, eval_data, calib, preprocess or PreprocessConfig(), max_samples)
     rank, size = world()
     report = Report("qat", config={"model": str(model), "data": str(data), "eval": str(eval_data) if eval_data else
                                    f"last {HOLD_OUT:.0%} of {data}", "calib": str(calib) if calib else
@@ -112,7 +111,7 @@ def _weight_bits(bits: str) -> int:
 
 
 @dataclasses.dataclass
-class _Samples:
+class TrainingSamples:
     """Training inputs (name -> array, samples on axis 0) and labels, the calibration feeds, the held-out check
     samples (feeds, labels) and where they came from, and the validation samples (every tenth training sample,
     not trained on) that choose the epoch kept."""
@@ -127,7 +126,7 @@ class _Samples:
 
     @classmethod
     def open(cls, proto: onnx.ModelProto, data: str | Path, eval_data: str | Path | None, calib: str | Path | None,
-             preprocess: PreprocessConfig, max_samples: int | None) -> _Samples:
+             preprocess: PreprocessConfig, max_samples: int | None) -> TrainingSamples:
         batches = list(open_data(data, proto, preprocess).batches(1))
         if eval_data is None:
             held_count = max(1, int(round(len(batches) * HOLD_OUT)))
@@ -180,7 +179,7 @@ def _labels(batches: Sequence[Any]) -> np.ndarray | None:
 class _Run:
     """The verb's straight line: PTQ -> twin -> train -> write back -> export check -> PTQ vs QAT -> task check."""
 
-    def __init__(self, report: Report, samples: _Samples, config: Any, task: str | None, gate: QualityGate,
+    def __init__(self, report: Report, samples: TrainingSamples, config: Any, task: str | None, gate: QualityGate,
                  threads: int | None, runs: int, rank: int) -> None:
         self.report, self.samples, self.config, self.task, self.gate = report, samples, config, task, gate
         self.threads, self.runs, self.rank = threads, runs, rank
@@ -189,11 +188,12 @@ class _Run:
             exclude: tuple[str, ...], html: bool, source: Path) -> CommandResult:
         import torch
 
+        from npukit.prune.sparsity import zero_masks
         from npukit.quant.qat.export_check import check_export
         from npukit.quant.qat.program import OnnxProgram
         from npukit.quant.qat.train import Trainer, read_checkpoint
         from npukit.quant.qat.twin import split, write_back
-        from npukit.report.qat import add_training
+        from npukit.report.qat import add_export_check, add_training
 
         report = self.report
         if self.threads:
@@ -210,14 +210,24 @@ class _Run:
         twin = split(result.model, reduce_range=quant_config.reduce_range, learn_scales=self.config.learn_scales)
         student = twin.program()
         teacher = OnnxProgram(result.reference)
-        choice = self._choice(result.reference)
+        masks = zero_masks(twin.model, set(student.trained_initializers()))  # a pruned model's zeros stay zero
+        if masks:
+            kept = {"tensors": len(masks), "zeros": int(sum((~m).sum() for m in masks.values())),
+                    "weights": int(sum(m.size for m in masks.values()))}
+            report.add("sparsity_kept", kept)
+            report.add_table("Zeros of the pruned float model kept while training (tensors at least half zeros)",
+                             ["weight tensors", "zeros", "of weights"], [[kept["tensors"], kept["zeros"],
+                                                                          kept["weights"]]])
+        choice = output_task(result.reference, self.samples.held[0].feeds, self.task)
         ptq_model = self._ptq_at_bits(result.model, twin, student)
         trainer = Trainer(student, teacher, self.samples.train, self.samples.labels, self.config,
                           classify_output=choice.output if choice.name == "classify" else None,
                           checkpoint=checkpoint, fingerprint=fingerprint, payload={"start": start},
-                          validation=self.samples.validation, validation_labels=self.samples.validation_labels)
+                          validation=self.samples.validation, validation_labels=self.samples.validation_labels,
+                          masks=masks)
         with step(f"training ({self.config.epochs} epochs x {trainer.steps_per_epoch} steps, batch "
-                  f"{self.config.batch_size})", timings=report.timings, key="train"), _bar(trainer.total) as bar:
+                  f"{self.config.batch_size})", timings=report.timings, key="train"), \
+                training_bar(trainer.total) as bar:
             trained = trainer.train(progress=bar)
         if self.rank != 0:  # rank 0 checks and writes; this process trained its share of every batch
             report.set_verdict(f"INFO qat: process {self.rank} trained its share of every batch; process 0 checks "
@@ -231,7 +241,8 @@ class _Run:
         from npukit.frontend.onnx_io import save_onnx
 
         save_onnx(exported, output)
-        add_training(report, trained, export)
+        add_training(report, trained)
+        add_export_check(report, export)
         self._compare(result.reference, ptq_model, exported, output, choice, export)
         checkpoint.unlink(missing_ok=True)
         report.add("checkpoint", {"path": str(checkpoint), "removed": True, "resumed_from_epoch":
@@ -277,16 +288,6 @@ class _Run:
         add_steps(self.report, steps)
         return _Start(onnx.load_from_string(model), onnx.load_from_string(reference)), (model, reference, steps)
 
-    def _choice(self, reference: onnx.ModelProto):
-        from npukit.runtime.ort import make_session
-        from npukit.tasks import choose_task
-
-        session = make_session(reference)
-        feeds = self.samples.held[0].feeds
-        outs = session.run(None, feeds)
-        return choose_task([o.shape for o in outs], [np.shape(v) for v in feeds.values()], task=self.task,
-                           sample=outs)
-
     def _ptq_at_bits(self, qdq: onnx.ModelProto, twin: Any, student: Any) -> onnx.ModelProto:
         """The PTQ model at the trained bits: the QDQ model itself for 8-bit weights; for fewer bits its weights
         rounded to nearest on the narrower grid (no training), as a baseline."""
@@ -304,7 +305,7 @@ class _Run:
     def _compare(self, reference: onnx.ModelProto, ptq: onnx.ModelProto, trained: onnx.ModelProto, output: Path,
                  choice: Any, export: Any) -> None:
         from npukit.measure.latency import measure_latency_interleaved
-        from npukit.measure.size import model_size
+        from npukit.measure.size import compressed_bytes, model_size
         from npukit.measure.task_fidelity import compare_task, session_runner
         from npukit.quant.qdq import integer_kernel_report
         from npukit.report.qat import add_comparison
@@ -328,8 +329,9 @@ class _Run:
                                                   threads=threads, runs=self.runs, feeds=held[0].feeds)
         sizes = {"float": len(reference.SerializeToString()), "PTQ": len(ptq.SerializeToString()),
                  "QAT": model_size(output).file_bytes}
+        deflated = {"float": compressed_bytes(reference), "PTQ": compressed_bytes(ptq), "QAT": compressed_bytes(output)}
         kernels = integer_kernel_report(trained)
-        add_comparison(report, rows, latency, sizes, kernels, bits=self.config.weight_bits)
+        add_comparison(report, rows, latency, sizes, deflated, kernels, bits=self.config.weight_bits)
         failures = [] if export.exact else [f"the exported model differs from the training simulation by up to "
                                              f"{export.max_steps:.1f} steps at {export.worst_tensor} (layer by layer)"]
         if self.config.weight_bits == 8 and not sum(kernels["integer_ops"].values()):
@@ -358,25 +360,3 @@ def _broadcast(build, rank: int):
     box = [build() if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-@contextlib.contextmanager
-def _bar(total: int):
-    """A progress callback (step, total, loss, agreement) drawing a transient bar on stderr when it is a terminal."""
-    from npukit.report.progress import _console
-
-    console = _console(True)
-    if console is None:
-        yield None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-        TimeRemainingColumn
-
-    with Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[figures]}"),
-                  TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True) as bar:
-        task = bar.add_task("training", total=total, figures="")
-
-        def update(done: int, _total: int, loss: float, agreement: float) -> None:
-            bar.update(task, completed=done, figures=f"loss {loss:.4f}  agreement {agreement:.3f}")
-
-        yield update

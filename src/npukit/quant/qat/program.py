@@ -146,3 +146,16 @@ class OnnxProgram(nn.Module):
             scale = BiasQuant.grid(self.quant[module.input_key].scale(), weight_quant.scale(env[module.weight]))
             return module(x, scale)
         return module(x)
+
+
+def with_trained_weights(model: onnx.ModelProto, program: OnnxProgram) -> onnx.ModelProto:
+    """``model`` (the float graph ``program`` was built from) with the program's trained weights in place of its
+    initializers."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    trained = {name: t.detach().cpu().numpy() for name, t in program.trained_initializers().items()}
+    for init in out.graph.initializer:
+        if init.name in trained:
+            value = trained[init.name].astype(numpy_helper.to_array(init).dtype)
+            init.CopyFrom(numpy_helper.from_array(value, init.name))
+    return out

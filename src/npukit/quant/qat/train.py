@@ -15,6 +15,11 @@ each change the weight grids are re-derived from the weights on the narrower rul
 BatchNorm is folded into the convolutions before the QDQ model is built (ONNX Runtime's pre-processing), so its
 statistics are frozen from the first step and the folded weights train.
 
+``masks`` hold pruned weights at zero: after every step each masked weight is multiplied by its mask. ``sparsity``
+(``npukit.prune.sparsity.GradualSparsity``) raises the sparsity step by step: at the steps where it says so, the masks
+are recomputed from the weights as trained so far; an epoch counts as a candidate to keep only once the final
+sparsity is reached.
+
 Checkpoints: after every epoch the student, the optimizer, the epoch and the loss history go to ``checkpoint``
 atomically (an interrupted run keeps the last one); a run with the same fingerprint starts from it. Under
 ``torchrun`` (``WORLD_SIZE`` > 1) each process takes its share of every batch (the global batch stays ``batch_size``) and DistributedDataParallel
@@ -174,8 +179,12 @@ class Trainer:
                  labels: np.ndarray | None, config: QatConfig, *, classify_output: int | None,
                  checkpoint: Path | None, fingerprint: str, payload: Mapping[str, Any] | None = None,
                  validation: Mapping[str, np.ndarray] | None = None,
-                 validation_labels: np.ndarray | None = None) -> None:
+                 validation_labels: np.ndarray | None = None, masks: Mapping[str, np.ndarray] | None = None,
+                 sparsity: Any = None) -> None:
         self.student, self.teacher, self.config = student, teacher, config
+        self.masks: dict[str, np.ndarray] = {}
+        self.sparsity = sparsity
+        self._set_masks(masks or {})
         self.inputs = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in inputs.items()}
         self.count = len(next(iter(self.inputs.values())))
         self.labels = torch.from_numpy(np.asarray(labels).astype(np.int64)) if labels is not None else None
@@ -212,6 +221,27 @@ class Trainer:
     def _set_bits(self, bits: int) -> None:
         set_weight_bits(self.student, bits)
         self.bits = bits
+
+    def _set_masks(self, masks: Mapping[str, np.ndarray]) -> None:
+        """Initializer name -> where its weights may be non-zero; the masked weights are zeroed now and after every
+        step."""
+        self.masks = {name: np.asarray(mask, dtype=bool) for name, mask in masks.items()}
+        self._applied = [(self.student.initializer(name), torch.from_numpy(mask)) for name, mask in self.masks.items()]
+        self._apply_masks()
+
+    def _apply_masks(self) -> None:
+        with torch.no_grad():
+            for weight, mask in self._applied:
+                weight.mul_(mask)
+
+    def _sparsify(self, step: int) -> None:
+        if self.sparsity is None:
+            return
+        names = self.sparsity.names
+        masks = self.sparsity.masks_at(step, self.total, lambda: {
+            n: self.student.initializer(n).detach().cpu().numpy() for n in names})
+        if masks is not None:
+            self._set_masks(masks)
 
     # ------------------------------------------------------------------------------------------- loss
     def loss(self, student: Sequence[torch.Tensor], teacher: Sequence[torch.Tensor],
@@ -265,7 +295,7 @@ class Trainer:
     def _consider(self, epoch: int) -> tuple[float, float] | None:
         """Validate after ``epoch`` and remember the student when it is the best so far at the final bits."""
         figures = self.validate()
-        if figures is None or self.bits != self.config.weight_bits:
+        if figures is None or self.bits != self.config.weight_bits or (self.sparsity and not self.sparsity.done):
             return figures
         if self.best is None or figures[0] < self.best["loss"]:
             self.best = {"loss": figures[0], "epoch": epoch,
@@ -325,6 +355,7 @@ class Trainer:
                 bits = self.bits_at(global_step)
                 if bits != self.bits:
                     self._set_bits(bits)
+                self._sparsify(global_step)
                 index = order[(step * self.config.batch_size) % self.count:][:self.config.batch_size]
                 index = index.tensor_split(self.world)[self.rank]
                 feeds = {k: v[index] for k, v in self.inputs.items()}
@@ -338,6 +369,7 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 self.optimizer.step()
+                self._apply_masks()
                 schedule.step()
                 losses.append(float(loss.detach()))
                 agreements.append(agreement)
@@ -361,7 +393,8 @@ class Trainer:
         return {"fingerprint": self.fingerprint, "payload": self.payload, "epoch": self.epoch, "bits": self.bits,
                 "student": self.student.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "quant": self._rules(), "history": [e.as_dict() for e in self.history], "best": self.best,
-                "start": self.start.as_dict() if self.start else None}
+                "start": self.start.as_dict() if self.start else None, "masks": self.masks,
+                "sparsity_stage": self.sparsity.stage if self.sparsity is not None else None}
 
     def save(self) -> None:
         if self.checkpoint is None or self.rank != 0:
@@ -381,6 +414,9 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.epoch, self.bits = int(state["epoch"]), int(state["bits"])
         self.history = [Epoch(**e) for e in state["history"]]
+        self._set_masks(state.get("masks") or {})
+        if self.sparsity is not None:
+            self.sparsity.stage = state["sparsity_stage"]
         return self.epoch
 
 

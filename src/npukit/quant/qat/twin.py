@@ -238,8 +238,11 @@ def _put(inits: Mapping[str, onnx.TensorProto], name: str, value: Any, *, dtype:
     if dtype in INT_TYPES:
         lo, hi = INT_TYPES[dtype]
         array = np.clip(np.round(array), lo, hi).astype(np.int64)
-    if dtype in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
-        new = helper.make_tensor(name, dtype, list(array.shape), array.reshape(-1).tolist())
+    if dtype in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):  # packed two per byte in raw_data (int32_data
+        import ml_dtypes  # would take up to twice that)
+
+        four_bit = ml_dtypes.int4 if dtype == onnx.TensorProto.INT4 else ml_dtypes.uint4
+        new = numpy_helper.from_array(array.astype(four_bit), name)
     else:
         np_type = helper.tensor_dtype_to_np_dtype(dtype)
         new = numpy_helper.from_array(array.astype(np_type), name)

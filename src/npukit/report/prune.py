@@ -1,0 +1,57 @@
+"""The prune report: which channels went from which convs (and which convs could not lose any, with why), the
+weights set to zero, and the float, pruned and fine-tuned models side by side."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from npukit.report.core import Report
+
+
+def _r(value: Any, digits: int = 4) -> Any:
+    return round(value, digits) if isinstance(value, float) and math.isfinite(value) else value
+
+
+def add_channels(report: Report, pruning: Any) -> None:
+    report.add("channels", {"groups": list(pruning.rows), "macs_before": pruning.macs_before,
+                            "macs_after": pruning.macs_after, "left_whole": pruning.refused})
+    report.add_table(f"Channels pruned: MACs {pruning.macs_before:,} -> {pruning.macs_after:,} "
+                     f"({pruning.macs_after / pruning.macs_before:.1%})",
+                     ["conv", "channels", "kept", "importance lost", "depthwise convs that follow", "read by"],
+                     [[r["conv"], r["channels"], r["kept"], f"{r['importance_lost']:.1%}", ", ".join(r["depthwise"]),
+                       ", ".join(r["readers"])] for r in pruning.rows])
+    if pruning.refused:
+        report.add_table("Convs left whole (their channels are tied to channels elsewhere)", ["conv", "why"],
+                         [[k, v] for k, v in pruning.refused.items()])
+
+
+def add_sparsity(report: Report, sparse: Any) -> None:
+    report.add("sparsity", {"overall": sparse.sparsity, "tensors": list(sparse.rows)})
+    report.add_table(f"Weights set to zero by magnitude: {sparse.sparsity:.1%} of "
+                     f"{sum(r['weights'] for r in sparse.rows):,}",
+                     ["weight", "node", "weights", "zero before", "zero now"],
+                     [[r["weight"], r["node"], r["weights"], r["zeros_before"], f"{r['zeros'] / r['weights']:.1%}"]
+                      for r in sparse.rows])
+
+
+def add_comparison(report: Report, rows: dict[str, Any], latency: dict[str, Any], figures: dict[str, dict]) -> None:
+    """The pruned model before and after fine-tuning on the held-out samples (task metric against the float model),
+    and the float and fine-tuned models' MACs, parameters, sizes and ORT CPU latency."""
+    report.add("comparison", {k: v.as_dict() for k, v in rows.items()})
+    report.add("latency", {k: v.as_dict() for k, v in latency.items()})
+    report.add("figures", figures)
+    metric = next(iter(rows.values())).metric
+    base = latency["float"].median_ms
+    table = []
+    for label in ("float", "pruned", "fine-tuned"):
+        f = figures[label]
+        result = rows.get(label)
+        worst = min((o.sqnr_db for o in result.outputs), default=None) if result else None
+        ms = latency["float" if label == "float" else "pruned"].median_ms if label != "pruned" else None
+        table.append([label, _r(result.value) if result else None, _r(worst, 2), f["macs"], f["params"],
+                      round(ms, 3) if ms else None, round(ms / base, 3) if ms else None, f["bytes"], f["deflated"]])
+    report.add_table(f"Float, pruned and fine-tuned on the held-out samples ({metric} against the float model; ORT "
+                     "CPU latency, interleaved medians; the pruned model before fine-tuning has the fine-tuned one's "
+                     "speed)", ["model", metric, "worst output SQNR dB", "MACs", "parameters", "median ms", "x float",
+                                "bytes", "bytes deflated (zip)"], table)

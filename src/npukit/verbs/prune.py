@@ -1,0 +1,197 @@
+"""The prune verb: structured channel pruning (whole channels of convolutions removed: fewer MACs, a smaller and
+faster dense model) and/or unstructured magnitude sparsity (zeros that a 4-bit model stores compactly), then
+distillation fine-tuning from the unpruned model, held to the task check on data it was not trained on."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from npukit.config import PreprocessConfig
+from npukit.errors import InputError
+from npukit.report.core import Report
+from npukit.report.finish import CommandResult, finish, report_path_for
+from npukit.report.progress import step, training_bar
+from npukit.tasks import QualityGate
+from npukit.verbs.common import check_output, output_task, refuse_quantized
+from npukit.verbs.qat import TrainingSamples
+
+LEARNING_RATE = 1e-4  # Adam, cosine-decayed: the pruned float model starts close to the teacher
+
+
+def prune(
+    model: str | Path,
+    output: str | Path,
+    *,
+    data: str | Path,
+    macs: float | None = None,
+    sparsity: float | None = None,
+    eval_data: str | Path | None = None,
+    calib: str | Path | None = None,
+    epochs: int = 3,
+    batch_size: int = 16,
+    lr: float | None = None,
+    augment: bool = True,
+    max_steps: int | None = None,
+    restart: bool = False,
+    task: str | None = None,
+    gate: QualityGate | None = None,
+    seed: int = 0,
+    threads: int | None = None,
+    runs: int = 20,
+    max_samples: int | None = None,
+    input_shape: str | Sequence[Any] | None = None,
+    preprocess: PreprocessConfig | None = None,
+    html: bool = False,
+) -> CommandResult:
+    """Prune ``model`` (float) and fine-tune it by distillation from itself on ``data``; write the float result.
+
+    ``macs``: structured channel pruning to this fraction of the model's MACs (``npukit.prune.channels``: whole
+    channels of the convs whose channels stand alone, the least important by their effect on the next layer on
+    calibration samples, each next 1x1 conv or Gemm refitted by least squares). ``sparsity``: this share of every
+    Conv / Gemm / MatMul weight tensor set to zero by magnitude and held at zero while fine-tuning (``npukit qat
+    --bits w4a8`` of the result keeps the zeros: 4-bit weights whose runs of zeros deflate). Both may be given
+    (channels first). The samples split as in ``npukit qat``: every tenth training sample validates (the best
+    epoch is kept, the pruned start included), the check reads ``eval_data`` (else the last fifth of ``data``).
+    The report shows the model before and after fine-tuning beside the float one: task metric, MACs, parameters,
+    ORT CPU latency, file size and deflated size. ``<output stem>.prune.pt`` keeps the last finished epoch."""
+    from npukit.frontend.shapes import InputSpec, load_with_inputs, require_static
+    from npukit.quant.qat.train import QatConfig
+
+    if macs is None and sparsity is None:
+        raise InputError("nothing to prune", hint="pass --macs 0.7 (channels, to 70% of the MACs) and/or "
+                                                  "--sparsity 0.9 (90% of the weights zero)")
+    if macs is not None and not 0 < macs < 1:
+        raise InputError(f"MAC fraction {macs} must be between 0 and 1", hint="e.g. --macs 0.7 keeps 70% of the MACs")
+    if sparsity is not None and not 0 < sparsity < 1:
+        raise InputError(f"sparsity {sparsity} must be between 0 and 1", hint="e.g. --sparsity 0.9")
+    output = check_output(output, source=model)
+    train_config = QatConfig(weight_bits=8, epochs=epochs, batch_size=batch_size, lr=lr or LEARNING_RATE,
+                             augment=augment, max_steps=max_steps, seed=seed)
+    spec = InputSpec.parse(input_shape)
+    proto = load_with_inputs(model, spec)
+    refuse_quantized(proto, model, verb="prune")
+    require_static(proto, needs="prune")
+    samples = TrainingSamples.open(proto, data, eval_data, calib, preprocess or PreprocessConfig(), max_samples)
+    report = Report("prune", config={"model": str(model), "data": str(data), "macs": macs, "sparsity": sparsity,
+                                     "eval": str(eval_data) if eval_data else f"last 20% of {data}",
+                                     "calib": str(calib) if calib else f"{len(samples.calib)} training samples",
+                                     "train": train_config.as_dict(), "task": task or "auto",
+                                     "gate": (gate or QualityGate()).as_dict(), "seed": seed,
+                                     "input_shape": spec.as_dict() if spec else None, "samples": samples.describe()})
+    checkpoint = report_path_for(output, ".prune.pt")
+    if restart:
+        checkpoint.unlink(missing_ok=True)
+    return _Run(report, samples, train_config, task, gate or QualityGate(), threads, runs).run(
+        proto, output, checkpoint, macs=macs, sparsity=sparsity, html=html, source=Path(str(model)))
+
+
+class _Run:
+    """The verb's straight line: preprocess -> prune -> fine-tune -> write -> before/after check."""
+
+    def __init__(self, report: Report, samples: TrainingSamples, config: Any, task: str | None, gate: QualityGate,
+                 threads: int | None, runs: int) -> None:
+        self.report, self.samples, self.config, self.task, self.gate = report, samples, config, task, gate
+        self.threads, self.runs = threads, runs
+
+    def run(self, proto: onnx.ModelProto, output: Path, checkpoint: Path, *, macs: float | None,
+            sparsity: float | None, html: bool, source: Path) -> CommandResult:
+        import torch
+
+        from npukit.frontend.onnx_io import save_onnx
+        from npukit.quant.qat.program import OnnxProgram, with_trained_weights
+        from npukit.quant.qat.train import Trainer
+        from npukit.quant.qdq import preprocess
+        from npukit.report.qat import add_training
+
+        report = self.report
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        torch.manual_seed(self.config.seed)
+        with step("pre-processing (BatchNorm folded, shapes inferred)", timings=report.timings, key="preprocess"):
+            reference = preprocess(proto)
+        start, pruned, sparsity_schedule = self._prune(reference, macs, sparsity)
+        choice = output_task(reference, self.samples.held[0].feeds, self.task)
+        fingerprint = hashlib.sha256(json.dumps({"model": hashlib.sha256(start.SerializeToString()).hexdigest(),
+                                                 "sparsity": sparsity, "train": self.config.as_dict(),
+                                                 "data": self.samples.fingerprint()},
+                                                sort_keys=True, default=str).encode()).hexdigest()
+        student = OnnxProgram(start)
+        trainer = Trainer(student, OnnxProgram(reference), self.samples.train, self.samples.labels, self.config,
+                          classify_output=choice.output if choice.name == "classify" else None,
+                          checkpoint=checkpoint, fingerprint=fingerprint, validation=self.samples.validation,
+                          validation_labels=self.samples.validation_labels, sparsity=sparsity_schedule)
+        with step(f"fine-tuning by distillation ({self.config.epochs} epochs x {trainer.steps_per_epoch} steps)",
+                  timings=report.timings, key="train"), training_bar(trainer.total) as bar:
+            trained = trainer.train(progress=bar)
+        if trainer.rank != 0:
+            report.set_verdict(f"INFO prune: process {trainer.rank} trained its share of every batch; process 0 "
+                               "checks and writes the artifact", passed=True)
+            return CommandResult(report=report)
+        student.eval()
+        tuned = with_trained_weights(start, student)
+        save_onnx(tuned, output)
+        add_training(report, trained, bits=False)
+        self._compare(reference, pruned, output, choice)
+        checkpoint.unlink(missing_ok=True)
+        return finish(report, output, html=html, result=trained, source=source)
+
+    def _prune(self, reference: onnx.ModelProto, macs: float | None, sparsity: float | None) -> tuple[Any, Any, Any]:
+        """(the model fine-tuning starts from, the pruned model before fine-tuning, the sparsity schedule or None):
+        channels are pruned before training; sparsity is raised step by step during it (the model before
+        fine-tuning is the one-shot sparse one)."""
+        from npukit.prune.channels import prune_channels
+        from npukit.prune.sparsity import GradualSparsity, sparsify
+        from npukit.report.prune import add_channels, add_sparsity
+
+        start = reference
+        if macs is not None:
+            with step(f"pruning channels to {macs:.0%} of the MACs", timings=self.report.timings, key="channels"):
+                channels = prune_channels(reference, self.samples.calib, macs)
+            add_channels(self.report, channels)
+            start = channels.model
+        if sparsity is None:
+            return start, start, None
+        sparse = sparsify(start, sparsity)
+        add_sparsity(self.report, sparse)
+        return start, sparse.model, GradualSparsity(sparsity, tuple(sparse.masks))
+
+    def _compare(self, reference: onnx.ModelProto, pruned: onnx.ModelProto, output: Path, choice: Any) -> None:
+        from npukit.measure.latency import measure_latency_interleaved
+        from npukit.measure.size import compressed_bytes, model_size
+        from npukit.measure.summary import summarize
+        from npukit.measure.task_fidelity import compare_task, session_runner
+        from npukit.report.prune import add_comparison
+        from npukit.report.task import add_task_check
+        from npukit.runtime.ort import make_session
+        from npukit.tasks import judge
+
+        report, held = self.report, self.samples.held
+        threads = self.threads or 1
+        ref = session_runner(make_session(reference, threads=threads))
+        names = [o.name for o in reference.graph.output]
+        models = {"float": reference, "pruned": pruned, "fine-tuned": onnx.load(str(output))}
+        rows = {}
+        for label in ("pruned", "fine-tuned"):
+            with step(f"task check of the {label} model on {len(held)} held-out samples", timings=report.timings,
+                      key=f"check_{label}"):
+                _, rows[label] = compare_task(ref, session_runner(make_session(models[label], threads=threads)),
+                                              held, output_names=names,
+                                              task=choice.name if choice.given else self.task)
+        with step(f"timing float vs pruned, {threads} thread(s)", timings=report.timings, key="latency"):
+            latency = measure_latency_interleaved({"float": reference, "pruned": str(output)}, threads=threads,
+                                                  runs=self.runs, feeds=held[0].feeds)
+        figures = {}
+        for label, model in models.items():
+            summary = summarize(model)
+            figures[label] = {"macs": summary.macs, "params": summary.parameters,
+                              "bytes": model_size(model).serialized_bytes, "deflated": compressed_bytes(model)}
+        add_comparison(report, rows, latency, figures)
+        verdict = judge(rows["fine-tuned"], self.gate, what="prune",
+                        hint="prune less (--macs nearer 1, a lower --sparsity) or fine-tune longer (--epochs)")
+        add_task_check(report, choice, rows["fine-tuned"], self.gate, verdict, where=self.samples.held_from)

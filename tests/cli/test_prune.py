@@ -1,0 +1,98 @@
+"""npukit prune end to end on a small CNN: structured pruning writes a smaller float model with the float, pruned and
+fine-tuned models side by side in the report; magnitude sparsity stays through fine-tuning and through qat to 4-bit
+weights; a degraded result exits 1; bad input exits 2 and writes nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import numpy_helper
+
+from npukit.cli import main
+from tests.prune.test_channels import PruneNet
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("prune_cli")
+    torch.manual_seed(0)
+    path = folder / "net.onnx"
+    torch.onnx.export(PruneNet().eval(), torch.zeros(1, 3, 32, 32), str(path), input_names=["x"], dynamo=False,
+                      opset_version=17)
+    rng = np.random.default_rng(5)
+    np.save(folder / "data.npy", rng.standard_normal((50, 3, 32, 32)).astype(np.float32))
+    return path
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+
+def test_channels_pruned_to_a_mac_target_and_fine_tuned(net, tmp_path) -> None:
+    out = tmp_path / "small.onnx"
+    args = ["prune", str(net), "-o", str(out), "--data", str(net.with_name("data.npy")), "--macs", "0.75",
+            "--epochs", "2", "--runs", "3", "--min-sqnr", "0", "--min-task-metric", "0"]
+    assert main(args) == 0
+    assert _files(tmp_path) == ["small.onnx", "small.report.json"]  # no checkpoint left
+    report = json.loads((tmp_path / "small.report.json").read_text())
+    assert report["passed"] and report["verdict"].startswith("PASS prune")
+    results = report["results"]
+    figures = results["figures"]
+    assert figures["fine-tuned"]["macs"] <= 0.75 * figures["float"]["macs"]
+    assert figures["fine-tuned"]["params"] < figures["float"]["params"]
+    assert results["channels"]["macs_after"] == figures["fine-tuned"]["macs"]
+    assert len(results["channels"]["groups"]) == 3 and len(results["channels"]["left_whole"]) == 2
+    assert set(results["comparison"]) == {"pruned", "fine-tuned"}
+    assert [e["epoch"] for e in results["training"]["history"]] == [1, 2]
+
+
+def test_sparsity_survives_fine_tuning_and_qat_to_four_bits(net, tmp_path) -> None:
+    sparse = tmp_path / "sparse.onnx"
+    data = str(net.with_name("data.npy"))
+    assert main(["prune", str(net), "-o", str(sparse), "--data", data, "--sparsity", "0.8", "--epochs", "1",
+                 "--runs", "3", "--lr", "1e-3", "--accept-degraded"]) == 0
+    report = json.loads((tmp_path / "sparse.report.json").read_text())
+    rows = report["results"]["sparsity"]["tensors"]
+    assert sum(r["zeros"] for r in rows) >= 0.8 * sum(r["weights"] for r in rows)
+    assert len({r["zeros"] / r["weights"] for r in rows}) > 1  # large tensors lose more than small ones
+    inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(sparse)).graph.initializer}
+    for row in rows:  # trained, and zero where the last masks said
+        assert np.sum(inits[row["weight"]] == 0) >= row["zeros"], row["weight"]
+    w4 = tmp_path / "w4.onnx"
+    assert main(["qat", str(sparse), "-o", str(w4), "--data", data, "--bits", "w4a8", "--epochs", "1", "--runs", "3",
+                 "--method", "minmax", "--lr", "1e-3", "--accept-degraded"]) == 0
+    qat = json.loads((tmp_path / "w4.report.json").read_text())["results"]
+    assert qat["sparsity_kept"]["tensors"] >= 4
+    model = onnx.load(str(w4))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    int4 = [v for i, v in ((i, inits[i.name]) for i in model.graph.initializer) if i.data_type == onnx.TensorProto.INT4]
+    assert int4 and sum(int((v == 0).sum()) for v in int4) >= 0.75 * sum(v.size for v in int4)
+    assert qat["deflated_size"]["QAT"] < qat["deflated_size"]["float"]  # (graph bytes weigh much in a model this small)
+
+
+def test_a_result_below_the_floor_exits_1_with_its_report(net, tmp_path) -> None:
+    out = tmp_path / "tiny.onnx"
+    args = ["prune", str(net), "-o", str(out), "--data", str(net.with_name("data.npy")), "--macs", "0.5",
+            "--epochs", "1", "--runs", "3", "--min-task-metric", "1"]
+    assert main(args) == 1
+    report = json.loads((tmp_path / "tiny.report.json").read_text())
+    assert not report["passed"] and report["verdict"].startswith("FAIL prune")
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], "nothing to prune"),
+    (["--macs", "1.5"], "MAC fraction 1.5"),
+    (["--sparsity", "0"], "sparsity 0"),
+    (["--macs", "0.05"], "can take the MACs down to"),
+])
+def test_bad_input_exits_2_and_writes_nothing(net, tmp_path, capsys, extra, message) -> None:
+    out = tmp_path / "out.onnx"
+    assert main(["prune", str(net), "-o", str(out), "--data", str(net.with_name("data.npy")), *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert _files(tmp_path) == []
