@@ -96,3 +96,30 @@ def test_bad_input_exits_2_and_writes_nothing(net, tmp_path, capsys, extra, mess
     assert main(["prune", str(net), "-o", str(out), "--data", str(net.with_name("data.npy")), *extra]) == 2
     assert message in capsys.readouterr().err
     assert _files(tmp_path) == []
+
+
+def test_two_processes_under_torchrun_write_what_one_process_does(net, tmp_path) -> None:
+    """Pruning and fine-tuning under torchrun (DDP, gloo): rank 0 alone writes, the same weights and zeros as one
+    process (no random shifts, so the batches are the same)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    common = ["prune", str(net), "--data", str(net.with_name("data.npy")), "--macs", "0.75", "--sparsity", "0.5",
+              "--epochs", "2", "--runs", "3", "--no-augment", "--accept-degraded"]
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                    str(port), "-m", "npukit.cli", *common, "-o", str(tmp_path / "two.onnx")], check=True, env=env,
+                   timeout=300, capture_output=True)
+    assert main([*common, "-o", str(tmp_path / "one.onnx")]) == 0
+    assert _files(tmp_path) == ["one.onnx", "one.report.json", "two.onnx", "two.report.json"]
+    one = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(tmp_path / "one.onnx")).graph.initializer}
+    two = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(tmp_path / "two.onnx")).graph.initializer}
+    assert one.keys() == two.keys()
+    for name, value in one.items():
+        np.testing.assert_allclose(two[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+        assert np.array_equal(two[name] == 0, value == 0), name
