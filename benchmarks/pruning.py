@@ -172,7 +172,8 @@ def table(doc: dict[str, Any]) -> str:
                       f"{_pct(p['smaller'])} smaller as stored, {_pct(p['smaller_deflated'])} deflated; overall "
                       f"sparsity {_pct(p['overall_sparsity'])}.", ""]
     if doc.get("zoo"):
-        lines += [f"## Zoo: every third-party ONNX model pruned to {ZOO_MACS:.0%} of its MACs, no fine-tuning", "",
+        lines += [f"## Zoo: every third-party ONNX model pruned to {ZOO_MACS:.0%} of its MACs, no fine-tuning"
+                  + (f" (commit {doc['zoo_commit']})" if doc.get("zoo_commit") else ""), "",
                   "| model | convs pruned | left whole | MACs reached | worst output SQNR dB | note |",
                   "|---|---:|---:|---:|---:|---|"]
         for r in doc["zoo"]:
@@ -211,10 +212,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, help="fine-tuning epochs (default: MNIST 3 structured, 30 sparse (and "
                                                     "the 4-bit QAT after it: 3); MobileNetV2 8)")
     parser.add_argument("--zoo", action="store_true", help="also prune every ONNX model of the zoo (no training)")
+    parser.add_argument("--zoo-only", action="store_true",
+                        help="run the zoo sweep alone and put it into the results already at --out (zoo_commit)")
     parser.add_argument("--out", default=str(HERE / "results" / "pruning"))
     args = parser.parse_args(argv)
     doc: dict[str, Any] = {"cpu": zoo._cpu(), "cores": os.cpu_count(), "commit": zoo.revision(),
                            "date": time.strftime("%Y-%m-%d"), "models": {}}
+    if args.zoo_only:
+        doc = json.loads(Path(args.out).with_suffix(".json").read_text())
+        args.models, args.zoo = [], True
+        doc["zoo_commit"] = zoo.revision()
     with tempfile.TemporaryDirectory(prefix="npukit-pruning-") as tmp:
         work = Path(tmp)
         for name in args.models:

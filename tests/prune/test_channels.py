@@ -72,7 +72,10 @@ def test_groups_follow_channels_through_depthwise_and_flatten_and_stop_at_the_re
     by_width = sorted((g.channels, len(g.regrouped), g.sinks[0].span) for g in layout.groups)
     assert by_width == [(24, 1, 1), (32, 0, 1), (32, 0, 16)]  # stem (+ depthwise), expand, head (Flatten: 4x4)
     tied = [name for name, shape in shapes.items() if shape[0] == 16]
-    assert sorted(refused) == sorted(tied) and all("joins another tensor" in refused[n] for n in tied)
+    assert sorted(n for n in refused if n in shapes) == sorted(tied)
+    assert all("joins another tensor" in refused[n] for n in tied)
+    gemms = [v for n, v in refused.items() if n not in shapes]  # the classifier writes the graph's output
+    assert len(gemms) == 1 and "graph output" in gemms[0]
 
 
 def test_keeping_every_channel_is_the_same_model_and_pruning_counts_macs_right(model) -> None:
@@ -144,7 +147,8 @@ def test_a_global_mean_and_a_flattening_reshape_carry_channels_and_follow_them()
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], inits)
     model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
     layout, refused = find_groups(model)
-    assert [(g.root, g.reshaped) for g in layout.groups] == [("conv", (("shape", 1),))] and not refused
+    assert [(g.root, g.reshaped) for g in layout.groups] == [("conv", (("shape", 1),))]
+    assert list(refused) == ["fc"] and "graph output" in refused["fc"]
     samples = _samples(2)
     samples = [{"x": s["x"][:, :, :8, :8]} for s in samples]
     whole = apply(model, layout, {"conv": np.arange(16)})
@@ -178,3 +182,20 @@ def test_a_bias_that_a_refit_gave_a_conv_goes_with_its_channels_when_that_conv_i
     b = next(n for n in result.model.graph.node if n.name == "B")
     bias = next(i for i in result.model.graph.initializer if i.name == b.input[2])
     assert tuple(bias.dims) == (8,) and _run(result.model, samples).shape == (4, 8, 8, 8)
+
+
+def test_a_gemm_roots_a_group_in_a_multilayer_perceptron(tmp_path) -> None:
+    """Flatten -> Linear 48->32 -> ReLU -> Linear 32->10: the hidden neurons go like a conv's channels."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(48, 32), nn.ReLU(), nn.Linear(32, 10)).eval()
+    path = tmp_path / "mlp.onnx"
+    torch.onnx.export(net, torch.zeros(1, 3, 4, 4), str(path), input_names=["x"], dynamo=False, opset_version=17)
+    model = onnx.shape_inference.infer_shapes(named(onnx.load(str(path))))
+    layout, refused = find_groups(model)
+    assert [(g.channels, g.slices[0].axis) for g in layout.groups] == [(32, 0)] and len(refused) == 1
+    samples = [{"x": np.random.default_rng(i).standard_normal((1, 3, 4, 4)).astype(np.float32)} for i in range(8)]
+    whole = apply(model, layout, {layout.groups[0].root: np.arange(32)})
+    np.testing.assert_array_equal(_run(whole, samples), _run(model, samples))
+    result = prune_channels(model, samples, 0.75)
+    assert result.rows[0]["kept"] == 24 and _run(result.model, samples).shape == (8, 10)
+    assert summarize(result.model).macs == result.macs_after <= 0.75 * result.macs_before

@@ -2,14 +2,14 @@
 weight that carries them, so what remains is a smaller dense model (fewer MACs, smaller weights, faster on any
 runtime), not a masked one.
 
-A *group* is a Conv (group 1, the *root*) whose output channels can go alone: its output reaches, through per-channel
-operations only (activations, Clip, BatchNormalization, pooling, depthwise convolutions, elementwise arithmetic of
-tensors of the same group or with a scalar constant), nothing but the data input of Conv (group 1), Gemm or MatMul
-nodes (the *sinks*; through a Flatten, a Gemm's columns go channel by channel). Removing channel c removes row c of
-the root's weight and bias, channel c of every depthwise conv and normalization on the way, and input channel c of
-every sink. A channel that meets a residual Add with another conv's output, a Concat, a Reshape or a graph output is
-tied to channels elsewhere: that conv is not a group (MobileNetV2's expansion channels are groups; its residual
-stream is not).
+A *group* is a Conv (group 1) or a Gemm (the *root*) whose output channels can go alone: its output reaches,
+through per-channel operations only (activations, Clip, BatchNormalization, pooling and global means over H and W,
+depthwise convolutions, elementwise arithmetic of tensors of the same group or with a scalar constant), nothing but
+the data input of Conv (group 1), Gemm or MatMul nodes (the *sinks*; through a Flatten or a flattening Reshape, a
+Gemm's columns go channel by channel). Removing channel c removes row c of the root's weight and bias, channel c of
+every depthwise conv and normalization on the way, and input channel c of every sink. A channel that meets a residual
+Add with another conv's output, a Concat, another Reshape or a graph output is tied to channels elsewhere: that root
+is not a group (MobileNetV2's expansion channels are groups; its residual stream is not).
 
 Which channels go: channel c's importance is how much the sinks' outputs would lose without it,
 sqrt(sum over sinks of E[a_c^2] * ||W_sink[:, c]||^2), with a the sinks' input measured on calibration samples.
@@ -187,11 +187,12 @@ class _Walk:
     """Follows one root conv's output channels to the sinks (see the module docstring); ``why`` says what stopped
     it."""
 
-    def __init__(self, root: ir.Node, channels: int) -> None:
+    def __init__(self, root: ir.Node, channels: int, axis: int = 0) -> None:
         self.channels = channels
-        self.slices = [Slice(root.inputs[1].name, 0)]
-        if len(root.inputs) > 2 and root.inputs[2] is not None:
-            self.slices.append(Slice(root.inputs[2].name, 0))
+        self.slices = [Slice(root.inputs[1].name, axis)]
+        bias = root.inputs[2] if len(root.inputs) > 2 else None
+        if bias is not None and np.size(constant_array(bias)) == channels:  # a one-value Gemm C broadcasts: it stays
+            self.slices.append(Slice(bias.name, 0))
         self.sinks: list[Slice] = []
         self.probes: list[str] = []
         self.regrouped: list[str] = []
@@ -321,25 +322,40 @@ class _Walk:
         self.consumes.append(node.name)
 
 
+def _root(node: ir.Node) -> tuple[int, int] | None:
+    """(output channels, their axis in the weight) of a node that can root a group: a Conv with one group, or a Gemm
+    (not transposing its input) with a constant 2-D weight; None otherwise."""
+    weight = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
+    if weight is None:
+        return None
+    if node.op_type == "Conv" and node.attributes.get_int("group", 1) == 1:
+        return weight.shape[0], 0
+    if node.op_type == "Gemm" and weight.ndim == 2 and not node.attributes.get_int("transA", 0):
+        return (weight.shape[0], 0) if node.attributes.get_int("transB", 0) else (weight.shape[1], 1)
+    return None
+
+
 def find_groups(model: onnx.ModelProto) -> tuple[Layout, dict[str, str]]:
-    """The prunable groups of ``model`` (named, shapes inferred) and, for every other Conv, why not."""
+    """The prunable groups of ``model`` (named, shapes inferred) and, for every other Conv or Gemm, why not."""
     graph = ir.from_proto(model).graph
     groups, refused, node_macs = [], {}, {}
     for node in graph:
-        if node.op_type in MAC_OPS and node.domain in ("", "ai.onnx"):
-            node_macs[node.name] = _node_macs(node)
-        if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or node.attributes.get_int("group", 1) != 1:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in MAC_OPS:
             continue
-        weight = constant_array(node.inputs[1])
-        if weight is None or not all(_sole_use(v) for v in node.inputs[1:] if v is not None):
+        node_macs[node.name] = _node_macs(node)
+        root = _root(node)
+        if root is None:
+            continue
+        channels, axis = root
+        if not all(_sole_use(v) for v in node.inputs[1:] if v is not None):
             refused[node.name] = "its weight is not its own constant"
             continue
-        if weight.shape[0] <= ROUND:
-            refused[node.name] = f"{weight.shape[0]} channels (at most {ROUND})"
+        if channels <= ROUND:
+            refused[node.name] = f"{channels} channels (at most {ROUND})"
             continue
-        walk = _Walk(node, weight.shape[0])
+        walk = _Walk(node, channels, axis)
         if walk.run():
-            groups.append(Group(node.name, weight.shape[0], tuple(walk.slices), tuple(walk.sinks), tuple(walk.probes),
+            groups.append(Group(node.name, channels, tuple(walk.slices), tuple(walk.sinks), tuple(walk.probes),
                                 tuple(walk.regrouped), tuple(walk.produces), tuple(walk.consumes),
                                 tuple(walk.reshaped)))
         else:
@@ -400,7 +416,7 @@ def choose(layout: Layout, scores: Mapping[str, np.ndarray], fraction: float) ->
     floor = layout.macs_with({g.root: g.min_keep for g in layout.groups})
     if floor > target:
         raise InputError(f"pruning can take the MACs down to {floor / layout.macs:.0%} of the model's at most "
-                         f"(its {len(layout.groups)} prunable convs, each keeping {MIN_KEEP:.0%} of its channels), "
+                         f"(its {len(layout.groups)} prunable layers, each keeping {MIN_KEEP:.0%} of its channels), "
                          f"not {fraction:.0%}", hint=f"ask for at least {math.ceil(floor / layout.macs * 100)}%")
     lo, hi = 0.0, max(float(r.max()) for r in relative.values()) + 1.0
     for _ in range(60):  # the smallest threshold whose MACs meet the target

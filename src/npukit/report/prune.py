@@ -22,7 +22,7 @@ def add_channels(report: Report, pruning: Any) -> None:
                      [[r["conv"], r["channels"], r["kept"], f"{r['importance_lost']:.1%}", ", ".join(r["depthwise"]),
                        ", ".join(r["readers"])] for r in pruning.rows])
     if pruning.refused:
-        report.add_table("Convs left whole (their channels are tied to channels elsewhere)", ["conv", "why"],
+        report.add_table("Convs and Gemms left whole (their channels are tied to channels elsewhere)", ["node", "why"],
                          [[k, v] for k, v in pruning.refused.items()])
 
 
