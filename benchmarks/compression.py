@@ -111,22 +111,14 @@ def run_one(model: Path, train: Path, held: Path, bits: str, *, epochs: int, out
             "options": {k: v for k, v in options.items()}}
 
 
-def zoo_twins(names: list[str]) -> list[dict[str, Any]]:
-    """Each third-party ONNX model of the zoo (``zoo_models.py``): npukit's PTQ model (minmax, per-channel, 7-bit /
-    pair-bounded weights), its training twin, and the layer-by-layer check of the QDQ model against the twin
-    (``npukit.quant.qat.export_check``) on two held-out inputs; or the one-line reason it cannot be trained."""
-    import torch
-
+def zoo_sweep(names: list[str], verb: str, measure: Any) -> list[dict[str, Any]]:
+    """For each zoo model by name (``zoo_models.py``): its ONNX model with the zoo's input shapes, refused as ``verb``
+    refuses a quantized one, then ``measure(zoo_model, proto)`` (a dict of figures); or the one-line reason it
+    failed. Each row is printed as it comes."""
     import zoo_models
-    from npukit.frontend.opset import ensure_opset
     from npukit.frontend.shapes import InputSpec, load_with_inputs
-    from npukit.quant.config import QuantConfig
-    from npukit.quant.qat.export_check import check_export
-    from npukit.quant.qat.twin import split
-    from npukit.quant.qdq import quantize
     from npukit.verbs.common import refuse_quantized
 
-    torch.set_num_threads(1)
     rows = []
     for name in names:
         model = zoo_models.MODELS[name]
@@ -135,18 +127,44 @@ def zoo_twins(names: list[str]) -> list[dict[str, Any]]:
             args = zoo._shape_args(model)
             proto = load_with_inputs(model.model_path(), InputSpec.parse([a for a in args if a != "--input-shape"]
                                                                         or None))
-            refuse_quantized(proto, model.model_path(), verb="qat")  # as the verb does
-            calib = [dict(f) for f in model.calibration()][:8]
-            proto, _ = ensure_opset(proto, 13, reason="per-channel Q/DQ", feeds=calib[:1])
-            result = quantize(proto, calib, config=QuantConfig(method="minmax", reduce_range=True))
-            twin = split(result.model, reduce_range=True)
-            check = check_export(result.model, twin.program(), [dict(f) for f in model.evaluation()][:2])
-            rows.append({"model": name, **check.as_dict(), "seconds": round(time.perf_counter() - start, 1)})
-        except Exception as exc:  # one line per model that cannot be trained, the others go on
+            refuse_quantized(proto, model.model_path(), verb=verb)  # as the verb does
+            rows.append({"model": name, **measure(model, proto), "seconds": round(time.perf_counter() - start, 1)})
+        except Exception as exc:  # one line per model that fails, the others go on
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             rows.append({"model": name, "error": f"{type(exc).__name__}: {first}"[:240]})
         print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def zoo_twins(names: list[str]) -> list[dict[str, Any]]:
+    """Each third-party ONNX model of the zoo (``zoo_models.py``): npukit's PTQ model (minmax, per-channel, 7-bit /
+    pair-bounded weights), its training twin, and the layer-by-layer check of the QDQ model against the twin
+    (``npukit.quant.qat.export_check``) on two held-out inputs; or the one-line reason it cannot be trained."""
+    import torch
+
+    from npukit.frontend.opset import ensure_opset
+    from npukit.quant.config import QuantConfig
+    from npukit.quant.qat.export_check import check_export
+    from npukit.quant.qat.twin import split
+    from npukit.quant.qdq import quantize
+
+    def measure(model: Any, proto: Any) -> dict[str, Any]:
+        calib = [dict(f) for f in model.calibration()][:8]
+        proto, _ = ensure_opset(proto, 13, reason="per-channel Q/DQ", feeds=calib[:1])
+        result = quantize(proto, calib, config=QuantConfig(method="minmax", reduce_range=True))
+        twin = split(result.model, reduce_range=True)
+        return check_export(result.model, twin.program(), [dict(f) for f in model.evaluation()][:2]).as_dict()
+
+    torch.set_num_threads(1)
+    return zoo_sweep(names, "qat", measure)
+
+
+def save_results(doc: dict[str, Any], out: Path, table: Any) -> None:
+    """``doc`` as ``<out>.json`` and ``table(doc)`` as ``<out>.md`` (printed too)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    out.with_suffix(".md").write_text(table(doc))
+    print(table(doc))
 
 
 def _pct(value: float | None) -> str:
@@ -236,11 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         names = args.zoo or [n for n, m in zoo_models.MODELS.items() if str(m.model_path()).endswith(".onnx")]
         doc["zoo"] = zoo_twins(names)
     doc["targets"] = targets(doc)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    out.with_suffix(".md").write_text(table(doc))
-    print(table(doc))
+    save_results(doc, Path(args.out), table)
     return 0
 
 

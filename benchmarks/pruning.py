@@ -39,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import third_party_zoo as zoo  # noqa: E402  (CPU name, revision)
-from compression import _pct, mnist, mobilenet_v2  # noqa: E402
+from compression import _pct, mnist, mobilenet_v2, save_results, zoo_sweep  # noqa: E402
 
 MODELS = ("mnist", "mobilenet_v2")
 MACS = 0.7
@@ -103,40 +103,25 @@ def sparse_four_bit(model: Path, train: Path, held: Path, work: Path, *, epochs:
 def zoo_pruning(names: list[str]) -> list[dict[str, Any]]:
     """Each third-party ONNX model pruned to ``ZOO_MACS`` of its MACs without fine-tuning (see the module
     docstring), or the one-line reason it cannot be."""
-    import zoo_models
-    from npukit.frontend.shapes import InputSpec, load_with_inputs
-    from npukit.quant.layer_sqnr import sqnr_db
     from npukit.prune.channels import prune_channels
+    from npukit.quant.layer_sqnr import sqnr_db
     from npukit.quant.qdq import preprocess
     from npukit.runtime.ort import make_session
-    from npukit.verbs.common import refuse_quantized
 
-    rows = []
-    for name in names:
-        model = zoo_models.MODELS[name]
-        start = time.perf_counter()
-        try:
-            args = zoo._shape_args(model)
-            proto = load_with_inputs(model.model_path(), InputSpec.parse([a for a in args if a != "--input-shape"]
-                                                                        or None))
-            refuse_quantized(proto, model.model_path(), verb="prune")
-            reference = preprocess(proto)
-            result = prune_channels(reference, [dict(f) for f in model.calibration()][:8], ZOO_MACS)
-            before, after = make_session(reference), make_session(result.model)
-            sqnrs = []
-            for feeds in [dict(f) for f in model.evaluation()][:2]:
-                for ref, got in zip(before.run(None, feeds), after.run(None, feeds)):
+    def measure(model: Any, proto: Any) -> dict[str, Any]:
+        reference = preprocess(proto)
+        result = prune_channels(reference, [dict(f) for f in model.calibration()][:8], ZOO_MACS)
+        before, after = make_session(reference), make_session(result.model)
+        sqnrs = []
+        for feeds in [dict(f) for f in model.evaluation()][:2]:
+            for ref, got in zip(before.run(None, feeds), after.run(None, feeds)):
+                if np.asarray(ref).dtype.kind == "f" and np.size(ref):  # float outputs only
                     ref, got = np.asarray(ref, np.float64), np.asarray(got, np.float64)
-                    if ref.dtype.kind == "f" and ref.size:
-                        sqnrs.append(sqnr_db(float(np.sum(ref ** 2)), float(np.sum((ref - got) ** 2))))
-            rows.append({"model": name, "groups": len(result.rows), "left_whole": len(result.refused),
-                         "macs_fraction": result.macs_after / result.macs_before,
-                         "worst_output_sqnr_db": float(min(sqnrs)), "seconds": round(time.perf_counter() - start, 1)})
-        except Exception as exc:  # one line per model that cannot be pruned, the others go on
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            rows.append({"model": name, "error": f"{type(exc).__name__}: {first}"[:240]})
-        print(json.dumps(rows[-1]), flush=True)
-    return rows
+                    sqnrs.append(sqnr_db(float(np.sum(ref ** 2)), float(np.sum((ref - got) ** 2))))
+        return {"groups": len(result.rows), "left_whole": len(result.refused),
+                "macs_fraction": result.macs_after / result.macs_before, "worst_output_sqnr_db": float(min(sqnrs))}
+
+    return zoo_sweep(names, "prune", measure)
 
 
 def table(doc: dict[str, Any]) -> str:
@@ -246,11 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         names = [n for n, m in zoo_models.MODELS.items() if m.model_path().suffix == ".onnx"]
         doc["zoo"] = zoo_pruning(names)
     doc["targets"] = targets(doc)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    out.with_suffix(".md").write_text(table(doc))
-    print(table(doc))
+    save_results(doc, Path(args.out), table)
     return 0
 
 

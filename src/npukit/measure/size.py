@@ -74,8 +74,9 @@ def compressed_bytes(model: str | os.PathLike[str] | onnx.ModelProto) -> int:
     if isinstance(model, onnx.ModelProto):
         return len(zlib.compress(model.SerializeToString(), 9))
     path = Path(model)
-    total = len(zlib.compress(path.read_bytes(), 9))
-    proto = _parse(path.read_bytes(), str(path))
+    data = path.read_bytes()
+    total = len(zlib.compress(data, 9))
+    proto = _parse(data, str(path))
     seen = set()
     for tensor in _stored_tensors(proto.graph):
         location = next((e.value for e in tensor.external_data if e.key == "location"), None)

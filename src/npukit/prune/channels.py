@@ -20,6 +20,7 @@ kernels work in) and at least ``MIN_KEEP`` of its channels.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -101,9 +102,10 @@ def named(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with a unique name on every node (the groups name their nodes)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    taken = {n.name for n in out.graph.node if n.name}
+    counts = collections.Counter(n.name for n in out.graph.node)
+    taken = set(counts)
     for index, node in enumerate(out.graph.node):
-        if not node.name or sum(1 for n in out.graph.node if n.name == node.name) > 1:
+        if not node.name or counts[node.name] > 1:
             name = f"{node.op_type}_{index}"
             while name in taken:
                 name += "_"
@@ -114,16 +116,16 @@ def named(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def _weights_not_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` without the graph inputs that only restate an initializer (older exporters list every weight as
-    an input): pruning takes the weights as the model's constants."""
+    an input; ``InitializersAsConstantsPass``, the graph pipeline's first pass): pruning takes the weights as the
+    model's constants."""
+    from npukit.passes.initializers_as_constants import InitializersAsConstantsPass
+
     names = {i.name for i in model.graph.initializer}
     if not any(i.name in names for i in model.graph.input):
         return model
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    kept = [i for i in out.graph.input if i.name not in names]
-    del out.graph.input[:]
-    out.graph.input.extend(kept)
-    return out
+    ir_model = ir.serde.deserialize_model(model)
+    InitializersAsConstantsPass()(ir_model)
+    return ir.serde.serialize_model(ir_model)
 
 
 def owned_weights(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -390,13 +392,10 @@ def importance(model: onnx.ModelProto, layout: Layout, samples: Iterable[Mapping
 
 def _probed(model: onnx.ModelProto, names: Sequence[str], samples: Iterable[Mapping[str, np.ndarray]]):
     """For each sample, the tensors ``names`` of ``model`` (float64), by name."""
+    from npukit.quant.calibration.calibrate import with_outputs
     from npukit.runtime.ort import make_session
 
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    listed = {o.name for o in probe.graph.output}
-    probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in listed)
-    session = make_session(probe)
+    session = make_session(with_outputs(model, names))
     for feeds in samples:
         yield {n: np.asarray(v, dtype=np.float64) for n, v in zip(names, session.run(list(names), dict(feeds)))}
 

@@ -3,14 +3,10 @@ weights set to zero, and the float, pruned and fine-tuned models side by side.""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from npukit.report.core import Report
-
-
-def _r(value: Any, digits: int = 4) -> Any:
-    return round(value, digits) if isinstance(value, float) and math.isfinite(value) else value
+from npukit.report.qat import rounded
 
 
 def add_channels(report: Report, pruning: Any) -> None:
@@ -49,7 +45,7 @@ def add_comparison(report: Report, rows: dict[str, Any], latency: dict[str, Any]
         result = rows.get(label)
         worst = min((o.sqnr_db for o in result.outputs), default=None) if result else None
         ms = latency["float" if label == "float" else "pruned"].median_ms if label != "pruned" else None
-        table.append([label, _r(result.value) if result else None, _r(worst, 2), f["macs"], f["params"],
+        table.append([label, rounded(result.value) if result else None, rounded(worst, 2), f["macs"], f["params"],
                       round(ms, 3) if ms else None, round(ms / base, 3) if ms else None, f["bytes"], f["deflated"]])
     report.add_table(f"Float, pruned and fine-tuned on the held-out samples ({metric} against the float model; ORT "
                      "CPU latency, interleaved medians; the pruned model before fine-tuning has the fine-tuned one's "

@@ -9,7 +9,8 @@ from typing import Any
 from npukit.report.core import Report
 
 
-def _r(value: Any, digits: int = 4) -> Any:
+def rounded(value: Any, digits: int = 4) -> Any:
+    """A finite float rounded for a table; anything else as it is."""
     return round(value, digits) if isinstance(value, float) and math.isfinite(value) else value
 
 
@@ -23,11 +24,12 @@ def add_training(report: Report, trained: Any, *, bits: bool = True) -> None:
     resumed = f"; resumed after epoch {trained.resumed_from}" if trained.resumed_from else ""
     kept = ("the start (no epoch did better on the validation samples)" if trained.kept == 0 else
             f"epoch {trained.kept}")
-    rows = [[0, None, None, trained.start.metric, trained.start.bits, None, _r(trained.start.validation_loss),
-             _r(trained.start.validation_agreement), "kept" if trained.kept == 0 else "start"]] if trained.start \
+    rows = [[0, None, None, trained.start.metric, trained.start.bits, None, rounded(trained.start.validation_loss),
+             rounded(trained.start.validation_agreement), "kept" if trained.kept == 0 else "start"]] if trained.start \
         else []
-    rows += [[e.epoch, _r(e.loss), _r(e.agreement), e.metric, e.bits, _r(e.seconds, 1), _r(e.validation_loss),
-              _r(e.validation_agreement), "kept" if e.epoch == trained.kept else ""] for e in trained.history]
+    rows += [[e.epoch, rounded(e.loss), rounded(e.agreement), e.metric, e.bits, rounded(e.seconds, 1),
+              rounded(e.validation_loss), rounded(e.validation_agreement), "kept" if e.epoch == trained.kept else ""]
+             for e in trained.history]
     columns = ["epoch", "loss (training)", "agreement (training)", "measure", "weight bits", "s",
                "loss (validation)", "agreement (validation)", ""]
     if not bits:  # float weights: no bits to show
@@ -50,9 +52,9 @@ def add_export_check(report: Report, export: Any) -> None:
                      [["quantized activations compared layer by layer (same inputs)", export.layers],
                       ["largest difference, grid steps (at most 1)", f"{export.max_steps:.2f} ({export.worst_tensor})"
                        if export.worst_tensor else f"{export.max_steps:.2f}"],
-                      ["outputs, integer kernels against the simulation, SQNR dB", _r(export.sqnr_db, 1)],
+                      ["outputs, integer kernels against the simulation, SQNR dB", rounded(export.sqnr_db, 1)],
                       ["outputs, integer kernels against ORT's float run of the same Q/DQ model, SQNR dB",
-                       _r(export.runtime_sqnr_db, 1)]])
+                       rounded(export.runtime_sqnr_db, 1)]])
 
 
 def add_comparison(report: Report, rows: dict[str, Any], latency: dict[str, Any], sizes: dict[str, int],
@@ -68,8 +70,9 @@ def add_comparison(report: Report, rows: dict[str, Any], latency: dict[str, Any]
     table = [["float", None, None, round(base, 3), 1.0, sizes["float"], deflated["float"]]]
     for label, result in rows.items():
         worst = min((o.sqnr_db for o in result.outputs), default=None)
-        table.append([f"{label} (w{bits}a8)", _r(result.value), _r(worst, 2), round(latency[label].median_ms, 3),
-                      round(latency[label].median_ms / base, 3), sizes[label], deflated[label]])
+        table.append([f"{label} (w{bits}a8)", rounded(result.value), rounded(worst, 2),
+                      round(latency[label].median_ms, 3), round(latency[label].median_ms / base, 3), sizes[label],
+                      deflated[label]])
     report.add_table(f"PTQ and QAT on the held-out samples ({metric} against the float model; ORT CPU latency, "
                      "interleaved medians)", ["model", metric, "worst output SQNR dB", "median ms", "x float",
                                               "bytes", "bytes deflated (zip)"], table)
@@ -78,5 +81,5 @@ def add_comparison(report: Report, rows: dict[str, Any], latency: dict[str, Any]
             "(smaller, not faster)")
     report.add_table("What ORT runs (the QAT model)", ["integer kernels", "float compute fed by DequantizeLinear",
                                                        "integer fraction", "note"],
-                     [[integer, sum(kernels["float_compute_after_dq"].values()), _r(kernels["integer_fraction"], 3),
-                       note]])
+                     [[integer, sum(kernels["float_compute_after_dq"].values()),
+                       rounded(kernels["integer_fraction"], 3), note]])
