@@ -157,6 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="lift to 16 bits the activations whose rounding costs the outputs most per millisecond "
                         "the lift adds, adding at most this fraction to the int8 model's latency (e.g. 0.1; chosen "
                         "on the calibration data, latency measured on this machine)")
+    p.add_argument("--mixed-precision", action="store_true",
+                   help="choose each conv/gemm's precision (int8, 16-bit activations or float32) so that the model "
+                        "meets --min-task-metric / --min-sqnr on the calibration data with the least latency added "
+                        "(each option's gain and cost measured on this machine; minutes)")
+    p.add_argument("--mixed-precision-layers", type=int, default=24, metavar="N",
+                   help="layers whose options are measured per round, the most sensitive first; more are "
+                        "measured while no plan meets the floors (default 24)")
     p.add_argument("--activations", choices=("auto", "uint8", "int8"), default="auto",
                    help="activation dtype (auto: what this CPU's int8 kernels run accurately)")
     p.add_argument("--reduce-range", choices=("auto", "on", "off"), default="auto",
@@ -404,7 +411,8 @@ def _quantize(api, args):
                         cle=args.cle, bias_correction=args.bias_correction, adaround=args.adaround,
                         range_search=args.range_search, equalize_activations=args.equalize_activations,
                         exclude=args.exclude, int16_nodes=args.int16, int16_tensors=args.int16_tensors,
-                        int16_budget=args.int16_budget,
+                        int16_budget=args.int16_budget, mixed_precision=args.mixed_precision,
+                        mixed_precision_layers=args.mixed_precision_layers,
                         activation_dtype=None if args.activations == "auto" else args.activations,
                         reduce_range=_tri(args.reduce_range), float_stem=_tri(args.float_stem),
                         gemm_convs=_tri(args.gemm_convs), calib_samples=args.calib_samples, data=args.data,

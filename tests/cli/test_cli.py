@@ -317,6 +317,36 @@ def test_quantize_int16_budget_lifts_tensors_within_it(exported, tmp_path):
     assert len(wide) >= len(plan["tensors"])  # a 16-bit zero point for each lifted tensor
 
 
+def test_quantize_mixed_precision_lifts_layers_until_the_floor_is_met(exported, tmp_path, capsys):
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(5).standard_normal((8, 3, 32, 32)).astype(np.float32))
+    out = tmp_path / "tiny.mp.onnx"
+    args = ["quantize", str(exported), "--calib", str(calib), "-o", str(out), "--method", "minmax", "--runs", "2",
+            "--task", "generic", "--per-tensor", "--float-stem", "off"]
+    assert main(args) == 0
+    base = json.loads(out.with_name("tiny.mp.report.json").read_text())["results"]["task_check"]["result"]
+    floor = min(o["sqnr_db"] for o in base["outputs"]) + 3.0
+    assert main(args + ["--mixed-precision", "--min-sqnr", f"{floor:.2f}"]) == 0
+    report = json.loads(out.with_name("tiny.mp.report.json").read_text())
+    plan = report["results"]["mixed_precision"]
+    assert plan["met"] and plan["assignment"] and plan["tried"][0]["lifted"] == 0 and not plan["tried"][0]["passed"]
+    assert report["passed"] and report["results"]["task_check"]["verdict"]["passed"]
+    floats = report["results"]["steps"]["plan"]["float_nodes"]
+    assert {n for n, p in plan["assignment"].items() if p == "float32"} <= set(floats)
+    assert all(why[-1].startswith("mixed_precision") for n, why in floats.items() if n in plan["assignment"])
+    assert any(t["title"].startswith("Mixed precision per layer") for t in report["tables"])
+    # a floor no plan reaches: exit 2, one line, nothing written
+    out.unlink()
+    out.with_name("tiny.mp.report.json").unlink()
+    capsys.readouterr()
+    assert main(args + ["--mixed-precision", "--min-sqnr", "300", "--mixed-precision-layers", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "no per-layer precision plan meets the floors" in err and "every activation at 16 bits" in err
+    assert not out.exists() and not out.with_name("tiny.mp.report.json").exists()
+    assert main(args + ["--mixed-precision", "--int16-budget", "0.1"]) == 2
+    assert "--int16-budget" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("case", ["nan", "empty", "wrong shape", "too few"])
 def test_quantize_bad_calibration_data(case, exported, tmp_path, capsys):
     calib = tmp_path / "calib.npy"

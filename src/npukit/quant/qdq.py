@@ -51,6 +51,7 @@ from npukit.quant.precision.tensor_precision import (TensorPlan, activation_pair
 from npukit.runtime.ort import INTEGER_KERNELS, make_session
 
 FLOAT_COMPUTE_OPS = ("Conv", "FusedConv", "MatMul", "FusedMatMul", "Gemm", "FusedGemm")
+FLOAT_HEAD = Decision("float_stem", "a short-reduction stem and the chain after it run fastest in float here")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,13 +285,14 @@ def float_heads(work: onnx.ModelProto, first: dict[str, np.ndarray], config: Qua
 
 
 def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: QuantConfig,
-             progress: Progress | None = None) -> QuantResult:
+             progress: Progress | None = None, why: Mapping[str, Decision] | None = None) -> QuantResult:
     """Quantize ``model`` to a QDQ model (int8 weights, ``config.activation_dtype`` activations) on ``samples``.
 
     ``samples`` (dicts of input name -> array) are read once per step; pass a re-iterable (a list, a reader) to
     keep memory bounded, since a one-shot iterator is held in memory. With ``method="auto"`` the method is chosen
     after CLE and before AdaRound and bias correction (see ``npukit.quant.calibration.auto``); ``steps["auto"]`` holds each
-    candidate's held-out output SQNR and the choice.
+    candidate's held-out output SQNR and the choice. ``why``: the step that chose a float node or a 16-bit tensor of
+    ``config`` when it was not the user (e.g. a mixed-precision plan), for the plan's provenance.
     """
     start = time.perf_counter()
     model = named_nodes(model)  # unnamed nodes would all match an exclusion of the name ""
@@ -304,7 +306,7 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
     if config.gemm_convs:
         require_exact_move()  # before any long step: refused where ORT's two int8 conv kernels are not both exact
     steps: dict[str, dict] = {}
-    why: dict[str, Decision] = {}  # float node or 16-bit tensor -> the step that chose it, when not the user
+    why = dict(why or {})  # float node or 16-bit tensor -> the step that chose it, when not the user
     range_why: dict[str, Decision] = {}  # tensor -> the step that set its range
     work = preprocess(model)
     probe = None
@@ -321,8 +323,7 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
                        "float; it is dropped and the model quantized whole")
             head_nodes = ()
         config = dataclasses.replace(config, float_stem=False, exclude=config.exclude + head_nodes)
-        why |= {n: Decision("float_stem", "a short-reduction stem and the chain after it run fastest in float here")
-                for n in head_nodes}
+        why |= dict.fromkeys(head_nodes, FLOAT_HEAD)
         steps["float_stem"] = {"nodes": list(head_nodes), "max_k": STEM_MAX_K, "heads": [h.summary() for h in heads],
                                "dropped": dropped}
     if config.float_joins:  # a join of very different scales (boxes and scores) and what follows it stay in float

@@ -100,3 +100,29 @@ def add_agreement(report: Report, agreement: Any, *, where: str) -> None:
         fields += [["top-1 accuracy float", agreement.top1_accuracy_reference],
                    ["top-1 accuracy int8", agreement.top1_accuracy_candidate]]
     report.add_table(f"Agreement with the float model on {where}", ["metric", "value"], fields)
+
+
+def add_mixed_precision(report: Report, plan: dict[str, Any]) -> None:
+    """The per-layer precision search (``npukit.quant.precision.layer_plan.LayerPlan.summary``): each candidate
+    layer's sensitivity, what each option buys and costs, the choice; the models checked; the plan timed beside the
+    all-int8 and all-16-bit models."""
+    report.add("mixed_precision", plan)
+    chosen = plan["assignment"]
+    rows = {}
+    for o in plan["options"]:
+        row = rows.setdefault(o["node"], {"node": o["node"], "sensitivity": plan["sensitivity"].get(o["node"], 0.0)})
+        row[o["precision"]] = (o["share"], o["added_ms"])
+    timing = plan["timing_ms"]
+    report.add_table(
+        f"Mixed precision per layer: {len(chosen)} of {len(rows)} measured layers lifted (output SQNR on "
+        f"{plan['samples']} calibration samples {plan['base_sqnr_db']:.2f} dB all int8, {plan['plan_sqnr_db']:.2f} dB "
+        f"as planned; latency, 1 thread: int8 {timing['int8']:.2f} ms, plan {timing['plan']:.2f} ms, every "
+        f"activation 16-bit {timing['all_16bit']:.2f} ms)",
+        ["layer", "share of the int8 noise it adds", "int16: noise removed", "int16: +ms", "float32: noise removed",
+         "float32: +ms", "choice"],
+        [[r["node"], r["sensitivity"], *r.get("int16", (None, None)), *r.get("float32", (None, None)),
+          chosen.get(r["node"], "int8")] for r in rows.values()])
+    report.add_table("Mixed precision: models checked under the floors (calibration samples), in search order",
+                     ["layers lifted", "of layers measured", "passed", "verdict"],
+                     [[t["lifted"], t["candidates"], t["passed"], t["line"]] for t in plan["tried"]]
+                     + [["every activation 16-bit", "", plan["all_16bit"]["passed"], plan["all_16bit"]["line"]]])

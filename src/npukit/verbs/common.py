@@ -56,12 +56,14 @@ def refuse_quantized(proto: onnx.ModelProto, model: str | Path, *, verb: str = "
                      hint=f"{where}; to quantize it with npukit, start from its float original")
 
 
-def quant_opset(report: Report, proto: onnx.ModelProto, config: Any, samples: Any) -> onnx.ModelProto:
+def quant_opset(report: Report, proto: onnx.ModelProto, config: Any, samples: Any, *,
+                sixteen_bit: bool = False) -> onnx.ModelProto:
     """``proto`` at the opset its Q/DQ needs (16-bit: 21, per-channel: 13), converted and verified on the first
-    calibration samples when below it; the conversion goes into ``report``."""
+    calibration samples when below it; the conversion goes into ``report``. ``sixteen_bit``: a later step may
+    choose 16-bit activations."""
     from npukit.frontend.opset import PER_CHANNEL_QDQ_OPSET, SIXTEEN_BIT_QDQ_OPSET
 
-    if config.int16_nodes or config.int16_tensors or config.int16_budget > 0:
+    if sixteen_bit or config.int16_nodes or config.int16_tensors or config.int16_budget > 0:
         return upgrade_opset(report, proto, SIXTEEN_BIT_QDQ_OPSET, "16-bit Q/DQ", samples,
                               alternative="quantize without 16-bit activations")
     if config.per_channel:

@@ -11,8 +11,8 @@ import numpy as np
 from npukit.config import BenchConfig, PreprocessConfig, to_dict
 from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
-from npukit.report.quantize import (add_agreement, add_kernel_profile, add_layer_sqnr, add_size_and_speed,
-                                     add_steps)
+from npukit.report.quantize import (add_agreement, add_kernel_profile, add_layer_sqnr, add_mixed_precision,
+                                     add_size_and_speed, add_steps)
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
 from npukit.verbs.common import check_output, evaluate, open_data, quant_opset, refuse_quantized, task_check
@@ -62,6 +62,8 @@ def quantize(
     int16_nodes: Sequence[str] = (),
     int16_tensors: Sequence[str] = (),
     int16_budget: float = 0.0,
+    mixed_precision: bool = False,
+    mixed_precision_layers: int = 24,
     activation_dtype: str | None = None,
     reduce_range: bool | None = None,
     float_stem: bool | None = None,
@@ -96,6 +98,13 @@ def quantize(
     ``CHECK_SAMPLES`` calibration samples, which the report says is optimistic): the task metric and every output
     the task does not decode are held to ``gate``'s floors, and a model that runs no integer kernel fails unless
     every node was excluded on purpose. The report's verdict says which; a failed check makes the CLI exit 1.
+
+    ``mixed_precision`` chooses each Conv/Gemm's precision (int8, 16-bit activations or float32) so that the
+    model passes ``gate`` on the calibration samples with the least latency added, each option's gain and cost
+    measured here, ``mixed_precision_layers`` layers at a time, the most sensitive first, more while no plan passes
+    (``npukit.quant.precision.layer_plan``); the report shows every measured layer's sensitivity, gain, cost and
+    choice, and the plan timed beside the all-int8 and all-16-bit models. No plan that passes: an ``InputError``,
+    nothing written.
 
     ``input_shape`` (``InputSpec`` forms) is fixed into the model first; a model with symbolic dimensions other
     than the batch needs it. A model below the opset its Q/DQ needs (per-channel: 13, 16-bit: 21) is converted and
@@ -134,9 +143,13 @@ def quantize(
                                         "data": str(data) if data else None, "preprocess": to_dict(preprocess),
                                         "task": task or "auto", "gate": (gate or QualityGate()).as_dict(),
                                         "input_shape": spec.as_dict() if spec else None})
-    proto = quant_opset(report, proto, config, samples)
+    proto = quant_opset(report, proto, config, samples, sixteen_bit=mixed_precision)
+    why = None
+    if mixed_precision:
+        config, why = _mixed_precision(report, proto, samples, config, task=task, gate=gate or QualityGate(),
+                                  layers=mixed_precision_layers)
     with step("quantizing (calibrate, equalize, correct, insert Q/DQ)", timings=report.timings, key="quantize"):
-        result = _quantize(proto, samples, config=config)
+        result = _quantize(proto, samples, config=config, why=why)
     save_onnx(result.model, output)
     add_steps(report, result.steps)
     kernels = integer_kernel_report(result.model)
@@ -172,6 +185,47 @@ def quantize(
                               config=BenchConfig(threads=threads, max_samples=max_samples), threads=threads)
         add_agreement(report, agreement, where=Path(str(data)).name)
     return finish(report, output, html=html, result=result)
+
+
+def _mixed_precision(report: Report, proto: Any, samples: Any, config: Any, *, task: str | None, gate: QualityGate,
+                     layers: int) -> tuple[Any, Any]:
+    """``config`` with each Conv/Gemm's precision chosen so that the model passes ``gate`` on the calibration
+    samples (``npukit.quant.precision.layer_plan``, measuring ``layers`` layers at a time); the search goes into
+    ``report``. No plan that passes: an input error (the floors are out of reach; nothing is written). Also
+    returns the steps that chose its float nodes and 16-bit tensors (``quantize``'s ``why``)."""
+    import dataclasses
+
+    from npukit.errors import InputError
+    from npukit.measure.task_fidelity import check_samples, compare_task, session_runner
+    from npukit.quant.precision.layer_plan import Check, plan_layer_precision
+    from npukit.runtime.ort import make_session
+    from npukit.tasks import judge
+
+    if config.int16_budget > 0:
+        raise InputError("--mixed-precision and --int16-budget both choose what goes to 16 bits",
+                         hint="use one of them")
+    checks = check_samples(samples, CHECK_SAMPLES)
+    reference = session_runner(make_session(proto))
+    strict = dataclasses.replace(gate, accept_degraded=False)
+
+    def accept(model: Any) -> Check:
+        session = make_session(model)
+        _, result = compare_task(reference, session_runner(session), checks,
+                                 output_names=[o.name for o in session.get_outputs()], task=task)
+        verdict = judge(result, strict, what="quantize")
+        return Check(verdict.passed, verdict.line)
+
+    with step("mixed precision per layer (sensitivity, each option's gain and cost, search under the floors)",
+              timings=report.timings, key="mixed_precision"):
+        plan = plan_layer_precision(proto, samples, config=config, accept=accept, max_layers=layers)
+    add_mixed_precision(report, plan.summary())
+    if not plan.met:
+        raise InputError(f"no per-layer precision plan meets the floors on the calibration samples: with every "
+                         f"layer that helps lifted ({len(plan.assignment)} of {len(plan.sensitivity)}) "
+                         f"{plan.tried[-1]['line']}; every activation at 16 bits: {plan.all_16bit.line}",
+                         hint="lower --min-task-metric / --min-sqnr, or add --cle --equalize-activations "
+                              "--bias-correction")
+    return plan.config, plan.why
 
 
 def _recipe_hint(config: Any) -> str:

@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import pytest
+
+from npukit.errors import InputError
+from npukit.quant.config import QuantConfig
+from npukit.quant.precision.layer_plan import (Check, LayerOption, assignment_of, lifted, plan_layer_precision,
+                                               search_order, smallest_passing)
+from npukit.quant.precision.sensitivity import output_sqnr
+from npukit.quant.qdq import quantize
+from tests.quant.conftest import make_samples, tiny_cnn
+
+
+def _option(node: str, precision: str, gain: float, ms: float) -> LayerOption:
+    return LayerOption(node, precision, gain, gain, ms)
+
+
+def test_the_order_is_gain_per_millisecond_and_a_later_option_upgrades_its_layer() -> None:
+    options = [_option("a", "int16", 0.5, 1.0), _option("a", "float32", 0.1, 0.0), _option("b", "int16", 0.3, 0.2),
+               _option("c", "float32", 0.0, 0.0), _option("d", "int16", -0.1, 0.1)]
+    order = search_order(options, floor_ms=0.01)
+    # a:float32 costs under the floor (0.1 / 0.01 = 10), b 1.5 per ms, a:int16 0.5; no gain: left out
+    assert [(o.node, o.precision) for o in order] == [("a", "float32"), ("b", "int16"), ("a", "int16")]
+    assert assignment_of(order[:2]) == {"a": "float32", "b": "int16"}
+    assert assignment_of(order) == {"a": "int16", "b": "int16"}  # a's 16-bit option removes more: it replaces
+    assert assignment_of(list(reversed(order))) == {"a": "int16", "b": "int16"}  # never downgraded
+
+
+@pytest.mark.parametrize("needed", [1, 2, 3, 5, 8, 13])
+def test_the_smallest_passing_size_is_found(needed: int) -> None:
+    probed = []
+
+    def check(n: int) -> bool:
+        probed.append(n)
+        return n >= needed
+
+    assert smallest_passing(13, check) == needed
+    assert len(probed) <= 2 * 4 + 1  # doubling then bisecting: logarithmic
+    assert smallest_passing(13, lambda n: False) is None
+
+
+def test_lifted_puts_layers_where_the_quantizer_reads_them() -> None:
+    config = lifted(QuantConfig(exclude=("x",)), {"a": "int16", "b": "float32"})
+    assert config.int16_nodes == ("a",) and config.exclude == ("x", "b")
+    with pytest.raises(InputError, match="unknown layer precision"):
+        lifted(QuantConfig(), {"a": "int4"})
+
+
+def _sqnr_floor(model, samples, floor: float):
+    def accept(candidate) -> Check:
+        value = output_sqnr(model, candidate, samples)
+        return Check(value >= floor, f"{value:.2f} dB")
+    return accept
+
+
+def test_the_plan_lifts_layers_until_the_floor_is_met_and_builds_as_checked() -> None:
+    model, samples = tiny_cnn(spread=1.0), make_samples(12)
+    config = QuantConfig(per_channel=False)
+    base = output_sqnr(model, quantize(model, samples, config=config).model, samples)
+    plan = plan_layer_precision(model, samples, config=config, accept=_sqnr_floor(model, samples, base + 3.0))
+    assert plan.met and 1 <= len(plan.assignment) <= 4
+    assert set(plan.assignment.values()) <= {"int16", "float32"}
+    assert {n for n, _ in plan.sensitivity} == {"conv1", "dw", "pw", "fc"}
+    assert len(plan.options) == 2 * 4 and plan.tried[0] == {"lifted": 0, "candidates": 0, "passed": False,
+                                                                "line": f"{base:.2f} dB"}
+    assert plan.tried[-1]["passed"] or any(t["passed"] for t in plan.tried)
+    # the config returned builds the model that passed: the same lifts, the same function
+    final = quantize(model, samples, config=plan.config, why=plan.why)
+    assert output_sqnr(model, final.model, samples) >= base + 3.0
+    assert plan.plan_sqnr_db >= base + 3.0 > plan.base_sqnr_db - 0.01
+    lifted_steps = {d.step for n in plan.assignment for d in final.plan.float_nodes.get(n, ())}
+    assert lifted_steps <= {"mixed_precision"}
+    assert set(plan.timing) == {"int8", "plan", "all_16bit"} and all(v > 0 for v in plan.timing.values())
+
+
+def test_nothing_is_lifted_when_the_int8_model_passes_and_an_unreachable_floor_is_not_met() -> None:
+    model, samples = tiny_cnn(spread=1.0), make_samples(8)
+    config = QuantConfig(per_channel=False)
+    easy = plan_layer_precision(model, samples, config=config, accept=_sqnr_floor(model, samples, 0.0))
+    assert easy.met and easy.assignment == {} and [t["lifted"] for t in easy.tried] == [0]
+    hard = plan_layer_precision(model, samples, config=config, accept=_sqnr_floor(model, samples, 200.0),
+                                max_layers=3)
+    assert not hard.met and not any(t["passed"] for t in hard.tried)
+    # while nothing passes, more layers are measured (3, then the 4th) and the search runs again on all of them
+    assert {t["candidates"] for t in hard.tried} == {0, 3, 4} and len(hard.options) == 2 * 4
+    assert 1 <= len(hard.assignment) <= 4
+    with pytest.raises(InputError, match="at least 1"):
+        plan_layer_precision(model, samples, config=config, accept=_sqnr_floor(model, samples, 0.0), max_layers=0)
