@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the lift adds, adding at most this fraction to the int8 model's latency (e.g. 0.1; chosen "
                         "on the calibration data, latency measured on this machine)")
     p.add_argument("--mixed-precision", action="store_true",
-                   help="choose each conv/gemm's precision (int8, 16-bit activations or float32) so that the model "
+                   help="choose each layer's precision (int8, 16-bit activations or float32) so that the model "
                         "meets --min-task-metric / --min-sqnr on the calibration data with the least latency added "
                         "(each option's gain and cost measured on this machine; minutes)")
     p.add_argument("--mixed-precision-layers", type=int, default=24, metavar="N",
@@ -259,6 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "inputs of the task check (qnn-htp: on the HTP); with executorch-xnnpack or "
                                    "litert it asks for INT8")
     p.add_argument("--weights", help="state dict (.pt/.pth/.safetensors) for a PyTorch MODEL")
+    p.add_argument("--mixed-precision", action="store_true",
+                   help="qnn-htp with --calib: start from int8 activations (the HTP's fastest) and lift layers to "
+                        "16-bit activations or float16 until the --min-task-metric / --min-sqnr floors pass on the "
+                        "HTP (minutes; default: 16-bit activations everywhere)")
     _add_gate(p)
     _add_shape(p, "static input shape, e.g. 1,3,224,224")
     _add_html(p)
@@ -450,7 +454,7 @@ def _bench(api, args):
 def _compile(api, args):
     return api.compile(args.model, args.output, soc=args.soc, target=args.target, calib=args.calib,
                        input_shape=args.input_shape, html=args.html, task=_task(args), gate=_gate(args),
-                       weights=args.weights)
+                       weights=args.weights, mixed_precision=args.mixed_precision)
 
 
 def _fraction(text: str) -> float:

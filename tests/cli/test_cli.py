@@ -425,6 +425,28 @@ def test_bench_runs_an_epcontext_model_on_the_htp_as_its_soc(exported, tmp_path,
     assert "--target qnn-htp" in capsys.readouterr().err
 
 
+def test_compile_mixed_precision_starts_from_int8_and_refuses_what_it_cannot_plan(exported, tmp_path, capsys):
+    pytest.importorskip("onnxruntime_qnn")
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(4).standard_normal((4, 3, 32, 32)).astype(np.float32))
+    out = tmp_path / "tiny_mixed.onnx"
+    args = ["compile", str(exported), "--soc", "SM8650", "--calib", str(calib), "-o", str(out), "--task", "generic"]
+    assert main(args + ["--mixed-precision", "--min-sqnr", "0"]) == 0
+    report = json.loads(out.with_name("tiny_mixed.report.json").read_text())
+    plan = report["results"]["mixed_precision"]
+    assert plan["met"] and plan["assignment"] == {} and plan["tried"][0]["passed"]  # all-int8 already passes
+    assert any(t["title"].startswith("Mixed precision per layer on the HTP") for t in report["tables"])
+    capsys.readouterr()
+    assert main(args + ["--mixed-precision", "--min-sqnr", "300", "-o", str(tmp_path / "never.onnx")]) == 2
+    assert "no per-layer precision plan meets the floors on the HTP" in capsys.readouterr().err
+    assert not (tmp_path / "never.onnx").exists() and not (tmp_path / "never.report.json").exists()
+    assert main(["compile", str(exported), "--soc", "SM8650", "--mixed-precision", "-o", str(tmp_path / "x.onnx")]) == 2
+    assert "needs a float model and --calib" in capsys.readouterr().err
+    assert main(["compile", str(exported), "--target", "litert", "--mixed-precision", "-o", str(tmp_path / "x.tflite")
+                 ]) == 2
+    assert "--mixed-precision is for --target qnn-htp" in capsys.readouterr().err
+
+
 def test_compile_unknown_soc_lists_valid(exported, tmp_path, capsys):
     pytest.importorskip("onnxruntime_qnn")
     assert main(["compile", str(exported), "--soc", "SM0000", "-o", str(tmp_path / "x.onnx")]) == 2

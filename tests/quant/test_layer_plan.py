@@ -60,8 +60,8 @@ def test_the_plan_lifts_layers_until_the_floor_is_met_and_builds_as_checked() ->
     plan = plan_layer_precision(model, samples, config=config, accept=_sqnr_floor(model, samples, base + 3.0))
     assert plan.met and 1 <= len(plan.assignment) <= 4
     assert set(plan.assignment.values()) <= {"int16", "float32"}
-    assert {n for n, _ in plan.sensitivity} == {"conv1", "dw", "pw", "fc"}
-    assert len(plan.options) == 2 * 4 and plan.tried[0] == {"lifted": 0, "candidates": 0, "passed": False,
+    assert {n for n, _ in plan.sensitivity} == {"conv1", "dw", "pw", "gap", "fc"}  # not the tied Flatten
+    assert len(plan.options) == 2 * 5 and plan.tried[0] == {"lifted": 0, "candidates": 0, "passed": False,
                                                                 "line": f"{base:.2f} dB"}
     assert plan.tried[-1]["passed"] or any(t["passed"] for t in plan.tried)
     # the config returned builds the model that passed: the same lifts, the same function
@@ -81,8 +81,27 @@ def test_nothing_is_lifted_when_the_int8_model_passes_and_an_unreachable_floor_i
     hard = plan_layer_precision(model, samples, config=config, accept=_sqnr_floor(model, samples, 200.0),
                                 max_layers=3)
     assert not hard.met and not any(t["passed"] for t in hard.tried)
-    # while nothing passes, more layers are measured (3, then the 4th) and the search runs again on all of them
-    assert {t["candidates"] for t in hard.tried} == {0, 3, 4} and len(hard.options) == 2 * 4
-    assert 1 <= len(hard.assignment) <= 4
+    # while nothing passes, more layers are measured (3, then 2 more) and the search runs again on all of them
+    assert {t["candidates"] for t in hard.tried} == {0, 3, 5} and len(hard.options) == 2 * 5
+    assert 1 <= len(hard.assignment) <= 5
     with pytest.raises(InputError, match="at least 1"):
         plan_layer_precision(model, samples, config=config, accept=_sqnr_floor(model, samples, 0.0), max_layers=0)
+
+
+def test_the_search_builds_from_the_model_as_emitted_bias_correction_included() -> None:
+    import numpy as np
+
+    from npukit.quant.qdq import build_qdq
+    from npukit.runtime.ort import make_session
+
+    model, samples = tiny_cnn(spread=1.0), make_samples(8)
+    config = QuantConfig(per_channel=False, bias_correction=True)
+    built = quantize(model, samples, config=config)
+    first = samples[0]
+    assert not np.array_equal(make_session(built.source).run(None, first)[0],
+                              make_session(built.reference).run(None, first)[0])  # the biases were corrected
+    rebuilt = build_qdq(built.source, samples[0], config, built.ranges, {})
+    for feeds in samples:
+        want = make_session(built.model).run(None, feeds)[0]
+        np.testing.assert_array_equal(make_session(rebuilt).run(None, feeds)[0], want)
+

@@ -69,6 +69,7 @@ class QuantResult:
     seconds: float
     steps: dict[str, dict]
     plan: QuantPlan | None = None  # what every tensor was quantized to and which step decided it, as emitted
+    source: onnx.ModelProto | None = None  # the float model emitted (reference, bias-corrected / AdaRound weights)
 
 
 class _Reiterable:
@@ -423,7 +424,7 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
     plan, not_honoured = resolve_grids(work, qdq, plan)
     steps["plan"] = plan.summary() | {"not_as_planned": not_honoured}
     steps["float_convs"] = float_conv_record(qdq, plan)
-    return QuantResult(model=qdq, reference=reference, ranges=ranges, plan=plan,
+    return QuantResult(model=qdq, reference=reference, ranges=ranges, plan=plan, source=work,
                        per_layer=_per_layer(work, qdq, ranges, config),
                        seconds=time.perf_counter() - start, steps=steps)
 

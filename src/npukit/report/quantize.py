@@ -126,3 +126,24 @@ def add_mixed_precision(report: Report, plan: dict[str, Any]) -> None:
                      ["layers lifted", "of layers measured", "passed", "verdict"],
                      [[t["lifted"], t["candidates"], t["passed"], t["line"]] for t in plan["tried"]]
                      + [["every activation 16-bit", "", plan["all_16bit"]["passed"], plan["all_16bit"]["line"]]])
+
+
+def add_htp_mixed_precision(report: Report, plan: dict[str, Any]) -> None:
+    """The HTP's per-layer precision search (``npukit.runtime.htp_precision.HtpLayerPlan.summary``): each layer's
+    estimated gain and energy cost per option, the choice, and the models checked on the HTP."""
+    report.add("mixed_precision", plan)
+    chosen = plan["assignment"]
+    rows: dict[str, dict[str, Any]] = {}
+    for o in plan["options"]:
+        rows.setdefault(o["node"], {})[o["precision"]] = (o["share"], o["added_ms"])
+    ranked = sorted(rows, key=lambda n: -max(v[0] for v in rows[n].values()))
+    report.add_table(
+        f"Mixed precision per layer on the HTP: {len(chosen)} of {len(rows)} layers lifted from int8 (noise removed: "
+        f"estimated on the QDQ graph's CPU reference, {plan['samples']} calibration samples; cost: "
+        f"{plan['cost_unit']}; {plan['energy_added_pj'] / 1e6:.3g} uJ added)",
+        ["layer", "MACs", "int16: noise removed", "int16: +pJ", "float16: noise removed", "float16: +pJ", "choice"],
+        [[n, plan["macs"].get(n), *rows[n].get("int16", (None, None)), *rows[n].get("float16", (None, None)),
+          chosen.get(n, "int8")] for n in ranked])
+    report.add_table("Mixed precision: models checked on the HTP under the floors (calibration samples)",
+                     ["layers lifted", "passed", "verdict"],
+                     [[t["lifted"], t["passed"], t["line"]] for t in plan["tried"]])

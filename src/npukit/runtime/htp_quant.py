@@ -78,6 +78,7 @@ class HtpQuantResult:
     corrected: dict[str, float]  # node -> largest mean shift removed, in steps of its int32 bias
     correction_samples: int
     widened: int  # 16-bit activation grids given headroom beyond the calibrated range
+    float_model: onnx.ModelProto | None = None  # the float model quantized (folded, zero biases added)
 
     def as_dict(self) -> dict[str, Any]:
         return {"folded": list(self.folded), "batchnorms_rewritten": list(self.batchnorms_rewritten),
@@ -92,9 +93,12 @@ def quantize_for_htp(
     *,
     rules: QnnQdqRules = HTP_QDQ_RULES,
     uint16_tensors: tuple[str, ...] = (),
+    float_nodes: tuple[str, ...] = (),
 ) -> HtpQuantResult:
     """QDQ as the HTP needs it (``rules``: int8 symmetric per-channel weights, uint16 activations), ONNX Runtime's
-    quantizer doing the mechanics. On the float model first: ``fold_conv_transpose_affine``,
+    quantizer doing the mechanics. ``float_nodes`` stay float: their weights float32, their inputs dequantized and
+    their outputs quantized by the nodes around them; the HTP runs them in float16 (``enable_htp_fp16_precision``,
+    which ``npukit.runtime.compile.soc_provider_options`` sets). On the float model first: ``fold_conv_transpose_affine``,
     ``batchnorm_to_mul_add``, ``add_zero_biases``; on ORT's QDQ model after it, with ``samples`` (which also
     calibrate the activations): ``gptq_weights`` (``rules.gptq``), ``correct_weight_rounding_bias``
     (``rules.bias_correction``), ``widen_activation_grids`` (``rules.activation_headroom``)."""
@@ -114,6 +118,7 @@ def quantize_for_htp(
             source, out = Path(tmp) / "float.onnx", Path(tmp) / "qdq.onnx"
             onnx.save(work, str(source))
             config = qnn_quant_config(str(source), FeedsReader(samples), rules=rules, uint16_tensors=uint16_tensors)
+            config.nodes_to_exclude = list(float_nodes)
             ort_quantize(str(source), str(out), config)
             qdq = onnx.load(str(out))
     finally:
@@ -127,7 +132,8 @@ def quantize_for_htp(
     qdq, widened = widen_activation_grids(work, qdq, rules.activation_headroom)
     return HtpQuantResult(model=qdq, folded=tuple(folded), batchnorms_rewritten=tuple(rewritten),
                           biases_added=added, rerounded=rerounded, corrected=corrected,
-                          correction_samples=len(samples) if corrected or rerounded else 0, widened=widened)
+                          correction_samples=len(samples) if corrected or rerounded else 0, widened=widened,
+                          float_model=work)
 
 
 # ----------------------------------------------------------------------------------------------------------------

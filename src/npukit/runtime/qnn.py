@@ -236,7 +236,8 @@ def float_htp_options(
     *,
     backend: str = "htp",
 ) -> dict[str, str]:
-    """``provider_options`` as strings, with the HTP's float-model defaults added for a model without Q/DQ nodes.
+    """``provider_options`` as strings, with the HTP's float-model defaults added for a model without Q/DQ nodes
+    or a QDQ model with float layers (``float_layers``: a mixed-precision plan's float16 layers).
 
     The HTP has no fp32 datapath: it runs float graphs in fp16 (HTP v69 and newer). With default options the QNN EP
     builds a float32 graph, which the HTP backend may fail to finalize (QNN_COMMON_ERROR_MEM_ALLOC); its fp16 mode
@@ -246,7 +247,8 @@ def float_htp_options(
     ``htp_arch`` the caller gave. Quantized (QDQ) models are left as given.
     """
     options = {k: str(v) for k, v in (provider_options or {}).items()}
-    if backend != "htp" or "backend_path" in options or any(n.op_type in _QUANT_OPS for n in model.graph.node):
+    quantized = any(n.op_type in _QUANT_OPS for n in model.graph.node)
+    if backend != "htp" or "backend_path" in options or (quantized and not float_layers(model)):
         return options
     options.setdefault("enable_htp_fp16_precision", "1")
     if options["enable_htp_fp16_precision"] == "1" and "soc_model" not in options:
@@ -257,6 +259,14 @@ def float_htp_options(
         options["soc_model"] = str(chip.soc_model)
         options.setdefault("htp_arch", str(chip.htp_arch))
     return options
+
+
+def float_layers(model: onnx.ModelProto) -> list[str]:
+    """The Conv / ConvTranspose / Gemm / MatMul nodes of a QDQ model whose weight is a float initializer (not the
+    output of a DequantizeLinear): layers left in float, which the HTP runs in fp16."""
+    inits = {i.name for i in model.graph.initializer}
+    return [n.name for n in model.graph.node if n.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul")
+            and len(n.input) > 1 and n.input[1] in inits]
 
 
 def require_static_shapes(model: onnx.ModelProto) -> None:

@@ -121,6 +121,30 @@ def task_check(report: Report, reference: Any, candidate: Any, samples: Sequence
     return choice, result, verdict
 
 
+def floor_check(reference: Any, samples: Sequence[Any], *, task: str | None, gate: QualityGate, what: str,
+                session: Any = None):
+    """A function of a candidate model that says whether it passes ``gate``'s floors (never accepting a degraded
+    one) against ``reference`` on ORT CPU, through the model's task on ``samples``; each candidate is run by
+    ``session(model)`` (ORT CPU by default). For searches that build many candidates (mixed precision)."""
+    from npukit.measure.task_fidelity import compare_task, session_runner
+    from npukit.quant.precision.layer_plan import Check
+    from npukit.runtime.ort import make_session
+    from npukit.tasks import judge
+
+    expected = session_runner(make_session(reference))
+    strict = dataclasses.replace(gate, accept_degraded=False)
+    session = session or make_session
+
+    def check(model: onnx.ModelProto) -> Check:
+        candidate = session(model)
+        _, result = compare_task(expected, session_runner(candidate), samples,
+                                 output_names=[o.name for o in candidate.get_outputs()], task=task)
+        verdict = judge(result, strict, what=what)
+        return Check(bool(verdict.passed), verdict.line)
+
+    return check
+
+
 def output_task(reference: onnx.ModelProto, feeds: dict[str, np.ndarray], task: str | None):
     """The task of ``reference``'s outputs (``npukit.tasks.choose_task``), judged on one sample's ``feeds``."""
     from npukit.runtime.ort import make_session

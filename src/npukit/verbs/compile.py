@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -14,7 +15,8 @@ from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import check_output, is_qdq, open_data, refuse_quantized, seeded_feeds, task_check, upgrade_opset
+from npukit.verbs.common import (check_output, floor_check, is_qdq, open_data, refuse_quantized, seeded_feeds,
+                                 task_check, upgrade_opset)
 
 
 COMPILE_CHECK_SAMPLES = 8  # the HTP emulator takes about 0.6 s per MobileNetV2 image on x86
@@ -42,11 +44,14 @@ def compile(  # noqa: A001 - the verb's name
     task: str | None = None,
     gate: QualityGate | None = None,
     weights: str | Path | None = None,
+    mixed_precision: bool = False,
 ) -> CommandResult:
     """Static shapes, QDQ as the HTP needs (unless the model already is QDQ), then an EPContext model with the HTP
     context binary for ``soc`` embedded; loaded back and run to prove it works, then checked with the model's task
     (``task``; None: detected) on the HTP against the float model on ORT CPU, on up to ``COMPILE_CHECK_SAMPLES``
-    calibration samples, under ``gate``'s floors."""
+    calibration samples, under ``gate``'s floors. ``mixed_precision``: start from int8 activations instead of
+    uint16 and lift layers to 16-bit activations or float16 until the floors pass on the HTP
+    (``npukit.runtime.htp_precision``)."""
     from npukit.frontend.shapes import InputSpec, apply_input_spec, fixed_shapes, load_with_inputs, symbolic_inputs
     from npukit.runtime.compile import compile_qnn_context
     from npukit.targets.registry import get_target
@@ -54,6 +59,10 @@ def compile(  # noqa: A001 - the verb's name
     from npukit.verbs.compile_mobile import MOBILE_TARGETS, compile_mobile
 
     if target.strip().lower() in MOBILE_TARGETS:
+        if mixed_precision:
+            raise InputError(f"--mixed-precision is for --target qnn-htp, not {target}",
+                             hint="drop --mixed-precision, or quantize for the CPU with `npukit quantize "
+                                  "--mixed-precision`")
         if soc is not None:
             raise InputError(f"--soc is for --target qnn-htp; {target} runs on the CPU (XNNPACK)", hint="drop --soc")
         return compile_mobile(model, output, target=target.strip().lower(), calib=calib, input_shape=input_shape,
@@ -86,6 +95,9 @@ def compile(  # noqa: A001 - the verb's name
     samples = None
     if calib is not None:
         samples = open_data(calib, proto, preprocess or PreprocessConfig())
+    if mixed_precision and not (quantized_here and samples is not None):
+        raise InputError("--mixed-precision chooses how a float model is quantized for the HTP: it needs a float "
+                         "model and --calib", hint="pass the float model with --calib DATA, or drop --mixed-precision")
     if quantized_here and samples is None:
         raise InputError("the model is float and the HTP runs quantized models",
                          hint="pass --calib DIR (calibration images or .npy) or give a QDQ model from "
@@ -102,15 +114,20 @@ def compile(  # noqa: A001 - the verb's name
         from npukit.frontend.opset import SIXTEEN_BIT_QDQ_OPSET
 
         proto = upgrade_opset(report, proto, SIXTEEN_BIT_QDQ_OPSET, "uint16 activation Q/DQ for the HTP", samples)
-        with step("quantizing for the HTP (int8 weights, uint16 activations)", timings=report.timings,
-                  key="quantize"):
-            from npukit.runtime.htp_quant import quantize_for_htp as _quantize_for_htp
+        if mixed_precision:
+            htp_quant = _htp_mixed_precision(report, proto, samples, soc=soc, task=task, gate=gate or QualityGate())
+            scheme = "int8 weights, uint8 activations, the layers of the mixed-precision plan lifted"
+        else:
+            with step("quantizing for the HTP (int8 weights, uint16 activations)", timings=report.timings,
+                      key="quantize"):
+                from npukit.runtime.htp_quant import quantize_for_htp as _quantize_for_htp
 
-            htp_quant = _quantize_for_htp(proto, list(samples))
-            proto = htp_quant.model
+                htp_quant = _quantize_for_htp(proto, list(samples))
+            scheme = "int8 weights, uint16 activations"
+        proto = htp_quant.model
         done = htp_quant.as_dict()
         report.add("htp_quantization", done)
-        report.add_table("Quantized for the HTP (int8 weights, uint16 activations; npukit.runtime.htp_quant)",
+        report.add_table(f"Quantized for the HTP ({scheme}; npukit.runtime.htp_quant)",
                          ["step", "count"],
                          [["BatchNorm / bias Add folded into a ConvTranspose", len(done["folded"])],
                           ["BatchNorm rewritten as Mul + Add", len(done["batchnorms_rewritten"])],
@@ -161,3 +178,29 @@ def compile(  # noqa: A001 - the verb's name
     add_energy(report, estimates, measured={"compiled (its QDQ model)": MeasuredEnergy(
         None, 0, "the HTP's energy is not measured: no device here (x86 runs Qualcomm's HTP emulator)")})
     return finish(report, output, html=html, result=result)
+
+
+def _htp_mixed_precision(report: Report, proto: onnx.ModelProto, samples: Any, *, soc: str, task: str | None,
+                         gate: QualityGate) -> Any:
+    """The HTP model of the mixed-precision plan (``npukit.runtime.htp_precision``), each candidate checked under
+    ``gate`` on the HTP as ``soc`` on ``COMPILE_CHECK_SAMPLES`` calibration samples; the search goes into
+    ``report``. No plan that passes: an input error, nothing written."""
+    from npukit.measure.task_fidelity import check_samples
+    from npukit.report.quantize import add_htp_mixed_precision
+    from npukit.runtime.compile import soc_provider_options
+    from npukit.runtime.htp_precision import plan_htp_precision
+    from npukit.runtime.qnn import make_qnn_session
+
+    options = soc_provider_options(soc)
+    accept = floor_check(proto, check_samples(samples, COMPILE_CHECK_SAMPLES), task=task, gate=gate, what="compile",
+                         session=lambda model: make_qnn_session(model, provider_options=options))
+    with step(f"mixed precision per layer on the HTP ({soc}): int8, 16-bit activations or float16",
+              timings=report.timings, key="mixed_precision"):
+        plan = plan_htp_precision(proto, list(samples), accept=accept)
+    add_htp_mixed_precision(report, plan.summary())
+    if not plan.met:
+        raise InputError(f"no per-layer precision plan meets the floors on the HTP ({soc}), even with every layer "
+                         f"that helps lifted ({len(plan.assignment)}): {plan.tried[-1]['line']}",
+                         hint="lower --min-task-metric / --min-sqnr, or compile without --mixed-precision "
+                              "(uint16 activations everywhere)")
+    return plan.result

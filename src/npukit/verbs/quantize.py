@@ -15,10 +15,12 @@ from npukit.report.quantize import (add_agreement, add_kernel_profile, add_layer
                                      add_size_and_speed, add_steps)
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import check_output, evaluate, open_data, quant_opset, refuse_quantized, task_check
+from npukit.verbs.common import (check_output, evaluate, floor_check, open_data, quant_opset, refuse_quantized,
+                                 task_check)
 
 
 CHECK_SAMPLES = 32  # calibration samples the task check reads when no held-out data is given
+SEARCH_SAMPLES = 64  # calibration samples each mixed-precision candidate is checked on (all of a usual set)
 
 
 def cpu_scheme() -> dict:
@@ -99,7 +101,7 @@ def quantize(
     the task does not decode are held to ``gate``'s floors, and a model that runs no integer kernel fails unless
     every node was excluded on purpose. The report's verdict says which; a failed check makes the CLI exit 1.
 
-    ``mixed_precision`` chooses each Conv/Gemm's precision (int8, 16-bit activations or float32) so that the
+    ``mixed_precision`` chooses each quantized node's precision (int8, 16-bit activations or float32) so that the
     model passes ``gate`` on the calibration samples with the least latency added, each option's gain and cost
     measured here, ``mixed_precision_layers`` layers at a time, the most sensitive first, more while no plan passes
     (``npukit.quant.precision.layer_plan``); the report shows every measured layer's sensitivity, gain, cost and
@@ -189,32 +191,18 @@ def quantize(
 
 def _mixed_precision(report: Report, proto: Any, samples: Any, config: Any, *, task: str | None, gate: QualityGate,
                      layers: int) -> tuple[Any, Any]:
-    """``config`` with each Conv/Gemm's precision chosen so that the model passes ``gate`` on the calibration
+    """``config`` with each quantized node's precision chosen so that the model passes ``gate`` on the calibration
     samples (``npukit.quant.precision.layer_plan``, measuring ``layers`` layers at a time); the search goes into
     ``report``. No plan that passes: an input error (the floors are out of reach; nothing is written). Also
     returns the steps that chose its float nodes and 16-bit tensors (``quantize``'s ``why``)."""
-    import dataclasses
-
     from npukit.errors import InputError
-    from npukit.measure.task_fidelity import check_samples, compare_task, session_runner
-    from npukit.quant.precision.layer_plan import Check, plan_layer_precision
-    from npukit.runtime.ort import make_session
-    from npukit.tasks import judge
+    from npukit.measure.task_fidelity import check_samples
+    from npukit.quant.precision.layer_plan import plan_layer_precision
 
     if config.int16_budget > 0:
         raise InputError("--mixed-precision and --int16-budget both choose what goes to 16 bits",
                          hint="use one of them")
-    checks = check_samples(samples, CHECK_SAMPLES)
-    reference = session_runner(make_session(proto))
-    strict = dataclasses.replace(gate, accept_degraded=False)
-
-    def accept(model: Any) -> Check:
-        session = make_session(model)
-        _, result = compare_task(reference, session_runner(session), checks,
-                                 output_names=[o.name for o in session.get_outputs()], task=task)
-        verdict = judge(result, strict, what="quantize")
-        return Check(verdict.passed, verdict.line)
-
+    accept = floor_check(proto, check_samples(samples, SEARCH_SAMPLES), task=task, gate=gate, what="quantize")
     with step("mixed precision per layer (sensitivity, each option's gain and cost, search under the floors)",
               timings=report.timings, key="mixed_precision"):
         plan = plan_layer_precision(proto, samples, config=config, accept=accept, max_layers=layers)

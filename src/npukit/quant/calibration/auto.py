@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -61,12 +62,13 @@ def split_samples(total: int) -> Split:
 
 
 def output_sqnrs(reference: onnx.ModelProto, candidates: dict[str, onnx.ModelProto], samples: Iterable[object], *,
-                 start: int, stop: int) -> dict[str, float]:
+                 start: int, stop: int, session: Callable[[onnx.ModelProto], Any] = make_session) -> dict[str, float]:
     """SQNR (dB) of every graph output of each candidate against ``reference``, summed over all outputs, on samples
-    [start, stop) in one pass."""
+    [start, stop) in one pass; each candidate run by ``session(model)`` (ORT CPU with its optimizations by
+    default)."""
     ref = make_session(reference)
     names = [o.name for o in reference.graph.output]
-    sessions = {m: make_session(model) for m, model in candidates.items()}
+    sessions = {m: session(model) for m, model in candidates.items()}
     signal = 0.0
     noise = dict.fromkeys(candidates, 0.0)
     for feeds in itertools.islice(iter_samples(reference, samples, limit=stop), start, None):

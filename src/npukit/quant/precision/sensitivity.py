@@ -15,7 +15,7 @@ integer-kernel fraction: measure its latency before shipping it. ``npukit.quant.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Literal
 
 import numpy as np
@@ -25,6 +25,7 @@ from npukit.errors import InputError
 from npukit.quant.calibration.calibrate import iter_samples
 from npukit.quant.config import QuantConfig
 from npukit.quant.layer_sqnr import layer_sqnr, sqnr_db
+from npukit.quant.precision.tensor_precision import TIED_OPS
 from npukit.quant.nodes import consumers
 from npukit.quant.qdq import QuantResult, integer_kernel_report, keep_float_head, quantize
 from npukit.runtime.ort import make_session
@@ -60,19 +61,23 @@ def output_sqnr(float_model: onnx.ModelProto, quant_model: onnx.ModelProto, samp
     return sqnr_db(signal, noise)
 
 
-def layer_sensitivity(result: QuantResult, samples: Iterable[object], *, limit: int = 8) -> list[tuple[str, float]]:
-    """(Conv/Gemm node, noise-to-signal ratio it adds) for every quantized Conv/Gemm, most sensitive first."""
+def layer_sensitivity(result: QuantResult, samples: Iterable[object], *, limit: int = 8,
+                      ops: Collection[str] | None = ("Conv", "Gemm")) -> list[tuple[str, float]]:
+    """(node, noise-to-signal ratio it adds) for every quantized node of ``ops`` (None: every node with a quantized
+    output of its own, a grid tied to its input's excepted: Reshape, MaxPool, ... add no noise of their own), most
+    sensitive first. A node's input noise is the largest of its inputs' (a graph input: exact); a node none of whose
+    inputs is measured (it reads a float node's output) is not ranked."""
     rows = layer_sqnr(result.reference, result.model, samples, limit=limit)
     at = {r["tensor"]: r["sqnr_db"] for r in rows}
     readers = consumers(result.reference.graph)
-    graph_inputs = {i.name for i in result.reference.graph.input}
     excluded = {r["node"] for r in result.per_layer if r["excluded"]}  # in float: the user's and the float head
+    graph_inputs = {i.name for i in result.reference.graph.input}
     scores = []
     for node in result.reference.graph.node:
-        if node.op_type not in ("Conv", "Gemm") or node.name in excluded \
-                or (node.input[0] not in at and node.input[0] not in graph_inputs):
+        if (node.op_type not in ops if ops is not None else node.op_type in TIED_OPS) or node.name in excluded \
+                or not any(t in at or t in graph_inputs for t in node.input):
             continue
-        before = 10.0 ** (-at[node.input[0]] / 10.0) if node.input[0] in at else 0.0  # a graph input: exact
+        before = max((10.0 ** (-at[t] / 10.0) for t in node.input if t in at), default=0.0)
         out = node.output[0]
         # the reported activation may be the fused Relu/Clip's output
         while out not in at and len(readers.get(out, [])) == 1 and readers[out][0].op_type in ("Relu", "Clip"):
