@@ -159,6 +159,15 @@ def zoo_twins(names: list[str]) -> list[dict[str, Any]]:
     return zoo_sweep(names, "qat", measure)
 
 
+def results_doc(out: Path, *, resume: bool) -> dict[str, Any]:
+    """A new results document (CPU, cores, commit, date, no models), or with ``resume`` the one already at
+    ``<out>.json`` (a partial run adds its part to it)."""
+    if resume:
+        return json.loads(out.with_suffix(".json").read_text())
+    return {"cpu": zoo._cpu(), "cores": os.cpu_count(), "commit": zoo.revision(), "date": time.strftime("%Y-%m-%d"),
+            "models": {}}
+
+
 def save_results(doc: dict[str, Any], out: Path, table: Any) -> None:
     """``doc`` as ``<out>.json`` and ``table(doc)`` as ``<out>.md`` (printed too)."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -235,8 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     epochs = {"mnist": 3, "mobilenet_v2": 10}
     builders = {"mnist": mnist, "mobilenet_v2": mobilenet_v2}
-    doc: dict[str, Any] = {"cpu": zoo._cpu(), "cores": os.cpu_count(), "commit": zoo.revision(),
-                           "date": time.strftime("%Y-%m-%d"), "models": {}}
+    doc = results_doc(Path(args.out), resume=False)
     with tempfile.TemporaryDirectory(prefix="npukit-compression-") as tmp:
         work = Path(tmp)
         for name in args.models:

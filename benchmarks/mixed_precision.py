@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -40,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import third_party_zoo as zoo  # noqa: E402  (CPU name, revision)
-from compression import mobilenet_v2, save_results  # noqa: E402
+from compression import mobilenet_v2, results_doc, save_results  # noqa: E402
 
 MODELS = ("mobilenet_v2", "retinaface_mnet025")
 HTP_SOC = "SM8650"
@@ -303,10 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run the HTP part alone and put it into the results already at --out")
     parser.add_argument("--out", default=str(HERE / "results" / "mixed_precision"))
     args = parser.parse_args(argv)
-    doc: dict[str, Any] = {"cpu": zoo._cpu(), "cores": os.cpu_count(), "commit": zoo.revision(),
-                           "date": time.strftime("%Y-%m-%d"), "models": {}}
+    doc = results_doc(Path(args.out), resume=args.htp_only)
     if args.htp_only:
-        doc = json.loads(Path(args.out).with_suffix(".json").read_text())
         args.models, args.htp = [], True
     with tempfile.TemporaryDirectory(prefix="npukit-mixed-") as tmp:
         for name in args.models:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -39,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import third_party_zoo as zoo  # noqa: E402  (CPU name, revision)
-from compression import _pct, mnist, mobilenet_v2, save_results, zoo_sweep  # noqa: E402
+from compression import _pct, mnist, mobilenet_v2, results_doc, save_results, zoo_sweep  # noqa: E402
 
 MODELS = ("mnist", "mobilenet_v2")
 MACS = 0.7
@@ -201,10 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run the zoo sweep alone and put it into the results already at --out (zoo_commit)")
     parser.add_argument("--out", default=str(HERE / "results" / "pruning"))
     args = parser.parse_args(argv)
-    doc: dict[str, Any] = {"cpu": zoo._cpu(), "cores": os.cpu_count(), "commit": zoo.revision(),
-                           "date": time.strftime("%Y-%m-%d"), "models": {}}
+    doc = results_doc(Path(args.out), resume=args.zoo_only)
     if args.zoo_only:
-        doc = json.loads(Path(args.out).with_suffix(".json").read_text())
         args.models, args.zoo = [], True
         doc["zoo_commit"] = zoo.revision()
     with tempfile.TemporaryDirectory(prefix="npukit-pruning-") as tmp:

@@ -122,7 +122,8 @@ def add_mixed_precision(report: Report, plan: dict[str, Any]) -> None:
          "float32: +ms", "choice"],
         [[r["node"], r["sensitivity"], *r.get("int16", (None, None)), *r.get("float32", (None, None)),
           chosen.get(r["node"], "int8")] for r in rows.values()])
-    report.add_table("Mixed precision: models checked under the floors (calibration samples), in search order",
+    report.add_table(f"Mixed precision: models checked under the floors, in search order (on "
+                     f"{plan.get('checked_on', 'the calibration samples')})",
                      ["layers lifted", "of layers measured", "passed", "verdict"],
                      [[t["lifted"], t["candidates"], t["passed"], t["line"]] for t in plan["tried"]]
                      + [["every activation 16-bit", "", plan["all_16bit"]["passed"], plan["all_16bit"]["line"]]])
@@ -144,6 +145,7 @@ def add_htp_mixed_precision(report: Report, plan: dict[str, Any]) -> None:
         ["layer", "MACs", "int16: noise removed", "int16: +pJ", "float16: noise removed", "float16: +pJ", "choice"],
         [[n, plan["macs"].get(n), *rows[n].get("int16", (None, None)), *rows[n].get("float16", (None, None)),
           chosen.get(n, "int8")] for n in ranked])
-    report.add_table("Mixed precision: models checked on the HTP under the floors (calibration samples)",
+    report.add_table(f"Mixed precision: models checked on the HTP under the floors (on "
+                     f"{plan.get('checked_on', 'the calibration samples')})",
                      ["layers lifted", "passed", "verdict"],
                      [[t["lifted"], t["passed"], t["line"]] for t in plan["tried"]])

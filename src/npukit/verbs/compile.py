@@ -15,8 +15,8 @@ from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import (check_output, floor_check, is_qdq, open_data, refuse_quantized, seeded_feeds,
-                                 task_check, upgrade_opset)
+from npukit.verbs.common import (check_output, floor_check, held_back, is_qdq, open_data, refuse_quantized,
+                                 seeded_feeds, task_check, upgrade_opset)
 
 
 COMPILE_CHECK_SAMPLES = 8  # the HTP emulator takes about 0.6 s per MobileNetV2 image on x86
@@ -185,22 +185,22 @@ def _htp_mixed_precision(report: Report, proto: onnx.ModelProto, samples: Any, *
     """The HTP model of the mixed-precision plan (``npukit.runtime.htp_precision``), each candidate checked under
     ``gate`` on the HTP as ``soc`` on ``COMPILE_CHECK_SAMPLES`` calibration samples; the search goes into
     ``report``. No plan that passes: an input error, nothing written."""
-    from npukit.measure.task_fidelity import check_samples
     from npukit.report.quantize import add_htp_mixed_precision
     from npukit.runtime.compile import soc_provider_options
     from npukit.runtime.htp_precision import plan_htp_precision
     from npukit.runtime.qnn import make_qnn_session
 
     options = soc_provider_options(soc)
-    accept = floor_check(proto, check_samples(samples, COMPILE_CHECK_SAMPLES), task=task, gate=gate, what="compile",
+    fit, held, where = held_back(samples)
+    accept = floor_check(proto, held[:COMPILE_CHECK_SAMPLES], task=task, gate=gate, what="compile",
                          session=lambda model: make_qnn_session(model, provider_options=options))
     with step(f"mixed precision per layer on the HTP ({soc}): int8, 16-bit activations or float16",
               timings=report.timings, key="mixed_precision"):
-        plan = plan_htp_precision(proto, list(samples), accept=accept)
-    add_htp_mixed_precision(report, plan.summary())
+        plan = plan_htp_precision(proto, fit, accept=accept)
+    add_htp_mixed_precision(report, plan.summary() | {"checked_on": where})
     if not plan.met:
-        raise InputError(f"no per-layer precision plan meets the floors on the HTP ({soc}), even with every layer "
-                         f"that helps lifted ({len(plan.assignment)}): {plan.tried[-1]['line']}",
+        raise InputError(f"no per-layer precision plan meets the floors on the HTP ({soc}, {where}), even with "
+                         f"every layer that helps lifted ({len(plan.assignment)}): {plan.tried[-1]['line']}",
                          hint="lower --min-task-metric / --min-sqnr, or compile without --mixed-precision "
                               "(uint16 activations everywhere)")
     return plan.result

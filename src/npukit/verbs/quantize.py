@@ -15,12 +15,12 @@ from npukit.report.quantize import (add_agreement, add_kernel_profile, add_layer
                                      add_size_and_speed, add_steps)
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import (check_output, evaluate, floor_check, open_data, quant_opset, refuse_quantized,
-                                 task_check)
+from npukit.verbs.common import (check_output, evaluate, floor_check, held_back, open_data, quant_opset,
+                                 refuse_quantized, task_check)
 
 
 CHECK_SAMPLES = 32  # calibration samples the task check reads when no held-out data is given
-SEARCH_SAMPLES = 64  # calibration samples each mixed-precision candidate is checked on (all of a usual set)
+SEARCH_SAMPLES = 64  # held-back calibration samples each mixed-precision candidate is checked on, at most
 
 
 def cpu_scheme() -> dict:
@@ -196,19 +196,19 @@ def _mixed_precision(report: Report, proto: Any, samples: Any, config: Any, *, t
     ``report``. No plan that passes: an input error (the floors are out of reach; nothing is written). Also
     returns the steps that chose its float nodes and 16-bit tensors (``quantize``'s ``why``)."""
     from npukit.errors import InputError
-    from npukit.measure.task_fidelity import check_samples
     from npukit.quant.precision.layer_plan import plan_layer_precision
 
     if config.int16_budget > 0:
         raise InputError("--mixed-precision and --int16-budget both choose what goes to 16 bits",
                          hint="use one of them")
-    accept = floor_check(proto, check_samples(samples, SEARCH_SAMPLES), task=task, gate=gate, what="quantize")
+    fit, held, where = held_back(samples)
+    accept = floor_check(proto, held[:SEARCH_SAMPLES], task=task, gate=gate, what="quantize")
     with step("mixed precision per layer (sensitivity, each option's gain and cost, search under the floors)",
               timings=report.timings, key="mixed_precision"):
-        plan = plan_layer_precision(proto, samples, config=config, accept=accept, max_layers=layers)
-    add_mixed_precision(report, plan.summary())
+        plan = plan_layer_precision(proto, fit, config=config, accept=accept, max_layers=layers)
+    add_mixed_precision(report, plan.summary() | {"checked_on": where})
     if not plan.met:
-        raise InputError(f"no per-layer precision plan meets the floors on the calibration samples: with every "
+        raise InputError(f"no per-layer precision plan meets the floors on {where}: with every "
                          f"layer that helps lifted ({len(plan.assignment)} of {len(plan.sensitivity)}) "
                          f"{plan.tried[-1]['line']}; every activation at 16 bits: {plan.all_16bit.line}",
                          hint="lower --min-task-metric / --min-sqnr, or add --cle --equalize-activations "
