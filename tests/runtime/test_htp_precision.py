@@ -57,3 +57,20 @@ def test_the_plan_lifts_layers_until_the_htp_meets_the_floor() -> None:
     assert summary["energy_added_pj"] > 0 and set(summary["macs"]) == {"conv1", "dw", "pw", "fc"}
     easy = plan_htp_precision(model, samples, accept=lambda m: Check(True, "ok"))
     assert easy.met and easy.assignment == {} and easy.result.model is not None
+
+
+def test_a_plan_the_htp_does_not_take_whole_fails_its_check_and_the_search_goes_on() -> None:
+    from npukit.errors import InputError
+
+    model, samples = tiny_cnn(spread=1.0), make_samples(4)
+    calls = []
+
+    def accept(candidate: onnx.ModelProto) -> Check:
+        calls.append(candidate)
+        if len(calls) > 1:  # every plan with a layer lifted
+            raise InputError("the QNN htp backend does not take every node of the model (x: Failed to add node.)")
+        return Check(False, "below the floor")
+
+    plan = plan_htp_precision(model, samples, accept=accept)
+    assert not plan.met and len(plan.tried) >= 2
+    assert any(t["line"].startswith("not taken whole by the HTP") for t in plan.tried)

@@ -34,6 +34,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from npukit.errors import InputError
 from npukit.measure.energy import MAC_PJ
 from npukit.quant.calibration.auto import output_sqnrs
 from npukit.quant.layer_sqnr import sqnr_db
@@ -162,7 +163,11 @@ def plan_htp_precision(model: onnx.ModelProto, samples: Iterable[dict[str, np.nd
         key = tuple(sorted(layers_.items()))
         if key not in built:
             result = base if not layers_ else build(layers_)
-            built[key] = (result, accept(result.model))
+            try:
+                check = accept(result.model)
+            except InputError as exc:  # the HTP does not take the model whole: that plan fails, the search goes on
+                check = Check(False, f"not taken whole by the HTP: {str(exc).splitlines()[0][:200]}")
+            built[key] = (result, check)
             tried.append({"lifted": len(layers_), "passed": built[key][1].passed, "line": built[key][1].line})
         return built[key][1].passed
 

@@ -244,7 +244,7 @@ def float_htp_options(
     (``enable_htp_fp16_precision=1``) is what a device runs, and the EP accepts it only together with a
     ``soc_model``. So for a float model on the htp backend, unless the caller set them: fp16 precision on, and
     ``soc_model``/``htp_arch`` of FLOAT_HTP_SOC (Snapdragon 8 Gen 3), or the soc_model of the first SoC with the
-    ``htp_arch`` the caller gave. Quantized (QDQ) models are left as given.
+    ``htp_arch`` the caller gave. QDQ models without float layers are left as given.
     """
     options = {k: str(v) for k, v in (provider_options or {}).items()}
     quantized = any(n.op_type in _QUANT_OPS for n in model.graph.node)

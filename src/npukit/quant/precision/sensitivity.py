@@ -25,8 +25,8 @@ from npukit.errors import InputError
 from npukit.quant.calibration.calibrate import iter_samples
 from npukit.quant.config import QuantConfig
 from npukit.quant.layer_sqnr import layer_sqnr, sqnr_db
-from npukit.quant.precision.tensor_precision import TIED_OPS
 from npukit.quant.nodes import consumers
+from npukit.quant.precision.tensor_precision import TIED_OPS
 from npukit.quant.qdq import QuantResult, integer_kernel_report, keep_float_head, quantize
 from npukit.runtime.ort import make_session
 
@@ -70,8 +70,8 @@ def layer_sensitivity(result: QuantResult, samples: Iterable[object], *, limit: 
     rows = layer_sqnr(result.reference, result.model, samples, limit=limit)
     at = {r["tensor"]: r["sqnr_db"] for r in rows}
     readers = consumers(result.reference.graph)
-    excluded = {r["node"] for r in result.per_layer if r["excluded"]}  # in float: the user's and the float head
     graph_inputs = {i.name for i in result.reference.graph.input}
+    excluded = {r["node"] for r in result.per_layer if r["excluded"]}  # in float: the user's and the float head
     scores = []
     for node in result.reference.graph.node:
         if (node.op_type not in ops if ops is not None else node.op_type in TIED_OPS) or node.name in excluded \
