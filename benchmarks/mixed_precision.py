@@ -239,7 +239,7 @@ def table(doc: dict[str, Any]) -> str:
         lines += ["", f"## MobileNetV2 on the HTP ({htp['soc']} emulator), budget logits SQNR >= "
                       f"{htp['floor_db']:g} dB", ""]
         if "error" in htp:
-            lines.append(f"No plan: {htp['error']}")
+            lines.append(f"No plan: {htp['error']}" + (f" ({htp['note']})" if htp.get("note") else ""))
         else:
             plan = htp["plan"]
             kinds = ", ".join(f"{sum(1 for p in plan['assignment'].values() if p == k)} {k}"
