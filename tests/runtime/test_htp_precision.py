@@ -74,3 +74,16 @@ def test_a_plan_the_htp_does_not_take_whole_fails_its_check_and_the_search_goes_
     plan = plan_htp_precision(model, samples, accept=accept)
     assert not plan.met and len(plan.tried) >= 2
     assert any(t["line"].startswith("not taken whole by the HTP") for t in plan.tried)
+
+
+@requires_qnn
+def test_a_float16_layer_next_to_a_16_bit_layer_keeps_the_tensor_between_them_8_bit() -> None:
+    from npukit.runtime.htp_precision import _htp_lists
+
+    model, samples = tiny_cnn(spread=1.0), make_samples(4)
+    reference = quantize_for_htp(model, samples, rules=W8A8).float_model
+    by_name = {n.name: n for n in reference.graph.node}
+    floats, wide = _htp_lists(reference, by_name, {"dw": "float16", "pw": "int16", "conv1": "int16"})
+    assert floats == ("dw",) and set(wide) == {"x", "c1", "c3"}  # a1 (dw's input) and a2 (its output) stay 8-bit
+    built = quantize_for_htp(model, samples, rules=W8A8, uint16_tensors=wide, float_nodes=floats)
+    make_qnn_session(built.model, provider_options=soc_provider_options("SM8650"))  # the HTP takes it whole

@@ -130,6 +130,19 @@ def _estimated_gains(base: HtpQuantResult, samples: Sequence[dict], n: int, laye
     return base_nsr, gains
 
 
+def _htp_lists(reference: onnx.ModelProto, by_name: Mapping[str, onnx.NodeProto], layers: Mapping[str, str]
+               ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(float nodes, uint16 tensors) of an assignment. A tensor a float16 layer reads or writes (or the lone Relu /
+    Clip after it) stays 8-bit: the HTP refuses a float16 layer next to a 16-bit tensor (measured on the tiny test
+    CNN: its depthwise conv in float16 with the conv before or after it at 16 bits fails with "dw_bias_dq: Failed to
+    add node"; each alone loads; MobileNetV2's search stopped on the same failure)."""
+    floats = tuple(n for n, p in layers.items() if p == "float16")
+    touched = {t for n in floats for t in layer_tensors(reference, by_name[n])}
+    wide = tuple(dict.fromkeys(t for n, p in layers.items() if p == "int16"
+                               for t in layer_tensors(reference, by_name[n]) if t not in touched))
+    return floats, wide
+
+
 def plan_htp_precision(model: onnx.ModelProto, samples: Iterable[dict[str, np.ndarray]], *,
                        accept: Callable[[onnx.ModelProto], Check], scan_samples: int = 8) -> HtpLayerPlan:
     """The fewest options, by estimated gain per picojoule, that make the HTP model pass ``accept`` (which should
@@ -154,9 +167,7 @@ def plan_htp_precision(model: onnx.ModelProto, samples: Iterable[dict[str, np.nd
     built: dict[tuple, tuple[HtpQuantResult, Check]] = {}
 
     def build(layers_: Mapping[str, str]) -> HtpQuantResult:
-        floats = tuple(n_ for n_, p in layers_.items() if p == "float16")
-        wide = tuple(dict.fromkeys(t for n_, p in layers_.items() if p == "int16"
-                                   for t in layer_tensors(reference, by_name[n_])))
+        floats, wide = _htp_lists(reference, by_name, layers_)
         return quantize_for_htp(model, samples, rules=W8A8, uint16_tensors=wide, float_nodes=floats)
 
     def passes(layers_: dict[str, str]) -> bool:
@@ -177,8 +188,7 @@ def plan_htp_precision(model: onnx.ModelProto, samples: Iterable[dict[str, np.nd
     chosen = assignment_of(order[:size if met else len(order)])
     passes(chosen)  # built and checked already, unless no plan passed
     result = built[tuple(sorted(chosen.items()))][0]
-    return HtpLayerPlan(assignment=chosen, float_nodes=tuple(n_ for n_, p in chosen.items() if p == "float16"),
-                        uint16_tensors=tuple(dict.fromkeys(t for n_, p in chosen.items() if p == "int16"
-                                                           for t in layer_tensors(reference, by_name[n_]))),
+    floats, wide = _htp_lists(reference, by_name, chosen)
+    return HtpLayerPlan(assignment=chosen, float_nodes=floats, uint16_tensors=wide,
                         result=result, met=met, options=tuple(options), tried=tuple(tried), macs=macs,
                         base_sqnr_db=float(sqnr_db(1.0, base_nsr)) if base_nsr > 0 else float("inf"), samples=n)
