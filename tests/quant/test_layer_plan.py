@@ -58,7 +58,7 @@ def test_the_plan_lifts_layers_until_the_floor_is_met_and_builds_as_checked() ->
     config = QuantConfig(per_channel=False)
     base = output_sqnr(model, quantize(model, samples, config=config).model, samples)
     plan = plan_layer_precision(model, samples, config=config, accept=_sqnr_floor(model, samples, base + 3.0))
-    assert plan.met and 1 <= len(plan.assignment) <= 4
+    assert plan.met and 1 <= len(plan.assignment) <= 5
     assert set(plan.assignment.values()) <= {"int16", "float32"}
     assert {n for n, _ in plan.sensitivity} == {"conv1", "dw", "pw", "gap", "fc"}  # not the tied Flatten
     assert len(plan.options) == 2 * 5 and plan.tried[0] == {"lifted": 0, "candidates": 0, "passed": False,
