@@ -27,6 +27,11 @@ def sqnr_db(signal_energy: float, noise_energy: float) -> float:
     return 10.0 * math.log10(signal_energy / noise_energy)
 
 
+def noise_ratio(db: float) -> float:
+    """The noise-to-signal power ratio of an SQNR in dB (``sqnr_db``'s inverse)."""
+    return 10.0 ** (-db / 10.0)
+
+
 def _dequantized_names(model: onnx.ModelProto) -> dict[str, str]:
     """Tensor -> the output of the DequantizeLinear that follows its QuantizeLinear."""
     q_of = {n.input[0]: n.output[0] for n in model.graph.node if n.op_type == "QuantizeLinear"}

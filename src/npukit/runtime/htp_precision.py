@@ -37,7 +37,7 @@ from onnx import numpy_helper
 from npukit.errors import InputError
 from npukit.measure.energy import MAC_PJ
 from npukit.quant.calibration.auto import output_sqnrs
-from npukit.quant.layer_sqnr import sqnr_db
+from npukit.quant.layer_sqnr import noise_ratio, sqnr_db
 from npukit.quant.precision.layer_plan import Check, LayerOption, assignment_of, search_order, smallest_passing
 from npukit.quant.precision.tensor_precision import activation_pairs, without_rounding
 from npukit.runtime.htp_quant import HtpQuantResult, quantize_for_htp
@@ -118,7 +118,7 @@ def _estimated_gains(base: HtpQuantResult, samples: Sequence[dict], n: int, laye
         if quantizers:
             variants[f"{node.name}:int16"] = without_rounding(base.model, quantizers)
     scores = output_sqnrs(reference, {"": base.model}, samples, start=0, stop=n, session=qdq_reference_session)
-    base_nsr = 10.0 ** (-scores[""] / 10.0)
+    base_nsr = noise_ratio(scores[""])
     names = list(variants)
     gains: dict[tuple[str, str], float] = {}
     for i in range(0, len(names), 16):
@@ -126,7 +126,7 @@ def _estimated_gains(base: HtpQuantResult, samples: Sequence[dict], n: int, laye
         for key, db in output_sqnrs(reference, chunk, samples, start=0, stop=n,
                                     session=qdq_reference_session).items():
             node, option = key.rsplit(":", 1)
-            gains[(node, option)] = base_nsr - 10.0 ** (-db / 10.0)
+            gains[(node, option)] = base_nsr - noise_ratio(db)
     return base_nsr, gains
 
 

@@ -1,7 +1,7 @@
 """Mixed precision per layer under an accuracy floor: each quantized node (Conv, Gemm, and the Adds, Concats,
-pooling, resizes... between them) stays int8 or is lifted to 16-bit activations or to float32, chosen by what the lift buys (output error removed) per millisecond it costs (measured on this
-machine), until the quantized model passes the caller's check (the task metric and SQNR floors of
-``npukit.tasks.QualityGate``).
+pooling, resizes... between them) stays int8 or is lifted to 16-bit activations or to float32, chosen by what the
+lift buys (output error removed) per millisecond it costs (measured on this machine), until the quantized model
+passes the caller's check (the task metric and SQNR floors of ``npukit.tasks.QualityGate``).
 
 The steps, on a QDQ model built with the stand-in recipe (``tensor_precision.stand_in_config``: no AdaRound, range
 search or conv-kernel move, whose choices must come after the precision's), its float head kept:
@@ -48,7 +48,7 @@ from npukit.measure.latency import paired_ratio, time_sessions_interleaved
 from npukit.quant.calibration.auto import output_sqnrs
 from npukit.quant.calibration.calibrate import iter_samples
 from npukit.quant.config import QuantConfig
-from npukit.quant.layer_sqnr import sqnr_db
+from npukit.quant.layer_sqnr import noise_ratio, sqnr_db
 from npukit.quant.plan import Decision
 from npukit.quant.precision.sensitivity import layer_sensitivity
 from npukit.quant.precision.tensor_precision import stand_in_config
@@ -168,10 +168,6 @@ def smallest_passing(count: int, check: Callable[[int], bool]) -> int | None:
     return passing
 
 
-def _nsr(db: float) -> float:
-    return 10.0 ** (-db / 10.0)
-
-
 def _measure_options(layers: list[str], build: Callable[[Mapping[str, str]], onnx.ModelProto],
                      reference: onnx.ModelProto, samples: Iterable[object], n: int, base_session: Any,
                      base_nsr: float, first: dict, *, base_ms: float | None) -> list[LayerOption]:
@@ -188,7 +184,7 @@ def _measure_options(layers: list[str], build: Callable[[Mapping[str, str]], onn
         base_ms = base_ms or times[""].median_ms
         for key in models:
             node, p = key.rsplit(":", 1)
-            gain = base_nsr - _nsr(scores[key])
+            gain = base_nsr - noise_ratio(scores[key])
             added = (paired_ratio(times[""], times[key], rounds=TIMING["rounds"]) - 1.0) * base_ms
             options.append(LayerOption(node, p, gain, gain / base_nsr if base_nsr > 0 else 0.0, added, base_ms))
     return options
@@ -225,7 +221,7 @@ def plan_layer_precision(model: onnx.ModelProto, samples: Iterable[object], *, c
 
     base = build({})
     n = min(scan_samples, sum(1 for _ in iter_samples(reference, samples, limit=config.calib_samples)))
-    base_nsr = _nsr(output_sqnrs(reference, {"": base}, samples, start=0, stop=n)[""])
+    base_nsr = noise_ratio(output_sqnrs(reference, {"": base}, samples, start=0, stop=n)[""])
     noise = layer_sensitivity(built, samples, limit=min(n, 8), ops=None)
     total = sum(max(v, 0.0) for _, v in noise) or 1.0
     sensitivity = tuple((node, v / total) for node, v in noise)

@@ -24,7 +24,7 @@ import onnx
 from npukit.errors import InputError
 from npukit.quant.calibration.calibrate import iter_samples
 from npukit.quant.config import QuantConfig
-from npukit.quant.layer_sqnr import layer_sqnr, sqnr_db
+from npukit.quant.layer_sqnr import layer_sqnr, noise_ratio, sqnr_db
 from npukit.quant.nodes import consumers
 from npukit.quant.precision.tensor_precision import TIED_OPS
 from npukit.quant.qdq import QuantResult, integer_kernel_report, keep_float_head, quantize
@@ -77,13 +77,13 @@ def layer_sensitivity(result: QuantResult, samples: Iterable[object], *, limit: 
         if (node.op_type not in ops if ops is not None else node.op_type in TIED_OPS) or node.name in excluded \
                 or not any(t in at or t in graph_inputs for t in node.input):
             continue
-        before = max((10.0 ** (-at[t] / 10.0) for t in node.input if t in at), default=0.0)
+        before = max((noise_ratio(at[t]) for t in node.input if t in at), default=0.0)
         out = node.output[0]
         # the reported activation may be the fused Relu/Clip's output
         while out not in at and len(readers.get(out, [])) == 1 and readers[out][0].op_type in ("Relu", "Clip"):
             out = readers[out][0].output[0]
         if out in at:
-            scores.append((node.name, float(10.0 ** (-at[out] / 10.0) - before)))
+            scores.append((node.name, float(noise_ratio(at[out]) - before)))
     return sorted(scores, key=lambda s: -s[1])
 
 

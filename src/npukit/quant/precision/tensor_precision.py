@@ -50,6 +50,7 @@ from npukit.quant.calibration.auto import output_sqnrs
 from npukit.quant.calibration.calibrate import iter_samples
 from npukit.quant.config import QuantConfig
 from npukit.quant.grids import grid_range
+from npukit.quant.layer_sqnr import noise_ratio
 from npukit.runtime.ort import make_session
 
 TIED_OPS = frozenset(op for op, quantizer in QDQRegistry.items()
@@ -174,13 +175,13 @@ def scan_gains(reference: onnx.ModelProto, qdq: onnx.ModelProto, samples: Iterab
     n = sum(1 for _ in iter_samples(reference, samples, limit=limit))
     pairs = activation_pairs(qdq)
     groups = candidate_groups(reference, pairs)
-    base = _nsr(output_sqnrs(reference, {"": qdq}, samples, start=0, stop=n)[""])
+    base = noise_ratio(output_sqnrs(reference, {"": qdq}, samples, start=0, stop=n)[""])
     names = list(groups)
     gains = []
     for i in range(0, len(names), CHUNK):
         chunk = {r: without_rounding(qdq, [pairs[t] for t in groups[r]]) for r in names[i:i + CHUNK]}
         for r, db in output_sqnrs(reference, chunk, samples, start=0, stop=n).items():
-            gain = base - _nsr(db)
+            gain = base - noise_ratio(db)
             gains.append(TensorGain(r, gain, gain / base if base > 0 else 0.0))
     return base, n, gains
 
@@ -190,10 +191,6 @@ def candidate_groups(reference: onnx.ModelProto, pairs: dict[str, onnx.NodeProto
     output whose root ORT leaves in float, e.g. ReduceMean's, gets a grid of its own)."""
     groups = [[t for t in members if t in pairs] for members in tied_groups(reference).values()]
     return {members[0]: members for members in groups if members}
-
-
-def _nsr(db: float) -> float:
-    return 10.0 ** (-db / 10.0)
 
 
 def choose_tensors(gains: list[TensorGain], added_ms: dict[str, float], *, allowed_ms: float,
