@@ -39,7 +39,7 @@ from npukit.measure.energy import MAC_PJ
 from npukit.quant.calibration.auto import output_sqnrs
 from npukit.quant.layer_sqnr import noise_ratio, sqnr_db
 from npukit.quant.precision.layer_plan import Check, LayerOption, assignment_of, search_order, smallest_passing
-from npukit.quant.precision.tensor_precision import activation_pairs, without_rounding
+from npukit.quant.precision.tensor_precision import CHUNK, activation_pairs, without_rounding
 from npukit.runtime.htp_quant import HtpQuantResult, quantize_for_htp
 from npukit.runtime.qnn import HTP_QDQ_RULES, qdq_reference_session
 
@@ -111,22 +111,23 @@ def _estimated_gains(base: HtpQuantResult, samples: Sequence[dict], n: int, laye
     """Base output noise-to-signal ratio and each (layer, option)'s estimated reduction of it (module docstring)."""
     reference = base.float_model
     pairs = activation_pairs(base.model)
-    variants: dict[str, onnx.ModelProto] = {}
-    for node in layers:
-        variants[f"{node.name}:float16"] = _with_float_weights(base.model, reference, node.name)
-        quantizers = [pairs[t] for t in layer_tensors(reference, node) if t in pairs]
-        if quantizers:
-            variants[f"{node.name}:int16"] = without_rounding(base.model, quantizers)
+
+    def variant(node: onnx.NodeProto, option: str) -> onnx.ModelProto:
+        if option == "float16":
+            return _with_float_weights(base.model, reference, node.name)
+        return without_rounding(base.model, [pairs[t] for t in layer_tensors(reference, node) if t in pairs])
+
+    keys = [(node, option) for node in layers for option in HTP_OPTIONS
+            if option == "float16" or any(t in pairs for t in layer_tensors(reference, node))]
     scores = output_sqnrs(reference, {"": base.model}, samples, start=0, stop=n, session=qdq_reference_session)
     base_nsr = noise_ratio(scores[""])
-    names = list(variants)
     gains: dict[tuple[str, str], float] = {}
-    for i in range(0, len(names), 16):
-        chunk = {k: variants[k] for k in names[i:i + 16]}
+    for i in range(0, len(keys), CHUNK):  # variants built per chunk, as tensor_precision.scan_gains does
+        chunk = {f"{node.name}:{option}": variant(node, option) for node, option in keys[i:i + CHUNK]}
         for key, db in output_sqnrs(reference, chunk, samples, start=0, stop=n,
                                     session=qdq_reference_session).items():
-            node, option = key.rsplit(":", 1)
-            gains[(node, option)] = base_nsr - noise_ratio(db)
+            node_name, option = key.rsplit(":", 1)
+            gains[(node_name, option)] = base_nsr - noise_ratio(db)
     return base_nsr, gains
 
 

@@ -51,13 +51,12 @@ from npukit.quant.config import QuantConfig
 from npukit.quant.layer_sqnr import noise_ratio, sqnr_db
 from npukit.quant.plan import Decision
 from npukit.quant.precision.sensitivity import layer_sensitivity
-from npukit.quant.precision.tensor_precision import stand_in_config
+from npukit.quant.precision.tensor_precision import CHUNK, stand_in_config
 from npukit.quant.qdq import FLOAT_HEAD, build_qdq, keep_float_head, quantize
 from npukit.runtime.ort import make_session
 
 OPTIONS = ("int16", "float32")  # what a layer may be lifted to on ONNX Runtime's CPU provider
 TIMING = {"threads": 1, "warmup": 3, "runs": 30, "rounds": 10}  # interleaved; ratios paired by round
-CHUNK = 16  # candidate models measured per pass (bounds the sessions held at once)
 NOISE_FLOOR = 0.005  # latency differences under 0.5% of the int8 model's count as this much (timer noise)
 LIFTED = Decision("mixed_precision", "lifted: most output error removed per ms added until the floors were met")
 
