@@ -151,3 +151,23 @@ def test_16_bit_tensors_take_only_their_readers_and_writer_off_int8() -> None:
     assert report["integer_ops"].get("QLinearConv") == 2
     with pytest.raises(InputError, match="int16 tensors"):
         quantize(model, samples, config=QuantConfig(int16_tensors=("nope",)))
+
+
+def test_nodes_preprocessing_adds_are_named_and_can_be_kept_in_float() -> None:
+    """ORT's pre-processing inlines HardSwish as an unnamed HardSigmoid and Mul; a plan chosen on the
+    pre-processed graph names them, so they get names there (the same on every run) and can be excluded."""
+    model = tiny_cnn()
+    act = next(n for n in model.graph.node if n.name == "act2")
+    act.op_type = "HardSwish"
+    model.opset_import[0].version = 17
+    from npukit.quant.qdq import preprocess
+
+    work = preprocess(model)
+    added = [n.name for n in work.graph.node if n.name not in {m.name for m in model.graph.node}]
+    assert added and all(added) and len(set(added)) == len(added)
+    assert [n.name for n in preprocess(model).graph.node] == [n.name for n in work.graph.node]
+    result = quantize(model, make_samples(8), config=QuantConfig(exclude=(added[-1],)))
+    rows = {r["node"]: r for r in result.per_layer}
+    assert rows[added[-1]]["excluded"] and not rows[added[-1]]["quantized"]
+    with pytest.raises(InputError, match="not in the model"):
+        quantize(model, make_samples(8), config=QuantConfig(exclude=("nowhere",)))

@@ -87,7 +87,8 @@ def preprocess(model: onnx.ModelProto) -> onnx.ModelProto:
 
     It runs in a scratch working directory: ORT's symbolic shape inference saves ``sym_shape_infer_temp.onnx`` (and
     its weights) into the current directory when it gives up. When it does give up, ONNX shape inference alone is
-    used (enough for the static shapes npukit quantizes with)."""
+    used (enough for the static shapes npukit quantizes with). The nodes its optimizations add (a function op it
+    inlines: HardSwish as HardSigmoid and Mul) get names, as ``named_nodes`` gives them, the same on every run."""
     with tempfile.TemporaryDirectory(prefix="npukit-quant-") as tmp:
         out = Path(tmp) / "pre.onnx"
         with scratch_cwd(prefix="npukit-quant-cwd-"):
@@ -104,7 +105,7 @@ def preprocess(model: onnx.ModelProto) -> onnx.ModelProto:
                 source = Path(tmp) / "in.onnx"  # from a path: given a ModelProto here ORT loses its weights
                 onnx.save(model, str(source))
                 quant_pre_process(str(source), str(out), skip_symbolic_shape=True)
-        return onnx.load(str(out))
+        return named_nodes(onnx.load(str(out)))
 
 
 def effective_ranges(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]], config: QuantConfig
@@ -299,17 +300,17 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
     model = named_nodes(model)  # unnamed nodes would all match an exclusion of the name ""
     samples = _Reiterable(samples)
     first = next(iter_samples(model, samples, limit=config.calib_samples))  # validates before any work
-    names = {n.name for n in model.graph.node}
-    missing = set(config.exclude) - names
+    if config.gemm_convs:
+        require_exact_move()  # before any long step: refused where ORT's two int8 conv kernels are not both exact
+    work = preprocess(model)
+    # a node of the graph, or one pre-processing added (a plan chosen on the pre-processed graph may name those)
+    missing = set(config.exclude) - {n.name for g in (model, work) for n in g.graph.node}
     if missing:
         raise InputError(f"nodes to exclude {sorted(missing)} are not in the model",
                          hint="use node names from the graph")
-    if config.gemm_convs:
-        require_exact_move()  # before any long step: refused where ORT's two int8 conv kernels are not both exact
     steps: dict[str, dict] = {}
     why = dict(why or {})  # float node or 16-bit tensor -> the step that chose it, when not the user
     range_why: dict[str, Decision] = {}  # tensor -> the step that set its range
-    work = preprocess(model)
     probe = None
     if config.int16_tensors:
         probe = one_sample_ranges(work, first, config)
