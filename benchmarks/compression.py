@@ -44,15 +44,16 @@ BITS = ("w8a8", "w4a8")
 TRAIN_CROPS = 48  # per calibration photo, MobileNetV2
 
 
-def mnist(work: Path) -> tuple[Path, Path, Path, dict[str, Any]]:
-    """(model, training .npz with labels, held-out .npz with labels, notes)."""
+def mnist(work: Path, activation: str = "relu6") -> tuple[Path, Path, Path, dict[str, Any]]:
+    """(model, training .npz with labels, held-out .npz with labels, notes); ``activation``: the CNN's (ReLU6, or
+    HardSwish as in MobileNetV3)."""
     import torch
 
     from quant_vs_anchors import mnist_split, train_mnist_cnn
 
     x_train, x_test, y_train, y_test = mnist_split()
-    net = train_mnist_cnn(x_train, y_train, epochs=6)
-    model = work / "mnist.onnx"
+    net = train_mnist_cnn(x_train, y_train, epochs=6, activation=activation)
+    model = work / ("mnist.onnx" if activation == "relu6" else f"mnist_{activation}.onnx")
     torch.onnx.export(net, torch.zeros(1, 1, 28, 28), str(model), input_names=["x"], dynamo=False, opset_version=17)
     np.savez(work / "mnist_train.npz", x=x_train, labels=y_train)
     np.savez(work / "mnist_test.npz", x=x_test, labels=y_test)

@@ -335,13 +335,14 @@ def mobilenet_v2_task(*, quick: bool) -> Task:
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
 
-def mnist_cnn() -> Any:
-    """A MobileNet-style CNN for 1x28x28 digits: a strided stem, four depthwise-separable blocks, ~67k parameters."""
+def mnist_cnn(activation: str = "relu6") -> Any:
+    """A MobileNet-style CNN for 1x28x28 digits: a strided stem, four depthwise-separable blocks, ~67k parameters;
+    ``activation`` "hardswish" for MobileNetV3's activation instead of ReLU6."""
     from torch import nn
 
     def conv_bn_relu6(cin: int, cout: int, kernel: int, stride: int, groups: int = 1) -> list[nn.Module]:
         return [nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=False), nn.BatchNorm2d(cout),
-                nn.ReLU6()]
+                nn.Hardswish() if activation == "hardswish" else nn.ReLU6()]
 
     def separable(cin: int, cout: int, stride: int) -> list[nn.Module]:
         return conv_bn_relu6(cin, cin, 3, stride, groups=cin) + conv_bn_relu6(cin, cout, 1, 1)
@@ -364,7 +365,8 @@ def mnist_split(*, seed: int = SEED) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return x_train, x_test, y_train, y_test
 
 
-def train_mnist_cnn(x: np.ndarray, y: np.ndarray, *, epochs: int, seed: int = SEED, batch: int = 64) -> Any:
+def train_mnist_cnn(x: np.ndarray, y: np.ndarray, *, epochs: int, seed: int = SEED, batch: int = 64,
+                    activation: str = "relu6") -> Any:
     """Adam with a one-cycle learning rate, seeded, on one torch thread; returns the module in eval mode."""
     import torch
     from torch import nn
@@ -373,7 +375,7 @@ def train_mnist_cnn(x: np.ndarray, y: np.ndarray, *, epochs: int, seed: int = SE
     torch.set_num_threads(1)  # the same result on every machine, and fair to the others sharing this one
     try:
         torch.manual_seed(seed)
-        net = mnist_cnn()
+        net = mnist_cnn(activation)
         xt, yt = torch.from_numpy(x), torch.from_numpy(y)
         steps = epochs * math.ceil(len(xt) / batch)
         optimizer = torch.optim.Adam(net.parameters(), lr=3e-3)

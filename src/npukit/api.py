@@ -21,7 +21,8 @@ from npukit.verbs.prune import prune
 from npukit.verbs.qat import qat
 from npukit.verbs.quantize import cpu_scheme, quantize
 from npukit.verbs.serve_bench import serve_bench
+from npukit.verbs.substitute import substitute
 
 __all__ = ["CommandResult", "analyze", "bench", "compile", "cpu_scheme", "devices", "export", "inspect", "is_qdq",
            "optimize", "optimize_graph", "plan_memory", "prune", "qat", "quantize", "quantize_for_htp",
-           "report_path_for", "serve_bench"]
+           "report_path_for", "serve_bench", "substitute"]

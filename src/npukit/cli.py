@@ -363,6 +363,21 @@ def build_parser() -> argparse.ArgumentParser:
                   lr="Adam learning rate (default 1e-4, cosine-decayed)")
     _add_training_run(p)
 
+    p = verb("substitute", help="replace ops by inexact substitutes (HardSwish -> ReLU6, ...), fine-tuned back",
+             description="Replace every node of an op by a substitute that computes a different function (for a "
+                         "target without the op, or a faster int8 kernel: ReLU6 fuses into the conv before it), "
+                         "then fine-tune the result by distillation from the original model (labels used where the "
+                         "data has them) and hold it to the task check on held-out data. The report shows the "
+                         "substituted model before and after fine-tuning. <output>.substitute.pt keeps the last "
+                         "finished epoch: the same command again continues an interrupted run.")
+    _add_training_data(p, output="output .onnx path (float)")
+    p.add_argument("--rule", action="append", required=True, metavar="NAME",
+                   help="a substitution: hardswish_to_relu6, groupnorm_to_instancenorm, or any exact fix of "
+                        "analyze (repeatable)")
+    _add_training(p, passes="fine-tuning passes over the training samples",
+                  lr="Adam learning rate (default 1e-4, cosine-decayed)")
+    _add_training_run(p)
+
     p = verb("demo", help="the whole pipeline on MobileNetV2 (official weights) and real photos, offline")
     p.add_argument("-o", "--output-dir", default="npukit_out", help="where artifacts and reports go")
     p.add_argument("--threads", type=int, default=1, help="ORT intra-op threads for timing (default 1)")
@@ -514,6 +529,14 @@ def _prune(api, args):
                      max_samples=args.max_samples, input_shape=args.input_shape, html=args.html)
 
 
+def _substitute(api, args):
+    return api.substitute(args.model, args.output, rules=args.rule, data=args.data, eval_data=args.eval_data,
+                          epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, augment=not args.no_augment,
+                          max_steps=args.max_steps, restart=args.restart, task=_task(args), gate=_gate(args),
+                          seed=args.seed, threads=args.threads, runs=args.runs, max_samples=args.max_samples,
+                          input_shape=args.input_shape, html=args.html)
+
+
 def _demo(api, args):
     from npukit.demo_pipeline import demo
 
@@ -531,14 +554,14 @@ def _serve_bench(api, args):
 VERBS = {"export": _export, "optimize-graph": _optimize_graph, "inspect": _inspect, "quantize": _quantize,
          "analyze": _analyze, "plan-memory": _plan_memory, "devices": _devices, "bench": _bench,
          "compile": _compile, "serve-bench": _serve_bench, "optimize": _optimize, "qat": _qat, "prune": _prune,
-         "demo": _demo}
+         "substitute": _substitute, "demo": _demo}
 
 
 def _resumable(args: argparse.Namespace) -> str:
     """What an interrupted verb kept that the same command continues from."""
     from npukit.report.finish import report_path_for
 
-    for verb in ("qat", "prune"):
+    for verb in ("qat", "prune", "substitute"):
         if args.verb == verb and report_path_for(args.output, f".{verb}.pt").exists():
             return (f" The last finished epoch is kept in {report_path_for(args.output, f'.{verb}.pt')}: run the "
                     "same command again to continue from it.")

@@ -6,6 +6,7 @@ import onnx_ir as ir
 import pytest
 from onnx import helper, numpy_helper
 
+from npukit.errors import InputError
 from npukit.runtime.ort import make_session, random_feeds, run
 from npukit.targets import analyze, apply_fixes, get_target
 from npukit.targets.fix import (
@@ -14,9 +15,13 @@ from npukit.targets.fix import (
     GeluToErfPass,
     GlobalAveragePoolToReduceMeanPass,
     GlobalPoolToPoolPass,
+    GroupNormToInstanceNormPass,
     HardSigmoidToClipPass,
     HardSwishToClipPass,
     HardSwishToHardSigmoidPass,
+    HardSwishToRelu6Pass,
+    fix_for,
+    substitute,
 )
 from tests.targets._models import make, single, vi
 
@@ -105,3 +110,56 @@ def test_apply_fixes_hardswish_form_follows_the_target():
 def helper_model_gap():
     return make([helper.make_node("GlobalAveragePool", ["x"], ["y"])], [vi("x", [1, 3, 8, 8])],
                 [vi("y", [1, 3, 1, 1])])
+
+
+def _outputs(model, x):
+    return run(make_session(model, optimization="disable"), {"x": x})[0]
+
+
+def test_hardswish_to_relu6_is_relu6_and_not_hardswish():
+    model = single("HardSwish", opset=14)
+    fixed = _apply(model, HardSwishToRelu6Pass())
+    assert [n.op_type for n in fixed.graph.node] == ["Clip"]
+    x = np.linspace(-8, 8, 3 * 64, dtype=np.float32).reshape(1, 3, 8, 8)
+    np.testing.assert_array_equal(_outputs(fixed, x), np.clip(x, 0, 6))
+    assert np.max(np.abs(_outputs(fixed, x) - _outputs(model, x))) > 1.0  # a different function
+
+
+def test_groupnorm_to_instancenorm_is_exact_only_with_a_group_per_channel():
+    inexact = _apply(_groupnorm(21, per_group=False), GroupNormToInstanceNormPass())
+    assert [n.op_type for n in inexact.graph.node] == ["InstanceNormalization"]
+    assert _max_rel(_groupnorm(21, per_group=False), inexact) > 1e-2
+    per_channel = _groupnorm(21, per_group=False)
+    next(a for a in per_channel.graph.node[0].attribute if a.name == "num_groups").i = 4
+    assert _max_rel(per_channel, _apply(per_channel, GroupNormToInstanceNormPass())) < 2e-6
+    per_group = _groupnorm(18, per_group=True)  # opset 18: a scale per group, repeated over its channels
+    fixed = _apply(per_group, GroupNormToInstanceNormPass())
+    scale = next(numpy_helper.to_array(i) for i in fixed.graph.initializer if i.name == fixed.graph.node[0].input[1])
+    assert scale.tolist() == pytest.approx([0.5, 0.5, 1.5, 1.5])
+
+
+def test_inexact_fixes_are_named_by_analyze_never_applied_by_a_target():
+    nnapi27 = get_target("nnapi@27")  # no HARD_SWISH, no DIV: no exact form of HardSwish it takes
+    assert fix_for("HardSwish", nnapi27) is None
+    assert fix_for("HardSwish", nnapi27, exact=False).name == "hardswish_to_relu6"
+    model = single("HardSwish", opset=14)
+    verdict = next(v for v in analyze(model, nnapi27).nodes if v.op_type == "HardSwish")
+    assert verdict.fix.startswith("hardswish_to_relu6 (inexact") and "npukit substitute" in verdict.fix
+    assert "npukit substitute --rule hardswish_to_relu6" in analyze(model, nnapi27).hint()
+    assert apply_fixes(model, nnapi27).model.graph.node[0].op_type == "HardSwish"  # --fix leaves it
+    assert [a["fix"] for a in apply_fixes(model, get_target("nnapi")).applied] == ["hardswish_to_clip"]
+
+
+def test_substitute_applies_what_is_asked_and_refuses_what_it_cannot():
+    model = single("HardSwish", opset=14)
+    changed = substitute(model, ["hardswish_to_relu6"])
+    assert changed.errors is None and [(a["fix"], a["exact"], a["rewrites"]) for a in changed.applied] == [
+        ("hardswish_to_relu6", False, 1)]
+    exact = substitute(model, ["hardswish_to_clip"])  # exact ones alone are verified
+    assert exact.errors is not None and exact.errors.max_rel < 1e-5
+    with pytest.raises(InputError, match="unknown substitution nope"):
+        substitute(model, ["nope"])
+    with pytest.raises(InputError, match="two substitutions given for HardSwish"):
+        substitute(model, ["hardswish_to_relu6", "hardswish_to_clip"])
+    with pytest.raises(InputError, match="nothing to substitute: the model has no node GroupNormalization"):
+        substitute(model, ["groupnorm_to_instancenorm"])

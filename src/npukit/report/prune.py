@@ -31,23 +31,25 @@ def add_sparsity(report: Report, sparse: Any) -> None:
                       for r in sparse.rows])
 
 
-def add_comparison(report: Report, rows: dict[str, Any], latency: dict[str, Any], figures: dict[str, dict]) -> None:
-    """The pruned model before and after fine-tuning on the held-out samples (task metric against the float model),
-    and the float and fine-tuned models' MACs, parameters, sizes and ORT CPU latency."""
+def add_comparison(report: Report, rows: dict[str, Any], latency: dict[str, Any], figures: dict[str, dict], *,
+                   label: str = "pruned") -> None:
+    """The changed model (``label``: pruned, substituted) before and after fine-tuning on the held-out samples (task
+    metric against the float model), and the float and fine-tuned models' MACs, parameters, sizes and ORT CPU
+    latency."""
     report.add("comparison", {k: v.as_dict() for k, v in rows.items()})
     report.add("latency", {k: v.as_dict() for k, v in latency.items()})
     report.add("figures", figures)
     metric = next(iter(rows.values())).metric
     base = latency["float"].median_ms
     table = []
-    for label in ("float", "pruned", "fine-tuned"):
-        f = figures[label]
-        result = rows.get(label)
+    for name in ("float", label, "fine-tuned"):
+        f = figures[name]
+        result = rows.get(name)
         worst = min((o.sqnr_db for o in result.outputs), default=None) if result else None
-        ms = latency["float" if label == "float" else "pruned"].median_ms if label != "pruned" else None
-        table.append([label, rounded(result.value) if result else None, rounded(worst, 2), f["macs"], f["params"],
+        ms = latency["float" if name == "float" else label].median_ms if name != label else None
+        table.append([name, rounded(result.value) if result else None, rounded(worst, 2), f["macs"], f["params"],
                       round(ms, 3) if ms else None, round(ms / base, 3) if ms else None, f["bytes"], f["deflated"]])
-    report.add_table(f"Float, pruned and fine-tuned on the held-out samples ({metric} against the float model; ORT "
-                     "CPU latency, interleaved medians; the pruned model before fine-tuning has the fine-tuned one's "
+    report.add_table(f"Float, {label} and fine-tuned on the held-out samples ({metric} against the float model; ORT "
+                     f"CPU latency, interleaved medians; the {label} model before fine-tuning has the fine-tuned one's "
                      "speed)", ["model", metric, "worst output SQNR dB", "MACs", "parameters", "median ms", "x float",
                                 "bytes", "bytes deflated (zip)"], table)

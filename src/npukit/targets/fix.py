@@ -1,16 +1,21 @@
-"""Safe substitutions that let a target take ops it lacks, as rewrite passes, each verified numerically.
+"""Substitutions that let a target take ops it lacks, as rewrite passes, each checked numerically.
 
 ``apply_fixes(model, target)`` picks, from the target profile's ``substitutions``, the fixes whose source op the
 target does not take and whose products it does, runs them, and compares the result with the original on ORT CPU
-(seeded random inputs; max |fixed - original| / max |original| <= rtol, 1e-5 by default: every rewrite here is exact
-algebra, so only float32 rounding of a different evaluation order separates the two).
+(seeded random inputs; max |fixed - original| / max |original| <= rtol, 1e-5 by default: every rewrite a target
+profile names is exact algebra, so only float32 rounding of a different evaluation order separates the two).
+
+The inexact substitutions (``FixRule.exact`` False: HardSwish -> ReLU6, GroupNorm -> InstanceNorm, as in the seeds'
+MobileNetV3 port) change what the model computes. No profile applies them: ``analyze`` names one where a node has no
+exact fix for the target, and ``substitute(model, rules)`` applies those a user asks for, measuring the change; the
+``substitute`` verb then recovers the loss by distillation fine-tuning from the original model.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx
@@ -154,6 +159,41 @@ class DecomposeGroupNormPass(_OpRewritePass):
         return b.op("Add", [scaled, b.const(bias_c.reshape(per_channel), hint="bias")])
 
 
+class HardSwishToRelu6Pass(_OpRewritePass):
+    """HardSwish(x) -> Clip(x, 0, 6) (ReLU6), the function MobileNetV2 uses. NOT the same function: below 3 it
+    passes x where HardSwish passes x * (x + 3) / 6, and it caps at 6. Every int8 runtime fuses it into the conv
+    before it."""
+
+    op_type = "HardSwish"
+
+    def rewrite(self, b: _Builder, node: ir.Node) -> ir.Value | str:
+        return b.op("Clip", [node.inputs[0], b.const(0.0, hint="zero"), b.const(6.0, hint="six")])
+
+
+class GroupNormToInstanceNormPass(_OpRewritePass):
+    """GroupNormalization(x, scale, bias) -> InstanceNormalization(x, scale, bias) per channel (one op, no
+    reshapes). NOT the same function unless every group is one channel: statistics over each channel instead of
+    over each group of channels."""
+
+    op_type = "GroupNormalization"
+
+    def rewrite(self, b: _Builder, node: ir.Node) -> ir.Value | str:
+        x, scale, bias = (list(node.inputs) + [None, None])[:3]
+        if x is None or x.shape is None or len(x.shape) < 3 or not isinstance(x.shape[1], int):
+            return "the input rank or channel count is unknown"
+        groups, channels = node.attributes.get_int("num_groups", 0), x.shape[1]
+        if groups <= 0 or channels % groups:
+            return f"num_groups {groups} does not divide the {channels} channels"
+        arrays = [None if v is None else ir.convenience.get_const_tensor(v) for v in (scale, bias)]
+        if any(a is None for a in arrays):
+            return "scale and bias must be constant"
+        scale_c, bias_c = (np.asarray(a.numpy(), dtype=b.dtype).reshape(-1) for a in arrays)  # type: ignore[union-attr]
+        if scale_c.size == groups and groups != channels:  # opset 18: one scale per group
+            scale_c, bias_c = np.repeat(scale_c, channels // groups), np.repeat(bias_c, channels // groups)
+        return b.op("InstanceNormalization", [x, b.const(scale_c, hint="scale"), b.const(bias_c, hint="bias")],
+                    {"epsilon": node.attributes.get_float("epsilon", 1e-5)})
+
+
 class GlobalAveragePoolToReduceMeanPass(_OpRewritePass):
     """GlobalAveragePool(x) -> ReduceMean(x, axes=spatial axes, keepdims=1)."""
 
@@ -217,13 +257,15 @@ class GeluTanhDecomposePass(_OpRewritePass):
 
 @dataclasses.dataclass(frozen=True)
 class FixRule:
-    """A named substitution: the op types it removes, the op types it introduces, and its pass."""
+    """A named substitution: the op types it removes, the op types it introduces, and its pass. ``exact`` False:
+    the substitute computes a different function (never applied by a target profile; see the module docstring)."""
 
     name: str
     source_ops: tuple[str, ...]
     produces: tuple[str, ...]
     description: str
     make_pass: Callable[[], NpukitPass] | None  # None: the input-shape fix, done on the protobuf
+    exact: bool = True
 
     def helps(self, target: TargetProfile) -> bool:
         """True when the target lacks a source op and takes every op the fix introduces."""
@@ -249,12 +291,19 @@ FIXES: dict[str, FixRule] = {f.name: f for f in (
             "Gelu (exact) -> x * 0.5 * (1 + Erf(x / sqrt(2)))", GeluToErfPass),
     FixRule("gelu_tanh_decompose", ("Gelu",), ("Mul", "Add", "Tanh"),
             "Gelu (approximate='tanh') -> 0.5 * x * (1 + Tanh(...))", GeluTanhDecomposePass),
+    FixRule("hardswish_to_relu6", ("HardSwish",), ("Clip",), "HardSwish(x) -> ReLU6(x) = Clip(x, 0, 6) (inexact)",
+            HardSwishToRelu6Pass, exact=False),
+    FixRule("groupnorm_to_instancenorm", ("GroupNormalization",), ("InstanceNormalization",),
+            "GroupNormalization -> InstanceNormalization per channel (inexact unless groups == channels)",
+            GroupNormToInstanceNormPass, exact=False),
 )}
+INEXACT = tuple(name for name, rule in FIXES.items() if not rule.exact)
 
 
-def fix_for(op_type: str, target: TargetProfile) -> FixRule | None:
-    """The first fix in the target's preference order that removes ``op_type`` using only ops the target takes."""
-    for name in target.substitutions:
+def fix_for(op_type: str, target: TargetProfile, *, exact: bool = True) -> FixRule | None:
+    """The first fix in the target's preference order that removes ``op_type`` using only ops the target takes;
+    with ``exact`` False, the first inexact substitution that would (for a node no exact fix serves)."""
+    for name in target.substitutions if exact else INEXACT:
         rule = FIXES[name]
         if op_type in rule.source_ops and all(target.rule_for(op) is not None for op in rule.produces):
             return rule
@@ -290,9 +339,9 @@ def apply_fixes(
     from npukit.frontend.shapes import fix_input_shape
 
     for name in target.substitutions:
-        if name not in FIXES:
-            raise InputError(f"profile {target.name} names an unknown fix {name!r}",
-                             hint=f"valid fixes: {', '.join(FIXES)}")
+        if name not in FIXES or not FIXES[name].exact:
+            raise InputError(f"profile {target.name} names an unknown or inexact fix {name!r}",
+                             hint=f"exact fixes: {', '.join(n for n, r in FIXES.items() if r.exact)}")
     applied: list[dict] = []
     reference = model
     if "fix_input_shape" in target.substitutions and input_shape is not None:
@@ -341,4 +390,32 @@ def apply_fixes(
     if not modified:
         return FixResult(reference, applied, None)
     errors = verify_equivalent(reference, fixed, rtol=rtol)
+    return FixResult(fixed, applied, errors)
+
+
+def substitute(model: onnx.ModelProto, names: Sequence[str], *, rtol: float = 1e-5) -> FixResult:
+    """Apply the fixes ``names`` asks for, exact or not, to every node they serve, whatever the target takes.
+
+    Raises InputError for an unknown name or when no node was rewritten. Exact fixes alone are verified as in
+    ``apply_fixes``; with an inexact one ``errors`` is None: the change is the caller's to measure on real data."""
+    unknown = [n for n in names if n not in FIXES or FIXES[n].make_pass is None]
+    if unknown or not names:
+        raise InputError(f"unknown substitution {', '.join(unknown) or '(none given)'}",
+                         hint=f"one of: {', '.join(n for n, r in FIXES.items() if r.make_pass is not None)}")
+    rules = [FIXES[n] for n in dict.fromkeys(names)]
+    clash = [op for op in {o for r in rules for o in r.source_ops} if sum(op in r.source_ops for r in rules) > 1]
+    if clash:
+        raise InputError(f"two substitutions given for {', '.join(sorted(clash))}", hint="give one per op type")
+    passes = [r.make_pass() for r in rules]  # type: ignore[misc]
+    result = PassManager(passes)(ir.serde.deserialize_model(model))
+    applied = [{"fix": r.name, "description": r.description, "rewrites": rec.rewrites, "notes": list(rec.notes),
+                "exact": r.exact} for r, rec in zip(rules, result.records)]
+    if not result.modified:
+        present = sorted({n.op_type for n in model.graph.node})
+        raise InputError(f"nothing to substitute: the model has no node {' or '.join(sorted({o for r in rules for o in r.source_ops}))} that "
+                         f"{', '.join(r.name for r in rules)} could rewrite"
+                         + "".join(f" ({'; '.join(a['notes'])})" for a in applied if a["notes"]),
+                         hint=f"the model's op types: {', '.join(present)}")
+    fixed = ir.serde.serialize_model(result.model)
+    errors = verify_equivalent(model, fixed, rtol=rtol) if all(r.exact for r in rules) else None
     return FixResult(fixed, applied, errors)

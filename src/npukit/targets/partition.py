@@ -109,9 +109,13 @@ class Analysis:
             return f"fix the input shape with --input-shape (symbolic: {', '.join(self.symbolic_inputs)})"
         if self.needs_quantization:
             return "quantize the model to QDQ first (npukit quantize)"
-        fixes = sorted({n.fix for n in self.nodes if n.fix})
+        fixes = sorted({n.fix for n in self.nodes if n.fix and "(inexact" not in n.fix})
         if fixes:
             return f"run analyze with --fix (applies {', '.join(fixes)})"
+        inexact = sorted({n.fix.split()[0] for n in self.nodes if n.fix})
+        if inexact:
+            return (f"no exact substitution: npukit substitute --rule {' --rule '.join(inexact)} --data DIR changes "
+                    "the function and recovers it by fine-tuning")
         first = next((n.reasons[0] for n in self.nodes if n.reasons), "")
         return f"replace the unsupported ops or pick another target ({first})" if first else "pick another target"
 
@@ -639,9 +643,13 @@ def analyze(
         unit_reasons = tuple(reasons[owner[i]])
         fix = None
         if unit_reasons:
-            rule = fix_for(node.op_type, target) if target.rule_for(node.op_type, node.domain) is None else None
+            lacks = target.rule_for(node.op_type, node.domain) is None
+            rule = fix_for(node.op_type, target) if lacks else None
+            inexact = fix_for(node.op_type, target, exact=False) if lacks and rule is None else None
             if rule is not None:
                 fix = rule.name
+            elif inexact is not None:  # no exact form the target takes: name the one that changes the function
+                fix = f"{inexact.name} (inexact: npukit substitute --rule {inexact.name} recovers by fine-tuning)"
             elif any("static shapes" in r for r in unit_reasons) and "fix_input_shape" in target.substitutions:
                 fix = "fix_input_shape"
         warnings: tuple[str, ...] = ()

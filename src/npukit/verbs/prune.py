@@ -4,8 +4,6 @@ distillation fine-tuning from the unpruned model, held to the task check on data
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,10 +13,11 @@ import onnx
 from npukit.config import PreprocessConfig
 from npukit.errors import InputError
 from npukit.report.core import Report
-from npukit.report.finish import CommandResult, finish, report_path_for
-from npukit.report.progress import step, training_bar
+from npukit.report.finish import CommandResult, report_path_for
+from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import check_output, output_task, refuse_quantized
+from npukit.verbs.common import check_output, refuse_quantized
+from npukit.verbs.distill import Distillation
 from npukit.verbs.qat import TrainingSamples
 
 LEARNING_RATE = 1e-4  # Adam, cosine-decayed: the pruned float model starts close to the teacher
@@ -87,111 +86,41 @@ def prune(
     checkpoint = report_path_for(output, ".prune.pt")
     if restart:
         checkpoint.unlink(missing_ok=True)
-    return _Run(report, samples, train_config, task, gate or QualityGate(), threads, runs).run(
-        proto, output, checkpoint, macs=macs, sparsity=sparsity, html=html, source=Path(str(model)))
+    return _prune_and_tune(proto, output, checkpoint, Distillation(
+        report, samples, train_config, task, gate or QualityGate(), threads, runs, label="pruned",
+        hint="prune less (--macs nearer 1, a lower --sparsity) or fine-tune longer (--epochs)"),
+        macs=macs, sparsity=sparsity, html=html, source=Path(str(model)))
 
 
-class _Run:
+def _prune_and_tune(proto: onnx.ModelProto, output: Path, checkpoint: Path, run: Distillation, *,
+                    macs: float | None, sparsity: float | None, html: bool, source: Path) -> CommandResult:
     """The verb's straight line: preprocess -> prune -> fine-tune -> write -> before/after check."""
+    from npukit.quant.qdq import preprocess
 
-    def __init__(self, report: Report, samples: TrainingSamples, config: Any, task: str | None, gate: QualityGate,
-                 threads: int | None, runs: int) -> None:
-        self.report, self.samples, self.config, self.task, self.gate = report, samples, config, task, gate
-        self.threads, self.runs = threads, runs
+    with step("pre-processing (BatchNorm folded, shapes inferred)", timings=run.report.timings, key="preprocess"):
+        reference = preprocess(proto)
+    start, pruned, schedule = _prune(run, reference, macs, sparsity)
+    return run.run(reference, start, output, checkpoint, before=pruned, sparsity=schedule,
+                   key={"sparsity": sparsity}, html=html, source=source)
 
-    def run(self, proto: onnx.ModelProto, output: Path, checkpoint: Path, *, macs: float | None,
-            sparsity: float | None, html: bool, source: Path) -> CommandResult:
-        import torch
 
-        from npukit.frontend.onnx_io import save_onnx
-        from npukit.quant.qat.program import OnnxProgram, with_trained_weights
-        from npukit.quant.qat.train import Trainer
-        from npukit.quant.qdq import preprocess
-        from npukit.report.qat import add_training
+def _prune(run: Distillation, reference: onnx.ModelProto, macs: float | None, sparsity: float | None
+           ) -> tuple[Any, Any, Any]:
+    """(the model fine-tuning starts from, the pruned model before fine-tuning, the sparsity schedule or None):
+    channels are pruned before training; sparsity is raised step by step during it (the model before
+    fine-tuning is the one-shot sparse one)."""
+    from npukit.prune.channels import prune_channels
+    from npukit.prune.sparsity import GradualSparsity, sparsify
+    from npukit.report.prune import add_channels, add_sparsity
 
-        report = self.report
-        if self.threads:
-            torch.set_num_threads(self.threads)
-        torch.manual_seed(self.config.seed)
-        with step("pre-processing (BatchNorm folded, shapes inferred)", timings=report.timings, key="preprocess"):
-            reference = preprocess(proto)
-        start, pruned, sparsity_schedule = self._prune(reference, macs, sparsity)
-        choice = output_task(reference, self.samples.held[0].feeds, self.task)
-        fingerprint = hashlib.sha256(json.dumps({"model": hashlib.sha256(start.SerializeToString()).hexdigest(),
-                                                 "sparsity": sparsity, "train": self.config.as_dict(),
-                                                 "data": self.samples.fingerprint()},
-                                                sort_keys=True, default=str).encode()).hexdigest()
-        student = OnnxProgram(start)
-        trainer = Trainer(student, OnnxProgram(reference), self.samples.train, self.samples.labels, self.config,
-                          classify_output=choice.output if choice.name == "classify" else None,
-                          checkpoint=checkpoint, fingerprint=fingerprint, validation=self.samples.validation,
-                          validation_labels=self.samples.validation_labels, sparsity=sparsity_schedule)
-        with step(f"fine-tuning by distillation ({self.config.epochs} epochs x {trainer.steps_per_epoch} steps)",
-                  timings=report.timings, key="train"), training_bar(trainer.total) as bar:
-            trained = trainer.train(progress=bar)
-        if trainer.rank != 0:
-            report.set_verdict(f"INFO prune: process {trainer.rank} trained its share of every batch; process 0 "
-                               "checks and writes the artifact", passed=True)
-            return CommandResult(report=report)
-        student.eval()
-        tuned = with_trained_weights(start, student)
-        save_onnx(tuned, output)
-        add_training(report, trained, bits=False)
-        self._compare(reference, pruned, output, choice)
-        checkpoint.unlink(missing_ok=True)
-        return finish(report, output, html=html, result=trained, source=source)
-
-    def _prune(self, reference: onnx.ModelProto, macs: float | None, sparsity: float | None) -> tuple[Any, Any, Any]:
-        """(the model fine-tuning starts from, the pruned model before fine-tuning, the sparsity schedule or None):
-        channels are pruned before training; sparsity is raised step by step during it (the model before
-        fine-tuning is the one-shot sparse one)."""
-        from npukit.prune.channels import prune_channels
-        from npukit.prune.sparsity import GradualSparsity, sparsify
-        from npukit.report.prune import add_channels, add_sparsity
-
-        start = reference
-        if macs is not None:
-            with step(f"pruning channels to {macs:.0%} of the MACs", timings=self.report.timings, key="channels"):
-                channels = prune_channels(reference, self.samples.calib, macs)
-            add_channels(self.report, channels)
-            start = channels.model
-        if sparsity is None:
-            return start, start, None
-        sparse = sparsify(start, sparsity)
-        add_sparsity(self.report, sparse)
-        return start, sparse.model, GradualSparsity(sparsity, tuple(sparse.masks))
-
-    def _compare(self, reference: onnx.ModelProto, pruned: onnx.ModelProto, output: Path, choice: Any) -> None:
-        from npukit.measure.latency import measure_latency_interleaved
-        from npukit.measure.size import compressed_bytes, model_size
-        from npukit.measure.summary import summarize
-        from npukit.measure.task_fidelity import compare_task, session_runner
-        from npukit.report.prune import add_comparison
-        from npukit.report.task import add_task_check
-        from npukit.runtime.ort import make_session
-        from npukit.tasks import judge
-
-        report, held = self.report, self.samples.held
-        threads = self.threads or 1
-        ref = session_runner(make_session(reference, threads=threads))
-        names = [o.name for o in reference.graph.output]
-        models = {"float": reference, "pruned": pruned, "fine-tuned": onnx.load(str(output))}
-        rows = {}
-        for label in ("pruned", "fine-tuned"):
-            with step(f"task check of the {label} model on {len(held)} held-out samples", timings=report.timings,
-                      key=f"check_{label}"):
-                _, rows[label] = compare_task(ref, session_runner(make_session(models[label], threads=threads)),
-                                              held, output_names=names,
-                                              task=choice.name if choice.given else self.task)
-        with step(f"timing float vs pruned, {threads} thread(s)", timings=report.timings, key="latency"):
-            latency = measure_latency_interleaved({"float": reference, "pruned": str(output)}, threads=threads,
-                                                  runs=self.runs, feeds=held[0].feeds)
-        figures = {}
-        for label, model in models.items():
-            summary = summarize(model)
-            figures[label] = {"macs": summary.macs, "params": summary.parameters,
-                              "bytes": model_size(model).serialized_bytes, "deflated": compressed_bytes(model)}
-        add_comparison(report, rows, latency, figures)
-        verdict = judge(rows["fine-tuned"], self.gate, what="prune",
-                        hint="prune less (--macs nearer 1, a lower --sparsity) or fine-tune longer (--epochs)")
-        add_task_check(report, choice, rows["fine-tuned"], self.gate, verdict, where=self.samples.held_from)
+    start = reference
+    if macs is not None:
+        with step(f"pruning channels to {macs:.0%} of the MACs", timings=run.report.timings, key="channels"):
+            channels = prune_channels(reference, run.samples.calib, macs)
+        add_channels(run.report, channels)
+        start = channels.model
+    if sparsity is None:
+        return start, start, None
+    sparse = sparsify(start, sparsity)
+    add_sparsity(run.report, sparse)
+    return start, sparse.model, GradualSparsity(sparsity, tuple(sparse.masks))

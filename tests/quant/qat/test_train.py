@@ -102,3 +102,30 @@ def test_validation_keeps_the_start_when_training_only_hurts(tmp_path):
     assert all(e.validation_loss > result.start.validation_loss for e in result.history)
     for name, value in student.state_dict().items():
         torch.testing.assert_close(value, start[name], msg=name)
+
+
+def test_a_classifier_that_ends_in_softmax_is_distilled_on_its_logits(tmp_path):
+    """Softened probabilities of probabilities are near uniform; the log of a Softmax output is its logits less a
+    constant per row, so the loss on a Softmax model equals the loss on the same model without it."""
+    import onnx
+    from onnx import helper
+
+    def with_softmax(model: onnx.ModelProto) -> onnx.ModelProto:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        out.graph.output[0].name = "p"
+        out.graph.node.append(helper.make_node("Softmax", ["y"], ["p"], name="softmax", axis=-1))
+        return out
+
+    x = np.concatenate([s["x"] for s in make_samples(16, seed=3)])
+    config = QatConfig(epochs=1, batch_size=8, augment=False, logit_weight=0.0)
+    losses = {}
+    for kind, wrap in (("logits", lambda m: m), ("probabilities", with_softmax)):
+        teacher, student = OnnxProgram(wrap(tiny_cnn(seed=0))), OnnxProgram(wrap(tiny_cnn(seed=1)))
+        trainer = Trainer(student, teacher, {"x": x}, None, config, classify_output=0, checkpoint=None,
+                          fingerprint="a")
+        assert trainer.probabilities == (kind == "probabilities")
+        with torch.no_grad():
+            batch = {"x": torch.from_numpy(x)}
+            losses[kind] = float(trainer.loss(student(batch), teacher(batch), None)[0])
+    assert losses["probabilities"] == pytest.approx(losses["logits"], rel=1e-4)

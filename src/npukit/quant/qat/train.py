@@ -3,7 +3,8 @@
 One step: a batch of training inputs (shifted at random when they are images and ``augment`` is on), the float
 model's outputs on them (the teacher, no gradient) and the twin's (the student, fake-quantized on the plan's grids);
 the loss is the task's: for a classifier the KL divergence of the softened class distributions (temperature
-``temperature``), plus cross-entropy on the labels when the data has them (weight ``label_weight``), plus the
+``temperature``; a model that ends in Softmax is distilled on the log of its probabilities, which are its logits
+less a constant per row: softening the probabilities themselves would flatten every target to near uniform), plus cross-entropy on the labels when the data has them (weight ``label_weight``), plus the
 logits' squared error divided by their variance (weight ``logit_weight``: the fidelity the check measures as
 SQNR); for every other output, the squared error divided by its variance, so outputs of any scale weigh alike (the
 variances are the teacher's on the first training samples, fixed for the run). Adam on the
@@ -49,6 +50,7 @@ from npukit.quant.qat.program import OnnxProgram
 
 BITS = (8, 4)
 SPREAD_SAMPLES = 32  # training samples whose teacher outputs set each output's loss scale
+PROBABILITY_FLOOR = 1e-12  # a Softmax output's zeros, before its log is taken
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,7 +213,7 @@ class Trainer:
         self.history: list[Epoch] = []
         self.epoch = 0
         self.bits = 8
-        self.spread = self._spread()
+        self.spread, self.probabilities = self._spread()
 
     # ------------------------------------------------------------------------------------------- schedule
     def bits_at(self, step: int) -> int:
@@ -253,6 +255,8 @@ class Trainer:
                 continue
             if i == self.classify_output:
                 s2, t2 = s.reshape(s.shape[0], -1), t.reshape(t.shape[0], -1)
+                if self.probabilities:  # log p is the logits less a constant per row: the same softened targets
+                    s2, t2 = s2.clamp_min(PROBABILITY_FLOOR).log(), t2.clamp_min(PROBABILITY_FLOOR).log()
                 temp = self.config.temperature
                 kd = F.kl_div(F.log_softmax(s2 / temp, -1), F.log_softmax(t2 / temp, -1), log_target=True,
                               reduction="batchmean") * temp * temp
@@ -322,14 +326,22 @@ class Trainer:
             module.rule, module.levels, module.qmin, module.qmax = rule["rule"], rule["levels"], rule["qmin"], \
                 rule["qmax"]
 
-    def _spread(self) -> list[float]:
+    def _spread(self) -> tuple[list[float], bool]:
         """Each output's variance under the teacher on the first training samples: the constant its squared error
-        is divided by (the same on every process and in every batch)."""
+        is divided by (the same on every process and in every batch); and whether the class scores are already
+        probabilities (a model ending in Softmax: every row non-negative and summing to 1)."""
         first = {k: v[:SPREAD_SAMPLES] for k, v in self.inputs.items()}
         with torch.no_grad():
             outputs = _Batched(self.teacher)(first)
-        return [max(float(o.double().var()), 1e-12) if o.is_floating_point() and o.numel() > 1 else 1.0
-                for o in outputs]
+        spread = [max(float(o.double().var()), 1e-12) if o.is_floating_point() and o.numel() > 1 else 1.0
+                  for o in outputs]
+        probabilities = False
+        if self.classify_output is not None:
+            scores = outputs[self.classify_output].double().reshape(len(outputs[self.classify_output]), -1)
+            probabilities = bool(scores.min() >= 0 and torch.allclose(scores.sum(-1), torch.ones(len(scores),
+                                                                                              dtype=scores.dtype),
+                                                                      atol=1e-3))
+        return spread, probabilities
 
     def train(self, *, progress: Callable[[int, int, float, float], None] | None = None) -> TrainResult:
         start = time.perf_counter()

@@ -1,0 +1,91 @@
+"""The substitute verb: replace operators by others that compute a different function (HardSwish -> ReLU6,
+GroupNorm -> InstanceNorm: what a target without the original op, or a faster int8 kernel, needs), measure what
+that costs on the task, and recover it by distillation fine-tuning from the unchanged model, held to the task
+check on data it was not trained on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from npukit.config import PreprocessConfig
+from npukit.errors import InputError
+from npukit.report.core import Report
+from npukit.report.finish import CommandResult, report_path_for
+from npukit.report.progress import step
+from npukit.tasks import QualityGate
+from npukit.verbs.common import check_output, refuse_quantized
+from npukit.verbs.distill import Distillation
+from npukit.verbs.qat import TrainingSamples
+
+LEARNING_RATE = 1e-4  # Adam, cosine-decayed, as prune: the changed model starts close to the teacher
+
+
+def substitute(
+    model: str | Path,
+    output: str | Path,
+    *,
+    rules: Sequence[str],
+    data: str | Path,
+    eval_data: str | Path | None = None,
+    epochs: int = 3,
+    batch_size: int = 16,
+    lr: float | None = None,
+    augment: bool = True,
+    max_steps: int | None = None,
+    restart: bool = False,
+    task: str | None = None,
+    gate: QualityGate | None = None,
+    seed: int = 0,
+    threads: int | None = None,
+    runs: int = 20,
+    max_samples: int | None = None,
+    input_shape: str | Sequence[Any] | None = None,
+    preprocess: PreprocessConfig | None = None,
+    html: bool = False,
+) -> CommandResult:
+    """Apply the substitutions ``rules`` (``npukit.targets.fix.FIXES`` names, e.g. ``hardswish_to_relu6``) to every
+    node they serve, then fine-tune the result by distillation from ``model`` on ``data`` and write it (float).
+
+    The samples split as in ``npukit qat`` (every tenth training sample validates, the best epoch is kept, the
+    substituted start included; the check reads ``eval_data``, else the last fifth of ``data``). The report shows
+    the substituted model before and after fine-tuning beside the original: task metric, worst output SQNR, MACs,
+    ORT CPU latency. ``<output stem>.substitute.pt`` keeps the last finished epoch."""
+    from npukit.frontend.shapes import InputSpec, load_with_inputs, require_static
+    from npukit.quant.qat.train import QatConfig
+    from npukit.targets.fix import substitute as apply_substitutions
+
+    if not rules:
+        raise InputError("no substitution given", hint="pass --rule hardswish_to_relu6 (or groupnorm_to_instancenorm)")
+    output = check_output(output, source=model)
+    train_config = QatConfig(weight_bits=8, epochs=epochs, batch_size=batch_size, lr=lr or LEARNING_RATE,
+                             augment=augment, max_steps=max_steps, seed=seed)
+    spec = InputSpec.parse(input_shape)
+    proto = load_with_inputs(model, spec)
+    refuse_quantized(proto, model, verb="substitute")
+    require_static(proto, needs="substitute")
+    changed = apply_substitutions(proto, list(rules))  # before pre-processing, which inlines HardSwish
+    samples = TrainingSamples.open(proto, data, eval_data, None, preprocess or PreprocessConfig(), max_samples)
+    report = Report("substitute", config={"model": str(model), "data": str(data), "rules": list(rules),
+                                          "eval": str(eval_data) if eval_data else f"last 20% of {data}",
+                                          "train": train_config.as_dict(), "task": task or "auto",
+                                          "gate": (gate or QualityGate()).as_dict(), "seed": seed,
+                                          "input_shape": spec.as_dict() if spec else None,
+                                          "samples": samples.describe()})
+    report.add("substitutions", changed.applied)
+    report.add_table("Substitutions applied", ["rule", "what", "exact", "nodes rewritten", "notes"],
+                     [[a["fix"], a["description"], "yes" if a["exact"] else "no: changes the function",
+                       a["rewrites"], "; ".join(a["notes"]) or "-"] for a in changed.applied])
+    checkpoint = report_path_for(output, ".substitute.pt")
+    if restart:
+        checkpoint.unlink(missing_ok=True)
+    run = Distillation(report, samples, train_config, task, gate or QualityGate(), threads, runs, label="substituted",
+                       hint="fine-tune longer (--epochs) or on more data, or keep the original op (it may run on "
+                            "the CPU beside the target: npukit analyze)")
+    from npukit.quant.qdq import preprocess as pre_process
+
+    with step("pre-processing (BatchNorm folded, shapes inferred)", timings=report.timings, key="preprocess"):
+        reference, start = pre_process(proto), pre_process(changed.model)
+    return run.run(reference, start, output, checkpoint, key={"rules": list(rules)}, html=html,
+                   source=Path(str(model)))

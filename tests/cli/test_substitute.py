@@ -1,0 +1,74 @@
+"""npukit substitute end to end on a small CNN with a HardSwish: HardSwish -> ReLU6 changes what the model
+computes, distillation fine-tuning from the original wins back part of it (measured before and after on held-out
+samples), a degraded result exits 1, bad input exits 2 and writes nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from npukit.cli import main
+from tests.prune.test_channels import PruneNet
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("substitute_cli")
+    torch.manual_seed(0)
+    path = folder / "net.onnx"
+    torch.onnx.export(PruneNet().eval(), torch.zeros(1, 3, 32, 32), str(path), input_names=["x"], dynamo=False,
+                      opset_version=17)
+    rng = np.random.default_rng(5)
+    np.save(folder / "data.npy", (3 * rng.standard_normal((60, 3, 32, 32))).astype(np.float32))
+    return path
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_hardswish_to_relu6_is_measured_and_recovered_by_fine_tuning(net, tmp_path) -> None:
+    out = tmp_path / "relu6.onnx"
+    args = ["substitute", str(net), "-o", str(out), "--data", str(net.with_name("data.npy")), "--rule",
+            "hardswish_to_relu6", "--epochs", "4", "--runs", "3", "--min-sqnr", "0",
+            "--min-task-metric", "0"]
+    assert main(args) == 0
+    assert _files(tmp_path) == ["relu6.onnx", "relu6.report.json"]  # no checkpoint left
+    ops = {n.op_type for n in onnx.load(str(out)).graph.node}
+    assert "HardSwish" not in ops and "HardSigmoid" not in ops and "Clip" in ops
+    report = json.loads((tmp_path / "relu6.report.json").read_text())
+    assert report["passed"] and report["verdict"].startswith("PASS substitute")
+    results = report["results"]
+    assert [(a["fix"], a["exact"], a["rewrites"]) for a in results["substitutions"]] == [
+        ("hardswish_to_relu6", False, 1)]
+    worst = {k: min(o["sqnr_db"] for o in v["outputs"]) for k, v in results["comparison"].items()}
+    assert set(worst) == {"substituted", "fine-tuned"}
+    assert worst["fine-tuned"] > worst["substituted"] + 2.0, worst  # recovered: +4.6 to +4.7 dB over 3 data seeds
+    assert any(t["title"].startswith("Substitutions applied") for t in report["tables"])
+
+
+def test_a_result_below_the_floor_exits_1(net, tmp_path) -> None:
+    out = tmp_path / "relu6.onnx"
+    assert main(["substitute", str(net), "-o", str(out), "--data", str(net.with_name("data.npy")), "--rule",
+                 "hardswish_to_relu6", "--epochs", "1", "--max-steps", "1", "--runs", "3", "--task", "generic",
+                 "--min-sqnr", "80"]) == 1
+    report = json.loads((tmp_path / "relu6.report.json").read_text())
+    assert not report["passed"] and report["verdict"].startswith("FAIL substitute")
+
+
+@pytest.mark.parametrize("rule, message", [
+    ("relu_to_anything", "unknown substitution relu_to_anything"),
+    ("groupnorm_to_instancenorm", "nothing to substitute: the model has no node GroupNormalization"),
+])
+def test_bad_input_exits_2_and_writes_nothing(net, tmp_path, capsys, rule, message) -> None:
+    out = tmp_path / "out.onnx"
+    assert main(["substitute", str(net), "-o", str(out), "--data", str(net.with_name("data.npy")), "--rule",
+                 rule]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err, err
+    assert _files(tmp_path) == []
