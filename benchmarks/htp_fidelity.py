@@ -10,6 +10,8 @@ Columns (``COLUMNS``):
 - ``ort-pc``: ``quantize_static`` QDQ, per-channel, MinMax, uint8 activations / int8 weights (after quant_pre_process).
 - ``npk-htp``: ``npukit.api.quantize_for_htp`` (HTP_QDQ_RULES: uint16 activations, int8 symmetric per-channel weights).
 - ``npk-htp-u8``: the same rules with uint8 activations, to show why npukit uses uint16.
+- ``npk-htp-w4``: the same rules with int4 symmetric per-channel weights (W4A16, ``compile --weight-bits 4``); run
+  with ``--columns npk-htp npk-htp-w4 --out benchmarks/results/htp_w4a16.json`` (not in the default run).
 
 Each column's model runs three ways: on the HTP (``make_qnn_session``, no CPU fallback), on ORT CPU with default
 optimizations (fused integer kernels), and as the exact QDQ graph (``qdq_reference_session``: Q/DQ in float, no
@@ -108,10 +110,17 @@ def npukit_htp_uint8(model: onnx.ModelProto, calibration: list[Feeds]) -> onnx.M
         return onnx.load(out)
 
 
+def npukit_htp_w4(model: onnx.ModelProto, calibration: list[Feeds]) -> onnx.ModelProto:
+    from npukit.runtime.htp_quant import quantize_for_htp
+
+    return quantize_for_htp(model, calibration, rules=dataclasses.replace(HTP_QDQ_RULES, weight_type="int4")).model
+
+
 COLUMNS = (
     Column("ort-pc", "ORT quantize_static per-channel MinMax u8/s8 (anchor)", ort_per_channel),
     Column("npk-htp", "npukit quantize_for_htp (u16 act, s8 sym per-channel w)", npukit_htp),
     Column("npk-htp-u8", "npukit HTP rules with uint8 activations", npukit_htp_uint8),
+    Column("npk-htp-w4", "npukit HTP rules with int4 weights (W4A16; compile --weight-bits 4)", npukit_htp_w4),
 )
 
 
@@ -170,6 +179,7 @@ def measure_column(column: Column, fp32: onnx.ModelProto, calibration: list[Feed
         print(f"  {column.key}: {way} run {seconds[way]:.1f} s", flush=True)
     row = {
         "key": column.key, "label": column.label, "quantize_s": quantize_s, "run_s": seconds,
+        "model_bytes": model.ByteSize(),
         "qnn_nodes": len(assignment.qnn_nodes), "cpu_nodes": len(assignment.cpu_nodes),
         "nodes": len(assignment.nodes), "qnn_partitions": assignment.partitions,
         "vs_fp32": {way: _summary(agreement(reference, out)) for way, out in runs.items()},
@@ -283,7 +293,8 @@ def print_tables(result: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--eval-crops", type=int, default=4, help="evaluation crops per photo (13 photos)")
-    parser.add_argument("--columns", nargs="+", choices=[c.key for c in COLUMNS], default=[c.key for c in COLUMNS])
+    parser.add_argument("--columns", nargs="+", choices=[c.key for c in COLUMNS],
+                        default=[c.key for c in COLUMNS if c.key != "npk-htp-w4"])
     parser.add_argument("--soc", default="SM8650", help="the SoC whose HTP the targets are measured on "
                         "(htp_arch and soc_model provider options; default SM8650, Snapdragon 8 Gen 3)")
     parser.add_argument("--also-soc", nargs="*", default=["SM8350"],

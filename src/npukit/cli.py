@@ -263,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="qnn-htp with --calib: start from int8 activations (the HTP's fastest) and lift layers to "
                         "16-bit activations or float16 until the --min-task-metric / --min-sqnr floors pass on the "
                         "HTP (minutes; default: 16-bit activations everywhere)")
+    p.add_argument("--weight-bits", type=int, choices=(8, 4), default=8,
+                   help="qnn-htp with --calib: 4 for W4A16 (int4 per-channel weights, GPTQ-rounded, half the "
+                        "weights' bytes; default 8)")
     _add_gate(p)
     _add_shape(p, "static input shape, e.g. 1,3,224,224")
     _add_html(p)
@@ -469,7 +472,7 @@ def _bench(api, args):
 def _compile(api, args):
     return api.compile(args.model, args.output, soc=args.soc, target=args.target, calib=args.calib,
                        input_shape=args.input_shape, html=args.html, task=_task(args), gate=_gate(args),
-                       weights=args.weights, mixed_precision=args.mixed_precision)
+                       weights=args.weights, mixed_precision=args.mixed_precision, weight_bits=args.weight_bits)
 
 
 def _fraction(text: str) -> float:

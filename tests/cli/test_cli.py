@@ -470,3 +470,26 @@ def test_debug_is_taken_before_or_after_the_verb() -> None:
     assert parser.parse_args(["inspect", "m.onnx"]).debug is False
     assert parser.parse_args(["--debug", "inspect", "m.onnx"]).debug is True
     assert parser.parse_args(["inspect", "m.onnx", "--debug"]).debug is True
+
+
+def test_compile_w4a16_writes_int4_weights_for_the_htp_and_refuses_what_it_cannot(exported, tmp_path, capsys):
+    pytest.importorskip("onnxruntime_qnn")
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(6).standard_normal((4, 3, 32, 32)).astype(np.float32))
+    out = tmp_path / "tiny_w4.onnx"
+    args = ["compile", str(exported), "--soc", "SM8650", "--calib", str(calib), "-o", str(out), "--task", "generic",
+            "--min-sqnr", "5"]
+    assert main(args + ["--weight-bits", "4"]) == 0
+    report = json.loads(out.with_name("tiny_w4.report.json").read_text())
+    assert report["config"]["weight_bits"] == 4 and report["results"]["compile"]["identical"]
+    assert any(t["title"].startswith("Quantized for the HTP (int4 weights, uint16 activations") for t in report["tables"])
+    assert report["results"]["htp_quantization"]["gptq_nodes"] >= 1
+    capsys.readouterr()
+    assert main(args + ["--weight-bits", "4", "--mixed-precision", "-o", str(tmp_path / "x.onnx")]) == 2
+    assert "does not take --weight-bits 4" in capsys.readouterr().err
+    assert main(["compile", str(exported), "--soc", "SM8650", "--weight-bits", "4", "-o", str(tmp_path / "x.onnx")]) == 2
+    assert "needs a float model and --calib" in capsys.readouterr().err
+    assert main(["compile", str(exported), "--target", "litert", "--weight-bits", "4", "-o", str(tmp_path / "x.tflite")
+                 ]) == 2
+    assert "--weight-bits is for --target qnn-htp" in capsys.readouterr().err
+    assert not (tmp_path / "x.onnx").exists() and not (tmp_path / "x.tflite").exists()

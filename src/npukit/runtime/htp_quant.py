@@ -55,6 +55,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -370,7 +371,7 @@ def _dequantized_weight(node: onnx.NodeProto, producers: dict[str, onnx.NodeProt
     if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in inits or dq.input[1] not in inits:
         return None
     arrays = {name: numpy_helper.to_array(inits[name]) for name in dq.input if name in inits}
-    if arrays[dq.input[0]].dtype not in (np.int8, np.uint8, np.int16, np.uint16):
+    if arrays[dq.input[0]].dtype not in (np.int8, np.uint8, np.int16, np.uint16, ml_dtypes.int4):
         return None
     return dequantized(dq, arrays)
 
@@ -396,6 +397,8 @@ def _int32_bias(node: onnx.NodeProto, producers: dict[str, onnx.NodeProto],
 # ----------------------------------------------------------------------------------------------------------------
 # Error-compensating rounding (GPTQ)
 
+# integer type -> ORT's symmetric weight range (get_qmin_qmax_for_qType): int8 drops -128, int4 keeps -8
+_SYMMETRIC_RANGE = {onnx.TensorProto.INT8: (-127, 127), onnx.TensorProto.INT4: (-8, 7)}
 GPTQ_POSITIONS = 4096  # input rows (output positions) kept per calibration sample and layer for the Hessian
 GPTQ_ROW_BUDGET = 4_000_000  # input values kept per sample and layer (grouped convs keep fewer positions)
 GPTQ_DAMP = 0.01  # added to the Hessian's diagonal, as a fraction of its mean
@@ -411,7 +414,7 @@ class _WeightSite:
     weight: np.ndarray  # float weight, (groups, rows, K)
     scale: np.ndarray  # (groups, rows)
     layout: Callable[[np.ndarray], np.ndarray]  # integers (groups, rows, K) -> the initializer's shape
-    qmin: int = -127  # ORT's symmetric int8 range
+    qmin: int = -127  # ORT's symmetric range (_SYMMETRIC_RANGE)
     qmax: int = 127
 
 
@@ -429,7 +432,7 @@ def _weight_sites(float_model: onnx.ModelProto, qdq: onnx.ModelProto) -> list[_W
         if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in q_inits or dq.input[1] not in q_inits:
             continue
         tensor = q_inits[dq.input[0]]
-        if tensor.data_type != onnx.TensorProto.INT8:
+        if tensor.data_type not in _SYMMETRIC_RANGE:
             continue
         if len(dq.input) > 2 and dq.input[2] in q_inits and numpy_helper.to_array(q_inits[dq.input[2]]).any():
             continue  # symmetric weights only
@@ -460,8 +463,9 @@ def _weight_sites(float_model: onnx.ModelProto, qdq: onnx.ModelProto) -> list[_W
 
             def layout(q: np.ndarray, trans_b: bool = trans_b) -> np.ndarray:
                 return q[0] if trans_b else q[0].T
+        qmin, qmax = _SYMMETRIC_RANGE[tensor.data_type]
         sites.append(_WeightSite(node=node, tensor=tensor, weight=weight, scale=np.array(scale, np.float64),
-                                 layout=layout))
+                                 layout=layout, qmin=qmin, qmax=qmax))
     return sites
 
 
@@ -595,7 +599,8 @@ def gptq_weights(
             before, after = error(nearest), error(q)
             if not after < before:
                 continue
-            site.tensor.CopyFrom(numpy_helper.from_array(site.layout(q).astype(np.int8), site.tensor.name))
+            dtype = ml_dtypes.int4 if site.tensor.data_type == onnx.TensorProto.INT4 else np.int8
+            site.tensor.CopyFrom(numpy_helper.from_array(site.layout(q).astype(dtype), site.tensor.name))
             gains[site.node.name or site.node.output[0]] = 10.0 * float(np.log10(before / max(after, 1e-300)))
     return qdq, gains
 

@@ -513,7 +513,7 @@ class QnnQdqRules:
     """
 
     activation_type: str = "uint16"
-    weight_type: str = "int8"
+    weight_type: str = "int8"  # or "int4" (W4A16: per-channel symmetric 4-bit weights, HTP v73 and later)
     per_channel: bool = True
     weight_symmetric: bool = True
     bias_type: str = "int32"
@@ -540,9 +540,10 @@ def qnn_quant_config(
     from onnxruntime.quantization import CalibrationMethod, QuantType
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
-    types = {"uint8": QuantType.QUInt8, "uint16": QuantType.QUInt16, "int8": QuantType.QInt8}
-    if rules.activation_type not in ("uint8", "uint16") or rules.weight_type not in ("int8", "uint8"):
-        raise InputError(f"the HTP takes uint8/uint16 activations and int8/uint8 weights, not "
+    types = {"uint8": QuantType.QUInt8, "uint16": QuantType.QUInt16, "int8": QuantType.QInt8,
+             "int4": QuantType.QInt4}
+    if rules.activation_type not in ("uint8", "uint16") or rules.weight_type not in ("int8", "uint8", "int4"):
+        raise InputError(f"the HTP takes uint8/uint16 activations and int8/uint8/int4 weights, not "
                          f"{rules.activation_type}/{rules.weight_type}", hint="use the default QnnQdqRules()")
     overrides = {name: [{"quant_type": QuantType.QUInt16}] for name in uint16_tensors}
     source = os.fspath(model) if not isinstance(model, onnx.ModelProto) else model

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -45,20 +46,26 @@ def compile(  # noqa: A001 - the verb's name
     gate: QualityGate | None = None,
     weights: str | Path | None = None,
     mixed_precision: bool = False,
+    weight_bits: int = 8,
 ) -> CommandResult:
     """Static shapes, QDQ as the HTP needs (unless the model already is QDQ), then an EPContext model with the HTP
     context binary for ``soc`` embedded; loaded back and run to prove it works, then checked with the model's task
     (``task``; None: detected) on the HTP against the float model on ORT CPU, on up to ``COMPILE_CHECK_SAMPLES``
     calibration samples, under ``gate``'s floors. ``mixed_precision``: start from int8 activations instead of
     uint16 and lift layers to 16-bit activations or float16 until the floors pass on the HTP
-    (``npukit.runtime.htp_precision``)."""
+    (``npukit.runtime.htp_precision``). ``weight_bits`` 4: W4A16, int4 symmetric per-channel weights (re-rounded by
+    GPTQ and bias-corrected as the int8 ones) with uint16 activations: half the weights' bytes."""
     from npukit.frontend.shapes import InputSpec, apply_input_spec, fixed_shapes, load_with_inputs, symbolic_inputs
     from npukit.runtime.compile import compile_qnn_context
     from npukit.targets.registry import get_target
 
     from npukit.verbs.compile_mobile import MOBILE_TARGETS, compile_mobile
 
+    if weight_bits not in (8, 4):
+        raise InputError(f"--weight-bits {weight_bits}: the HTP path takes 8 or 4", hint="use --weight-bits 4 (W4A16)")
     if target.strip().lower() in MOBILE_TARGETS:
+        if weight_bits != 8:
+            raise InputError(f"--weight-bits is for --target qnn-htp, not {target}", hint="drop --weight-bits")
         if mixed_precision:
             raise InputError(f"--mixed-precision is for --target qnn-htp, not {target}",
                              hint="drop --mixed-precision, or quantize for the CPU with `npukit quantize "
@@ -83,7 +90,7 @@ def compile(  # noqa: A001 - the verb's name
     if symbolic_inputs(proto, allow_batch=False):  # a symbolic batch alone becomes 1
         proto = apply_input_spec(proto, InputSpec(tuple(fixed_shapes(proto).items())))
     report = Report("compile", config={"model": str(model), "target": profile.name, "soc": soc,
-                                       "calib": str(calib) if calib else None,
+                                       "calib": str(calib) if calib else None, "weight_bits": weight_bits,
                                        "input_shape": {k: list(v) for k, v in fixed_shapes(proto).items()}})
     from npukit.runtime.compile import soc_info
 
@@ -95,6 +102,12 @@ def compile(  # noqa: A001 - the verb's name
     samples = None
     if calib is not None:
         samples = open_data(calib, proto, preprocess or PreprocessConfig())
+    if weight_bits != 8 and not (quantized_here and samples is not None):
+        raise InputError("--weight-bits chooses how a float model is quantized for the HTP: it needs a float model "
+                         "and --calib", hint="pass the float model with --calib DATA, or drop --weight-bits")
+    if weight_bits != 8 and mixed_precision:
+        raise InputError("--mixed-precision plans int8 weights; it does not take --weight-bits 4",
+                         hint="drop one of the two")
     if mixed_precision and not (quantized_here and samples is not None):
         raise InputError("--mixed-precision chooses how a float model is quantized for the HTP: it needs a float "
                          "model and --calib", hint="pass the float model with --calib DATA, or drop --mixed-precision")
@@ -118,12 +131,13 @@ def compile(  # noqa: A001 - the verb's name
             htp_quant = _htp_mixed_precision(report, proto, samples, soc=soc, task=task, gate=gate or QualityGate())
             scheme = "int8 weights, uint8 activations, the layers of the mixed-precision plan lifted"
         else:
-            with step("quantizing for the HTP (int8 weights, uint16 activations)", timings=report.timings,
-                      key="quantize"):
+            scheme = f"int{weight_bits} weights, uint16 activations"
+            with step(f"quantizing for the HTP ({scheme})", timings=report.timings, key="quantize"):
                 from npukit.runtime.htp_quant import quantize_for_htp as _quantize_for_htp
+                from npukit.runtime.qnn import HTP_QDQ_RULES
 
-                htp_quant = _quantize_for_htp(proto, list(samples))
-            scheme = "int8 weights, uint16 activations"
+                rules = dataclasses.replace(HTP_QDQ_RULES, weight_type=f"int{weight_bits}")
+                htp_quant = _quantize_for_htp(proto, list(samples), rules=rules)
         proto = htp_quant.model
         done = htp_quant.as_dict()
         report.add("htp_quantization", done)
