@@ -482,12 +482,14 @@ def test_compile_w4a16_writes_int4_weights_for_the_htp_and_refuses_what_it_canno
     assert main(args + ["--weight-bits", "4"]) == 0
     report = json.loads(out.with_name("tiny_w4.report.json").read_text())
     assert report["config"]["weight_bits"] == 4 and report["results"]["compile"]["identical"]
-    assert any(t["title"].startswith("Quantized for the HTP (int4 weights, uint16 activations") for t in report["tables"])
+    titles = [t["title"] for t in report["tables"]]
+    assert any(t.startswith("Quantized for the HTP (int4 weights, uint16 activations") for t in titles)
     assert report["results"]["htp_quantization"]["gptq_nodes"] >= 1
     capsys.readouterr()
     assert main(args + ["--weight-bits", "4", "--mixed-precision", "-o", str(tmp_path / "x.onnx")]) == 2
     assert "does not take --weight-bits 4" in capsys.readouterr().err
-    assert main(["compile", str(exported), "--soc", "SM8650", "--weight-bits", "4", "-o", str(tmp_path / "x.onnx")]) == 2
+    assert main(["compile", str(exported), "--soc", "SM8650", "--weight-bits", "4", "-o", str(tmp_path / "x.onnx")
+                 ]) == 2
     assert "needs a float model and --calib" in capsys.readouterr().err
     assert main(["compile", str(exported), "--target", "litert", "--weight-bits", "4", "-o", str(tmp_path / "x.tflite")
                  ]) == 2

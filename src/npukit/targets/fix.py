@@ -124,6 +124,23 @@ class HardSigmoidToClipPass(_OpRewritePass):
         return b.op("Clip", [affine, b.const(0.0, hint="zero"), b.const(1.0, hint="one")])
 
 
+def _channel_affine(b: _Builder, node: ir.Node, channels: int) -> tuple[np.ndarray, np.ndarray] | str:
+    """A GroupNormalization's scale and bias per channel (an opset-18 scale per group repeated over its channels),
+    or why there are none."""
+    groups = node.attributes.get_int("num_groups", 0)
+    if groups <= 0 or channels % groups:
+        return f"num_groups {groups} does not divide the {channels} channels"
+    arrays = [None if v is None else ir.convenience.get_const_tensor(v) for v in (list(node.inputs) + [None] * 2)[1:3]]
+    if any(a is None for a in arrays):
+        return "scale and bias must be constant"
+    scale_c, bias_c = (np.asarray(a.numpy(), dtype=b.dtype).reshape(-1) for a in arrays)  # type: ignore[union-attr]
+    if scale_c.size == groups and groups != channels:
+        scale_c, bias_c = np.repeat(scale_c, channels // groups), np.repeat(bias_c, channels // groups)
+    if scale_c.size != channels or bias_c.size != channels:
+        return f"scale/bias of {scale_c.size} elements fit neither {groups} groups nor {channels} channels"
+    return scale_c, bias_c
+
+
 class DecomposeGroupNormPass(_OpRewritePass):
     """GroupNormalization(x, scale, bias) -> Reshape(N, G, -1) -> InstanceNormalization -> Reshape(N, C, ...)
     -> * scale + bias (per channel; an opset-18 per-group scale is repeated over its channels)."""
@@ -131,24 +148,17 @@ class DecomposeGroupNormPass(_OpRewritePass):
     op_type = "GroupNormalization"
 
     def rewrite(self, b: _Builder, node: ir.Node) -> ir.Value | str:
-        x, scale, bias = (list(node.inputs) + [None, None])[:3]
+        x = node.inputs[0]
         if x is None or x.shape is None or len(x.shape) < 3:
             return "the input rank is unknown or below 3"
         dims = list(x.shape)[1:]
         if not all(isinstance(d, int) for d in dims):
             return f"channel and spatial dims must be static, got {dims}: fix the input shape first"
-        groups = node.attributes.get_int("num_groups", 0)
-        channels = dims[0]
-        if groups <= 0 or channels % groups:
-            return f"num_groups {groups} does not divide the {channels} channels"
-        arrays = [None if v is None else ir.convenience.get_const_tensor(v) for v in (scale, bias)]
-        if any(a is None for a in arrays):
-            return "scale and bias must be constant"
-        scale_c, bias_c = (np.asarray(a.numpy(), dtype=b.dtype).reshape(-1) for a in arrays)  # type: ignore[union-attr]
-        if scale_c.size == groups and groups != channels:
-            scale_c, bias_c = np.repeat(scale_c, channels // groups), np.repeat(bias_c, channels // groups)
-        if scale_c.size != channels or bias_c.size != channels:
-            return f"scale/bias of {scale_c.size} elements fit neither {groups} groups nor {channels} channels"
+        groups, channels = node.attributes.get_int("num_groups", 0), dims[0]
+        affine = _channel_affine(b, node, channels)
+        if isinstance(affine, str):
+            return affine
+        scale_c, bias_c = affine
         eps = node.attributes.get_float("epsilon", 1e-5)
         grouped = b.op("Reshape", [x, b.const([0, groups, -1], hint="group_shape", dtype=np.dtype(np.int64))])
         normed = b.op("InstanceNormalization", [grouped, b.const(np.ones(groups), hint="ones"),
@@ -178,18 +188,13 @@ class GroupNormToInstanceNormPass(_OpRewritePass):
     op_type = "GroupNormalization"
 
     def rewrite(self, b: _Builder, node: ir.Node) -> ir.Value | str:
-        x, scale, bias = (list(node.inputs) + [None, None])[:3]
+        x = node.inputs[0]
         if x is None or x.shape is None or len(x.shape) < 3 or not isinstance(x.shape[1], int):
             return "the input rank or channel count is unknown"
-        groups, channels = node.attributes.get_int("num_groups", 0), x.shape[1]
-        if groups <= 0 or channels % groups:
-            return f"num_groups {groups} does not divide the {channels} channels"
-        arrays = [None if v is None else ir.convenience.get_const_tensor(v) for v in (scale, bias)]
-        if any(a is None for a in arrays):
-            return "scale and bias must be constant"
-        scale_c, bias_c = (np.asarray(a.numpy(), dtype=b.dtype).reshape(-1) for a in arrays)  # type: ignore[union-attr]
-        if scale_c.size == groups and groups != channels:  # opset 18: one scale per group
-            scale_c, bias_c = np.repeat(scale_c, channels // groups), np.repeat(bias_c, channels // groups)
+        affine = _channel_affine(b, node, x.shape[1])
+        if isinstance(affine, str):
+            return affine
+        scale_c, bias_c = affine
         return b.op("InstanceNormalization", [x, b.const(scale_c, hint="scale"), b.const(bias_c, hint="bias")],
                     {"epsilon": node.attributes.get_float("epsilon", 1e-5)})
 
@@ -412,7 +417,8 @@ def substitute(model: onnx.ModelProto, names: Sequence[str], *, rtol: float = 1e
                 "exact": r.exact} for r, rec in zip(rules, result.records)]
     if not result.modified:
         present = sorted({n.op_type for n in model.graph.node})
-        raise InputError(f"nothing to substitute: the model has no node {' or '.join(sorted({o for r in rules for o in r.source_ops}))} that "
+        ops = " or ".join(sorted({o for r in rules for o in r.source_ops}))
+        raise InputError(f"nothing to substitute: the model has no node {ops} that "
                          f"{', '.join(r.name for r in rules)} could rewrite"
                          + "".join(f" ({'; '.join(a['notes'])})" for a in applied if a["notes"]),
                          hint=f"the model's op types: {', '.join(present)}")

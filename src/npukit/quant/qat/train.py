@@ -4,11 +4,12 @@ One step: a batch of training inputs (shifted at random when they are images and
 model's outputs on them (the teacher, no gradient) and the twin's (the student, fake-quantized on the plan's grids);
 the loss is the task's: for a classifier the KL divergence of the softened class distributions (temperature
 ``temperature``; a model that ends in Softmax is distilled on the log of its probabilities, which are its logits
-less a constant per row: softening the probabilities themselves would flatten every target to near uniform), plus cross-entropy on the labels when the data has them (weight ``label_weight``), plus the
-logits' squared error divided by their variance (weight ``logit_weight``: the fidelity the check measures as
-SQNR); for every other output, the squared error divided by its variance, so outputs of any scale weigh alike (the
-variances are the teacher's on the first training samples, fixed for the run). Adam on the
-float weights (and on the grids' scales with ``learn_scales``), cosine-decayed learning rate.
+less a constant per row: softening the probabilities themselves would flatten every target to near uniform), plus
+cross-entropy on the labels when the data has them (weight ``label_weight``), plus the logits' squared error
+divided by their variance (weight ``logit_weight``: the fidelity the check measures as SQNR); for every other
+output, the squared error divided by its variance, so outputs of any scale weigh alike (the variances are the
+teacher's on the first training samples, fixed for the run). Adam on the float weights (and on the grids' scales
+with ``learn_scales``), cosine-decayed learning rate.
 
 Bits lowered step by step: ``schedule`` lists the weight bits of equal parts of the training (e.g. 6 then 4); at
 each change the weight grids are re-derived from the weights on the narrower rule.
