@@ -38,7 +38,7 @@ class Distillation:
         import torch
 
         from npukit.frontend.onnx_io import save_onnx
-        from npukit.quant.qat.program import OnnxProgram, with_trained_weights
+        from npukit.quant.qat.program import OnnxProgram, with_logits, with_trained_weights
         from npukit.quant.qat.train import Trainer
         from npukit.report.qat import add_training
 
@@ -52,9 +52,11 @@ class Distillation:
                                                  **(key or {}), "train": self.config.as_dict(),
                                                  "data": self.samples.fingerprint()},
                                                 sort_keys=True, default=str).encode()).hexdigest()
-        student = OnnxProgram(start)
-        trainer = Trainer(student, OnnxProgram(reference), self.samples.train, self.samples.labels, self.config,
-                          classify_output=choice.output if choice.name == "classify" else None,
+        classify = choice.name == "classify"
+        student = OnnxProgram(with_logits(start, choice.output) if classify else start)
+        teacher = OnnxProgram(with_logits(reference, choice.output) if classify else reference)
+        trainer = Trainer(student, teacher, self.samples.train, self.samples.labels, self.config,
+                          classify_output=choice.output if classify else None,
                           checkpoint=checkpoint, fingerprint=fingerprint, validation=self.samples.validation,
                           validation_labels=self.samples.validation_labels, sparsity=sparsity)
         with step(f"fine-tuning by distillation ({self.config.epochs} epochs x {trainer.steps_per_epoch} steps)",

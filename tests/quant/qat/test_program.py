@@ -9,7 +9,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from npukit.errors import InputError
-from npukit.quant.qat.program import OnnxProgram
+from npukit.quant.qat.program import OnnxProgram, with_logits
 from npukit.runtime.ort import make_session
 from tests.quant.conftest import tiny_cnn
 
@@ -131,3 +131,21 @@ def test_weights_train_and_constants_do_not():
     loss = program({"x": torch.from_numpy(_x(1, 4, 8, 8))})[0].square().sum()
     loss.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in program.trained_initializers().values())
+
+
+@pytest.mark.parametrize("axis, replaced", [(-1, True), (1, True), (0, False)])
+def test_with_logits_distills_on_what_a_last_axis_softmax_reads(axis, replaced):
+    model = tiny_cnn()
+    model.graph.output[0].name = "p"
+    model.graph.node.append(helper.make_node("Softmax", ["y"], ["p"], name="softmax", axis=axis))
+    model.graph.output[0].type.tensor_type.shape.CopyFrom(helper.make_tensor_type_proto(TensorProto.FLOAT, [1, 5])
+                                                          .tensor_type.shape)
+    out = with_logits(model, 0)
+    assert (out.graph.output[0].name == "y") == replaced and (out is model) != replaced
+    assert model.graph.output[0].name == "p"  # the model itself is untouched
+    x = np.random.default_rng(0).standard_normal((1, 4, 8, 8)).astype(np.float32)
+    if replaced:
+        logits = OnnxProgram(out)({"x": torch.from_numpy(x)})[0]
+        probs = OnnxProgram(model)({"x": torch.from_numpy(x)})[0]
+        torch.testing.assert_close(torch.softmax(logits, -1), probs)
+    assert with_logits(tiny_cnn(), 0) is not None and with_logits(tiny_cnn(), 0).graph.output[0].name == "y"

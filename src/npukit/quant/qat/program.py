@@ -159,3 +159,21 @@ def with_trained_weights(model: onnx.ModelProto, program: OnnxProgram) -> onnx.M
             value = trained[init.name].astype(numpy_helper.to_array(init).dtype)
             init.CopyFrom(numpy_helper.from_array(value, init.name))
     return out
+
+
+def with_logits(model: onnx.ModelProto, output: int) -> onnx.ModelProto:
+    """``model`` with graph output ``output`` replaced by the logits its Softmax (over the last axis) reads, when
+    that output is a Softmax's; else ``model`` itself. Distillation on the logits keeps its gradients where a
+    confident Softmax rounds its probabilities to 0 (and the softened targets are what they should be)."""
+    name = model.graph.output[output].name
+    node = next((n for n in model.graph.node if name in n.output), None)
+    if node is None or node.op_type != "Softmax" or node.domain not in ("", "ai.onnx"):
+        return model
+    axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
+    rank = len(model.graph.output[output].type.tensor_type.shape.dim)
+    if axis not in (-1, rank - 1) or not rank:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    out.graph.output[output].CopyFrom(helper.make_tensor_value_info(node.input[0], onnx.TensorProto.FLOAT, None))
+    return out
