@@ -44,6 +44,10 @@ float weights, ORT's 16-bit grids                50.5 / 28.4 dB   57.0 / 32.8 dB
   and bias; any other BatchNorm becomes Mul + Add with per-channel constants. Both exact in float.
 - Every Conv / ConvTranspose / Gemm with an initializer weight gets a bias (zeros where it had none), so the
   correction has an int32 bias to move (ORT quantizes it with scale input_scale * weight_scale).
+- **int4 weights** (``QnnQdqRules(weight_type="int4")``, ``compile --weight-bits 4``: W4A16). The same steps on
+  ORT's symmetric int4 grid ([-8, 7], scale max|w| / 7.5). GPTQ matters more there (a test conv: nearest 3.2 dB,
+  GPTQ 19.2 dB), yet MobileNetV2's pointwise convs do not survive it: 7.5 dB on the HTP against 32.6 dB with int8
+  weights (benchmarks/results/htp_w4a16.json).
 """
 
 from __future__ import annotations
@@ -96,13 +100,14 @@ def quantize_for_htp(
     uint16_tensors: tuple[str, ...] = (),
     float_nodes: tuple[str, ...] = (),
 ) -> HtpQuantResult:
-    """QDQ as the HTP needs it (``rules``: int8 symmetric per-channel weights, uint16 activations), ONNX Runtime's
-    quantizer doing the mechanics. ``float_nodes`` stay float: their weights float32, their inputs dequantized and
-    their outputs quantized by the nodes around them; the HTP runs them in float16 (``enable_htp_fp16_precision``,
-    which ``npukit.runtime.compile.soc_provider_options`` sets). On the float model first: ``fold_conv_transpose_affine``,
-    ``batchnorm_to_mul_add``, ``add_zero_biases``; on ORT's QDQ model after it, with ``samples`` (which also
-    calibrate the activations): ``gptq_weights`` (``rules.gptq``), ``correct_weight_rounding_bias``
-    (``rules.bias_correction``), ``widen_activation_grids`` (``rules.activation_headroom``)."""
+    """QDQ as the HTP needs it (``rules``: int8 (or int4) symmetric per-channel weights, uint16 activations), ONNX
+    Runtime's quantizer doing the mechanics. ``float_nodes`` stay float: their weights float32, their inputs dequantized
+    and their outputs quantized by the nodes around them; the HTP runs them in float16 (``enable_htp_fp16_precision``,
+    which ``npukit.runtime.compile.soc_provider_options`` sets). On the float model first:
+    ``fold_conv_transpose_affine``, ``batchnorm_to_mul_add``, ``add_zero_biases``; on ORT's QDQ model after it, with
+    ``samples`` (which also calibrate the activations): ``gptq_weights`` (``rules.gptq``),
+    ``correct_weight_rounding_bias`` (``rules.bias_correction``), ``widen_activation_grids``
+    (``rules.activation_headroom``)."""
     from onnxruntime.quantization import quantize as ort_quantize
 
     from npukit.quant.emit.ort_qdq import FeedsReader
@@ -407,7 +412,7 @@ GPTQ_MIN_ROWS_PER_WEIGHT = 2  # fewer input rows than this per weight of an outp
 
 @dataclasses.dataclass(frozen=True)
 class _WeightSite:
-    """One Conv / Gemm of the QDQ model whose int8 weight GPTQ may re-round."""
+    """One Conv / Gemm of the QDQ model whose int8 or int4 weight GPTQ may re-round."""
 
     node: onnx.NodeProto  # the float model's node
     tensor: onnx.TensorProto  # the QDQ model's integer weight initializer (rewritten in place)
@@ -533,12 +538,12 @@ def gptq_weights(
     positions: int = GPTQ_POSITIONS,
     seed: int = 0,
 ) -> tuple[onnx.ModelProto, dict[str, float]]:
-    """``qdq`` (built by ORT from ``float_model``) with the int8 weights of its Conv and Gemm nodes re-rounded by
-    GPTQ on their own scales (the scales, zero points and layout stay as ORT chose them), each node's Hessian
-    measured on its float input over ``samples``. A layer is changed only where the re-rounded weight reconstructs
-    its output better than nearest rounding on those inputs; layers with fewer than ``GPTQ_MIN_ROWS_PER_WEIGHT``
-    input rows per weight of an output channel are left alone. Returns the model and, per re-rounded node, the gain
-    in the layer's output error (dB) on the calibration inputs."""
+    """``qdq`` (built by ORT from ``float_model``) with the int8 (or int4) weights of its Conv and Gemm nodes re-rounded
+    by GPTQ on their own scales (the scales, zero points and layout stay as ORT chose them), each node's Hessian
+    measured on its float input over ``samples``. A layer is changed only where the re-rounded weight reconstructs its
+    output better than nearest rounding on those inputs; layers with fewer than ``GPTQ_MIN_ROWS_PER_WEIGHT`` input rows
+    per weight of an output channel are left alone. Returns the model and, per re-rounded node, the gain in the layer's
+    output error (dB) on the calibration inputs."""
     import torch
 
     from npukit.runtime.ort import make_session

@@ -54,6 +54,7 @@ def substitute(
     ORT CPU latency. ``<output stem>.substitute.pt`` keeps the last finished epoch."""
     from npukit.frontend.shapes import InputSpec, load_with_inputs, require_static
     from npukit.quant.qat.train import QatConfig
+    from npukit.quant.qdq import preprocess as pre_process  # (``preprocess`` is the data's PreprocessConfig here)
     from npukit.targets.fix import substitute as apply_substitutions
 
     if not rules:
@@ -83,8 +84,6 @@ def substitute(
     run = Distillation(report, samples, train_config, task, gate or QualityGate(), threads, runs, label="substituted",
                        hint="fine-tune longer (--epochs) or on more data, or keep the original op (it may run on "
                             "the CPU beside the target: npukit analyze)")
-    from npukit.quant.qdq import preprocess as pre_process
-
     with step("pre-processing (BatchNorm folded, shapes inferred)", timings=report.timings, key="preprocess"):
         reference, start = pre_process(proto), pre_process(changed.model)
     return run.run(reference, start, output, checkpoint, key={"rules": list(rules)}, html=html,
