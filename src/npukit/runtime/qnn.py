@@ -513,7 +513,7 @@ class QnnQdqRules:
     """
 
     activation_type: str = "uint16"
-    weight_type: str = "int8"  # or "int4" (W4A16: per-channel symmetric 4-bit weights, HTP v73 and later)
+    weight_type: str = "int8"  # or "int4" (W4A16; the emulator compiles it for every SoC, devices unchecked)
     per_channel: bool = True
     weight_symmetric: bool = True
     bias_type: str = "int32"

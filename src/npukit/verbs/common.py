@@ -56,6 +56,18 @@ def refuse_quantized(proto: onnx.ModelProto, model: str | Path, *, verb: str = "
                      hint=f"{where}; to quantize it with npukit, start from its float original")
 
 
+
+def float_static_model(model: str | Path, input_shape: Any, *, verb: str) -> tuple[onnx.ModelProto, Any]:
+    """(the float model a training verb starts from, its ``InputSpec``): ``input_shape`` fixed into it, a quantized
+    model refused and symbolic shapes refused (the trainers run static shapes), each in one line (exit 2)."""
+    from npukit.frontend.shapes import InputSpec, load_with_inputs, require_static
+
+    spec = InputSpec.parse(input_shape)
+    proto = load_with_inputs(model, spec)
+    refuse_quantized(proto, model, verb=verb)
+    require_static(proto, needs=verb)
+    return proto, spec
+
 def quant_opset(report: Report, proto: onnx.ModelProto, config: Any, samples: Any, *,
                 sixteen_bit: bool = False) -> onnx.ModelProto:
     """``proto`` at the opset its Q/DQ needs (16-bit: 21, per-channel: 13), converted and verified on the first

@@ -16,7 +16,7 @@ from npukit.report.core import Report
 from npukit.report.finish import CommandResult, report_path_for
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import check_output, refuse_quantized
+from npukit.verbs.common import check_output, float_static_model
 from npukit.verbs.distill import Distillation
 from npukit.verbs.qat import TrainingSamples
 
@@ -59,7 +59,6 @@ def prune(
     epoch is kept, the pruned start included), the check reads ``eval_data`` (else the last fifth of ``data``).
     The report shows the model before and after fine-tuning beside the float one: task metric, MACs, parameters,
     ORT CPU latency, file size and deflated size. ``<output stem>.prune.pt`` keeps the last finished epoch."""
-    from npukit.frontend.shapes import InputSpec, load_with_inputs, require_static
     from npukit.quant.qat.train import QatConfig
 
     if macs is None and sparsity is None:
@@ -72,10 +71,7 @@ def prune(
     output = check_output(output, source=model)
     train_config = QatConfig(weight_bits=8, epochs=epochs, batch_size=batch_size, lr=lr or LEARNING_RATE,
                              augment=augment, max_steps=max_steps, seed=seed)
-    spec = InputSpec.parse(input_shape)
-    proto = load_with_inputs(model, spec)
-    refuse_quantized(proto, model, verb="prune")
-    require_static(proto, needs="prune")
+    proto, spec = float_static_model(model, input_shape, verb="prune")
     samples = TrainingSamples.open(proto, data, eval_data, calib, preprocess or PreprocessConfig(), max_samples)
     report = Report("prune", config={"model": str(model), "data": str(data), "macs": macs, "sparsity": sparsity,
                                      "eval": str(eval_data) if eval_data else f"last 20% of {data}",

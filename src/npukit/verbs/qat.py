@@ -20,7 +20,7 @@ from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish, report_path_for
 from npukit.report.progress import step, training_bar
 from npukit.tasks import QualityGate
-from npukit.verbs.common import check_output, open_data, output_task, refuse_quantized, upgrade_opset
+from npukit.verbs.common import check_output, float_static_model, open_data, output_task, upgrade_opset
 
 HOLD_OUT = 0.2  # of --data held out for the check when no --eval is given
 VALIDATION = 0.1  # of the training samples set aside to choose the epoch kept (the start included, 8-bit weights)
@@ -73,7 +73,6 @@ def qat(
     ``<output stem>.qat.pt`` holds the PTQ start and the last finished epoch: an interrupted run continues from it
     when the same command runs again (``restart`` starts over); it is removed once the artifact is written. Under
     ``torchrun`` the processes share every batch (DistributedDataParallel, gloo) and rank 0 writes."""
-    from npukit.frontend.shapes import InputSpec, load_with_inputs, require_static
     from npukit.quant.qat.train import QatConfig, world
 
     output = check_output(output, source=model)
@@ -81,10 +80,7 @@ def qat(
     train_config = QatConfig(weight_bits=weight_bits, schedule=tuple(schedule) if schedule else None,
                              epochs=epochs, batch_size=batch_size, lr=lr, learn_scales=learn_scales, augment=augment,
                              max_steps=max_steps, seed=seed)
-    spec = InputSpec.parse(input_shape)
-    proto = load_with_inputs(model, spec)
-    refuse_quantized(proto, model, verb="qat")
-    require_static(proto, needs="qat")
+    proto, spec = float_static_model(model, input_shape, verb="qat")
     samples = TrainingSamples.open(proto, data, eval_data, calib, preprocess or PreprocessConfig(), max_samples)
     rank, size = world()
     report = Report("qat", config={"model": str(model), "data": str(data), "eval": str(eval_data) if eval_data else

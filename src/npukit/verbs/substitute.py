@@ -15,7 +15,7 @@ from npukit.report.core import Report
 from npukit.report.finish import CommandResult, report_path_for
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import check_output, refuse_quantized
+from npukit.verbs.common import check_output, float_static_model
 from npukit.verbs.distill import Distillation
 from npukit.verbs.qat import TrainingSamples
 
@@ -52,7 +52,6 @@ def substitute(
     substituted start included; the check reads ``eval_data``, else the last fifth of ``data``). The report shows
     the substituted model before and after fine-tuning beside the original: task metric, worst output SQNR, MACs,
     ORT CPU latency. ``<output stem>.substitute.pt`` keeps the last finished epoch."""
-    from npukit.frontend.shapes import InputSpec, load_with_inputs, require_static
     from npukit.quant.qat.train import QatConfig
     from npukit.quant.qdq import preprocess as pre_process  # (``preprocess`` is the data's PreprocessConfig here)
     from npukit.targets.fix import substitute as apply_substitutions
@@ -62,10 +61,7 @@ def substitute(
     output = check_output(output, source=model)
     train_config = QatConfig(weight_bits=8, epochs=epochs, batch_size=batch_size, lr=lr or LEARNING_RATE,
                              augment=augment, max_steps=max_steps, seed=seed)
-    spec = InputSpec.parse(input_shape)
-    proto = load_with_inputs(model, spec)
-    refuse_quantized(proto, model, verb="substitute")
-    require_static(proto, needs="substitute")
+    proto, spec = float_static_model(model, input_shape, verb="substitute")
     changed = apply_substitutions(proto, list(rules))  # before pre-processing, which inlines HardSwish
     samples = TrainingSamples.open(proto, data, eval_data, None, preprocess or PreprocessConfig(), max_samples)
     report = Report("substitute", config={"model": str(model), "data": str(data), "rules": list(rules),
