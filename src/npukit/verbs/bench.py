@@ -10,6 +10,15 @@ import onnx
 
 from npukit.config import BenchConfig, PreprocessConfig, to_dict
 from npukit.errors import InputError
+from npukit.report.bench import (
+    add_agreement,
+    add_context_latency,
+    add_htp_fidelity,
+    add_htp_soc,
+    add_latency,
+    add_memory,
+    add_qnn_assignment,
+)
 from npukit.report.core import Report
 from npukit.report.energy import add_energy
 from npukit.report.finish import CommandResult, finish
@@ -22,6 +31,8 @@ from npukit.verbs.common import evaluate, is_qdq, logits, open_data, task_check
 # weights, HTP output against the exact QDQ graph: 63 dB SQNR as HTP v68/v69, 86 dB as v73 and later. Chained through
 # MobileNetV2 the v68 error reaches 30 dB at the logits and flips near-tie top-1 predictions.
 PRECISE_A16_HTP_ARCH = 73
+_REQUANTIZE_HINT = ("quantizing again with a recovery recipe (npukit quantize --cle --equalize-activations "
+                    "--bias-correction, --int16-budget 0.1); --accept-degraded accepts it")
 
 
 def bench(
@@ -90,7 +101,6 @@ def bench(
     sizes = {"model": model_size(model)}
     if reference is not None:
         sizes["reference"] = model_size(reference)
-    report.add("size", {k: v.as_dict() for k, v in sizes.items()})
 
     feeds = dataset.sample(0) if dataset is not None else None
     with step(f"timing on ORT CPU, {threads} thread(s)", timings=report.timings, key="latency"):
@@ -98,16 +108,7 @@ def bench(
             lat = measure_latency_interleaved(timed, threads=threads, warmup=warmup, runs=runs, feeds=feeds)
         else:
             lat = {"model": measure_latency(timed["model"], threads=threads, warmup=warmup, runs=runs, feeds=feeds)}
-    report.add("latency", {k: v.as_dict() for k, v in lat.items()})
-    rows = []
-    for name, res in lat.items():
-        ratio = res.median_ms / lat["reference"].median_ms if "reference" in lat else None
-        rows.append([name, Path(str(model if name == "model" else reference)).name, sizes[name].file_bytes,
-                     res.median_ms, res.p90_ms, ratio])
-    report.add_table(f"Latency on ORT CPU ({threads} thread{'s' if threads > 1 else ''}, median of {runs} runs)",
-                     ["role", "file", "size_bytes", "median ms", "p90 ms", "ratio to reference"], rows)
-    report.add_figure("Latency (median ms)", "bar",
-                      {"labels": list(lat), "values": [v.median_ms for v in lat.values()]}, x_label="ms")
+    add_latency(report, lat, sizes, {"model": model, "reference": reference or ""}, threads=threads, runs=runs)
     with step("energy per operator (estimate; RAPL where readable)", timings=report.timings, key="energy"):
         estimates, measured = energy_figures(timed, threads=threads, runs=runs, feeds=feeds)
         add_energy(report, estimates, measured=measured)
@@ -119,30 +120,14 @@ def bench(
             choice, _, _ = task_check(report, ref_proto, proto, check_samples(dataset, total), task=task,
                                        gate=gate or QualityGate(), what="bench", threads=threads,
                                        where=f"{total} samples of {Path(str(data)).name}",
-                                       hint="quantizing again with a recovery recipe (npukit quantize --cle --equalize-activations --bias-correction, "
-                         "--int16-budget 0.1); --accept-degraded accepts it")
+                                       hint=_REQUANTIZE_HINT)
     else:
         report.set_verdict(f"MEASURED bench: {Path(str(model)).name}, no "
                            f"{'reference' if dataset is not None else 'data and reference'} given, so no task check",
                            passed=True)
     if dataset is not None and (choice is None or choice.name == "classify"):
         agreement = evaluate(proto, ref_proto, dataset, config=config, threads=threads)
-        shown = agreement.as_dict()
-        if ref_proto is None:  # without a reference only the accuracy figures mean anything
-            shown = {k: v for k, v in shown.items() if k == "samples" or "candidate" in k or k == "labeled_samples"}
-        report.add("agreement" if ref_proto is not None else "accuracy", shown)
-        fields = [("samples", agreement.samples)]
-        if ref_proto is not None:
-            fields += [("top-1 agreement", agreement.top1_agreement), ("top-5 overlap", agreement.top5_overlap),
-                       ("SQNR dB", agreement.sqnr_db),
-                       ("confident samples", agreement.confident_samples),
-                       ("top-1 agreement where reference confident", agreement.top1_agreement_confident)]
-        if agreement.labeled_samples:
-            fields += [("top-1 accuracy", agreement.top1_accuracy_candidate),
-                       ("top-5 accuracy", agreement.top5_accuracy_candidate)]
-            if ref_proto is not None:
-                fields += [("top-1 accuracy (reference)", agreement.top1_accuracy_reference)]
-        report.add_table(f"Agreement on {Path(str(data)).name}", ["metric", "value"], [list(f) for f in fields])
+        add_agreement(report, agreement, with_reference=ref_proto is not None, data_name=Path(str(data)).name)
     if target != "cpu":
         _bench_npu(report, proto, ref_proto, dataset, target=target, max_samples=max_samples, soc=soc)
     if memory:
@@ -180,12 +165,8 @@ def _bench_context(model: str | Path, proto: onnx.ModelProto, *, data, reference
     with step("loading the context binary on the HTP", timings=report.timings, key="load"):
         ctx = context_session(model, proto, soc=soc)
     chip = ctx.soc
-    report.add("htp_soc", {"soc": chip.part, "name": chip.name, "htp_arch": chip.htp_arch,
-                           "soc_model": chip.soc_model, "epcontext": True})
-    if ctx.note:
-        report.add("htp_note", ctx.note)
+    add_htp_soc(report, chip, note=ctx.note, epcontext=True)
     size = model_size(model)
-    report.add("size", {"model": size.as_dict()})
     dataset = open_data(data, proto, preprocess) if data is not None else None
     feeds = dataset.sample(0) if dataset is not None else random_feeds(ctx.session, seed=0)
     with step(f"timing on the HTP emulator ({chip.part})", timings=report.timings, key="latency"):
@@ -193,11 +174,7 @@ def _bench_context(model: str | Path, proto: onnx.ModelProto, *, data, reference
             ctx.session.run(None, feeds)
         fixed = dict(feeds)
         latency = LatencyResult.from_times(_timed_calls(lambda: ctx.session.run(None, fixed), runs), threads=1)
-    report.add("latency", {"model": latency.as_dict()})
-    report.add_table(f"Latency of the EPContext model on the HTP emulator ({chip.name}, {chip.part}; x86 "
-                     f"emulation, not the device's latency; median of {runs} runs)",
-                     ["file", "size_bytes", "median ms", "p90 ms"],
-                     [[Path(str(model)).name, size.file_bytes, latency.median_ms, latency.p90_ms]])
+    add_context_latency(report, model, size, latency, chip=chip, runs=runs)
     if dataset is not None and reference is not None:
         ref_proto = load_with_inputs(reference, spec)
         total = len(dataset) if max_samples is None else min(max_samples, len(dataset))
@@ -206,8 +183,7 @@ def _bench_context(model: str | Path, proto: onnx.ModelProto, *, data, reference
             task_check(report, ref_proto, None, check_samples(dataset, total), task=task, gate=gate or QualityGate(),
                         what="bench", where=f"{total} samples of {Path(str(data)).name}, on the HTP as {chip.part}",
                         candidate_runner=session_runner(ctx.session),
-                        hint="quantizing again with a recovery recipe (npukit quantize --cle --equalize-activations --bias-correction, "
-                             "--int16-budget 0.1); --accept-degraded accepts it")
+                        hint=_REQUANTIZE_HINT)
     else:
         report.set_verdict(f"MEASURED bench: {Path(str(model)).name} on the HTP emulator, no "
                            f"{'reference' if dataset is not None else 'data and reference'} given, so no task check",
@@ -226,17 +202,8 @@ def _bench_memory(report: Report, model: str | Path) -> None:
         planned, _ = _plan(model, target="cpu")
         off = measure_ort_peak(model, arena=False)
         on = measure_ort_peak(model, arena=True)
-    predicted = planned.runtime_peak
-    placed = best_plan(without_graph_inputs(planned.lifetimes)).arena_bytes
-    rows = [["predicted: ORT's allocation replayed on the graph ORT runs", predicted, None],
-            ["npukit's best plan of the same graph", placed, placed / predicted - 1],
-            ["measured, arena off", off.peak_bytes, off.peak_bytes / predicted - 1],
-            ["measured, arena on", on.peak_bytes, on.peak_bytes / predicted - 1]]
-    report.add("memory", {"predicted_bytes": predicted, "planned_bytes": placed,
-                          "lower_bound_bytes": planned.lower_bound,
-                          "measured_arena_off": off.as_dict(), "measured_arena_on": on.as_dict()})
-    report.add_table("Peak activation memory (ORT CPU, VmHWM in a fresh process, MALLOC_MMAP_THRESHOLD_=65536; "
-                     "graph inputs excluded)", ["what", "bytes", "vs predicted"], rows)
+    add_memory(report, predicted=planned.runtime_peak, planned=best_plan(without_graph_inputs(planned.lifetimes))
+               .arena_bytes, lower_bound=planned.lower_bound, off=off, on=on)
 
 
 def _bench_npu(report: Report, proto: onnx.ModelProto, ref_proto: onnx.ModelProto | None, dataset, *, target: str,
@@ -255,20 +222,13 @@ def _bench_npu(report: Report, proto: onnx.ModelProto, ref_proto: onnx.ModelProt
                               "others")
     chip = soc_info(soc)
     options = soc_provider_options(soc)
-    report.add("htp_soc", {"soc": chip.part, "name": chip.name, "htp_arch": chip.htp_arch,
-                           "soc_model": chip.soc_model})
-    if chip.htp_arch < PRECISE_A16_HTP_ARCH and sixteen_bit_activations(proto):
-        report.add("htp_note", f"HTP v{chip.htp_arch} computes 16-bit activation layers at reduced precision "
-                               f"(measured: 63 dB per Conv against 86 dB on v{PRECISE_A16_HTP_ARCH}+); expect the HTP "
-                               "and CPU runs to differ more than on newer SoCs")
+    reduced = chip.htp_arch < PRECISE_A16_HTP_ARCH and sixteen_bit_activations(proto)
+    add_htp_soc(report, chip, note=f"HTP v{chip.htp_arch} computes 16-bit activation layers at reduced precision "
+                                   f"(measured: 63 dB per Conv against 86 dB on v{PRECISE_A16_HTP_ARCH}+); expect the "
+                                   "HTP and CPU runs to differ more than on newer SoCs" if reduced else None)
     with step("asking the QNN EP which nodes it takes", timings=report.timings, key="qnn_assignment"):
         assignment = qnn_node_assignment(proto)
-    report.add("qnn_assignment", assignment.as_dict())
-    report.add_table("Nodes the QNN EP took (HTP backend)", ["QNN nodes", "CPU nodes", "QNN partitions"],
-                     [[len(assignment.qnn_nodes), len(assignment.cpu_nodes), assignment.partitions]])
-    if assignment.rejected:
-        report.add_table("Nodes left to the CPU, and QNN's reason", ["node", "reason"],
-                         [[k, v] for k, v in assignment.rejected.items()])
+    add_qnn_assignment(report, assignment)
     if dataset is None:
         return
     htp = make_qnn_session(proto, allow_cpu_fallback=True, provider_options=options)
@@ -292,9 +252,4 @@ def _bench_npu(report: Report, proto: onnx.ModelProto, ref_proto: onnx.ModelProt
             r = logits(ref.run(None, batch.feeds))
             meters["HTP vs reference"].update(r, h)
             meters["CPU vs reference"].update(r, c)
-    results = {k: m.result() for k, m in meters.items()}
-    report.add("npu_agreement", {k: v.as_dict() for k, v in results.items()})
-    report.add_table(f"HTP fidelity on {total} samples ({chip.name}, {chip.part}, HTP v{chip.htp_arch})",
-                     ["comparison", "top-1 agreement", "top-5 overlap", "SQNR dB", "agreement where confident"],
-                     [[k, v.top1_agreement, v.top5_overlap, v.sqnr_db, v.top1_agreement_confident]
-                      for k, v in results.items()])
+    add_htp_fidelity(report, {k: m.result() for k, m in meters.items()}, samples=total, chip=chip)

@@ -1,0 +1,96 @@
+"""The bench verb's tables and figures: latency and size on ORT CPU, agreement with the reference, peak memory, and
+the HTP run (the SoC, which nodes the QNN EP took, the HTP's fidelity, a compiled context model's latency)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from npukit.report.core import Report
+
+
+def add_latency(report: Report, latency: Mapping[str, Any], sizes: Mapping[str, Any], files: Mapping[str, str | Path],
+                *, threads: int, runs: int) -> None:
+    """ORT CPU latency per role (``LatencyResult``), with each file's size (``ModelSize``) and the ratio to the
+    reference where there is one."""
+    report.add("size", {k: v.as_dict() for k, v in sizes.items()})
+    report.add("latency", {k: v.as_dict() for k, v in latency.items()})
+    reference = latency.get("reference")
+    rows = [[role, Path(str(files[role])).name, sizes[role].file_bytes, res.median_ms, res.p90_ms,
+             res.median_ms / reference.median_ms if reference is not None else None]
+            for role, res in latency.items()]
+    report.add_table(f"Latency on ORT CPU ({threads} thread{'s' if threads > 1 else ''}, median of {runs} runs)",
+                     ["role", "file", "size_bytes", "median ms", "p90 ms", "ratio to reference"], rows)
+    report.add_figure("Latency (median ms)", "bar",
+                      {"labels": list(latency), "values": [v.median_ms for v in latency.values()]}, x_label="ms")
+
+
+def add_agreement(report: Report, agreement: Any, *, with_reference: bool, data_name: str) -> None:
+    """A classifier's top-k agreement with the reference (``with_reference``) and its accuracy against labels."""
+    shown = agreement.as_dict()
+    if not with_reference:  # without a reference only the accuracy figures mean anything
+        shown = {k: v for k, v in shown.items() if k == "samples" or "candidate" in k or k == "labeled_samples"}
+    report.add("agreement" if with_reference else "accuracy", shown)
+    fields: list[tuple[str, Any]] = [("samples", agreement.samples)]
+    if with_reference:
+        fields += [("top-1 agreement", agreement.top1_agreement), ("top-5 overlap", agreement.top5_overlap),
+                   ("SQNR dB", agreement.sqnr_db),
+                   ("confident samples", agreement.confident_samples),
+                   ("top-1 agreement where reference confident", agreement.top1_agreement_confident)]
+    if agreement.labeled_samples:
+        fields += [("top-1 accuracy", agreement.top1_accuracy_candidate),
+                   ("top-5 accuracy", agreement.top5_accuracy_candidate)]
+        if with_reference:
+            fields += [("top-1 accuracy (reference)", agreement.top1_accuracy_reference)]
+    report.add_table(f"Agreement on {data_name}", ["metric", "value"], [list(f) for f in fields])
+
+
+def add_memory(report: Report, *, predicted: int, planned: int, lower_bound: int, off: Any, on: Any) -> None:
+    """ORT CPU's measured peak activation memory (``PeakMeasurement`` arena off and on) beside the prediction."""
+    rows = [["predicted: ORT's allocation replayed on the graph ORT runs", predicted, None],
+            ["npukit's best plan of the same graph", planned, planned / predicted - 1],
+            ["measured, arena off", off.peak_bytes, off.peak_bytes / predicted - 1],
+            ["measured, arena on", on.peak_bytes, on.peak_bytes / predicted - 1]]
+    report.add("memory", {"predicted_bytes": predicted, "planned_bytes": planned, "lower_bound_bytes": lower_bound,
+                          "measured_arena_off": off.as_dict(), "measured_arena_on": on.as_dict()})
+    report.add_table("Peak activation memory (ORT CPU, VmHWM in a fresh process, MALLOC_MMAP_THRESHOLD_=65536; "
+                     "graph inputs excluded)", ["what", "bytes", "vs predicted"], rows)
+
+
+def add_htp_soc(report: Report, chip: Any, *, note: str | None = None, epcontext: bool = False) -> None:
+    """The SoC whose HTP ran the model (``SocInfo``) and what to expect of it."""
+    report.add("htp_soc", {"soc": chip.part, "name": chip.name, "htp_arch": chip.htp_arch,
+                           "soc_model": chip.soc_model} | ({"epcontext": True} if epcontext else {}))
+    if note:
+        report.add("htp_note", note)
+
+
+def add_qnn_assignment(report: Report, assignment: Any) -> None:
+    """Which nodes the QNN EP took (``QnnAssignment``), and its reason for each node it left to the CPU."""
+    report.add("qnn_assignment", assignment.as_dict())
+    report.add_table("Nodes the QNN EP took (HTP backend)", ["QNN nodes", "CPU nodes", "QNN partitions"],
+                     [[len(assignment.qnn_nodes), len(assignment.cpu_nodes), assignment.partitions]])
+    if assignment.rejected:
+        report.add_table("Nodes left to the CPU, and QNN's reason", ["node", "reason"],
+                         [[k, v] for k, v in assignment.rejected.items()])
+
+
+def add_htp_fidelity(report: Report, results: Mapping[str, Any], *, samples: int, chip: Any) -> None:
+    """Agreement (``Agreement``) of the HTP run with the CPU run, the exact QDQ graph and the reference."""
+    report.add("npu_agreement", {k: v.as_dict() for k, v in results.items()})
+    report.add_table(f"HTP fidelity on {samples} samples ({chip.name}, {chip.part}, HTP v{chip.htp_arch})",
+                     ["comparison", "top-1 agreement", "top-5 overlap", "SQNR dB", "agreement where confident"],
+                     [[k, v.top1_agreement, v.top5_overlap, v.sqnr_db, v.top1_agreement_confident]
+                      for k, v in results.items()])
+
+
+def add_context_latency(report: Report, model: str | Path, size: Any, latency: Any, *, chip: Any,
+                        runs: int) -> None:
+    """A compiled EPContext model's size and latency on the HTP emulator (x86: not the device's latency)."""
+    report.add("size", {"model": size.as_dict()})
+    report.add("latency", {"model": latency.as_dict()})
+    report.add_table(f"Latency of the EPContext model on the HTP emulator ({chip.name}, {chip.part}; x86 "
+                     f"emulation, not the device's latency; median of {runs} runs)",
+                     ["file", "size_bytes", "median ms", "p90 ms"],
+                     [[Path(str(model)).name, size.file_bytes, latency.median_ms, latency.p90_ms]])
