@@ -1,5 +1,6 @@
 """The prune report: which channels went from which convs (and which convs could not lose any, with why), the
-weights set to zero, and the float, pruned and fine-tuned models side by side."""
+weights set to zero, the float, pruned and fine-tuned models side by side, and the substitutions ``npukit
+substitute`` made before fine-tuning the same way."""
 
 from __future__ import annotations
 
@@ -53,3 +54,11 @@ def add_comparison(report: Report, rows: dict[str, Any], latency: dict[str, Any]
                      f"CPU latency, interleaved medians; the {label} model before fine-tuning has the fine-tuned one's "
                      "speed)", ["model", metric, "worst output SQNR dB", "MACs", "parameters", "median ms", "x float",
                                 "bytes", "bytes deflated (zip)"], table)
+
+
+def add_substitutions(report: Report, applied: list[dict[str, Any]]) -> None:
+    """The substitutions ``npukit substitute`` applied (``targets.fix.substitute(...).applied``)."""
+    report.add("substitutions", applied)
+    report.add_table("Substitutions applied", ["rule", "what", "exact", "nodes rewritten", "notes"],
+                     [[a["fix"], a["description"], "yes" if a["exact"] else "no: changes the function",
+                       a["rewrites"], "; ".join(a["notes"]) or "-"] for a in applied])

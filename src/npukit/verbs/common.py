@@ -13,6 +13,7 @@ import onnx
 from npukit.config import BenchConfig, PreprocessConfig
 from npukit.errors import InputError
 from npukit.report.core import Report
+from npukit.report.graph import add_opset_upgrade
 from npukit.report.progress import progress, step
 from npukit.tasks import QualityGate
 
@@ -26,11 +27,6 @@ def check_output(output: str | Path, *, source: str | Path | None = None) -> Pat
     if source is not None and Path(source).exists() and output.exists() and output.resolve() == Path(source).resolve():
         raise InputError(f"output {output} is the input file", hint="write the result to a new file")
     return output
-
-
-def summary_figures(summary) -> dict[str, int]:
-    return {"nodes": summary.nodes, "parameters": summary.parameters, "MACs": summary.macs,
-            "size_bytes": summary.serialized_bytes}
 
 
 def short_number(value: float | None) -> str:
@@ -94,11 +90,7 @@ def upgrade_opset(report: Report, proto: onnx.ModelProto, minimum: int, reason: 
     with step(f"checking the opset ({reason} needs {minimum})", timings=report.timings, key="opset"):
         proto, upgrade = ensure_opset(proto, minimum, reason=reason, feeds=feeds, alternative=alternative)
     if upgrade is not None:
-        report.add("opset_upgrade", upgrade.as_dict())
-        report.add_table("Opset upgrade (onnx.version_converter, verified)",
-                         ["from", "to", "needed for", "checked on", "max abs error", "max rel error"],
-                         [[upgrade.from_opset, upgrade.to_opset, upgrade.reason,
-                           f"{upgrade.samples} {upgrade.inputs}", upgrade.max_abs_error, upgrade.max_rel_error]])
+        add_opset_upgrade(report, upgrade)
     return proto
 
 

@@ -12,6 +12,7 @@ import onnx
 
 from npukit.config import PreprocessConfig
 from npukit.errors import InputError
+from npukit.report.compile import add_context_model, add_htp_quantization
 from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
 from npukit.report.progress import step
@@ -139,17 +140,7 @@ def compile(  # noqa: A001 - the verb's name
                 rules = dataclasses.replace(HTP_QDQ_RULES, weight_type=f"int{weight_bits}")
                 htp_quant = _quantize_for_htp(proto, list(samples), rules=rules)
         proto = htp_quant.model
-        done = htp_quant.as_dict()
-        report.add("htp_quantization", done)
-        report.add_table(f"Quantized for the HTP ({scheme}; npukit.runtime.htp_quant)",
-                         ["step", "count"],
-                         [["BatchNorm / bias Add folded into a ConvTranspose", len(done["folded"])],
-                          ["BatchNorm rewritten as Mul + Add", len(done["batchnorms_rewritten"])],
-                          ["zero biases added", done["biases_added"]],
-                          ["weights re-rounded (GPTQ)", done["gptq_nodes"]],
-                          [f"weight rounding bias corrected ({done['correction_samples']} samples)",
-                           done["bias_corrected_nodes"]],
-                          ["16-bit grids given headroom", done["widened_grids"]]])
+        add_htp_quantization(report, htp_quant.as_dict(), scheme=scheme)
     with step(f"compiling the HTP context binary for {soc}", timings=report.timings, key="compile"):
         result = compile_qnn_context(proto, output, soc=soc)
     report.add("compile", result.as_dict())
@@ -170,19 +161,7 @@ def compile(  # noqa: A001 - the verb's name
                     hint=("`npukit quantize` with a recovery recipe and compile its QDQ model" if quantized_here
                           else "quantizing again with a recovery recipe") + ", or another --soc; "
                          "--accept-degraded keeps it as it is")
-    report.add("quantized_here", quantized_here)
-    report.add_table(f"EPContext model for {result.soc_name} ({result.soc})",
-                     ["SoC", "HTP arch", "soc_model", "context nodes", "nodes left to CPU", "context_binary_bytes",
-                      "model_bytes", "compile s", "matches HTP run"],
-                     [[result.soc, f"v{result.htp_arch}", result.soc_model, result.context_nodes,
-                       result.other_nodes, result.context_binary_bytes, result.model_bytes, result.compile_seconds,
-                       result.match_summary]])
-    for name in dict.fromkeys(r["hazard"] for r in result.hazard_rewrites):
-        done = [r for r in result.hazard_rewrites if r["hazard"] == name]
-        report.add_table(f"Rewritten before compiling (exact on ORT CPU), because the HTP computes it wrongly: "
-                         f"{done[0]['reason'].rsplit(' [', 1)[0]}", ["nodes", "input", "rewrite"],
-                         [[" + ".join(r["nodes"]), r["where"], r["fix"]] for r in done])
-    report.add_table("What the device needs", ["requirement"], [[result.device_requirements]])
+    add_context_model(report, result, quantized_here=quantized_here)
     from npukit.measure.energy import MeasuredEnergy, energy_figures
     from npukit.report.energy import add_energy
 

@@ -17,6 +17,7 @@ import onnx
 from npukit.config import PreprocessConfig
 from npukit.errors import InputError
 from npukit.quant.config import QuantConfig
+from npukit.report.compile import add_carried_plan, add_fp32_error, add_mobile_latency
 from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
 from npukit.report.progress import step
@@ -153,11 +154,7 @@ def _quantize(report: Report, module: Any, float_onnx: onnx.ModelProto, samples:
                          f"program: {', '.join(carried.unmatched[:5])}",
                          hint="compile without --calib for an fp32 artifact, or quantize the ONNX export with "
                               "`npukit quantize`")
-    report.add_table("npukit's plan carried onto the torch program (PT2E, grids fixed from the plan)",
-                     ["tensors matched by value", "activation grids", "weights (plan's integers)",
-                      "left in float", "int8 on the plan's range (float in the ONNX model)"],
-                     [[carried.matched, carried.activations, carried.weights, len(carried.float_nodes),
-                       ", ".join(carried.derived) or "none"]])
+    add_carried_plan(report, carried)
     return carried.program, carried
 
 
@@ -196,9 +193,7 @@ def _check(report: Report, mobile: MobileTarget, eager: Any, runner: Any, float_
             for ref, got in zip(eager(feeds), runner(feeds)):
                 span = float(ref.max() - ref.min()) or 1.0
                 worst = max(worst, float(np.abs(ref - got).max()) / span)
-        report.add("fp32_error", {"max_abs_over_range": worst, "tolerance": FP32_TOLERANCE})
-        report.add_table(f"fp32 {mobile.artifact} against eager torch", ["max abs error / output range", "tolerance"],
-                         [[f"{worst:.2e}", f"{FP32_TOLERANCE:g}"]])
+        add_fp32_error(report, artifact=mobile.artifact, worst=worst, tolerance=FP32_TOLERANCE)
         if worst > FP32_TOLERANCE:
             failures.append(f"fp32 {mobile.artifact} differs from eager torch by {worst:.2e} of the output range "
                             f"(> {FP32_TOLERANCE:g})")
@@ -225,9 +220,4 @@ def _time(report: Report, mobile: MobileTarget, eager: Any, runner: Any, float_o
                                           "eager torch fp32": lambda: eager(feeds),
                                           "ORT CPU fp32": lambda: session.run(None, feeds)},
                                          threads=threads, warmup=3, runs=TIMED_RUNS, rounds=3)
-    report.add("latency", {k: dataclasses.asdict(v) for k, v in latency.items()})
-    eager_ms = latency["eager torch fp32"].median_ms
-    report.add_table(f"Latency ({threads} thread(s), {TIMED_RUNS} runs each, interleaved; this machine's CPU)",
-                     ["runtime", "median ms", "p90 ms", "vs eager torch"],
-                     [[name, f"{r.median_ms:.2f}", f"{r.p90_ms:.2f}", f"{eager_ms / r.median_ms:.2f}x"]
-                      for name, r in latency.items()])
+    add_mobile_latency(report, latency, threads=threads, runs=TIMED_RUNS)

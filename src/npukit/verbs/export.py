@@ -13,6 +13,7 @@ from npukit.config import ExportConfig, to_dict
 from npukit.errors import InputError
 from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
+from npukit.report.graph import add_export
 from npukit.report.progress import step
 from npukit.verbs.common import check_output, short_number
 
@@ -65,21 +66,11 @@ def export(
     report.add("model", {"description": source.description, "notes": list(source.notes)})
     with step(f"exporting {source.description}", timings=report.timings, key="export"):
         result = export_model(source, output, config=config)
-    report.add("export", result.as_dict())
-    summary = summarize(onnx.load(str(output)), input_shape=result.input_shape)
-    report.add("summary", {k: v for k, v in summary.as_dict().items() if k != "layers"})
-    report.add_table("Export", ["model", "exporter", "opset", "input shape", "nodes", "max abs err", "max rel err",
-                                "verified"],
-                     [[source.description, result.exporter, result.opset, "x".join(map(str, result.input_shape or ())),
-                       result.node_count, result.max_abs_error, result.max_rel_error, result.passed]])
-    if source.notes:
-        report.add_table("Model loading", ["note"], [[note] for note in source.notes])
-    if result.fallback_reason:
-        report.add_table("Exporter fallback", ["tried", "reason"], [["dynamo", result.fallback_reason]])
+    add_export(report, source, result, summarize(onnx.load(str(output)), input_shape=result.input_shape))
     report.set_verdict(f"{'PASS' if result.passed else 'FAIL'} export: {source.description} with the "
                        f"{result.exporter} exporter, outputs against torch's on seeded inputs: max abs error "
-                       f"{short_number(result.max_abs_error)}, rel {short_number(result.max_rel_error)} (rtol {config.rtol:g})",
-                       passed=result.passed)
+                       f"{short_number(result.max_abs_error)}, rel {short_number(result.max_rel_error)} "
+                       f"(rtol {config.rtol:g})", passed=result.passed)
     return finish(report, output, html=html, result=result)
 
 

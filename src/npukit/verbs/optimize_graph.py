@@ -10,8 +10,9 @@ import onnx_ir as ir
 from npukit.config import OptimizeConfig, to_dict
 from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
+from npukit.report.graph import add_optimize, verification_share
 from npukit.report.progress import step
-from npukit.verbs.common import check_output, summary_figures
+from npukit.verbs.common import check_output
 
 
 def optimize_graph(
@@ -38,7 +39,6 @@ def optimize_graph(
     from npukit.frontend.shapes import InputSpec, load_with_inputs
     from npukit.measure.summary import summarize
     from npukit.passes.pipeline import optimize_model, resolve_pass_names, verify_equivalent
-    from npukit.report.terminal import before_after_table
 
     config = OptimizeConfig(skip_passes=resolve_pass_names(skip_passes), verify=verify, rtol=rtol)
     output = check_output(output, source=model)
@@ -70,35 +70,12 @@ def optimize_graph(
             _choice, tiling = optimize_for_memory(staged, output, budget_bytes=memory_budget, input_shape=shape)
     before = summarize(original, input_shape=shape)
     after = summarize(optimized, input_shape=shape)
-    report.add("passes", [r.as_dict() for r in pipeline.records])
-    report.add("before", {k: v for k, v in before.as_dict().items() if k != "layers"})
-    report.add("after", {k: v for k, v in after.as_dict().items() if k != "layers"})
-    report.add("verification", errors.as_dict() if errors else None)
-    report.tables.append(before_after_table(summary_figures(before), summary_figures(after), title="Graph"))
-    report.tables.append(before_after_table(dict(sorted(before.ops.items())), dict(sorted(after.ops.items())),
-                                            title="Ops by type", key_label="op"))
-    report.add_table("Passes", ["pass", "rewrites", "nodes before", "nodes after", "ms", "notes"],
-                     [[r.name, r.rewrites, r.nodes_before, r.nodes_after, round(r.seconds * 1000, 1),
-                       "; ".join(r.notes[:3]) + (f" (+{len(r.notes) - 3} more)" if len(r.notes) > 3 else "")]
-                      for r in pipeline.records])
-    if errors is not None:
-        from npukit.measure.compare import ABS_FLOOR
-
-        # the output nearest its bound: abs error against rtol x its max |value| + the float32 floor (<= 1 passes)
-        worst = max(range(len(errors.per_output)), default=None,
-                    key=lambda k: errors.per_output[k][0] / errors.allowed(k, rtol))
-        share = None if worst is None else errors.per_output[worst][0] / errors.allowed(worst, rtol)
-        runtime = (f" + twice ORT's own deviation on the unmodified model (its optimizations on vs off: up to "
-                   f"{max(errors.runtime_allowance) / 2:.3g}; the rewrites alone, both run without them, are within "
-                   "the plain tolerance)" if errors.runtime_allowance else "")
-        report.add_table(f"Verification against the original (an output passes when its max abs error <= rtol x "
-                         f"its max |value| + {ABS_FLOOR:g}{runtime})",
-                         ["max abs error", "max rel error", "rtol", "worst output's error / allowed"],
-                         [[errors.max_abs, errors.max_rel, rtol, share]])
+    add_optimize(report, pipeline.records, before, after, errors, rtol=rtol)
     nodes = f"{before.nodes} -> {after.nodes} nodes"
     if errors is None:
         report.set_verdict(f"UNVERIFIED optimize-graph: {nodes}, numeric check skipped (--no-verify)", passed=True)
     else:
+        share = verification_share(errors, rtol)
         report.set_verdict(f"PASS optimize-graph: {nodes}, every output within its tolerance of the original's "
                            f"(max abs error {errors.max_abs:.3g}, worst output at {share or 0:.2f} of its allowance"
                            + ("; the allowance includes ORT's own deviation on the unmodified model"

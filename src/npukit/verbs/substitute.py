@@ -14,6 +14,7 @@ from npukit.errors import InputError
 from npukit.report.core import Report
 from npukit.report.finish import CommandResult, report_path_for
 from npukit.report.progress import step
+from npukit.report.prune import add_substitutions
 from npukit.tasks import QualityGate
 from npukit.verbs.common import check_output, float_static_model
 from npukit.verbs.distill import Distillation
@@ -70,10 +71,7 @@ def substitute(
                                           "gate": (gate or QualityGate()).as_dict(), "seed": seed,
                                           "input_shape": spec.as_dict() if spec else None,
                                           "samples": samples.describe()})
-    report.add("substitutions", changed.applied)
-    report.add_table("Substitutions applied", ["rule", "what", "exact", "nodes rewritten", "notes"],
-                     [[a["fix"], a["description"], "yes" if a["exact"] else "no: changes the function",
-                       a["rewrites"], "; ".join(a["notes"]) or "-"] for a in changed.applied])
+    add_substitutions(report, changed.applied)
     checkpoint = report_path_for(output, ".substitute.pt")
     if restart:
         checkpoint.unlink(missing_ok=True)

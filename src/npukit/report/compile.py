@@ -1,0 +1,68 @@
+"""The compile verb's tables: what quantizing for the HTP did, the EPContext model it wrote, the hazards rewritten
+before compiling, and what the device needs; for the mobile runtimes, npukit's plan carried onto the torch program,
+the fp32 artifact against eager torch, and the latency beside eager torch and ORT."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from npukit.report.core import Report
+
+
+def add_htp_quantization(report: Report, done: Mapping[str, Any], *, scheme: str) -> None:
+    """``HtpQuantResult.as_dict()``: the steps npukit.runtime.htp_quant ran, counted."""
+    report.add("htp_quantization", dict(done))
+    report.add_table(f"Quantized for the HTP ({scheme}; npukit.runtime.htp_quant)",
+                     ["step", "count"],
+                     [["BatchNorm / bias Add folded into a ConvTranspose", len(done["folded"])],
+                      ["BatchNorm rewritten as Mul + Add", len(done["batchnorms_rewritten"])],
+                      ["zero biases added", done["biases_added"]],
+                      ["weights re-rounded (GPTQ)", done["gptq_nodes"]],
+                      [f"weight rounding bias corrected ({done['correction_samples']} samples)",
+                       done["bias_corrected_nodes"]],
+                      ["16-bit grids given headroom", done["widened_grids"]]])
+
+
+def add_context_model(report: Report, result: Any, *, quantized_here: bool) -> None:
+    """The EPContext model (``CompileResult``), the hazard rewrites made before compiling, what the device needs."""
+    report.add("quantized_here", quantized_here)
+    report.add_table(f"EPContext model for {result.soc_name} ({result.soc})",
+                     ["SoC", "HTP arch", "soc_model", "context nodes", "nodes left to CPU", "context_binary_bytes",
+                      "model_bytes", "compile s", "matches HTP run"],
+                     [[result.soc, f"v{result.htp_arch}", result.soc_model, result.context_nodes,
+                       result.other_nodes, result.context_binary_bytes, result.model_bytes, result.compile_seconds,
+                       result.match_summary]])
+    for name in dict.fromkeys(r["hazard"] for r in result.hazard_rewrites):
+        done = [r for r in result.hazard_rewrites if r["hazard"] == name]
+        report.add_table(f"Rewritten before compiling (exact on ORT CPU), because the HTP computes it wrongly: "
+                         f"{done[0]['reason'].rsplit(' [', 1)[0]}", ["nodes", "input", "rewrite"],
+                         [[" + ".join(r["nodes"]), r["where"], r["fix"]] for r in done])
+    report.add_table("What the device needs", ["requirement"], [[result.device_requirements]])
+
+
+def add_carried_plan(report: Report, carried: Any) -> None:
+    """How npukit's plan went onto the torch program (``CarriedPlan`` of ``quant.emit.pt2e``)."""
+    report.add_table("npukit's plan carried onto the torch program (PT2E, grids fixed from the plan)",
+                     ["tensors matched by value", "activation grids", "weights (plan's integers)",
+                      "left in float", "int8 on the plan's range (float in the ONNX model)"],
+                     [[carried.matched, carried.activations, carried.weights, len(carried.float_nodes),
+                       ", ".join(carried.derived) or "none"]])
+
+
+def add_fp32_error(report: Report, *, artifact: str, worst: float, tolerance: float) -> None:
+    """The fp32 artifact's largest error against eager torch, as a share of the output range."""
+    report.add("fp32_error", {"max_abs_over_range": worst, "tolerance": tolerance})
+    report.add_table(f"fp32 {artifact} against eager torch", ["max abs error / output range", "tolerance"],
+                     [[f"{worst:.2e}", f"{tolerance:g}"]])
+
+
+def add_mobile_latency(report: Report, latency: Mapping[str, Any], *, threads: int, runs: int) -> None:
+    """Latency of the artifact on its runtime, eager torch and ORT float, timed in interleaved rounds."""
+    report.add("latency", {k: dataclasses.asdict(v) for k, v in latency.items()})
+    eager_ms = latency["eager torch fp32"].median_ms
+    report.add_table(f"Latency ({threads} thread(s), {runs} runs each, interleaved; this machine's CPU)",
+                     ["runtime", "median ms", "p90 ms", "vs eager torch"],
+                     [[name, f"{r.median_ms:.2f}", f"{r.p90_ms:.2f}", f"{eager_ms / r.median_ms:.2f}x"]
+                      for name, r in latency.items()])
