@@ -77,8 +77,12 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_every_cli_verb_is_in_the_verb_table() -> None:
+def test_every_cli_verb_is_in_the_verb_table_and_the_python_api() -> None:
+    from npukit import api
+
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
-    assert set(sub.choices) == set(cli.VERBS)
+    assert list(sub.choices) == list(cli.VERBS)
+    missing = [v for v in cli.VERBS if v != "demo" and not callable(getattr(api, v.replace("-", "_"), None))]
+    assert not missing, f"verbs without a function in npukit.api: {missing}"
 

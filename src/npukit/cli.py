@@ -6,11 +6,24 @@ Exit codes: 0 success, 1 a numeric check failed (the message says which and what
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from npukit import __version__
+
+
+@dataclasses.dataclass(frozen=True)
+class Verb:
+    """One sub-command: the function that maps its parsed arguments onto the Python API (npukit.api), the one that
+    adds its arguments to its parser, and its help line and description."""
+
+    run: Callable[[Any, argparse.Namespace], Any]
+    arguments: Callable[[argparse.ArgumentParser], None]
+    help: str
+    description: str | None = None
 
 
 def _add_html(p: argparse.ArgumentParser) -> None:
@@ -85,18 +98,15 @@ def build_parser() -> argparse.ArgumentParser:
     verb_options = argparse.ArgumentParser(add_help=False)
     verb_options.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                               help="show full tracebacks")
+    for name, verb in VERBS.items():
+        kwargs = {"help": verb.help} | ({"description": verb.description} if verb.description else {})
+        verb.arguments(sub.add_parser(name, parents=[verb_options], **kwargs))
+    return parser
 
-    def verb(name: str, **kwargs) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[verb_options], **kwargs)
 
-    p = verb("export", help="PyTorch (torchvision:NAME, module:factory, TorchScript, pickled module, .pt2) "
-                                      "or ONNX -> verified ONNX",
-                       description="Export a model to a single-file ONNX model, verified against torch on seeded "
-                                   "inputs. MODEL: torchvision:NAME | package.module:factory (found in the current "
-                                   "folder too; arguments as 'pkg.mod:factory(num_classes=5, width=0.5)', literal "
-                                   "values only) | a model file, told by its content: TorchScript (torch.jit.save), "
-                                   "a pickled nn.Module (torch.save(model); loading it runs code from the file), a "
-                                   "torch.export .pt2, an .onnx. A state dict is not a model: give it with --weights.")
+# ------------------------------------------------------------------------------------------ each verb's arguments
+
+def _export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL")
     p.add_argument("-o", "--output", required=True, help="output .onnx path")
     p.add_argument("--weights", help="state dict file (torch.save(model.state_dict()), also nested under "
@@ -110,8 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rtol", type=float, default=1e-4, help="max error relative to the output range (default 1e-4)")
     _add_html(p)
 
-    p = verb("optimize-graph", help="constant folding, dead code, BatchNorm folding, fusions; verified",
-                       description="Run npukit's graph passes and verify the result against the original.")
+
+def _optimize_graph_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("-o", "--output", required=True, help="output .onnx path")
     p.add_argument("--skip-pass", action="append", default=[], metavar="NAME", help="leave a pass out (repeatable)")
@@ -123,16 +133,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "stem) so the predicted peak activation memory fits BYTES")
     _add_html(p)
 
-    p = verb("inspect", help="ops by type, parameters, MACs per layer, tensor sizes")
+
+def _inspect_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.onnx")
     _add_shape(p, "input shape when the model's is symbolic")
     p.add_argument("--top", type=int, default=15, help="layers to list by MACs (default 15)")
     p.add_argument("--json", metavar="PATH", help="also write the summary as a JSON report")
 
-    p = verb("quantize", help="INT8 post-training quantization (QDQ) with calibration, CLE, bias correction",
-                       description="Quantize to a QDQ model that ONNX Runtime runs with integer kernels; the report "
-                                   "shows per-layer SQNR, size, latency and (with --data) agreement with the float "
-                                   "model.")
+
+def _quantize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("--calib", required=True, help="calibration data: image folder, .npy or .npz")
     p.add_argument("-o", "--output", required=True, help="output .onnx path")
@@ -176,9 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
                   "symbolic; the calibration data must have them)")
     p.add_argument("--gemm-convs", choices=("auto", "on", "off"), default="auto",
                    help="time each int8 conv on ORT's two int8 conv kernels and move those faster on its general "
-                        "GEMM (AMX where the CPU has it) there; exact where both kernels accumulate in 32 bits, refused "
-                        "(exit 2) where they were measured saturating (see npukit devices); auto: on for x86 CPUs "
-                        "with VNNI or AMX")
+                        "GEMM (AMX where the CPU has it) there; exact where both kernels accumulate in 32 bits, "
+                        "refused (exit 2) where they were measured saturating (see npukit devices); auto: on for x86 "
+                        "CPUs with VNNI or AMX")
     p.add_argument("--no-pair-channels", action="store_true",
                    help="keep the channel order (by default, per-channel weights on the reduce-range grid without "
                         "bias correction get channels reordered so each large weight shares its kernel pair with a "
@@ -190,10 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=int, default=30, help="timed runs per model (default 30)")
     _add_html(p)
 
-    p = verb("analyze", help="which nodes each target (NPU) takes, why not, and the CPU fallbacks",
-                       description="Before any lowering: per node supported or not and why, the partition into "
-                                   "delegated subgraphs, CPU<->NPU transitions, share of MACs delegated, and the "
-                                   "substitution that would fix each unsupported node.")
+
+def _analyze_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("--target", action="append", required=True, metavar="T",
                    help="cpu, qnn-htp[@SOC], nnapi[@LEVEL], coreml, xnnpack, litert (repeatable)")
@@ -203,10 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
     _add_html(p)
 
-    p = verb("plan-memory", help="tensor lifetimes, buffer reuse plans, peak memory, timeline",
-                       description="Plan activation memory on the graph as the target executes it (fused "
-                                   "activations, in-place ops, quantized activation dtypes); every plan is checked "
-                                   "so that no two live tensors share bytes.")
+
+def _plan_memory_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("--target", default="cpu", help="execution view: cpu, cpu-int8, qnn-htp, unfused (default cpu)")
     _add_shape(p, "input shape to resolve symbolic dimensions")
@@ -217,12 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
     _add_html(p)
 
-    p = verb("devices", help="probe execution providers, NPU backends, CPU int8 features, memory")
+
+def _devices_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
 
-    p = verb("bench", help="latency on ORT CPU, size, and agreement/accuracy on data",
-                       description="Measure latency (warm-up, then median/p90), size and, with --data, agreement "
-                                   "with a reference model and accuracy against labels.")
+
+def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("--data", help="image folder (class subfolders give labels), image, .npy or .npz")
     p.add_argument("--reference", metavar="REF.onnx", help="the model to compare against (e.g. the FP32 export)")
@@ -243,13 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
     _add_html(p)
 
-    p = verb("compile", help="model -> deployable artifact: an EPContext model for a Snapdragon HTP, an "
-                             "ExecuTorch .pte or a LiteRT .tflite",
-                       description="--target qnn-htp: fix static shapes, quantize as the HTP needs (unless given a "
-                                   "QDQ model), and compile an EPContext model holding the HTP context binary for "
-                                   "--soc. --target executorch-xnnpack / litert: lower a PyTorch model to an "
-                                   "ExecuTorch .pte / a LiteRT .tflite run by the XNNPACK delegate, fp32, or INT8 "
-                                   "from npukit's plan with --calib. The result is loaded back, run and checked.")
+
+def _compile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="an .onnx file (qnn-htp), or a PyTorch model (torchvision:NAME, "
                                                   "module:factory, .pt2, TorchScript .pt)")
     p.add_argument("-o", "--output", required=True, help="output path: .onnx (EPContext model), .pte or .tflite")
@@ -270,11 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shape(p, "static input shape, e.g. 1,3,224,224")
     _add_html(p)
 
-    p = verb("serve-bench", help="serve a model with npukit's runtime against a plain loop, under load",
-             description="Replay closed-loop (N clients) and open-loop (Poisson arrivals) load in-process against a "
-                         "plain one-session loop and against npukit.runtime.engine.Runtime (bound buffers, worker "
-                         "threads, dynamic batching on a symbolic batch axis): start-up, jitter, allocations per "
-                         "call, throughput against workers, latency percentiles and batch sizes formed.")
+
+def _serve_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("--data", help="requests from this image folder, .npy or .npz (default: seeded random inputs)")
     p.add_argument("--device", default="cpu", help="auto | cpu | qnn-htp[@SOC] (default cpu)")
@@ -287,15 +284,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
     _add_html(p)
 
+
+def _optimize_arguments(p: argparse.ArgumentParser) -> None:
     from npukit import tasks
 
-    p = verb("optimize", help="search quantization recipes under an accuracy budget; write the best artifact",
-             description="A multi-objective search (Optuna) over npukit's quantization recipes on the target: each "
-                         "trial builds a recipe and measures its task metric against the float model on held-out "
-                         "data, its latency (ratio to the float model, timed in the same rounds), size, predicted "
-                         "peak memory and estimated energy. Writes the artifact best on --prefer among the trials "
-                         "within --budget, with the Pareto front and every trial in the report. The study is kept in "
-                         "<output>.optimize.db: the same command again continues it.")
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("-o", "--output", required=True, help="the chosen artifact (.onnx)")
     p.add_argument("--data", required=True,
@@ -326,13 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shape(p, "static input shape, e.g. 1,3,224,224")
     _add_html(p)
 
-    p = verb("qat", help="quantization-aware training (distillation from the float model) to 8- or 4-bit weights",
-             description="Post-training quantization on this CPU's scheme, then quantization-aware training of the "
-                         "QDQ model's grids in torch by distillation from the float model (labels used where the "
-                         "data has them), written back as a QDQ model that computes what training simulated "
-                         "(checked), and held to the task check on held-out data beside the PTQ model of the same "
-                         "bits. <output>.qat.pt keeps the last finished epoch: the same command again continues an "
-                         "interrupted run. Under torchrun the processes share every batch (DDP, gloo).")
+
+def _qat_arguments(p: argparse.ArgumentParser) -> None:
     _add_training_data(p, output="output .onnx path")
     p.add_argument("--calib", help="calibration samples for the PTQ start (default: 64 training samples spread evenly)")
     p.add_argument("--bits", choices=("w8a8", "w4a8"), default="w8a8",
@@ -349,13 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exclude", nargs="+", default=[], metavar="NODE", help="nodes to keep in float")
     _add_training_run(p)
 
-    p = verb("prune", help="structured channel pruning and/or magnitude sparsity, fine-tuned by distillation",
-             description="Prune a float model, then fine-tune it by distillation from the unpruned model (labels "
-                         "used where the data has them) and hold it to the task check on held-out data. --macs "
-                         "removes whole channels of the convs whose channels stand alone (a smaller, faster dense "
-                         "model); --sparsity raises that share of the weights to zero by magnitude while "
-                         "fine-tuning (npukit qat --bits w4a8 of the result keeps the zeros). <output>.prune.pt "
-                         "keeps the last finished epoch: the same command again continues an interrupted run.")
+
+def _prune_arguments(p: argparse.ArgumentParser) -> None:
     _add_training_data(p, output="output .onnx path (float)")
     p.add_argument("--macs", type=float, metavar="FRACTION",
                    help="structured: prune channels until the MACs are this fraction of today's (e.g. 0.7)")
@@ -366,13 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
                   lr="Adam learning rate (default 1e-4, cosine-decayed)")
     _add_training_run(p)
 
-    p = verb("substitute", help="replace ops by inexact substitutes (HardSwish -> ReLU6, ...), fine-tuned back",
-             description="Replace every node of an op by a substitute that computes a different function (for a "
-                         "target without the op, or a faster int8 kernel: ReLU6 fuses into the conv before it), "
-                         "then fine-tune the result by distillation from the original model (labels used where the "
-                         "data has them) and hold it to the task check on held-out data. The report shows the "
-                         "substituted model before and after fine-tuning. <output>.substitute.pt keeps the last "
-                         "finished epoch: the same command again continues an interrupted run.")
+
+def _substitute_arguments(p: argparse.ArgumentParser) -> None:
     _add_training_data(p, output="output .onnx path (float)")
     p.add_argument("--rule", action="append", required=True, metavar="NAME",
                    help="a substitution: hardswish_to_relu6, groupnorm_to_instancenorm, or any exact fix of "
@@ -381,12 +358,14 @@ def build_parser() -> argparse.ArgumentParser:
                   lr="Adam learning rate (default 1e-4, cosine-decayed)")
     _add_training_run(p)
 
-    p = verb("demo", help="the whole pipeline on MobileNetV2 (official weights) and real photos, offline")
+
+def _demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output-dir", default="npukit_out", help="where artifacts and reports go")
     p.add_argument("--threads", type=int, default=1, help="ORT intra-op threads for timing (default 1)")
     p.add_argument("--runs", type=int, default=50, help="timed runs per model (default 50)")
     p.add_argument("--no-html", action="store_true", help="skip the HTML report")
-    return parser
+
+
 
 
 def _floats(text: str, what: str) -> tuple[float, ...]:
@@ -553,11 +532,104 @@ def _serve_bench(api, args):
                            html=args.html)
 
 
-# verb -> the function that maps its parsed arguments onto the Python API (npukit.api)
-VERBS = {"export": _export, "optimize-graph": _optimize_graph, "inspect": _inspect, "quantize": _quantize,
-         "analyze": _analyze, "plan-memory": _plan_memory, "devices": _devices, "bench": _bench,
-         "compile": _compile, "serve-bench": _serve_bench, "optimize": _optimize, "qat": _qat, "prune": _prune,
-         "substitute": _substitute, "demo": _demo}
+# The verbs in the order ``npukit -h`` lists them.
+VERBS: dict[str, Verb] = {
+    "export": Verb(
+        _export, _export_arguments,
+        help="PyTorch (torchvision:NAME, module:factory, TorchScript, pickled module, .pt2) or ONNX -> verified ONNX",
+        description="Export a model to a single-file ONNX model, verified against torch on seeded inputs. MODEL: "
+                    "torchvision:NAME | package.module:factory (found in the current folder too; arguments as "
+                    "'pkg.mod:factory(num_classes=5, width=0.5)', literal values only) | a model file, told by its "
+                    "content: TorchScript (torch.jit.save), a pickled nn.Module (torch.save(model); loading it runs "
+                    "code from the file), a torch.export .pt2, an .onnx. A state dict is not a model: give it with "
+                    "--weights."),
+    "optimize-graph": Verb(
+        _optimize_graph, _optimize_graph_arguments,
+        help="constant folding, dead code, BatchNorm folding, fusions; verified",
+        description="Run npukit's graph passes and verify the result against the original."),
+    "inspect": Verb(
+        _inspect, _inspect_arguments,
+        help="ops by type, parameters, MACs per layer, tensor sizes"),
+    "quantize": Verb(
+        _quantize, _quantize_arguments,
+        help="INT8 post-training quantization (QDQ) with calibration, CLE, bias correction",
+        description="Quantize to a QDQ model that ONNX Runtime runs with integer kernels; the report shows per-layer "
+                    "SQNR, size, latency and (with --data) agreement with the float model."),
+    "analyze": Verb(
+        _analyze, _analyze_arguments,
+        help="which nodes each target (NPU) takes, why not, and the CPU fallbacks",
+        description="Before any lowering: per node supported or not and why, the partition into delegated subgraphs, "
+                    "CPU<->NPU transitions, share of MACs delegated, and the substitution that would fix each "
+                    "unsupported node."),
+    "plan-memory": Verb(
+        _plan_memory, _plan_memory_arguments,
+        help="tensor lifetimes, buffer reuse plans, peak memory, timeline",
+        description="Plan activation memory on the graph as the target executes it (fused activations, in-place ops, "
+                    "quantized activation dtypes); every plan is checked so that no two live tensors share bytes."),
+    "devices": Verb(
+        _devices, _devices_arguments,
+        help="probe execution providers, NPU backends, CPU int8 features, memory"),
+    "bench": Verb(
+        _bench, _bench_arguments,
+        help="latency on ORT CPU, size, and agreement/accuracy on data",
+        description="Measure latency (warm-up, then median/p90), size and, with --data, agreement with a reference "
+                    "model and accuracy against labels."),
+    "compile": Verb(
+        _compile, _compile_arguments,
+        help="model -> deployable artifact: an EPContext model for a Snapdragon HTP, an ExecuTorch .pte or a LiteRT "
+             ".tflite",
+        description="--target qnn-htp: fix static shapes, quantize as the HTP needs (unless given a QDQ model), and "
+                    "compile an EPContext model holding the HTP context binary for --soc. --target executorch-xnnpack "
+                    "/ litert: lower a PyTorch model to an ExecuTorch .pte / a LiteRT .tflite run by the XNNPACK "
+                    "delegate, fp32, or INT8 from npukit's plan with --calib. The result is loaded back, run and "
+                    "checked."),
+    "serve-bench": Verb(
+        _serve_bench, _serve_bench_arguments,
+        help="serve a model with npukit's runtime against a plain loop, under load",
+        description="Replay closed-loop (N clients) and open-loop (Poisson arrivals) load in-process against a plain "
+                    "one-session loop and against npukit.runtime.engine.Runtime (bound buffers, worker threads, "
+                    "dynamic batching on a symbolic batch axis): start-up, jitter, allocations per call, throughput "
+                    "against workers, latency percentiles and batch sizes formed."),
+    "optimize": Verb(
+        _optimize, _optimize_arguments,
+        help="search quantization recipes under an accuracy budget; write the best artifact",
+        description="A multi-objective search (Optuna) over npukit's quantization recipes on the target: each trial "
+                    "builds a recipe and measures its task metric against the float model on held-out data, its "
+                    "latency (ratio to the float model, timed in the same rounds), size, predicted peak memory and "
+                    "estimated energy. Writes the artifact best on --prefer among the trials within --budget, with "
+                    "the Pareto front and every trial in the report. The study is kept in <output>.optimize.db: the "
+                    "same command again continues it."),
+    "qat": Verb(
+        _qat, _qat_arguments,
+        help="quantization-aware training (distillation from the float model) to 8- or 4-bit weights",
+        description="Post-training quantization on this CPU's scheme, then quantization-aware training of the QDQ "
+                    "model's grids in torch by distillation from the float model (labels used where the data has "
+                    "them), written back as a QDQ model that computes what training simulated (checked), and held to "
+                    "the task check on held-out data beside the PTQ model of the same bits. <output>.qat.pt keeps the "
+                    "last finished epoch: the same command again continues an interrupted run. Under torchrun the "
+                    "processes share every batch (DDP, gloo)."),
+    "prune": Verb(
+        _prune, _prune_arguments,
+        help="structured channel pruning and/or magnitude sparsity, fine-tuned by distillation",
+        description="Prune a float model, then fine-tune it by distillation from the unpruned model (labels used "
+                    "where the data has them) and hold it to the task check on held-out data. --macs removes whole "
+                    "channels of the convs whose channels stand alone (a smaller, faster dense model); --sparsity "
+                    "raises that share of the weights to zero by magnitude while fine-tuning (npukit qat --bits w4a8 "
+                    "of the result keeps the zeros). <output>.prune.pt keeps the last finished epoch: the same "
+                    "command again continues an interrupted run."),
+    "substitute": Verb(
+        _substitute, _substitute_arguments,
+        help="replace ops by inexact substitutes (HardSwish -> ReLU6, ...), fine-tuned back",
+        description="Replace every node of an op by a substitute that computes a different function (for a target "
+                    "without the op, or a faster int8 kernel: ReLU6 fuses into the conv before it), then fine-tune "
+                    "the result by distillation from the original model (labels used where the data has them) and "
+                    "hold it to the task check on held-out data. The report shows the substituted model before and "
+                    "after fine-tuning. <output>.substitute.pt keeps the last finished epoch: the same command again "
+                    "continues an interrupted run."),
+    "demo": Verb(
+        _demo, _demo_arguments,
+        help="the whole pipeline on MobileNetV2 (official weights) and real photos, offline"),
+}
 
 
 def _resumable(args: argparse.Namespace) -> str:
@@ -579,7 +651,7 @@ def run(args: argparse.Namespace) -> int:
     from npukit import api
     from npukit.report.terminal import print_report
 
-    out = VERBS[args.verb](api, args)
+    out = VERBS[args.verb].run(api, args)
     print_report(out.report, console=Console(width=None if sys.stdout.isatty() else 140))
     return 0 if out.report.passed else 1  # exit 0 means the artifact passed its checks
 
