@@ -525,26 +525,71 @@ def analyze(
     input_shape: tuple[int, ...] | None = None,
 ) -> Analysis:
     """Check every node of ``model`` against ``target`` and partition the graph (see the module docstring)."""
-    inferred = _infer(model, input_shape)
     notes: list[str] = []
-    removed: tuple[str, ...] = ()
-    if target.graph_optimizations == "ort-basic":
-        try:
-            inferred, removed = _ort_basic(inferred, target)
-        except InputError as exc:
-            notes.append(f"analysed as given: ONNX Runtime's basic graph optimizations failed ({exc.message})")
-        else:
-            if removed:
-                notes.append(f"ONNX Runtime's basic graph optimizations remove {len(removed)} nodes before "
-                             f"{target.display_name} partitions the model (constant folding, fusions)")
+    inferred, removed = _as_the_runtime_sees_it(model, target, input_shape, notes)
     graph = inferred.graph
     infos = tensor_infos(graph)
+    symbolic, needs_quant = _model_notes(graph, infos, target, notes)
+    as_quantized = target.quantization.activations[0] if needs_quant else None
+    fused = _fusion_groups(graph, target.fusions)
+    units, owner = _node_units(graph, [members for _, members, _ in fused], qdq=target.qdq_units)
+    reasons = _unit_reasons(graph, target, infos, units, fused, as_quantized)
+    groups = _delegated_groups(graph, target, units, owner, reasons)
+    hazard_at = _hazards(inferred, target, infos, notes)
+    cancelled = _layout_cancelled(graph, infos, target)
+    removed = (*removed, *(graph.node[i].name for i in sorted(cancelled) if graph.node[i].name))
+    if cancelled:
+        notes.append(f"the {target.layout} layout transform cancels {len(cancelled)} Transpose/Q/DQ nodes")
+    node_macs = [row.macs for row in summarize(inferred).layers]
+    partitions, node_partition = _partitions(graph, groups, units, cancelled, node_macs)
+    verdicts = []
+    for i, node in enumerate(graph.node):
+        if node.op_type == "Constant" or i in cancelled:
+            continue
+        unit_reasons = tuple(reasons[owner[i]])
+        fix = _fix(node, unit_reasons, target) if unit_reasons else None
+        warnings: tuple[str, ...] = ()
+        if i in hazard_at and i in node_partition:
+            warnings = (hazard_at[i][0],)
+            fix = fix or hazard_at[i][1]
+        verdicts.append(NodeVerdict(
+            index=i, name=node.name or f"{node.op_type}_{i}", op_type=node.op_type,
+            supported=i in node_partition, reasons=unit_reasons, fix=fix, partition=node_partition.get(i),
+            macs=node_macs[i], warnings=warnings))
+    return Analysis(
+        target=target.name, display_name=target.display_name, nodes=tuple(verdicts), partitions=tuple(partitions),
+        transitions=_transitions(graph, node_partition, cancelled), macs_total=sum(m or 0 for m in node_macs),
+        macs_delegated=sum(p.macs for p in partitions), needs_quantization=needs_quant,
+        symbolic_inputs=symbolic, notes=tuple(notes), removed=removed,
+    )
+
+
+def _as_the_runtime_sees_it(model: onnx.ModelProto, target: TargetProfile, input_shape: tuple[int, ...] | None,
+                            notes: list[str]) -> tuple[onnx.ModelProto, tuple[str, ...]]:
+    """The model with shapes inferred (``input_shape`` fixed in), after ONNX Runtime's basic graph optimizations
+    where the target's runtime applies them first; and the nodes those removed."""
+    inferred = _infer(model, input_shape)
+    if target.graph_optimizations != "ort-basic":
+        return inferred, ()
+    try:
+        optimized, removed = _ort_basic(inferred, target)
+    except InputError as exc:
+        notes.append(f"analysed as given: ONNX Runtime's basic graph optimizations failed ({exc.message})")
+        return inferred, ()
+    if removed:
+        notes.append(f"ONNX Runtime's basic graph optimizations remove {len(removed)} nodes before "
+                     f"{target.display_name} partitions the model (constant folding, fusions)")
+    return optimized, removed
+
+
+def _model_notes(graph: onnx.GraphProto, infos: dict[str, TensorInfo], target: TargetProfile,
+                 notes: list[str]) -> tuple[tuple[str, ...], bool]:
+    """The inputs with symbolic dimensions, and whether the target needs the float model quantized first; each
+    said in ``notes`` where it matters to the target."""
     initializers = {t.name for t in graph.initializer}
     symbolic = tuple(i.name for i in graph.input if i.name not in initializers
                      and not infos.get(i.name, TensorInfo(None, None)).static)
-    float_model = _is_float_model(graph)
-    needs_quant = float_model and not target.quantization.accepts_float
-    as_quantized = target.quantization.activations[0] if needs_quant else None
+    needs_quant = _is_float_model(graph) and not target.quantization.accepts_float
     if needs_quant:
         notes.append(f"{target.display_name} does not run float models: quantize first "
                      f"({target.quantization.float_note or target.quantization.weights}); "
@@ -552,10 +597,15 @@ def analyze(
     if symbolic and target.requires_static_shapes:
         notes.append(f"{target.display_name} needs static shapes; inputs {', '.join(symbolic)} have symbolic dims: "
                      "pass --input-shape")
+    return symbolic, needs_quant
 
-    fused = _fusion_groups(graph, target.fusions)
+
+def _unit_reasons(graph: onnx.GraphProto, target: TargetProfile, infos: dict[str, TensorInfo],
+                  units: list[list[int]], fused: list[tuple[Fusion, list[int], str]],
+                  as_quantized: str | None) -> list[list[str]]:
+    """Per unit (``_node_units``; the first ``len(fused)`` are fusions checked as the op they fuse into), why the
+    target does not take it; an empty list where it does."""
     constant_dqs = _constant_dqs(graph)
-    units, owner = _node_units(graph, [members for _, members, _ in fused], qdq=target.qdq_units)
     graph_inputs = {i.name for i in graph.input}
     graph_outputs = {o.name for o in graph.output}
     reasons: list[list[str]] = []
@@ -592,19 +642,30 @@ def analyze(
                   and not _from_layout_op(graph, unit[0], target.layout_ops)):
                 why.append("DequantizeLinear: dequantizing a graph output is left to the CPU")
         reasons.append(why)
-    supported = [not r for r in reasons]
-    groups = _group(graph, units, owner, supported)
-    if target.drops_lone_qdq_partitions:
-        kept = []
-        for g in groups:
-            members = [m for u in g for m in units[u]]
-            if len(members) == 1 and graph.node[members[0]].op_type in _QDQ:
-                reasons[g[0]].append(f"{graph.node[members[0]].op_type}: a partition of a single Q/DQ node "
-                                     "stays on the CPU")
-                continue
-            kept.append(g)
-        groups = kept
+    return reasons
 
+
+def _delegated_groups(graph: onnx.GraphProto, target: TargetProfile, units: list[list[int]], owner: dict[int, int],
+                      reasons: list[list[str]]) -> list[list[int]]:
+    """The partitions the runtime forms of the supported units (``_group``), less those of a lone Q/DQ node where
+    the target leaves them to the CPU (the reason added to ``reasons``)."""
+    groups = _group(graph, units, owner, [not r for r in reasons])
+    if not target.drops_lone_qdq_partitions:
+        return groups
+    kept = []
+    for g in groups:
+        members = [m for u in g for m in units[u]]
+        if len(members) == 1 and graph.node[members[0]].op_type in _QDQ:
+            reasons[g[0]].append(f"{graph.node[members[0]].op_type}: a partition of a single Q/DQ node "
+                                 "stays on the CPU")
+            continue
+        kept.append(g)
+    return kept
+
+
+def _hazards(inferred: onnx.ModelProto, target: TargetProfile, infos: dict[str, TensorInfo],
+             notes: list[str]) -> dict[int, tuple[str, str | None]]:
+    """Node index -> (why the target computes it wrongly, the fix) for the profile's hazards; a note when any."""
     from npukit.targets.hazards import find_hazards
 
     hazard_at: dict[int, tuple[str, str | None]] = {}
@@ -617,14 +678,13 @@ def analyze(
                      f"({', '.join(sorted({m.hazard.name for m in hazards}))}): see the nodes' warnings; "
                      + ("--fix and compile rewrite them" if any(m.quantized for m in hazards) else
                         "they appear once the model is quantized, and npukit compile rewrites them then"))
+    return hazard_at
 
-    cancelled = _layout_cancelled(graph, infos, target)
-    removed = (*removed, *(graph.node[i].name for i in sorted(cancelled) if graph.node[i].name))
-    if cancelled:
-        notes.append(f"the {target.layout} layout transform cancels {len(cancelled)} Transpose/Q/DQ nodes")
 
-    summary = summarize(inferred)
-    node_macs = [row.macs for row in summary.layers]
+def _partitions(graph: onnx.GraphProto, groups: list[list[int]], units: list[list[int]], cancelled: set[int],
+                node_macs: list[int | None]) -> tuple[list[Partition], dict[int, int]]:
+    """The partitions (their nodes, ops and MACs, less the nodes the layout transform cancels), and node index ->
+    partition index."""
     node_partition: dict[int, int] = {}
     partitions: list[Partition] = []
     for p, g in enumerate(groups):
@@ -635,44 +695,31 @@ def analyze(
             index=p, nodes=tuple(graph.node[m].name or f"{graph.node[m].op_type}_{m}" for m in members),
             ops=dict(collections.Counter(graph.node[m].op_type for m in members).most_common()),
             macs=sum(node_macs[m] or 0 for m in members)))
+    return partitions, node_partition
 
-    verdicts = []
-    for i, node in enumerate(graph.node):
-        if node.op_type == "Constant" or i in cancelled:
-            continue
-        unit_reasons = tuple(reasons[owner[i]])
-        fix = None
-        if unit_reasons:
-            lacks = target.rule_for(node.op_type, node.domain) is None
-            rule = fix_for(node.op_type, target) if lacks else None
-            inexact = fix_for(node.op_type, target, exact=False) if lacks and rule is None else None
-            if rule is not None:
-                fix = rule.name
-            elif inexact is not None:  # no exact form the target takes: name the one that changes the function
-                fix = f"{inexact.name} (inexact: npukit substitute --rule {inexact.name} recovers by fine-tuning)"
-            elif any("static shapes" in r for r in unit_reasons) and "fix_input_shape" in target.substitutions:
-                fix = "fix_input_shape"
-        warnings: tuple[str, ...] = ()
-        if i in hazard_at and i in node_partition:
-            warnings = (hazard_at[i][0],)
-            fix = fix or hazard_at[i][1]
-        verdicts.append(NodeVerdict(
-            index=i, name=node.name or f"{node.op_type}_{i}", op_type=node.op_type,
-            supported=i in node_partition, reasons=unit_reasons, fix=fix, partition=node_partition.get(i),
-            macs=node_macs[i], warnings=warnings))
 
+def _fix(node: onnx.NodeProto, reasons: tuple[str, ...], target: TargetProfile) -> str | None:
+    """The substitution that would let the target take ``node`` (refused for ``reasons``): an exact rule of
+    ``targets.fix``, else an inexact one (said so), else fixing the input shape; None when there is none."""
+    lacks = target.rule_for(node.op_type, node.domain) is None
+    rule = fix_for(node.op_type, target) if lacks else None
+    inexact = fix_for(node.op_type, target, exact=False) if lacks and rule is None else None
+    if rule is not None:
+        return rule.name
+    if inexact is not None:  # no exact form the target takes: name the one that changes the function
+        return f"{inexact.name} (inexact: npukit substitute --rule {inexact.name} recovers by fine-tuning)"
+    if any("static shapes" in r for r in reasons) and "fix_input_shape" in target.substitutions:
+        return "fix_input_shape"
+    return None
+
+
+def _transitions(graph: onnx.GraphProto, node_partition: dict[int, int], cancelled: set[int]) -> int:
+    """Graph edges whose two ends run in different places (the CPU or different partitions)."""
     place = {i: node_partition.get(i, -1) for i in range(len(graph.node))}
     producer = {out: i for i, n in enumerate(graph.node) for out in n.output if out}
-    transitions = sum(1 for i, n in enumerate(graph.node) for x in n.input
-                      if x in producer and place[producer[x]] != place[i] and i not in cancelled
-                      and producer[x] not in cancelled and graph.node[producer[x]].op_type != "Constant")
-    macs_total = sum(m or 0 for m in node_macs)
-    return Analysis(
-        target=target.name, display_name=target.display_name, nodes=tuple(verdicts), partitions=tuple(partitions),
-        transitions=transitions, macs_total=macs_total,
-        macs_delegated=sum(p.macs for p in partitions), needs_quantization=needs_quant,
-        symbolic_inputs=symbolic, notes=tuple(notes), removed=removed,
-    )
+    return sum(1 for i, n in enumerate(graph.node) for x in n.input
+               if x in producer and place[producer[x]] != place[i] and i not in cancelled
+               and producer[x] not in cancelled and graph.node[producer[x]].op_type != "Constant")
 
 
 def _cell(verdicts: list[NodeVerdict], needs_quant: bool) -> str:
