@@ -66,12 +66,13 @@ def test_hardsigmoid_mul_fuses_only_with_the_hardswish_constants():
                  helper.make_node("Mul", ["x", "s"], ["y"], name="mul")]
         return make(nodes, [vi("x", [1, 8])], [vi("y", None)])
 
+    from npukit.targets.graph_match import GraphIndex
     from npukit.targets.partition import _fusion_groups
     from npukit.targets.qnn_htp import FUSIONS
 
-    fused = _fusion_groups(model(1 / 6).graph, FUSIONS)
+    fused = _fusion_groups(GraphIndex(model(1 / 6).graph), FUSIONS)
     assert [(f.into, members, root) for f, members, root in fused] == [("HardSwish", [0, 1], "x")]
-    assert _fusion_groups(model(0.2).graph, FUSIONS) == []
+    assert _fusion_groups(GraphIndex(model(0.2).graph), FUSIONS) == []
 
 
 def test_model_ort_cannot_load_is_analysed_as_given_with_a_note():

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from npukit.targets.graph_match import step_matches, tensor_infos
+from npukit.targets.graph_match import GraphIndex, step_matches, tensor_infos
 from npukit.targets.profile import Hazard, HazardSite, PatternStep, TargetProfile, TensorInfo
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
@@ -62,37 +62,31 @@ class HazardMatch:
 
 
 class _View:
-    """A graph read through activation Q/DQ pairs: every tensor maps to its float source."""
+    """A graph (its ``GraphIndex``) read through activation Q/DQ pairs: every tensor maps to its float source."""
 
-    def __init__(self, graph: onnx.GraphProto) -> None:
-        self.graph = graph
-        self.producer = {o: n for n in graph.node for o in n.output if o}
-        self.consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
-        for n in graph.node:
-            for x in n.input:
-                if x:
-                    self.consumers[x].append(n)
-        self.constants = {t.name for t in graph.initializer} | {
-            o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    def __init__(self, index: GraphIndex) -> None:
+        self.index = index
+        self.graph = index.graph
+        self.constants = index.constants
 
     def source(self, name: str) -> str:
         """``name`` with DQ(Q(.)) pairs peeled off."""
         while True:
-            dq = self.producer.get(name)
+            dq = self.index.producer_node(name)
             if dq is None or dq.op_type != "DequantizeLinear":
                 return name
-            q = self.producer.get(dq.input[0])
+            q = self.index.producer_node(dq.input[0])
             if q is None or q.op_type != "QuantizeLinear":
                 return name
             name = q.input[0]
 
     def op_producer(self, name: str) -> onnx.NodeProto | None:
-        node = self.producer.get(self.source(name))
+        node = self.index.producer_node(self.source(name))
         return None if node is None or node.op_type in _QDQ or node.op_type == "Constant" else node
 
     def quantized_dtype(self, name: str) -> str | None:
         """The dtype ``name`` (a float source) is quantized to, from the zero point of a Q reading it."""
-        for q in self.consumers.get(name, []):
+        for q in self.index.consumer_nodes(name):
             if q.op_type != "QuantizeLinear":
                 continue
             if len(q.input) > 2 and q.input[2]:
@@ -106,7 +100,7 @@ class _View:
         source = self.source(name)
         if source in self.constants:
             return True
-        dq = self.producer.get(source)
+        dq = self.index.producer_node(source)
         return dq is not None and dq.op_type == "DequantizeLinear" and dq.input[0] in self.constants
 
 
@@ -120,11 +114,11 @@ def _match(view: _View, pattern: tuple[PatternStep, ...], first: onnx.NodeProto,
             near = [root, *(o for m in members for o in m.output)]
             reach: list[onnx.NodeProto] = []
             for name in near:  # consumers of the value, and of its Q/DQ copies
-                for c in view.consumers.get(name, []):
+                for c in view.index.consumer_nodes(name):
                     if c.op_type == "QuantizeLinear":
-                        for dq in view.consumers.get(c.output[0], []):
+                        for dq in view.index.consumer_nodes(c.output[0]):
                             if dq.op_type == "DequantizeLinear":
-                                reach.extend(view.consumers.get(dq.output[0], []))
+                                reach.extend(view.index.consumer_nodes(dq.output[0]))
                     else:
                         reach.append(c)
             candidates = list({id(c): c for c in reach}.values())
@@ -150,20 +144,21 @@ def _producer(view: _View, root: str, transparent: tuple[str, ...]) -> str | Non
     return None if node is None else node.op_type
 
 
-def find_hazards(model: onnx.ModelProto, target: TargetProfile, *,
-                 infos: dict[str, TensorInfo] | None = None) -> list[HazardMatch]:
-    """Every place one of ``target``'s hazards hits in ``model`` (shapes from ``infos`` or ONNX shape inference)."""
+def find_hazards(model: onnx.ModelProto, target: TargetProfile, *, infos: dict[str, TensorInfo] | None = None,
+                 index: GraphIndex | None = None) -> list[HazardMatch]:
+    """Every place one of ``target``'s hazards hits in ``model`` (shapes from ``infos`` or ONNX shape inference;
+    ``index``: the graph's, when the caller has it)."""
     if not target.hazards:
         return []
     if infos is None:
 
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
         infos = tensor_infos(inferred.graph)
-    view = _View(model.graph)
-    position = {id(n): i for i, n in enumerate(model.graph.node)}
+    view = _View(index or GraphIndex(model.graph))
+    position = {id(n): i for i, n in enumerate(view.index.nodes)}
     found: list[HazardMatch] = []
     taken: set[int] = set()
-    for node in model.graph.node:
+    for node in view.index.nodes:
         if node.op_type in _QDQ:
             continue
         for hazard in target.hazards:
@@ -235,8 +230,8 @@ class _Editor:
 def _copy_value(editor: _Editor, view: _View, value: str, before: onnx.NodeProto, base: str) -> str:
     """A second tensor equal to ``value`` made by ``Mul(value, 1)`` before ``before``; in a QDQ model (``value`` is
     the output of DQ(Q(source))) the copy is quantized with the same parameters, so it holds the same numbers."""
-    dq = view.producer.get(value)
-    q = view.producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+    dq = view.index.producer_node(value)
+    q = view.index.producer_node(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
     if q is None or q.op_type != "QuantizeLinear":
         one = editor.initializer(np.array(1.0, np.float32), f"{base}_one")
         return editor.node("Mul", [value, one], base, before)
@@ -294,7 +289,7 @@ def guard_hazards(model: onnx.ModelProto, target: TargetProfile) -> GuardResult:
     if not matches:
         return GuardResult(model, (), ())
     editor = _Editor(model)
-    view = _View(editor.graph)
+    view = _View(GraphIndex(editor.graph))
     rewritten, left = [], []
     for match in matches:
         rewrite = REWRITES.get(match.hazard.fix or "")

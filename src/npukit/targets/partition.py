@@ -28,7 +28,7 @@ from npukit.errors import InputError
 from npukit.measure.summary import summarize
 from npukit.report.core import Table
 from npukit.targets.fix import fix_for
-from npukit.targets.graph_match import node_attrs, step_matches, tensor_infos
+from npukit.targets.graph_match import GraphIndex, node_attrs, step_matches, tensor_infos
 from npukit.targets.profile import FLOAT_DTYPES, Fusion, NodeInfo, PatternStep, TargetProfile, TensorInfo
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
@@ -257,18 +257,11 @@ def _is_float_model(graph: onnx.GraphProto) -> bool:
     return not any(n.op_type in _QUANT_MARKERS for n in graph.node)
 
 
-def _node_units(graph: onnx.GraphProto, fused: list[list[int]], *, qdq: bool) -> tuple[list[list[int]],
-                                                                                       dict[int, int]]:
+def _node_units(index: GraphIndex, fused: list[list[int]], *, qdq: bool) -> tuple[list[list[int]], dict[int, int]]:
     """Units of node indices and node index -> unit index: first the ``fused`` groups, then (with ``qdq``)
     DQ... -> op -> Q... groups with the op first, then every other node alone."""
-    producer = {out: i for i, n in enumerate(graph.node) for out in n.output if out}
-    consumers: dict[str, list[int]] = collections.defaultdict(list)
-    for i, n in enumerate(graph.node):
-        for name in n.input:
-            if name:
-                consumers[name].append(i)
-    graph_outputs = {o.name for o in graph.output}
-    constant = _constants(graph)
+    graph, producer, consumers = index.graph, index.producer, index.consumers
+    graph_outputs, constant = index.outputs, index.constants
     owner: dict[int, int] = {}
     units: list[list[int]] = []
     for members in fused:
@@ -307,10 +300,10 @@ _TRANSPOSE_TRANSPARENT = frozenset({"QuantizeLinear", "DequantizeLinear", "Relu"
                                     "HardSigmoid", "HardSwish", "LeakyRelu", "Elu", "Abs", "Neg", "Exp", "Sqrt"})
 
 
-def _from_layout_op(graph: onnx.GraphProto, index: int, layout_ops: frozenset[str]) -> bool:
-    """Whether node ``index`` computes, through ops a Transpose passes, on the output of one of ``layout_ops``."""
-    producer = {out: i for i, n in enumerate(graph.node) for out in n.output if out}
-    node = graph.node[index]
+def _from_layout_op(index: GraphIndex, at: int, layout_ops: frozenset[str]) -> bool:
+    """Whether node ``at`` computes, through ops a Transpose passes, on the output of one of ``layout_ops``."""
+    graph, producer = index.graph, index.producer
+    node = graph.node[at]
     while node.input and node.input[0] in producer:
         node = graph.node[producer[node.input[0]]]
         if node.op_type in layout_ops:
@@ -320,7 +313,7 @@ def _from_layout_op(graph: onnx.GraphProto, index: int, layout_ops: frozenset[st
     return False
 
 
-def _layout_cancelled(graph: onnx.GraphProto, infos: dict[str, TensorInfo], target: TargetProfile) -> set[int]:
+def _layout_cancelled(index: GraphIndex, infos: dict[str, TensorInfo], target: TargetProfile) -> set[int]:
     """Transposes (with the Q/DQ around them) that ORT's layout transform cancels for an NHWC backend.
 
     Behind a layout op the transform leaves an NHWC -> NCHW Transpose; a Transpose to NHWC right after it
@@ -328,11 +321,7 @@ def _layout_cancelled(graph: onnx.GraphProto, infos: dict[str, TensorInfo], targ
     """
     if target.layout != "NHWC" or not target.layout_ops:
         return set()
-    producer = {out: i for i, n in enumerate(graph.node) for out in n.output if out}
-    consumers: dict[str, list[int]] = collections.defaultdict(list)
-    for i, n in enumerate(graph.node):
-        for name in n.input:
-            consumers[name].append(i)
+    graph, producer, consumers = index.graph, index.producer, index.consumers
 
     def source(index: int) -> int | None:  # the first node upstream of ``index`` that is not a Q or DQ
         node = graph.node[index]
@@ -370,16 +359,11 @@ def _layout_cancelled(graph: onnx.GraphProto, infos: dict[str, TensorInfo], targ
     return cancelled
 
 
-def _fusion_groups(graph: onnx.GraphProto, fusions: tuple[Fusion, ...]) -> list[tuple[Fusion, list[int], str]]:
-    """Every non-overlapping match of ``fusions`` in ``graph``: (fusion, node indices in pattern order, input)."""
+def _fusion_groups(index: GraphIndex, fusions: tuple[Fusion, ...]) -> list[tuple[Fusion, list[int], str]]:
+    """Every non-overlapping match of ``fusions`` in the graph: (fusion, node indices in pattern order, input)."""
     if not fusions:
         return []
-    consumers: dict[str, list[int]] = collections.defaultdict(list)
-    for i, n in enumerate(graph.node):
-        for name in n.input:
-            if name:
-                consumers[name].append(i)
-    graph_outputs = {o.name for o in graph.output}
+    graph, consumers, graph_outputs = index.graph, index.consumers, index.outputs
     taken: set[int] = set()
     found = []
     for i, node in enumerate(graph.node):
@@ -420,14 +404,9 @@ def _match(graph: onnx.GraphProto, pattern: tuple[PatternStep, ...], start: int,
 
 
 
-def _constants(graph: onnx.GraphProto) -> set[str]:
-    return {t.name for t in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
-
-
-def _constant_dqs(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+def _constant_dqs(index: GraphIndex) -> dict[str, onnx.NodeProto]:
     """Output name -> DequantizeLinear node, for every DQ of a constant (weights, biases)."""
-    constant = _constants(graph)
-    return {n.output[0]: n for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] in constant}
+    return {n.output[0]: n for n in index.nodes if n.op_type == "DequantizeLinear" and n.input[0] in index.constants}
 
 
 def _unit_info(graph: onnx.GraphProto, unit: list[int], infos: dict[str, TensorInfo],
@@ -473,10 +452,11 @@ def _static_shape_reason(node: NodeInfo, names: list[str]) -> str | None:
     return None
 
 
-def _group(graph: onnx.GraphProto, units: list[list[int]], owner: dict[int, int],
+def _group(index: GraphIndex, units: list[list[int]], owner: dict[int, int],
            supported: list[bool]) -> list[list[int]]:
     """ORT-style partition groups of supported units (lists of unit indices); Constant nodes are initializers."""
-    producer = {out: i for i, n in enumerate(graph.node) for out in n.output if out and n.op_type != "Constant"}
+    graph = index.graph
+    producer = {out: i for out, i in index.producer.items() if graph.node[i].op_type != "Constant"}
     in_degree = [0] * len(units)
     downstream: list[list[int]] = [[] for _ in units]
     for u, members in enumerate(units):
@@ -528,15 +508,16 @@ def analyze(
     notes: list[str] = []
     inferred, removed = _as_the_runtime_sees_it(model, target, input_shape, notes)
     graph = inferred.graph
+    index = GraphIndex(graph)
     infos = tensor_infos(graph)
-    symbolic, needs_quant = _model_notes(graph, infos, target, notes)
+    symbolic, needs_quant = _model_notes(index, infos, target, notes)
     as_quantized = target.quantization.activations[0] if needs_quant else None
-    fused = _fusion_groups(graph, target.fusions)
-    units, owner = _node_units(graph, [members for _, members, _ in fused], qdq=target.qdq_units)
-    reasons = _unit_reasons(graph, target, infos, units, fused, as_quantized)
-    groups = _delegated_groups(graph, target, units, owner, reasons)
-    hazard_at = _hazards(inferred, target, infos, notes)
-    cancelled = _layout_cancelled(graph, infos, target)
+    fused = _fusion_groups(index, target.fusions)
+    units, owner = _node_units(index, [members for _, members, _ in fused], qdq=target.qdq_units)
+    reasons = _unit_reasons(index, target, infos, units, fused, as_quantized)
+    groups = _delegated_groups(index, target, units, owner, reasons)
+    hazard_at = _hazards(inferred, index, target, infos, notes)
+    cancelled = _layout_cancelled(index, infos, target)
     removed = (*removed, *(graph.node[i].name for i in sorted(cancelled) if graph.node[i].name))
     if cancelled:
         notes.append(f"the {target.layout} layout transform cancels {len(cancelled)} Transpose/Q/DQ nodes")
@@ -558,7 +539,7 @@ def analyze(
             macs=node_macs[i], warnings=warnings))
     return Analysis(
         target=target.name, display_name=target.display_name, nodes=tuple(verdicts), partitions=tuple(partitions),
-        transitions=_transitions(graph, node_partition, cancelled), macs_total=sum(m or 0 for m in node_macs),
+        transitions=_transitions(index, node_partition, cancelled), macs_total=sum(m or 0 for m in node_macs),
         macs_delegated=sum(p.macs for p in partitions), needs_quantization=needs_quant,
         symbolic_inputs=symbolic, notes=tuple(notes), removed=removed,
     )
@@ -582,12 +563,12 @@ def _as_the_runtime_sees_it(model: onnx.ModelProto, target: TargetProfile, input
     return optimized, removed
 
 
-def _model_notes(graph: onnx.GraphProto, infos: dict[str, TensorInfo], target: TargetProfile,
+def _model_notes(index: GraphIndex, infos: dict[str, TensorInfo], target: TargetProfile,
                  notes: list[str]) -> tuple[tuple[str, ...], bool]:
     """The inputs with symbolic dimensions, and whether the target needs the float model quantized first; each
     said in ``notes`` where it matters to the target."""
-    initializers = {t.name for t in graph.initializer}
-    symbolic = tuple(i.name for i in graph.input if i.name not in initializers
+    graph = index.graph
+    symbolic = tuple(i.name for i in graph.input if i.name not in index.initializers
                      and not infos.get(i.name, TensorInfo(None, None)).static)
     needs_quant = _is_float_model(graph) and not target.quantization.accepts_float
     if needs_quant:
@@ -600,14 +581,13 @@ def _model_notes(graph: onnx.GraphProto, infos: dict[str, TensorInfo], target: T
     return symbolic, needs_quant
 
 
-def _unit_reasons(graph: onnx.GraphProto, target: TargetProfile, infos: dict[str, TensorInfo],
+def _unit_reasons(index: GraphIndex, target: TargetProfile, infos: dict[str, TensorInfo],
                   units: list[list[int]], fused: list[tuple[Fusion, list[int], str]],
                   as_quantized: str | None) -> list[list[str]]:
     """Per unit (``_node_units``; the first ``len(fused)`` are fusions checked as the op they fuse into), why the
     target does not take it; an empty list where it does."""
-    constant_dqs = _constant_dqs(graph)
-    graph_inputs = {i.name for i in graph.input}
-    graph_outputs = {o.name for o in graph.output}
+    graph = index.graph
+    constant_dqs = _constant_dqs(index)
     reasons: list[list[str]] = []
     for u, unit in enumerate(units):
         node = graph.node[unit[0]]
@@ -636,20 +616,21 @@ def _unit_reasons(graph: onnx.GraphProto, target: TargetProfile, infos: dict[str
             if static_why:
                 why.append(static_why)
         if target.graph_io_qdq_on_cpu and len(unit) == 1:
-            if node.op_type == "QuantizeLinear" and node.input[0] in graph_inputs:
+            if node.op_type == "QuantizeLinear" and node.input[0] in index.inputs:
                 why.append("QuantizeLinear: quantizing a graph input is left to the CPU")
-            elif (node.op_type == "DequantizeLinear" and node.output[0] in graph_outputs
-                  and not _from_layout_op(graph, unit[0], target.layout_ops)):
+            elif (node.op_type == "DequantizeLinear" and node.output[0] in index.outputs
+                  and not _from_layout_op(index, unit[0], target.layout_ops)):
                 why.append("DequantizeLinear: dequantizing a graph output is left to the CPU")
         reasons.append(why)
     return reasons
 
 
-def _delegated_groups(graph: onnx.GraphProto, target: TargetProfile, units: list[list[int]], owner: dict[int, int],
+def _delegated_groups(index: GraphIndex, target: TargetProfile, units: list[list[int]], owner: dict[int, int],
                       reasons: list[list[str]]) -> list[list[int]]:
     """The partitions the runtime forms of the supported units (``_group``), less those of a lone Q/DQ node where
     the target leaves them to the CPU (the reason added to ``reasons``)."""
-    groups = _group(graph, units, owner, [not r for r in reasons])
+    graph = index.graph
+    groups = _group(index, units, owner, [not r for r in reasons])
     if not target.drops_lone_qdq_partitions:
         return groups
     kept = []
@@ -663,13 +644,13 @@ def _delegated_groups(graph: onnx.GraphProto, target: TargetProfile, units: list
     return kept
 
 
-def _hazards(inferred: onnx.ModelProto, target: TargetProfile, infos: dict[str, TensorInfo],
+def _hazards(inferred: onnx.ModelProto, index: GraphIndex, target: TargetProfile, infos: dict[str, TensorInfo],
              notes: list[str]) -> dict[int, tuple[str, str | None]]:
     """Node index -> (why the target computes it wrongly, the fix) for the profile's hazards; a note when any."""
     from npukit.targets.hazards import find_hazards
 
     hazard_at: dict[int, tuple[str, str | None]] = {}
-    hazards = find_hazards(inferred, target, infos=infos)
+    hazards = find_hazards(inferred, target, infos=infos, index=index)
     for match in hazards:
         for i in match.indices:  # a float model's hazard is rewritten by compile, after quantizing
             hazard_at[i] = (match.reason, match.hazard.fix if match.quantized else None)
@@ -713,10 +694,10 @@ def _fix(node: onnx.NodeProto, reasons: tuple[str, ...], target: TargetProfile) 
     return None
 
 
-def _transitions(graph: onnx.GraphProto, node_partition: dict[int, int], cancelled: set[int]) -> int:
+def _transitions(index: GraphIndex, node_partition: dict[int, int], cancelled: set[int]) -> int:
     """Graph edges whose two ends run in different places (the CPU or different partitions)."""
+    graph, producer = index.graph, index.producer
     place = {i: node_partition.get(i, -1) for i in range(len(graph.node))}
-    producer = {out: i for i, n in enumerate(graph.node) for out in n.output if out}
     return sum(1 for i, n in enumerate(graph.node) for x in n.input
                if x in producer and place[producer[x]] != place[i] and i not in cancelled
                and producer[x] not in cancelled and graph.node[producer[x]].op_type != "Constant")
