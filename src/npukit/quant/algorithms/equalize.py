@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from npukit.quant.calibration.calibrate import channel_statistics
+from npukit.quant.calibration.calibrate import ChannelStats, channel_statistics
 from npukit.quant.cpu.schemes import is_depthwise
 from npukit.quant.nodes import node_attr
 
@@ -170,43 +170,97 @@ def equalize(model: onnx.ModelProto, *, samples: Iterable[object] | None = None,
                             "reason": "Clip(0, m) needs calibration data to pick the channels it can scale"})
         else:
             usable.append(p)
-
-    inits = {i.name: i for i in out.graph.initializer}
-    weights = {n: numpy_helper.to_array(inits[n]).astype(np.float64)
-               for p in usable for n in (p.conv1.input[1], p.conv2.input[1])}
-    biases = {}
+    state = _PairState.read(out, usable, stats)
+    before = {p.conv1.name: _spread(_ranges(state.weights[p.conv1.input[1]], state.weights[p.conv2.input[1]],
+                                            p.depthwise2)[0]) for p in usable}
+    iterations = _scale_pairs(state, usable, max_iterations=max_iterations, tolerance=tolerance)
+    absorbed = _absorb_high_biases(state, usable) if absorb_high_bias else {}
+    state.write(out, usable)
+    rows = []
     for p in usable:
-        w1 = weights[p.conv1.input[1]]
-        has_bias = len(p.conv1.input) > 2 and p.conv1.input[2]
-        biases[p.conv1.name] = numpy_helper.to_array(inits[p.conv1.input[2]]).astype(np.float64) if has_bias \
-            else np.zeros(w1.shape[0])
-    # per-channel pre-activation statistics of conv1 outputs, kept in step with the scaling
-    chan = {name: {"mean": s.mean.copy(), "std": s.std.copy(), "max": s.max.copy(),
-                   "min": s.min.copy()} for name, s in stats.items()}
-    before = {p.conv1.name: _spread(_ranges(weights[p.conv1.input[1]], weights[p.conv2.input[1]], p.depthwise2)[0])
-              for p in usable}
+        after = _spread(_ranges(state.weights[p.conv1.input[1]], state.weights[p.conv2.input[1]], p.depthwise2)[0])
+        rows.append({"conv1": p.conv1.name, "conv2": p.conv2.name, "activation": p.activation,
+                     "depthwise2": p.depthwise2, "range_spread_before": before[p.conv1.name],
+                     "range_spread_after": after})
+    return EqualizeResult(model=out, pairs=rows, skipped=skipped, iterations=iterations, absorbed=absorbed)
 
+
+@dataclasses.dataclass
+class _PairState:
+    """The pairs' weights and conv1 biases in float64 while they are scaled, the bias each conv2 gains from
+    absorption, and the per-channel statistics of the convs' outputs kept in step with both."""
+
+    inits: dict[str, onnx.TensorProto]
+    weights: dict[str, np.ndarray]
+    biases: dict[str, np.ndarray]  # conv1 name -> its bias (zeros where it has none)
+    chan: dict[str, dict[str, np.ndarray]]  # tensor -> mean, std, max, min per channel
+    extra_bias2: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # conv2 name -> bias absorbed
+
+    @classmethod
+    def read(cls, model: onnx.ModelProto, usable: list[_Pair], stats: dict[str, ChannelStats]) -> _PairState:
+        inits = {i.name: i for i in model.graph.initializer}
+        weights = {n: numpy_helper.to_array(inits[n]).astype(np.float64)
+                   for p in usable for n in (p.conv1.input[1], p.conv2.input[1])}
+        biases = {}
+        for p in usable:
+            w1 = weights[p.conv1.input[1]]
+            has_bias = len(p.conv1.input) > 2 and p.conv1.input[2]
+            biases[p.conv1.name] = numpy_helper.to_array(inits[p.conv1.input[2]]).astype(np.float64) if has_bias \
+                else np.zeros(w1.shape[0])
+        chan = {name: {"mean": s.mean.copy(), "std": s.std.copy(), "max": s.max.copy(),
+                       "min": s.min.copy()} for name, s in stats.items()}
+        return cls(inits=inits, weights=weights, biases=biases, chan=chan)
+
+    def _set(self, name: str, value: np.ndarray) -> None:
+        self.inits[name].CopyFrom(numpy_helper.from_array(value.astype(np.float32), name))
+
+    def write(self, model: onnx.ModelProto, usable: list[_Pair]) -> None:
+        """The scaled weights, conv1 biases and absorbed conv2 biases into ``model`` (a bias added where none)."""
+        for name, w in self.weights.items():
+            self._set(name, w)
+        for p in usable:
+            node = p.conv1
+            if len(node.input) > 2 and node.input[2]:
+                self._set(node.input[2], self.biases[node.name])
+            else:
+                _add_bias(model, node, f"{node.name or node.output[0]}_cle_bias", self.biases[node.name], self.inits)
+        for p in usable:
+            if p.conv2.name not in self.extra_bias2:
+                continue
+            node = p.conv2
+            moved = self.extra_bias2.pop(node.name)
+            if len(node.input) > 2 and node.input[2]:
+                b2 = numpy_helper.to_array(self.inits[node.input[2]]).astype(np.float64)
+                self._set(node.input[2], b2 + moved)
+            else:
+                _add_bias(model, node, f"{node.name or node.output[0]}_absorbed_bias", moved, self.inits)
+
+
+def _scale_pairs(state: _PairState, usable: list[_Pair], *, max_iterations: int, tolerance: float) -> int:
+    """Scale each pair's channels towards equal weight ranges (sqrt(r1 / r2); a Clip pair only where its ceiling
+    stays above what the channel reaches), sweeping until no scale moves more than ``tolerance`` (log); the sweeps
+    run."""
     iterations = 0
     for iterations in range(1, max_iterations + 1):
         worst = 0.0
         for p in usable:
-            w1, w2 = weights[p.conv1.input[1]], weights[p.conv2.input[1]]
+            w1, w2 = state.weights[p.conv1.input[1]], state.weights[p.conv2.input[1]]
             r1, r2 = _ranges(w1, w2, p.depthwise2)
             ok = (r1 > 0) & (r2 > 0)
             s = np.ones_like(r1)
             s[ok] = np.sqrt(r1[ok] / r2[ok])
             if p.activation == "Clip":
-                peak = chan[p.conv1.output[0]]["max"]
+                peak = state.chan[p.conv1.output[0]]["max"]
                 m = p.clip_max
                 s = np.where(peak >= m, 1.0, np.maximum(s, peak / m))
             w1 /= s.reshape(-1, *([1] * (w1.ndim - 1)))
-            biases[p.conv1.name] /= s
+            state.biases[p.conv1.name] /= s
             if p.depthwise2:
                 w2 *= s.reshape(-1, *([1] * (w2.ndim - 1)))
             else:
                 w2 *= s.reshape(1, -1, *([1] * (w2.ndim - 2)))
-            if p.conv1.output[0] in chan:
-                c = chan[p.conv1.output[0]]
+            if p.conv1.output[0] in state.chan:
+                c = state.chan[p.conv1.output[0]]
                 c["mean"] /= s
                 c["std"] /= s
                 c["max"] /= s
@@ -214,63 +268,36 @@ def equalize(model: onnx.ModelProto, *, samples: Iterable[object] | None = None,
             worst = max(worst, float(np.max(np.abs(np.log(s)))))
         if worst < tolerance:
             break
+    return iterations
 
+
+def _absorb_high_biases(state: _PairState, usable: list[_Pair]) -> dict[str, float]:
+    """High-bias absorption: the part of conv1's output that is always positive (mean - 3 std, at most its
+    minimum) moves through the activation into conv2's bias (unpadded conv2 only); conv1 name -> shift summed."""
     absorbed: dict[str, float] = {}
-    extra_bias2: dict[str, np.ndarray] = {}
-    if absorb_high_bias:
-        for p in usable:
-            c = chan.get(p.conv1.output[0])
-            if c is None or p.activation == "none" or not _is_unpadded(p.conv2):
-                continue
-            shift = np.maximum(0.0, np.minimum(c["mean"] - 3.0 * c["std"], c["min"]))
-            if p.activation == "Clip":
-                shift = np.where(c["max"] <= p.clip_max, shift, 0.0)
-            if not np.any(shift > 0):
-                continue
-            w2 = weights[p.conv2.input[1]]
-            if p.depthwise2:
-                moved = w2.reshape(w2.shape[0], -1).sum(axis=1) * shift
-            else:
-                moved = w2.reshape(w2.shape[0], w2.shape[1], -1).sum(axis=2) @ shift
-            biases[p.conv1.name] -= shift
-            extra_bias2[p.conv2.name] = extra_bias2.get(p.conv2.name, 0.0) + moved
-            c["mean"] -= shift
-            c["max"] -= shift
-            c["min"] -= shift
-            if p.conv2.output[0] in chan:  # conv2's own output moves with its bias
-                chan[p.conv2.output[0]]["mean"] += moved
-                chan[p.conv2.output[0]]["max"] += moved
-                chan[p.conv2.output[0]]["min"] += moved
-            absorbed[p.conv1.name] = float(shift.sum())
-
-    def set_init(name: str, value: np.ndarray) -> None:
-        inits[name].CopyFrom(numpy_helper.from_array(value.astype(np.float32), name))
-
-    for name, w in weights.items():
-        set_init(name, w)
+    chan = state.chan
     for p in usable:
-        node = p.conv1
-        if len(node.input) > 2 and node.input[2]:
-            set_init(node.input[2], biases[node.name])
-        else:
-            name = f"{node.name or node.output[0]}_cle_bias"
-            _add_bias(out, node, name, biases[node.name], inits)
-    for p in usable:
-        if p.conv2.name not in extra_bias2:
+        c = chan.get(p.conv1.output[0])
+        if c is None or p.activation == "none" or not _is_unpadded(p.conv2):
             continue
-        node = p.conv2
-        moved = extra_bias2.pop(node.name)
-        if len(node.input) > 2 and node.input[2]:
-            b2 = numpy_helper.to_array(inits[node.input[2]]).astype(np.float64)
-            set_init(node.input[2], b2 + moved)
+        shift = np.maximum(0.0, np.minimum(c["mean"] - 3.0 * c["std"], c["min"]))
+        if p.activation == "Clip":
+            shift = np.where(c["max"] <= p.clip_max, shift, 0.0)
+        if not np.any(shift > 0):
+            continue
+        w2 = state.weights[p.conv2.input[1]]
+        if p.depthwise2:
+            moved = w2.reshape(w2.shape[0], -1).sum(axis=1) * shift
         else:
-            name = f"{node.name or node.output[0]}_absorbed_bias"
-            _add_bias(out, node, name, moved, inits)
-
-    rows = []
-    for p in usable:
-        after = _spread(_ranges(weights[p.conv1.input[1]], weights[p.conv2.input[1]], p.depthwise2)[0])
-        rows.append({"conv1": p.conv1.name, "conv2": p.conv2.name, "activation": p.activation,
-                     "depthwise2": p.depthwise2, "range_spread_before": before[p.conv1.name],
-                     "range_spread_after": after})
-    return EqualizeResult(model=out, pairs=rows, skipped=skipped, iterations=iterations, absorbed=absorbed)
+            moved = w2.reshape(w2.shape[0], w2.shape[1], -1).sum(axis=2) @ shift
+        state.biases[p.conv1.name] -= shift
+        state.extra_bias2[p.conv2.name] = state.extra_bias2.get(p.conv2.name, 0.0) + moved
+        c["mean"] -= shift
+        c["max"] -= shift
+        c["min"] -= shift
+        if p.conv2.output[0] in chan:  # conv2's own output moves with its bias
+            chan[p.conv2.output[0]]["mean"] += moved
+            chan[p.conv2.output[0]]["max"] += moved
+            chan[p.conv2.output[0]]["min"] += moved
+        absorbed[p.conv1.name] = float(shift.sum())
+    return absorbed
