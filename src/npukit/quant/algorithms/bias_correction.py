@@ -81,14 +81,33 @@ def correct_bias(model: onnx.ModelProto, samples: Iterable[object], *, config: Q
     quantization's mean error): the shift removed is then E[Q(W~) x_q] - E[W x], the layer's whole remaining mean
     error, and nothing is corrected twice.
     """
-    wide = sixteen_bit_tensors(model, config)
     inits = {i.name: i for i in model.graph.initializer}
     targets = [n for n in model.graph.node
                if n.op_type in ("Conv", "Gemm") and n.name not in config.exclude and len(n.input) > 1
                and n.input[1] in inits]
     if not targets:
         return BiasCorrectionResult(model=model, shifts={}, samples=0)
+    probe, shift_names = _shift_probe(model, targets, config, ranges, reference_weights)
+    sums: dict[str, np.ndarray] = {}
+    count = 0
+    for values in observe(probe, list(shift_names.values()), samples, limit=config.calib_samples):
+        count += 1
+        for name, value in values.items():
+            v = np.moveaxis(np.asarray(value, dtype=np.float64), 1, 0)
+            mean = v.reshape(v.shape[0], -1).mean(axis=1)
+            sums[name] = sums.get(name, 0.0) + mean
+    shifts = {node.name: sums[shift_names[node.name]] / count for node in targets}
+    return BiasCorrectionResult(model=_with_biases_corrected(model, targets, shifts), shifts=shifts, samples=count)
 
+
+def _shift_probe(model: onnx.ModelProto, targets: list[onnx.NodeProto], config: QuantConfig,
+                 ranges: dict[str, tuple[float, float]] | None,
+                 reference_weights: Mapping[str, np.ndarray] | None) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """A copy of ``model`` that also computes, per target node, its output shift: a twin of the node with the
+    quantized weights (on the quantized input, where its range is given and 8-bit) minus one with the float
+    weights on the float input; node name -> the tensor holding its shift."""
+    wide = sixteen_bit_tensors(model, config)
+    inits = {i.name: i for i in model.graph.initializer}
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     shift_names: dict[str, str] = {}
@@ -124,25 +143,20 @@ def correct_bias(model: onnx.ModelProto, samples: Iterable[object], *, config: Q
             shift_names[node.name] = f"npukit_bc_out_{k}"
         else:
             shift_names[node.name] = outs[0]
+    return probe, shift_names
 
-    sums: dict[str, np.ndarray] = {}
-    count = 0
-    for values in observe(probe, list(shift_names.values()), samples, limit=config.calib_samples):
-        count += 1
-        for name, value in values.items():
-            v = np.moveaxis(np.asarray(value, dtype=np.float64), 1, 0)
-            mean = v.reshape(v.shape[0], -1).mean(axis=1)
-            sums[name] = sums.get(name, 0.0) + mean
 
+def _with_biases_corrected(model: onnx.ModelProto, targets: list[onnx.NodeProto],
+                           shifts: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of ``model`` whose target nodes' biases have their mean shift taken off (a bias added where there is
+    none; a replaced bias initializer dropped when nothing else reads it)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     out_inits = {i.name: i for i in out.graph.initializer}
     by_name = {n.name: n for n in out.graph.node}
-    shifts = {}
     replaced: set[str] = set()
     for k, node in enumerate(targets):
-        shift = sums[shift_names[node.name]] / count
-        shifts[node.name] = shift
+        shift = shifts[node.name]
         target = by_name[node.name]
         beta = node_attr(target, "beta", 1.0) if target.op_type == "Gemm" else 1.0
         if len(target.input) > 2 and target.input[2]:
@@ -161,4 +175,4 @@ def correct_bias(model: onnx.ModelProto, samples: Iterable[object], *, config: Q
     graph_inputs = {i.name for i in out.graph.input}
     for init in [i for i in out.graph.initializer if i.name in replaced and i.name not in used | graph_inputs]:
         out.graph.initializer.remove(init)
-    return BiasCorrectionResult(model=out, shifts=shifts, samples=count)
+    return out
