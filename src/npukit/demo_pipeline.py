@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from npukit.report.core import Report
+from npukit.report.demo import add_models, add_predictions, add_stage
 from npukit.report.finish import finish
 from npukit.report.progress import progress, step
 
@@ -34,10 +35,8 @@ def demo(output_dir: str | Path = "npukit_out", *, threads: int = 1, runs: int =
 
 def run_demo(output_dir: Path, *, threads: int = 1, runs: int = 50, html: bool = True):
     import npukit.api as api
-    from npukit.data.embedded import calibration_and_evaluation_sets, default_model_weights, imagenet_categories
-    from npukit.measure.fidelity import AgreementMeter
+    from npukit.data.embedded import calibration_and_evaluation_sets, default_model_weights
     from npukit.measure.size import model_size
-    from npukit.runtime.ort import make_session
 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -48,16 +47,11 @@ def run_demo(output_dir: Path, *, threads: int = 1, runs: int = 50, html: bool =
 
     fp32_path = output_dir / "mobilenet_v2.onnx"
     exported = api.export(MODEL_SPEC, fp32_path, weights=weights, input_shape=INPUT_SHAPE, html=False)
-    report.timings.update({f"export.{k}": v for k, v in exported.report.timings.items()})
-    report.add("export", exported.report.sections["export"])
-    report.tables.extend(exported.report.tables)
+    add_stage(report, "export", exported.report, ["export"], sections_prefixed=False)
 
     opt_path = output_dir / "mobilenet_v2.opt.onnx"
     optimized = api.optimize_graph(fp32_path, opt_path, input_shape=INPUT_SHAPE, html=False)
-    report.timings.update({f"optimize.{k}": v for k, v in optimized.report.timings.items()})
-    for key in ("passes", "before", "after", "verification"):
-        report.add(f"optimize.{key}", optimized.report.sections[key])
-    report.tables.extend(optimized.report.tables)
+    add_stage(report, "optimize", optimized.report, ["passes", "before", "after", "verification"])
 
     with step("cutting real photos into crops", timings=report.timings, key="data"):
         photos = calibration_and_evaluation_sets()
@@ -68,67 +62,63 @@ def run_demo(output_dir: Path, *, threads: int = 1, runs: int = 50, html: bool =
     calib = [{name: photos.calibration[i:i + 1]} for i in range(len(photos.calibration))]
     quantized = api.quantize(opt_path, int8_path, calib=calib, **QUANT_RECIPE, threads=threads, runs=runs,
                              html=False)
-    report.timings.update({f"quantize.{k}": v for k, v in quantized.report.timings.items()})
-    for key in ("steps", "integer_kernels", "kernel_profile"):
-        report.add(f"quantize.{key}", quantized.report.sections[key])
-    report.tables.extend(t for t in quantized.report.tables
-                         if t.title.startswith(("Layers", "What ORT", "Where the time goes")))
+    add_stage(report, "quantize", quantized.report, ["steps", "integer_kernels", "kernel_profile"],
+              tables=lambda t: t.title.startswith(("Layers", "What ORT", "Where the time goes")))
     models = {"fp32": fp32_path, "optimized": opt_path, "int8": int8_path}
 
     with step(f"timing {len(models)} models and eager PyTorch side by side", timings=report.timings,
               key="latency"):
         latency = _time_with_eager(models, weights, photos.evaluation[:1], threads=threads, runs=runs)
-    base = latency["fp32"].median_ms
     eager = latency.pop(EAGER)
-    report.add("eager_torch", {"latency": eager.as_dict(), "speedup": {k: eager.median_ms / latency[k].median_ms
-                                                                       for k in models}})
-    categories = imagenet_categories()
-    sessions = {k: make_session(v, threads=threads) for k, v in models.items()}
-    names = {k: s.get_inputs()[0].name for k, s in sessions.items()}
-    logits: dict[str, list[np.ndarray]] = {k: [] for k in models}
-    for i in progress(range(len(photos.evaluation)), description="evaluating on real photos"):
-        x = photos.evaluation[i:i + 1]
-        for k, s in sessions.items():
-            logits[k].append(np.asarray(s.run(None, {names[k]: x})[0], dtype=np.float32).reshape(1, -1))
-    stacked = {k: np.concatenate(v) for k, v in logits.items()}
-    rows, summary = [], {}
-    for k, path in models.items():
-        meter = AgreementMeter()
-        meter.update(stacked["fp32"], stacked[k])
-        agreement = meter.result()
-        size = model_size(path)
-        summary[k] = {"file": str(path), "file_bytes": size.file_bytes, "latency": latency[k].as_dict(),
-                      "agreement_with_fp32": agreement.as_dict()}
-        rows.append([k, path.name, size.file_bytes, latency[k].median_ms, latency[k].median_ms / base,
-                     agreement.top1_agreement, agreement.top5_overlap, agreement.sqnr_db])
-    report.add("models", summary)
-    rows.append([EAGER, MODEL_SPEC, "-", eager.median_ms, eager.median_ms / base, "-", "-", "-"])
-    report.add_table(f"Models on {len(photos.evaluation)} real-photo crops (ORT CPU, {threads} thread(s), "
-                     f"interleaved medians; eager PyTorch timed in the same rounds)",
-                     ["model", "file", "size_bytes", "median ms", "latency vs fp32", "top-1 agreement",
-                      "top-5 overlap", "logits SQNR dB"], rows)
-    report.add_figure("Latency, median ms", "bar",
-                      {"labels": [*models, EAGER], "values": [latency[k].median_ms for k in models]
-                       + [eager.median_ms]}, x_label="ms")
-
-    per_photo = len(photos.evaluation) // max(1, len(photos.evaluation_photos))
-    best = "int8"
-    top = []
-    for j, name in enumerate(photos.evaluation_photos):
-        row = stacked[best][j * per_photo]
-        prob = np.exp(row - row.max())
-        prob /= prob.sum()
-        c = int(np.argmax(row))
-        top.append([name, categories[c], float(prob[c])])
-    report.add("predictions", [{"photo": p, "top1": c, "probability": pr} for p, c, pr in top])
-    report.add_table("What the INT8 model sees (center crop of each evaluation photo)",
-                     ["photo", "top-1 class", "probability"], top)
+    stacked = _logits(models, photos.evaluation, threads=threads)
+    summary = add_models(report, models, latency, {k: _agreement(stacked["fp32"], stacked[k]) for k in models},
+               {k: model_size(path) for k, path in models.items()}, eager=eager, eager_label=EAGER,
+               model_spec=MODEL_SPEC, samples=len(photos.evaluation), threads=threads)
+    add_predictions(report, _predictions(stacked["int8"], photos))
 
     _task_verdict(report, stacked, quantized.report)
     report.add_artifact("fp32", fp32_path)
     report.add_artifact("optimized", opt_path)
     report.add_artifact("int8", int8_path)
     return finish(report, None, html=html, json_path=output_dir / "demo.report.json", result=summary)
+
+
+def _logits(models: dict[str, Path], images: np.ndarray, *, threads: int) -> dict[str, np.ndarray]:
+    """Each model's logits on every evaluation crop, one crop per run (model name -> crops x classes)."""
+    from npukit.runtime.ort import make_session
+
+    sessions = {k: make_session(v, threads=threads) for k, v in models.items()}
+    names = {k: s.get_inputs()[0].name for k, s in sessions.items()}
+    logits: dict[str, list[np.ndarray]] = {k: [] for k in models}
+    for i in progress(range(len(images)), description="evaluating on real photos"):
+        x = images[i:i + 1]
+        for k, s in sessions.items():
+            logits[k].append(np.asarray(s.run(None, {names[k]: x})[0], dtype=np.float32).reshape(1, -1))
+    return {k: np.concatenate(v) for k, v in logits.items()}
+
+
+def _agreement(reference: np.ndarray, candidate: np.ndarray):
+    from npukit.measure.fidelity import AgreementMeter
+
+    meter = AgreementMeter()
+    meter.update(reference, candidate)
+    return meter.result()
+
+
+def _predictions(logits: np.ndarray, photos) -> list[tuple[str, str, float]]:
+    """(photo, top-1 ImageNet class, its probability) on the first crop of each evaluation photo."""
+    from npukit.data.embedded import imagenet_categories
+
+    categories = imagenet_categories()
+    per_photo = len(photos.evaluation) // max(1, len(photos.evaluation_photos))
+    top = []
+    for j, name in enumerate(photos.evaluation_photos):
+        row = logits[j * per_photo]
+        prob = np.exp(row - row.max())
+        prob /= prob.sum()
+        c = int(np.argmax(row))
+        top.append((name, categories[c], float(prob[c])))
+    return top
 
 
 def _time_with_eager(models: dict[str, Path], weights: Path, x: np.ndarray, *, threads: int, runs: int) -> dict:
