@@ -65,14 +65,7 @@ def compile(  # noqa: A001 - the verb's name
     if weight_bits not in (8, 4):
         raise InputError(f"--weight-bits {weight_bits}: the HTP path takes 8 or 4", hint="use --weight-bits 4 (W4A16)")
     if target.strip().lower() in MOBILE_TARGETS:
-        if weight_bits != 8:
-            raise InputError(f"--weight-bits is for --target qnn-htp, not {target}", hint="drop --weight-bits")
-        if mixed_precision:
-            raise InputError(f"--mixed-precision is for --target qnn-htp, not {target}",
-                             hint="drop --mixed-precision, or quantize for the CPU with `npukit quantize "
-                                  "--mixed-precision`")
-        if soc is not None:
-            raise InputError(f"--soc is for --target qnn-htp; {target} runs on the CPU (XNNPACK)", hint="drop --soc")
+        _refuse_htp_options(target, weight_bits=weight_bits, mixed_precision=mixed_precision, soc=soc)
         return compile_mobile(model, output, target=target.strip().lower(), calib=calib, input_shape=input_shape,
                               preprocess=preprocess, html=html, task=task, gate=gate, weights=weights)
     if weights is not None:
@@ -103,19 +96,8 @@ def compile(  # noqa: A001 - the verb's name
     samples = None
     if calib is not None:
         samples = open_data(calib, proto, preprocess or PreprocessConfig())
-    if weight_bits != 8 and not (quantized_here and samples is not None):
-        raise InputError("--weight-bits chooses how a float model is quantized for the HTP: it needs a float model "
-                         "and --calib", hint="pass the float model with --calib DATA, or drop --weight-bits")
-    if weight_bits != 8 and mixed_precision:
-        raise InputError("--mixed-precision plans int8 weights; it does not take --weight-bits 4",
-                         hint="drop one of the two")
-    if mixed_precision and not (quantized_here and samples is not None):
-        raise InputError("--mixed-precision chooses how a float model is quantized for the HTP: it needs a float "
-                         "model and --calib", hint="pass the float model with --calib DATA, or drop --mixed-precision")
-    if quantized_here and samples is None:
-        raise InputError("the model is float and the HTP runs quantized models",
-                         hint="pass --calib DIR (calibration images or .npy) or give a QDQ model from "
-                              "`npukit quantize`")
+    _check_quantization_request(float_model=quantized_here, calibrated=samples is not None, weight_bits=weight_bits,
+                                mixed_precision=mixed_precision)
     from npukit.runtime.compile import prepare_graph
 
     # With the shapes fixed, Shape/Range subgraphs fold to constants; Constant nodes become initializers (else the
@@ -125,52 +107,105 @@ def compile(  # noqa: A001 - the verb's name
         proto, prepared = prepare_graph(proto, feeds=samples.sample(0) if samples is not None else None)
     report.add("graph_preparation", prepared)
     if quantized_here:
-        from npukit.frontend.opset import SIXTEEN_BIT_QDQ_OPSET
-
-        proto = upgrade_opset(report, proto, SIXTEEN_BIT_QDQ_OPSET, "uint16 activation Q/DQ for the HTP", samples)
-        if mixed_precision:
-            htp_quant = _htp_mixed_precision(report, proto, samples, soc=soc, task=task, gate=gate or QualityGate())
-            scheme = "int8 weights, uint8 activations, the layers of the mixed-precision plan lifted"
-        else:
-            scheme = f"int{weight_bits} weights, uint16 activations"
-            with step(f"quantizing for the HTP ({scheme})", timings=report.timings, key="quantize"):
-                from npukit.runtime.htp_quant import quantize_for_htp as _quantize_for_htp
-                from npukit.runtime.qnn import HTP_QDQ_RULES
-
-                rules = dataclasses.replace(HTP_QDQ_RULES, weight_type=f"int{weight_bits}")
-                htp_quant = _quantize_for_htp(proto, list(samples), rules=rules)
-        proto = htp_quant.model
-        add_htp_quantization(report, htp_quant.as_dict(), scheme=scheme)
+        proto = _quantize_for_the_htp(report, proto, samples, soc=soc, weight_bits=weight_bits,
+                                      mixed_precision=mixed_precision, task=task, gate=gate or QualityGate())
     with step(f"compiling the HTP context binary for {soc}", timings=report.timings, key="compile"):
         result = compile_qnn_context(proto, output, soc=soc)
     report.add("compile", result.as_dict())
-    with step(f"task check: the compiled model on the HTP ({soc}) against the "
-              f"{'float' if quantized_here else 'given'} model on ORT CPU", timings=report.timings,
-              key="task_check"):
-        from npukit.measure.task_fidelity import check_samples, session_runner
-        from npukit.runtime.compile import soc_provider_options
-        from npukit.runtime.qnn import make_qnn_session
+    _check_on_the_htp(report, output, reference, samples, soc=soc, float_model=quantized_here, task=task,
+                      gate=gate or QualityGate())
+    add_context_model(report, result, quantized_here=quantized_here)
+    _energy(report, proto, reference if quantized_here else None)
+    return finish(report, output, html=html, result=result)
 
+
+def _refuse_htp_options(target: str, *, weight_bits: int, mixed_precision: bool, soc: str | None) -> None:
+    """One-line refusals of the HTP's options given with a mobile runtime's target."""
+    if weight_bits != 8:
+        raise InputError(f"--weight-bits is for --target qnn-htp, not {target}", hint="drop --weight-bits")
+    if mixed_precision:
+        raise InputError(f"--mixed-precision is for --target qnn-htp, not {target}",
+                         hint="drop --mixed-precision, or quantize for the CPU with `npukit quantize "
+                              "--mixed-precision`")
+    if soc is not None:
+        raise InputError(f"--soc is for --target qnn-htp; {target} runs on the CPU (XNNPACK)", hint="drop --soc")
+
+
+def _check_quantization_request(*, float_model: bool, calibrated: bool, weight_bits: int,
+                                mixed_precision: bool) -> None:
+    """One-line refusals of quantization options that cannot apply: the HTP quantizes only a float model it is
+    given calibration data for; --weight-bits 4 and --mixed-precision do not combine."""
+    if weight_bits != 8 and not (float_model and calibrated):
+        raise InputError("--weight-bits chooses how a float model is quantized for the HTP: it needs a float model "
+                         "and --calib", hint="pass the float model with --calib DATA, or drop --weight-bits")
+    if weight_bits != 8 and mixed_precision:
+        raise InputError("--mixed-precision plans int8 weights; it does not take --weight-bits 4",
+                         hint="drop one of the two")
+    if mixed_precision and not (float_model and calibrated):
+        raise InputError("--mixed-precision chooses how a float model is quantized for the HTP: it needs a float "
+                         "model and --calib", hint="pass the float model with --calib DATA, or drop --mixed-precision")
+    if float_model and not calibrated:
+        raise InputError("the model is float and the HTP runs quantized models",
+                         hint="pass --calib DIR (calibration images or .npy) or give a QDQ model from "
+                              "`npukit quantize`")
+
+
+def _quantize_for_the_htp(report: Report, proto: onnx.ModelProto, samples: Any, *, soc: str, weight_bits: int,
+                          mixed_precision: bool, task: str | None, gate: QualityGate) -> onnx.ModelProto:
+    """The float model quantized as the HTP needs it (opset raised for 16-bit Q/DQ first): uint16 activations with
+    int8 or int4 weights, or the mixed-precision plan checked on the HTP of ``soc``."""
+    from npukit.frontend.opset import SIXTEEN_BIT_QDQ_OPSET
+
+    proto = upgrade_opset(report, proto, SIXTEEN_BIT_QDQ_OPSET, "uint16 activation Q/DQ for the HTP", samples)
+    if mixed_precision:
+        htp_quant = _htp_mixed_precision(report, proto, samples, soc=soc, task=task, gate=gate)
+        scheme = "int8 weights, uint8 activations, the layers of the mixed-precision plan lifted"
+    else:
+        scheme = f"int{weight_bits} weights, uint16 activations"
+        with step(f"quantizing for the HTP ({scheme})", timings=report.timings, key="quantize"):
+            from npukit.runtime.htp_quant import quantize_for_htp as _quantize_for_htp
+            from npukit.runtime.qnn import HTP_QDQ_RULES
+
+            rules = dataclasses.replace(HTP_QDQ_RULES, weight_type=f"int{weight_bits}")
+            htp_quant = _quantize_for_htp(proto, list(samples), rules=rules)
+    add_htp_quantization(report, htp_quant.as_dict(), scheme=scheme)
+    return htp_quant.model
+
+
+def _check_on_the_htp(report: Report, output: Path, reference: onnx.ModelProto, samples: Any, *, soc: str,
+                      float_model: bool, task: str | None, gate: QualityGate) -> None:
+    """The compiled model run on the HTP as ``soc`` against ``reference`` on ORT CPU, with the model's task, on up
+    to ``COMPILE_CHECK_SAMPLES`` calibration samples (one seeded input without them)."""
+    from npukit.measure.task_fidelity import check_samples, session_runner
+    from npukit.runtime.compile import soc_provider_options
+    from npukit.runtime.qnn import make_qnn_session
+
+    with step(f"task check: the compiled model on the HTP ({soc}) against the "
+              f"{'float' if float_model else 'given'} model on ORT CPU", timings=report.timings,
+              key="task_check"):
         htp = make_qnn_session(output, provider_options=soc_provider_options(soc))
         check = check_samples(samples, COMPILE_CHECK_SAMPLES) if samples is not None else \
             [seeded_feeds(reference)]
         where = (f"{len(check)} calibration samples (optimistic: the grids were fitted to them)" if samples is not None
                  else "one seeded random input (no --calib given: pass it for a task check on real inputs)")
-        task_check(report, reference, None, check, task=task, gate=gate or QualityGate(), what="compile",
+        task_check(report, reference, None, check, task=task, gate=gate, what="compile",
                     where=where, candidate_runner=session_runner(htp),
-                    hint=("`npukit quantize` with a recovery recipe and compile its QDQ model" if quantized_here
+                    hint=("`npukit quantize` with a recovery recipe and compile its QDQ model" if float_model
                           else "quantizing again with a recovery recipe") + ", or another --soc; "
                          "--accept-degraded keeps it as it is")
-    add_context_model(report, result, quantized_here=quantized_here)
+
+
+def _energy(report: Report, compiled: onnx.ModelProto, float_model: onnx.ModelProto | None) -> None:
+    """The per-operator energy estimate of the compiled model's QDQ graph (and of the float model it came from);
+    the HTP's own energy is not measured here."""
     from npukit.measure.energy import MeasuredEnergy, energy_figures
     from npukit.report.energy import add_energy
 
     with step("energy per operator (estimate)", timings=report.timings, key="energy"):
-        roles = {"compiled (its QDQ model)": proto} | ({"float": reference} if quantized_here else {})
+        roles = {"compiled (its QDQ model)": compiled} | ({"float": float_model} if float_model is not None else {})
         estimates, _ = energy_figures(roles, measure=False)
     add_energy(report, estimates, measured={"compiled (its QDQ model)": MeasuredEnergy(
         None, 0, "the HTP's energy is not measured: no device here (x86 runs Qualcomm's HTP emulator)")})
-    return finish(report, output, html=html, result=result)
 
 
 def _htp_mixed_precision(report: Report, proto: onnx.ModelProto, samples: Any, *, soc: str, task: str | None,

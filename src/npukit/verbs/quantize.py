@@ -114,12 +114,7 @@ def quantize(
     """
     from npukit.frontend.onnx_io import save_onnx
     from npukit.frontend.shapes import InputSpec, load_with_inputs, require_static
-    from npukit.measure.latency import measure_latency_interleaved
-    from npukit.measure.op_profile import profile_ops
-    from npukit.measure.size import model_size
     from npukit.quant.config import QuantConfig
-    from npukit.quant.layer_sqnr import layer_sqnr
-    from npukit.quant.qdq import integer_failures, integer_kernel_report
     from npukit.quant.qdq import quantize as _quantize
 
     output = check_output(output, source=model)
@@ -154,24 +149,10 @@ def quantize(
         result = _quantize(proto, samples, config=config, why=why)
     save_onnx(result.model, output)
     add_steps(report, result.steps)
-    kernels = integer_kernel_report(result.model)
-    report.add("integer_kernels", kernels)
-    with step("per-layer SQNR", timings=report.timings, key="layer_sqnr"):
-        probe = samples if not hasattr(samples, "batches") else [samples.sample(i) for i in
-                                                                 range(min(4, len(samples)))]
-        layers = layer_sqnr(result.reference, result.model, probe[:4] if isinstance(probe, list) else probe, limit=4)
-    add_layer_sqnr(report, layers)
-    with step(f"timing float vs int8, {threads} thread(s)", timings=report.timings, key="latency"):
-        feeds = samples[0] if isinstance(samples, list) else samples.sample(0)
-        latency = measure_latency_interleaved({"float": timed_float, "int8": str(output)}, threads=threads,
-                                              runs=runs, feeds=feeds)
-    sizes = {"float": model_size(model).file_bytes, "int8": model_size(output).file_bytes}
-    add_size_and_speed(report, sizes, latency, kernels, threads=threads, runs=runs)
-    with step("where the time goes (ORT kernel profile)", timings=report.timings, key="kernel_profile"):
-        profiles = profile_ops({"float": timed_float, "int8": str(output)}, threads=threads, warmup=3,
-                               runs=min(runs, 10), rounds=2, feeds=feeds)
-    add_kernel_profile(report, profiles, threads=threads)
+    kernels = _measure(report, result, samples, {"float": timed_float, "int8": str(output)},
+                       {"float": model, "int8": output}, threads=threads, runs=runs)
     from npukit.measure.task_fidelity import check_samples
+    from npukit.quant.qdq import integer_failures
 
     with step("task check against the float model", timings=report.timings, key="task_check"):
         check = evaluation if evaluation is not None else samples
@@ -187,6 +168,35 @@ def quantize(
                               config=BenchConfig(threads=threads, max_samples=max_samples), threads=threads)
         add_agreement(report, agreement, where=Path(str(data)).name)
     return finish(report, output, html=html, result=result)
+
+
+def _measure(report: Report, result: Any, samples: Any, timed: dict[str, Any], files: dict[str, Any], *,
+             threads: int, runs: int) -> dict:
+    """What the quantized model costs and runs: ORT's integer kernels, per-layer SQNR against the float model on
+    four calibration samples, size and latency beside the float model (``timed``: the two models as timed, the
+    float one with its shapes fixed) and where the time goes; the integer kernel report."""
+    from npukit.measure.latency import measure_latency_interleaved
+    from npukit.measure.op_profile import profile_ops
+    from npukit.measure.size import model_size
+    from npukit.quant.layer_sqnr import layer_sqnr
+    from npukit.quant.qdq import integer_kernel_report
+
+    kernels = integer_kernel_report(result.model)
+    report.add("integer_kernels", kernels)
+    with step("per-layer SQNR", timings=report.timings, key="layer_sqnr"):
+        probe = samples if not hasattr(samples, "batches") else [samples.sample(i) for i in
+                                                                 range(min(4, len(samples)))]
+        layers = layer_sqnr(result.reference, result.model, probe[:4] if isinstance(probe, list) else probe, limit=4)
+    add_layer_sqnr(report, layers)
+    with step(f"timing float vs int8, {threads} thread(s)", timings=report.timings, key="latency"):
+        feeds = samples[0] if isinstance(samples, list) else samples.sample(0)
+        latency = measure_latency_interleaved(timed, threads=threads, runs=runs, feeds=feeds)
+    sizes = {role: model_size(path).file_bytes for role, path in files.items()}
+    add_size_and_speed(report, sizes, latency, kernels, threads=threads, runs=runs)
+    with step("where the time goes (ORT kernel profile)", timings=report.timings, key="kernel_profile"):
+        profiles = profile_ops(timed, threads=threads, warmup=3, runs=min(runs, 10), rounds=2, feeds=feeds)
+    add_kernel_profile(report, profiles, threads=threads)
+    return kernels
 
 
 def _mixed_precision(report: Report, proto: Any, samples: Any, config: Any, *, task: str | None, gate: QualityGate,
