@@ -142,12 +142,14 @@ def _inspect_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _quantize_arguments(p: argparse.ArgumentParser) -> None:
+    from npukit.quant.calibration.observers import METHODS
+
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("--calib", required=True, help="calibration data: image folder, .npy or .npz")
     p.add_argument("-o", "--output", required=True, help="output .onnx path")
     _add_gate(p)
     p.add_argument("--per-tensor", action="store_true", help="per-tensor weights (default per-channel)")
-    p.add_argument("--method", choices=("auto", "minmax", "percentile", "entropy", "mse"), default="auto",
+    p.add_argument("--method", choices=METHODS, default="auto",
                    help="activation range observer; auto (default) calibrates once and keeps the method whose "
                         "outputs best match the float model on held-out calibration samples")
     p.add_argument("--cle", action="store_true", help="cross-layer equalization first")
@@ -320,6 +322,8 @@ def _optimize_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _qat_arguments(p: argparse.ArgumentParser) -> None:
+    from npukit.quant.calibration.observers import METHODS
+
     _add_training_data(p, output="output .onnx path")
     p.add_argument("--calib", help="calibration samples for the PTQ start (default: 64 training samples spread evenly)")
     p.add_argument("--bits", choices=("w8a8", "w4a8"), default="w8a8",
@@ -330,7 +334,7 @@ def _qat_arguments(p: argparse.ArgumentParser) -> None:
     _add_training(p, passes="passes over the training samples",
                   lr="Adam learning rate (default 5e-5 for 8-bit weights, 1e-4 for 4)")
     p.add_argument("--learn-scales", action="store_true", help="learn the grids' scales too (LSQ)")
-    p.add_argument("--method", choices=("auto", "minmax", "percentile", "entropy", "mse"), default="auto",
+    p.add_argument("--method", choices=METHODS, default="auto",
                    help="activation range observer of the PTQ start (default auto)")
     p.add_argument("--per-tensor", action="store_true", help="per-tensor weights (default per-channel)")
     p.add_argument("--exclude", nargs="+", default=[], metavar="NODE", help="nodes to keep in float")

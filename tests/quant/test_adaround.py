@@ -41,7 +41,7 @@ def test_learned_rounding_reconstructs_each_layer_at_least_as_well_as_nearest(se
 def test_weights_are_on_the_reduced_grid_and_ort_reproduces_the_integers(setup) -> None:
     model, samples, config, _, result = setup
     qdq = quantize(tiny_cnn(spread=0.5), samples, config=config)
-    assert qdq.steps["adaround"]["layers"] == 4
+    assert qdq.steps.adaround["layers"] == 4
     onnx.checker.check_model(qdq.model)
     assert integer_kernel_report(qdq.model)["integer_fraction"] == 1.0
     q_inits = {i.name: numpy_helper.to_array(i) for i in qdq.model.graph.initializer}

@@ -7,9 +7,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import npukit.quant.calibration.calibrate as calibrate_module
 from npukit.quant.calibration.auto import split_samples
-from npukit.quant.calibration.calibrate import calibrate
-from npukit.quant.calibration.observers import MultiObserver, make_observer
-from npukit.quant.config import QuantConfig, RANGE_METHODS
+from npukit.quant.calibration.calibrate import calibrate, make_observer
+from npukit.quant.calibration.observers import RANGE_METHODS, MultiObserver
+from npukit.quant.config import QuantConfig
 from npukit.quant.layer_sqnr import sqnr_db
 from npukit.quant.qdq import quantize
 from tests.quant.conftest import make_samples, outputs, tiny_cnn
@@ -105,9 +105,9 @@ def test_auto_keeps_minmax_when_rare_large_values_carry_the_output() -> None:
     model = _outlier_model("relu")
     samples = _outlier_samples(16, scale=0.05, outlier=100.0)
     result = quantize(model, samples, config=QuantConfig(method="auto", percentile=99.9))
-    auto = result.steps["auto"]
+    auto = result.steps.auto
     assert set(auto["candidates"]) == set(RANGE_METHODS)
-    assert auto["chosen"] == "minmax" and result.steps["calibration"]["chosen"] == "minmax"
+    assert auto["chosen"] == "minmax" and result.steps.calibration["chosen"] == "minmax"
     assert (auto["calibration_samples"], auto["held_out_samples"]) == (12, 4)
     scores = auto["candidates"]
     assert scores["minmax"] > max(scores["percentile"], scores["entropy"]) + 10.0, auto
@@ -121,7 +121,7 @@ def test_auto_clips_when_outliers_waste_the_range() -> None:
     model = _outlier_model("exp")
     samples = _outlier_samples(16, scale=1.0, outlier=7.0)
     result = quantize(model, samples, config=QuantConfig(method="auto", percentile=99.9))
-    auto = result.steps["auto"]
+    auto = result.steps.auto
     scores = auto["candidates"]
     assert auto["chosen"] != "minmax" and scores[auto["chosen"]] == max(scores.values())
     assert scores[auto["chosen"]] > scores["minmax"] + 10.0, auto
@@ -144,9 +144,9 @@ def test_auto_composes_with_cle_adaround_and_bias_correction(monkeypatch: pytest
     samples = make_samples(8)
     config = QuantConfig(method="auto", cle=True, bias_correction=True, adaround=True, adaround_iterations=20)
     result = quantize(model, samples, config=config)
-    assert {"cle", "auto", "adaround", "bias_correction"} <= set(result.steps)
-    assert list(result.steps) == ["cle", "auto", "calibration", "adaround", "bias_correction", "plan", "float_convs"]
-    tensors = result.steps["calibration"]["tensors"]
+    assert {"cle", "auto", "adaround", "bias_correction"} <= set(result.steps.ran())
+    assert result.steps.ran() == ["cle", "auto", "calibration", "adaround", "bias_correction", "plan", "float_convs"]
+    tensors = result.steps.calibration["tensors"]
     interior = tensors - 2  # graph input and output use min-max observers
     assert len(calls) == interior * 6  # one pass over the 6 calibration samples, one histogram per tensor
     onnx.checker.check_model(result.model)
@@ -156,9 +156,9 @@ def test_auto_composes_with_cle_adaround_and_bias_correction(monkeypatch: pytest
 
 def test_few_samples_calibrate_on_all_with_a_note() -> None:
     result = quantize(tiny_cnn(), make_samples(4), config=QuantConfig(method="auto"))
-    auto = result.steps["auto"]
+    auto = result.steps.auto
     assert (auto["calibration_samples"], auto["held_out_samples"]) == (4, 1) and "only 4" in auto["note"]
-    assert result.steps["calibration"]["samples"] == 4
+    assert result.steps.calibration["samples"] == 4
 
 
 @pytest.mark.parametrize("bias_correction", [False, True])
@@ -177,6 +177,6 @@ def test_auto_scores_candidates_bias_corrected_when_the_final_model_is(monkeypat
     monkeypatch.setattr(qdq_module, "correct_bias", counting)
     result = quantize(tiny_cnn(spread=0.5), make_samples(16),
                       config=QuantConfig(method="auto", bias_correction=bias_correction))
-    candidates = len(RANGE_METHODS) - len(result.steps["auto"]["identical_ranges"])
+    candidates = len(RANGE_METHODS) - len(result.steps.auto["identical_ranges"])
     split = split_samples(16)
     assert calls == ([split.calibration] * candidates + [None] if bias_correction else [])

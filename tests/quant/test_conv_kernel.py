@@ -157,9 +157,9 @@ def test_the_choice_is_timed_and_exact(built) -> None:
 def test_quantize_with_gemm_convs_reports_the_choice_and_keeps_the_outputs(built) -> None:
     samples = _samples()
     result = quantize(_projection_model(), samples, config=QuantConfig(gemm_convs=True))
-    assert set(result.steps["conv_kernels"]["gemm_over_convsym_alone"]) == {"expand", "project", "spatial"}
+    assert set(result.steps.conv_kernels["gemm_over_convsym_alone"]) == {"expand", "project", "spatial"}
     np.testing.assert_array_equal(outputs(built, samples), outputs(result.model, samples))
-    assert "conv_kernels" not in quantize(_projection_model(), samples, config=QuantConfig()).steps
+    assert quantize(_projection_model(), samples, config=QuantConfig()).steps.conv_kernels is None
 
 
 def test_a_conv_with_16_bit_activations_is_no_candidate() -> None:

@@ -83,7 +83,7 @@ def test_quantize_leaves_the_chosen_head_in_float_and_reports_its_timings() -> N
     rng = np.random.default_rng(2)
     samples = [{"x": rng.normal(size=(1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
     result = quantize(model, samples, config=QuantConfig(float_stem=True))
-    step = result.steps["float_stem"]
+    step = result.steps.float_stem
     (head,) = step["heads"]
     assert head["chain"] == ["stem", "dw", "pw2", "pw3"] and set(head["latency_ratio_to_stem_only"]) == {"1", "2",
                                                                                                        "3", "4"}
@@ -102,7 +102,7 @@ def test_quantize_names_unnamed_nodes_so_the_head_excludes_only_itself() -> None
     rng = np.random.default_rng(2)
     samples = [{"x": rng.normal(size=(1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
     result = quantize(model, samples, config=QuantConfig(float_stem=True))
-    head = result.steps["float_stem"]["nodes"]
+    head = result.steps.float_stem["nodes"]
     assert head and head[0] == "Conv_0" and "" not in head
     rows = {r["node"]: r for r in result.per_layer}
     assert rows["Conv_6"]["quantized"]  # the fifth conv is past the chain's limit of four: never in the head

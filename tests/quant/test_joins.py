@@ -55,7 +55,7 @@ def test_scores_survive_quantization_only_with_the_join_in_float() -> None:
     joined = quantize(model, _samples(), config=QuantConfig(float_joins=False))
     assert sqnr_db(reference, outputs(joined.model, held)[:, 0, 4:]) < 10  # one grid over 0..320: scores wiped out
     kept = quantize(model, _samples(), config=QuantConfig())
-    assert kept.steps["float_joins"]["nodes"] == ["join", "flatten"]
+    assert kept.steps.float_joins["nodes"] == ["join", "flatten"]
     assert sqnr_db(reference, outputs(kept.model, held)[:, 0, 4:]) > 25  # each input on its own grid
     assert integer_kernel_report(kept.model)["integer_fraction"] == 1.0  # the convs stay int8
 
@@ -83,8 +83,8 @@ def _conv_chain(convs: int) -> onnx.ModelProto:
 def test_the_float_head_never_takes_every_conv() -> None:
     samples = make_samples(4, shape=(1, 3, 16, 16))
     result = quantize(_conv_chain(1), samples, config=QuantConfig(float_stem=True))
-    assert result.steps["float_stem"]["nodes"] == [] and "dropped" in result.steps["float_stem"]
-    assert result.steps["float_stem"]["dropped"]  # the one conv was the stem: quantized whole, and said so
+    assert result.steps.float_stem["nodes"] == [] and "dropped" in result.steps.float_stem
+    assert result.steps.float_stem["dropped"]  # the one conv was the stem: quantized whole, and said so
     assert integer_kernel_report(result.model)["integer_fraction"] == 1.0
 
 

@@ -3,9 +3,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npukit.quant.calibration.observers import (EntropyObserver, MinMaxObserver, MseObserver, PercentileObserver,
-                                                make_observer)
+from npukit.cli import build_parser
+from npukit.quant.calibration.calibrate import make_observer
+from npukit.quant.calibration.observers import (OBSERVERS, EntropyObserver, MinMaxObserver, MseObserver,
+                                                MultiObserver, PercentileObserver)
 from npukit.quant.config import QuantConfig
+from npukit.search.space import RecipeSpace
 
 
 def _feed(observer, batches) -> None:
@@ -83,3 +86,20 @@ def test_make_observer_follows_config() -> None:
     assert isinstance(make_observer(QuantConfig(method="entropy")), EntropyObserver)
     o = make_observer(QuantConfig(method="mse", symmetric_activations=True, activation_dtype="int8"), bits=16)
     assert isinstance(o, MseObserver) and o.bits == 16 and o.symmetric and o.signed
+
+
+def test_the_registry_is_the_one_list_of_methods() -> None:
+    """A method added to OBSERVERS is taken by the config, the CLI, the recipe search and auto's shared histogram."""
+    names = list(OBSERVERS)
+    assert names == ["minmax", "percentile", "entropy", "mse"]
+    args = build_parser().parse_args(["quantize", "m.onnx", "--calib", "c", "-o", "o.onnx", "--method", names[-1]])
+    assert args.method == names[-1]
+    assert list(RecipeSpace("quick").method) == ["auto", *names]
+    multi = MultiObserver(num_bins=256)
+    multi.update(np.random.default_rng(0).standard_normal(10_000))
+    assert list(multi.ranges()) == names
+    for name, kind in OBSERVERS.items():
+        assert isinstance(make_observer(QuantConfig(method=name)), kind)
+        assert type(multi.as_method(name)) is kind
+    with pytest.raises(Exception, match="unknown calibration method 'kl'"):
+        QuantConfig(method="kl")

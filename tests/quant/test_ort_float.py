@@ -52,7 +52,7 @@ def test_the_pipeline_records_the_float_convs_it_kept() -> None:
     model = tiny_cnn(spread=1.0)
     samples = make_samples(6)
     result = quantize(model, samples, config=QuantConfig(reduce_range=True, exclude=FLOAT))
-    record = result.steps["float_convs"]
+    record = result.steps.float_convs
     assert record == {"float_convs": list(FLOAT), "quantized_input_kept_float": list(FLOAT), "int8_by_ort": []}
     planned, run = _planned_and_run(result.model, samples)
     np.testing.assert_allclose(run, planned, rtol=1e-5, atol=1e-5)

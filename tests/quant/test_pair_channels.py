@@ -91,11 +91,11 @@ def test_pairing_is_only_for_the_pair_bounded_grid_and_helps_the_int8_model() ->
     config = dataclasses.replace(CONFIG, method="minmax")
     paired = quantize(model, samples, config=config)
     plain = quantize(model, samples, config=dataclasses.replace(config, pair_channels=False))
-    assert paired.steps["pair_channels"]["groups"] >= 1 and "pair_channels" not in plain.steps
+    assert paired.steps.pair_channels["groups"] >= 1 and plain.steps.pair_channels is None
     gained = _sqnr(reference, outputs(paired.model, held)) - _sqnr(reference, outputs(plain.model, held))
     assert gained > 1.0, gained
     for other in ({"reduce_range": False}, {"per_channel": False}, {"bias_correction": True}):
-        assert "pair_channels" not in quantize(model, samples, config=dataclasses.replace(config, **other)).steps
+        assert quantize(model, samples, config=dataclasses.replace(config, **other)).steps.pair_channels is None
 
 
 def test_a_bias_shared_by_two_reordered_nodes_is_copied_not_reordered_twice() -> None:

@@ -117,6 +117,6 @@ def test_quantize_returns_the_plan_as_emitted_with_its_provenance() -> None:
     samples = make_samples(8)
     result = quantize(tiny_cnn(spread=0.5), samples, config=QuantConfig(method="percentile", exclude=("fc",)))
     plan = result.plan
-    assert result.steps["plan"]["not_as_planned"] == [] and plan.float_nodes["fc"][0].step == "exclude"
+    assert result.steps.plan["not_as_planned"] == [] and plan.float_nodes["fc"][0].step == "exclude"
     assert plan.provenance("a1")[0] == Decision("calibration", "percentile over 8 samples")
     assert {s.dtype for t, s in plan.tensors.items() if t.startswith("w") and t != "w4"} == {"int8"}

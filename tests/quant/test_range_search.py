@@ -23,7 +23,7 @@ def test_search_cuts_a_tail_that_wastes_the_grid_and_the_model_is_rebuilt_on_it(
     plain = quantize(model, samples, config=QuantConfig(method="minmax"))
     searched = quantize(model, samples, config=QuantConfig(method="minmax", range_search=True,
                                                            range_search_passes=4))
-    summary = searched.steps["range_search"]
+    summary = searched.steps.range_search
     assert summary["changed"]["e"]["to"][1] < plain.ranges["e"][1] / 4, summary
     assert summary["calibration_sqnr_after_db"] > summary["calibration_sqnr_before_db"] + 10.0
     # d (Conv output, Sigmoid input) loses its long positive tail but keeps its negative side
@@ -65,7 +65,7 @@ def test_search_keeps_the_range_that_carries_the_output() -> None:
     samples = _outlier_samples(16, scale=0.05, outlier=100.0)
     plain = quantize(model, samples, config=QuantConfig(method="minmax"))
     searched = quantize(model, samples, config=QuantConfig(method="minmax", range_search=True))
-    changed = searched.steps["range_search"]["changed"]
+    changed = searched.steps.range_search["changed"]
     assert all(c["to"][1] >= c["from"][1] for c in changed.values()), changed
     held = _outlier_samples(6, scale=0.05, outlier=100.0, seed=9)
     assert _sqnr(model, searched.model, held) >= _sqnr(model, plain.model, held) - 0.1
@@ -91,3 +91,25 @@ def test_grids_the_builder_fixes_stay_put() -> None:
     soft_model = helper.make_model(soft)
     assert softmax_outputs(soft_model, QuantConfig()) == ["p"]
     assert softmax_outputs(soft_model, QuantConfig(exclude=("s",))) == []
+
+
+def test_an_all_zero_activation_keeps_ort_s_empty_range_grid() -> None:
+    """Relu(-|conv|) is zero on every sample: its range is [0, 0], whose grid ORT makes scale 1, zero point 0; the
+    search moved it to scale 0 and divided by it (ZeroDivisionError on YOLOv8n with seeded inputs)."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((4, 4, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Abs", ["c"], ["a"], name="abs"), helper.make_node("Neg", ["a"], ["n"], name="neg"),
+             helper.make_node("Relu", ["n"], ["z"], name="relu"),
+             helper.make_node("Add", ["c", "z"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "zero", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    samples = [{"x": rng.standard_normal((1, 4, 8, 8)).astype(np.float32)} for _ in range(8)]
+    searched = quantize(model, samples, config=QuantConfig(range_search=True))
+    assert searched.ranges["z"] == (0.0, 0.0)
+    assert float(numpy_helper.to_array(_grid_init(searched.model, "z", "scale"))) == 1.0
+    assert _sqnr(model, searched.model, samples) > 30.0

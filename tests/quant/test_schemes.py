@@ -122,7 +122,7 @@ def test_float_stem_leaves_the_stem_and_the_input_unquantized() -> None:
     samples = [{"x": rng.normal(size=(1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
     plain = quantize(model, samples, config=QuantConfig())
     stem = quantize(model, samples, config=QuantConfig(float_stem=True))
-    assert stem.steps["float_stem"]["nodes"] == ["stem"] and "float_stem" not in plain.steps
+    assert stem.steps.float_stem["nodes"] == ["stem"] and plain.steps.float_stem is None
     quantized_inputs = {n.input[0] for n in stem.model.graph.node if n.op_type == "QuantizeLinear"}
     assert "x" not in quantized_inputs and "x" in {n.input[0] for n in plain.model.graph.node
                                                    if n.op_type == "QuantizeLinear"}

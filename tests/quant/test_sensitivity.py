@@ -59,4 +59,4 @@ def test_the_trials_keep_the_float_head_chosen_for_the_base(monkeypatch) -> None
                                   max_layers=2, mode="int16")
     assert len(timed) == 1 and len(plan.tried) > 1  # the head was timed for the base only
     assert not plan.config.float_stem and plan.config.exclude[0] == "stem"  # the base's head, as exclusions
-    assert "float_stem" not in plan.result.steps
+    assert plan.result.steps.float_stem is None

@@ -97,11 +97,11 @@ def test_plan_times_its_candidates_and_stays_within_the_budget_and_quantize_buil
     if plan.tensors:
         assert plan.estimated_sqnr_db > plan.base_sqnr_db
     mixed = quantize(model, samples, config=QuantConfig(per_channel=True, int16_budget=1.0))
-    chosen = mixed.steps["int16_plan"]["tensors"]
+    chosen = mixed.steps.int16_plan["tensors"]
     groups = tied_groups(mixed.reference)
     assert sixteen_bit_activations(mixed.model) == {t for r in chosen for t in groups[r]}
     assert not sixteen_bit_activations(quantize(model, samples, config=config).model)
-    summary = mixed.steps["int16_plan"]
+    summary = mixed.steps.int16_plan
     assert {c["tensor"] for c in summary["candidates"]} >= set(chosen) and summary["budget"] == 1.0
 
 

@@ -7,9 +7,9 @@ import typing
 from typing import Literal
 
 from npukit.errors import InputError
+from npukit.quant.calibration.observers import METHODS
 
-Method = Literal["minmax", "percentile", "entropy", "mse", "auto"]
-RANGE_METHODS: tuple[str, ...] = ("minmax", "percentile", "entropy", "mse")  # the methods "auto" chooses among
+Method = str  # "auto" or a name of ``quant.calibration.observers.OBSERVERS``
 ActivationDtype = Literal["uint8", "int8"]
 
 
@@ -110,8 +110,8 @@ class QuantConfig:
         object.__setattr__(self, "exclude", tuple(self.exclude))
         _require(self.activation_dtype in typing.get_args(ActivationDtype),
                  f"unknown activation dtype {self.activation_dtype!r}", "use uint8 or int8")
-        _require(self.method in typing.get_args(Method), f"unknown calibration method {self.method!r}",
-                 "use minmax, percentile, entropy, mse or auto")
+        _require(self.method in METHODS, f"unknown calibration method {self.method!r}",
+                 f"use {', '.join(METHODS)}")
         _require(50.0 < self.percentile <= 100.0, f"percentile {self.percentile} must be in (50, 100]",
                  "typical values are 99.9 to 99.999")
         _require(self.num_bins >= 128 and self.num_bins % 4 == 0,

@@ -48,6 +48,7 @@ from npukit.quant.precision.joins import JOIN_RATIO, mixed_scale_joins
 from npukit.quant.precision.tensor_precision import (TensorPlan, activation_pairs, check_plan_arguments,
                                                      plan_int16_tensors, sixteen_bit_activations, stand_in_config,
                                                      tied_groups)
+from npukit.quant.steps import FloatConvsRecord, QuantSteps
 from npukit.runtime.ort import INTEGER_KERNELS, make_session
 
 FLOAT_COMPUTE_OPS = ("Conv", "FusedConv", "MatMul", "FusedMatMul", "Gemm", "FusedGemm")
@@ -67,7 +68,7 @@ class QuantResult:
     ranges: dict[str, tuple[float, float]]
     per_layer: list[dict]
     seconds: float
-    steps: dict[str, dict]
+    steps: QuantSteps
     plan: QuantPlan | None = None  # what every tensor was quantized to and which step decided it, as emitted
     source: onnx.ModelProto | None = None  # the float model emitted (reference, bias-corrected / AdaRound weights)
 
@@ -292,76 +293,171 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
 
     ``samples`` (dicts of input name -> array) are read once per step; pass a re-iterable (a list, a reader) to
     keep memory bounded, since a one-shot iterator is held in memory. With ``method="auto"`` the method is chosen
-    after CLE and before AdaRound and bias correction (see ``npukit.quant.calibration.auto``); ``steps["auto"]`` holds each
-    candidate's held-out output SQNR and the choice. ``why``: the step that chose a float node or a 16-bit tensor of
-    ``config`` when it was not the user (e.g. a mixed-precision plan), for the plan's provenance.
+    after CLE and before AdaRound and bias correction (see ``npukit.quant.calibration.auto``); ``steps.auto`` holds
+    each candidate's held-out output SQNR and the choice. ``why``: the step that chose a float node or a 16-bit tensor
+    of ``config`` when it was not the user (e.g. a mixed-precision plan), for the plan's provenance.
+
+    The steps run in this order, each one a function below that does nothing when ``config`` leaves it off.
     """
     start = time.perf_counter()
-    model = named_nodes(model)  # unnamed nodes would all match an exclusion of the name ""
-    samples = _Reiterable(samples)
-    first = next(iter_samples(model, samples, limit=config.calib_samples))  # validates before any work
-    if config.gemm_convs:
-        require_exact_move()  # before any long step: refused where ORT's two int8 conv kernels are not both exact
-    work = preprocess(model)
-    # a node of the graph, or one pre-processing added (a plan chosen on the pre-processed graph may name those)
-    missing = set(config.exclude) - {n.name for g in (model, work) for n in g.graph.node}
-    if missing:
-        raise InputError(f"nodes to exclude {sorted(missing)} are not in the model",
-                         hint="use node names from the graph")
-    steps: dict[str, dict] = {}
-    why = dict(why or {})  # float node or 16-bit tensor -> the step that chose it, when not the user
-    range_why: dict[str, Decision] = {}  # tensor -> the step that set its range
-    probe = None
-    if config.int16_tensors:
-        probe = one_sample_ranges(work, first, config)
-        check_int16_tensors(work, first, config, probe)
-    if config.float_stem:  # before the 16-bit plan, which then times and scans the model with its float head
-        heads = float_heads(work, first, config, probe)
-        head_nodes = tuple(n for h in heads for n in h.nodes)
-        compute = {n.name for n in work.graph.node if n.op_type in FLOAT_COMPUTE_OPS} - set(config.exclude)
-        dropped = ""
-        if head_nodes and compute <= set(head_nodes):  # the head would leave no integer compute at all
-            dropped = (f"the float head ({', '.join(head_nodes)}) would have left every conv/matmul of the model in "
-                       "float; it is dropped and the model quantized whole")
-            head_nodes = ()
-        config = dataclasses.replace(config, float_stem=False, exclude=config.exclude + head_nodes)
-        why |= dict.fromkeys(head_nodes, FLOAT_HEAD)
-        steps["float_stem"] = {"nodes": list(head_nodes), "max_k": STEM_MAX_K, "heads": [h.summary() for h in heads],
-                               "dropped": dropped}
-    if config.float_joins:  # a join of very different scales (boxes and scores) and what follows it stay in float
-        probe = probe if probe is not None else one_sample_ranges(work, first, config)
-        joins = [j for j in mixed_scale_joins(work, probe) if j.node not in config.exclude]
-        kept = tuple(dict.fromkeys(n for j in joins for n in (j.node, *j.after)
-                                   if n not in config.exclude and n not in config.int16_nodes))
-        if kept:
-            config = dataclasses.replace(config, exclude=config.exclude + kept)
-            why |= {n: Decision("float_joins", "a join of tensors on very different scales, or after one")
-                    for n in kept}
-            steps["float_joins"] = {"nodes": list(kept), "ratio": JOIN_RATIO, "joins": [j.summary() for j in joins]}
-    if config.int16_budget > 0:  # first: the plan is chosen on the recipe without it, then built like a given list
-        int16 = plan_int16(model, samples, config=config, budget=config.int16_budget)
-        config = dataclasses.replace(config, int16_budget=0.0,
-                                     int16_tensors=tuple(dict.fromkeys(config.int16_tensors + int16.tensors)))
-        steps["int16_plan"] = int16.summary()
-        why |= {t: Decision("int16_plan", f"most output error per ms within a {int16.budget:.0%} latency budget")
-                for t in int16.tensors}
-    if config.cle:
-        eq = equalize(work, samples=samples, limit=config.calib_samples)
-        work = eq.model
-        steps["cle"] = eq.summary()
-    if config.activation_equalization:
-        streams = equalize_streams(work, samples, alpha=config.activation_equalization_alpha,
-                                   limit=config.calib_samples)
-        work = streams.model
-        steps["activation_equalization"] = streams.summary()
-    if pairing_pays(config):
-        paired = pair_channels(work, config)
-        work = paired.model
-        steps["pair_channels"] = paired.summary()
-    reference = work
+    build = _Build.begin(model, samples, config, why)
+    _float_head(build)
+    _float_joins(build)
+    _int16_plan(build)
+    _cross_layer_equalization(build)
+    _activation_equalization(build)
+    _channel_pairing(build)
+    _calibration(build, progress)
+    _adaround(build)
+    _bias_correction(build)
+    _emit(build)
+    _range_search(build)
+    _conv_kernels(build)
+    return build.result(time.perf_counter() - start)
+
+
+@dataclasses.dataclass
+class _Build:
+    """What ``quantize``'s steps read and write: the config as the steps so far left it, the float model being
+    quantized, the ranges and fixed weight grids, the plan and the QDQ model emitted, and the steps' records."""
+
+    model: onnx.ModelProto  # the user's model, every node named
+    samples: _Reiterable
+    first: dict[str, np.ndarray]  # the first sample: what ORT's placement and the timing probes run on
+    config: QuantConfig
+    work: onnx.ModelProto  # the float model as the steps so far changed it (pre-processed, equalized, ...)
+    why: dict[str, Decision]  # float node or 16-bit tensor -> the step that chose it, when not the user
+    range_why: dict[str, Decision] = dataclasses.field(default_factory=dict)  # tensor -> the step that set its range
+    steps: QuantSteps = dataclasses.field(default_factory=QuantSteps)
+    probe: dict[str, tuple[float, float]] | None = None  # one-sample ranges, for the probes that only build
+    reference: onnx.ModelProto | None = None  # the float model calibrated: what the QDQ model mirrors
+    ranges: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    calibrated_with: str = ""  # the method and sample count the ranges came from, for the plan's provenance
+    weight_grids: dict[str, TensorSpec] = dataclasses.field(default_factory=dict)  # AdaRound's fixed grids
+    before_rounding: dict[str, np.ndarray] | None = None  # AdaRound's float weights, for bias correction
+    plan: QuantPlan | None = None
+    qdq: onnx.ModelProto | None = None
+
+    @classmethod
+    def begin(cls, model: onnx.ModelProto, samples: Iterable[object], config: QuantConfig,
+              why: Mapping[str, Decision] | None) -> _Build:
+        """Checks that fail before any long step, then ORT's pre-processing (``preprocess``)."""
+        model = named_nodes(model)  # unnamed nodes would all match an exclusion of the name ""
+        samples = _Reiterable(samples)
+        first = next(iter_samples(model, samples, limit=config.calib_samples))  # validates before any work
+        if config.gemm_convs:
+            require_exact_move()  # refused where ORT's two int8 conv kernels are not both exact
+        work = preprocess(model)
+        # a node of the graph, or one pre-processing added (a plan chosen on the pre-processed graph may name those)
+        missing = set(config.exclude) - {n.name for g in (model, work) for n in g.graph.node}
+        if missing:
+            raise InputError(f"nodes to exclude {sorted(missing)} are not in the model",
+                             hint="use node names from the graph")
+        build = cls(model=model, samples=samples, first=first, config=config, work=work, why=dict(why or {}))
+        if config.int16_tensors:
+            build.probe = one_sample_ranges(work, first, config)
+            check_int16_tensors(work, first, config, build.probe)
+        return build
+
+    def probe_ranges(self) -> dict[str, tuple[float, float]]:
+        if self.probe is None:
+            self.probe = one_sample_ranges(self.work, self.first, self.config)
+        return self.probe
+
+    def emit(self) -> None:
+        """The plan of the config, ranges and grids so far, and the QDQ model ORT places for it."""
+        self.plan = plan_for(self.work, self.config, self.ranges, self.weight_grids, why=self.why,
+                             range_why=self.range_why)
+        self.qdq = emit_qdq(self.work, self.first, self.plan)
+
+    def result(self, seconds: float) -> QuantResult:
+        assert self.qdq is not None and self.plan is not None and self.reference is not None
+        plan, not_honoured = resolve_grids(self.work, self.qdq, self.plan)
+        self.steps.plan = plan.summary() | {"not_as_planned": not_honoured}
+        self.steps.float_convs = float_conv_record(self.qdq, plan)
+        return QuantResult(model=self.qdq, reference=self.reference, ranges=self.ranges, plan=plan, source=self.work,
+                           per_layer=_per_layer(self.work, self.qdq, self.ranges, self.config), seconds=seconds,
+                           steps=self.steps)
+
+
+def _float_head(b: _Build) -> None:
+    """The stem convs and the chain after them that run fastest in float on this CPU stay float (``float_heads``);
+    before the 16-bit plan, which then times and scans the model with its float head."""
+    if not b.config.float_stem:
+        return
+    heads = float_heads(b.work, b.first, b.config, b.probe)
+    head_nodes = tuple(n for h in heads for n in h.nodes)
+    compute = {n.name for n in b.work.graph.node if n.op_type in FLOAT_COMPUTE_OPS} - set(b.config.exclude)
+    dropped = ""
+    if head_nodes and compute <= set(head_nodes):  # the head would leave no integer compute at all
+        dropped = (f"the float head ({', '.join(head_nodes)}) would have left every conv/matmul of the model in "
+                   "float; it is dropped and the model quantized whole")
+        head_nodes = ()
+    b.config = dataclasses.replace(b.config, float_stem=False, exclude=b.config.exclude + head_nodes)
+    b.why |= dict.fromkeys(head_nodes, FLOAT_HEAD)
+    b.steps.float_stem = {"nodes": list(head_nodes), "max_k": STEM_MAX_K, "heads": [h.summary() for h in heads],
+                          "dropped": dropped}
+
+
+def _float_joins(b: _Build) -> None:
+    """A join of very different scales (boxes and scores) and what follows it stay in float."""
+    if not b.config.float_joins:
+        return
+    joins = [j for j in mixed_scale_joins(b.work, b.probe_ranges()) if j.node not in b.config.exclude]
+    kept = tuple(dict.fromkeys(n for j in joins for n in (j.node, *j.after)
+                               if n not in b.config.exclude and n not in b.config.int16_nodes))
+    if kept:
+        b.config = dataclasses.replace(b.config, exclude=b.config.exclude + kept)
+        b.why |= {n: Decision("float_joins", "a join of tensors on very different scales, or after one") for n in kept}
+        b.steps.float_joins = {"nodes": list(kept), "ratio": JOIN_RATIO, "joins": [j.summary() for j in joins]}
+
+
+def _int16_plan(b: _Build) -> None:
+    """The 16-bit activations within a latency budget: chosen on the recipe without them, then built like a list
+    the user gave."""
+    if b.config.int16_budget <= 0:
+        return
+    int16 = plan_int16(b.model, b.samples, config=b.config, budget=b.config.int16_budget)
+    b.config = dataclasses.replace(b.config, int16_budget=0.0,
+                                   int16_tensors=tuple(dict.fromkeys(b.config.int16_tensors + int16.tensors)))
+    b.steps.int16_plan = int16.summary()
+    b.why |= {t: Decision("int16_plan", f"most output error per ms within a {int16.budget:.0%} latency budget")
+              for t in int16.tensors}
+
+
+def _cross_layer_equalization(b: _Build) -> None:
+    if not b.config.cle:
+        return
+    eq = equalize(b.work, samples=b.samples, limit=b.config.calib_samples)
+    b.work = eq.model
+    b.steps.cle = eq.summary()
+
+
+def _activation_equalization(b: _Build) -> None:
+    if not b.config.activation_equalization:
+        return
+    streams = equalize_streams(b.work, b.samples, alpha=b.config.activation_equalization_alpha,
+                               limit=b.config.calib_samples)
+    b.work = streams.model
+    b.steps.activation_equalization = streams.summary()
+
+
+def _channel_pairing(b: _Build) -> None:
+    if not pairing_pays(b.config):
+        return
+    paired = pair_channels(b.work, b.config)
+    b.work = paired.model
+    b.steps.pair_channels = paired.summary()
+
+
+def _calibration(b: _Build, progress: Progress | None) -> None:
+    """The activation ranges; with ``method="auto"`` the method is chosen on held-out samples first. The model
+    calibrated is the reference the QDQ model mirrors."""
+    b.reference = work = b.work
+    config = b.config
     if config.method == "auto":
-        split = split_samples(sum(1 for _ in iter_samples(work, samples, limit=config.calib_samples)))
-        calib = calibrate(work, samples, config=dataclasses.replace(config, calib_samples=split.calibration),
+        split = split_samples(sum(1 for _ in iter_samples(work, b.samples, limit=config.calib_samples)))
+        calib = calibrate(work, b.samples, config=dataclasses.replace(config, calib_samples=split.calibration),
                           progress=progress)
         held_back = dataclasses.replace(config, calib_samples=split.calibration)
 
@@ -370,64 +466,80 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
             # which the methods' clipping and rounding shift differently) measured on the calibration part only
             base = work
             if config.bias_correction or config.adaround:
-                base = correct_bias(work, samples, config=held_back, ranges=ranges).model
-            return build_qdq(base, first, config, ranges, {})
+                base = correct_bias(work, b.samples, config=held_back, ranges=ranges).model
+            return build_qdq(base, b.first, config, ranges, {})
 
-        chosen, steps["auto"] = choose_method(reference, calib, samples, split=split, build=candidate)
-        config = dataclasses.replace(config, method=chosen)
+        chosen, b.steps.auto = choose_method(work, calib, b.samples, split=split, build=candidate)
+        b.config = config = dataclasses.replace(config, method=chosen)
         # the chosen method's ranges from every sample: the held-out part may hold what the rest never shows (the
         # only confident detections of a detector's calibration photos were in the last quarter: its class logits
         # were calibrated without them and its scores capped at 0.5)
-        calib = calibrate(work, samples, config=config, progress=progress) if split.held_out_start < split.total \
+        calib = calibrate(work, b.samples, config=config, progress=progress) if split.held_out_start < split.total \
             and split.calibration < split.total else calib.with_method(chosen)
-        steps["calibration"] = {"method": "auto", "chosen": chosen, "samples": calib.samples,
-                                "tensors": len(calib.ranges)}
+        b.steps.calibration = {"method": "auto", "chosen": chosen, "samples": calib.samples,
+                               "tensors": len(calib.ranges)}
+        method = f"auto (chose {chosen})"
     else:
-        calib = calibrate(work, samples, config=config, progress=progress)
-        steps["calibration"] = {"method": config.method, "samples": calib.samples, "tensors": len(calib.ranges)}
-    weight_grids: dict[str, TensorSpec] = {}
-    before_rounding: dict[str, np.ndarray] | None = None
-    if config.adaround:
-        wide = sixteen_bit_tensors(work, config)
-        eight_bit = {t: r for t, r in effective_ranges(work, calib.ranges, config).items() if t not in wide}
-        ar = adaround(work, samples, config=config, ranges=eight_bit)
-        before_rounding = {i.name: numpy_helper.to_array(i) for i in work.graph.initializer
-                           if i.name in ar.weight_specs}
-        work = ar.model
-        weight_grids = ar.weight_specs
-        steps["adaround"] = ar.summary()
-    if config.bias_correction:
-        bc = correct_bias(work, samples, config=config, ranges=calib.ranges, reference_weights=before_rounding)
-        work = bc.model
-        steps["bias_correction"] = {
-            "nodes": len(bc.shifts), "samples": bc.samples,
-            "mean_abs_shift": float(np.mean([np.abs(s).mean() for s in bc.shifts.values()])) if bc.shifts else 0.0}
-    ranges = calib.ranges
-    method = f"auto (chose {config.method})" if steps["calibration"]["method"] == "auto" else config.method
-    range_why |= dict.fromkeys(ranges, Decision("calibration", f"{method} over {calib.samples} samples"))
-    plan = plan_for(work, config, ranges, weight_grids, why=why, range_why=range_why)
-    qdq = emit_qdq(work, first, plan)
-    if config.range_search:  # last, on the model as built: bias correction stays as measured on the first grid
-        search = search_ranges(reference, qdq, samples, ranges=effective_ranges(work, ranges, config),
-                               limit=config.calib_samples, passes=config.range_search_passes,
-                               symmetric=config.symmetric_activations, threads=0,
-                               fixed=bounded_outputs(work, config))
-        ranges = ranges | search.ranges
-        steps["range_search"] = search.summary()
-        range_why |= {t: Decision("range_search", "moved where that raised the output SQNR on the calibration "
-                                                  "samples") for t in search.ranges}
-        plan = plan_for(work, config, ranges, weight_grids, why=why, range_why=range_why)
-        qdq = emit_qdq(work, first, plan)
-    if config.gemm_convs:  # last: exact, it only picks ORT's kernel per conv
-        kernels = choose_conv_kernels(qdq, first)
-        qdq = kernels.model
-        steps["conv_kernels"] = kernels.summary()
-    plan, not_honoured = resolve_grids(work, qdq, plan)
-    steps["plan"] = plan.summary() | {"not_as_planned": not_honoured}
-    steps["float_convs"] = float_conv_record(qdq, plan)
-    return QuantResult(model=qdq, reference=reference, ranges=ranges, plan=plan, source=work,
-                       per_layer=_per_layer(work, qdq, ranges, config),
-                       seconds=time.perf_counter() - start, steps=steps)
+        calib = calibrate(work, b.samples, config=config, progress=progress)
+        b.steps.calibration = {"method": config.method, "samples": calib.samples, "tensors": len(calib.ranges)}
+        method = config.method
+    b.ranges = calib.ranges
+    b.range_why |= dict.fromkeys(b.ranges, Decision("calibration", f"{method} over {calib.samples} samples"))
+
+
+def _adaround(b: _Build) -> None:
+    """Learned weight rounding for the 8-bit tensors; its grids go into the plan as fixed specs."""
+    if not b.config.adaround:
+        return
+    wide = sixteen_bit_tensors(b.work, b.config)
+    eight_bit = {t: r for t, r in effective_ranges(b.work, b.ranges, b.config).items() if t not in wide}
+    ar = adaround(b.work, b.samples, config=b.config, ranges=eight_bit)
+    b.before_rounding = {i.name: numpy_helper.to_array(i) for i in b.work.graph.initializer
+                         if i.name in ar.weight_specs}
+    b.work = ar.model
+    b.weight_grids = ar.weight_specs
+    b.steps.adaround = ar.summary()
+
+
+def _bias_correction(b: _Build) -> None:
+    if not b.config.bias_correction:
+        return
+    bc = correct_bias(b.work, b.samples, config=b.config, ranges=b.ranges, reference_weights=b.before_rounding)
+    b.work = bc.model
+    b.steps.bias_correction = {
+        "nodes": len(bc.shifts), "samples": bc.samples,
+        "mean_abs_shift": float(np.mean([np.abs(s).mean() for s in bc.shifts.values()])) if bc.shifts else 0.0}
+
+
+def _emit(b: _Build) -> None:
+    b.emit()
+
+
+def _range_search(b: _Build) -> None:
+    """Last among the grid choices, on the model as built (bias correction stays as measured on the first grid):
+    ranges moved where that raised the output SQNR, and the plan emitted again."""
+    if not b.config.range_search:
+        return
+    assert b.reference is not None and b.qdq is not None
+    search = search_ranges(b.reference, b.qdq, b.samples, ranges=effective_ranges(b.work, b.ranges, b.config),
+                           limit=b.config.calib_samples, passes=b.config.range_search_passes,
+                           symmetric=b.config.symmetric_activations, threads=0,
+                           fixed=bounded_outputs(b.work, b.config))
+    b.ranges = b.ranges | search.ranges
+    b.steps.range_search = search.summary()
+    b.range_why |= {t: Decision("range_search", "moved where that raised the output SQNR on the calibration "
+                                                "samples") for t in search.ranges}
+    b.emit()
+
+
+def _conv_kernels(b: _Build) -> None:
+    """Last: exact, it only picks ORT's kernel per conv."""
+    if not b.config.gemm_convs:
+        return
+    assert b.qdq is not None
+    kernels = choose_conv_kernels(b.qdq, b.first)
+    b.qdq = kernels.model
+    b.steps.conv_kernels = kernels.summary()
 
 
 def plan_int16(model: onnx.ModelProto, samples: Iterable[object], *, config: QuantConfig, budget: float,
@@ -450,7 +562,7 @@ def plan_int16(model: onnx.ModelProto, samples: Iterable[object], *, config: Qua
                               scan_samples=scan_samples, max_candidates=max_candidates)
 
 
-def float_conv_record(qdq: onnx.ModelProto, plan: QuantPlan) -> dict:
+def float_conv_record(qdq: onnx.ModelProto, plan: QuantPlan) -> FloatConvsRecord:
     """The plan's float Conv/ConvTranspose/Gemm nodes, those among them that read a quantized input (kept off ORT's
     own weight quantizer by ``emit.ort_float``), and any ORT would still run on its per-tensor int8 grid."""
     ops = {n.name: n.op_type for n in qdq.graph.node}
@@ -463,8 +575,7 @@ def float_conv_record(qdq: onnx.ModelProto, plan: QuantPlan) -> dict:
 def keep_float_head(config: QuantConfig, result: QuantResult) -> QuantConfig:
     """``config`` that builds ``result``'s float head again without timing it: the head's nodes (none when
     ``result`` has no float head) excluded, ``float_stem`` off."""
-    head = tuple(result.steps.get("float_stem", {}).get("nodes", ()))
-    return dataclasses.replace(config, float_stem=False, exclude=tuple(config.exclude) + head)
+    return dataclasses.replace(config, float_stem=False, exclude=tuple(config.exclude) + result.steps.float_head_nodes)
 
 
 def integer_kernel_report(model: onnx.ModelProto) -> dict:
@@ -498,7 +609,7 @@ def integer_failures(kernels: dict, result: QuantResult, config: QuantConfig) ->
     purpose; the float head's part in it is named."""
     if kernels["integer_fraction"] > 0 or sum(kernels["integer_ops"].values()):
         return []
-    head = result.steps.get("float_stem", {}).get("nodes", [])
+    head = result.steps.float_head_nodes
     floats = sum(kernels["float_compute_after_dq"].values()) + sum(kernels["float_compute"].values())
     if not floats:
         return []  # nothing to run on integer kernels (no Conv, MatMul or Gemm)

@@ -83,3 +83,12 @@ def add_comparison(report: Report, rows: dict[str, Any], latency: dict[str, Any]
                                                        "integer fraction", "note"],
                      [[integer, sum(kernels["float_compute_after_dq"].values()),
                        rounded(kernels["integer_fraction"], 3), note]])
+
+
+def add_sparsity_kept(report: Report, masks: dict[str, Any]) -> None:
+    """The zeros of a pruned model that training keeps (``masks``: weight name -> boolean mask, True = trained)."""
+    kept = {"tensors": len(masks), "zeros": int(sum((~m).sum() for m in masks.values())),
+            "weights": int(sum(m.size for m in masks.values()))}
+    report.add("sparsity_kept", kept)
+    report.add_table("Zeros of the pruned float model kept while training (tensors at least half zeros)",
+                     ["weight tensors", "zeros", "of weights"], [[kept["tensors"], kept["zeros"], kept["weights"]]])

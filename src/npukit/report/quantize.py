@@ -7,15 +7,17 @@ from typing import Any
 
 import numpy as np
 
+from npukit.quant.steps import QuantSteps
 from npukit.report.core import Report
 from npukit.report.plan import add_plan
 
 
-def add_steps(report: Report, steps: dict[str, Any]) -> None:
+def add_steps(report: Report, steps: QuantSteps) -> None:
     """``QuantResult.steps`` into ``report``: the JSON section and one table per step that chose something."""
-    report.add("steps", steps)
-    add_plan(report, steps["plan"])
-    plan = steps.get("int16_plan")
+    report.add("steps", steps.as_dict())
+    assert steps.plan is not None
+    add_plan(report, steps.plan)
+    plan = steps.int16_plan
     if plan:
         added = {c["tensor"]: c["added_ms"] for c in plan["candidates"]}
         report.add_table(f"16-bit activations chosen (int8 model {plan['base_ms']:.2f} ms, with them "
@@ -24,27 +26,27 @@ def add_steps(report: Report, steps: dict[str, Any]) -> None:
                          f"{plan['estimated_sqnr_db']:.2f} dB without their rounding)",
                          ["tensor", "share of the 8-bit output noise", "latency it adds alone (ms)"],
                          [[t, plan["scanned"][t], added[t]] for t in plan["tensors"]])
-    moves = steps.get("conv_kernels")
+    moves = steps.conv_kernels
     if moves and moves["moved_to_gemm"]:
         report.add_table(f"Convs moved from ORT's symmetric int8 conv kernel to its int8 GEMM (whole model "
                          f"{moves['model_ratio']:.3f}x the time as built; same outputs)",
                          ["node", "GEMM / symmetric-conv time alone"],
                          [[n, moves["gemm_over_convsym_alone"][n]] for n in moves["moved_to_gemm"]])
-    joins = steps.get("float_joins")
+    joins = steps.float_joins
     if joins:
         report.add_table(f"Joins of very different scales left in float, with the nodes after them (each input keeps "
                          f"its own grid; ratio >= {joins['ratio']:g})",
                          ["join", "largest |value| per input", "ratio", "nodes after it, in float"],
                          [[j["node"], ", ".join(f"{k} {v:.4g}" for k, v in j["input_magnitudes"].items()), j["ratio"],
                            ", ".join(j["after"]) or "-"] for j in joins["joins"]])
-    convs = steps.get("float_convs")
+    convs = steps.float_convs
     if convs and (convs["quantized_input_kept_float"] or convs["int8_by_ort"]):
         report.add_table("Float convs that read a quantized input (ONNX Runtime would quantize their weights per "
                          "tensor at load; each reads its input through a DequantizeLinear of its own instead)",
                          ["node", "on ONNX Runtime"],
                          [[n, "float, as planned"] for n in convs["quantized_input_kept_float"]]
                          + [[n, "int8 weights, one scale (ORT's own; opset below 13)"] for n in convs["int8_by_ort"]])
-    head = steps.get("float_stem")
+    head = steps.float_stem
     if head and (head["nodes"] or head.get("dropped")):
         report.add_table("Float head (the stem and the convs after it that run fastest in float on this CPU)",
                          ["convs left in float", "note"], [[", ".join(head["nodes"]) or "-", head.get("dropped", "")]])

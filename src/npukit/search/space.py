@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from npukit.errors import InputError
+from npukit.quant.calibration.observers import METHODS
 from npukit.quant.config import QuantConfig
 
 Lift = Literal["none", "int16", "float"]
@@ -109,7 +110,7 @@ class RecipeSpace:
 
     name: str
     per_channel: tuple[bool, ...] = (True, False)
-    method: tuple[str, ...] = ("auto", "minmax", "percentile", "entropy", "mse")
+    method: tuple[str, ...] = METHODS
     cle: tuple[bool, ...] = (False, True)
     equalize_activations: tuple[bool, ...] = (False, True)
     bias_correction: tuple[bool, ...] = (False, True)

@@ -206,7 +206,7 @@ class _Search:
         started = time.perf_counter()
         with step("baseline: the default recipe, float head timed once", timings=report.timings, key="baseline"):
             first = quantize(proto, calib, config=base)
-        head = tuple(first.steps.get("float_stem", {}).get("nodes", ()))
+        head = first.steps.float_head_nodes
         with step("layer sensitivity of the default recipe", timings=report.timings, key="sensitivity"):
             ranking = tuple(n for n, _ in layer_sensitivity(first, calib[:4], limit=4))
         float_base = dataclasses.replace(base, float_stem=False)

@@ -189,7 +189,7 @@ class _Run:
         from npukit.quant.qat.program import OnnxProgram
         from npukit.quant.qat.train import Trainer, read_checkpoint
         from npukit.quant.qat.twin import split, write_back
-        from npukit.report.qat import add_export_check, add_training
+        from npukit.report.qat import add_export_check, add_sparsity_kept, add_training
 
         report = self.report
         if self.threads:
@@ -208,12 +208,7 @@ class _Run:
         teacher = OnnxProgram(result.reference)
         masks = zero_masks(twin.model, set(student.trained_initializers()))  # a pruned model's zeros stay zero
         if masks:
-            kept = {"tensors": len(masks), "zeros": int(sum((~m).sum() for m in masks.values())),
-                    "weights": int(sum(m.size for m in masks.values()))}
-            report.add("sparsity_kept", kept)
-            report.add_table("Zeros of the pruned float model kept while training (tensors at least half zeros)",
-                             ["weight tensors", "zeros", "of weights"], [[kept["tensors"], kept["zeros"],
-                                                                          kept["weights"]]])
+            add_sparsity_kept(report, masks)
         choice = output_task(result.reference, self.samples.held[0].feeds, self.task)
         ptq_model = self._ptq_at_bits(result.model, twin, student)
         trainer = Trainer(student, teacher, self.samples.train, self.samples.labels, self.config,
@@ -262,6 +257,7 @@ class _Run:
         """The PTQ start: from the checkpoint of this run where there is one, else built (on rank 0, sent to the
         others under torchrun); and its serialized form for the checkpoint."""
         from npukit.quant.qdq import quantize
+        from npukit.quant.steps import QuantSteps
         from npukit.report.quantize import add_steps
         from npukit.verbs.common import quant_opset
 
@@ -277,11 +273,11 @@ class _Run:
 
             def build() -> tuple[bytes, bytes, dict]:
                 result = quantize(proto, self.samples.calib, config=config)
-                return result.model.SerializeToString(), result.reference.SerializeToString(), result.steps
+                return result.model.SerializeToString(), result.reference.SerializeToString(), result.steps.as_dict()
 
             with step("post-training quantization (the start)", timings=self.report.timings, key="ptq"):
                 model, reference, steps = _broadcast(build, self.rank)
-        add_steps(self.report, steps)
+        add_steps(self.report, QuantSteps.from_dict(steps))
         return _Start(onnx.load_from_string(model), onnx.load_from_string(reference)), (model, reference, steps)
 
     def _ptq_at_bits(self, qdq: onnx.ModelProto, twin: Any, student: Any) -> onnx.ModelProto:

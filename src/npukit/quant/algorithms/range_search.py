@@ -148,6 +148,8 @@ class _Scorer:
         # ORT's arithmetic: float32 bounds, float64 scale and zero point, half-to-even rounding
         lo, hi = min(float(np.float32(lo)), 0.0), max(float(np.float32(hi)), 0.0)
         scale = (hi - lo) / (grid.qmax - grid.qmin)
+        if scale < np.finfo(np.float32).tiny:  # an all-zero tensor: ORT's grid for an empty range
+            return 1.0, 0.0
         return scale, float(np.clip(np.round(grid.qmin - lo / scale), grid.qmin, grid.qmax))
 
     def _set(self, name: str, value: np.ndarray | float) -> None:

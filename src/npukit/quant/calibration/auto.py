@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 
 from npukit.quant.calibration.calibrate import CalibrationResult, iter_samples
-from npukit.quant.config import RANGE_METHODS
+from npukit.quant.calibration.observers import RANGE_METHODS
 from npukit.quant.layer_sqnr import sqnr_db
 from npukit.runtime.ort import make_session
 
@@ -83,7 +83,7 @@ def output_sqnrs(reference: onnx.ModelProto, candidates: dict[str, onnx.ModelPro
 def choose_method(reference: onnx.ModelProto, calib: CalibrationResult, samples: Iterable[object], *,
                   split: Split, build: Callable[[Ranges], onnx.ModelProto]) -> tuple[str, dict]:
     """The method (of ``calib.candidates``) whose ``build(ranges)`` model scores the highest output SQNR on the
-    held-out samples (ties: the earlier in ``RANGE_METHODS``), and the summary for ``QuantResult.steps["auto"]``.
+    held-out samples (ties: the earlier in ``RANGE_METHODS``), and the summary for ``QuantResult.steps.auto``.
     Methods whose ranges equal an earlier method's share its model and score."""
     models: dict[str, onnx.ModelProto] = {}
     same_as: dict[str, str] = {}

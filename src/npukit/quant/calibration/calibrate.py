@@ -15,8 +15,8 @@ import onnx
 from onnx import TensorProto, helper
 
 from npukit.errors import InputError
-from npukit.quant.calibration.observers import MultiObserver, make_observer
-from npukit.quant.config import QuantConfig, RANGE_METHODS
+from npukit.quant.calibration.observers import OBSERVERS, RANGE_METHODS, MultiObserver, Observer
+from npukit.quant.config import QuantConfig
 from npukit.runtime.ort import make_session
 
 Sample = Mapping[str, np.ndarray]
@@ -47,6 +47,14 @@ class ChannelStats:
     std: np.ndarray
     min: np.ndarray
     max: np.ndarray
+
+
+def make_observer(config: QuantConfig, *, bits: int = 8) -> Observer:
+    """The observer ``config.method`` names (a ``MultiObserver`` for "auto"), for ``bits``-wide activations of the
+    configured signedness."""
+    kind = MultiObserver if config.method == "auto" else OBSERVERS[config.method]
+    return kind.create(bits=bits, signed=config.activation_signed, symmetric=config.symmetric_activations,
+                       num_bins=config.num_bins, percentile=config.percentile)
 
 
 def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:

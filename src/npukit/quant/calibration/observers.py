@@ -4,6 +4,11 @@ The histogram observers keep a fixed number of bins on a grid centred on zero; w
 the grid's half-width doubles and neighbouring bins merge pairwise (an exact rebinning), so memory stays the same
 however many samples are observed. Ranges always contain zero (a zero point must exist). ``MultiObserver`` keeps
 one such histogram and answers every method's range from it (for ``method="auto"``).
+
+``OBSERVERS`` names the methods. A new one is an ``Observer`` subclass and one line there: ``QuantConfig``, the
+CLI's ``--method``, the recipe search and ``auto`` (which scores every registered method from one shared histogram,
+so a new observer must be able to answer from statistics it did not gather, as ``HistogramObserver.as_method``
+gives them) all read the names from it.
 """
 
 from __future__ import annotations
@@ -12,8 +17,6 @@ import abc
 import math
 
 import numpy as np
-
-from npukit.quant.config import QuantConfig, RANGE_METHODS
 
 
 def _finite(x: np.ndarray) -> np.ndarray:
@@ -33,6 +36,11 @@ class Observer(abc.ABC):
         self.min = math.inf
         self.max = -math.inf
         self.updates = 0
+
+    @classmethod
+    def create(cls, *, bits: int, signed: bool, symmetric: bool, num_bins: int, percentile: float) -> Observer:
+        """The observer from the calibration settings (each class takes the ones it uses)."""
+        return cls(bits=bits, signed=signed, symmetric=symmetric)
 
     def update(self, x: np.ndarray) -> None:
         x = _finite(x)
@@ -84,6 +92,10 @@ class HistogramObserver(Observer):
         self.zeros = 0  # exact zeros (ReLU's spike) are counted apart: quantization represents them exactly
         self.bound = 0.0
 
+    @classmethod
+    def create(cls, *, bits: int, signed: bool, symmetric: bool, num_bins: int, percentile: float) -> Observer:
+        return cls(bits=bits, signed=signed, symmetric=symmetric, num_bins=num_bins)
+
     def _update(self, x: np.ndarray) -> None:
         nonzero = x[x != 0]
         self.zeros += x.size - nonzero.size
@@ -123,17 +135,10 @@ class HistogramObserver(Observer):
 
     def as_method(self, method: str, *, percentile: float = 99.99) -> Observer:
         """An observer of ``method`` holding this one's statistics (sharing its histogram: do not update it)."""
-        common = {"bits": self.bits, "signed": self.signed, "symmetric": self.symmetric}
-        if method == "minmax":
-            other: Observer = MinMaxObserver(**common)
-        elif method == "percentile":
-            other = PercentileObserver(**common, num_bins=self.half, percentile=percentile)
-        elif method == "entropy":
-            other = EntropyObserver(**common, num_bins=self.half)
-        elif method == "mse":
-            other = MseObserver(**common, num_bins=self.half)
-        else:
+        if method not in OBSERVERS:
             raise ValueError(f"unknown method {method!r}")
+        other = OBSERVERS[method].create(bits=self.bits, signed=self.signed, symmetric=self.symmetric,
+                                         num_bins=self.half, percentile=percentile)
         other.min, other.max, other.updates = self.min, self.max, self.updates
         if isinstance(other, HistogramObserver):
             other.counts, other.zeros, other.bound = self.counts, self.zeros, self.bound
@@ -158,6 +163,10 @@ class PercentileObserver(HistogramObserver):
                  percentile: float = 99.99) -> None:
         super().__init__(bits=bits, signed=signed, symmetric=symmetric, num_bins=num_bins)
         self.percentile = percentile
+
+    @classmethod
+    def create(cls, *, bits: int, signed: bool, symmetric: bool, num_bins: int, percentile: float) -> Observer:
+        return cls(bits=bits, signed=signed, symmetric=symmetric, num_bins=num_bins, percentile=percentile)
 
     def _search(self) -> tuple[float, float]:
         p = self.percentile / 100.0
@@ -258,6 +267,10 @@ class MultiObserver(HistogramObserver):
         super().__init__(bits=bits, signed=signed, symmetric=symmetric, num_bins=num_bins)
         self.percentile = percentile
 
+    @classmethod
+    def create(cls, *, bits: int, signed: bool, symmetric: bool, num_bins: int, percentile: float) -> Observer:
+        return cls(bits=bits, signed=signed, symmetric=symmetric, num_bins=num_bins, percentile=percentile)
+
     def _search(self) -> tuple[float, float]:
         return self.min, self.max
 
@@ -265,16 +278,12 @@ class MultiObserver(HistogramObserver):
         return {m: self.as_method(m, percentile=self.percentile).range() for m in RANGE_METHODS}
 
 
-def make_observer(config: QuantConfig, *, bits: int = 8) -> Observer:
-    """The observer ``config.method`` names (a ``MultiObserver`` for "auto"), for ``bits``-wide activations of the
-    configured signedness."""
-    common = {"bits": bits, "signed": config.activation_signed, "symmetric": config.symmetric_activations}
-    if config.method == "auto":
-        return MultiObserver(**common, num_bins=config.num_bins, percentile=config.percentile)
-    if config.method == "minmax":
-        return MinMaxObserver(**common)
-    if config.method == "percentile":
-        return PercentileObserver(**common, num_bins=config.num_bins, percentile=config.percentile)
-    if config.method == "entropy":
-        return EntropyObserver(**common, num_bins=config.num_bins)
-    return MseObserver(**common, num_bins=config.num_bins)
+# The calibration methods by name, in the order ``auto`` breaks ties (the earlier wins).
+OBSERVERS: dict[str, type[Observer]] = {
+    "minmax": MinMaxObserver,
+    "percentile": PercentileObserver,
+    "entropy": EntropyObserver,
+    "mse": MseObserver,
+}
+RANGE_METHODS: tuple[str, ...] = tuple(OBSERVERS)  # the methods "auto" chooses among
+METHODS: tuple[str, ...] = ("auto", *RANGE_METHODS)  # what --method and QuantConfig.method take

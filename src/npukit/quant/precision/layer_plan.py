@@ -255,7 +255,7 @@ def plan_layer_precision(model: onnx.ModelProto, samples: Iterable[object], *, c
     all_16bit = build_qdq(built.source, first, wide, built.ranges, {})
     timing = _timed_beside({"int8": base, "plan": plan, "all_16bit": all_16bit}, first)
     plan_db = output_sqnrs(reference, {"": plan}, samples, start=0, stop=n)[""]
-    head = tuple(built.steps.get("float_stem", {}).get("nodes", ()))
+    head = built.steps.float_head_nodes
     why = dict.fromkeys(head, FLOAT_HEAD) | {n: LIFTED for n, p in chosen.items() if p == "float32"}
     why |= {t: LIFTED for nd in reference.graph.node if chosen.get(nd.name) == "int16"
             for t in (*nd.input, *nd.output) if t}
@@ -264,4 +264,3 @@ def plan_layer_precision(model: onnx.ModelProto, samples: Iterable[object], *, c
                      base_sqnr_db=float(sqnr_db(1.0, base_nsr)) if base_nsr > 0 else float("inf"),
                      plan_sqnr_db=float(plan_db), samples=n,
                      config=lifted(keep_float_head(config, built), chosen), why=why)
-
