@@ -128,94 +128,128 @@ def estimate_energy(model: onnx.ModelProto, *, peak_bytes: int | None = None,
     """The estimate for one inference of ``model`` (float or QDQ). ``peak_bytes``: the peak of live activations from
     a memory plan (else the sum of the two largest activations, a lower bound). Tensor sizes come from shape
     inference; where it cannot tell them and ``feeds`` are given, from one run on ONNX Runtime."""
-    from npukit.measure.summary import (_constant_tensors, _node_macs, _other_flops, _weight_roots,
-                                        infer_with_fixed_inputs, tensor_nbytes, value_types)
-    from npukit.runtime.ort import every_output
+    from npukit.measure.summary import _node_macs, tensor_nbytes
 
     energy_model = energy_model or EnergyModel()
-    graph = infer_with_fixed_inputs(model, None).graph
-    shapes, dtypes = value_types(graph)
-    if feeds is not None and any(tensor_nbytes(shapes.get(o), dtypes.get(o)) is None
-                                 for n in graph.node for o in n.output[:1]):
-        found = every_output(model, feeds)
-        shapes |= {name: shape for name, (shape, _) in found.items()}
-        dtypes |= {name: onnx.helper.np_dtype_to_tensor_dtype(dtype) for name, (_, dtype) in found.items()
-                   if not dtypes.get(name)}
-    consts = _constant_tensors(graph)
-    roots = _weight_roots(graph, consts)
-    producers = {o: n for n in graph.node for o in n.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-
-    def stored(name: str) -> tuple[str, int | None]:
-        """(the type a value travels as, its dtype code): a DequantizeLinear's input type where it comes from one,
-        a QuantizeLinear's output type where its only reader quantizes it."""
-        node = producers.get(name)
-        if node is not None and node.op_type == "DequantizeLinear":
-            code = dtypes.get(node.input[0])
-            return _INT.get(code, _float_name(code)), code
-        users = readers.get(name, [])
-        if len(users) == 1 and users[0].op_type == "QuantizeLinear":
-            code = dtypes.get(users[0].output[0])
-            return _INT.get(code, _float_name(code)), code
-        code = dtypes.get(name)
-        return _INT.get(code, _float_name(code)), code
-
-    def nbytes(name: str) -> int:
-        return tensor_nbytes(shapes.get(name), stored(name)[1]) or 0
-
-    weight_bytes = {w: tensor_nbytes(tuple(consts[w].dims), consts[w].data_type) or 0
-                    for w in {r for rs in roots.values() for r in rs} if w in consts}
+    tensors = _Tensors.read(model, feeds)
+    weight_bytes = {w: tensor_nbytes(tuple(tensors.consts[w].dims), tensors.consts[w].data_type) or 0
+                    for w in {r for rs in tensors.roots.values() for r in rs} if w in tensors.consts}
     weight_total = sum(weight_bytes.values())
     weights_on_chip = weight_total <= energy_model.on_chip_bytes
-    activations = sorted((nbytes(n) for n in shapes if n not in consts and n not in roots), reverse=True)
+    activations = sorted((tensors.nbytes(n) for n in tensors.shapes
+                          if n not in tensors.consts and n not in tensors.roots), reverse=True)
     peak = peak_bytes if peak_bytes is not None else sum(activations[:2])
     activations_on_chip = peak <= energy_model.on_chip_bytes
     notes = [f"weights {weight_total} B {'fit' if weights_on_chip else 'do not fit'} on chip "
              f"({energy_model.on_chip_bytes} B): read from {'SRAM' if weights_on_chip else 'DRAM'}",
              f"activation peak {peak} B{' (memory plan)' if peak_bytes is not None else ' (two largest, a bound)'} "
              f"{'fits' if activations_on_chip else 'does not fit'} on chip"]
-    macs_of = {id(node): _node_macs(node, shapes) or 0 for node in graph.node}
+    macs_of = {id(node): _node_macs(node, tensors.shapes) or 0 for node in tensors.nodes}
     ops: list[OpEnergy] = []
-    for index, node in enumerate(graph.node):
+    for index, node in enumerate(tensors.nodes):
         if node.op_type in _PLUMBING:
             continue
-        macs = macs_of[id(node)]
-        data = [n for n in node.input if n and n not in roots]
-        weights = [n for n in node.input if n and n in roots]
-        # a MAC node computes in the wider of its two operands (not its bias: int32, the accumulator's); another
-        # node in the widest of its inputs and outputs
-        operands = node.input[:2] if macs else data + weights + list(node.output)
-        dtype = max([stored(n)[0] for n in operands if n] or ["float32"], key=lambda k: _WIDTH[k])
-        other = 0 if macs else _other_flops(node, shapes) or 0
-        sram = dram = 0
-        if not macs and _fused(node, producers, readers, macs_of):
-            ops.append(OpEnergy(name=node.name or f"{node.op_type}_{index}", op=node.op_type, dtype=dtype, macs=0,
-                                other_ops=other, sram_bytes=0, dram_bytes=0, compute_pj=other * OP_PJ[dtype],
-                                memory_pj=0.0))
+        if not macs_of[id(node)] and _fused(node, tensors.producers, tensors.readers, macs_of):
+            ops.append(_op_energy(node, index, tensors, macs=0, fused=True))
             continue
-        for name in weights:
-            size = sum(weight_bytes.get(w, 0) for w in roots[name])
-            sram, dram = (sram + size, dram) if weights_on_chip else (sram, dram + size)
-        for name in data + [o for o in node.output if o]:
-            size = nbytes(name)
+        sram = dram = 0
+        for name in node.input:
+            if name and name in tensors.roots:
+                size = sum(weight_bytes.get(w, 0) for w in tensors.roots[name])
+                sram, dram = (sram + size, dram) if weights_on_chip else (sram, dram + size)
+        for name in [n for n in node.input if n and n not in tensors.roots] + [o for o in node.output if o]:
+            size = tensors.nbytes(name)
             on_chip = activations_on_chip or size <= energy_model.on_chip_bytes
             sram, dram = (sram + size, dram) if on_chip else (sram, dram + size)
-        ops.append(OpEnergy(name=node.name or f"{node.op_type}_{index}", op=node.op_type, dtype=dtype, macs=macs,
-                            other_ops=other, sram_bytes=sram, dram_bytes=dram,
-                            compute_pj=macs * MAC_PJ[dtype] + other * OP_PJ[dtype],
-                            memory_pj=sram * SRAM_PJ_PER_BYTE + dram * DRAM_PJ_PER_BYTE))
+        ops.append(_op_energy(node, index, tensors, macs=macs_of[id(node)], sram=sram, dram=dram))
     if any(o.dtype == "int16" for o in ops):
         notes.append(INTERPOLATED["int16"])
-    unknown = sum(1 for node in graph.node if node.op_type not in _PLUMBING and node.output
-                  and tensor_nbytes(shapes.get(node.output[0]), dtypes.get(node.output[0])) is None)
+    unknown = sum(1 for node in tensors.nodes if node.op_type not in _PLUMBING and node.output
+                  and tensor_nbytes(tensors.shapes.get(node.output[0]), tensors.dtypes.get(node.output[0])) is None)
     if unknown:
         notes.insert(0, f"INCOMPLETE: {unknown} of {len(ops)} operators have tensor sizes shape inference cannot "
                         "tell (symbolic dimensions), priced at 0: fix the input shape (--input-shape) for a full "
                         "estimate")
     return EnergyEstimate(tuple(ops), weights_on_chip, activations_on_chip, energy_model, tuple(notes), unknown)
+
+
+@dataclasses.dataclass
+class _Tensors:
+    """A model's tensors as the estimate prices them: shapes and dtypes (from shape inference, else one run), the
+    constants and the weight roots behind each weight input, and who writes and reads each tensor. ``nodes`` holds
+    the graph's node wrappers, so ``id(node)`` stays the same wherever a node is looked up."""
+
+    nodes: list[onnx.NodeProto]
+    shapes: dict[str, Any]
+    dtypes: dict[str, Any]
+    consts: dict[str, Any]
+    roots: dict[str, Any]
+    producers: dict[str, onnx.NodeProto]
+    readers: dict[str, list[onnx.NodeProto]]
+
+    @classmethod
+    def read(cls, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray] | None) -> _Tensors:
+        from npukit.measure.summary import (_constant_tensors, _weight_roots, infer_with_fixed_inputs, tensor_nbytes,
+                                            value_types)
+        from npukit.runtime.ort import every_output
+
+        graph = infer_with_fixed_inputs(model, None).graph
+        shapes, dtypes = value_types(graph)
+        if feeds is not None and any(tensor_nbytes(shapes.get(o), dtypes.get(o)) is None
+                                     for n in graph.node for o in n.output[:1]):
+            found = every_output(model, feeds)
+            shapes |= {name: shape for name, (shape, _) in found.items()}
+            dtypes |= {name: onnx.helper.np_dtype_to_tensor_dtype(dtype) for name, (_, dtype) in found.items()
+                       if not dtypes.get(name)}
+        consts = _constant_tensors(graph)
+        nodes = list(graph.node)
+        readers: dict[str, list[onnx.NodeProto]] = {}
+        for node in nodes:
+            for name in node.input:
+                readers.setdefault(name, []).append(node)
+        return cls(nodes=nodes, shapes=shapes, dtypes=dtypes, consts=consts, roots=_weight_roots(graph, consts),
+                   producers={o: n for n in nodes for o in n.output}, readers=readers)
+
+    def stored(self, name: str) -> tuple[str, int | None]:
+        """(the type a value travels as, its dtype code): a DequantizeLinear's input type where it comes from one,
+        a QuantizeLinear's output type where its only reader quantizes it."""
+        node = self.producers.get(name)
+        if node is not None and node.op_type == "DequantizeLinear":
+            code = self.dtypes.get(node.input[0])
+            return _INT.get(code, _float_name(code)), code
+        users = self.readers.get(name, [])
+        if len(users) == 1 and users[0].op_type == "QuantizeLinear":
+            code = self.dtypes.get(users[0].output[0])
+            return _INT.get(code, _float_name(code)), code
+        code = self.dtypes.get(name)
+        return _INT.get(code, _float_name(code)), code
+
+    def nbytes(self, name: str) -> int:
+        from npukit.measure.summary import tensor_nbytes
+
+        return tensor_nbytes(self.shapes.get(name), self.stored(name)[1]) or 0
+
+
+def _op_energy(node: onnx.NodeProto, index: int, tensors: _Tensors, *, macs: int, sram: int = 0, dram: int = 0,
+               fused: bool = False) -> OpEnergy:
+    """One operator's energy: ``macs`` (or its other operations) in its data type, and the bytes it moves from
+    on-chip memory (``sram``) and DRAM; an activation ``fused`` into the MAC node before it moves none."""
+    from npukit.measure.summary import _other_flops
+
+    data = [n for n in node.input if n and n not in tensors.roots]
+    weights = [n for n in node.input if n and n in tensors.roots]
+    # a MAC node computes in the wider of its two operands (not its bias: int32, the accumulator's); another node in
+    # the widest of its inputs and outputs
+    operands = node.input[:2] if macs else data + weights + list(node.output)
+    dtype = max([tensors.stored(n)[0] for n in operands if n] or ["float32"], key=lambda k: _WIDTH[k])
+    other = 0 if macs else _other_flops(node, tensors.shapes) or 0
+    name = node.name or f"{node.op_type}_{index}"
+    if fused:
+        return OpEnergy(name=name, op=node.op_type, dtype=dtype, macs=0, other_ops=other, sram_bytes=0, dram_bytes=0,
+                        compute_pj=other * OP_PJ[dtype], memory_pj=0.0)
+    return OpEnergy(name=name, op=node.op_type, dtype=dtype, macs=macs, other_ops=other, sram_bytes=sram,
+                    dram_bytes=dram, compute_pj=macs * MAC_PJ[dtype] + other * OP_PJ[dtype],
+                    memory_pj=sram * SRAM_PJ_PER_BYTE + dram * DRAM_PJ_PER_BYTE)
 
 
 _EPILOGUE = {"Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Sigmoid", "Tanh", "PRelu"}
