@@ -332,7 +332,6 @@ class _Build:
     probe: dict[str, tuple[float, float]] | None = None  # one-sample ranges, for the probes that only build
     reference: onnx.ModelProto | None = None  # the float model calibrated: what the QDQ model mirrors
     ranges: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
-    calibrated_with: str = ""  # the method and sample count the ranges came from, for the plan's provenance
     weight_grids: dict[str, TensorSpec] = dataclasses.field(default_factory=dict)  # AdaRound's fixed grids
     before_rounding: dict[str, np.ndarray] | None = None  # AdaRound's float weights, for bias correction
     plan: QuantPlan | None = None

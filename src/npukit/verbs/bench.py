@@ -202,8 +202,8 @@ def _bench_memory(report: Report, model: str | Path) -> None:
         planned, _ = _plan(model, target="cpu")
         off = measure_ort_peak(model, arena=False)
         on = measure_ort_peak(model, arena=True)
-    add_memory(report, predicted=planned.runtime_peak, planned=best_plan(without_graph_inputs(planned.lifetimes))
-               .arena_bytes, lower_bound=planned.lower_bound, off=off, on=on)
+    placed = best_plan(without_graph_inputs(planned.lifetimes)).arena_bytes
+    add_memory(report, predicted=planned.runtime_peak, planned=placed, lower_bound=planned.lower_bound, off=off, on=on)
 
 
 def _bench_npu(report: Report, proto: onnx.ModelProto, ref_proto: onnx.ModelProto | None, dataset, *, target: str,

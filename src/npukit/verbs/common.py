@@ -52,10 +52,10 @@ def refuse_quantized(proto: onnx.ModelProto, model: str | Path, *, verb: str = "
                      hint=f"{where}; to quantize it with npukit, start from its float original")
 
 
-
 def float_static_model(model: str | Path, input_shape: Any, *, verb: str) -> tuple[onnx.ModelProto, Any]:
-    """(the float model a training verb starts from, its ``InputSpec``): ``input_shape`` fixed into it, a quantized
-    model refused and symbolic shapes refused (the trainers run static shapes), each in one line (exit 2)."""
+    """(the float model ``verb`` quantizes or trains, its ``InputSpec``): ``input_shape`` fixed into it, a quantized
+    model refused and symbolic shapes refused (calibration and the trainers run static shapes), each in one line
+    (exit 2)."""
     from npukit.frontend.shapes import InputSpec, load_with_inputs, require_static
 
     spec = InputSpec.parse(input_shape)
@@ -63,6 +63,7 @@ def float_static_model(model: str | Path, input_shape: Any, *, verb: str) -> tup
     refuse_quantized(proto, model, verb=verb)
     require_static(proto, needs=verb)
     return proto, spec
+
 
 def quant_opset(report: Report, proto: onnx.ModelProto, config: Any, samples: Any, *,
                 sixteen_bit: bool = False) -> onnx.ModelProto:

@@ -15,7 +15,7 @@ from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish, report_path_for
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import check_output, open_data, refuse_quantized, upgrade_opset
+from npukit.verbs.common import check_output, float_static_model, open_data, upgrade_opset
 
 CONFIRM = 4  # the fastest trials within the budget timed again together at the end
 TARGETS = ("cpu",)  # searched today; the others are refused with what to use instead
@@ -96,12 +96,7 @@ class _Inputs:
     @classmethod
     def open(cls, model: str | Path, data: str | Path, calib: str | Path | None, input_shape: Any,
              preprocess: PreprocessConfig, max_samples: int | None) -> _Inputs:
-        from npukit.frontend.shapes import InputSpec, load_with_inputs, require_static
-
-        spec = InputSpec.parse(input_shape)
-        proto = load_with_inputs(model, spec)
-        refuse_quantized(proto, model, verb="optimize")
-        require_static(proto, needs="optimize")
+        proto, spec = float_static_model(model, input_shape, verb="optimize")
         held = list(open_data(data, proto, preprocess).batches(1))
         if calib is None:
             if len(held) < 4:

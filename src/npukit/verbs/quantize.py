@@ -15,8 +15,8 @@ from npukit.report.quantize import (add_agreement, add_kernel_profile, add_layer
                                      add_size_and_speed, add_steps)
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import (check_output, evaluate, floor_check, held_back, open_data, quant_opset,
-                                 refuse_quantized, task_check)
+from npukit.verbs.common import (check_output, evaluate, float_static_model, floor_check, held_back, open_data,
+                                 quant_opset, task_check)
 
 
 CHECK_SAMPLES = 32  # calibration samples the task check reads when no held-out data is given
@@ -113,16 +113,12 @@ def quantize(
     verified on calibration samples first (``npukit.frontend.opset``); the report records it.
     """
     from npukit.frontend.onnx_io import save_onnx
-    from npukit.frontend.shapes import InputSpec, load_with_inputs, require_static
     from npukit.quant.config import QuantConfig
     from npukit.quant.qdq import quantize as _quantize
 
     output = check_output(output, source=model)
     preprocess = preprocess or PreprocessConfig()
-    spec = InputSpec.parse(input_shape)
-    proto = load_with_inputs(model, spec)
-    refuse_quantized(proto, model)
-    require_static(proto, needs="quantize")
+    proto, spec = float_static_model(model, input_shape, verb="quantize")
     timed_float = proto if spec else str(model)  # with --input-shape: the float model as fixed (static sizes too)
     scheme = cpu_scheme()
     config = QuantConfig(per_channel=not per_tensor, method=method, cle=cle, bias_correction=bias_correction,
