@@ -230,7 +230,13 @@ def test_quantize_checks_the_task_and_exits_1_below_the_floors(exported, tmp_pat
     assert printed.splitlines()[0].startswith("FAIL quantize: task generic") and "< 500 dB" in printed
     verdict = json.loads(out.with_name("q.report.json").read_text())["verdict"]
     assert "; try --cle --equalize-activations --bias-correction, --int16-budget 0.1" in verdict  # what it did not use
-    assert json.loads(out.with_name("q.report.json").read_text())["passed"] is False
+    failed = json.loads(out.with_name("q.report.json").read_text())
+    assert failed["passed"] is False
+    speed = next(t for t in failed["tables"] if t["title"].startswith("Size and latency"))
+    ratio = next(r for r in speed["rows"] if r[0] == "int8")[3]
+    # the verdict says when the INT8 model is not even faster than the float one, with the ratio the report measured
+    assert ("the float model may serve better here" in verdict) == (ratio >= 1.0)
+    assert ratio < 1.0 or f"{ratio:.2f}x the float model's time" in verdict
     assert main(args + ["--min-sqnr", "500", "--task", "generic", "--accept-degraded"]) == 0
     assert json.loads(out.with_name("q.report.json").read_text())["verdict"].startswith("DEGRADED")
 

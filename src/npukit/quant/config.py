@@ -46,6 +46,8 @@ class QuantConfig:
     fastest on this machine (``npukit.quant.cpu.float_head``; ties go to float, the more accurate).
     ``float_joins`` leaves a join of tensors on very different scales (a Concat of box coordinates and class scores)
     and every node after it in float, so that each input keeps its own grid (``npukit.quant.precision.joins``).
+    ``float_squares`` leaves a square that a root, logarithm or division reads back (a spectrogram's magnitude, a
+    LayerNorm's variance) in float with the nodes between (``npukit.quant.precision.squares``).
     ``gemm_convs`` times each int8 Conv of the built model on ONNX Runtime's two int8 conv kernels (its symmetric-conv
     kernel, taken when the weights' zero points are 0, and its general int8 GEMM, AMX tiles on CPUs with AMX) and
     moves those faster on the GEMM there by shifting their weight integers and zero point by one: the same
@@ -98,6 +100,7 @@ class QuantConfig:
     pair_channels: bool = True
     float_stem: bool = False
     float_joins: bool = True
+    float_squares: bool = True
     gemm_convs: bool = False
     adaround: bool = False
     adaround_iterations: int = 300

@@ -45,6 +45,7 @@ from npukit.quant.emit.ort_qdq import emit_qdq, resolve_grids
 from npukit.quant.grids import weight_axis
 from npukit.quant.plan import Decision, QuantPlan, SIXTEEN_BIT, TensorSpec
 from npukit.quant.precision.joins import JOIN_RATIO, mixed_scale_joins
+from npukit.quant.precision.squares import square_chains
 from npukit.quant.precision.tensor_precision import (TensorPlan, activation_pairs, check_plan_arguments,
                                                      plan_int16_tensors, sixteen_bit_activations, stand_in_config,
                                                      tied_groups)
@@ -303,6 +304,7 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
     build = _Build.begin(model, samples, config, why)
     _float_head(build)
     _float_joins(build)
+    _float_squares(build)
     _int16_plan(build)
     _cross_layer_equalization(build)
     _activation_equalization(build)
@@ -409,6 +411,21 @@ def _float_joins(b: _Build) -> None:
         b.config = dataclasses.replace(b.config, exclude=b.config.exclude + kept)
         b.why |= {n: Decision("float_joins", "a join of tensors on very different scales, or after one") for n in kept}
         b.steps.float_joins = {"nodes": list(kept), "ratio": JOIN_RATIO, "joins": [j.summary() for j in joins]}
+
+
+def _float_squares(b: _Build) -> None:
+    """A square that a root, logarithm or division reads back (a magnitude, a variance) stays in float with the
+    nodes between."""
+    if not b.config.float_squares:
+        return
+    chains = square_chains(b.work)
+    taken = set(b.config.exclude) | set(b.config.int16_nodes)
+    kept = tuple(dict.fromkeys(n for c in chains for n in c.nodes if n not in taken))
+    if kept:
+        b.config = dataclasses.replace(b.config, exclude=b.config.exclude + kept)
+        b.why |= {n: Decision("float_squares", "a square read back by a root, logarithm or division, or between")
+                  for n in kept}
+        b.steps.float_squares = {"nodes": list(kept), "chains": [c.summary() for c in chains]}
 
 
 def _int16_plan(b: _Build) -> None:

@@ -29,6 +29,14 @@ class FloatJoinsRecord(TypedDict):
     joins: list[dict[str, Any]]
 
 
+class FloatSquaresRecord(TypedDict):
+    """Squares read back by a root, logarithm or division (magnitudes, variances), with the nodes between, left in
+    float."""
+
+    nodes: list[str]
+    chains: list[dict[str, Any]]  # per square: the square, the node reading it back, the nodes of the chain
+
+
 class CalibrationRecord(TypedDict, total=False):
     method: str  # the method asked for ("auto" when chosen)
     chosen: str  # with "auto": the method chosen
@@ -57,6 +65,7 @@ class QuantSteps:
 
     float_stem: FloatHeadRecord | None = None
     float_joins: FloatJoinsRecord | None = None
+    float_squares: FloatSquaresRecord | None = None
     int16_plan: dict[str, Any] | None = None  # TensorPlan.summary(): the 16-bit tensors chosen within the budget
     cle: dict[str, Any] | None = None  # EqualizeResult.summary()
     activation_equalization: dict[str, Any] | None = None  # StreamEqualizeResult.summary()

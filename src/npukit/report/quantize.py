@@ -39,6 +39,12 @@ def add_steps(report: Report, steps: QuantSteps) -> None:
                          ["join", "largest |value| per input", "ratio", "nodes after it, in float"],
                          [[j["node"], ", ".join(f"{k} {v:.4g}" for k, v in j["input_magnitudes"].items()), j["ratio"],
                            ", ".join(j["after"]) or "-"] for j in joins["joins"]])
+    squares = steps.float_squares
+    if squares:
+        report.add_table("Squares read back by a root, logarithm or division, left in float with the nodes between "
+                         "(one 8-bit grid would round their small values to zero)",
+                         ["square", "read back by", "nodes in float"],
+                         [[c["square"], c["reader"], ", ".join(c["nodes"])] for c in squares["chains"]])
     convs = steps.float_convs
     if convs and (convs["quantized_input_kept_float"] or convs["int8_by_ort"]):
         report.add_table("Float convs that read a quantized input (ONNX Runtime would quantize their weights per "

@@ -145,8 +145,8 @@ def quantize(
         result = _quantize(proto, samples, config=config, why=why)
     save_onnx(result.model, output)
     add_steps(report, result.steps)
-    kernels = _measure(report, result, samples, {"float": timed_float, "int8": str(output)},
-                       {"float": model, "int8": output}, threads=threads, runs=runs)
+    kernels, latency = _measure(report, result, samples, {"float": timed_float, "int8": str(output)},
+                                {"float": model, "int8": output}, threads=threads, runs=runs)
     from npukit.measure.task_fidelity import check_samples
     from npukit.quant.qdq import integer_failures
 
@@ -158,7 +158,8 @@ def quantize(
         choice, _, _ = task_check(report, proto, result.model, check_samples(check, limit), task=task,
                                    gate=gate or QualityGate(), what="quantize", where=where, threads=threads,
                                    extra_failures=integer_failures(kernels, result, config),
-                                   hint=_recipe_hint(config))
+                                   hint=_recipe_hint(config, latency["int8"].median_ms / latency["float"].median_ms,
+                                                     threads=threads))
     if evaluation is not None and choice.name == "classify":
         agreement = evaluate(result.model, proto, evaluation,
                               config=BenchConfig(threads=threads, max_samples=max_samples), threads=threads)
@@ -167,10 +168,10 @@ def quantize(
 
 
 def _measure(report: Report, result: Any, samples: Any, timed: dict[str, Any], files: dict[str, Any], *,
-             threads: int, runs: int) -> dict:
+             threads: int, runs: int) -> tuple[dict, dict]:
     """What the quantized model costs and runs: ORT's integer kernels, per-layer SQNR against the float model on
     four calibration samples, size and latency beside the float model (``timed``: the two models as timed, the
-    float one with its shapes fixed) and where the time goes; the integer kernel report."""
+    float one with its shapes fixed) and where the time goes; the integer kernel report and the latencies."""
     from npukit.measure.latency import measure_latency_interleaved
     from npukit.measure.op_profile import profile_ops
     from npukit.measure.size import model_size
@@ -192,7 +193,7 @@ def _measure(report: Report, result: Any, samples: Any, timed: dict[str, Any], f
     with step("where the time goes (ORT kernel profile)", timings=report.timings, key="kernel_profile"):
         profiles = profile_ops(timed, threads=threads, warmup=3, runs=min(runs, 10), rounds=2, feeds=feeds)
     add_kernel_profile(report, profiles, threads=threads)
-    return kernels
+    return kernels, latency
 
 
 def _mixed_precision(report: Report, proto: Any, samples: Any, config: Any, *, task: str | None, gate: QualityGate,
@@ -222,8 +223,10 @@ def _mixed_precision(report: Report, proto: Any, samples: Any, config: Any, *, t
     return plan.config, plan.why
 
 
-def _recipe_hint(config: Any) -> str:
-    """What to try when the quantized model fails its check: the recovery steps ``config`` did not use."""
+def _recipe_hint(config: Any, latency_ratio: float, *, threads: int) -> str:
+    """What to try when the quantized model fails its check: the recovery steps ``config`` did not use, and, where
+    the quantized model is not even faster than the float one here (``latency_ratio``: its median over the float
+    model's), that the float model may be the better artifact on this CPU."""
     tried = []
     if not (config.cle and config.activation_equalization and config.bias_correction):
         tried.append("--cle --equalize-activations --bias-correction")
@@ -232,4 +235,6 @@ def _recipe_hint(config: Any) -> str:
     if not config.adaround:
         tried.append("--adaround")
     tried.append("--exclude the layers that hurt most (the report's table of them)")
-    return ", ".join(tried) + "; --accept-degraded keeps it as it is"
+    slower = (f"; the INT8 model also takes {latency_ratio:.2f}x the float model's time on this CPU ({threads} "
+              "thread(s)): the float model may serve better here, or compile for an NPU") if latency_ratio >= 1.0 else ""
+    return ", ".join(tried) + "; --accept-degraded keeps it as it is" + slower
