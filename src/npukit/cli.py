@@ -254,12 +254,12 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
 def _compile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="an .onnx file (qnn-htp), or a PyTorch model (torchvision:NAME, "
                                                   "module:factory, .pt2, TorchScript .pt)")
-    p.add_argument("-o", "--output", required=True, help="output path: .onnx (EPContext model), .pte or .tflite")
-    p.add_argument("--target", default="qnn-htp", help="qnn-htp (default), executorch-xnnpack or litert")
+    p.add_argument("-o", "--output", required=True, help="output path: .onnx (EPContext model), .pte, .tflite or .mlpackage")
+    p.add_argument("--target", default="qnn-htp", help="qnn-htp (default), executorch-xnnpack, litert or coreml (Core ML; run on macOS only)")
     p.add_argument("--soc", help="Snapdragon part number for qnn-htp, e.g. SM8350, SM8550, SM8650, SM8750")
     p.add_argument("--calib", help="calibration data when MODEL is float (image folder, .npy, .npz); also the "
-                                   "inputs of the task check (qnn-htp: on the HTP); with executorch-xnnpack or "
-                                   "litert it asks for INT8")
+                                   "inputs of the task check (qnn-htp: on the HTP); with executorch-xnnpack, "
+                                   "litert or coreml it asks for INT8")
     p.add_argument("--weights", help="state dict (.pt/.pth/.safetensors) for a PyTorch MODEL")
     p.add_argument("--mixed-precision", action="store_true",
                    help="qnn-htp with --calib: start from int8 activations (the HTP's fastest) and lift layers to "
@@ -580,13 +580,14 @@ VERBS: dict[str, Verb] = {
                     "model and accuracy against labels."),
     "compile": Verb(
         _compile, _compile_arguments,
-        help="model -> deployable artifact: an EPContext model for a Snapdragon HTP, an ExecuTorch .pte or a LiteRT "
-             ".tflite",
+        help="model -> deployable artifact: an EPContext model for a Snapdragon HTP, an ExecuTorch .pte, a LiteRT "
+             ".tflite or a Core ML .mlpackage",
         description="--target qnn-htp: fix static shapes, quantize as the HTP needs (unless given a QDQ model), and "
                     "compile an EPContext model holding the HTP context binary for --soc. --target executorch-xnnpack "
                     "/ litert: lower a PyTorch model to an ExecuTorch .pte / a LiteRT .tflite run by the XNNPACK "
-                    "delegate, fp32, or INT8 from npukit's plan with --calib. The result is loaded back, run and "
-                    "checked."),
+                    "delegate, fp32, or INT8 from npukit's plan with --calib. --target coreml: a Core ML ML Program "
+                    "package the same way. The result is loaded back, run and checked (Core ML off macOS: read "
+                    "back and its grids checked, not run; the verdict says so)."),
     "serve-bench": Verb(
         _serve_bench, _serve_bench_arguments,
         help="serve a model with npukit's runtime against a plain loop, under load",

@@ -1,11 +1,12 @@
-"""npukit compile --target executorch-xnnpack / litert: a PyTorch model to an ExecuTorch .pte or a LiteRT .tflite
-(fp32, or INT8 from npukit's plan), run on the runtime itself and checked; bad input refused in one line with
-nothing written."""
+"""npukit compile --target executorch-xnnpack / litert / coreml: a PyTorch model to an ExecuTorch .pte, a LiteRT
+.tflite or a Core ML .mlpackage (fp32, or INT8 from npukit's plan), run on the runtime itself and checked (Core ML off
+macOS: read back and its grids checked, not run); bad input refused in one line with nothing written."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +70,43 @@ def test_int8_artifact_from_npukits_plan(target, tmp_path):
     assert out.stat().st_size < 20_000  # int8 weights (the fp32 file of this net is larger)
 
 
+@pytest.mark.skipif(sys.platform == "darwin", reason="on macOS Core ML runs the package: the runner path is checked")
+@pytest.mark.parametrize("int8", [False, True])
+def test_coreml_package_is_read_back_and_said_not_run(int8, tmp_path, monkeypatch):
+    pytest.importorskip("coremltools", reason="the coreml extra is not installed (scripts/setup.sh installs it)")
+    from npukit.runtime import coreml
+
+    args = []
+    if int8:
+        calib = tmp_path / "calib.npy"
+        np.save(calib, np.random.default_rng(0).normal(size=(12, 3, 32, 32)).astype(np.float32))
+        args = ["--calib", str(calib)]
+    out = tmp_path / "tiny.mlpackage"
+    assert main(["compile", "tinynet:tiny", "--target", "coreml", "-o", str(out), *args, *SHAPE]) == 0
+    report = json.loads(out.with_name("tiny.report.json").read_text())
+    assert report["verdict"].startswith("EXPORTED compile: Core ML .mlpackage") and "not run" in report["verdict"]
+    check = report["results"]["package_check"]
+    assert out.is_dir() and (out / "Manifest.json").is_file()
+    assert list(check["interface"]["inputs"].values()) == [[1, 3, 32, 32]]
+    assert list(check["interface"]["outputs"].values()) == [[1, 10]]
+    ops = report["results"]["lowered"]["ops"]
+    assert ops.get("conv") == 3 and report["results"]["lowered"]["compute_precision"] == "float32"
+    if int8:  # every weight's integers and scales, and every activation grid, are the plan's
+        assert check["weights"] == 4 and check["weights_not_the_plans"] == 0
+        assert check["activation_grids"] >= 5 and check["activation_grids_not_the_plans"] == 0
+        assert ops["constexpr_affine_dequantize"] == 4
+        # the check can fail: a package whose grids are not the plan's is refused (exit 1, the verdict says why)
+        real = coreml.package_grids
+        monkeypatch.setattr(coreml, "package_grids",
+                            lambda lowered: ({(0.5, 3)} | real(lowered)[0], real(lowered)[1][1:]))
+        assert main(["compile", "tinynet:tiny", "--target", "coreml", "-o", str(out), *args, *SHAPE]) == 1
+        verdict = json.loads(out.with_name("tiny.report.json").read_text())["verdict"]
+        assert verdict.startswith("FAIL compile: Core ML .mlpackage:") and "weights differ from the plan's" in verdict
+    else:
+        assert "constexpr_affine_dequantize" not in ops
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no staging left behind
+
+
 def _bad(tmp_path: Path, onnx_model: Path, target: str) -> dict[str, list[str]]:
     out = str(tmp_path / f"out{TARGETS[target][0]}")
     return {
@@ -103,3 +141,17 @@ def test_missing_extra_says_how_to_install(target, missing, extra, tmp_path, cap
                  *SHAPE]) == 2
     err = capsys.readouterr().err
     assert extra in err and _files(tmp_path) == []
+
+
+def test_coreml_bad_output_and_missing_extra_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    occupied = tmp_path / "taken.mlpackage"
+    occupied.write_bytes(b"a file, not a package")
+    for out in (occupied, tmp_path / "m.pte"):
+        assert main(["compile", "tinynet:tiny", "--target", "coreml", "-o", str(out), *SHAPE]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and "\n" not in err and ".mlpackage" in err, err
+    assert occupied.read_bytes() == b"a file, not a package" and _files(tmp_path) == [occupied]
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "coremltools" else real(name, *a))
+    assert main(["compile", "tinynet:tiny", "--target", "coreml", "-o", str(tmp_path / "m.mlpackage"), *SHAPE]) == 2
+    assert "npukit[coreml]" in capsys.readouterr().err and _files(tmp_path) == [occupied]

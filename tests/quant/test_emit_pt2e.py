@@ -213,3 +213,51 @@ def test_a_concatenation_reaches_litert_on_one_grid(tmp_path):
     path = tmp_path / "fire.tflite"
     path.write_bytes(litert.lower(carried.program, example).buffer)
     _assert_computes_the_qdq_model(result.model, litert.Runner(path), samples[:4], floor_db=25)
+
+
+class _Residual(torch.nn.Module):
+    """conv -> relu -> conv, added to its input: a residual Add of two quantized tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.body = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.stem(x))
+        x = x + self.body(x)
+        return self.head(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def test_the_core_ml_package_holds_the_plans_grids(tmp_path):
+    """Core ML (converts anywhere, runs on macOS only): every int8 weight's integers and scales and every activation
+    grid of the ML Program are the plan's, the residual Add's output grid included once coremltools' scale
+    normalization of a quantized add (the same grid in units of one input's scale) is undone."""
+    pytest.importorskip("coremltools", reason="the coreml extra is not installed (scripts/setup.sh installs it)")
+    from npukit.quant.grids import qdq_grids, same_weight
+    from npukit.runtime import coreml
+
+    torch.manual_seed(0)
+    module = _Residual().eval()
+    source = ModelSource(kind="torch", spec="residual", module=module, onnx_path=None,
+                         default_input_shape=(1, 3, 16, 16), description="residual block")
+    float_onnx = onnx.load(str(export_model(source, tmp_path / "res.onnx",
+                                            config=ExportConfig(input_shape=(1, 3, 16, 16))).path))
+    name = float_onnx.graph.input[0].name
+    rng = np.random.default_rng(0)
+    samples = [{name: rng.normal(size=(1, 3, 16, 16)).astype(np.float32)} for _ in range(12)]
+    result = quantize(float_onnx, samples, config=QuantConfig(activation_dtype="int8", method="minmax"))
+    example = (torch.from_numpy(samples[0][name].copy()),)
+    carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan,
+                         options=coreml.CARRY)
+    lowered = coreml.lower(carried.program, example)
+    quantizes = [op for f in lowered.model._mil_program.functions.values() for op in f.operations
+                 if op.op_type == "quantize"]
+    assert any(coreml._normalized_by(op) != 1.0 for op in quantizes)  # the Add's output was rewritten
+    planned_grids, planned_weights = qdq_grids(result.model)
+    grids, weights = coreml.package_grids(lowered)
+    assert len(weights) == len(planned_weights) == 3
+    assert all(same_weight(ints, scales, planned_weights) for ints, scales in weights)
+    foreign = [g for g in grids if not any(z == g[1] and np.isclose(s, g[0], rtol=1e-5) for s, z in planned_grids)]
+    assert len(foreign) <= len(carried.derived) and len(grids) >= 4, (foreign, planned_grids)

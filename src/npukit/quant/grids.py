@@ -41,3 +41,29 @@ def grid_range(scale: float, zero_point: np.ndarray) -> Range:
     info = np.iinfo(np.asarray(zero_point).dtype)
     zero = float(zero_point)
     return ((int(info.min) - zero) * scale, (int(info.max) - zero) * scale)
+
+
+def qdq_grids(model: onnx.ModelProto) -> tuple[set[tuple[float, int]], list[tuple[np.ndarray, np.ndarray]]]:
+    """The integer grids a QDQ model holds: its per-tensor activation grids (scale rounded to 9 decimals, zero point
+    as int8: a uint8 one less 128) and each int8 weight's integers with its scales (one per channel or one)."""
+    from onnx import numpy_helper
+
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    grids: set[tuple[float, int]] = set()
+    weights: list[tuple[np.ndarray, np.ndarray]] = []
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear" and node.input[1] in inits and inits[node.input[1]].size == 1:
+            points = inits[node.input[2]] if len(node.input) > 2 and node.input[2] in inits else np.zeros(1, np.uint8)
+            zero = int(points.reshape(-1)[0]) - (128 if points.dtype == np.uint8 else 0)
+            grids.add((round(float(inits[node.input[1]].reshape(-1)[0]), 9), zero))
+        elif node.op_type == "DequantizeLinear" and node.input[0] in inits and inits[node.input[0]].dtype == np.int8 \
+                and inits[node.input[0]].ndim > 1:
+            weights.append((inits[node.input[0]], inits[node.input[1]].reshape(-1)))
+    return grids, weights
+
+
+def same_weight(ints: np.ndarray, scales: np.ndarray, planned: list[tuple[np.ndarray, np.ndarray]]) -> bool:
+    """Whether one of ``planned``'s weights has these integers (in any layout: a runtime may store OHWI for OIHW)
+    and these scales."""
+    return any(w.size == ints.size and s.size == scales.size and np.allclose(s, scales, rtol=1e-6)
+               and np.array_equal(np.sort(w, axis=None), np.sort(ints, axis=None)) for w, s in planned)

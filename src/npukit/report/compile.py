@@ -58,6 +58,21 @@ def add_fp32_error(report: Report, *, artifact: str, worst: float, tolerance: fl
                      [[f"{worst:.2e}", f"{tolerance:g}"]])
 
 
+def add_package_check(report: Report, check: dict[str, Any], *, artifact: str) -> None:
+    """What was checked of an artifact this machine cannot run: reloaded from disk, its inputs and outputs, and for
+    INT8 its integer grids against npukit's plan."""
+    report.add("package_check", check)
+    rows = [["reloaded from disk", "yes"],
+            ["inputs", ", ".join(f"{k} {v}" for k, v in check["interface"]["inputs"].items())],
+            ["outputs", ", ".join(f"{k} {v}" for k, v in check["interface"]["outputs"].items())]]
+    if "weights" in check:
+        rows += [["int8 weights / not the plan's", f"{check['weights']} / {check['weights_not_the_plans']}"],
+                 ["activation grids / not the plan's", f"{check['activation_grids']} / "
+                                                       f"{check['activation_grids_not_the_plans']}"]]
+    rows.append(["run", f"no: {check['not_run']}"])
+    report.add_table(f"{artifact} as written (read back, not run)", ["check", "result"], rows)
+
+
 def add_mobile_latency(report: Report, latency: Mapping[str, Any], *, threads: int, runs: int) -> None:
     """Latency of the artifact on its runtime, eager torch and ORT float, timed in interleaved rounds."""
     report.add("latency", {k: dataclasses.asdict(v) for k, v in latency.items()})

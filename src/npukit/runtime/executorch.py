@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from npukit._atomic import write_bytes_atomic
 from npukit.errors import InputError
 from npukit.quant.emit.pt2e import CarryOptions
 from npukit.runtime.tensors import plain_tensor
@@ -34,6 +35,11 @@ def require() -> None:
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 
 
+def cannot_run() -> str | None:
+    """Why this machine cannot run the runtime's artifacts: never (it runs on the CPU here)."""
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class Lowered:
     """A .pte program's bytes and what XNNPACK took."""
@@ -46,6 +52,9 @@ class Lowered:
     def summary(self) -> dict[str, Any]:
         return {"bytes": len(self.buffer), "delegated_ops": self.delegated_ops, "delegate_calls": self.delegate_calls,
                 "portable_ops": dict(self.portable_ops)}
+
+    def write(self, output: Path) -> None:
+        write_bytes_atomic(output, self.buffer)
 
     def table(self) -> tuple[str, list[str], list[list[Any]]]:
         left = ", ".join(f"{k} x{v}" for k, v in self.portable_ops.items()) or "none"

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from npukit._atomic import write_bytes_atomic
 from npukit.errors import InputError
 from npukit.quant.emit.pt2e import CarryOptions
 from npukit.runtime.tensors import plain_tensor
@@ -45,6 +46,11 @@ def require() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
+def cannot_run() -> str | None:
+    """Why this machine cannot run the runtime's artifacts: never (it runs on the CPU here)."""
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class Lowered:
     """A .tflite model's bytes and its operators."""
@@ -57,6 +63,9 @@ class Lowered:
     def summary(self) -> dict[str, Any]:
         return {"bytes": len(self.buffer), "ops": dict(self.ops), "int8_io": self.int8_io} \
             | self.delegation.summary()
+
+    def write(self, output: Path) -> None:
+        write_bytes_atomic(output, self.buffer)
 
     def table(self) -> tuple[str, list[str], list[list[Any]]]:
         left = ", ".join(f"{k} x{v}" for k, v in self.delegation.left.items()) or "none"

@@ -69,12 +69,12 @@ def compile(  # noqa: A001 - the verb's name
         return compile_mobile(model, output, target=target.strip().lower(), calib=calib, input_shape=input_shape,
                               preprocess=preprocess, html=html, task=task, gate=gate, weights=weights)
     if weights is not None:
-        raise InputError("--weights is for a PyTorch MODEL (--target executorch-xnnpack or litert)",
+        raise InputError("--weights is for a PyTorch MODEL (--target executorch-xnnpack, litert or coreml)",
                          hint="give the HTP an .onnx model with its weights in it")
     profile = get_target(target)
     if profile.name != "qnn-htp":
         raise InputError(f"compiling for {profile.name} is not supported yet",
-                         hint="use --target qnn-htp, executorch-xnnpack or litert; other targets: export the QDQ model "
+                         hint="use --target qnn-htp, executorch-xnnpack, litert or coreml; other targets: export the QDQ model "
                               "from `npukit quantize`")
     if soc is None:
         raise InputError("compiling for the HTP needs the Snapdragon SoC", hint="pass --soc, e.g. --soc SM8650")

@@ -1,6 +1,8 @@
 """compile for the mobile runtimes: a PyTorch model -> an ExecuTorch .pte with the XNNPACK delegate
-(``--target executorch-xnnpack``) or a LiteRT .tflite run by LiteRT's XNNPACK delegate (``--target litert``), fp32
-or INT8 from npukit's quantization plan, run on the runtime itself and checked against eager torch."""
+(``--target executorch-xnnpack``), a LiteRT .tflite run by LiteRT's XNNPACK delegate (``--target litert``) or a Core
+ML .mlpackage (``--target coreml``), fp32 or INT8 from npukit's quantization plan, run on the runtime itself and
+checked against eager torch; where the runtime cannot run on this machine (Core ML off macOS), the artifact is
+reloaded and read instead (inputs, outputs, the plan's integer grids), and the verdict says it was not run."""
 
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ class MobileTarget:
     artifact: str  # what the report calls the compiled file
     runtime: str
     lowering: str  # what the lowering step does, for the progress line
+    package: bool = False  # the artifact is a directory (a Core ML package), not a file
 
     def module(self) -> Any:
         return importlib.import_module(f"npukit.runtime.{self.runtime}")
@@ -56,6 +59,8 @@ MOBILE_TARGETS = {
                                        "lowering to ExecuTorch with the XNNPACK delegate"),
     "litert": MobileTarget("litert", ".tflite", "LiteRT .tflite", "litert",
                            "converting to LiteRT (.tflite; XNNPACK delegate at load)"),
+    "coreml": MobileTarget("coreml", ".mlpackage", "Core ML .mlpackage", "coreml",
+                           "converting to Core ML (ML Program, float32 compute)", package=True),
 }
 
 
@@ -77,8 +82,10 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
     runtime = mobile.module()
     runtime.require()
     output = Path(output)
-    if output.suffix.lower() != mobile.suffix or output.is_dir():
-        raise InputError(f"output {output} must be a file ending in {mobile.suffix} for --target {mobile.name}",
+    if output.suffix.lower() != mobile.suffix or (output.is_dir() and not mobile.package) \
+            or (output.is_file() and mobile.package):
+        kind = "a package (a directory)" if mobile.package else "a file"
+        raise InputError(f"output {output} must be {kind} ending in {mobile.suffix} for --target {mobile.name}",
                          hint=f"name the output like model{mobile.suffix}")
     source = resolve_model(str(model), weights=str(weights) if weights else None)
     if source.kind == "onnx" or source.module is None:
@@ -99,13 +106,19 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
         float_onnx = _export_onnx(report, source, shape, Path(work))
         samples = _samples(calib, float_onnx, preprocess, shape)
         example = tuple(plain_tensor(v) for v in samples[0].values())
-        program, carried = (_quantize(report, module, float_onnx, samples, example, runtime) if int8
-                            else (module, None))
-        _lower(report, mobile, runtime, program, example, output)
-        runner, eager = runtime.Runner(output, threads=threads), _torch_runner(module)
-        _check(report, mobile, eager, runner, float_onnx, samples, int8=int8, task=task,
-               gate=gate or QualityGate())
-        _time(report, mobile, eager, runner, float_onnx, samples[0], threads=threads)
+        program, carried, qdq = (_quantize(report, module, float_onnx, samples, example, runtime) if int8
+                                 else (module, None, None))
+        lowered = _lower(report, mobile, runtime, program, example, output)
+        eager = _torch_runner(module)
+        absent = runtime.cannot_run()
+        if absent:
+            _inspect(report, mobile, runtime, lowered, output, eager, samples[0], qdq=qdq, carried=carried,
+                     reason=absent)
+        else:
+            runner = runtime.Runner(output, threads=threads)
+            _check(report, mobile, eager, runner, float_onnx, samples, int8=int8, task=task,
+                   gate=gate or QualityGate())
+            _time(report, mobile, eager, runner, float_onnx, samples[0], threads=threads)
     report.add("carried_plan", carried.summary() if carried is not None else None)
     return finish(report, output, html=html)
 
@@ -137,7 +150,7 @@ def _samples(calib: str | Path | None, float_onnx: onnx.ModelProto, preprocess: 
 
 
 def _quantize(report: Report, module: Any, float_onnx: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
-              example: tuple[Any, ...], runtime: Any) -> tuple[Any, Any]:
+              example: tuple[Any, ...], runtime: Any) -> tuple[Any, Any, onnx.ModelProto]:
     from npukit.quant.emit.pt2e import carry_plan
     from npukit.quant.qdq import quantize
     from npukit.report.quantize import add_steps
@@ -155,18 +168,53 @@ def _quantize(report: Report, module: Any, float_onnx: onnx.ModelProto, samples:
                          hint="compile without --calib for an fp32 artifact, or quantize the ONNX export with "
                               "`npukit quantize`")
     add_carried_plan(report, carried)
-    return carried.program, carried
+    return carried.program, carried, result.model
 
 
 def _lower(report: Report, mobile: MobileTarget, runtime: Any, program: Any, example: tuple[Any, ...],
-           output: Path) -> None:
-    from npukit._atomic import write_bytes_atomic
-
+           output: Path) -> Any:
     with step(mobile.lowering, timings=report.timings, key="lower"):
         lowered = runtime.lower(program, example)
-    write_bytes_atomic(output, lowered.buffer)
+    lowered.write(output)
     report.add("lowered", lowered.summary())
     report.add_table(*lowered.table())
+    return lowered
+
+
+def _inspect(report: Report, mobile: MobileTarget, runtime: Any, lowered: Any, output: Path, eager: Any,
+             feeds: dict[str, np.ndarray], *, qdq: onnx.ModelProto | None, carried: Any, reason: str) -> None:
+    """Where the runtime cannot run here: the artifact reloaded from disk, its inputs and outputs against the torch
+    program's, and for INT8 its integer grids against npukit's plan (every weight's integers and scales the plan's,
+    every activation grid one of the plan's or one derived for a tensor only the torch program has); a mismatch
+    fails the compile. The verdict says the artifact was not run."""
+    from npukit.quant.grids import qdq_grids, same_weight
+    from npukit.report.compile import add_package_check
+
+    interface = runtime.package_interface(output)
+    want = {"inputs": [list(v.shape) for v in feeds.values()], "outputs": [list(o.shape) for o in eager(feeds)]}
+    failures = [f"its {side} have shapes {list(interface[side].values())}, the torch program's {want[side]}"
+                for side in ("inputs", "outputs") if list(interface[side].values()) != want[side]]
+    check: dict[str, Any] = {"reloaded": True, "interface": interface, "not_run": reason}
+    if qdq is not None:
+        planned_grids, planned_weights = qdq_grids(qdq)
+        grids, weights = runtime.package_grids(lowered)
+        foreign = sorted(g for g in grids if not any(z == g[1] and np.isclose(s, g[0], rtol=1e-5, atol=0)
+                                                     for s, z in planned_grids))
+        strange = sum(not same_weight(ints, scales, planned_weights) for ints, scales in weights)
+        check |= {"weights": len(weights), "weights_not_the_plans": strange, "activation_grids": len(grids),
+                  "activation_grids_not_the_plans": len(foreign), "derived_allowed": len(carried.derived)}
+        if strange or len(weights) != len(planned_weights):
+            failures.append(f"{strange} of its {len(weights)} int8 weights differ from the plan's "
+                            f"{len(planned_weights)} (integers or scales)")
+        if len(foreign) > len(carried.derived):
+            failures.append(f"{len(foreign)} activation grids are not the plan's (e.g. scale {foreign[0][0]:g}, "
+                            f"zero point {foreign[0][1]})")
+    add_package_check(report, check, artifact=mobile.artifact)
+    what = f"{mobile.artifact} ({'int8 grids as planned, ' if qdq is not None else ''}written and reloaded)"
+    if failures:
+        report.set_verdict(f"FAIL compile: {mobile.artifact}: {failures[0]}", passed=False)
+    else:
+        report.set_verdict(f"EXPORTED compile: {what}; not run: {reason}, so no numerical check here", passed=True)
 
 
 def _torch_runner(module: Any) -> Any:
