@@ -190,17 +190,14 @@ class _Fire(torch.nn.Module):
         return self.head(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
-def test_a_concatenation_reaches_litert_on_one_grid(tmp_path):
-    """The plan gives each branch its own grid; LiteRT's converter refuses a concatenation whose inputs differ in
-    scale, so the branches write the concatenation's grid, and the .tflite still computes what the QDQ model does."""
-    pytest.importorskip("litert_torch", reason="the litert extra is not installed (scripts/setup.sh installs it)")
-    from npukit.runtime import litert
-
+def _carried_16x16(tmp_path: Path, net: type[torch.nn.Module], options):
+    """``net`` (seeded) exported for 1x3x16x16, quantized (int8 activations, min/max) on 12 seeded samples and its
+    plan carried with ``options``: the QDQ result, the carried plan, the samples and the example input."""
     torch.manual_seed(0)
-    module = _Fire().eval()
-    source = ModelSource(kind="torch", spec="fire", module=module, onnx_path=None,
-                         default_input_shape=(1, 3, 16, 16), description="fire module")
-    float_onnx = onnx.load(str(export_model(source, tmp_path / "fire.onnx",
+    module = net().eval()
+    source = ModelSource(kind="torch", spec=net.__name__, module=module, onnx_path=None,
+                         default_input_shape=(1, 3, 16, 16), description=net.__name__)
+    float_onnx = onnx.load(str(export_model(source, tmp_path / "net.onnx",
                                             config=ExportConfig(input_shape=(1, 3, 16, 16))).path))
     name = float_onnx.graph.input[0].name
     rng = np.random.default_rng(0)
@@ -208,7 +205,17 @@ def test_a_concatenation_reaches_litert_on_one_grid(tmp_path):
     result = quantize(float_onnx, samples, config=QuantConfig(activation_dtype="int8", method="minmax"))
     example = (torch.from_numpy(samples[0][name].copy()),)
     carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan,
-                         options=litert.CARRY)
+                         options=options)
+    return result, carried, samples, example
+
+
+def test_a_concatenation_reaches_litert_on_one_grid(tmp_path):
+    """The plan gives each branch its own grid; LiteRT's converter refuses a concatenation whose inputs differ in
+    scale, so the branches write the concatenation's grid, and the .tflite still computes what the QDQ model does."""
+    pytest.importorskip("litert_torch", reason="the litert extra is not installed (scripts/setup.sh installs it)")
+    from npukit.runtime import litert
+
+    result, carried, samples, example = _carried_16x16(tmp_path, _Fire, litert.CARRY)
     assert carried.unmatched == ()
     path = tmp_path / "fire.tflite"
     path.write_bytes(litert.lower(carried.program, example).buffer)
@@ -238,19 +245,7 @@ def test_the_core_ml_package_holds_the_plans_grids(tmp_path):
     from npukit.quant.grids import qdq_grids, same_weight
     from npukit.runtime import coreml
 
-    torch.manual_seed(0)
-    module = _Residual().eval()
-    source = ModelSource(kind="torch", spec="residual", module=module, onnx_path=None,
-                         default_input_shape=(1, 3, 16, 16), description="residual block")
-    float_onnx = onnx.load(str(export_model(source, tmp_path / "res.onnx",
-                                            config=ExportConfig(input_shape=(1, 3, 16, 16))).path))
-    name = float_onnx.graph.input[0].name
-    rng = np.random.default_rng(0)
-    samples = [{name: rng.normal(size=(1, 3, 16, 16)).astype(np.float32)} for _ in range(12)]
-    result = quantize(float_onnx, samples, config=QuantConfig(activation_dtype="int8", method="minmax"))
-    example = (torch.from_numpy(samples[0][name].copy()),)
-    carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan,
-                         options=coreml.CARRY)
+    result, carried, _, example = _carried_16x16(tmp_path, _Residual, coreml.CARRY)
     lowered = coreml.lower(carried.program, example)
     quantizes = [op for f in lowered.model._mil_program.functions.values() for op in f.operations
                  if op.op_type == "quantize"]
