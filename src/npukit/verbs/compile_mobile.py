@@ -40,8 +40,10 @@ XNNPACK_INT8 = QuantConfig(activation_dtype="int8", method="auto", cle=True, bia
 @dataclasses.dataclass(frozen=True)
 class MobileTarget:
     """A mobile runtime npukit compiles PyTorch models for; ``runtime`` names its module in ``npukit.runtime``, which
-    provides ``require()``, ``lower(program, example) -> Lowered`` (``.buffer``, ``.summary()``, ``.table()``),
-    ``Runner(path, threads=)``, and ``CARRY``: how npukit's plan is carried for its converter (``CarryOptions``)."""
+    provides ``require()``, ``cannot_run()`` (why this machine cannot run its artifacts, or None),
+    ``lower(program, example) -> Lowered`` (``.write(path)``, ``.summary()``, ``.table()``), ``Runner(path,
+    threads=)``, and ``CARRY``: how npukit's plan is carried for its converter (``CarryOptions``). A runtime that may
+    not run here also provides ``package_interface(path)`` and ``package_grids(lowered)``, what ``_inspect`` reads."""
 
     name: str
     suffix: str
