@@ -87,8 +87,8 @@ def test_coreml_package_is_read_back_and_said_not_run(int8, tmp_path, monkeypatc
     assert report["verdict"].startswith("EXPORTED compile: Core ML .mlpackage") and "not run" in report["verdict"]
     check = report["results"]["package_check"]
     assert out.is_dir() and (out / "Manifest.json").is_file()
-    assert list(check["interface"]["inputs"].values()) == [[1, 3, 32, 32]]
-    assert list(check["interface"]["outputs"].values()) == [[1, 10]]
+    # the model's own input and output names (the ONNX export's), not coremltools' op names
+    assert check["interface"] == {"inputs": {"input": [1, 3, 32, 32]}, "outputs": {"output": [1, 10]}}
     ops = report["results"]["lowered"]["ops"]
     assert ops.get("conv") == 3 and report["results"]["lowered"]["compute_precision"] == "float32"
     if int8:  # every weight's integers and scales, and every activation grid, are the plan's

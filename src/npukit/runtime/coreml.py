@@ -86,16 +86,24 @@ class Lowered:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def lower(program: torch.nn.Module, example: Sequence[torch.Tensor]) -> Lowered:
+def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
+          names: tuple[Sequence[str], Sequence[str]] | None = None) -> Lowered:
     """``program`` (eager or PT2E-converted) exported, decomposed to ATen and converted by coremltools to an ML
-    Program with float32 compute (its progress bars kept off the terminal)."""
+    Program with float32 compute (its progress bars kept off the terminal). ``names``: the model's input and output
+    names, given to the package's features (without them an INT8 package's output is named after its last
+    dequantize op)."""
     import coremltools as ct
 
-    exported = torch.export.export(program, tuple(plain_tensor(x) for x in example)).run_decompositions({})
+    example = tuple(plain_tensor(x) for x in example)
+    exported = torch.export.export(program, example).run_decompositions({})
+    features = {}
+    if names is not None:
+        features = {"inputs": [ct.TensorType(name=n, shape=tuple(x.shape)) for n, x in zip(names[0], example)],
+                    "outputs": [ct.TensorType(name=n) for n in names[1]]}
     try:
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
             model = ct.convert(exported, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS17,
-                               compute_precision=ct.precision.FLOAT32)
+                               compute_precision=ct.precision.FLOAT32, **features)
     except Exception as exc:  # noqa: BLE001 - any failure inside coremltools is the model's, said in one line
         line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise InputError(f"coremltools could not convert this model to Core ML: {line}",

@@ -63,9 +63,10 @@ class Lowered:
                 [[len(self.buffer), self.delegated_ops, self.delegate_calls, left]])
 
 
-def lower(program: torch.nn.Module, example: Sequence[torch.Tensor]) -> Lowered:
+def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
+          names: tuple[Sequence[str], Sequence[str]] | None = None) -> Lowered:
     """``program`` exported and lowered with ExecuTorch's XNNPACK partitioner (fp32, or the q/dq of a PT2E-converted
-    program as XNNPACK's integer kernels)."""
+    program as XNNPACK's integer kernels; ``names`` unused: a .pte method takes and returns tensors by position)."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 

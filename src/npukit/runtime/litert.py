@@ -87,8 +87,10 @@ class Delegation:
         return {"delegated_ops": self.delegated, "partitions": self.partitions, "left": dict(self.left)}
 
 
-def lower(program: torch.nn.Module, example: Sequence[torch.Tensor]) -> Lowered:
-    """``program`` (float, or PT2E-converted with the weights' quantize ops kept) converted to a .tflite model."""
+def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
+          names: tuple[Sequence[str], Sequence[str]] | None = None) -> Lowered:
+    """``program`` (float, or PT2E-converted with the weights' quantize ops kept) converted to a .tflite model
+    (``names`` unused: the converter names the signature's tensors)."""
     import litert_torch
 
     args = tuple(plain_tensor(x) for x in example)

@@ -41,7 +41,7 @@ XNNPACK_INT8 = QuantConfig(activation_dtype="int8", method="auto", cle=True, bia
 class MobileTarget:
     """A mobile runtime npukit compiles PyTorch models for; ``runtime`` names its module in ``npukit.runtime``, which
     provides ``require()``, ``cannot_run()`` (why this machine cannot run its artifacts, or None),
-    ``lower(program, example) -> Lowered`` (``.write(path)``, ``.summary()``, ``.table()``), ``Runner(path,
+    ``lower(program, example, names=) -> Lowered`` (``.write(path)``, ``.summary()``, ``.table()``), ``Runner(path,
     threads=)``, and ``CARRY``: how npukit's plan is carried for its converter (``CarryOptions``). A runtime that may
     not run here also provides ``package_interface(path)`` and ``package_grids(lowered)``, what ``_inspect`` reads."""
 
@@ -76,6 +76,7 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
     the torch program by ``npukit.quant.emit.pt2e``). The artifact is loaded in the runtime and checked against
     eager torch: fp32 within ``FP32_TOLERANCE`` of the output range, INT8 with the model's task under ``gate``;
     latency beside eager torch and ORT, 1 thread, interleaved."""
+    from npukit.frontend.onnx_io import graph_inputs
     from npukit.frontend.shapes import InputSpec
     from npukit.frontend.spec import resolve_model
     from npukit.runtime.tensors import plain_tensor
@@ -110,7 +111,8 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
         example = tuple(plain_tensor(v) for v in samples[0].values())
         program, carried, qdq = (_quantize(report, module, float_onnx, samples, example, runtime) if int8
                                  else (module, None, None))
-        lowered = _lower(report, mobile, runtime, program, example, output)
+        names = ([i.name for i in graph_inputs(float_onnx)], [o.name for o in float_onnx.graph.output])
+        lowered = _lower(report, mobile, runtime, program, example, output, names=names)
         eager = _torch_runner(module)
         absent = runtime.cannot_run()
         if absent:
@@ -174,9 +176,9 @@ def _quantize(report: Report, module: Any, float_onnx: onnx.ModelProto, samples:
 
 
 def _lower(report: Report, mobile: MobileTarget, runtime: Any, program: Any, example: tuple[Any, ...],
-           output: Path) -> Any:
+           output: Path, *, names: tuple[list[str], list[str]]) -> Any:
     with step(mobile.lowering, timings=report.timings, key="lower"):
-        lowered = runtime.lower(program, example)
+        lowered = runtime.lower(program, example, names=names)
     lowered.write(output)
     report.add("lowered", lowered.summary())
     report.add_table(*lowered.table())
