@@ -75,15 +75,19 @@ class Lowered:
         package already there is replaced only once the new one is complete)."""
         output.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-        old = output.with_name(f".{output.name}.old")
+        new, old = staging / output.name, staging / "replaced"
         try:
-            self.model.save(str(staging / output.name))
+            self.model.save(str(new))
             if output.exists():
                 output.rename(old)
-            (staging / output.name).rename(output)
+            try:
+                new.rename(output)
+            except BaseException:
+                if old.exists() and not output.exists():  # put the previous package back
+                    old.rename(output)
+                raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-            shutil.rmtree(old, ignore_errors=True)
 
 
 def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
