@@ -232,3 +232,45 @@ def test_the_split_of_the_cores_is_measured_when_not_given(monkeypatch) -> None:
 def test_a_missing_model_is_a_one_line_input_error(tmp_path) -> None:
     with pytest.raises(InputError, match="does not exist"):
         Runtime(tmp_path / "nope.onnx", device="cpu", workers=1)
+
+
+def test_runtimes_on_one_device_share_its_concurrency_limit() -> None:
+    """Two runtimes (two workers each) on a device limited to one graph at a time never run at once; without the
+    limit they do. The limit is the device's while a runtime has it open: another limit meanwhile is refused, and
+    it is free again once they close."""
+    model, intervals, guard = _model(), [], threading.Lock()
+
+    def slow(runtime: Runtime) -> None:
+        run = runtime.session.run
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            time.sleep(0.01)  # long enough that two unlimited workers overlap
+            out = run(*args, **kwargs)
+            with guard:
+                intervals.append((start, time.perf_counter()))
+            return out
+        runtime.session.run = timed
+
+    def overlaps() -> int:
+        spans = sorted(intervals)
+        return sum(b[0] < a[1] for a, b in zip(spans, spans[1:]))
+
+    for limit, expect_overlap in ((1, False), (None, True)):
+        intervals.clear()
+        with Runtime(model, device="cpu", workers=2, threads=1, pool=False, device_concurrency=limit) as first, \
+                Runtime(model, device="cpu", workers=2, threads=1, pool=False) as second:
+            assert first.gate is second.gate and first.describe()["device_concurrency"] == limit
+            slow(first), slow(second)
+            futures = [rt.submit(r) for r in _requests(12) for rt in (first, second)]
+            for f in futures:
+                f.result(timeout=30)
+            if limit is not None:
+                with pytest.raises(InputError, match="already runs at most 1 graph"):
+                    Runtime(model, device="cpu", workers=1, device_concurrency=2)
+        assert len(intervals) == 24
+        assert (overlaps() > 0) == expect_overlap, (limit, overlaps())
+    with Runtime(model, device="cpu", workers=1, device_concurrency=2) as later:  # both closed: a new limit
+        assert later.gate.limit == 2
+    with pytest.raises(InputError, match="device_concurrency must be at least 1"):
+        RuntimeConfig(device="cpu", device_concurrency=0)

@@ -13,6 +13,11 @@ Devices: ``cpu``; ``qnn-htp`` / ``qnn-htp@SOC`` (Qualcomm's HTP through the QNN 
 EP, and the split recorded); ``auto`` takes the HTP where the QNN HTP backend loads on an Arm machine (a phone or a
 Snapdragon laptop) and the CPU otherwise, saying why (on x86 the QNN HTP backend is Qualcomm's emulator, which
 simulates the NPU far slower than the CPU runs the model).
+
+A device is shared by every runtime of the process: at most ``device_concurrency`` graphs run on it at once, across
+runtimes (``open_gate``). The NPU defaults to one (two models served from one process take turns on it rather
+than both submitting to it at once); the CPU to no limit. The first runtime opened on a
+device sets its limit while any is open; one asking another limit meanwhile is refused.
 """
 
 from __future__ import annotations
@@ -61,7 +66,9 @@ class RuntimeConfig:
     of the cores timed fastest on the model, ``runtime.split``; one None: the cores divided by the other; on the NPU
     one worker); ``max_batch`` rows run together at most (1: no batching), waiting at
     most ``max_wait_ms`` for more; ``queue_limit`` requests queued at most; ``pool``: run on bound buffers;
-    ``cache_dir``: keep ORT's optimized graph there and start from it next time (CPU; ``runtime.session_cache``)."""
+    ``cache_dir``: keep ORT's optimized graph there and start from it next time (CPU; ``runtime.session_cache``);
+    ``device_concurrency``: graphs run at once on the device across all runtimes of the process (None: one on an
+    NPU, no limit on the CPU)."""
 
     device: str = "auto"
     workers: int | None = None
@@ -71,6 +78,7 @@ class RuntimeConfig:
     queue_limit: int = 256
     pool: bool = True
     cache_dir: str | None = None
+    device_concurrency: int | None = None
 
     def __post_init__(self) -> None:
         base = self.device.split("@", 1)[0]
@@ -86,6 +94,56 @@ class RuntimeConfig:
             raise InputError(f"max_wait_ms must not be negative, not {self.max_wait_ms}", hint="e.g. 2")
         if self.queue_limit < 1:
             raise InputError(f"queue_limit must be at least 1, not {self.queue_limit}", hint="e.g. 256")
+        if self.device_concurrency is not None and self.device_concurrency < 1:
+            raise InputError(f"device_concurrency must be at least 1, not {self.device_concurrency}",
+                             hint="or leave it to the runtime (one graph at a time on an NPU)")
+
+
+class DeviceGate:
+    """The graphs that may run at once on one device, shared by every open runtime of the process that uses it."""
+
+    def __init__(self, device: str, limit: int | None) -> None:
+        self.device, self.limit = device, limit  # limit None: no limit
+        self.slots = threading.BoundedSemaphore(limit) if limit is not None else None
+        self.users = 0  # open runtimes on the device
+
+    def __enter__(self) -> None:
+        if self.slots is not None:
+            self.slots.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.slots is not None:
+            self.slots.release()
+
+
+_GATES: dict[str, DeviceGate] = {}
+_GATES_LOCK = threading.Lock()
+
+
+def open_gate(device: str, limit: int | None) -> DeviceGate:
+    """The process's gate for ``device`` (its base: one NPU whatever SoC option a runtime names), made with
+    ``limit`` by the first runtime that opens the device while none is open (None: one graph at a time on an NPU,
+    none on the CPU); a runtime that asks another limit while the gate is in use is refused."""
+    base = device.split("@", 1)[0]
+    wanted = limit if limit is not None else (None if base == "cpu" else 1)
+    with _GATES_LOCK:
+        gate = _GATES.get(base)
+        if gate is None:
+            gate = _GATES[base] = DeviceGate(base, wanted)
+        elif limit is not None and gate.limit != limit:
+            raise InputError(f"device {base} already runs at most {gate.limit or 'any number of'} graph(s) at once "
+                             f"for {gate.users} open runtime(s) in this process; device_concurrency={limit} asks "
+                             "otherwise", hint="give every runtime on one device the same device_concurrency, or none")
+        gate.users += 1
+        return gate
+
+
+def close_gate(gate: DeviceGate) -> None:
+    """One runtime less on the gate's device; the last one to close lets the next runtime set a new limit."""
+    with _GATES_LOCK:
+        gate.users -= 1
+        if gate.users <= 0 and _GATES.get(gate.device) is gate:
+            del _GATES[gate.device]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,6 +256,7 @@ class Runtime:
             for slot in self._buffers:
                 for rows in range(1, max_batch + 1):
                     slot[rows] = BoundBuffers(self.session, self._shapes(rows))
+        self.gate = open_gate(self.device.device, config.device_concurrency)  # last: nothing after it can fail
         for worker in self._workers:
             worker.start()
 
@@ -329,6 +388,10 @@ class Runtime:
                     r.future.set_result([np.array(o) for o in mine])
 
     def _run(self, slot: dict[int, BoundBuffers], batch: list[_Request]) -> list[np.ndarray]:
+        with self.gate:  # the device's limit, shared with the process's other runtimes on it
+            return self._run_batch(slot, batch)
+
+    def _run_batch(self, slot: dict[int, BoundBuffers], batch: list[_Request]) -> list[np.ndarray]:
         rows = len(batch)
         if not self.config.pool:
             feeds = {s.name: (batch[0].feeds[s.name] if rows == 1 else
@@ -362,6 +425,7 @@ class Runtime:
             self._queue.put(_STOP)
         for worker in self._workers:
             worker.join()
+        close_gate(self.gate)
 
     def __enter__(self) -> Runtime:
         return self
@@ -373,6 +437,7 @@ class Runtime:
         """The resolved configuration, the device and why, and what the workers did so far."""
         waits = np.asarray(self.queue_waits_ms or [0.0])
         return {"config": dataclasses.asdict(self.config), "device": self.device.as_dict(), "cache": self.cache,
+                "device_concurrency": self.gate.limit,
                 "split": {"note": self.split_note, "measured": self.split_table},
                 "batching_note": self.batching_note,
                 "inputs": [{"name": s.name, "dtype": str(s.dtype), "shape": list(s.shape)} for s in self.signatures],
