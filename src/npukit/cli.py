@@ -283,6 +283,9 @@ def _serve_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="open-loop rates as multiples of the plain loop's capacity (default 0.8,1.2,1.6)")
     p.add_argument("--max-batch", type=int, default=4, help="rows batched together at most (default 4; 1: off)")
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits for more (default 2)")
+    p.add_argument("--bucket", action="append", metavar="SHAPE",
+                   help="serve a model with symbolic sizes through input-size buckets, one static model each (e.g. "
+                        "--bucket 1,3,224,224 --bucket 1,3,320,320), compared with a session fixed to each size")
     p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
     _add_html(p)
 
@@ -370,6 +373,19 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-html", action="store_true", help="skip the HTML report")
 
 
+
+
+def _ints(text: str, what: str) -> tuple[int, ...]:
+    from npukit.errors import InputError
+
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise InputError(f"{what} {text!r} is not a comma-separated list of positive integers",
+                         hint="e.g. 1,3,224,224")
+    return values
 
 
 def _floats(text: str, what: str) -> tuple[float, ...]:
@@ -533,7 +549,7 @@ def _serve_bench(api, args):
     return api.serve_bench(args.model, data=args.data, device=args.device, duration_s=args.duration,
                            max_workers=args.max_workers, loads=_floats(args.loads, "--loads"),
                            max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, report_path=args.report,
-                           html=args.html)
+                           html=args.html, buckets=[_ints(b, "--bucket") for b in args.bucket or ()])
 
 
 # The verbs in the order ``npukit -h`` lists them.

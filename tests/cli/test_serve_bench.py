@@ -47,3 +47,25 @@ def test_serve_bench_takes_a_fixed_batch_larger_than_one(tmp_path) -> None:
                  "--report", str(report)]) == 0
     serving = json.loads(report.read_text())["results"]["serving"]
     assert serving["single"]["pool"]["completed"] > 0 and serving["single"]["pool"]["failed"] == 0
+
+
+def test_serve_bench_buckets_a_model_with_symbolic_sizes(tmp_path, capsys) -> None:
+    model = _model()
+    for dim, name in ((2, "h"), (3, "w")):  # the tiny net at any height and width
+        model.graph.input[0].type.tensor_type.shape.dim[dim].dim_param = name
+    path = tmp_path / "any_size.onnx"
+    onnx.save(model, str(path))
+    report = tmp_path / "buckets.json"
+    assert main(["serve-bench", str(path), "--bucket", "1,3,8,8", "--bucket", "1,3,12,12", "--duration", "0.2",
+                 "--report", str(report)]) == 0
+    data = json.loads(report.read_text())
+    assert data["verdict"].startswith("INFO serve-bench: 2 bucket(s)")
+    buckets = data["results"]["buckets"]
+    assert set(buckets) == {"1x3x8x8", "1x3x12x12"}
+    assert all(b["max_abs_difference"] == 0 and b["latency_ratio_p50"] > 0 for b in buckets.values())
+    capsys.readouterr()
+    assert main(["serve-bench", str(path), "--bucket", "3,8,8"]) == 2  # not the input's rank
+    assert main(["serve-bench", str(path), "--bucket", "1,3,x,8"]) == 2
+    err = capsys.readouterr().err
+    assert "has 3 dimensions" in err and "positive integers" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["any_size.onnx", "buckets.json"]

@@ -53,3 +53,17 @@ def add_serving(report: Report, result: Any) -> None:
     note = f"; {batching['note']}" if batching.get("note") else ""
     report.add_table(f"Open loop, Poisson arrivals (plain loop's capacity {batching['capacity_per_s']:.1f} "
                      f"requests/s{note})", ["server", "offered/s", "served/s", "refused", "p50 ms", "p99 ms"], rows)
+
+
+def add_buckets(report: Report, buckets: dict[str, dict]) -> list[dict]:
+    """Input-size buckets against a session fixed to each size: the table, and the rows it shows."""
+    report.add("buckets", buckets)
+    rows = [{"shape": shape, "per_size_p50_ms": r["per_size_session"]["latency_ms"]["p50"],
+             "buckets_p50_ms": r["buckets"]["latency_ms"]["p50"], "latency_ratio_p50": r["latency_ratio_p50"],
+             "max_abs_difference": r["max_abs_difference"]} for shape, r in buckets.items()]
+    report.add_table("Input-size buckets against a session fixed to each size (one caller, seeded inputs of that "
+                     "size, side by side)", ["input", "per-size session p50 ms", "through buckets p50 ms", "ratio",
+                                             "max abs difference"],
+                     [[r["shape"], r["per_size_p50_ms"], r["buckets_p50_ms"], r["latency_ratio_p50"],
+                       r["max_abs_difference"]] for r in rows])
+    return rows

@@ -23,11 +23,16 @@ def serve_bench(
     samples: int = 16,
     report_path: str | Path | None = None,
     html: bool = False,
+    buckets: Sequence[Sequence[int]] = (),
 ) -> CommandResult:
     """Serve ``model`` with ``npukit.runtime.engine.Runtime`` and with a plain one-session loop under the same loads
     (``measure.serving``): start-up, jitter, allocations per call, throughput against workers, and open-loop Poisson
     load at ``loads`` x the plain loop's capacity with dynamic batching (models with a symbolic batch axis).
-    Requests are ``samples`` inputs from ``data`` (image folder, .npy, .npz) or seeded random inputs."""
+    Requests are ``samples`` inputs from ``data`` (image folder, .npy, .npz) or seeded random inputs.
+
+    With ``buckets`` (input shapes; a model with one input whose sizes are symbolic): the model served through
+    ``runtime.buckets.BucketedRuntime`` at those sizes against a session fixed to each size, one caller, on seeded
+    inputs of each size (``measure.serving.measure_buckets``): outputs compared, latency side by side."""
     import onnx
 
     from npukit.errors import InputError
@@ -39,6 +44,8 @@ def serve_bench(
     path = Path(model)
     if not path.is_file() or path.suffix.lower() != ".onnx":
         raise InputError(f"{model} is not an .onnx file", hint="serve an ONNX model (npukit export makes one)")
+    if buckets:
+        return _serve_buckets(path, buckets, duration_s=duration_s, report_path=report_path, html=html)
     config = ServingConfig(device=device, duration_s=duration_s, max_workers=max_workers, loads=tuple(loads),
                            max_batch=max_batch, max_wait_ms=max_wait_ms)
     proto = onnx.load(str(path), load_external_data=False)
@@ -61,3 +68,34 @@ def serve_bench(
                        "nothing was checked", passed=True)
     json_path = Path(report_path) if report_path else None
     return finish(report, None, html=html, json_path=json_path, result=result, source=model)
+
+
+def _serve_buckets(path: Path, buckets: Sequence[Sequence[int]], *, duration_s: float,
+                   report_path: str | Path | None, html: bool) -> CommandResult:
+    """serve-bench with ``--bucket``: the buckets against per-size sessions (see ``serve_bench``)."""
+    from npukit.errors import InputError
+    from npukit.frontend.onnx_io import graph_inputs, load_onnx
+    from npukit.measure.serving import measure_buckets
+    from npukit.report.serving import add_buckets
+
+    proto = load_onnx(path)
+    inputs = graph_inputs(proto)
+    if len(inputs) != 1:
+        raise InputError(f"--bucket serves a model with one input; {path.name} has {len(inputs)}",
+                         hint="serve it without --bucket at one fixed shape")
+    rank = len(inputs[0].type.tensor_type.shape.dim)
+    wrong = [list(b) for b in buckets if len(b) != rank]
+    if wrong:
+        raise InputError(f"bucket {wrong[0]} has {len(wrong[0])} dimensions; input {inputs[0].name!r} has {rank}",
+                         hint="give each --bucket as the input's full shape, e.g. 1,3,224,224")
+    report = Report("serve-bench", config={"model": str(path), "buckets": [list(b) for b in buckets],
+                                           "duration_s": duration_s, "inputs": "seeded random inputs of each size"})
+    result = measure_buckets(path, buckets, input_name=inputs[0].name, duration_s=duration_s)
+    rows = add_buckets(report, result.as_dict())
+    worst = max(rows, key=lambda r: r["latency_ratio_p50"])
+    report.set_verdict(f"INFO serve-bench: {len(rows)} bucket(s), outputs equal to per-size sessions up to "
+                       f"{max(r['max_abs_difference'] for r in rows):.3g}, p50 latency up to "
+                       f"{worst['latency_ratio_p50']:.2f}x theirs ({worst['shape']}); a measurement, nothing was "
+                       "checked", passed=True)
+    json_path = Path(report_path) if report_path else None
+    return finish(report, None, html=html, json_path=json_path, result=result, source=path)
