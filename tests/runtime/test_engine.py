@@ -227,6 +227,22 @@ def test_the_split_of_the_cores_is_measured_when_not_given(monkeypatch) -> None:
         np.testing.assert_array_equal(rt.run(_requests(1)[0])[0], _plain(_model(), _requests(1)[0]))
     with Runtime(_model(), device="cpu", threads=2) as given:
         assert (given.config.workers, given.config.threads) == (1, 2) and given.split_note == "given"
+    with Runtime(_model(), device="cpu", prefer="latency") as fast:  # the split whose lone request is fastest
+        table = fast.describe()["split"]["measured"]
+        quickest = min(r["latency_ms"] for r in table)
+        picked = next(r for r in table if (r["workers"], r["threads"]) == (fast.config.workers, fast.config.threads))
+        assert picked["latency_ms"] <= quickest * 1.05 and fast.split_note.startswith("measured for latency")
+
+
+def test_latency_first_takes_the_fastest_request_and_ties_go_to_throughput() -> None:
+    from npukit.runtime.split import Split, choose
+
+    table = [Split(4, 1, 400.0, 10.0), Split(2, 2, 300.0, 5.2), Split(1, 4, 150.0, 5.0)]
+    assert choose(table, "throughput") == table[0]
+    assert choose(table, "latency") == table[1]  # within 5% of the fastest request, and twice the throughput
+    assert choose([Split(2, 1, 200.0, 9.0), Split(1, 2, 120.0, 5.0)], "latency").threads == 2
+    with pytest.raises(InputError, match="prefer must be throughput or latency"):
+        RuntimeConfig(device="cpu", prefer="fast")
 
 
 def test_a_missing_model_is_a_one_line_input_error(tmp_path) -> None:

@@ -39,8 +39,9 @@ def add_serving(report: Report, result: Any) -> None:
                       x_label="workers", y_label="requests / s")
     if d.get("split", {}).get("measured"):
         report.add_table(f"Split of the cores a Runtime measures at start ({d['split']['note']})",
-                         ["workers", "ORT threads each", "runs/s"],
-                         [[r["workers"], r["threads"], r["runs_per_s"]] for r in d["split"]["measured"]])
+                         ["workers", "ORT threads each", "runs/s", "ms per request alone"],
+                         [[r["workers"], r["threads"], r["runs_per_s"], r.get("latency_ms")]
+                          for r in d["split"]["measured"]])
     batching = d["batching"]
     rows = []
     for key, label in (("plain", "plain loop (1 session, 1 thread, FIFO)"),

@@ -68,7 +68,8 @@ class RuntimeConfig:
     most ``max_wait_ms`` for more; ``queue_limit`` requests queued at most; ``pool``: run on bound buffers;
     ``cache_dir``: keep ORT's optimized graph there and start from it next time (CPU; ``runtime.session_cache``);
     ``device_concurrency``: graphs run at once on the device across all runtimes of the process (None: one on an
-    NPU, no limit on the CPU)."""
+    NPU, no limit on the CPU); ``prefer``: what the measured split of the cores optimizes when neither ``workers``
+    nor ``threads`` is given, "throughput" (requests per second) or "latency" (one request on an idle runtime)."""
 
     device: str = "auto"
     workers: int | None = None
@@ -79,6 +80,7 @@ class RuntimeConfig:
     pool: bool = True
     cache_dir: str | None = None
     device_concurrency: int | None = None
+    prefer: str = "throughput"
 
     def __post_init__(self) -> None:
         base = self.device.split("@", 1)[0]
@@ -94,6 +96,9 @@ class RuntimeConfig:
             raise InputError(f"max_wait_ms must not be negative, not {self.max_wait_ms}", hint="e.g. 2")
         if self.queue_limit < 1:
             raise InputError(f"queue_limit must be at least 1, not {self.queue_limit}", hint="e.g. 256")
+        if self.prefer not in ("throughput", "latency"):
+            raise InputError(f"prefer must be throughput or latency, not {self.prefer!r}",
+                             hint="latency: the split of the cores whose single request is fastest")
         if self.device_concurrency is not None and self.device_concurrency < 1:
             raise InputError(f"device_concurrency must be at least 1, not {self.device_concurrency}",
                              hint="or leave it to the runtime (one graph at a time on an NPU)")
@@ -224,7 +229,7 @@ class Runtime:
             workers, threads = config.workers or 1, config.threads or cores
             self.split_note = self.split_note or "one worker: the NPU runs one graph at a time"
         elif config.workers is None and config.threads is None:
-            workers, threads = self._measured_split(proto, cores)
+            workers, threads = self._measured_split(proto, cores, config.prefer)
         else:
             workers = config.workers or max(1, cores // (config.threads or 1))
             threads = config.threads or max(1, cores // workers)
@@ -274,9 +279,9 @@ class Runtime:
         soc = self.device.device.partition("@")[2]
         return make_qnn_session(proto, allow_cpu_fallback=True, provider_options=_soc_options(soc)), "off"
 
-    def _measured_split(self, proto: onnx.ModelProto, cores: int) -> tuple[int, int]:
-        """Workers x threads measured on this model and machine (``runtime.split``); cores x 1 where the model
-        cannot be fed seeded inputs (symbolic sizes besides the batch)."""
+    def _measured_split(self, proto: onnx.ModelProto, cores: int, prefer: str) -> tuple[int, int]:
+        """Workers x threads measured on this model and machine for ``prefer`` (``runtime.split``); cores x 1 where
+        the model cannot be fed seeded inputs (symbolic sizes besides the batch)."""
         from npukit.runtime.ort import random_feeds
         from npukit.runtime.split import measure_split
 
@@ -286,9 +291,10 @@ class Runtime:
         except InputError as exc:
             self.split_note = f"{cores} x 1 thread, not measured: {exc.message}"
             return cores, 1
-        best, table = measure_split(model, feeds, cores=cores)
+        best, table = measure_split(model, feeds, cores=cores, prefer=prefer)
         self.split_table = [s.as_dict() for s in table]
-        self.split_note = f"measured: {best.workers} worker(s) x {best.threads} thread(s), {best.runs_per_s} runs/s"
+        self.split_note = (f"measured for {prefer}: {best.workers} worker(s) x {best.threads} thread(s), "
+                           f"{best.runs_per_s} runs/s, {best.latency_ms} ms per request alone")
         return best.workers, best.threads
 
     # -- requests ----------------------------------------------------------------------------------------------

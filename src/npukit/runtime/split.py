@@ -3,9 +3,12 @@
 For ``cores`` cores the candidates are every (workers, threads) with workers x threads = cores (2 cores: 2 x 1 and
 1 x 2; 8 cores: 8 x 1, 4 x 2, 2 x 4, 1 x 8). Each is timed on the model itself: a session with ``threads`` intra-op
 threads, ``workers`` Python threads calling it back to back on one seeded input for about ``seconds`` (ORT releases
-the GIL while it runs), after one warm-up call each. The split with the most runs per second wins; the table of all
-of them goes into the runtime's description. Many small models run best as one worker per core; a large model on
-few requests may run best as one worker with all threads.
+the GIL while it runs), after one warm-up call each, and for its one-request latency: the median of back-to-back
+calls of one caller on that session (what a request waits on an idle runtime; workers do not change it). The split
+with the most runs per second wins (``prefer="throughput"``), or the one whose single request is fastest
+(``prefer="latency"``; a tie within 5% goes to the higher throughput); the table of all of them goes into the
+runtime's description. Many small models run best as one worker per core; a large model on few requests may run best
+as one worker with all threads.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class Split:
     workers: int
     threads: int
     runs_per_s: float
+    latency_ms: float  # one request on an idle runtime: the median of one caller's back-to-back calls
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -57,9 +61,38 @@ def _throughput(model: bytes, feeds: Mapping[str, np.ndarray], workers: int, thr
     return sum(counts) / (time.perf_counter() - start)
 
 
-def measure_split(model: bytes, feeds: Mapping[str, np.ndarray], *, cores: int, seconds: float = 0.4
-                  ) -> tuple[Split, list[Split]]:
-    """The fastest (workers, threads) split of ``cores`` for ``model`` (serialized ONNX) on ``feeds``, and every
-    candidate measured."""
-    table = [Split(w, t, round(_throughput(model, feeds, w, t, seconds), 2)) for w, t in candidates(max(1, cores))]
-    return max(table, key=lambda s: s.runs_per_s), table
+def _latency_ms(model: bytes, feeds: Mapping[str, np.ndarray], threads: int, seconds: float) -> float:
+    session = make_session(model, threads=threads)
+    names = [o.name for o in session.get_outputs()]
+    session.run(names, dict(feeds))
+    times: list[float] = []
+    stop = time.perf_counter() + seconds
+    while time.perf_counter() < stop or len(times) < 3:
+        start = time.perf_counter()
+        session.run(names, dict(feeds))
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1000.0
+
+
+PREFERS = ("throughput", "latency")
+LATENCY_TIE = 0.05  # latency-first: splits within 5% of the fastest request count as tied, the higher throughput wins
+
+
+def measure_split(model: bytes, feeds: Mapping[str, np.ndarray], *, cores: int, seconds: float = 0.4,
+                  prefer: str = "throughput") -> tuple[Split, list[Split]]:
+    """The best (workers, threads) split of ``cores`` for ``model`` (serialized ONNX) on ``feeds`` by ``prefer``
+    (see the module docstring), and every candidate measured."""
+    if prefer not in PREFERS:
+        raise ValueError(f"prefer must be one of {PREFERS}, not {prefer!r}")
+    pairs = candidates(max(1, cores))
+    latency = {t: round(_latency_ms(model, feeds, t, seconds / 2), 3) for t in sorted({t for _, t in pairs})}
+    table = [Split(w, t, round(_throughput(model, feeds, w, t, seconds), 2), latency[t]) for w, t in pairs]
+    return choose(table, prefer), table
+
+
+def choose(table: list[Split], prefer: str) -> Split:
+    """The split ``prefer`` picks from ``table`` (see the module docstring)."""
+    if prefer == "latency":
+        fastest = min(s.latency_ms for s in table)
+        table = [s for s in table if s.latency_ms <= fastest * (1 + LATENCY_TIE)]
+    return max(table, key=lambda s: s.runs_per_s)
