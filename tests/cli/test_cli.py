@@ -212,6 +212,15 @@ def test_quantize_writes_integer_model_and_report(exported, tmp_path):
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops
 
 
+def _assert_says_when_int8_is_not_faster(report: dict) -> None:
+    """A passing or failing verdict says when the INT8 model is not faster than the float one, with the ratio the
+    report measured."""
+    speed = next(t for t in report["tables"] if t["title"].startswith("Size and latency"))
+    ratio = next(r for r in speed["rows"] if r[0] == "int8")[3]
+    assert ("the float model may serve better here" in report["verdict"]) == (ratio >= 1.0)
+    assert ratio < 1.0 or f"{ratio:.2f}x the float model's time" in report["verdict"]
+
+
 def test_quantize_checks_the_task_and_exits_1_below_the_floors(exported, tmp_path, capsys):
     rng = np.random.default_rng(1)
     calib = tmp_path / "calib.npy"
@@ -221,6 +230,7 @@ def test_quantize_checks_the_task_and_exits_1_below_the_floors(exported, tmp_pat
     assert main(args) == 0
     report = json.loads(out.with_name("q.report.json").read_text())
     assert report["verdict"].startswith("PASS quantize: task classify") and report["passed"]
+    _assert_says_when_int8_is_not_faster(report)
     check = report["results"]["task_check"]
     assert check["choice"]["task"] == "classify" and "calibration samples" in check["where"]
     assert [o["name"] for o in check["result"]["outputs"]] == [o.name for o in onnx.load(str(exported)).graph.output]
@@ -232,11 +242,7 @@ def test_quantize_checks_the_task_and_exits_1_below_the_floors(exported, tmp_pat
     assert "; try --cle --equalize-activations --bias-correction, --int16-budget 0.1" in verdict  # what it did not use
     failed = json.loads(out.with_name("q.report.json").read_text())
     assert failed["passed"] is False
-    speed = next(t for t in failed["tables"] if t["title"].startswith("Size and latency"))
-    ratio = next(r for r in speed["rows"] if r[0] == "int8")[3]
-    # the verdict says when the INT8 model is not even faster than the float one, with the ratio the report measured
-    assert ("the float model may serve better here" in verdict) == (ratio >= 1.0)
-    assert ratio < 1.0 or f"{ratio:.2f}x the float model's time" in verdict
+    _assert_says_when_int8_is_not_faster(failed)
     assert main(args + ["--min-sqnr", "500", "--task", "generic", "--accept-degraded"]) == 0
     assert json.loads(out.with_name("q.report.json").read_text())["verdict"].startswith("DEGRADED")
 

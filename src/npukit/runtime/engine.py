@@ -39,6 +39,7 @@ import onnx
 from npukit.errors import InputError
 from npukit.runtime.ort import ModelLike, make_session
 from npukit.runtime.pool import BoundBuffers, signatures
+from npukit.runtime.split import PREFERS
 
 DEVICES = ("auto", "cpu", "qnn-htp")
 
@@ -96,7 +97,7 @@ class RuntimeConfig:
             raise InputError(f"max_wait_ms must not be negative, not {self.max_wait_ms}", hint="e.g. 2")
         if self.queue_limit < 1:
             raise InputError(f"queue_limit must be at least 1, not {self.queue_limit}", hint="e.g. 256")
-        if self.prefer not in ("throughput", "latency"):
+        if self.prefer not in PREFERS:
             raise InputError(f"prefer must be throughput or latency, not {self.prefer!r}",
                              hint="latency: the split of the cores whose single request is fastest")
         if self.device_concurrency is not None and self.device_concurrency < 1:

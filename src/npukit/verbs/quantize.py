@@ -150,6 +150,7 @@ def quantize(
     from npukit.measure.task_fidelity import check_samples
     from npukit.quant.qdq import integer_failures
 
+    slower = _slower_note(latency["int8"].median_ms / latency["float"].median_ms, threads=threads)
     with step("task check against the float model", timings=report.timings, key="task_check"):
         check = evaluation if evaluation is not None else samples
         limit = (max_samples or len(check)) if evaluation is not None else CHECK_SAMPLES
@@ -158,8 +159,9 @@ def quantize(
         choice, _, _ = task_check(report, proto, result.model, check_samples(check, limit), task=task,
                                    gate=gate or QualityGate(), what="quantize", where=where, threads=threads,
                                    extra_failures=integer_failures(kernels, result, config),
-                                   hint=_recipe_hint(config, latency["int8"].median_ms / latency["float"].median_ms,
-                                                     threads=threads))
+                                   hint=_recipe_hint(config) + slower)
+    if slower and report.passed:  # a passing model that is not faster than the float one says so too
+        report.set_verdict(report.verdict + slower, passed=True)
     if evaluation is not None and choice.name == "classify":
         agreement = evaluate(result.model, proto, evaluation,
                               config=BenchConfig(threads=threads, max_samples=max_samples), threads=threads)
@@ -223,10 +225,17 @@ def _mixed_precision(report: Report, proto: Any, samples: Any, config: Any, *, t
     return plan.config, plan.why
 
 
-def _recipe_hint(config: Any, latency_ratio: float, *, threads: int) -> str:
-    """What to try when the quantized model fails its check: the recovery steps ``config`` did not use, and, where
-    the quantized model is not even faster than the float one here (``latency_ratio``: its median over the float
-    model's), that the float model may be the better artifact on this CPU."""
+def _slower_note(latency_ratio: float, *, threads: int) -> str:
+    """Where the quantized model is not faster than the float one here (``latency_ratio``: its median over the
+    float model's), a note for the verdict that says so; otherwise ""."""
+    if latency_ratio < 1.0:
+        return ""
+    return (f"; the INT8 model takes {latency_ratio:.2f}x the float model's time on this CPU ({threads} thread(s)): "
+            "the float model may serve better here, or compile for an NPU")
+
+
+def _recipe_hint(config: Any) -> str:
+    """What to try when the quantized model fails its check: the recovery steps ``config`` did not use."""
     tried = []
     if not (config.cle and config.activation_equalization and config.bias_correction):
         tried.append("--cle --equalize-activations --bias-correction")
@@ -235,6 +244,4 @@ def _recipe_hint(config: Any, latency_ratio: float, *, threads: int) -> str:
     if not config.adaround:
         tried.append("--adaround")
     tried.append("--exclude the layers that hurt most (the report's table of them)")
-    slower = (f"; the INT8 model also takes {latency_ratio:.2f}x the float model's time on this CPU ({threads} "
-              "thread(s)): the float model may serve better here, or compile for an NPU") if latency_ratio >= 1.0 else ""
-    return ", ".join(tried) + "; --accept-degraded keeps it as it is" + slower
+    return ", ".join(tried) + "; --accept-degraded keeps it as it is"
