@@ -114,13 +114,9 @@ def _mobilenet(tmp: Path) -> dict[str, tuple[Path, dict[str, np.ndarray]]]:
 
 
 def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from npukit.runtime.devices import read_cpu_info
+
+    return read_cpu_info("/proc/cpuinfo").model or platform.processor() or platform.machine()
 
 
 def main(argv: list[str] | None = None) -> int:
