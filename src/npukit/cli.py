@@ -254,8 +254,10 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
 def _compile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="an .onnx file (qnn-htp), or a PyTorch model (torchvision:NAME, "
                                                   "module:factory, .pt2, TorchScript .pt)")
-    p.add_argument("-o", "--output", required=True, help="output path: .onnx (EPContext model), .pte, .tflite or .mlpackage")
-    p.add_argument("--target", default="qnn-htp", help="qnn-htp (default), executorch-xnnpack, litert or coreml (Core ML; run on macOS only)")
+    p.add_argument("-o", "--output", required=True,
+                   help="output path: .onnx (EPContext model), .pte, .tflite or .mlpackage")
+    p.add_argument("--target", default="qnn-htp",
+                   help="qnn-htp (default), executorch-xnnpack, litert or coreml (Core ML; run on macOS only)")
     p.add_argument("--soc", help="Snapdragon part number for qnn-htp, e.g. SM8350, SM8550, SM8650, SM8750")
     p.add_argument("--calib", help="calibration data when MODEL is float (image folder, .npy, .npz); also the "
                                    "inputs of the task check (qnn-htp: on the HTP); with executorch-xnnpack, "

@@ -74,8 +74,8 @@ def compile(  # noqa: A001 - the verb's name
     profile = get_target(target)
     if profile.name != "qnn-htp":
         raise InputError(f"compiling for {profile.name} is not supported yet",
-                         hint="use --target qnn-htp, executorch-xnnpack, litert or coreml; other targets: export the QDQ model "
-                              "from `npukit quantize`")
+                         hint="use --target qnn-htp, executorch-xnnpack, litert or coreml; other targets: export "
+                              "the QDQ model from `npukit quantize`")
     if soc is None:
         raise InputError("compiling for the HTP needs the Snapdragon SoC", hint="pass --soc, e.g. --soc SM8650")
     output = check_output(output, source=model)
