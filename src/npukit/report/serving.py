@@ -37,11 +37,13 @@ def add_serving(report: Report, result: Any) -> None:
                                   "plain loop": {"x": [int(w) for w in d["curve"]],
                                                  "y": [plain for _ in d["curve"]]}}},
                       x_label="workers", y_label="requests / s")
-    if d.get("split", {}).get("measured"):
+    measured = d.get("split", {}).get("measured")
+    if measured:
+        alone = any(r.get("latency_ms") is not None for r in measured)  # timed for a latency-first split only
         report.add_table(f"Split of the cores a Runtime measures at start ({d['split']['note']})",
-                         ["workers", "ORT threads each", "runs/s", "ms per request alone"],
-                         [[r["workers"], r["threads"], r["runs_per_s"], r.get("latency_ms")]
-                          for r in d["split"]["measured"]])
+                         ["workers", "ORT threads each", "runs/s"] + (["ms per request alone"] if alone else []),
+                         [[r["workers"], r["threads"], r["runs_per_s"]] + ([r["latency_ms"]] if alone else [])
+                          for r in measured])
     batching = d["batching"]
     rows = []
     for key, label in (("plain", "plain loop (1 session, 1 thread, FIFO)"),

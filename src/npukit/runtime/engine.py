@@ -294,8 +294,9 @@ class Runtime:
             return cores, 1
         best, table = measure_split(model, feeds, cores=cores, prefer=prefer)
         self.split_table = [s.as_dict() for s in table]
+        alone = f", {best.latency_ms} ms per request alone" if best.latency_ms is not None else ""
         self.split_note = (f"measured for {prefer}: {best.workers} worker(s) x {best.threads} thread(s), "
-                           f"{best.runs_per_s} runs/s, {best.latency_ms} ms per request alone")
+                           f"{best.runs_per_s} runs/s{alone}")
         return best.workers, best.threads
 
     # -- requests ----------------------------------------------------------------------------------------------

@@ -3,11 +3,11 @@
 For ``cores`` cores the candidates are every (workers, threads) with workers x threads = cores (2 cores: 2 x 1 and
 1 x 2; 8 cores: 8 x 1, 4 x 2, 2 x 4, 1 x 8). Each is timed on the model itself: a session with ``threads`` intra-op
 threads, ``workers`` Python threads calling it back to back on one seeded input for about ``seconds`` (ORT releases
-the GIL while it runs), after one warm-up call each, and for its one-request latency: the median of back-to-back
-calls of one caller on that session (what a request waits on an idle runtime; workers do not change it). The split
-with the most runs per second wins (``prefer="throughput"``), or the one whose single request is fastest
-(``prefer="latency"``; a tie within 5% goes to the higher throughput); the table of all of them goes into the
-runtime's description. Many small models run best as one worker per core; a large model on few requests may run best
+the GIL while it runs), after one warm-up call each. The split with the most runs per second wins
+(``prefer="throughput"``). With ``prefer="latency"`` each thread count is also timed for its one-request latency,
+the median of back-to-back calls of one caller on that session (what a request waits on an idle runtime; workers do
+not change it), and the split whose single request is fastest wins (a tie within 5% goes to the higher
+throughput). The table of all of them goes into the runtime's description. Many small models run best as one worker per core; a large model on few requests may run best
 as one worker with all threads.
 """
 
@@ -28,7 +28,7 @@ class Split:
     workers: int
     threads: int
     runs_per_s: float
-    latency_ms: float  # one request on an idle runtime: the median of one caller's back-to-back calls
+    latency_ms: float | None = None  # one request on an idle runtime (timed for prefer="latency" only)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -85,7 +85,9 @@ def measure_split(model: bytes, feeds: Mapping[str, np.ndarray], *, cores: int, 
     if prefer not in PREFERS:
         raise ValueError(f"prefer must be one of {PREFERS}, not {prefer!r}")
     pairs = candidates(max(1, cores))
-    latency = {t: round(_latency_ms(model, feeds, t, seconds / 2), 3) for t in sorted({t for _, t in pairs})}
+    latency: dict[int, float | None] = dict.fromkeys((t for _, t in pairs), None)
+    if prefer == "latency":  # not on every runtime's start: only where the choice reads it
+        latency = {t: round(_latency_ms(model, feeds, t, seconds / 2), 3) for t in latency}
     table = [Split(w, t, round(_throughput(model, feeds, w, t, seconds), 2), latency[t]) for w, t in pairs]
     return choose(table, prefer), table
 
@@ -93,6 +95,7 @@ def measure_split(model: bytes, feeds: Mapping[str, np.ndarray], *, cores: int, 
 def choose(table: list[Split], prefer: str) -> Split:
     """The split ``prefer`` picks from ``table`` (see the module docstring)."""
     if prefer == "latency":
+        assert all(s.latency_ms is not None for s in table), "latency-first needs each split's latency"
         fastest = min(s.latency_ms for s in table)
         table = [s for s in table if s.latency_ms <= fastest * (1 + LATENCY_TIE)]
     return max(table, key=lambda s: s.runs_per_s)
