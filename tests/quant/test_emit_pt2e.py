@@ -11,7 +11,6 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from onnx import numpy_helper
 
 pytest.importorskip("executorch", reason="the executorch extra is not installed (scripts/setup.sh installs it)")
 
@@ -20,6 +19,7 @@ from npukit.frontend.export import export_model  # noqa: E402
 from npukit.frontend.spec import ModelSource  # noqa: E402
 from npukit.quant.config import QuantConfig  # noqa: E402
 from npukit.quant.emit.pt2e import carry_plan  # noqa: E402
+from npukit.quant.grids import qdq_grids, same_weight, unplanned_grids  # noqa: E402
 from npukit.quant.qdq import quantize  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
@@ -38,21 +38,6 @@ def _setup(tmp_path: Path, config: QuantConfig):
     example = (torch.from_numpy(samples[0]["input"].copy()),)
     carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan)
     return module, result, carried, samples
-
-
-def _qdq_grids(model: onnx.ModelProto) -> tuple[set[tuple[float, int]], list[tuple[np.ndarray, np.ndarray]]]:
-    """Activation grids (scale, zero point as int8) and weights (integers, scales) of a QDQ model."""
-    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    grids, weights = set(), []
-    for node in model.graph.node:
-        if node.op_type == "QuantizeLinear":
-            zero = int(inits[node.input[2]].reshape(-1)[0])
-            zero = zero - 128 if inits[node.input[2]].dtype == np.uint8 else zero
-            grids.add((round(float(inits[node.input[1]].reshape(-1)[0]), 9), zero))
-        elif node.op_type == "DequantizeLinear" and node.input[0] in inits and inits[node.input[0]].dtype == np.int8 \
-                and inits[node.input[0]].ndim > 1:
-            weights.append((inits[node.input[0]], inits[node.input[1]].reshape(-1)))
-    return grids, weights
 
 
 def _program_grids(program: torch.fx.GraphModule) -> tuple[set[tuple[float, int]], list[tuple[np.ndarray, np.ndarray]]]:
@@ -74,12 +59,12 @@ def test_the_program_has_the_plans_grids_and_weight_integers(tmp_path):
                                                          bias_correction=True))
     assert carried.unmatched == ()
     assert carried.weights == 4  # every conv and the linear layer
-    qdq_grids, qdq_weights = _qdq_grids(result.model)
+    planned_grids, qdq_weights = qdq_grids(result.model)
     grids, weights = _program_grids(carried.program)
     derived = len(carried.derived)  # the logits: float in the ONNX model, int8 on the plan's range in XNNPACK's
     # every grid of the program is one of the QDQ model's (a tensor only ONNX has, inside a decomposed HardSwish,
     # has a grid the program does not need)
-    assert len(grids - qdq_grids) <= derived and len(grids & qdq_grids) >= 5
+    assert len(grids - planned_grids) <= derived and len(grids & planned_grids) >= 5
     assert len(weights) == len(qdq_weights)
     for ints, scales in weights:
         twins = [w for w, s in qdq_weights if w.shape == ints.shape and np.allclose(s, scales, rtol=1e-6)]
@@ -149,14 +134,15 @@ def test_the_litert_model_has_the_plans_grids_and_weight_integers(tmp_path):
     carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan,
                          options=litert.CARRY)
     lowered = litert.lower(carried.program, example)
-    qdq_grids, qdq_weights = _qdq_grids(result.model)
+    planned_grids, qdq_weights = qdq_grids(result.model)
     grids, weights = _tflite_grids(lowered.buffer)
     assert len(weights) == len(qdq_weights) == 4
     for ints, scales in weights:  # LiteRT's layouts differ (OHWI, 1HWC): the same integers, the same scales
         twins = [w for w, s in qdq_weights if w.size == ints.size and np.allclose(s, scales, rtol=1e-6)]
         assert any(np.array_equal(np.sort(w, axis=None), np.sort(ints, axis=None)) for w in twins), \
             "a weight's integers or scales differ from the plan's"
-    assert len(grids - qdq_grids) <= len(carried.derived) and len(grids & qdq_grids) >= 5, (grids, qdq_grids)
+    assert len(grids - planned_grids) <= len(carried.derived) and len(grids & planned_grids) >= 5, \
+        (grids, planned_grids)
     path = tmp_path / "tiny.tflite"
     path.write_bytes(lowered.buffer)
     _assert_computes_the_qdq_model(result.model, litert.Runner(path), samples[:4], floor_db=30)
@@ -242,7 +228,6 @@ def test_the_core_ml_package_holds_the_plans_grids(tmp_path):
     grid of the ML Program are the plan's, the residual Add's output grid included once coremltools' scale
     normalization of a quantized add (the same grid in units of one input's scale) is undone."""
     pytest.importorskip("coremltools", reason="the coreml extra is not installed (scripts/setup.sh installs it)")
-    from npukit.quant.grids import qdq_grids, same_weight
     from npukit.runtime import coreml
 
     result, carried, _, example = _carried_16x16(tmp_path, _Residual, coreml.CARRY)
@@ -254,5 +239,5 @@ def test_the_core_ml_package_holds_the_plans_grids(tmp_path):
     grids, weights = coreml.package_grids(lowered)
     assert len(weights) == len(planned_weights) == 3
     assert all(same_weight(ints, scales, planned_weights) for ints, scales in weights)
-    foreign = [g for g in grids if not any(z == g[1] and np.isclose(s, g[0], rtol=1e-5) for s, z in planned_grids)]
+    foreign = unplanned_grids(grids, planned_grids)
     assert len(foreign) <= len(carried.derived) and len(grids) >= 4, (foreign, planned_grids)

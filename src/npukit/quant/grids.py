@@ -67,3 +67,11 @@ def same_weight(ints: np.ndarray, scales: np.ndarray, planned: list[tuple[np.nda
     and these scales."""
     return any(w.size == ints.size and s.size == scales.size and np.allclose(s, scales, rtol=1e-6)
                and np.array_equal(np.sort(w, axis=None), np.sort(ints, axis=None)) for w, s in planned)
+
+
+def unplanned_grids(grids: set[tuple[float, int]], planned: set[tuple[float, int]], *, rtol: float = 1e-5
+                    ) -> list[tuple[float, int]]:
+    """The activation grids of ``grids`` (scale, zero point as int8) that are none of ``planned``'s: the same zero
+    point and a scale within ``rtol`` (a runtime's converter may recompute a scale in float32), sorted."""
+    return sorted(g for g in grids if not any(z == g[1] and np.isclose(s, g[0], rtol=rtol, atol=0)
+                                              for s, z in planned))

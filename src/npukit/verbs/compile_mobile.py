@@ -191,7 +191,7 @@ def _inspect(report: Report, mobile: MobileTarget, runtime: Any, lowered: Any, o
     program's, and for INT8 its integer grids against npukit's plan (every weight's integers and scales the plan's,
     every activation grid one of the plan's or one derived for a tensor only the torch program has); a mismatch
     fails the compile. The verdict says the artifact was not run."""
-    from npukit.quant.grids import qdq_grids, same_weight
+    from npukit.quant.grids import qdq_grids, same_weight, unplanned_grids
     from npukit.report.compile import add_package_check
 
     interface = runtime.package_interface(output)
@@ -202,8 +202,7 @@ def _inspect(report: Report, mobile: MobileTarget, runtime: Any, lowered: Any, o
     if qdq is not None:
         planned_grids, planned_weights = qdq_grids(qdq)
         grids, weights = runtime.package_grids(lowered)
-        foreign = sorted(g for g in grids if not any(z == g[1] and np.isclose(s, g[0], rtol=1e-5, atol=0)
-                                                     for s, z in planned_grids))
+        foreign = unplanned_grids(grids, planned_grids)
         strange = sum(not same_weight(ints, scales, planned_weights) for ints, scales in weights)
         check |= {"weights": len(weights), "weights_not_the_plans": strange, "activation_grids": len(grids),
                   "activation_grids_not_the_plans": len(foreign), "derived_allowed": len(carried.derived)}
