@@ -44,6 +44,7 @@ from npukit.quant.emit.ort_float import FLOAT_INPUT, TAKEN_OPS, taken_by_ort
 from npukit.quant.emit.ort_qdq import emit_qdq, resolve_grids
 from npukit.quant.grids import weight_axis
 from npukit.quant.plan import Decision, QuantPlan, SIXTEEN_BIT, TensorSpec
+from npukit.quant.precision.float_neighbours import AFTER, BETWEEN, float_neighbours
 from npukit.quant.precision.joins import JOIN_RATIO, mixed_scale_joins
 from npukit.quant.precision.squares import square_chains
 from npukit.quant.precision.tensor_precision import (TensorPlan, activation_pairs, check_plan_arguments,
@@ -53,6 +54,9 @@ from npukit.quant.steps import FloatConvsRecord, QuantSteps
 from npukit.runtime.ort import INTEGER_KERNELS, make_session
 
 FLOAT_COMPUTE_OPS = ("Conv", "FusedConv", "MatMul", "FusedMatMul", "Gemm", "FusedGemm")
+FLOAT_NEIGHBOUR = {AFTER: Decision("float_neighbour", "an activation a float node writes into: fused into it"),
+                   BETWEEN: Decision("float_neighbour", "only float nodes feed and read it: quantizing it adds "
+                                                        "roundings, no integer kernel")}
 FLOAT_HEAD = Decision("float_stem", "a short-reduction stem and the chain after it run fastest in float here")
 
 
@@ -154,8 +158,9 @@ def plan_for(model: onnx.ModelProto, config: QuantConfig, ranges: Mapping[str, t
     """The quantization plan of ``config`` on ``model`` with these activation ``ranges`` and fixed ``weights``
     grids (AdaRound's), each entry with its decisions: the calibrated range (``range_why``: the step per tensor,
     calibration by default, range search), the float nodes and 16-bit tensors (``why``: the step per node or tensor
-    when not the user's choice: the float head, a float join, the 16-bit plan), ORT's
-    Relu/Clip fusion and the bounded activations' whole range (``effective_ranges``), the 16-bit tensors, and under
+    when not the user's choice: the float head, a float join, the 16-bit plan) and the light nodes that join them
+    (``precision.float_neighbours``: a float conv's activation, a node between float nodes), ORT's Relu/Clip fusion
+    and the bounded activations' whole range (``effective_ranges``), the 16-bit tensors, and under
     ``reduce_range`` the weights this CPU's kernels take on more than 7 bits (``npukit.quant.cpu.schemes``)."""
     why, range_why = why or {}, range_why or {}
     plan = QuantPlan(activation_dtype=config.activation_dtype, weight_dtype="int8", per_channel=config.per_channel,
@@ -163,6 +168,9 @@ def plan_for(model: onnx.ModelProto, config: QuantConfig, ranges: Mapping[str, t
                      reduce_range=config.reduce_range)
     for node in config.exclude:
         plan = plan.keep_float([node], why.get(node, Decision("exclude", "named by the user")))
+    neighbours = float_neighbours(model, plan.float_nodes, keep=config.int16_nodes)
+    for node, kind in neighbours.items():
+        plan = plan.keep_float([node], FLOAT_NEIGHBOUR[kind])
     calibrated = Decision("calibration", f"{config.method} over the calibration samples")
     act = config.activation_dtype
     plan = plan.with_specs({t: TensorSpec(act, symmetric=config.symmetric_activations, range=r)
