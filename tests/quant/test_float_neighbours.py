@@ -39,17 +39,22 @@ def test_activations_of_float_nodes_and_nodes_between_them_join_the_region() -> 
         helper.make_node("Add", ["rc", "pb"], ["s"], name="add"),                   # one input from int8 c
         _conv("d", "s", "cd", 3),
         _conv("e", "x", "ce", 4),
-        helper.make_node("Add", ["cd", "ce"], ["de"], name="join"),                 # float d + float e -> float f
+        helper.make_node("Concat", ["cd", "ce"], ["de"], name="join", axis=1),    # float d, e -> float f
         helper.make_node("Reshape", ["de", "shape"], ["r"], name="reshape"),     # an output from float only
         _conv("f", "de", "y", 5),
-    ], ("y", "r"))
+        _conv("g", "x", "cg", 0),
+        helper.make_node("Sigmoid", ["cg"], ["sg"], name="sigmoid"),             # a SiLU after float g: one float
+        helper.make_node("Mul", ["cg", "sg"], ["silu"], name="silu"),            # multiply, quantized once after it
+        _conv("h", "silu", "y2", 1),
+    ], ("y", "r", "y2"))
     model.graph.node[1].input[:] = ["ca"]
     model.graph.node[3].input[:] = ["cb", "slope"]
     model.graph.initializer.append(numpy_helper.from_array(np.array([1, -1], np.int64), "shape"))
-    found = float_neighbours(model, {"a", "b", "d", "e", "f"})
-    assert found == {"act_a": AFTER, "act_b": AFTER, "join": BETWEEN, "reshape": BETWEEN}
+    found = float_neighbours(model, {"a", "b", "d", "e", "f", "g"})
+    assert found == {"act_a": AFTER, "act_b": AFTER, "join": BETWEEN, "reshape": BETWEEN, "sigmoid": AFTER,
+                     "silu": AFTER}
     # a node the plan quantizes by name (a 16-bit node) stays quantized, and nothing past it joins through it
-    assert float_neighbours(model, {"a", "b", "d", "e", "f"}, keep={"act_a"}) == {
+    assert float_neighbours(model, {"a", "b", "d", "e", "f", "g"}, keep={"act_a", "sigmoid"}) == {
         "act_b": AFTER, "join": BETWEEN, "reshape": BETWEEN}
     # heavy compute between float nodes is the precision steps' to decide
     assert "c" not in float_neighbours(model, {"b", "d"})
@@ -58,9 +63,10 @@ def test_activations_of_float_nodes_and_nodes_between_them_join_the_region() -> 
 
 def test_a_graph_output_written_from_float_nodes_only_stays_float() -> None:
     model = _graph([_conv("a", "x", "ca", 0), _conv("b", "x", "cb", 1),
-                    helper.make_node("Add", ["ca", "cb"], ["y"], name="sum")])
-    assert float_neighbours(model, {"a", "b"}) == {"sum": BETWEEN}
-    assert float_neighbours(model, {"a"}) == {}
+                    helper.make_node("Concat", ["ca", "cb"], ["y"], name="both", axis=1),
+                    helper.make_node("Add", ["ca", "cb"], ["y2"], name="sum")], ("y", "y2"))
+    assert float_neighbours(model, {"a", "b"}) == {"both": BETWEEN, "sum": AFTER}
+    assert float_neighbours(model, {"a"}) == {}  # b is int8: what reads its output stays int8 too
     # a chain of light nodes between two float convs joins as a whole
     chain = _graph([_conv("a", "x", "ca", 0),
                     helper.make_node("Transpose", ["ca"], ["t1"], name="t1", perm=[0, 1, 3, 2]),

@@ -54,7 +54,8 @@ from npukit.quant.steps import FloatConvsRecord, QuantSteps
 from npukit.runtime.ort import INTEGER_KERNELS, make_session
 
 FLOAT_COMPUTE_OPS = ("Conv", "FusedConv", "MatMul", "FusedMatMul", "Gemm", "FusedGemm")
-FLOAT_NEIGHBOUR = {AFTER: Decision("float_neighbour", "an activation a float node writes into: fused into it"),
+FLOAT_NEIGHBOUR = {AFTER: Decision("float_neighbour", "elementwise on float nodes' outputs only: quantized once, after "
+                                                      "it"),
                    BETWEEN: Decision("float_neighbour", "only float nodes feed and read it: quantizing it adds "
                                                         "roundings, no integer kernel")}
 FLOAT_HEAD = Decision("float_stem", "a short-reduction stem and the chain after it run fastest in float here")

@@ -7,8 +7,9 @@ pair on every side: a float Conv's LeakyRelu runs as float -> quantize -> QLinea
 a rounding of the activation's input on a grid wide enough for its negative side, a second rounding after it, two
 conversions, and the float Conv's fused activation lost. Two kinds of node join the region here:
 
-- an activation (``ACTIVATIONS``: one input, applied value by value) whose input a float node writes: it runs
-  fused into that node, and the tensor it writes is the first one quantized;
+- an elementwise node (``ELEMENTWISE``: an activation, arithmetic) whose every activation input the region writes:
+  an activation runs fused into the float conv before it, a SiLU's x * Sigmoid(x) is one float multiply, and the
+  tensor it writes is the first one quantized (once, where ORT would have quantized each input and the result);
 - any other node but heavy compute (``HEAVY``, which the precision steps decide) that takes every activation from
   a float node or a graph input and whose every reader is float (or that is a graph output): quantizing it buys no
   integer kernel, only roundings between two float nodes.
@@ -30,9 +31,12 @@ import onnx
 import onnx_ir as ir
 
 HEAVY = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "ConvInteger", "MatMulInteger"})
-ACTIVATIONS = frozenset({"Relu", "LeakyRelu", "PRelu", "Clip", "Elu", "Selu", "Celu", "Sigmoid", "HardSigmoid",
-                         "HardSwish", "Tanh", "Softplus", "Softsign", "Mish", "Gelu", "ThresholdedRelu"})
-AFTER = "activation"  # the two kinds of node float_neighbours adds
+# Computed value by value: the activations ORT fuses into a float conv, and arithmetic on the region's tensors (a
+# SiLU written out as x * Sigmoid(x)).
+ELEMENTWISE = frozenset({"Relu", "LeakyRelu", "PRelu", "Clip", "Elu", "Selu", "Celu", "Sigmoid", "HardSigmoid",
+                         "HardSwish", "Tanh", "Softplus", "Softsign", "Mish", "Gelu", "ThresholdedRelu",
+                         "Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean", "Neg", "Abs", "Sqrt", "Exp"})
+AFTER = "elementwise"  # the two kinds of node float_neighbours adds
 BETWEEN = "between"
 
 
@@ -49,7 +53,7 @@ def float_neighbours(model: onnx.ModelProto, float_nodes: Iterable[str], *,
     light = [n for n in graph if n.name not in floats and n.name not in kept and n.op_type not in HEAVY
              and n.op_type != "Constant" and any(not _constant(v) for v in n.inputs if v is not None)]
     while True:
-        grown = _between(light, floats) | _activations_after(light, floats)  # an activation: its kind
+        grown = _between(light, floats) | _elementwise_after(light, floats)  # elementwise: that kind
         if not grown:
             break
         floats |= set(grown)
@@ -64,13 +68,12 @@ def _from(value: ir.Value, nodes: set[str]) -> bool:
     return producer.name in nodes if producer is not None else value.is_graph_input()
 
 
-def _activations_after(light: list[ir.Node], floats: set[str]) -> dict[str, str]:
-    """Activations whose one activation input a float node (or one added here) writes."""
+def _elementwise_after(light: list[ir.Node], floats: set[str]) -> dict[str, str]:
+    """Elementwise nodes whose every activation input a float node (or one added here) writes."""
     found: dict[str, str] = {}
-    for node in light:  # graph order: a chain of activations joins in one walk
-        activations = [v for v in node.inputs if v is not None and not _constant(v)]
-        if node.name not in floats and node.op_type in ACTIVATIONS and len(activations) == 1 \
-                and _from(activations[0], floats | set(found)):
+    for node in light:  # graph order: a chain of them joins in one walk
+        if node.name not in floats and node.op_type in ELEMENTWISE \
+                and all(_from(v, floats | set(found)) for v in node.inputs if v is not None):
             found[node.name] = AFTER
     return found
 
