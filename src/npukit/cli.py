@@ -285,6 +285,12 @@ def _serve_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="open-loop rates as multiples of the plain loop's capacity (default 0.8,1.2,1.6)")
     p.add_argument("--max-batch", type=int, default=4, help="rows batched together at most (default 4; 1: off)")
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits for more (default 2)")
+    p.add_argument("--prefer", choices=("throughput", "latency"), default="throughput",
+                   help="what the split of the cores a runtime measures for itself optimizes: requests per second, "
+                        "or one request on an idle runtime (default throughput)")
+    p.add_argument("--device-concurrency", type=int, metavar="N",
+                   help="graphs run at once on the device by every runtime measured (default: one on an NPU, no "
+                        "limit on the CPU)")
     p.add_argument("--bucket", action="append", metavar="SHAPE",
                    help="serve a model with symbolic sizes through input-size buckets, one static model each (e.g. "
                         "--bucket 1,3,224,224 --bucket 1,3,320,320), compared with a session fixed to each size")
@@ -550,7 +556,8 @@ def _demo(api, args):
 def _serve_bench(api, args):
     return api.serve_bench(args.model, data=args.data, device=args.device, duration_s=args.duration,
                            max_workers=args.max_workers, loads=_floats(args.loads, "--loads"),
-                           max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, report_path=args.report,
+                           max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, prefer=args.prefer,
+                           device_concurrency=args.device_concurrency, report_path=args.report,
                            html=args.html, buckets=[_ints(b, "--bucket") for b in args.bucket or ()])
 
 

@@ -69,3 +69,23 @@ def test_serve_bench_buckets_a_model_with_symbolic_sizes(tmp_path, capsys) -> No
     err = capsys.readouterr().err
     assert "has 3 dimensions" in err and "positive integers" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["any_size.onnx", "buckets.json"]
+
+
+def test_serve_bench_passes_prefer_and_device_concurrency_to_every_runtime(tmp_path, capsys) -> None:
+    model = tmp_path / "m.onnx"
+    onnx.save(_model(), str(model))
+    report = tmp_path / "serve.json"
+    assert main(["serve-bench", str(model), "--duration", "0.2", "--loads", "1.0", "--max-workers", "2",
+                 "--prefer", "latency", "--device-concurrency", "1", "--report", str(report)]) == 0
+    data = json.loads(report.read_text())
+    assert data["config"]["serving"]["prefer"] == "latency"
+    assert data["config"]["serving"]["device_concurrency"] == 1
+    serving = data["results"]["serving"]
+    assert serving["device"]["device_concurrency"] == 1  # the CPU, limited to one graph at a time as asked
+    measured = serving["split"]["measured"]
+    assert serving["split"]["note"].startswith("measured for latency")
+    assert measured and all(r["latency_ms"] is not None for r in measured)  # timed for a latency-first split only
+    capsys.readouterr()
+    assert main(["serve-bench", str(model), "--device-concurrency", "0"]) == 2
+    assert "device_concurrency must be at least 1" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "serve.json"]

@@ -36,7 +36,9 @@ class ServingConfig:
     """``duration_s`` per load point; ``max_workers`` for the throughput curve (None: the machine's cores);
     ``loads``: open-loop rates as multiples of the plain loop's measured capacity; ``max_batch`` / ``max_wait_ms``
     for the batching runtime; ``alloc_calls`` calls measured for allocations; ``startup_rounds`` start-ups of each
-    kind (medians)."""
+    kind (medians); ``prefer``: what the split of the cores that a Runtime measures for itself optimizes
+    ("throughput" or "latency"); ``device_concurrency``: graphs run at once on the device by every runtime measured
+    (None: the runtime's default, one on an NPU, no limit on the CPU)."""
 
     device: str = "cpu"
     duration_s: float = 3.0
@@ -46,16 +48,25 @@ class ServingConfig:
     max_wait_ms: float = 2.0
     alloc_calls: int = 200
     startup_rounds: int = 5
+    prefer: str = "throughput"
+    device_concurrency: int | None = None
 
     def __post_init__(self) -> None:
         from npukit.errors import InputError
 
+        self.runtime()  # the device, prefer and device_concurrency checked as every runtime measured will check them
         if self.duration_s <= 0:
             raise InputError(f"duration {self.duration_s} s must be positive", hint="e.g. 3")
         if self.max_workers is not None and self.max_workers < 1:
             raise InputError(f"max_workers {self.max_workers} must be at least 1", hint="or leave it to the cores")
         if any(x <= 0 for x in self.loads):
             raise InputError(f"open-loop loads {self.loads} must be positive multiples of capacity", hint="e.g. 0.8")
+
+    def runtime(self, **fields: object) -> RuntimeConfig:
+        """The config of a runtime measured here: this device, its concurrency and the split's preference, and
+        ``fields``."""
+        return RuntimeConfig(**{"device": self.device, "device_concurrency": self.device_concurrency,
+                                "prefer": self.prefer, **fields})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,11 +114,12 @@ def _cpu_name() -> str:
     return read_cpu_info("/proc/cpuinfo").model or "unknown CPU"  # read_cpu_info copes with a missing file
 
 
-def _startup(path: str, sample: Feeds, device: str, *, rounds: int) -> dict[str, float]:
+def _startup(path: str, sample: Feeds, config: ServingConfig) -> dict[str, float]:
     """Median ms from nothing to the first result, ``rounds`` times interleaved: a plain session, a plain session
     from ORT's optimized graph cached on disk (CPU; the cache filled once first), and the runtime."""
     from npukit.runtime.session_cache import cached_session
 
+    device, rounds = config.device, config.startup_rounds
     times: dict[str, list[float]] = {"plain_session_ms": [], "runtime_ms": []}
     with tempfile.TemporaryDirectory(prefix="npukit-serving-cache-") as cache:
         model = Path(path).read_bytes()
@@ -123,7 +135,7 @@ def _startup(path: str, sample: Feeds, device: str, *, rounds: int) -> dict[str,
                 cached_session(model, threads=1, cache_dir=cache)[0].run(None, dict(sample))
                 times["cached_session_ms"].append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            with Runtime(path, RuntimeConfig(device=device, workers=1, threads=1)) as rt:
+            with Runtime(path, config.runtime(workers=1, threads=1)) as rt:
                 rt.run(sample)
                 times["runtime_ms"].append(time.perf_counter() - t0)
     return {k: round(float(np.median(v)) * 1000.0, 1) for k, v in times.items()}
@@ -134,11 +146,11 @@ def measure_serving(model: str | os.PathLike[str], requests: Sequence[Feeds], co
     """Every figure of the module docstring for ``model`` on ``requests`` (one sample each)."""
     path = os.fspath(model)
     sample = dict(requests[0])
-    startup = _startup(path, sample, config.device, rounds=config.startup_rounds)
+    startup = _startup(path, sample, config)
     plain = make_session(path, threads=1)
     names = [o.name for o in plain.get_outputs()]
-    with Runtime(path, RuntimeConfig(device=config.device, workers=1, threads=1)) as single:
-        device = single.device.as_dict()
+    with Runtime(path, config.runtime(workers=1, threads=1)) as single:
+        device = single.device.as_dict() | {"device_concurrency": single.gate.limit}  # None: no limit
         out = [np.empty_like(o) for o in single.run(sample)]
         singles = {"plain": closed_loop(lambda f: plain.run(names, dict(f)), requests, clients=1,
                                         duration_s=config.duration_s),
@@ -150,18 +162,18 @@ def measure_serving(model: str | os.PathLike[str], requests: Sequence[Feeds], co
                        "runtime": allocated_per_call(lambda: single.run(sample, out=out), config.alloc_calls)}
     split: dict = {}
     if config.device == "cpu":  # the split a Runtime with no workers/threads given measures for itself
-        with Runtime(path, RuntimeConfig(device="cpu")) as auto:
+        with Runtime(path, config.runtime()) as auto:
             split = auto.describe()["split"]
     curve: dict[int, LoadResult] = {}
     for workers in range(1, (config.max_workers or os.cpu_count() or 1) + 1):
-        with Runtime(path, RuntimeConfig(device=config.device, workers=workers, threads=1)) as rt:
+        with Runtime(path, config.runtime(workers=workers, threads=1)) as rt:
             curve[workers] = closed_loop(rt.run, requests, clients=workers * 2, duration_s=config.duration_s)
     capacity = singles["plain"].throughput
     opened: dict[str, list[LoadResult]] = {"plain": [], "workers": [], "batched": []}
     batching: dict = {"max_batch": config.max_batch, "max_wait_ms": config.max_wait_ms, "capacity_per_s": capacity}
     best_workers = max(curve, key=lambda w: curve[w].throughput)
-    plain_cfg = RuntimeConfig(device=config.device, workers=1, threads=1, pool=False, max_batch=1)
-    workers_cfg = RuntimeConfig(device=config.device, workers=best_workers, threads=1, max_batch=1)
+    plain_cfg = config.runtime(workers=1, threads=1, pool=False, max_batch=1)
+    workers_cfg = config.runtime(workers=best_workers, threads=1, max_batch=1)
     batched_cfg = dataclasses.replace(workers_cfg, max_batch=config.max_batch, max_wait_ms=config.max_wait_ms)
     for factor in config.loads:
         rate = capacity * factor

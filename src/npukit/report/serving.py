@@ -10,7 +10,9 @@ from npukit.report.core import Report
 def add_serving(report: Report, result: Any) -> None:
     d = result.as_dict()
     report.add("serving", d)
-    report.add_table(f"Device: {d['device']['device']} ({d['device']['reason']}); CPU {d['cpu']}",
+    limit = d["device"].get("device_concurrency")
+    at_once = f"; at most {limit} graph(s) at once on it" if limit is not None else ""
+    report.add_table(f"Device: {d['device']['device']} ({d['device']['reason']}){at_once}; CPU {d['cpu']}",
                      ["start-up to first result (median)", "ms"],
                      [[{"plain_session_ms": "plain session",
                         "cached_session_ms": "plain session from ORT's optimized graph cached on disk",

@@ -20,6 +20,8 @@ def serve_bench(
     loads: Sequence[float] = (0.8, 1.2, 1.6),
     max_batch: int = 4,
     max_wait_ms: float = 2.0,
+    prefer: str = "throughput",
+    device_concurrency: int | None = None,
     samples: int = 16,
     report_path: str | Path | None = None,
     html: bool = False,
@@ -28,7 +30,9 @@ def serve_bench(
     """Serve ``model`` with ``npukit.runtime.engine.Runtime`` and with a plain one-session loop under the same loads
     (``measure.serving``): start-up, jitter, allocations per call, throughput against workers, and open-loop Poisson
     load at ``loads`` x the plain loop's capacity with dynamic batching (models with a symbolic batch axis).
-    Requests are ``samples`` inputs from ``data`` (image folder, .npy, .npz) or seeded random inputs.
+    Requests are ``samples`` inputs from ``data`` (image folder, .npy, .npz) or seeded random inputs. ``prefer``:
+    what the split of the cores a runtime measures for itself optimizes ("throughput" or "latency");
+    ``device_concurrency``: graphs run at once on the device (None: one on an NPU, no limit on the CPU).
 
     With ``buckets`` (input shapes; a model with one input whose sizes are symbolic): the model served through
     ``runtime.buckets.BucketedRuntime`` at those sizes against a session fixed to each size, one caller, on seeded
@@ -47,7 +51,8 @@ def serve_bench(
     if buckets:
         return _serve_buckets(path, buckets, duration_s=duration_s, report_path=report_path, html=html)
     config = ServingConfig(device=device, duration_s=duration_s, max_workers=max_workers, loads=tuple(loads),
-                           max_batch=max_batch, max_wait_ms=max_wait_ms)
+                           max_batch=max_batch, max_wait_ms=max_wait_ms, prefer=prefer,
+                           device_concurrency=device_concurrency)
     proto = onnx.load(str(path), load_external_data=False)
     if data is not None:
         dataset = open_data(data, proto, PreprocessConfig())
