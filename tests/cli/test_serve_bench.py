@@ -25,6 +25,8 @@ def test_serve_bench_writes_every_figure(tmp_path) -> None:
     assert serving["open"]["batched"][0]["completed"] > 0
     assert set(serving["allocated_bytes_per_call"]) == {"plain", "bound_buffers", "runtime"}
     assert serving["split"]["note"].startswith("measured") and serving["split"]["measured"]
+    assert set(serving["startup_ms"]) == {"plain_session_ms", "cached_session_ms", "runtime_ms", "runtime_cached_ms"}
+    assert all(v > 0 for v in serving["startup_ms"].values())
 
 
 def test_serve_bench_refuses_bad_input(tmp_path, capsys) -> None:

@@ -12,7 +12,8 @@ do not match the model fails on its own future with an ``InputError``; a full qu
 Devices: ``cpu``; ``qnn-htp`` / ``qnn-htp@SOC`` (Qualcomm's HTP through the QNN EP, nodes it does not take on the CPU
 EP, and the split recorded); ``auto`` takes the HTP where the QNN HTP backend loads on an Arm machine (a phone or a
 Snapdragon laptop) and the CPU otherwise, saying why (on x86 the QNN HTP backend is Qualcomm's emulator, which
-simulates the NPU far slower than the CPU runs the model).
+simulates the NPU far slower than the CPU runs the model). On the HTP most of a start is QNN compiling the graph;
+with ``cache_dir`` the first start keeps what it compiled (an EPContext model) and later starts load it.
 
 A device is shared by every runtime of the process: at most ``device_concurrency`` graphs run on it at once, across
 runtimes (``open_gate``). The NPU defaults to one (two models served from one process take turns on it rather
@@ -67,7 +68,8 @@ class RuntimeConfig:
     of the cores timed fastest on the model, ``runtime.split``; one None: the cores divided by the other; on the NPU
     one worker); ``max_batch`` rows run together at most (1: no batching), waiting at
     most ``max_wait_ms`` for more; ``queue_limit`` requests queued at most; ``pool``: run on bound buffers;
-    ``cache_dir``: keep ORT's optimized graph there and start from it next time (CPU; ``runtime.session_cache``);
+    ``cache_dir``: keep ORT's optimized graph (CPU; ``runtime.session_cache``) or the compiled graph (HTP, a QDQ
+    model; ``runtime.context_cache``) there and start from it next time;
     ``device_concurrency``: graphs run at once on the device across all runtimes of the process (None: one on an
     NPU, no limit on the CPU); ``prefer``: what the measured split of the cores optimizes when neither ``workers``
     nor ``threads`` is given, "throughput" (requests per second) or "latency" (one request on an idle runtime)."""
@@ -222,7 +224,8 @@ class Runtime:
         config = dataclasses.replace(config or RuntimeConfig(), **overrides)
         proto = model if isinstance(model, onnx.ModelProto) else onnx.load_from_string(model) \
             if isinstance(model, bytes) else load_onnx(model)  # a bad path or file: a one-line InputError
-        self.device = choose_device(config.device, proto)
+        cached = self._cached_context(proto, config)  # a previous start's compiled HTP graph: nothing to compile
+        self.device = cached[1] if cached else choose_device(config.device, proto)
         cores = os.cpu_count() or 1
         self.split_table: list[dict] = []
         self.split_note = "given" if config.workers or config.threads else ""
@@ -234,7 +237,7 @@ class Runtime:
         else:
             workers = config.workers or max(1, cores // (config.threads or 1))
             threads = config.threads or max(1, cores // workers)
-        self.session, self.cache = self._open(proto, threads, config.cache_dir)
+        self.session, self.cache = (cached[0], "hit") if cached else self._open(proto, threads, config.cache_dir)
         self.signatures = signatures(self.session)
         fixed = [s for s in self.signatures if any(d is None for d in s.shape[1:])]
         if fixed:
@@ -266,8 +269,27 @@ class Runtime:
         for worker in self._workers:
             worker.start()
 
+    @staticmethod
+    def _cached_context(proto: onnx.ModelProto, config: RuntimeConfig) -> tuple[Any, DeviceChoice] | None:
+        """The HTP session from the compiled graph a previous start left in ``cache_dir`` and the placement chosen
+        then (``runtime.context_cache``), for a model not yet compiled asked for on the HTP; None otherwise."""
+        from npukit.runtime.compile import is_context_model
+        from npukit.runtime.context_cache import load_context
+
+        base, _, soc = config.device.partition("@")
+        on_htp = base == "qnn-htp" or (base == "auto" and platform.machine().lower() in ("aarch64", "arm64"))
+        if not config.cache_dir or not on_htp or is_context_model(proto):
+            return None
+        loaded = load_context(config.cache_dir, proto.SerializeToString(), soc)
+        if loaded is None:
+            return None
+        session, placed = loaded
+        return session, DeviceChoice(placed["device"], placed["reason"], tuple(placed["cpu_nodes"]),
+                                     placed["npu_nodes"])
+
     def _open(self, proto: onnx.ModelProto, threads: int, cache_dir: str | None) -> tuple[Any, str]:
-        """The session on the chosen device, and whether ORT's optimized graph came from the cache (CPU)."""
+        """The session on the chosen device, and whether ORT's optimized graph (CPU) or the compiled graph (HTP)
+        came from the cache: "miss" when it was made and stored now."""
         if self.device.device == "cpu" and cache_dir:
             from npukit.runtime.session_cache import cached_session
 
@@ -278,6 +300,12 @@ class Runtime:
         from npukit.runtime.qnn import make_qnn_session
 
         soc = self.device.device.partition("@")[2]
+        from npukit.runtime.compile import is_context_model
+
+        if cache_dir and not is_context_model(proto):
+            from npukit.runtime.context_cache import compile_into_cache
+
+            return compile_into_cache(cache_dir, proto.SerializeToString(), soc, self.device.as_dict()), "miss"
         return make_qnn_session(proto, allow_cpu_fallback=True, provider_options=_soc_options(soc)), "off"
 
     def _measured_split(self, proto: onnx.ModelProto, cores: int, prefer: str) -> tuple[int, int]:
