@@ -52,6 +52,9 @@ def test_a_broken_entry_is_compiled_again_and_a_compiled_model_is_not_cached(tmp
         want = rt.run(_feeds())
     with Runtime(model, device="qnn-htp@SM8650", workers=1, cache_dir=str(cache)) as rt:
         assert rt.cache == "hit"
+    (cache / f"{key}.json").write_text('{"device": "qnn-htp@SM8650"}')  # a placement that lacks what is read
+    with Runtime(model, device="qnn-htp@SM8650", workers=1, cache_dir=str(cache)) as rt:
+        assert rt.cache == "miss" and rt.device.npu_nodes > 0
     compiled = tmp_path / "ctx.onnx"
     compile_qnn_context(model, compiled, soc="SM8650")
     other = tmp_path / "other"

@@ -21,6 +21,7 @@ from typing import Any
 import onnx
 import onnxruntime as ort
 
+PLACEMENT_KEYS = frozenset({"device", "reason", "cpu_nodes", "npu_nodes"})  # what the runtime reads back
 
 
 def context_key(model: bytes, soc: str) -> str:
@@ -45,6 +46,8 @@ def load_context(cache_dir: str | os.PathLike[str], model: bytes, soc: str
         return None
     try:
         stored = json.loads(placement.read_text())
+        if not isinstance(stored, dict) or not PLACEMENT_KEYS <= set(stored):
+            return None
         session = make_qnn_session(context, allow_cpu_fallback=True, provider_options=_options(soc))
     except Exception:  # noqa: BLE001 - a cache entry that does not load, whatever the reason, is compiled again
         return None
