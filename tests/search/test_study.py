@@ -99,13 +99,14 @@ def test_bad_search_configs_are_input_errors(kwargs) -> None:
 
 def test_a_recipe_that_crashes_ends_its_trial_alone() -> None:
     from npukit.quant.config import QuantConfig
-    from npukit.search.trial import FloatFigures, TrialRunner
+    from npukit.search.trial import FloatFigures, TrialBuilder, TrialRunner
 
-    def boom(config):
-        raise RuntimeError("ORT refused the model\nmore")
+    class Boom(TrialBuilder):
+        def quantize(self, config):
+            raise RuntimeError("ORT refused the model\nmore")
 
-    runner = TrialRunner(reference=None, quantize=boom, compare=None, gate=None, base=QuantConfig(), head=(),
-                         ranking=(), floats=FloatFigures(1, 1, 1.0), feeds={})
+    builder = Boom(model=None, calib=[], evaluation=[], gate=None, base=QuantConfig())
+    runner = TrialRunner(reference=None, builder=builder, floats=FloatFigures(1, 1, 1.0), feeds={})
     measured, model = runner.run(DEFAULT)
     assert model is None and not measured.feasible and measured.error == "RuntimeError: ORT refused the model"
     # the trial log round-trips through the study's storage (NaN figures included)

@@ -16,7 +16,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,9 @@ SAMPLERS = ("tpe", "nsga2")
 class SearchConfig:
     """``budget``: the task metric may fall this fraction below the float model's (0.01: within 1%); ``prefer``: the
     objective the chosen point is best on among those that meet the budget; ``trials``: trials in the study in all
-    (a resumed study counts those it has); ``timeout_s``: no new trial starts after this many seconds of this run."""
+    (a resumed study counts those it has); ``timeout_s``: no new batch starts after this many seconds of this run;
+    ``batch``: recipes proposed at once and measured before the sampler sees any of their figures (what a parallel
+    search needs; the same batch size and seed propose the same recipes however the batch is measured)."""
 
     budget: float = 0.01
     prefer: str = "latency"
@@ -41,6 +43,7 @@ class SearchConfig:
     seed: int = 0
     sampler: str = "tpe"
     space: str = "quick"
+    batch: int = 1
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.budget < 1.0:
@@ -51,6 +54,8 @@ class SearchConfig:
             raise InputError(f"trials {self.trials} must be at least 1", hint="e.g. --trials 12")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise InputError(f"time budget {self.timeout_s:g} s must be positive", hint="e.g. --time-budget 10m")
+        if self.batch < 1:
+            raise InputError(f"batch {self.batch} must be at least 1", hint="e.g. --batch 2 (the workers by default)")
         if self.sampler not in SAMPLERS:
             raise InputError(f"unknown sampler {self.sampler!r}", hint=f"use one of {', '.join(SAMPLERS)}")
 
@@ -108,7 +113,10 @@ def _sampler(config: SearchConfig) -> Any:
 
     if config.sampler == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=config.seed, population_size=max(4, min(20, config.trials // 2)))
-    return optuna.samplers.TPESampler(seed=config.seed, multivariate=True, n_startup_trials=max(3, config.trials // 4))
+    # constant_liar: the proposals of one batch see each other as running, not as free (it changes nothing with a
+    # batch of one: nothing is running when the sampler proposes)
+    return optuna.samplers.TPESampler(seed=config.seed, multivariate=True, n_startup_trials=max(3, config.trials // 4),
+                                      constant_liar=True)
 
 
 def _measured(trial: Any) -> Measured | None:
@@ -117,56 +125,119 @@ def _measured(trial: Any) -> Measured | None:
 
 
 def run_study(evaluate: Callable[[Recipe], Measured], space: RecipeSpace, config: SearchConfig, *, name: str,
-              storage: Path | None = None, baseline: Measured | None = None) -> SearchOutcome:
+              storage: Path | None = None, baseline: Measured | None = None,
+              drive: Callable[[StudyLoop], None] | None = None) -> SearchOutcome:
     """Run the study until it holds ``config.trials`` trials or the time budget is spent. ``evaluate`` measures a
     recipe; ``baseline``, when given, is the default recipe's measurement, reused as trial 0 instead of measuring it
-    again."""
+    again.
+
+    The sampler proposes ``config.batch`` recipes at a time (``StudyLoop``). Here each batch's recipes are measured
+    one after the other; ``drive``, when given, runs the loop instead (``npukit.search.distributed`` measures a
+    batch on Ray Tune). The proposals depend on the batch size, the seed and the figures told, never on how a batch
+    was measured, so a search on Ray proposes what the serial one with the same batch size and figures does."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    start = time.perf_counter()
     url = f"sqlite:///{storage}" if storage is not None else None
-    directions = [way for _, way in OBJECTIVES]
-    study = optuna.create_study(storage=url, study_name=name, directions=directions, sampler=_sampler(config),
-                                load_if_exists=True)
+    study = optuna.create_study(storage=url, study_name=name, directions=[way for _, way in OBJECTIVES],
+                                sampler=_sampler(config), load_if_exists=True)
     if not study.trials:  # the default first, then the seed recipes the space holds, as far as the trials go
         for recipe in [DEFAULT, *(s for s in SEEDS if space.contains(s))][: config.trials]:
             study.enqueue_trial(_known_params(space, recipe))
-    measured_now = 0
-    stopped = "trials"
+    loop = StudyLoop(study, space, config, baseline)
+    if drive is None:
+        while (batch := loop.next_batch()) is not None:
+            loop.tell(batch, [evaluate(r) for r in batch.to_measure])
+    else:
+        drive(loop)
+    return outcome_of(_unique(study), config.prefer, measured_now=loop.measured_now, stopped=loop.stopped, name=name,
+                      seconds=time.perf_counter() - loop.start, importance=importance(study))
 
-    def objective(trial: Any) -> tuple[float, ...]:
-        nonlocal measured_now
-        recipe = space.suggest(trial)
-        earlier = _measured_recipe(study, recipe, trial.number)
-        if earlier is not None:  # the sampler proposed a recipe already measured: its figures, not a new trial
-            number, result = earlier
-            trial.set_user_attr("repeat_of", number)
+
+class StudyLoop:
+    """The study's ask / measure / tell loop, a batch at a time: ``next_batch`` asks the sampler for up to
+    ``config.batch`` proposals (None once the study holds its trials, the time budget is spent, the space is
+    exhausted or the sampler keeps repeating itself: ``stopped`` says which); the caller measures the batch's
+    ``to_measure`` recipes and hands their figures, in that order, to ``tell``. A proposal already measured (by an
+    earlier trial, or twice in one batch) is told the figures it has; the default recipe, when ``baseline`` is
+    given, its figures."""
+
+    def __init__(self, study: Any, space: RecipeSpace, config: SearchConfig, baseline: Measured | None) -> None:
+        self.study, self.space, self.config, self.baseline = study, space, config, baseline
+        self.start = time.perf_counter()
+        self.measured_now = 0
+        self.asked = 0
+        self.stopped = "trials"
+
+    def next_batch(self) -> Batch | None:
+        done = len(_unique(self.study))
+        config = self.config
+        if done >= config.trials:
+            return None
+        if config.timeout_s is not None and time.perf_counter() - self.start >= config.timeout_s:
+            self.stopped = "time budget"
+        elif done >= self.space.size():
+            self.stopped = "space exhausted"
+        elif self.asked >= 4 * config.trials:
+            self.stopped = "the sampler kept proposing recipes already measured"
         else:
-            result = baseline if baseline is not None and recipe == DEFAULT else evaluate(recipe)
-            trial.set_user_attr("measured", json.loads(json.dumps(result.as_dict())))
-            measured_now += 1
-        metric = result.metric if math.isfinite(result.metric) else -1.0
-        # <= 0 feasible: how far below the floor the metric is (a small positive value where another check failed)
-        trial.set_constraint("budget", 0.0 if result.feasible else max(config.min_metric - metric, 1e-3))
-        return tuple(v if math.isfinite(v) and not result.error else (-1.0 if way == "maximize" else 1e9)
-                     for v, way in zip(result.objectives(), directions))
+            trials = [self.study.ask() for _ in range(min(config.batch, config.trials - done))]
+            self.asked += len(trials)
+            return Batch.of(self.study, trials, [self.space.suggest(t) for t in trials], self.baseline)
+        return None
 
-    calls = 0
-    while (done := len(_unique(study))) < config.trials:
-        if config.timeout_s is not None and time.perf_counter() - start >= config.timeout_s:
-            stopped = "time budget"
-            break
-        if done >= space.size():
-            stopped = "space exhausted"
-            break
-        if calls >= 4 * config.trials:
-            stopped = "the sampler kept proposing recipes already measured"
-            break
-        study.optimize(objective, n_trials=1)
-        calls += 1
-    return outcome_of(_unique(study), config.prefer, measured_now=measured_now, stopped=stopped, name=name,
-                      seconds=time.perf_counter() - start, importance=importance(study))
+    def tell(self, batch: Batch, results: Sequence[Measured]) -> None:
+        batch.record(results)
+        self.measured_now += len(batch.first)  # the baseline's too: measured by this run, before the study
+        directions = [way for _, way in OBJECTIVES]
+        for trial, recipe in zip(batch.trials, batch.recipes):
+            result, repeat_of = batch.figures(recipe, trial.number)
+            if repeat_of is None:
+                trial.set_user_attr("measured", json.loads(json.dumps(result.as_dict())))
+            else:  # the sampler proposed a recipe already measured: its figures, not a new trial
+                trial.set_user_attr("repeat_of", repeat_of)
+            metric = result.metric if math.isfinite(result.metric) else -1.0
+            # <= 0 feasible: how far below the floor the metric is (a small positive value where another check failed)
+            trial.set_constraint("budget", 0.0 if result.feasible else max(self.config.min_metric - metric, 1e-3))
+            self.study.tell(trial, [v if math.isfinite(v) and not result.error else (-1.0 if way == "maximize" else 1e9)
+                                    for v, way in zip(result.objectives(), directions)])
+
+
+@dataclasses.dataclass
+class Batch:
+    """One batch of proposals: which recipes need measuring (not measured before, not twice in the batch, not the
+    baseline given), and each proposal's figures once they are."""
+
+    trials: list[Any]
+    recipes: list[Recipe]
+    earlier: dict[Recipe, tuple[int, Measured]]  # measured by an earlier trial: (its number, its figures)
+    first: dict[Recipe, int]  # recipe -> the number of the batch's trial that measures it
+    to_measure: list[Recipe]
+    known: dict[Recipe, Measured]
+
+    @classmethod
+    def of(cls, study: Any, trials: list[Any], recipes: list[Recipe], baseline: Measured | None) -> Batch:
+        earlier = {m.recipe: (n, m) for n, m in _unique(study)}
+        first: dict[Recipe, int] = {}
+        known: dict[Recipe, Measured] = {}
+        for recipe, trial in zip(recipes, trials):
+            if recipe in earlier or recipe in first:
+                continue
+            first[recipe] = trial.number
+            if baseline is not None and recipe == DEFAULT:
+                known[recipe] = baseline
+        return cls(trials, recipes, earlier, first, [r for r in first if r not in known], known)
+
+    def record(self, results: Sequence[Measured]) -> None:
+        if len(results) != len(self.to_measure):
+            raise RuntimeError(f"{len(self.to_measure)} recipes to measure, {len(results)} results")
+        self.known.update(zip(self.to_measure, results))
+
+    def figures(self, recipe: Recipe, number: int) -> tuple[Measured, int | None]:
+        """The figures of the proposal ``number`` and, for a repeat, the trial whose they are."""
+        if recipe in self.earlier:
+            return self.earlier[recipe][1], self.earlier[recipe][0]
+        return self.known[recipe], None if self.first[recipe] == number else self.first[recipe]
 
 
 def importance(study: Any) -> dict[str, dict[str, float]]:
@@ -225,13 +296,6 @@ def _unique(study: Any) -> list[tuple[int, Measured]]:
         if measured is not None:
             out.append((t.number, measured))
     return out
-
-
-def _measured_recipe(study: Any, recipe: Recipe, number: int) -> tuple[int, Measured] | None:
-    for n, measured in _unique(study):
-        if n != number and measured.recipe == recipe:
-            return n, measured
-    return None
 
 
 def _known_params(space: RecipeSpace, recipe: Recipe) -> dict[str, Any]:

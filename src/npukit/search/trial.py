@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -87,46 +87,89 @@ class FloatFigures:
     energy_uj: float
 
 
-Compare = Callable[[onnx.ModelProto], TaskResult]
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """A recipe built and checked, before anything is timed: its model (None: it could not be built, ``error`` says
+    why), the task metric and worst output SQNR on the held-out samples, the integer-kernel fraction, whether it
+    passed the budget's gate (``failures`` says why not) and the seconds it took. What a worker hands back."""
+
+    recipe: Recipe
+    model: onnx.ModelProto | None
+    passed: bool = False
+    metric_name: str = ""
+    metric: float = float("nan")
+    worst_sqnr_db: float = float("nan")
+    integer_fraction: float = 0.0
+    failures: tuple[str, ...] = ()
+    error: str = ""
+    seconds: float = 0.0
 
 
 @dataclasses.dataclass
-class TrialRunner:
-    """Builds and measures recipes on ORT CPU. ``quantize(config) -> QuantResult`` builds one (npukit's pipeline
-    on the calibration samples); ``compare(model) -> TaskResult`` runs it beside the float model on the
-    held-out samples; ``base``: quantize's default configuration with the float head off; ``head`` and ``ranking``:
-    what the default recipe chose and measured (``Recipe.config``)."""
+class TrialBuilder:
+    """Builds recipes and checks them against the float model; everything a worker needs, and picklable (a Ray
+    worker gets a copy). ``model``: the float model at the opset the space needs; ``calib``: the calibration feeds;
+    ``evaluation``: the held-out samples; ``base``: quantize's default configuration with the float head off;
+    ``head`` and ``ranking``: what the default recipe chose and measured (``Recipe.config``); ``task`` as quantize
+    takes it. The float model's outputs on the held-out samples are computed once per process."""
 
-    reference: onnx.ModelProto
-    quantize: Callable[[QuantConfig], Any]
-    compare: Compare
+    model: onnx.ModelProto
+    calib: Sequence[Mapping[str, np.ndarray]]
+    evaluation: Sequence[Any]
     gate: QualityGate
     base: QuantConfig
-    head: tuple[str, ...]
-    ranking: tuple[str, ...]
-    floats: FloatFigures
-    feeds: Mapping[str, np.ndarray]
+    head: tuple[str, ...] = ()
+    ranking: tuple[str, ...] = ()
+    task: str | None = None
     threads: int = 1
-    runs: int = 20
+    _reference: Any = dataclasses.field(default=None, repr=False, compare=False)  # (runner, output names)
+    _reference_outputs: dict[int, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
-    def run(self, recipe: Recipe) -> tuple[Measured, onnx.ModelProto | None]:
-        """The recipe's measured figures and its model (None where it could not be built)."""
+    def __getstate__(self) -> dict[str, Any]:  # a session does not pickle; a worker makes its own
+        return {**self.__dict__, "_reference": None, "_reference_outputs": {}}
+
+    def quantize(self, config: QuantConfig) -> Any:
+        from npukit.quant.qdq import quantize
+
+        return quantize(self.model, self.calib, config=config)
+
+    def compare(self, model: onnx.ModelProto) -> TaskResult:
+        """``model`` against the float model on the held-out samples (the task metric and every output)."""
+        from npukit.measure.task_fidelity import compare_task, session_runner
+        from npukit.runtime.ort import make_session
+
+        if self._reference is None:
+            session = make_session(self.model, threads=self.threads)
+            self._reference = (session_runner(session), [o.name for o in session.get_outputs()])
+        run_reference, names = self._reference
+
+        def reference(feeds: Any) -> Any:
+            key = id(feeds)  # the same feed dicts (self.evaluation's) are compared in every trial of this process
+            if key not in self._reference_outputs:
+                self._reference_outputs[key] = run_reference(feeds)
+            return self._reference_outputs[key]
+
+        _, result = compare_task(reference, session_runner(make_session(model, threads=self.threads)),
+                                 self.evaluation, output_names=names, task=self.task)
+        return result
+
+    def build(self, recipe: Recipe) -> Built:
+        """The recipe's model, built and checked; a recipe this model cannot take, or one that crashes, is a failed
+        trial (``Built.error``), never the end of the search."""
         start = time.perf_counter()
         try:
             config = recipe.config(self.base, head=self.head, ranking=self.ranking)
-            result = self.quantize(config)
-            return self.measure(recipe, result, config, start=start), result.model
+            return self.check(recipe, self.quantize(config), config, start=start)
         except NpukitError as exc:  # a recipe this model cannot take (e.g. a step refused): a failed trial
             error = exc.one_line()
         except Exception as exc:  # noqa: BLE001 - one recipe's crash (e.g. ORT refusing its model) ends that trial
             # alone; the trial log shows it, and a search where every trial failed exits 1
             error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
-        return Measured(recipe, False, error=error, seconds=time.perf_counter() - start), None
+        return Built(recipe, None, error=error, seconds=time.perf_counter() - start)
 
-    def measure(self, recipe: Recipe, result: Any, config: QuantConfig, *, start: float) -> Measured:
-        from npukit.measure.energy import estimate_energy
-        from npukit.measure.latency import measure_latency_interleaved
-        from npukit.memory.layout import ort_predicted_peak
+    def check(self, recipe: Recipe, result: Any, config: QuantConfig, *, start: float) -> Built:
+        """``result`` (a QuantResult of ``config``) against the float model with the budget's gate; no integer
+        kernel at all fails it too (nothing gained over the float model)."""
         from npukit.quant.qdq import integer_failures, integer_kernel_report
 
         model = result.model
@@ -136,22 +179,60 @@ class TrialRunner:
         if not failures and kernels["integer_fraction"] == 0.0:
             failures.append("runs no integer kernel: nothing gained over the float model")
         verdict = judge(outcome, self.gate, what="trial", extra_failures=failures)
+        sqnrs = [o.sqnr_db for o in outcome.outputs if not math.isnan(o.sqnr_db)]
+        return Built(recipe, model, passed=verdict.passed and not verdict.degraded, metric_name=outcome.metric,
+                     metric=float(outcome.value) if outcome.value is not None else float("nan"),
+                     worst_sqnr_db=min(sqnrs) if sqnrs else float("nan"),
+                     integer_fraction=float(kernels["integer_fraction"]), failures=tuple(verdict.failures),
+                     seconds=time.perf_counter() - start)
+
+
+@dataclasses.dataclass
+class TrialRunner:
+    """Measures recipes on ORT CPU: ``builder`` builds and checks one (here, or in a worker), ``finish`` times it
+    against the float model ``reference`` (as given: what every ratio is against) on ``feeds`` in the same
+    interleaved rounds and adds its size, predicted peak and estimated energy. Timing stays in this process, one
+    model at a time, so that parallel builds never share the CPU with a timing."""
+
+    reference: onnx.ModelProto
+    builder: TrialBuilder
+    floats: FloatFigures
+    feeds: Mapping[str, np.ndarray]
+    threads: int = 1
+    runs: int = 20
+
+    def run(self, recipe: Recipe) -> tuple[Measured, onnx.ModelProto | None]:
+        """The recipe's measured figures and its model (None where it could not be built)."""
+        built = self.builder.build(recipe)
+        return self.finish(built), built.model
+
+    def measure(self, recipe: Recipe, result: Any, config: QuantConfig, *, start: float) -> Measured:
+        """The figures of ``result``, already built from ``config``."""
+        return self.finish(self.builder.check(recipe, result, config, start=start))
+
+    def finish(self, built: Built) -> Measured:
+        from npukit.measure.energy import estimate_energy
+        from npukit.measure.latency import measure_latency_interleaved
+        from npukit.memory.layout import ort_predicted_peak
+
+        start = time.perf_counter()
+        if built.model is None:
+            return Measured(built.recipe, False, error=built.error, seconds=built.seconds)
+        model = built.model
         timed = measure_latency_interleaved({"float": self.reference, "candidate": model}, threads=self.threads,
                                             warmup=3, runs=self.runs, rounds=min(5, self.runs), feeds=self.feeds)
         size = model.ByteSize()
         peak = ort_predicted_peak(model)
         energy = estimate_energy(model, peak_bytes=peak, feeds=self.feeds).total_uj
-        sqnrs = [o.sqnr_db for o in outcome.outputs if not math.isnan(o.sqnr_db)]
         return Measured(
-            recipe, verdict.passed and not verdict.degraded, metric_name=outcome.metric,
-            metric=float(outcome.value) if outcome.value is not None else float("nan"),
-            worst_sqnr_db=min(sqnrs) if sqnrs else float("nan"),
+            built.recipe, built.passed, metric_name=built.metric_name, metric=built.metric,
+            worst_sqnr_db=built.worst_sqnr_db,
             latency=timed["candidate"].median_ms / timed["float"].median_ms, latency_ms=timed["candidate"].median_ms,
             float_latency_ms=timed["float"].median_ms, size=size / self.floats.size_bytes, size_bytes=size,
             memory=peak / self.floats.peak_bytes if self.floats.peak_bytes else float("nan"), peak_bytes=peak,
             energy=energy / self.floats.energy_uj if self.floats.energy_uj else float("nan"), energy_uj=energy,
-            integer_fraction=float(kernels["integer_fraction"]), seconds=time.perf_counter() - start,
-            failures=tuple(verdict.failures))
+            integer_fraction=built.integer_fraction, seconds=built.seconds + time.perf_counter() - start,
+            failures=built.failures)
 
 
 def dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[str]) -> bool:

@@ -3,9 +3,10 @@ the task metric, with the Pareto front, the full trial log and the chosen artifa
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,9 @@ def optimize(
     space: str = "quick",
     sampler: str = "tpe",
     seed: int = 0,
+    workers: int = 1,
+    batch: int | None = None,
+    ray_address: str | None = None,
     exclude: Sequence[str] = (),
     task: str | None = None,
     min_sqnr_db: float | None = None,
@@ -57,7 +61,11 @@ def optimize(
     The study (Optuna, ``sampler`` tpe or nsga2, seeded) is kept in ``<output stem>.optimize.db``: run the same
     command again to continue it (``trials`` counts the study's trials in all; ``timeout_s`` bounds this run).
     The report holds every trial, the Pareto front and the chosen trial, whose model is checked again on ``data``
-    before it is written; no trial within the budget: no artifact, exit 1."""
+    before it is written; no trial within the budget: no artifact, exit 1.
+
+    ``workers`` > 1 builds that many trials at once on Ray Tune (``npukit.search.distributed``: a local Ray instance
+    started for the search, or the cluster at ``ray_address``); the sampler then proposes ``batch`` recipes at a time
+    (default: ``workers``), and the same batch size and seed propose the same recipes serially or on Ray."""
     from npukit.search.space import get_space
     from npukit.search.study import SearchConfig
 
@@ -69,8 +77,17 @@ def optimize(
             f"use --target {' | '.join(TARGETS)}"
         raise InputError(f"optimize searches ORT CPU recipes (--target cpu); {target!r} is not searched yet",
                          hint=hint)
+    if workers < 1:
+        raise InputError(f"workers {workers} must be at least 1", hint="e.g. --workers 2")
+    if ray_address and workers < 2:
+        raise InputError("--ray-address runs trials on a Ray cluster, which needs --workers 2 or more",
+                         hint="e.g. --workers 8 --ray-address HEAD:6379")
+    if ray_address:
+        from npukit.search.distributed import reachable
+
+        reachable(ray_address)  # before any work: Ray retries a wrong address for minutes
     config = SearchConfig(budget=budget, prefer=prefer, trials=trials, timeout_s=timeout_s, seed=seed,
-                          sampler=sampler, space=space)
+                          sampler=sampler, space=space, batch=batch or workers)
     space_ = get_space(space)
     gate = QualityGate(min_metric=config.min_metric, **({} if min_sqnr_db is None else {"min_sqnr_db": min_sqnr_db}))
     inputs = _Inputs.open(model, data, calib, input_shape, preprocess or PreprocessConfig(), max_samples)
@@ -78,8 +95,10 @@ def optimize(
                                         "calib": str(calib) if calib else f"first half of {data}",
                                         "search": config.as_dict(), "space": space_.name, "task": task or "auto",
                                         "gate": gate.as_dict(), "exclude": list(exclude), "threads": threads,
-                                        "runs": runs, "input_shape": inputs.spec})
-    return _Search(report, inputs, config, space_, gate, task, tuple(exclude), threads, runs).run(output, html)
+                                        "runs": runs, "input_shape": inputs.spec, "workers": workers,
+                                        "ray_address": ray_address})
+    return _Search(report, inputs, config, space_, gate, task, tuple(exclude), threads, runs, workers=workers,
+                   ray_address=ray_address).run(output, html)
 
 
 @dataclasses.dataclass
@@ -115,9 +134,11 @@ class _Search:
     """The verb's straight line: baseline (the default recipe) -> pruned space -> study -> chosen -> check -> write."""
 
     def __init__(self, report: Report, inputs: _Inputs, config: Any, space: Any, gate: QualityGate,
-                 task: str | None, exclude: tuple[str, ...], threads: int, runs: int) -> None:
+                 task: str | None, exclude: tuple[str, ...], threads: int, runs: int, *, workers: int = 1,
+                 ray_address: str | None = None) -> None:
         self.report, self.inputs, self.config, self.space, self.gate = report, inputs, config, space, gate
         self.task, self.exclude, self.threads, self.runs = task, exclude, threads, runs
+        self.workers, self.ray_address = workers, ray_address  # trials built at once, on Ray where more than one
         self.models = _Kept()  # recipe -> model, for the trials within the budget measured in this run
         self.proto: Any = None  # the float model at the opset the space needs (set by _baseline)
 
@@ -127,7 +148,7 @@ class _Search:
 
         report = self.report
         runner, baseline, int16_refused = self._baseline()
-        space, pruned = self.space.pruned(rankable=len(runner.ranking), has_head=bool(runner.head))
+        space, pruned = self.space.pruned(rankable=len(runner.builder.ranking), has_head=bool(runner.builder.head))
         if int16_refused:
             space = dataclasses.replace(space, lift=tuple(v for v in space.lift if not v.startswith("int16")))
             pruned.append(int16_refused)
@@ -138,9 +159,12 @@ class _Search:
                            "samples": [len(self.inputs.calib), len(self.inputs.evaluation)],
                            "space": dataclasses.asdict(space), "gate": self.gate.as_dict(), "task": self.task,
                            "exclude": self.exclude, "budget": self.config.budget, "threads": self.threads,
-                           "sampler": self.config.sampler, "seed": self.config.seed, "base": runner.base.as_dict(),
+                           "sampler": self.config.sampler, "seed": self.config.seed,
+                           "base": runner.builder.base.as_dict(),
                            # the head's timing may choose otherwise on another run: then the trials differ
-                           "head": runner.head, "ranking": runner.ranking})
+                           "head": runner.builder.head, "ranking": runner.builder.ranking,
+                           # batches of several proposals propose other recipes (one: as before batches existed)
+                           **({"batch": self.config.batch} if self.config.batch > 1 else {})})
         done = [0]
 
         def evaluate(recipe: Any) -> Any:
@@ -153,14 +177,16 @@ class _Search:
             return measured
 
         try:
-            outcome = run_study(evaluate, space, self.config, name=name, storage=storage, baseline=baseline)
+            with self._pool(runner) as pool:
+                outcome = run_study(evaluate, space, self.config, name=name, storage=storage, baseline=baseline,
+                                    drive=None if pool is None else self._on(pool, runner, done))
             outcome = self._confirm(outcome, runner)
             report.add_artifact("study", storage)
             model, verdict = self._check(outcome, runner)
         finally:
             self.models.close()
-        add_search(report, outcome, self.config, space=space, pruned=pruned, head=runner.head,
-                   ranking=runner.ranking)
+        add_search(report, outcome, self.config, space=space, pruned=pruned, head=runner.builder.head,
+                   ranking=runner.builder.ranking)
         if model is None:
             report.set_verdict(verdict, passed=False)
             return finish(report, None, html=html, json_path=report_path_for(output), result=outcome)
@@ -168,6 +194,45 @@ class _Search:
 
         save_onnx(model, output)
         return finish(report, output, html=html, result=outcome)
+
+    @contextlib.contextmanager
+    def _pool(self, runner: Any) -> Iterator[Any]:
+        """Ray Tune's trials for the search where ``workers`` > 1 (None: built here, one after the other)."""
+        if self.workers < 2:
+            yield None
+            return
+        try:
+            from npukit.search.distributed import RayTrials
+        except ImportError as exc:
+            raise InputError(f"--workers {self.workers} runs trials on Ray Tune, which does not import here ({exc})",
+                             hint="pip install 'ray[tune]' (scripts/setup.sh installs it), or leave --workers at 1") \
+                from exc
+        where = f"the Ray cluster at {self.ray_address}" if self.ray_address else "a local Ray instance"
+        with step(f"starting {where} for {self.workers} trials at a time", timings=self.report.timings, key="ray"):
+            pool = RayTrials(runner.builder, workers=self.workers, address=self.ray_address).__enter__()
+        try:
+            yield pool
+        finally:
+            pool.__exit__(None, None, None)
+
+    def _on(self, pool: Any, runner: Any, done: list[int]) -> Any:
+        """The study's loop on ``pool``: built there, timed here one at a time, kept where within the budget."""
+
+        def finish(built: Any) -> Any:
+            measured = runner.finish(built)
+            if built.model is not None and measured.feasible:
+                self.models.keep(built.recipe, built.model)
+            return measured
+
+        def announce(recipes: Sequence[Any]) -> None:
+            done[0] += len(recipes)
+
+        def drive(loop: Any) -> None:
+            with step(f"trials on Ray, {self.workers} at a time (up to {self.config.trials} in all)",
+                      timings=self.report.timings, key="trials"):
+                pool.drive(loop, finish, announce)
+
+        return drive
 
     def _baseline(self) -> tuple[Any, Any, str]:
         """The default recipe built and measured once: its float head and layer ranking fix two knobs for every
@@ -181,7 +246,7 @@ class _Search:
         from npukit.quant.precision.sensitivity import layer_sensitivity
         from npukit.quant.qdq import quantize
         from npukit.search.space import DEFAULT
-        from npukit.search.trial import FloatFigures, TrialRunner
+        from npukit.search.trial import FloatFigures, TrialBuilder, TrialRunner
         from npukit.verbs.quantize import cpu_scheme, scheme_fields
 
         inputs, report = self.inputs, self.report
@@ -207,8 +272,9 @@ class _Search:
         float_base = dataclasses.replace(base, float_stem=False)
         given = inputs.proto  # the float model as given: what every ratio is against (an opset upgrade can slow it)
         peak = ort_predicted_peak(given)
-        runner = TrialRunner(reference=given, quantize=lambda c: quantize(proto, calib, config=c),
-                             compare=self._compare(proto), gate=self.gate, base=float_base, head=head, ranking=ranking,
+        builder = TrialBuilder(model=proto, calib=calib, evaluation=inputs.evaluation, gate=self.gate,
+                               base=float_base, head=head, ranking=ranking, task=self.task, threads=self.threads)
+        runner = TrialRunner(reference=given, builder=builder,
                              floats=FloatFigures(given.ByteSize(), peak,
                                                  estimate_energy(given, peak_bytes=peak, feeds=calib[0]).total_uj),
                              feeds=calib[0], threads=self.threads, runs=self.runs)
@@ -217,29 +283,6 @@ class _Search:
             self.models.keep(DEFAULT, first.model)
         self.proto = proto
         return runner, baseline, int16_refused
-
-    def _compare(self, reference: Any) -> Any:
-        from npukit.measure.task_fidelity import compare_task, session_runner
-        from npukit.runtime.ort import make_session
-
-        ref = make_session(reference, threads=self.threads)
-        names = [o.name for o in ref.get_outputs()]
-        run_reference = session_runner(ref)
-        evaluation = self.inputs.evaluation
-        known: dict[int, Any] = {}  # the float model's outputs per held-out sample, computed once for every trial
-
-        def ref_runner(feeds: Any) -> Any:
-            key = id(feeds)  # the same feed dicts (self.inputs.evaluation's) are compared in every trial
-            if key not in known:
-                known[key] = run_reference(feeds)
-            return known[key]
-
-        def compare(model: Any) -> Any:
-            _, result = compare_task(ref_runner, session_runner(make_session(model, threads=self.threads)),
-                                     evaluation, output_names=names, task=self.task)
-            return result
-
-        return compare
 
     def _confirm(self, outcome: Any, runner: Any) -> Any:
         """The fastest trials within the budget (up to ``CONFIRM``, those built in this run) timed again together
