@@ -56,6 +56,8 @@ class Step:
     worst_sqnr_db: float | None = None
     stray_files: list[str] = dataclasses.field(default_factory=list)
     skipped: str = ""
+    latency_ratio: float | None = None  # INT8 / float median latency on ORT CPU (quantize's report)
+    float_fragile: list[str] | None = None  # quantize's depthwise convs (and writers) kept float for their input
 
 
 def _npukit() -> list[str]:
@@ -96,6 +98,12 @@ def _run(verb: str, args: Sequence[str], *, cwd: Path, report: Path | None, time
             step.task, step.metric, step.value = result["task"], result["metric"], result["value"]
             sqnrs = [o["sqnr_db"] for o in result["outputs"] if isinstance(o["sqnr_db"], (int, float))]
             step.worst_sqnr_db = min(sqnrs) if sqnrs else None
+        latency = doc.get("results", {}).get("latency")
+        if isinstance(latency, dict) and "float" in latency and "int8" in latency:
+            step.latency_ratio = round(latency["int8"]["median_ms"] / latency["float"]["median_ms"], 3)
+        fragile = doc.get("results", {}).get("steps", {}).get("float_fragile")
+        if fragile is not None:
+            step.float_fragile = fragile["nodes"]
     return step
 
 

@@ -48,6 +48,9 @@ class QuantConfig:
     and every node after it in float, so that each input keeps its own grid (``npukit.quant.precision.joins``).
     ``float_squares`` leaves a square that a root, logarithm or division reads back (a spectrogram's magnitude, a
     LayerNorm's variance) in float with the nodes between (``npukit.quant.precision.squares``).
+    ``float_fragile`` leaves a depthwise (grouped) conv whose output falls below ``precision.fragile.FRAGILE_DB``
+    SQNR with its input alone rounded to its 8-bit grid in float, with the conv that writes that input (measured on
+    the model as equalized, on the first calibration samples; ``npukit.quant.precision.fragile``).
     ``gemm_convs`` times each int8 Conv of the built model on ONNX Runtime's two int8 conv kernels (its symmetric-conv
     kernel, taken when the weights' zero points are 0, and its general int8 GEMM, AMX tiles on CPUs with AMX) and
     moves those faster on the GEMM there by shifting their weight integers and zero point by one: the same
@@ -101,6 +104,7 @@ class QuantConfig:
     float_stem: bool = False
     float_joins: bool = True
     float_squares: bool = True
+    float_fragile: bool = True
     gemm_convs: bool = False
     adaround: bool = False
     adaround_iterations: int = 300

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
@@ -45,6 +46,7 @@ from npukit.quant.emit.ort_qdq import emit_qdq, resolve_grids
 from npukit.quant.grids import weight_axis
 from npukit.quant.plan import Decision, QuantPlan, SIXTEEN_BIT, TensorSpec
 from npukit.quant.precision.float_neighbours import AFTER, BETWEEN, float_neighbours
+from npukit.quant.precision.fragile import FRAGILE_DB, fragile_convs, grouped_convs
 from npukit.quant.precision.joins import JOIN_RATIO, mixed_scale_joins
 from npukit.quant.precision.squares import square_chains
 from npukit.quant.precision.tensor_precision import (TensorPlan, activation_pairs, check_plan_arguments,
@@ -58,6 +60,7 @@ FLOAT_NEIGHBOUR = {AFTER: Decision("float_neighbour", "elementwise on float node
                                                       "it"),
                    BETWEEN: Decision("float_neighbour", "only float nodes feed and read it: quantizing it adds "
                                                         "roundings, no integer kernel")}
+FRAGILE_SAMPLES = 4  # calibration samples the depthwise-input measure runs on (its own min-max ranges)
 FLOAT_HEAD = Decision("float_stem", "a short-reduction stem and the chain after it run fastest in float here")
 
 
@@ -318,6 +321,7 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
     _cross_layer_equalization(build)
     _activation_equalization(build)
     _channel_pairing(build)
+    _float_fragile(build)
     _calibration(build, progress)
     _adaround(build)
     _bias_correction(build)
@@ -473,6 +477,29 @@ def _channel_pairing(b: _Build) -> None:
     paired = pair_channels(b.work, b.config)
     b.work = paired.model
     b.steps.pair_channels = paired.summary()
+
+
+def _float_fragile(b: _Build) -> None:
+    """A grouped (depthwise) conv whose output one 8-bit grid on its input ruins stays in float with the node that
+    writes that input (``precision.fragile``); measured on the model as equalized, on the first calibration
+    samples."""
+    if not b.config.float_fragile or not grouped_convs(b.work):
+        return
+    taken = set(b.config.exclude) | set(b.config.int16_nodes)
+    wide = set(b.config.int16_tensors)
+    samples = list(itertools.islice(iter_samples(b.work, b.samples, limit=b.config.calib_samples), FRAGILE_SAMPLES))
+    ranges = calibrate(b.work, samples, config=dataclasses.replace(b.config, method="minmax",
+                                                                   calib_samples=None)).ranges
+    found = [f for f in fragile_convs(b.work, samples, ranges, signed=b.config.activation_dtype == "int8",
+                                      symmetric=b.config.symmetric_activations, skip=taken)
+             if f.input not in wide]
+    kept = tuple(dict.fromkeys(n for f in found for n in (f.node, f.producer) if n and n not in taken))
+    b.steps.float_fragile = {"nodes": list(kept), "threshold_db": FRAGILE_DB, "samples": len(samples),
+                             "convs": [f.summary() for f in found]}
+    if kept:
+        b.config = dataclasses.replace(b.config, exclude=b.config.exclude + kept)
+        b.why |= {n: Decision("float_fragile", "a depthwise conv whose input one 8-bit grid cannot carry, or the "
+                                               "node writing that input") for n in kept}
 
 
 def _calibration(b: _Build, progress: Progress | None) -> None:

@@ -37,6 +37,16 @@ class FloatSquaresRecord(TypedDict):
     chains: list[dict[str, Any]]  # per square: the square, the node reading it back, the nodes of the chain
 
 
+class FloatFragileRecord(TypedDict):
+    """Depthwise (grouped) convs whose output one 8-bit grid on their input ruins, left in float with the node that
+    writes that input."""
+
+    nodes: list[str]
+    threshold_db: float  # a conv below this output SQNR, with its input alone rounded, stays float
+    samples: int  # calibration samples measured on
+    convs: list[dict[str, Any]]  # per fragile conv: its input, that SQNR, the producer kept with it
+
+
 class CalibrationRecord(TypedDict, total=False):
     method: str  # the method asked for ("auto" when chosen)
     chosen: str  # with "auto": the method chosen
@@ -70,6 +80,7 @@ class QuantSteps:
     cle: dict[str, Any] | None = None  # EqualizeResult.summary()
     activation_equalization: dict[str, Any] | None = None  # StreamEqualizeResult.summary()
     pair_channels: dict[str, Any] | None = None  # PairChannelsResult.summary()
+    float_fragile: FloatFragileRecord | None = None
     auto: dict[str, Any] | None = None  # choose_method's candidates and their held-out SQNR
     calibration: CalibrationRecord | None = None
     adaround: dict[str, Any] | None = None  # AdaRoundResult.summary()

@@ -45,6 +45,13 @@ def add_steps(report: Report, steps: QuantSteps) -> None:
                          "(one 8-bit grid would round their small values to zero)",
                          ["square", "read back by", "nodes in float"],
                          [[c["square"], c["reader"], ", ".join(c["nodes"])] for c in squares["chains"]])
+    fragile = steps.float_fragile
+    if fragile and fragile["convs"]:
+        report.add_table(f"Depthwise convs whose input one 8-bit grid cannot carry, left in float with the conv "
+                         f"writing that input (output SQNR with the input alone rounded < {fragile['threshold_db']:g} "
+                         f"dB, {fragile['samples']} calibration samples)",
+                         ["depthwise conv", "input", "SQNR dB, input rounded", "writer, in float"],
+                         [[c["node"], c["input"], c["sqnr_db"], c["producer"] or "-"] for c in fragile["convs"]])
     convs = steps.float_convs
     if convs and (convs["quantized_input_kept_float"] or convs["int8_by_ort"]):
         report.add_table("Float convs that read a quantized input (ONNX Runtime would quantize their weights per "
