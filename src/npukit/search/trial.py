@@ -10,6 +10,7 @@ of a shared host hits both), the serialized size, and the integer-kernel fractio
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -111,7 +112,8 @@ class TrialBuilder:
     worker gets a copy). ``model``: the float model at the opset the space needs; ``calib``: the calibration feeds;
     ``evaluation``: the held-out samples; ``base``: quantize's default configuration with the float head off;
     ``head`` and ``ranking``: what the default recipe chose and measured (``Recipe.config``); ``task`` as quantize
-    takes it. The float model's outputs on the held-out samples are computed once per process."""
+    takes it. The float model's outputs on the held-out samples are computed once and travel with the builder (a
+    worker, even one Ray starts anew between batches, never runs the float model)."""
 
     model: onnx.ModelProto
     calib: Sequence[Mapping[str, np.ndarray]]
@@ -122,11 +124,13 @@ class TrialBuilder:
     ranking: tuple[str, ...] = ()
     task: str | None = None
     threads: int = 1
-    _reference: Any = dataclasses.field(default=None, repr=False, compare=False)  # (runner, output names)
-    _reference_outputs: dict[int, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    _reference: Any = dataclasses.field(default=None, repr=False, compare=False)  # the float model's runner
+    # the float model's outputs on the held-out samples, in their order: computed once (in the driver, by the
+    # baseline's check) and shipped with the builder, so that a Ray worker, new or not, never runs the float model
+    _reference_outputs: list[Any] = dataclasses.field(default_factory=list, repr=False, compare=False)
 
-    def __getstate__(self) -> dict[str, Any]:  # a session does not pickle; a worker makes its own
-        return {**self.__dict__, "_reference": None, "_reference_outputs": {}}
+    def __getstate__(self) -> dict[str, Any]:  # a session does not pickle; a worker makes its own where it needs one
+        return {**self.__dict__, "_reference": None}
 
     def quantize(self, config: QuantConfig) -> Any:
         from npukit.quant.qdq import quantize
@@ -138,16 +142,16 @@ class TrialBuilder:
         from npukit.measure.task_fidelity import compare_task, session_runner
         from npukit.runtime.ort import make_session
 
-        if self._reference is None:
-            session = make_session(self.model, threads=self.threads)
-            self._reference = (session_runner(session), [o.name for o in session.get_outputs()])
-        run_reference, names = self._reference
+        names = [o.name for o in self.model.graph.output]
+        outputs, position = self._reference_outputs, itertools.count()
 
         def reference(feeds: Any) -> Any:
-            key = id(feeds)  # the same feed dicts (self.evaluation's) are compared in every trial of this process
-            if key not in self._reference_outputs:
-                self._reference_outputs[key] = run_reference(feeds)
-            return self._reference_outputs[key]
+            i = next(position)  # compare_task reads self.evaluation in its order, every time
+            if i == len(outputs):
+                if self._reference is None:
+                    self._reference = session_runner(make_session(self.model, threads=self.threads))
+                outputs.append(self._reference(feeds))
+            return outputs[i]
 
         _, result = compare_task(reference, session_runner(make_session(model, threads=self.threads)),
                                  self.evaluation, output_names=names, task=self.task)
