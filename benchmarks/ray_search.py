@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=None, help="trials proposed together (default: --workers)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--sampler", default="tpe", help="tpe, or nsga2: its first generation (50) is drawn at "
+                        "random from the seed, so both runs build the same recipes whatever latencies they measure")
     parser.add_argument("--stem", default="ray_search", help="file name of the results (.md, .json)")
     args = parser.parse_args(argv)
     batch = args.batch or args.workers
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         source, shapes, calib, evaluation = default_recipe.inputs(args.model, work)
         common = ["optimize", str(source), "--calib", str(calib), "--data", str(evaluation), "--trials",
-                  str(args.trials), "--batch", str(batch), "--seed", "0"] + shapes
+                  str(args.trials), "--batch", str(batch), "--seed", "0", "--sampler", args.sampler] + shapes
         for name, extra in (("serial", ["--workers", "1"]), ("ray", ["--workers", str(args.workers)])):
             code, seconds, cpu, report = run(common + ["-o", str(work / name / "best.onnx")] + extra, work)
             search = report["results"]["search"]
@@ -73,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     serial, ray = rows["serial"], rows["ray"]
     same = [a["label"] == b["label"] for a, b in zip(serial["trials"], ray["trials"])]
     doc = {"model": args.model, "trials": args.trials, "workers": args.workers, "batch": batch,
+           "sampler": args.sampler,
            "cpu": zoo._cpu(), "cores": os.cpu_count(), "npukit": zoo.revision(), "runs": rows,
            "speedup": round(serial["seconds"] / ray["seconds"], 2),
            # the search alone: the trials, and on Ray the start of its instance
@@ -81,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.stem}.json").write_text(json.dumps(doc, indent=1) + "\n")
     lines = [f"# optimize serial vs Ray Tune ({doc['cpu']}, {doc['cores']} cores, npukit {doc['npukit']})", "",
-             f"{args.model}, {args.trials} trials, batch {batch}, seed 0; serial = --workers 1, ray = "
-             f"--workers {args.workers}. Wall time of the whole verb (baseline, search, confirmation, check).", "",
+             f"{args.model}, {args.trials} trials, batch {batch}, sampler {args.sampler}, seed 0; serial = "
+             f"--workers 1, ray = --workers {args.workers}. Wall time of the whole verb (baseline, search, "
+             "confirmation, check).", "",
              "| run | exit | wall s | CPU s (cores busy) | search s (Ray start + trials) | chosen | front |",
              "|---|---|---|---|---|---|---|"]
     for name, row in rows.items():

@@ -30,9 +30,10 @@ class FakeBuilder(TrialBuilder):
         return Built(recipe, None, metric_name=str(os.getpid()))
 
 
-def test_ray_proposes_and_chooses_what_the_serial_search_does() -> None:
+@pytest.mark.parametrize("sampler", ["tpe", "nsga2"])  # NSGA-II's sampler holds a lock (Tune pickles its searcher)
+def test_ray_proposes_and_chooses_what_the_serial_search_does(sampler: str) -> None:
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this test module
-    config = SearchConfig(trials=8, seed=4, batch=2)
+    config = SearchConfig(trials=8, seed=4, batch=2, sampler=sampler)
     serial = run_study(fake, SPACE, config, name="serial")
     before = set(os.listdir(tempfile.gettempdir()))
     pids = []

@@ -138,6 +138,11 @@ class BatchSearcher(Searcher):
         self.index: dict[str, int] = {}
         self.failure: BaseException | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Tune pickles its searcher for a restore npukit never asks of it (the study's storage resumes a search);
+        the loop and the driver's callbacks stay out: a sampler may hold a lock (Optuna's NSGA-II does)."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("loop", "finish", "take", "announce")}
+
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
         return True
 
