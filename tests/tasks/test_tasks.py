@@ -289,3 +289,54 @@ def test_a_centernet_heatmap_head_is_found_and_decoded_at_its_peaks() -> None:
     assert near.value == 1.0 and near.metrics["mean_iou_of_matches"] == pytest.approx(0.6, abs=1e-6)
     # three cells: IoU 64 / 448, a miss
     assert _detect(_centerface(), _centerface(offset_x=3.0), choice.layout).value == 0.0
+
+
+def _retinaface(dx: float = 0.0, landmark_noise: float = 0.0, background_noise: float = 0.0) -> list[np.ndarray]:
+    """A RetinaFace-style raw head over 200 anchors: box offsets (some below -0.5: not coordinates), softmax scores
+    with a background class (faces at anchors 5 and 40) and 10 landmark offsets per anchor. ``dx`` shifts the faces'
+    box centres, ``landmark_noise`` their landmarks, ``background_noise`` every other anchor's landmarks."""
+    gen = np.random.default_rng(7)
+    loc = gen.uniform(-2, 2, (1, 200, 4)).astype(np.float32)
+    conf = np.tile(np.array([0.99, 0.01], np.float32), (1, 200, 1))
+    landmarks = gen.uniform(-3, 3, (1, 200, 10)).astype(np.float32)
+    faces = [5, 40]
+    conf[0, faces] = [0.05, 0.95]
+    loc[0, faces, 0] += dx
+    background = np.setdiff1d(np.arange(200), faces)
+    landmarks[0, faces] += landmark_noise
+    landmarks[0, background] += background_noise * gen.standard_normal((len(background), 10)).astype(np.float32)
+    return [loc, conf, landmarks]
+
+
+def test_a_raw_heads_landmarks_are_held_at_the_detections_and_its_boxes_decoded_on_their_prior() -> None:
+    layout = choose_task([o.shape for o in _retinaface()], [(1, 3, 64, 64)]).layout
+    assert layout == DetectLayout("boxes-scores", 0, 1)
+    # noise on landmarks nobody decodes: the whole output falls under the floor, the detections' rows are exact
+    quiet = _detect(_retinaface(), _retinaface(background_noise=3.0), layout)
+    whole = {o.name: o.sqnr_db for o in quiet.outputs}["out2"]
+    assert whole < 5.0 and quiet.value == 1.0
+    (at,) = quiet.at_detections
+    assert at.name == "out2" and at.shape == (2, 10) and at.sqnr_db == math.inf
+    assert judge(quiet, QualityGate(), what="quantize").passed
+    # the same noise on the two faces' landmarks fails, and the verdict says where it was measured
+    noisy = _detect(_retinaface(), _retinaface(landmark_noise=3.0), layout)
+    verdict = judge(noisy, QualityGate(), what="quantize")
+    assert not verdict.passed and "'out2' SQNR at the detections" in verdict.line
+    # boxes decoded on the anchor's prior (unit size): widths w = exp(0.2 dw) between 0.67 and 1.49; a centre
+    # offset of 1 moves a box by 0.1 (IoU (w - 0.1) / (w + 0.1): a match), one of 5 by 0.5 (IoU under 1/2: none)
+    sizes = np.exp(0.2 * _retinaface()[0][0, [5, 40], 2])
+    near = _detect(_retinaface(), _retinaface(dx=1.0), layout)
+    expected = np.mean([(w - 0.1) / (w + 0.1) for w in sizes])  # same height; widths overlap w - 0.1 of w + 0.1
+    assert near.value == 1.0 and near.metrics["mean_iou_of_matches"] == pytest.approx(expected, rel=1e-5)
+    assert _detect(_retinaface(), _retinaface(dx=5.0), layout).value == 0.0
+
+
+def test_a_heatmap_heads_landmarks_are_held_at_its_peaks() -> None:
+    layout = choose_task([o.shape for o in _centerface()], [(1, 3, 160, 160)]).layout
+    cand = _centerface()
+    cand[3] = cand[3] + rng.standard_normal(cand[3].shape).astype(np.float32)  # every cell's landmarks noisy ...
+    cand[3][0, :, 10, 10] = _centerface()[3][0, :, 10, 10]  # ... but the face's
+    result = _detect(_centerface(), cand, layout)
+    assert {o.name: o.sqnr_db for o in result.outputs}["out3"] < 10.0
+    assert [(o.name, o.shape, o.sqnr_db) for o in result.at_detections] == [("out3", (1, 10), math.inf)]
+    assert judge(result, QualityGate(), what="quantize").passed

@@ -21,4 +21,9 @@ def add_task_check(report: Report, choice: TaskChoice, result: TaskResult, gate:
                       "reference max |value|"],
                      [[o.name, "x".join(map(str, o.shape)), o.name in result.decoded, o.sqnr_db, o.cosine,
                        o.max_abs_error, o.reference_max_abs] for o in result.outputs])
+    if result.at_detections:
+        report.add_table("Outputs read only at the detections, measured there (what the SQNR floor holds)",
+                         ["output", "rows", "SQNR dB", "cosine", "max abs error", "reference max |value|"],
+                         [[o.name, o.shape[0], o.sqnr_db, o.cosine, o.max_abs_error, o.reference_max_abs]
+                          for o in result.at_detections])
     report.set_verdict(verdict.line, passed=verdict.passed)

@@ -99,6 +99,9 @@ class TaskResult:
     decoded: tuple[str, ...]
     note: str = ""
     checks: dict[str, float] | None = None  # metrics each held to the floor; None: the headline alone
+    # undecoded outputs read only where something is detected (a detector's per-anchor landmarks), measured there:
+    # the gate holds these figures, not the whole output's, to the SQNR floor
+    at_detections: tuple[OutputFidelity, ...] = ()
 
     def gated(self) -> dict[str, float]:
         """The metrics the gate holds to its floor: ``checks``, else the headline where it is defined."""
@@ -109,7 +112,8 @@ class TaskResult:
     def as_dict(self) -> dict[str, Any]:
         return {"task": self.task, "samples": self.samples, "metric": self.metric, "value": self.value,
                 "metrics": dict(self.metrics), "outputs": [o.as_dict() for o in self.outputs],
-                "decoded": list(self.decoded), "note": self.note, "gated": self.gated()}
+                "decoded": list(self.decoded), "note": self.note, "gated": self.gated(),
+                "at_detections": [o.as_dict() for o in self.at_detections]}
 
 
 class TaskMeter(Protocol):
@@ -174,10 +178,13 @@ def judge(result: TaskResult, gate: QualityGate, *, what: str, default_min_metri
         if not value >= floor:
             failures.append(f"{name} {_fmt(value)} < {floor:g}")
     # outputs the task metric does not cover, and every output when the metric is undefined on these inputs
-    undecoded = [o for o in result.outputs if result.value is None or o.name not in result.decoded]
+    # (an output read only at the detections is held there, while the task metric is defined)
+    at = {o.name: o for o in result.at_detections} if result.value is not None else {}
+    undecoded = [at.get(o.name, o) for o in result.outputs if result.value is None or o.name not in result.decoded]
     for o in sorted(undecoded, key=lambda o: o.sqnr_db if not math.isnan(o.sqnr_db) else -math.inf):
         if math.isnan(o.sqnr_db) or o.sqnr_db < gate.min_sqnr_db:
-            failures.append(f"output {o.name!r} SQNR {_fmt(o.sqnr_db)} dB < {gate.min_sqnr_db:g} dB")
+            where = " at the detections" if o.name in at else ""
+            failures.append(f"output {o.name!r} SQNR{where} {_fmt(o.sqnr_db)} dB < {gate.min_sqnr_db:g} dB")
     headline = f"{result.metric} {_fmt(result.value)}" if result.value is not None else \
         f"{result.metric} undefined ({result.note})" if result.note else f"{result.metric} undefined"
     measured = [o for o in result.outputs if not math.isnan(o.sqnr_db)]
