@@ -203,8 +203,7 @@ EVAL_SENTENCES = (
 
 
 def photo(name: str) -> np.ndarray:
-    """uint8 RGB (H, W, 3) or grey (H, W) photo by name (skimage.data name, sklearn:NAME, bgeraser:NAME,
-    czann:LowSNR)."""
+    """uint8 RGB (H, W, 3) or grey (H, W) photo by name (skimage.data name, sklearn:NAME, bgeraser:NAME)."""
     return _photo(name).copy()
 
 
@@ -221,8 +220,6 @@ def _photo(name: str) -> np.ndarray:
     if name.startswith("bgeraser:"):
         path = package_dir("bgeraser") / "samples" / f"{name.split(':', 1)[1]}.jpg"
         return np.asarray(Image.open(path).convert("RGB"))
-    if name == "czann:LowSNR":
-        return np.asarray(Image.open(package_dir("napari_czann_segment") / "_data" / "LowSNR_s001.png").convert("L"))
     import skimage.data
 
     img = getattr(skimage.data, name)()
@@ -552,7 +549,8 @@ PP_ORIENT = Preprocess((224, 224), "short-side-center-crop", "BGR", 1 / 255, (0.
 PP_LAYOUT = Preprocess((800, 608), "stretch", "BGR", 1 / 255, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 # facenet_pytorch/models/utils/detect_face.py (ONet stage): RGB face crop resized to 48x48, (x - 127.5) * 0.0078125.
 PP_ONET = Preprocess((48, 48), "stretch", "RGB", 0.0078125, (127.5 * 0.0078125,) * 3)
-# napari_czann_segment/predict.py + the .czseg's XML: grey 8-bit / 255, NHWC tiles 1024x1024x1 (border 64).
+# napari_czann_segment/predict.py + the .czseg's XML: grey / its bit depth's maximum (8-bit: / 255; the Gray16
+# PGC image the model ships with: / 65535, see _pgc_tiles), NHWC tiles 1024x1024x1 (border 64).
 PP_NUCLEUS = Preprocess((1024, 1024), "stretch", "GRAY", 1 / 255, (0.0,), (1.0,), layout="NHWC")
 # ddddocr/core/ocr_engine.py (default model): grey, height 64, width by aspect, /255. The zoo pads to 64x256.
 PP_DDDD_OCR = Preprocess((64, 256), "height-pad-right", "GRAY", 1 / 255, (0.0,), (1.0,), pad_value=255)
@@ -666,17 +664,52 @@ def _onet_eval() -> list[Feed]:
     return _feeds("input", PP_ONET, faces + negatives)
 
 
-def _nucleus_calib() -> list[Feed]:
-    img = photo("czann:LowSNR")  # a fluorescence tile the package ships
-    return _feeds("input:0", PP_NUCLEUS, [img, np.rot90(img).copy(), img[::-1].copy()])
+def czi_gray16(path: Path) -> np.ndarray:
+    """The pixels of a CZI file made of one uncompressed Gray16 subblock (ZEISS's ZISRAW container: 32-byte segment
+    headers (16-byte id, allocated and used sizes); a ZISRAWSUBBLOCK segment holds metadata, attachment and data
+    sizes, a "DV" directory entry (pixel type, file position, file part, compression, pyramid type, then 20-byte
+    dimension entries), padding to 256 bytes, the metadata, then the pixels). Anything else is refused."""
+    import struct
+
+    raw = path.read_bytes()
+    offset = 0
+    while offset + 32 <= len(raw):
+        sid = raw[offset:offset + 16].rstrip(b"\0")
+        allocated = struct.unpack_from("<q", raw, offset + 16)[0]
+        if sid == b"ZISRAWSUBBLOCK":
+            data = offset + 32
+            meta, _, size = struct.unpack_from("<iiq", raw, data)
+            entry = data + 16
+            pixel_type, _, _, compression = struct.unpack_from("<iqii", raw, entry + 2)
+            ndims = struct.unpack_from("<i", raw, entry + 28)[0]
+            dims = {raw[q:q + 4].rstrip(b"\0").decode(): struct.unpack_from("<ii", raw, q + 4)
+                    for q in (entry + 32 + 20 * k for k in range(ndims))}
+            width, height = dims["X"][1], dims["Y"][1]
+            if pixel_type != 1 or compression != 0 or size != width * height * 2:
+                raise ValueError(f"{path}: pixel type {pixel_type}, compression {compression}: not one uncompressed "
+                                 "Gray16 subblock")
+            start = data + max(256, 16 + 32 + 20 * ndims) + meta
+            return np.frombuffer(raw, "<u2", count=width * height, offset=start).reshape(height, width).copy()
+        offset += 32 + allocated
+    raise ValueError(f"{path}: no subblock")
 
 
-def _nucleus_eval() -> list[Feed]:
-    import skimage.color
+@functools.lru_cache(maxsize=None)
+def _pgc_tiles(row: int) -> tuple[np.ndarray, ...]:
+    """1024x1024 tiles of the phase-gradient-contrast cell image the nucleus detector was made for (PGC_20X.czi,
+    3675x2755 Gray16, shipped with it): ``row`` 0 the top three tiles, 1 the bottom three (disjoint rows), scaled
+    by the bit depth (x / 65535) as the package's predict does (``do_rescale``)."""
+    img = czi_gray16(package_dir("napari_czann_segment") / "_data" / "PGC_20X.czi")
+    y = 0 if row == 0 else img.shape[0] - 1024
+    return tuple((img[y:y + 1024, x:x + 1024] / 65535.0).astype(np.float32) for x in (0, 1024, 2048))
 
-    hema = skimage.color.rgb2hed(photo("immunohistochemistry"))[..., 0]   # hematoxylin: nuclei
-    hema = (255 * (hema - hema.min()) / (np.ptp(hema) + 1e-9)).astype(np.uint8)
-    return _feeds("input:0", PP_NUCLEUS, [hema, photo("cell"), photo("hubble_deep_field")])
+
+def _nucleus_calib() -> list[Feed]:  # the image's top row of tiles
+    return [{"input:0": t[None, :, :, None]} for t in _pgc_tiles(0)]
+
+
+def _nucleus_eval() -> list[Feed]:  # its bottom row: the same microscope and cells, other fields
+    return [{"input:0": t[None, :, :, None]} for t in _pgc_tiles(1)]
 
 
 def _cached(fn: Callable[[], list[Feed]]) -> Callable[[], list[Feed]]:
