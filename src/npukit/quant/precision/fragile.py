@@ -29,11 +29,9 @@ from onnx import helper, numpy_helper
 
 from npukit.quant.grids import activation_qparams
 from npukit.quant.nodes import node_attr
-from npukit.quant.precision.float_neighbours import HEAVY
+from npukit.quant.precision.float_neighbours import ELEMENTWISE, HEAVY
 
 FRAGILE_DB = 20.0  # a grouped conv whose output falls below this with its input alone rounded stays in float
-_PASS_THROUGH = frozenset({"Relu", "LeakyRelu", "PRelu", "Clip", "HardSwish", "HardSigmoid", "Sigmoid", "Mul",
-                           "Add", "Elu", "Selu", "Tanh", "Softplus", "Mish", "Gelu"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +140,7 @@ def _heavy_producer(tensor: str, writer: Mapping[str, onnx.NodeProto], constants
                 return None
             if node.op_type in HEAVY:
                 heavy.add(node.name)
-            elif node.op_type in _PASS_THROUGH:
+            elif node.op_type in ELEMENTWISE:  # the ops float_neighbours keeps beside a float conv
                 following += [t for t in node.input if t and t not in constants]
             else:
                 return None
