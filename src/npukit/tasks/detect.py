@@ -432,9 +432,9 @@ class DetectMeter:
             ref = [np.asarray(o)[b:b + 1] for o in reference]
             cand = [np.asarray(o)[b:b + 1] for o in candidate]
             self._decoder.fix_format(ref)
-            gt = self._decoder.decode(ref, GT_SCORE)
-            self._one(gt, self._decoder.decode(cand, PRED_SCORE))
-            self._at_detections(ref, cand, gt)
+            gt, pred = self._decoder.decode(ref, GT_SCORE), self._decoder.decode(cand, PRED_SCORE)
+            self._one(gt, pred)
+            self._at_detections(ref, cand, gt, pred)
 
     def _aligned_outputs(self, reference: Sequence[np.ndarray]) -> list[int]:
         """Undecoded outputs with one row per anchor of a boxes-scores head, or one map per cell of a heatmap."""
@@ -448,14 +448,17 @@ class DetectMeter:
             return [i for i, s in enumerate(shapes) if i not in decoded and len(s) == 4 and s[2:] == cells]
         return []
 
-    def _at_detections(self, ref: Sequence[np.ndarray], cand: Sequence[np.ndarray], gt: Detections) -> None:
-        """Feed the aligned outputs' rows at the anchors (cells) either model detects to their own statistics."""
+    def _at_detections(self, ref: Sequence[np.ndarray], cand: Sequence[np.ndarray], gt: Detections,
+                       pred: Detections) -> None:
+        """Feed the aligned outputs' rows at the anchors (cells) either model detects to their own statistics. The
+        candidate's detections at ``GT_SCORE`` are ``pred``'s at that score or more: NMS is greedy by score, so
+        what it keeps above a threshold does not depend on the boxes below it."""
         if self._aligned is None:
             self._aligned = self._aligned_outputs(ref)
             self._at = OutputStats([self.names[i] for i in self._aligned])
         if not self._aligned:
             return
-        where = np.union1d(gt.anchors, self._decoder.decode(cand, GT_SCORE).anchors).astype(np.int64)
+        where = np.union1d(gt.anchors, pred.anchors[pred.scores >= GT_SCORE]).astype(np.int64)
         if not len(where):
             return
 
