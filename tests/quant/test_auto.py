@@ -149,7 +149,9 @@ def test_auto_composes_with_cle_adaround_and_bias_correction(monkeypatch: pytest
                                   "plan", "float_convs"]
     tensors = result.steps.calibration["tensors"]
     interior = tensors - 2  # graph input and output use min-max observers
-    assert len(calls) == interior * 6  # one pass over the 6 calibration samples, one histogram per tensor
+    # one pass over all 8 samples, one histogram per tensor: the 6 calibration samples for the choice, then the 2
+    # held-out ones added to the same histograms for the chosen method's final ranges
+    assert len(calls) == interior * 8
     onnx.checker.check_model(result.model)
     held = make_samples(8, seed=5)
     assert _sqnr(model, result.model, held) > 20.0
@@ -164,20 +166,35 @@ def test_few_samples_calibrate_on_all_with_a_note() -> None:
 
 @pytest.mark.parametrize("bias_correction", [False, True])
 def test_auto_scores_candidates_bias_corrected_when_the_final_model_is(monkeypatch, bias_correction) -> None:
-    """With bias correction asked, each candidate is bias-corrected on the calibration part only (the held-out
-    samples score it), then the chosen one once more on all samples; without it, no candidate is."""
+    """With bias correction asked, every candidate is bias-corrected on the calibration part only (the held-out
+    samples score it), all in one pass, then the chosen one once more on all samples; without it, no candidate is.
+    The one pass gives each candidate the correction ``correct_bias`` gives it alone."""
     import npukit.quant.qdq as qdq_module
 
-    calls: list[int | None] = []
-    real = qdq_module.correct_bias
+    calls: list[tuple[int | None, int]] = []
+    real_each, real = qdq_module.correct_bias_each, qdq_module.correct_bias
+    made: dict[str, onnx.ModelProto] = {}
+
+    def counting_each(model, samples, *, config, ranges, **kwargs):
+        calls.append((config.calib_samples, len(ranges)))
+        out = real_each(model, samples, config=config, ranges=ranges, **kwargs)
+        for key, one in ranges.items():  # the shared pass against each set alone
+            alone = real(model, samples, config=config, ranges=one, **kwargs)
+            assert set(alone.shifts) == set(out[key].shifts)
+            for node, shift in alone.shifts.items():
+                np.testing.assert_array_equal(out[key].shifts[node], shift)
+            made[key] = out[key].model
+        return out
 
     def counting(model, samples, *, config, **kwargs):
-        calls.append(config.calib_samples)
+        calls.append((config.calib_samples, 1))
         return real(model, samples, config=config, **kwargs)
 
+    monkeypatch.setattr(qdq_module, "correct_bias_each", counting_each)
     monkeypatch.setattr(qdq_module, "correct_bias", counting)
     result = quantize(tiny_cnn(spread=0.5), make_samples(16),
                       config=QuantConfig(method="auto", bias_correction=bias_correction))
     candidates = len(RANGE_METHODS) - len(result.steps.auto["identical_ranges"])
     split = split_samples(16)
-    assert calls == ([split.calibration] * candidates + [None] if bias_correction else [])
+    assert calls == ([(split.calibration, candidates), (None, 1)] if bias_correction else [])
+    assert len(made) == (candidates if bias_correction else 0)

@@ -81,6 +81,10 @@ class QuantConfig:
     projection cut on its positive side); 208 evaluation crops of other photos 85.6% / 18.8 dB -> 88.0% / 19.6 dB.
     On the Xeon with VNNI and the float head, full-range weights: 2.6 min, 91.3% / 20.5 dB -> 90.9% / 22.0 dB
     (benchmarks/results/quant_vs_anchors.md).
+    ``choose_recipe`` compares the recipes of ``npukit.quant.recipe.CANDIDATES`` (plain; CLE + activation
+    equalization + bias correction) on held-out calibration samples and keeps the better, each candidate after the
+    first only while the time spent stays within ``recipe_budget_s`` seconds; it sets those flags itself, so none of
+    them (nor AdaRound, range search or a 16-bit budget, which choose on a stand-in recipe) may be given with it.
     """
 
     per_channel: bool = True
@@ -110,6 +114,8 @@ class QuantConfig:
     adaround_iterations: int = 300
     range_search: bool = False
     range_search_passes: int = 2
+    choose_recipe: bool = False
+    recipe_budget_s: float = 60.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "int16_nodes", tuple(self.int16_nodes))
@@ -138,6 +144,12 @@ class QuantConfig:
         _require(not (self.gemm_convs and self.reduce_range),
                  "gemm_convs shifts weight integers by one, which can push reduce_range's pair-bounded weights into "
                  "the saturation they avoid", "turn one of gemm_convs and reduce_range off")
+        given = [f for f in ("cle", "activation_equalization", "bias_correction", "adaround", "range_search")
+                 if getattr(self, f)] + (["int16_budget"] if self.int16_budget > 0 else [])
+        _require(not (self.choose_recipe and given), f"choose_recipe picks the recipe itself; {', '.join(given)} "
+                 "cannot be given with it", "drop choose_recipe to run exactly the recipe given")
+        _require(self.recipe_budget_s > 0, f"recipe_budget_s {self.recipe_budget_s} must be positive",
+                 "60 is the default")
         overlap = set(self.int16_nodes) & set(self.exclude)
         _require(not overlap, f"nodes {sorted(overlap)} are both excluded and marked 16-bit",
                  "name each node in only one of int16_nodes and exclude")

@@ -13,6 +13,7 @@ kernels.
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import itertools
 import tempfile
@@ -29,12 +30,14 @@ from npukit._scratch import scratch_cwd
 from npukit.errors import InputError
 from npukit.frontend.onnx_io import named_nodes
 from npukit.quant.algorithms.adaround import adaround
-from npukit.quant.algorithms.bias_correction import correct_bias
+from npukit.quant.algorithms.bias_correction import correct_bias, correct_bias_each
 from npukit.quant.algorithms.equalize import equalize
 from npukit.quant.algorithms.range_search import search_ranges
 from npukit.quant.algorithms.stream_equalize import equalize_streams
-from npukit.quant.calibration.auto import choose_method, split_samples
-from npukit.quant.calibration.calibrate import Progress, calibrate, iter_samples, sixteen_bit_tensors
+from npukit.quant import recipe
+from npukit.quant.calibration.auto import Split, choose_method, split_samples
+from npukit.quant.calibration.calibrate import (Calibration, Progress, calibrate, iter_samples,
+                                                sixteen_bit_tensors)
 from npukit.quant.config import QuantConfig
 from npukit.quant.cpu.conv_kernel import choose_conv_kernels, require_exact_move
 from npukit.quant.cpu.float_head import HeadChoice, choose_float_head
@@ -318,10 +321,7 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
     _float_joins(build)
     _float_squares(build)
     _int16_plan(build)
-    _cross_layer_equalization(build)
-    _activation_equalization(build)
-    _channel_pairing(build)
-    _float_fragile(build)
+    build = _recipe(build, progress)  # CLE, activation equalization, pairing, fragile convs, held-out scores
     _calibration(build, progress)
     _adaround(build)
     _bias_correction(build)
@@ -351,6 +351,8 @@ class _Build:
     before_rounding: dict[str, np.ndarray] | None = None  # AdaRound's float weights, for bias correction
     plan: QuantPlan | None = None
     qdq: onnx.ModelProto | None = None
+    held: _HeldOut | None = None  # the method choice on held-out samples, where one was made
+    started: float = dataclasses.field(default_factory=time.perf_counter)
 
     @classmethod
     def begin(cls, model: onnx.ModelProto, samples: Iterable[object], config: QuantConfig,
@@ -372,6 +374,11 @@ class _Build:
             build.probe = one_sample_ranges(work, first, config)
             check_int16_tensors(work, first, config, build.probe)
         return build
+
+    def fork(self, config: QuantConfig) -> _Build:
+        """A copy that goes on with ``config`` (a candidate recipe), sharing what the steps so far made."""
+        return dataclasses.replace(self, config=config, why=dict(self.why), range_why=dict(self.range_why),
+                                   steps=copy.copy(self.steps))
 
     def probe_ranges(self) -> dict[str, tuple[float, float]]:
         if self.probe is None:
@@ -502,35 +509,106 @@ def _float_fragile(b: _Build) -> None:
                                                "node writing that input") for n in kept}
 
 
+@dataclasses.dataclass(frozen=True)
+class _HeldOut:
+    """The method choice on held-out samples: the split, the observers fed the calibration part, the method chosen
+    and its score (the held-out output SQNR, dB)."""
+
+    split: Split
+    calibration: Calibration
+    chosen: str
+    score: float
+    per_sample: tuple[float, ...]  # the chosen method's score sample by sample
+
+
+def _recipe(b: _Build, progress: Progress | None) -> _Build:
+    """The recipe's own steps before calibration (``_recipe_steps``): once for the config's recipe, or, with
+    ``choose_recipe``, for each candidate of ``recipe.CANDIDATES`` that fits the time budget, keeping the one whose
+    held-out output SQNR is highest (``npukit.quant.recipe``). The build the later steps go on with."""
+    if not b.config.choose_recipe:
+        _recipe_steps(b, progress)
+        return b
+    trials: dict[str, _Build] = {}
+    seconds: dict[str, float] = {}
+    skipped: dict[str, str] = {}
+    for name, fields in recipe.CANDIDATES.items():
+        elapsed = time.perf_counter() - b.started
+        if trials and not recipe.within_budget(elapsed, seconds[next(reversed(seconds))], b.config.recipe_budget_s):
+            skipped[name] = (f"{elapsed:.0f} s spent and the last candidate took {seconds[next(reversed(seconds))]:.0f}"
+                             f" s: over the {b.config.recipe_budget_s:.0f} s budget")
+            continue
+        began = time.perf_counter()
+        trial = b.fork(dataclasses.replace(b.config, choose_recipe=False, **fields))
+        _recipe_steps(trial, progress, score=True)
+        trials[name], seconds[name] = trial, time.perf_counter() - began
+    held = {n: t.held for n, t in trials.items() if t.held is not None}
+    any_held = next(iter(held.values()))
+    chosen, record = recipe.choose({n: recipe.Scored(h.score, h.per_sample, h.chosen, seconds[n])
+                                    for n, h in held.items()}, skipped=skipped, budget_s=b.config.recipe_budget_s,
+                                   note=any_held.split.note)
+    winner = trials[chosen]
+    winner.steps.recipe = record
+    return winner
+
+
+def _recipe_steps(b: _Build, progress: Progress | None, *, score: bool = False) -> None:
+    """Equalization, channel pairing and the fragile convs, then (``score``, or with method "auto") the methods'
+    models scored on held-out samples."""
+    _cross_layer_equalization(b)
+    _activation_equalization(b)
+    _channel_pairing(b)
+    _float_fragile(b)
+    if score or b.config.method == "auto":
+        _held_out(b, progress)
+
+
+def _held_out(b: _Build, progress: Progress | None) -> None:
+    """Ranges from the first calibration samples, and each method's model (every method with "auto", else the one
+    configured) scored on the held-out rest (``calibration.auto``); candidates are bias-corrected, on the calibration
+    part in one pass, where the final model will be."""
+    work, config = b.work, b.config
+    split = split_samples(sum(1 for _ in iter_samples(work, b.samples, limit=config.calib_samples)))
+    calibration = Calibration(work, config).feed(b.samples, stop=split.calibration, progress=progress)
+    first_part = calibration.result()
+    candidates = first_part.candidates if config.method == "auto" else {config.method: first_part.ranges}
+    held_back = dataclasses.replace(config, calib_samples=split.calibration)
+
+    def build(distinct: dict[str, dict[str, tuple[float, float]]]) -> dict[str, onnx.ModelProto]:
+        # scored as they will be built: with bias correction (AdaRound's stand-in: both remove the mean error, which
+        # the methods' clipping and rounding shift differently) measured on the calibration part only
+        bases = dict.fromkeys(distinct, work)
+        if config.bias_correction or config.adaround:
+            bases = {m: r.model for m, r in correct_bias_each(work, b.samples, config=held_back,
+                                                              ranges=distinct).items()}
+        return {m: build_qdq(bases[m], b.first, config, ranges, {}) for m, ranges in distinct.items()}
+
+    chosen, summary = choose_method(work, candidates, b.samples, split=split, build=build)
+    if config.method == "auto":
+        b.steps.auto = summary
+    b.held = _HeldOut(split=split, calibration=calibration, chosen=chosen, score=summary["candidates"][chosen],
+                      per_sample=tuple(summary["chosen_per_sample_db"]))
+
+
 def _calibration(b: _Build, progress: Progress | None) -> None:
-    """The activation ranges; with ``method="auto"`` the method is chosen on held-out samples first. The model
-    calibrated is the reference the QDQ model mirrors."""
+    """The activation ranges: after a choice on held-out samples, the observers go on over the held-out part (the
+    ranges of calibrating on every sample); otherwise one pass. The model calibrated is the reference the QDQ model
+    mirrors."""
     b.reference = work = b.work
     config = b.config
-    if config.method == "auto":
-        split = split_samples(sum(1 for _ in iter_samples(work, b.samples, limit=config.calib_samples)))
-        calib = calibrate(work, b.samples, config=dataclasses.replace(config, calib_samples=split.calibration),
-                          progress=progress)
-        held_back = dataclasses.replace(config, calib_samples=split.calibration)
-
-        def candidate(ranges: dict[str, tuple[float, float]]) -> onnx.ModelProto:
-            # scored as it will be built: with bias correction (AdaRound's stand-in: both remove the mean error,
-            # which the methods' clipping and rounding shift differently) measured on the calibration part only
-            base = work
-            if config.bias_correction or config.adaround:
-                base = correct_bias(work, b.samples, config=held_back, ranges=ranges).model
-            return build_qdq(base, b.first, config, ranges, {})
-
-        chosen, b.steps.auto = choose_method(work, calib, b.samples, split=split, build=candidate)
-        b.config = config = dataclasses.replace(config, method=chosen)
-        # the chosen method's ranges from every sample: the held-out part may hold what the rest never shows (the
-        # only confident detections of a detector's calibration photos were in the last quarter: its class logits
-        # were calibrated without them and its scores capped at 0.5)
-        calib = calibrate(work, b.samples, config=config, progress=progress) if split.held_out_start < split.total \
-            and split.calibration < split.total else calib.with_method(chosen)
-        b.steps.calibration = {"method": "auto", "chosen": chosen, "samples": calib.samples,
-                               "tensors": len(calib.ranges)}
-        method = f"auto (chose {chosen})"
+    if b.held is not None:
+        held, split = b.held, b.held.split
+        if split.calibration < split.total:
+            held.calibration.feed(b.samples, start=split.calibration, stop=split.total, progress=progress)
+        calib = held.calibration.result()
+        if config.method == "auto":
+            b.config = dataclasses.replace(config, method=held.chosen)
+            calib = calib.with_method(held.chosen)
+            b.steps.calibration = {"method": "auto", "chosen": held.chosen, "samples": calib.samples,
+                                   "tensors": len(calib.ranges)}
+            method = f"auto (chose {held.chosen})"
+        else:
+            b.steps.calibration = {"method": config.method, "samples": calib.samples, "tensors": len(calib.ranges)}
+            method = config.method
     else:
         calib = calibrate(work, b.samples, config=config, progress=progress)
         b.steps.calibration = {"method": config.method, "samples": calib.samples, "tensors": len(calib.ranges)}

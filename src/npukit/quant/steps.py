@@ -77,6 +77,7 @@ class QuantSteps:
     float_joins: FloatJoinsRecord | None = None
     float_squares: FloatSquaresRecord | None = None
     int16_plan: dict[str, Any] | None = None  # TensorPlan.summary(): the 16-bit tensors chosen within the budget
+    recipe: dict[str, Any] | None = None  # recipe.choose's record: each candidate recipe's held-out score, the choice
     cle: dict[str, Any] | None = None  # EqualizeResult.summary()
     activation_equalization: dict[str, Any] | None = None  # StreamEqualizeResult.summary()
     pair_channels: dict[str, Any] | None = None  # PairChannelsResult.summary()

@@ -16,6 +16,16 @@ def add_steps(report: Report, steps: QuantSteps) -> None:
     """``QuantResult.steps`` into ``report``: the JSON section and one table per step that chose something."""
     report.add("steps", steps.as_dict())
     assert steps.plan is not None
+    choice = steps.recipe
+    if choice:
+        rows = [[name, c["flags"] or "(none)", c["method"], c["held_out_sqnr_db"], c["against_first"], c["seconds"],
+                 "chosen" if name == choice["chosen"] else ""] for name, c in choice["candidates"].items()]
+        rows += [[name, "", "", "", "", "", f"not tried: {why}"] for name, why in choice["skipped"].items()]
+        report.add_table(f"Recipe chosen on {choice['held_out_samples']} held-out calibration samples (output SQNR "
+                         f"against the float model; a later recipe replaces the first only when clearly better, sign "
+                         f"test p <= {choice['alpha']:g}; time budget {choice['budget_s']:g} s)"
+                         + (f"; {choice['note']}" if choice.get("note") else ""),
+                         ["recipe", "flags", "method", "held-out SQNR dB", "against the first", "seconds", ""], rows)
     add_plan(report, steps.plan)
     plan = steps.int16_plan
     if plan:

@@ -50,6 +50,29 @@ def scheme_fields(scheme: dict, *, activation_dtype: str | None = None, reduce_r
             "gemm_convs": _gemm_convs_auto(scheme, reduced) if gemm_convs is None else gemm_convs}
 
 
+RECIPES = ("auto", "plain", "equalized")
+
+
+def resolve_recipe(recipe: str, *, cle: bool, activation_equalization: bool, bias_correction: bool, adaround: bool,
+                   range_search: bool, int16_budget: float, mixed_precision: bool) -> dict[str, bool]:
+    """The QuantConfig recipe fields of ``quantize``'s ``recipe`` and flags (its docstring says how they combine)."""
+    from npukit.errors import InputError
+
+    if recipe not in RECIPES:
+        raise InputError(f"unknown recipe {recipe!r}", hint=f"use {', '.join(RECIPES)}")
+    fields = {"cle": cle, "activation_equalization": activation_equalization, "bias_correction": bias_correction}
+    if recipe == "equalized":
+        return dict.fromkeys(fields, True) | {"choose_recipe": False}
+    given = [name for name, on in (("--cle", cle), ("--equalize-activations", activation_equalization),
+                                   ("--bias-correction", bias_correction), ("--adaround", adaround),
+                                   ("--range-search", range_search), ("--int16-budget", int16_budget > 0),
+                                   ("--mixed-precision", mixed_precision)) if on]
+    if recipe == "auto" and given:
+        raise InputError(f"--recipe auto chooses the recovery steps itself; {', '.join(given)} cannot be given with it",
+                         hint="drop those flags, or --recipe auto to run exactly the flags given")
+    return fields | {"choose_recipe": recipe == "auto"}
+
+
 def quantize(
     model: str | Path,
     output: str | Path,
@@ -57,6 +80,8 @@ def quantize(
     calib: str | Path | Sequence[dict[str, np.ndarray]],
     per_tensor: bool = False,
     method: str = "auto",
+    recipe: str = "plain",
+    recipe_budget_s: float = 60.0,
     cle: bool = False,
     bias_correction: bool = False,
     equalize_activations: bool = False,
@@ -95,6 +120,14 @@ def quantize(
     likewise (on where ORT's two int8 conv kernels both accumulate in 32 bits, see ``npukit.quant.cpu.conv_kernel``).
     ``extra`` passes further QuantConfig fields.
 
+    ``recipe``: "plain" (the default) runs the recovery steps the flags ask for and no others; "equalized" adds
+    CLE, activation equalization and bias correction to them; "auto" compares those two on held-out calibration
+    samples and keeps the plain one unless the other is clearly better there, within ``recipe_budget_s`` seconds
+    (``npukit.quant.recipe``; the report's "Recipe chosen" table); no recipe flag (``cle``,
+    ``equalize_activations``, ``bias_correction``, ``adaround``, ``range_search``, ``int16_budget``,
+    ``mixed_precision``) may be given with it (an ``InputError``). The default stays plain: on the real models
+    measured the plain recipe was the better or as good (benchmarks/results/default_recipe.md).
+
     The result is checked with the model's task (``task``: classify, detect, segment, text-detect, text-recognize,
     generic; None detects it from the outputs) against the float model on ``data`` (else on up to
     ``CHECK_SAMPLES`` calibration samples, which the report says is optimistic): the task metric and every output
@@ -121,9 +154,11 @@ def quantize(
     proto, spec = float_static_model(model, input_shape, verb="quantize")
     timed_float = proto if spec else str(model)  # with --input-shape: the float model as fixed (static sizes too)
     scheme = cpu_scheme()
-    config = QuantConfig(per_channel=not per_tensor, method=method, cle=cle, bias_correction=bias_correction,
-                         activation_equalization=equalize_activations, adaround=adaround, range_search=range_search,
-                         exclude=tuple(exclude),
+    recipe_fields = resolve_recipe(recipe, cle=cle, activation_equalization=equalize_activations,
+                                   bias_correction=bias_correction, adaround=adaround, range_search=range_search,
+                                   int16_budget=int16_budget, mixed_precision=mixed_precision)
+    config = QuantConfig(per_channel=not per_tensor, method=method, adaround=adaround, range_search=range_search,
+                         recipe_budget_s=recipe_budget_s, **recipe_fields, exclude=tuple(exclude),
                          int16_nodes=tuple(int16_nodes), int16_tensors=tuple(int16_tensors),
                          int16_budget=int16_budget, calib_samples=calib_samples,
                          **scheme_fields(scheme, activation_dtype=activation_dtype, reduce_range=reduce_range,
@@ -159,7 +194,7 @@ def quantize(
         choice, _, _ = task_check(report, proto, result.model, check_samples(check, limit), task=task,
                                    gate=gate or QualityGate(), what="quantize", where=where, threads=threads,
                                    extra_failures=integer_failures(kernels, result, config),
-                                   hint=_recipe_hint(config) + slower)
+                                   hint=_recipe_hint(config, result.steps.recipe) + slower)
     if slower and report.passed:  # a passing model that is not faster than the float one says so too
         report.set_verdict(report.verdict + slower, passed=True)
     if evaluation is not None and choice.name == "classify":
@@ -234,10 +269,14 @@ def _slower_note(latency_ratio: float, *, threads: int) -> str:
             "the float model may serve better here, or compile for an NPU")
 
 
-def _recipe_hint(config: Any) -> str:
-    """What to try when the quantized model fails its check: the recovery steps ``config`` did not use."""
+def _recipe_hint(config: Any, choice: dict | None = None) -> str:
+    """What to try when the quantized model fails its check: the recovery steps ``config`` (and the recipe
+    ``choice``, ``QuantSteps.recipe``) did not use."""
     tried = []
-    if not (config.cle and config.activation_equalization and config.bias_correction):
+    if choice and choice["chosen"] == "plain" and "equalized" in choice["candidates"]:
+        tried.append("--recipe equalized (it scored lower on the held-out calibration samples)")
+    elif not (config.cle and config.activation_equalization and config.bias_correction) \
+            and not (choice and choice["chosen"] == "equalized"):
         tried.append("--cle --equalize-activations --bias-correction")
     if not (config.int16_budget or config.int16_tensors or config.int16_nodes):
         tried.append("--int16-budget 0.1")

@@ -81,36 +81,61 @@ def correct_bias(model: onnx.ModelProto, samples: Iterable[object], *, config: Q
     quantization's mean error): the shift removed is then E[Q(W~) x_q] - E[W x], the layer's whole remaining mean
     error, and nothing is corrected twice.
     """
+    return correct_bias_each(model, samples, config=config, ranges={"": ranges},
+                             reference_weights=reference_weights)[""]
+
+
+def correct_bias_each(model: onnx.ModelProto, samples: Iterable[object], *, config: QuantConfig,
+                      ranges: Mapping[str, dict[str, tuple[float, float]] | None],
+                      reference_weights: Mapping[str, np.ndarray] | None = None) -> dict[str, BiasCorrectionResult]:
+    """``correct_bias`` under each of several sets of activation ``ranges`` (key -> ranges or None), measured in one
+    pass over ``samples``: the float twins, and a quantized twin whose input grid two sets share, run once. Each
+    result is the one ``correct_bias`` gives with that set alone."""
     inits = {i.name: i for i in model.graph.initializer}
     targets = [n for n in model.graph.node
                if n.op_type in ("Conv", "Gemm") and n.name not in config.exclude and len(n.input) > 1
                and n.input[1] in inits]
     if not targets:
-        return BiasCorrectionResult(model=model, shifts={}, samples=0)
+        return {key: BiasCorrectionResult(model=model, shifts={}, samples=0) for key in ranges}
     probe, shift_names = _shift_probe(model, targets, config, ranges, reference_weights)
+    wanted = list(dict.fromkeys(t for names in shift_names.values() for t in names.values()))
     sums: dict[str, np.ndarray] = {}
     count = 0
-    for values in observe(probe, list(shift_names.values()), samples, limit=config.calib_samples):
+    for values in observe(probe, wanted, samples, limit=config.calib_samples):
         count += 1
         for name, value in values.items():
             v = np.moveaxis(np.asarray(value, dtype=np.float64), 1, 0)
             mean = v.reshape(v.shape[0], -1).mean(axis=1)
             sums[name] = sums.get(name, 0.0) + mean
-    shifts = {node.name: sums[shift_names[node.name]] / count for node in targets}
-    return BiasCorrectionResult(model=_with_biases_corrected(model, targets, shifts), shifts=shifts, samples=count)
+    results = {}
+    for key, names in shift_names.items():
+        shifts = {node.name: sums[names[node.name]] / count for node in targets}
+        results[key] = BiasCorrectionResult(model=_with_biases_corrected(model, targets, shifts), shifts=shifts,
+                                            samples=count)
+    return results
 
 
 def _shift_probe(model: onnx.ModelProto, targets: list[onnx.NodeProto], config: QuantConfig,
-                 ranges: dict[str, tuple[float, float]] | None,
-                 reference_weights: Mapping[str, np.ndarray] | None) -> tuple[onnx.ModelProto, dict[str, str]]:
-    """A copy of ``model`` that also computes, per target node, its output shift: a twin of the node with the
-    quantized weights (on the quantized input, where its range is given and 8-bit) minus one with the float
-    weights on the float input; node name -> the tensor holding its shift."""
+                 ranges: Mapping[str, dict[str, tuple[float, float]] | None],
+                 reference_weights: Mapping[str, np.ndarray] | None
+                 ) -> tuple[onnx.ModelProto, dict[str, dict[str, str]]]:
+    """A copy of ``model`` that also computes, per target node and per set of ``ranges``, its output shift: a twin
+    of the node with the quantized weights (on the quantized input, where its range is given and 8-bit) minus one
+    with the float weights on the float input; key -> node name -> the tensor holding its shift. Twins that two
+    keys would build alike (the float one, a quantized one on the same input grid) are built once."""
     wide = sixteen_bit_tensors(model, config)
     inits = {i.name: i for i in model.graph.initializer}
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
-    shift_names: dict[str, str] = {}
+    shift_names: dict[str, dict[str, str]] = {key: {} for key in ranges}
+
+    def twin(node: onnx.NodeProto, source: str, weight: np.ndarray, name: str) -> str:
+        probe.graph.initializer.append(numpy_helper.from_array(weight.astype(np.float32), f"{name}_w"))
+        made = helper.make_node(node.op_type, [source, f"{name}_w"], [name])
+        made.attribute.extend(a for a in node.attribute if a.name != "beta")
+        probe.graph.node.append(made)
+        return name
+
     for k, node in enumerate(targets):
         own = numpy_helper.to_array(inits[node.input[1]])
         wq = quantize_node_weight(node, own, config)
@@ -118,31 +143,35 @@ def _shift_probe(model: onnx.ModelProto, targets: list[onnx.NodeProto], config: 
         if reference_weights is not None and node.input[1] in reference_weights:
             w = np.asarray(reference_weights[node.input[1]], dtype=np.float32)
         x = node.input[0]
-        if ranges is not None and x in ranges and x not in wide:
-            scale, zero = activation_qparams(*ranges[x], signed=config.activation_signed,
-                                             symmetric=config.symmetric_activations)
-            probe.graph.initializer.extend([numpy_helper.from_array(scale, f"npukit_bc_scale_{k}"),
-                                            numpy_helper.from_array(zero, f"npukit_bc_zero_{k}")])
-            qargs = [f"npukit_bc_scale_{k}", f"npukit_bc_zero_{k}"]
-            probe.graph.node.extend([
-                helper.make_node("QuantizeLinear", [x, *qargs], [f"npukit_bc_xq_{k}"]),
-                helper.make_node("DequantizeLinear", [f"npukit_bc_xq_{k}", *qargs], [f"npukit_bc_x_{k}"]),
-            ])
-            pairs = [(f"npukit_bc_x_{k}", wq, "q"), (x, w, "f")]
-        else:
-            pairs = [(x, wq - w, "d")]
-        outs = []
-        for source, weight, tag in pairs:
-            probe.graph.initializer.append(numpy_helper.from_array(weight.astype(np.float32), f"npukit_bc_w{tag}_{k}"))
-            twin = helper.make_node(node.op_type, [source, f"npukit_bc_w{tag}_{k}"], [f"npukit_bc_{tag}_{k}"])
-            twin.attribute.extend(a for a in node.attribute if a.name != "beta")
-            probe.graph.node.append(twin)
-            outs.append(twin.output[0])
-        if len(outs) == 2:
-            probe.graph.node.append(helper.make_node("Sub", outs, [f"npukit_bc_out_{k}"]))
-            shift_names[node.name] = f"npukit_bc_out_{k}"
-        else:
-            shift_names[node.name] = outs[0]
+        float_twin: str | None = None
+        by_grid: dict[tuple[bytes, bytes] | None, str] = {}
+        for key, key_ranges in ranges.items():
+            if key_ranges is not None and x in key_ranges and x not in wide:
+                scale, zero = activation_qparams(*key_ranges[x], signed=config.activation_signed,
+                                                 symmetric=config.symmetric_activations)
+                grid: tuple[bytes, bytes] | None = (np.asarray(scale).tobytes(), np.asarray(zero).tobytes())
+            else:
+                grid = None
+            if grid not in by_grid:
+                j = len(by_grid)
+                if grid is None:
+                    by_grid[grid] = twin(node, x, wq - w, f"npukit_bc_d_{k}_{j}")
+                else:
+                    qargs = [f"npukit_bc_scale_{k}_{j}", f"npukit_bc_zero_{k}_{j}"]
+                    probe.graph.initializer.extend([numpy_helper.from_array(scale, qargs[0]),
+                                                    numpy_helper.from_array(zero, qargs[1])])
+                    probe.graph.node.extend([
+                        helper.make_node("QuantizeLinear", [x, *qargs], [f"npukit_bc_xq_{k}_{j}"]),
+                        helper.make_node("DequantizeLinear", [f"npukit_bc_xq_{k}_{j}", *qargs],
+                                         [f"npukit_bc_x_{k}_{j}"]),
+                    ])
+                    quantized = twin(node, f"npukit_bc_x_{k}_{j}", wq, f"npukit_bc_q_{k}_{j}")
+                    if float_twin is None:
+                        float_twin = twin(node, x, w, f"npukit_bc_f_{k}")
+                    probe.graph.node.append(helper.make_node("Sub", [quantized, float_twin],
+                                                             [f"npukit_bc_out_{k}_{j}"]))
+                    by_grid[grid] = f"npukit_bc_out_{k}_{j}"
+            shift_names[key][node.name] = by_grid[grid]
     return probe, shift_names
 
 

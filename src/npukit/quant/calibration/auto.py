@@ -3,9 +3,11 @@
 Inside ``quantize`` the order is: pre-process -> CLE -> calibrate once with histograms (``MultiObserver``) on the
 first samples -> one QDQ candidate per method of ``RANGE_METHODS`` (the same ORT step as the final model; when the
 final model gets bias correction or AdaRound, the candidate gets bias correction, measured on the calibration part
-only) -> SQNR of all graph outputs against the float model on the held-out samples -> the chosen method calibrates
-again on every sample (the held-out quarter may show what the rest never does: a detector's only confident scores
-were there once) -> its ranges feed AdaRound and bias correction, which run once -> the final QDQ model.
+only, in one pass for all candidates) -> SQNR of all graph outputs against the float model on the held-out samples
+-> the histograms go on over the held-out quarter, and the chosen method's ranges are read from them: the ranges of
+calibrating on every sample (the held-out quarter may show what the rest never does: a detector's only confident
+scores were there once), without observing the first three quarters again -> its ranges feed AdaRound and bias
+correction, which run once -> the final QDQ model.
 
 Why bias correction in the candidates: the methods differ in how much mean shift their clipping and rounding cause,
 and bias correction (or AdaRound) removes most of it, so the ranking without it is not the ranking with it. Measured
@@ -28,8 +30,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from npukit.quant.calibration.calibrate import CalibrationResult, iter_samples
-from npukit.quant.calibration.observers import RANGE_METHODS
+from npukit.quant.calibration.calibrate import iter_samples
 from npukit.quant.layer_sqnr import sqnr_db
 from npukit.runtime.ort import make_session
 
@@ -66,43 +67,60 @@ def output_sqnrs(reference: onnx.ModelProto, candidates: dict[str, onnx.ModelPro
     """SQNR (dB) of every graph output of each candidate against ``reference``, summed over all outputs, on samples
     [start, stop) in one pass; each candidate run by ``session(model)`` (ORT CPU with its optimizations by
     default)."""
+    return scored_outputs(reference, candidates, samples, start=start, stop=stop, session=session)[0]
+
+
+def scored_outputs(reference: onnx.ModelProto, candidates: dict[str, onnx.ModelProto], samples: Iterable[object], *,
+                   start: int, stop: int, session: Callable[[onnx.ModelProto], Any] = make_session
+                   ) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """``output_sqnrs``, and each candidate's SQNR sample by sample (signal and noise summed over the outputs of
+    that sample alone)."""
     ref = make_session(reference)
     names = [o.name for o in reference.graph.output]
     sessions = {m: session(model) for m, model in candidates.items()}
     signal = 0.0
     noise = dict.fromkeys(candidates, 0.0)
+    per_sample: dict[str, list[float]] = {m: [] for m in candidates}
     for feeds in itertools.islice(iter_samples(reference, samples, limit=stop), start, None):
         want = [np.asarray(v, np.float64) for v in ref.run(names, feeds)]
-        signal += sum(float(np.sum(w * w)) for w in want)
+        here = sum(float(np.sum(w * w)) for w in want)
+        signal += here
         for method, session in sessions.items():
             got = session.run(names, feeds)
-            noise[method] += sum(float(np.sum((w - np.asarray(g, np.float64)) ** 2)) for w, g in zip(want, got))
-    return {m: sqnr_db(signal, n) for m, n in noise.items()}
+            err = sum(float(np.sum((w - np.asarray(g, np.float64)) ** 2)) for w, g in zip(want, got))
+            noise[method] += err
+            per_sample[method].append(sqnr_db(here, err))
+    return {m: sqnr_db(signal, n) for m, n in noise.items()}, per_sample
 
 
-def choose_method(reference: onnx.ModelProto, calib: CalibrationResult, samples: Iterable[object], *,
-                  split: Split, build: Callable[[Ranges], onnx.ModelProto]) -> tuple[str, dict]:
-    """The method (of ``calib.candidates``) whose ``build(ranges)`` model scores the highest output SQNR on the
-    held-out samples (ties: the earlier in ``RANGE_METHODS``), and the summary for ``QuantResult.steps.auto``.
-    Methods whose ranges equal an earlier method's share its model and score."""
-    models: dict[str, onnx.ModelProto] = {}
+def choose_method(reference: onnx.ModelProto, candidates: dict[str, Ranges], samples: Iterable[object], *,
+                  split: Split, build: Callable[[dict[str, Ranges]], dict[str, onnx.ModelProto]]
+                  ) -> tuple[str, dict]:
+    """The method (of ``candidates``: method -> its ranges, in the order ties break: the earlier wins) whose model
+    scores the highest output SQNR on the held-out samples, and the summary for ``QuantResult.steps.auto``.
+    ``build`` makes the models of the distinct range sets at once (method -> model); methods whose ranges equal an
+    earlier method's share its model and score."""
+    distinct: dict[str, Ranges] = {}
     same_as: dict[str, str] = {}
-    for method in RANGE_METHODS:
-        ranges = calib.candidates[method]
-        twin = next((m for m in models if calib.candidates[m] == ranges), None)
+    for method, ranges in candidates.items():
+        twin = next((m for m in distinct if distinct[m] == ranges), None)
         if twin is None:
-            models[method] = build(ranges)
+            distinct[method] = ranges
         else:
             same_as[method] = twin
-    scores = output_sqnrs(reference, models, samples, start=split.held_out_start, stop=split.total)
+    scores, per_sample = scored_outputs(reference, build(distinct), samples, start=split.held_out_start,
+                                        stop=split.total)
     scores |= {m: scores[t] for m, t in same_as.items()}
-    chosen = max(RANGE_METHODS, key=lambda m: (scores[m], -RANGE_METHODS.index(m)))
+    per_sample |= {m: per_sample[t] for m, t in same_as.items()}
+    order = list(candidates)
+    chosen = max(order, key=lambda m: (scores[m], -order.index(m)))
     summary = {
-        "candidates": {m: scores[m] for m in RANGE_METHODS},
+        "candidates": {m: scores[m] for m in order},
         "chosen": chosen,
         "identical_ranges": same_as,
         "calibration_samples": split.calibration,
         "held_out_samples": split.held_out,
+        "chosen_per_sample_db": per_sample[chosen],
     }
     if split.note:
         summary["note"] = split.note

@@ -130,12 +130,15 @@ def iter_samples(model: onnx.ModelProto, samples: Iterable[object], *, limit: in
 
 
 def observe(model: onnx.ModelProto, names: list[str], samples: Iterable[object], *, limit: int | None = None,
-            progress: Progress | None = None) -> Iterator[dict[str, np.ndarray]]:
-    """Run the float model per sample and yield {name: value} for ``names`` (validated samples, bounded memory)."""
+            progress: Progress | None = None, start: int = 0) -> Iterator[dict[str, np.ndarray]]:
+    """Run the float model per sample and yield {name: value} for ``names`` (validated samples, bounded memory);
+    samples before ``start`` are validated but not run."""
     session = make_session(with_outputs(model, names), optimization="basic")
     outputs = [o.name for o in session.get_outputs()]
     wanted = set(names)
     for i, feeds in enumerate(iter_samples(model, samples, limit=limit), start=1):
+        if i <= start:
+            continue
         values = session.run(None, feeds)
         yield {n: v for n, v in zip(outputs, values) if n in wanted}
         if progress is not None:
@@ -162,38 +165,62 @@ def calibrate(model: onnx.ModelProto, samples: Iterable[object], *, config: Quan
               progress: Progress | None = None) -> CalibrationResult:
     """Quantization ranges of every float activation of ``model``, observed with ``config.method`` in one pass over
     ``samples``; with "auto", every method's ranges (``candidates``) from one histogram per tensor."""
-    names = float_activations(model)
-    wide = sixteen_bit_tensors(model, config)
-    # The model's own inputs and outputs keep their full range whatever the method: clipping the input throws real
-    # data away, and clipping the outputs (logits) distorts exactly what a user compares against the float model.
-    edges = {i.name for i in model.graph.input} | {o.name for o in model.graph.output}
-    minmax = dataclasses.replace(config, method="minmax")
-    observers = {n: make_observer(minmax if n in edges else config, bits=16 if n in wide else 8) for n in names}
-    count = 0
-    for values in observe(model, names, samples, limit=config.calib_samples, progress=progress):
-        count += 1
-        for name, value in values.items():
-            observers[name].update(value)
-    ranges = {}
-    candidates: dict[str, dict[str, tuple[float, float]]] = {m: {} for m in RANGE_METHODS} \
-        if config.method == "auto" else {}
-    sensitive = saturating_inputs(model)
-    for name, obs in observers.items():
-        if obs.min <= obs.max:
-            limit = sensitive.get(name)
+    return Calibration(model, config).feed(samples, stop=config.calib_samples, progress=progress).result()
 
-            def kept(lo: float, hi: float, obs=obs, limit=limit) -> tuple[float, float]:
-                if limit is None:
-                    return float(lo), float(hi)
-                return (float(min(lo, max(obs.min, -limit))), float(max(hi, min(obs.max, limit))))
 
-            lo, hi = obs.range()
-            ranges[name] = kept(lo, hi)
-            if candidates:
-                each = obs.ranges() if isinstance(obs, MultiObserver) else dict.fromkeys(RANGE_METHODS, (lo, hi))
-                for method, (mlo, mhi) in each.items():
-                    candidates[method][name] = kept(mlo, mhi)
-    return CalibrationResult(ranges=ranges, samples=count, method=config.method, candidates=candidates)
+class Calibration:
+    """One observer per float activation of ``model`` (``config.method``'s; a ``MultiObserver`` for "auto"), fed
+    samples in order: ``feed`` samples [0, k) and later [k, n) and the observers hold what one pass over [0, n) would
+    (each update is sequential and deterministic), so the ranges of a first part can be read and the rest added
+    without observing the first part again. ``result()`` at any point."""
+
+    def __init__(self, model: onnx.ModelProto, config: QuantConfig) -> None:
+        self.model, self.config = model, config
+        self.names = float_activations(model)
+        wide = sixteen_bit_tensors(model, config)
+        # The model's own inputs and outputs keep their full range whatever the method: clipping the input throws
+        # real data away, and clipping the outputs (logits) distorts exactly what a user compares against the float
+        # model.
+        edges = {i.name for i in model.graph.input} | {o.name for o in model.graph.output}
+        minmax = dataclasses.replace(config, method="minmax")
+        self.observers = {n: make_observer(minmax if n in edges else config, bits=16 if n in wide else 8)
+                          for n in self.names}
+        self.samples = 0
+
+    def feed(self, samples: Iterable[object], *, start: int = 0, stop: int | None = None,
+             progress: Progress | None = None) -> Calibration:
+        """Observe samples [start, stop) of ``samples`` (validated; ``stop`` None: to the end), in order after
+        those fed before (which must have been [0, start))."""
+        if start != self.samples:
+            raise ValueError(f"samples [0, {self.samples}) were observed; the next must start at {self.samples}")
+        for values in observe(self.model, self.names, samples, limit=stop, progress=progress, start=start):
+            self.samples += 1
+            for name, value in values.items():
+                self.observers[name].update(value)
+        return self
+
+    def result(self) -> CalibrationResult:
+        ranges = {}
+        candidates: dict[str, dict[str, tuple[float, float]]] = {m: {} for m in RANGE_METHODS} \
+            if self.config.method == "auto" else {}
+        sensitive = saturating_inputs(self.model)
+        for name, obs in self.observers.items():
+            if obs.min <= obs.max:
+                limit = sensitive.get(name)
+
+                def kept(lo: float, hi: float, obs=obs, limit=limit) -> tuple[float, float]:
+                    if limit is None:
+                        return float(lo), float(hi)
+                    return (float(min(lo, max(obs.min, -limit))), float(max(hi, min(obs.max, limit))))
+
+                lo, hi = obs.range()
+                ranges[name] = kept(lo, hi)
+                if candidates:
+                    each = obs.ranges() if isinstance(obs, MultiObserver) else dict.fromkeys(RANGE_METHODS, (lo, hi))
+                    for method, (mlo, mhi) in each.items():
+                        candidates[method][name] = kept(mlo, mhi)
+        return CalibrationResult(ranges=ranges, samples=self.samples, method=self.config.method,
+                                 candidates=candidates)
 
 
 # Where a bounded activation stops responding to its input: a clipping observer may cut the tail beyond it, never
