@@ -452,7 +452,8 @@ def _inspect(api, args):
 
 def _quantize(api, args):
     return api.quantize(args.model, args.output, calib=args.calib, per_tensor=args.per_tensor, method=args.method,
-                        recipe=args.recipe, recipe_budget_s=args.recipe_budget, cle=args.cle, bias_correction=args.bias_correction, adaround=args.adaround,
+                        recipe=args.recipe, recipe_budget_s=args.recipe_budget, cle=args.cle,
+                        bias_correction=args.bias_correction, adaround=args.adaround,
                         range_search=args.range_search, equalize_activations=args.equalize_activations,
                         exclude=args.exclude, int16_nodes=args.int16, int16_tensors=args.int16_tensors,
                         int16_budget=args.int16_budget, mixed_precision=args.mixed_precision,

@@ -172,187 +172,217 @@ def _plan_observer() -> type:
     return PlanPerChannelObserver
 
 
+@dataclasses.dataclass
+class _Annotation:
+    """What the plan's quantizer knows while it annotates: the ONNX side, the example input, the options, the torch
+    tensors matched to ONNX tensors, and the report it fills (``carry_plan`` reads it back)."""
+
+    onnx_side: _OnnxSide
+    example: Sequence[torch.Tensor]
+    options: CarryOptions
+    report: dict[str, Any]
+    observer: type
+    match: dict[torch.fx.Node, str] = dataclasses.field(default_factory=dict)
+
+    def spec(self, node: torch.fx.Node) -> Any:
+        """The plan's spec of ``node``'s ONNX twin tensor, if matched and planned."""
+        name = self.match.get(node)
+        return self.onnx_side.specs.get(name) if name is not None else None
+
+    def twin(self, node: torch.fx.Node) -> onnx.NodeProto | None:
+        """The ONNX node that writes ``node``'s twin tensor, if matched."""
+        name = self.match.get(node)
+        return self.onnx_side.producer.get(name) if name is not None else None
+
+    def in_float(self, node: torch.fx.Node) -> bool:
+        twin = self.twin(node)
+        return twin is not None and twin.name in self.onnx_side.float_nodes
+
+    def grid(self, node: torch.fx.Node) -> Any:
+        """The emitted per-tensor grid of ``node``'s ONNX twin (or of the clamp right after it) as int8; without
+        ``options.average_grids``, an average's (and its views') is its input's."""
+        if not self.options.average_grids and (source := _average_input(node)) is not None:
+            return self.grid(source)
+        spec = self.spec(node)
+        if spec is None or spec.is_float or spec.scale is None or spec.axis is not None:
+            users = list(node.users)
+            if len(users) == 1 and _op_name(users[0]) in _CLAMPS:
+                return self.grid(users[0])
+            return None
+        if spec.dtype not in ("uint8", "int8"):
+            return None
+        return _fixed_int8(spec.scale[0], spec.zero_point[0] - (128 if spec.dtype == "uint8" else 0))
+
+    def range_grid(self, node: torch.fx.Node) -> Any:
+        """An int8 grid on the plan's calibrated range of a tensor the ONNX model left in float (the output of a Gemm
+        that ORT's integer kernel writes in float; XNNPACK's quantized linear writes int8)."""
+        spec = self.spec(node)
+        if spec is None or spec.range is None:
+            return None
+        scale, zero = activation_qparams(spec.range[0], spec.range[1], signed=True, symmetric=False)
+        return _fixed_int8(float(scale), int(zero))
+
+    def weight_spec(self, node: torch.fx.Node, spec: Any) -> Any:
+        """XNNPACK's weight spec of ``node`` with the plan's per-channel scales as a fixed observer."""
+        twin = self.twin(node)
+        carried = self.onnx_side.weights.get(twin.name) if twin is not None else None
+        if carried is None:
+            self.report.setdefault("unmatched_weights", []).append(node.name)
+            return spec
+        _, scales, _ = carried
+        channels = int(node.args[1].meta["val"].shape[0]) if "val" in node.args[1].meta else len(scales)
+        if len(scales) == 1:
+            scales = np.repeat(scales, channels)
+        # ORT's symmetric int8 grids reach -128 (scale = max |w| / 127.5): the range is the dtype's
+        return dataclasses.replace(spec, qscheme=torch.per_channel_symmetric, ch_axis=0, quant_min=-128,
+                                   quant_max=127,
+                                   observer_or_fake_quant_ctr=self.observer.with_args(scales=tuple(scales)))
+
+
+def _fixed_int8(scale: float, zero: int) -> Any:
+    """A per-tensor int8 grid fixed to ``scale`` and ``zero`` (XNNPACK's qs8 activations)."""
+    from torchao.quantization.pt2e.quantizer import FixedQParamsQuantizationSpec
+
+    return FixedQParamsQuantizationSpec(dtype=torch.int8, scale=float(scale), zero_point=int(zero), quant_min=-128,
+                                        quant_max=127, qscheme=torch.per_tensor_affine)
+
+
 def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], report: dict[str, Any],
                     options: CarryOptions) -> Any:
+    """XNNPACK's quantizer with its annotation's grids and weights replaced by the plan's (the module docstring):
+    ``_annotate`` does the replacing, ``_unshare`` and ``_same_scale_concats`` the sharing that follows from it."""
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (XNNPACKQuantizer,
                                                                          get_symmetric_quantization_config)
-    from torchao.quantization.pt2e.quantizer import (FixedQParamsQuantizationSpec, QuantizationSpec, Quantizer,
-                                                     SharedQuantizationSpec)
+    from torchao.quantization.pt2e.quantizer import Quantizer
 
-    observer = _plan_observer()
-
-    def fixed_int8(scale: float, zero: int) -> Any:
-        """A per-tensor int8 grid fixed to ``scale`` and ``zero`` (XNNPACK's qs8 activations)."""
-        return FixedQParamsQuantizationSpec(dtype=torch.int8, scale=float(scale), zero_point=int(zero),
-                                            quant_min=-128, quant_max=127, qscheme=torch.per_tensor_affine)
+    state = _Annotation(onnx_side=onnx_side, example=example, options=options, report=report,
+                        observer=_plan_observer())
 
     class PlanQuantizer(Quantizer):
-        """XNNPACK's annotation with the plan's grids and weights (see the module docstring)."""
-
         def __init__(self) -> None:
             super().__init__()
             self.base = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
-            self.match: dict[torch.fx.Node, str] = {}
 
         def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
             model = self.base.transform_for_annotation(model)
-            self.match = _match(model, onnx_side, example)  # BatchNorm is folded by now, as in the ONNX model
-            report["matched"] = len(self.match)
-            report["weights"] = _carry_weights(model, self.match, onnx_side)
+            state.match = _match(model, onnx_side, example)  # BatchNorm is folded by now, as in the ONNX model
+            report["matched"] = len(state.match)
+            report["weights"] = _carry_weights(model, state.match, onnx_side)
             return model
-
-        def _spec(self, node: torch.fx.Node) -> Any:
-            """The plan's spec of ``node``'s ONNX twin tensor, if matched and planned."""
-            name = self.match.get(node)
-            return onnx_side.specs.get(name) if name is not None else None
-
-        def _twin(self, node: torch.fx.Node) -> onnx.NodeProto | None:
-            """The ONNX node that writes ``node``'s twin tensor, if matched."""
-            name = self.match.get(node)
-            return onnx_side.producer.get(name) if name is not None else None
-
-        def _grid(self, node: torch.fx.Node) -> Any:
-            """The emitted per-tensor grid of ``node``'s ONNX twin (or of the clamp right after it) as int8; without
-            ``options.average_grids``, an average's (and its views') is its input's."""
-            if not options.average_grids and (source := _average_input(node)) is not None:
-                return self._grid(source)
-            spec = self._spec(node)
-            if spec is None or spec.is_float or spec.scale is None or spec.axis is not None:
-                users = list(node.users)
-                if len(users) == 1 and _op_name(users[0]) in _CLAMPS:
-                    return self._grid(users[0])
-                return None
-            if spec.dtype not in ("uint8", "int8"):
-                return None
-            return fixed_int8(spec.scale[0], spec.zero_point[0] - (128 if spec.dtype == "uint8" else 0))
-
-        def _in_float(self, node: torch.fx.Node) -> bool:
-            twin = self._twin(node)
-            return twin is not None and twin.name in onnx_side.float_nodes
-
-        def _range_grid(self, node: torch.fx.Node) -> Any:
-            """An int8 grid on the plan's calibrated range of a tensor the ONNX model left in float (the output
-            of a Gemm that ORT's integer kernel writes in float; XNNPACK's quantized linear writes int8)."""
-            spec = self._spec(node)
-            if spec is None or spec.range is None:
-                return None
-            scale, zero = activation_qparams(spec.range[0], spec.range[1], signed=True, symmetric=False)
-            return fixed_int8(float(scale), int(zero))
 
         def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
             self.base.annotate(model)
-            unmatched: list[str] = []
-            floats: list[torch.fx.Node] = []
-            derived: list[str] = []
-            carried = 0
-            for node in model.graph.nodes:
-                annotation = node.meta.get("quantization_annotation")
-                if annotation is None:
-                    continue
-                if self._in_float(node):
-                    del node.meta["quantization_annotation"]
-                    floats.append(node)
-                    continue
-                inputs = {}
-                for arg, spec in annotation.input_qspec_map.items():
-                    if isinstance(spec, QuantizationSpec) and spec.qscheme in (torch.per_channel_symmetric,
-                                                                               torch.per_tensor_symmetric) \
-                            and arg.op == "get_attr":
-                        inputs[arg] = self._weight_spec(node, spec)
-                    elif isinstance(spec, QuantizationSpec):
-                        grid = self._grid(arg)
-                        carried += grid is not None
-                        if grid is None:
-                            unmatched.append(f"{arg.name} (read by {node.name})")
-                        inputs[arg] = grid or spec
-                    else:
-                        inputs[arg] = spec
-                annotation.input_qspec_map = inputs
-                if isinstance(annotation.output_qspec, QuantizationSpec):
-                    grid = self._grid(node)
-                    if grid is None:
-                        grid = self._range_grid(node)
-                        if grid is not None:
-                            derived.append(node.name)
-                    carried += grid is not None
-                    if grid is None:
-                        unmatched.append(node.name)
-                    annotation.output_qspec = grid or annotation.output_qspec
-                elif isinstance(annotation.output_qspec, SharedQuantizationSpec) and options.average_grids \
-                        and _op_name(node) in _REQUANTIZING:
-                    grid = self._grid(node)  # an average's own, narrower grid, as ORT gives it
-                    if grid is not None:
-                        annotation.output_qspec = grid
-                        carried += 1
-            self._unshare(model, set(floats))
+            floats = _annotate(model, state)
+            _unshare(model, state, set(floats))
             if options.same_scale_concat:
-                self._same_scale_concats(model)
-            report["activations"] = carried
-            report["unmatched"] = unmatched
-            report["float_nodes"] = [n.name for n in floats]
-            report["derived"] = derived
+                _same_scale_concats(model, state)
             return model
-
-        def _unshare(self, model: torch.fx.GraphModule, removed: set[torch.fx.Node]) -> None:
-            """Grids shared with a node now left in float (a Relu after a float conv) become the plan's own grid
-            of their tensor, or none."""
-            def gone(spec: Any) -> bool:
-                if not isinstance(spec, SharedQuantizationSpec):
-                    return False
-                where = spec.edge_or_node
-                return any(n in removed for n in where) if isinstance(where, tuple) else where in removed
-
-            if not removed:
-                return
-            for node in model.graph.nodes:
-                annotation = node.meta.get("quantization_annotation")
-                if annotation is None:
-                    continue
-                inputs = {}
-                for arg, spec in annotation.input_qspec_map.items():
-                    if gone(spec):
-                        spec = self._grid(arg)
-                        if spec is None:
-                            continue  # the edge stays float, like the node it shared with
-                    inputs[arg] = spec
-                annotation.input_qspec_map = inputs
-                if gone(annotation.output_qspec):
-                    annotation.output_qspec = self._grid(node)
-
-        def _same_scale_concats(self, model: torch.fx.GraphModule) -> None:
-            """Each concatenation's inputs and output on the plan's grid of its output; an input's producer that
-            feeds nothing else writes that grid (no requantization on the edge)."""
-            for node in model.graph.nodes:
-                annotation = node.meta.get("quantization_annotation")
-                if annotation is None or _op_name(node) not in _CONCATS or (grid := self._grid(node)) is None:
-                    continue
-                annotation.output_qspec = grid
-                annotation.input_qspec_map = {arg: grid for arg in annotation.input_qspec_map}
-                for arg in annotation.input_qspec_map:
-                    producer = arg.meta.get("quantization_annotation")
-                    if producer is not None and len(arg.users) == 1 \
-                            and isinstance(producer.output_qspec, FixedQParamsQuantizationSpec):
-                        producer.output_qspec = grid
-
-        def _weight_spec(self, node: torch.fx.Node, spec: Any) -> Any:
-            twin = self._twin(node)
-            carried = onnx_side.weights.get(twin.name) if twin is not None else None
-            if carried is None:
-                report.setdefault("unmatched_weights", []).append(node.name)
-                return spec
-            _, scales, _ = carried
-            channels = int(node.args[1].meta["val"].shape[0]) if "val" in node.args[1].meta else len(scales)
-            if len(scales) == 1:
-                scales = np.repeat(scales, channels)
-            # ORT's symmetric int8 grids reach -128 (scale = max |w| / 127.5): the range is the dtype's
-            return dataclasses.replace(spec, qscheme=torch.per_channel_symmetric, ch_axis=0, quant_min=-128,
-                                       quant_max=127,
-                                       observer_or_fake_quant_ctr=observer.with_args(scales=tuple(scales)))
 
         def validate(self, model: torch.fx.GraphModule) -> None:
             return None
 
     return PlanQuantizer()
+
+
+def _annotate(model: torch.fx.GraphModule, state: _Annotation) -> list[torch.fx.Node]:
+    """XNNPACK's annotation of ``model`` with the plan's grids in place of its observers' (weights: the plan's
+    scales), nodes the plan keeps in float unannotated (returned), what has no grid in the plan named in the
+    report."""
+    from torchao.quantization.pt2e.quantizer import QuantizationSpec, SharedQuantizationSpec
+
+    unmatched: list[str] = []
+    floats: list[torch.fx.Node] = []
+    derived: list[str] = []
+    carried = 0
+    for node in model.graph.nodes:
+        annotation = node.meta.get("quantization_annotation")
+        if annotation is None:
+            continue
+        if state.in_float(node):
+            del node.meta["quantization_annotation"]
+            floats.append(node)
+            continue
+        inputs = {}
+        for arg, spec in annotation.input_qspec_map.items():
+            if isinstance(spec, QuantizationSpec) and spec.qscheme in (torch.per_channel_symmetric,
+                                                                       torch.per_tensor_symmetric) \
+                    and arg.op == "get_attr":
+                inputs[arg] = state.weight_spec(node, spec)
+            elif isinstance(spec, QuantizationSpec):
+                grid = state.grid(arg)
+                carried += grid is not None
+                if grid is None:
+                    unmatched.append(f"{arg.name} (read by {node.name})")
+                inputs[arg] = grid or spec
+            else:
+                inputs[arg] = spec
+        annotation.input_qspec_map = inputs
+        if isinstance(annotation.output_qspec, QuantizationSpec):
+            grid = state.grid(node)
+            if grid is None:
+                grid = state.range_grid(node)
+                if grid is not None:
+                    derived.append(node.name)
+            carried += grid is not None
+            if grid is None:
+                unmatched.append(node.name)
+            annotation.output_qspec = grid or annotation.output_qspec
+        elif isinstance(annotation.output_qspec, SharedQuantizationSpec) and state.options.average_grids \
+                and _op_name(node) in _REQUANTIZING:
+            grid = state.grid(node)  # an average's own, narrower grid, as ORT gives it
+            if grid is not None:
+                annotation.output_qspec = grid
+                carried += 1
+    state.report.update(activations=carried, unmatched=unmatched, float_nodes=[n.name for n in floats],
+                        derived=derived)
+    return floats
+
+
+def _unshare(model: torch.fx.GraphModule, state: _Annotation, removed: set[torch.fx.Node]) -> None:
+    """Grids shared with a node now left in float (a Relu after a float conv) become the plan's own grid of their
+    tensor, or none."""
+    from torchao.quantization.pt2e.quantizer import SharedQuantizationSpec
+
+    def gone(spec: Any) -> bool:
+        if not isinstance(spec, SharedQuantizationSpec):
+            return False
+        where = spec.edge_or_node
+        return any(n in removed for n in where) if isinstance(where, tuple) else where in removed
+
+    if not removed:
+        return
+    for node in model.graph.nodes:
+        annotation = node.meta.get("quantization_annotation")
+        if annotation is None:
+            continue
+        inputs = {}
+        for arg, spec in annotation.input_qspec_map.items():
+            if gone(spec):
+                spec = state.grid(arg)
+                if spec is None:
+                    continue  # the edge stays float, like the node it shared with
+            inputs[arg] = spec
+        annotation.input_qspec_map = inputs
+        if gone(annotation.output_qspec):
+            annotation.output_qspec = state.grid(node)
+
+
+def _same_scale_concats(model: torch.fx.GraphModule, state: _Annotation) -> None:
+    """Each concatenation's inputs and output on the plan's grid of its output; an input's producer that feeds
+    nothing else writes that grid (no requantization on the edge)."""
+    from torchao.quantization.pt2e.quantizer import FixedQParamsQuantizationSpec
+
+    for node in model.graph.nodes:
+        annotation = node.meta.get("quantization_annotation")
+        if annotation is None or _op_name(node) not in _CONCATS or (grid := state.grid(node)) is None:
+            continue
+        annotation.output_qspec = grid
+        annotation.input_qspec_map = {arg: grid for arg in annotation.input_qspec_map}
+        for arg in annotation.input_qspec_map:
+            producer = arg.meta.get("quantization_annotation")
+            if producer is not None and len(arg.users) == 1 \
+                    and isinstance(producer.output_qspec, FixedQParamsQuantizationSpec):
+                producer.output_qspec = grid
 
 
 def _average_input(node: torch.fx.Node) -> torch.fx.Node | None:
