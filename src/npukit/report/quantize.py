@@ -115,18 +115,6 @@ def add_kernel_profile(report: Report, profiles: dict[str, Any], *, threads: int
                       for kind, v in kinds.items()])
 
 
-def add_agreement(report: Report, agreement: Any, *, where: str) -> None:
-    """A classifier's agreement with the float model (and accuracy where labelled) on held-out data ``where``."""
-    report.add("agreement", agreement.as_dict())
-    fields = [["samples", agreement.samples], ["top-1 agreement with float", agreement.top1_agreement],
-              ["top-5 overlap", agreement.top5_overlap], ["logits SQNR dB", agreement.sqnr_db],
-              ["top-1 agreement where float is confident", agreement.top1_agreement_confident]]
-    if agreement.labeled_samples:
-        fields += [["top-1 accuracy float", agreement.top1_accuracy_reference],
-                   ["top-1 accuracy int8", agreement.top1_accuracy_candidate]]
-    report.add_table(f"Agreement with the float model on {where}", ["metric", "value"], fields)
-
-
 def add_mixed_precision(report: Report, plan: dict[str, Any]) -> None:
     """The per-layer precision search (``npukit.quant.precision.layer_plan.LayerPlan.summary``): each candidate
     layer's sensitivity, what each option buys and costs, the choice; the models checked; the plan timed beside the

@@ -8,14 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from npukit.config import BenchConfig, PreprocessConfig, to_dict
+from npukit.config import PreprocessConfig, to_dict
 from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
-from npukit.report.quantize import (add_agreement, add_kernel_profile, add_layer_sqnr, add_mixed_precision,
+from npukit.report.quantize import (add_kernel_profile, add_layer_sqnr, add_mixed_precision,
                                      add_size_and_speed, add_steps)
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import (check_output, evaluate, float_static_model, floor_check, held_back, open_data,
+from npukit.verbs.common import (check_output, float_static_model, floor_check, held_back, open_data,
                                  quant_opset, task_check)
 
 
@@ -191,16 +191,14 @@ def quantize(
         limit = (max_samples or len(check)) if evaluation is not None else CHECK_SAMPLES
         where = (f"held-out data {Path(str(data)).name}" if evaluation is not None else
                  "calibration samples (no --data given: optimistic, the model was fitted to them)")
-        choice, _, _ = task_check(report, proto, result.model, check_samples(check, limit), task=task,
+        choice, checked, _ = task_check(report, proto, result.model, check_samples(check, limit), task=task,
                                    gate=gate or QualityGate(), what="quantize", where=where, threads=threads,
                                    extra_failures=integer_failures(kernels, result, config),
                                    hint=_recipe_hint(config, result.steps.recipe) + slower)
     if slower and report.passed:  # a passing model that is not faster than the float one says so too
         report.set_verdict(report.verdict + slower, passed=True)
-    if evaluation is not None and choice.name == "classify":
-        agreement = evaluate(result.model, proto, evaluation,
-                              config=BenchConfig(threads=threads, max_samples=max_samples), threads=threads)
-        add_agreement(report, agreement, where=Path(str(data)).name)
+    if evaluation is not None and choice.name == "classify":  # the task check's agreement on the held-out data
+        report.add("agreement", checked.metrics)
     return finish(report, output, html=html, result=result)
 
 
