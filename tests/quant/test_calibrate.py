@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from npukit.errors import InputError
-from npukit.quant.calibration.calibrate import calibrate, channel_statistics, float_activations, observe
+from npukit.quant.calibration.calibrate import (Calibration, calibrate, channel_statistics, float_activations,
+                                                observe)
 from npukit.quant.config import QuantConfig
 from tests.quant.conftest import make_samples, tiny_cnn
 
@@ -65,3 +66,25 @@ def test_channel_statistics() -> None:
     np.testing.assert_allclose(stats.mean, flat.mean(1), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(stats.std, flat.std(1), rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(stats.max, flat.max(1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["auto", "minmax", "entropy", "mse", "percentile"])
+def test_calibration_fed_in_two_parts_is_one_pass(method) -> None:
+    """auto's method choice reads the ranges of the first samples, then the same observers take the rest: the ranges
+    (every method's, for auto) are those of one pass over all samples, exactly."""
+    model = tiny_cnn(spread=0.5)
+    samples = make_samples(10, seed=3)
+    config = QuantConfig(method=method)
+    ticks: list[int] = []
+    parts = Calibration(model, config).feed(samples, stop=7)
+    first = parts.result()
+    assert first.samples == 7 and first.ranges == calibrate(model, samples[:7], config=config).ranges
+    whole = parts.feed(samples, start=7, stop=10, progress=ticks.append).result()
+    once = calibrate(model, samples, config=config)
+    assert ticks == [8, 9, 10] and whole.samples == once.samples == 10
+    assert whole.ranges == once.ranges and whole.candidates == once.candidates
+    if method == "auto":
+        for name in ("entropy", "mse"):  # the method chosen later reads the same ranges as calibrating with it alone
+            assert whole.with_method(name).ranges == calibrate(model, samples, config=QuantConfig(method=name)).ranges
+    with pytest.raises(ValueError, match="the next must start at 10"):
+        parts.feed(samples, start=8)
