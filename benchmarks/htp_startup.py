@@ -30,7 +30,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 SOC = "SM8650"
 # a plain QNN session from the QDQ model (QNN compiles at load) or from `npukit compile`'s EPContext model; npukit's
-# Runtime on the QDQ model, cold (it places the nodes, then compiles) or from its cache_dir (the compiled graph)
+# Runtime on the QDQ model, cold (it compiles, serving from the session it placed the nodes with) or from its
+# cache_dir (the compiled graph)
 WAYS = ("compile_at_load", "precompiled_context", "runtime_cold", "runtime_cached")
 STEADY_RUNS = 2
 # inferences up to the first result: the runtime runs the graph once as it binds its buffers (its warm-up)
@@ -202,8 +203,9 @@ def write(doc: dict, out: Path, stem: str) -> None:
              f"{doc['rounds']} rounds interleaved; medians.", "",
              "Ways: a plain QNN session from the QDQ model (QNN composes and finalizes the graph as the session "
              "loads); from `npukit compile`'s EPContext model (the context binary compiled ahead); npukit's Runtime "
-             "on the QDQ model cold (it places the nodes with one QNN session, then opens the one it serves "
-             "with: two compiles) and from its `cache_dir` (the compiled graph its first start kept). "
+             "on the QDQ model cold (one QNN session, the one it serves with, compiled once; the placement read "
+             "from ORT's graph-assignment record of it) and from its `cache_dir` (the compiled graph its first "
+             "start kept). "
              "Session: creating it (the runtime's includes its warm-up, one inference as it binds its buffers); "
              "first run: the emulator executing the graph once; steady: one more inference once started. Start-up "
              "cost: the time to the first result less its inferences at the steady latency (the emulator "

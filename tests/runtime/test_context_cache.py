@@ -61,3 +61,25 @@ def test_a_broken_entry_is_compiled_again_and_a_compiled_model_is_not_cached(tmp
     with Runtime(str(compiled), device="qnn-htp@SM8650", workers=1, cache_dir=str(other)) as rt:
         assert rt.cache == "off" and not other.exists()  # already compiled: nothing to keep
         np.testing.assert_allclose(rt.run(_feeds())[0], want[0], atol=6.0 / 255)
+
+
+def test_a_cold_start_compiles_the_graph_once(monkeypatch, tmp_path) -> None:
+    """The placement is read from the session the runtime serves with: one QNN session (one compile) per cold
+    start, with or without a cache."""
+    import npukit.runtime.qnn as qnn
+
+    made: list[bool] = []
+    real = qnn.create_session_with_log
+
+    def counting(*args, **kwargs):
+        made.append(bool(kwargs.get("verbose")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(qnn, "create_session_with_log", counting)
+    model = qdq_conv_model()
+    for cache_dir in (None, str(tmp_path / "cache")):
+        made.clear()
+        with Runtime(model, device="qnn-htp@SM8650", workers=1, cache_dir=cache_dir) as rt:
+            assert rt.device.npu_nodes == 7 and rt.device.cpu_nodes == ("q_x",)
+            rt.run(_feeds())
+        assert made == [False], made  # one quiet session: QNN composes and finalizes the graph once

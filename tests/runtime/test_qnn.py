@@ -6,7 +6,8 @@ import pytest
 
 from npukit.errors import InputError
 from npukit.runtime.ort import make_session, run
-from npukit.runtime.qnn import CPU_EP, QNN_EP, make_qnn_session, qnn_available, qnn_node_assignment
+from npukit.runtime.qnn import (CPU_EP, QNN_EP, make_qnn_session, qnn_available, qnn_node_assignment,
+                               session_assignment)
 from tests.runtime.conftest import requires_qnn
 from tests.runtime.tiny_qdq import qdq_conv_model
 
@@ -103,3 +104,18 @@ def test_assignment_names_unnamed_nodes():
     conv = next(n for n in assignment.nodes if n.op_type == "Conv")
     assert conv.name == "Conv_4" and conv.provider == QNN_EP
     onnx.checker.check_model(model)
+
+
+@pytest.mark.parametrize("tail_op", [None, "Det"])
+def test_a_serving_session_places_nodes_as_the_verbose_one_does(tail_op):
+    """The runtime reads the placement from the session it serves with (quiet log, one compile): the same provider
+    per node as the verbose placement session, the DequantizeLinear the layout transformer replaces included; only
+    the rejection reasons need the verbose log."""
+    model = qdq_conv_model(tail_op=tail_op) if tail_op else qdq_conv_model()
+    verbose = qnn_node_assignment(model)
+    quiet = session_assignment(model, make_qnn_session(model, allow_cpu_fallback=True))
+    assert [(n.name, n.provider) for n in quiet.nodes] == [(n.name, n.provider) for n in verbose.nodes]
+    assert {n.evidence for n in verbose.nodes} - {"assignment"}  # some node was placed by its unit, not the record
+    assert quiet.partitions == verbose.partitions
+    if tail_op:
+        assert verbose.rejected["tail"] != "not taken" and quiet.rejected["tail"] == "not taken"

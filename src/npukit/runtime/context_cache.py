@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +54,13 @@ def load_context(cache_dir: str | os.PathLike[str], model: bytes, soc: str
     return session, stored
 
 
-def compile_into_cache(cache_dir: str | os.PathLike[str], model: bytes, soc: str, placement: Mapping[str, Any]
-                       ) -> ort.InferenceSession:
-    """The HTP session of ``model`` (CPU fallback allowed), its compiled graph written to ``cache_dir`` as it is
-    made, with ``placement`` (JSON-serializable) beside it."""
+def compile_into_cache(cache_dir: str | os.PathLike[str], model: bytes, soc: str,
+                       placement: Callable[[ort.InferenceSession], Mapping[str, Any]], *,
+                       served: onnx.ModelProto | None = None) -> ort.InferenceSession:
+    """The HTP session of ``model`` (CPU fallback allowed; ``served``: the graph to make it from when not ``model``
+    itself, the same graph with its nodes named), its compiled graph written to ``cache_dir`` as it is made, with
+    ``placement(session)`` (JSON-serializable: where the session runs each node) beside it; the cache key is
+    ``model``'s."""
     from npukit.runtime.qnn import make_qnn_session
 
     folder, key = Path(cache_dir), context_key(model, soc)
@@ -65,12 +68,13 @@ def compile_into_cache(cache_dir: str | os.PathLike[str], model: bytes, soc: str
     with tempfile.TemporaryDirectory(prefix=".npukit-ctx-", dir=folder) as tmp:
         staged = Path(tmp) / "model_ctx.onnx"
         dump = {"ep.context_enable": "1", "ep.context_file_path": str(staged), "ep.context_embed_mode": "1"}
-        session = make_qnn_session(onnx.load_from_string(model), allow_cpu_fallback=True,
-                                   provider_options=_options(soc), session_config=dump)
+        session = make_qnn_session(served if served is not None else onnx.load_from_string(model),
+                                   allow_cpu_fallback=True, provider_options=_options(soc), session_config=dump)
+        where = placement(session)
         if staged.is_file():  # the EP writes it when it took part of the graph
             os.replace(staged, folder / f"{key}.ctx.onnx")
             written = Path(tmp) / "placement.json"
-            written.write_text(json.dumps(dict(placement), indent=2) + "\n")
+            written.write_text(json.dumps(dict(where), indent=2) + "\n")
             os.replace(written, folder / f"{key}.json")
     return session
 

@@ -187,13 +187,19 @@ def choose_device(requested: str, model: onnx.ModelProto) -> DeviceChoice:
     elif not htp_ok:
         why = status.error or (status.backends or {}).get("htp") or "the QNN HTP backend did not load"
         raise InputError(f"device {requested} is not available here: {why}", hint="use --device cpu or auto")
-    from npukit.runtime.qnn import qnn_node_assignment
+    return DeviceChoice(f"qnn-htp@{soc}" if soc else "qnn-htp", "placed when its session is made")
 
-    assignment = qnn_node_assignment(model, provider_options=_soc_options(soc))
+
+def placed(device: DeviceChoice, model: onnx.ModelProto, session: Any) -> DeviceChoice:
+    """``device`` (on the HTP) with the nodes ``session`` (made from ``model``, CPU fallback allowed) runs on the HTP
+    and on the CPU EP, read from ORT's graph-assignment record of that session: the one the runtime serves with, so
+    QNN compiles the graph once (``runtime.qnn.session_assignment``)."""
+    from npukit.runtime.qnn import session_assignment
+
+    assignment = session_assignment(model, session)
     cpu = tuple(assignment.cpu_nodes)
     npu = len(assignment.qnn_nodes)
-    where = f"qnn-htp@{soc}" if soc else "qnn-htp"
-    return DeviceChoice(where, f"{npu} nodes on the HTP, {len(cpu)} on the CPU EP (fallback)", cpu, npu)
+    return DeviceChoice(device.device, f"{npu} nodes on the HTP, {len(cpu)} on the CPU EP (fallback)", cpu, npu)
 
 
 def _soc_options(soc: str) -> dict[str, str] | None:
@@ -237,7 +243,10 @@ class Runtime:
         else:
             workers = config.workers or max(1, cores // (config.threads or 1))
             threads = config.threads or max(1, cores // workers)
-        self.session, self.cache = (cached[0], "hit") if cached else self._open(proto, threads, config.cache_dir)
+        if cached:
+            self.session, self.cache = cached[0], "hit"
+        else:
+            self.session, self.cache = self._open(proto, threads, config.cache_dir)
         self.signatures = signatures(self.session)
         fixed = [s for s in self.signatures if any(d is None for d in s.shape[1:])]
         if fixed:
@@ -297,16 +306,24 @@ class Runtime:
             return session, cache
         if self.device.device == "cpu":
             return make_session(proto, threads=threads), "off"
+        from npukit.frontend.onnx_io import named_nodes
+        from npukit.runtime.compile import is_context_model
         from npukit.runtime.qnn import make_qnn_session
 
         soc = self.device.device.partition("@")[2]
-        from npukit.runtime.compile import is_context_model
+        named = named_nodes(proto)  # the placement names every node; the same graph otherwise
+
+        def place(session: Any) -> dict:
+            self.device = placed(self.device, named, session)
+            return self.device.as_dict()
 
         if cache_dir and not is_context_model(proto):
             from npukit.runtime.context_cache import compile_into_cache
 
-            return compile_into_cache(cache_dir, proto.SerializeToString(), soc, self.device.as_dict()), "miss"
-        return make_qnn_session(proto, allow_cpu_fallback=True, provider_options=_soc_options(soc)), "off"
+            return compile_into_cache(cache_dir, proto.SerializeToString(), soc, place, served=named), "miss"
+        session = make_qnn_session(named, allow_cpu_fallback=True, provider_options=_soc_options(soc))
+        place(session)
+        return session, "off"
 
     def _measured_split(self, proto: onnx.ModelProto, cores: int, prefer: str) -> tuple[int, int]:
         """Workers x threads measured on this model and machine for ``prefer`` (``runtime.split``); cores x 1 where

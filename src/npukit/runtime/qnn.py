@@ -422,6 +422,17 @@ def qnn_node_assignment(
     proto = named_nodes(as_proto(model))
     session, log = create_session_with_log(proto, backend=backend, allow_cpu_fallback=True,
                                    provider_options=provider_options, profiling=False, verbose=True)
+    return session_assignment(proto, session, log=log, backend=backend)
+
+
+def session_assignment(proto: onnx.ModelProto, session: ort.InferenceSession, *, log: str | None = None,
+                       backend: str = "htp") -> Assignment:
+    """Per node of ``proto``, the provider ``session`` (made from ``proto`` on the QNN EP with CPU fallback allowed;
+    every session npukit makes there keeps ORT's graph-assignment record) runs it on. With the session's verbose
+    ``log`` (``qnn_node_assignment``), a node the layout transformer replaced takes the provider of its QDQ node unit
+    and a rejected node its reason; without it (a session made to serve, whose log is quiet) such a
+    DequantizeLinear takes the provider of the nodes reading it where they agree, and a rejected node has no
+    reason."""
     assigned: dict[str, str] = {}
     partitions = 0
     for subgraph in session.get_provider_graph_assignment_info():
@@ -430,19 +441,27 @@ def qnn_node_assignment(
         for node in subgraph.get_nodes():
             assigned.setdefault(node.name, subgraph.ep_name)
             assigned.setdefault(_TOKEN_SUFFIX.sub("", node.name), subgraph.ep_name)
-    reasons = node_rejections(log)
-    units = [[m.group(2) for m in _UNIT_NODE.finditer(body)] for _verdict, body in _UNIT_BLOCK.findall(log)]
+    reasons = node_rejections(log or "")
+    units = [[m.group(2) for m in _UNIT_NODE.finditer(body)] for _verdict, body in _UNIT_BLOCK.findall(log or "")]
     placements = []
+    readers: dict[str, list[str]] = {}
+    for node in proto.graph.node:
+        for tensor in node.input:
+            readers.setdefault(tensor, []).append(node.name)
     for node in proto.graph.node:
         name = node.name
         provider, evidence = assigned.get(name), "assignment"
-        if provider is None:
+        if provider is None and log is not None:
             provider, evidence = _unit_provider(name, units, assigned), "node-unit"
+        elif provider is None and node.op_type == "DequantizeLinear":
+            # no log: a DequantizeLinear the layout transformer replaced belongs to the unit of the nodes reading it
+            found = {assigned.get(reader) for reader in readers.get(node.output[0], [])}
+            provider, evidence = (found.pop(), "readers") if len(found) == 1 else (None, "readers")
         placements.append(NodePlacement(name=name, op_type=node.op_type, provider=provider,
                                         reason=reasons.get(name) if provider == CPU_EP else None,
                                         evidence=evidence if provider else "removed"))
     return Assignment(backend=backend, nodes=tuple(placements), partitions=partitions,
-                      backend_failure=_backend_failure(log))
+                      backend_failure=_backend_failure(log or ""))
 
 
 def node_rejections(log: str) -> dict[str, str]:
