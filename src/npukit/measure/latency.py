@@ -130,16 +130,23 @@ def _blocks(runs: int, rounds: int) -> list[int]:
 
 def paired_ratio(base: LatencyResult, other: LatencyResult, *, rounds: int) -> float:
     """``other``'s latency over ``base``'s, both timed by one ``time_sessions_interleaved`` call with ``rounds``:
-    the median over rounds of the ratio of their medians within the round. Robust to a machine that changes speed
-    between rounds (shared hosts here move by 30% for seconds at a time), which the ratio of whole-run medians is
-    not."""
+    the median over rounds of the ratio of their medians within the round (``round_ratios``). Robust to a machine
+    that changes speed between rounds (shared hosts here move by 30% for seconds at a time), which the ratio of
+    whole-run medians is not."""
+    return float(np.median(round_ratios(base, other, rounds=rounds)))
+
+
+def round_ratios(base: LatencyResult, other: LatencyResult, *, rounds: int) -> list[float]:
+    """Round by round, the median of ``other``'s times over the median of ``base``'s (both timed by one
+    ``time_sessions_interleaved`` call with ``rounds``)."""
     if base.runs != other.runs:
         raise ValueError("both results must come from one interleaved timing")
     ratios, start = [], 0
     for block in _blocks(base.runs, rounds):
-        ratios.append(np.median(other.times_ms[start:start + block]) / np.median(base.times_ms[start:start + block]))
+        ratios.append(float(np.median(other.times_ms[start:start + block])
+                            / np.median(base.times_ms[start:start + block])))
         start += block
-    return float(np.median(ratios))
+    return ratios
 
 
 def _timed_calls(call: Callable[[], Any], runs: int) -> list[float]:
