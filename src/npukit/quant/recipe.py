@@ -17,8 +17,10 @@ all 10 (+0.9 to +2.3 dB) and on the 208 evaluation crops too (30.3 against 27.1 
 calibrated on every sample, bias-corrected and emitted.
 
 What is shared: the steps before the recipe's own (the float head timed on this CPU, float joins and squares); what
-each candidate adds (MobileNetV2, 2 cores, AMD EPYC): the plain recipe's held-out scoring about 13 s, the equalized
-one's about 20 s (CLE and activation equalization, its calibration, one bias-correction pass shared by the methods).
+each candidate costs (MobileNetV2, 2 cores, AMD EPYC): the plain recipe's steps and held-out scoring 16 s, the
+equalized one's 26 s (CLE and activation equalization, its calibration, one bias-correction pass shared by the
+methods). Measured on 7 real models (benchmarks/results/default_recipe_1204.md) it kept the plain recipe on every one,
+which the evaluation inputs bore out, at 5-27 s more than the plain recipe alone: so it is not the default.
 A candidate after the first runs only while the time spent so far plus the last candidate's time stays within
 ``QuantConfig.recipe_budget_s`` (60 s by default): a model too large for that gets the first candidate, and the record
 says what was skipped and why.
