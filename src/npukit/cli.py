@@ -143,6 +143,7 @@ def _inspect_arguments(p: argparse.ArgumentParser) -> None:
 
 def _quantize_arguments(p: argparse.ArgumentParser) -> None:
     from npukit.quant.calibration.observers import METHODS
+    from npukit.quant.recipe import RECIPES
 
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("--calib", required=True, help="calibration data: image folder, .npy or .npz")
@@ -152,7 +153,7 @@ def _quantize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", choices=METHODS, default="auto",
                    help="activation range observer; auto (default) calibrates once and keeps the method whose "
                         "outputs best match the float model on held-out calibration samples")
-    p.add_argument("--recipe", choices=("plain", "equalized", "auto"), default="plain",
+    p.add_argument("--recipe", choices=RECIPES, default="plain",
                    help="plain (default): only the recovery flags given below; equalized: adds --cle "
                         "--equalize-activations --bias-correction; auto: tries plain and equalized on held-out "
                         "calibration samples and keeps plain unless equalized is clearly better there, within "

@@ -533,15 +533,16 @@ def _recipe(b: _Build, progress: Progress | None) -> _Build:
     skipped: dict[str, str] = {}
     for name, fields in recipe.CANDIDATES.items():
         elapsed = time.perf_counter() - b.started
-        if trials and not recipe.within_budget(elapsed, seconds[next(reversed(seconds))], b.config.recipe_budget_s):
-            skipped[name] = (f"{elapsed:.0f} s spent and the last candidate took {seconds[next(reversed(seconds))]:.0f}"
-                             f" s: over the {b.config.recipe_budget_s:.0f} s budget")
+        last = seconds[next(reversed(seconds))] if seconds else 0.0
+        if trials and not recipe.within_budget(elapsed, last, b.config.recipe_budget_s):
+            skipped[name] = (f"{elapsed:.0f} s spent and the last candidate took {last:.0f} s: over the "
+                             f"{b.config.recipe_budget_s:.0f} s budget")
             continue
         began = time.perf_counter()
         trial = b.fork(dataclasses.replace(b.config, choose_recipe=False, **fields))
         _recipe_steps(trial, progress, score=True)
         trials[name], seconds[name] = trial, time.perf_counter() - began
-    held = {n: t.held for n, t in trials.items() if t.held is not None}
+    held = {n: t.held for n, t in trials.items() if t.held is not None}  # every trial scored (score=True)
     any_held = next(iter(held.values()))
     chosen, record = recipe.choose({n: recipe.Scored(h.score, h.per_sample, h.chosen, seconds[n])
                                     for n, h in held.items()}, skipped=skipped, budget_s=b.config.recipe_budget_s,
@@ -595,22 +596,22 @@ def _calibration(b: _Build, progress: Progress | None) -> None:
     mirrors."""
     b.reference = work = b.work
     config = b.config
-    if b.held is not None:
-        held, split = b.held, b.held.split
+    held = b.held
+    if held is not None:
+        split = held.split
         if split.calibration < split.total:
             held.calibration.feed(b.samples, start=split.calibration, stop=split.total, progress=progress)
         calib = held.calibration.result()
-        if config.method == "auto":
-            b.config = dataclasses.replace(config, method=held.chosen)
-            calib = calib.with_method(held.chosen)
-            b.steps.calibration = {"method": "auto", "chosen": held.chosen, "samples": calib.samples,
-                                   "tensors": len(calib.ranges)}
-            method = f"auto (chose {held.chosen})"
-        else:
-            b.steps.calibration = {"method": config.method, "samples": calib.samples, "tensors": len(calib.ranges)}
-            method = config.method
     else:
         calib = calibrate(work, b.samples, config=config, progress=progress)
+    if config.method == "auto":  # chosen on the held-out samples (``_held_out`` always runs for "auto")
+        assert held is not None
+        b.config = dataclasses.replace(config, method=held.chosen)
+        calib = calib.with_method(held.chosen)
+        b.steps.calibration = {"method": "auto", "chosen": held.chosen, "samples": calib.samples,
+                               "tensors": len(calib.ranges)}
+        method = f"auto (chose {held.chosen})"
+    else:
         b.steps.calibration = {"method": config.method, "samples": calib.samples, "tensors": len(calib.ranges)}
         method = config.method
     b.ranges = calib.ranges

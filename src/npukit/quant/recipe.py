@@ -38,6 +38,7 @@ CANDIDATES: dict[str, dict[str, bool]] = {
     "plain": {},
     "equalized": {"cle": True, "activation_equalization": True, "bias_correction": True},
 }
+RECIPES = (*CANDIDATES, "auto")  # what quantize's --recipe takes: one candidate, or the choice among them
 ALPHA = 0.05  # a later candidate replaces the first only when the sign test over the held-out samples says so
 FLAGS = {"cle": "--cle", "activation_equalization": "--equalize-activations", "bias_correction": "--bias-correction"}
 

@@ -167,7 +167,7 @@ class DeviceChoice:
         return dataclasses.asdict(self)
 
 
-def choose_device(requested: str, model: onnx.ModelProto) -> DeviceChoice:
+def choose_device(requested: str) -> DeviceChoice:
     """The device for ``requested`` (see the module docstring)."""
     base, _, soc = requested.partition("@")
     if base == "cpu":
@@ -231,7 +231,7 @@ class Runtime:
         proto = model if isinstance(model, onnx.ModelProto) else onnx.load_from_string(model) \
             if isinstance(model, bytes) else load_onnx(model)  # a bad path or file: a one-line InputError
         cached = self._cached_context(proto, config)  # a previous start's compiled HTP graph: nothing to compile
-        self.device = cached[1] if cached else choose_device(config.device, proto)
+        self.device = cached[1] if cached else choose_device(config.device)
         cores = os.cpu_count() or 1
         self.split_table: list[dict] = []
         self.split_note = "given" if config.workers or config.threads else ""
@@ -243,10 +243,7 @@ class Runtime:
         else:
             workers = config.workers or max(1, cores // (config.threads or 1))
             threads = config.threads or max(1, cores // workers)
-        if cached:
-            self.session, self.cache = cached[0], "hit"
-        else:
-            self.session, self.cache = self._open(proto, threads, config.cache_dir)
+        self.session, self.cache = (cached[0], "hit") if cached else self._open(proto, threads, config.cache_dir)
         self.signatures = signatures(self.session)
         fixed = [s for s in self.signatures if any(d is None for d in s.shape[1:])]
         if fixed:

@@ -50,13 +50,11 @@ def scheme_fields(scheme: dict, *, activation_dtype: str | None = None, reduce_r
             "gemm_convs": _gemm_convs_auto(scheme, reduced) if gemm_convs is None else gemm_convs}
 
 
-RECIPES = ("auto", "plain", "equalized")
-
-
 def resolve_recipe(recipe: str, *, cle: bool, activation_equalization: bool, bias_correction: bool, adaround: bool,
                    range_search: bool, int16_budget: float, mixed_precision: bool) -> dict[str, bool]:
     """The QuantConfig recipe fields of ``quantize``'s ``recipe`` and flags (its docstring says how they combine)."""
     from npukit.errors import InputError
+    from npukit.quant.recipe import RECIPES
 
     if recipe not in RECIPES:
         raise InputError(f"unknown recipe {recipe!r}", hint=f"use {', '.join(RECIPES)}")
