@@ -310,12 +310,17 @@ def _serve_bench_arguments(p: argparse.ArgumentParser) -> None:
 def _optimize_arguments(p: argparse.ArgumentParser) -> None:
     from npukit import tasks
 
-    p.add_argument("model", metavar="MODEL.onnx")
-    p.add_argument("-o", "--output", required=True, help="the chosen artifact (.onnx)")
+    p.add_argument("model", metavar="MODEL", help="an .onnx model (--target cpu), or a PyTorch model "
+                   "(torchvision:NAME, module:factory, .pt2, TorchScript) for any target")
+    p.add_argument("-o", "--output", required=True,
+                   help="the chosen artifact (.onnx for cpu, .pte for executorch-xnnpack, .tflite for litert)")
     p.add_argument("--data", required=True,
                    help="held-out samples (image folder, .npy, .npz); without --calib the first half calibrates")
     p.add_argument("--calib", help="calibration samples (default: the first half of --data)")
-    p.add_argument("--target", default="cpu", help="cpu (ONNX Runtime CPU; the only target searched so far)")
+    p.add_argument("--target", default="cpu",
+                   help="cpu (ONNX Runtime CPU), executorch-xnnpack (an ExecuTorch .pte) or litert (a .tflite): "
+                        "each trial measured on that runtime; the last two take a PyTorch MODEL (default cpu)")
+    p.add_argument("--weights", help="state dict (.pt/.pth/.safetensors) for a PyTorch MODEL (mobile targets)")
     p.add_argument("--budget", default="1%",
                    help="how far the task metric may fall below the float model's: 1%% or 0.01 (default 1%%)")
     p.add_argument("--prefer", choices=("latency", "size", "memory", "energy"), default="latency",
@@ -528,7 +533,8 @@ def _optimize(api, args):
                         timeout_s=_seconds(args.time_budget), space=args.space, sampler=args.sampler, seed=args.seed,
                         workers=args.workers, batch=args.batch, ray_address=args.ray_address,
                         exclude=args.exclude, task=_task(args), min_sqnr_db=args.min_sqnr, threads=args.threads,
-                        runs=args.runs, max_samples=args.max_samples, input_shape=args.input_shape, html=args.html)
+                        runs=args.runs, max_samples=args.max_samples, input_shape=args.input_shape, html=args.html,
+                        weights=args.weights)
 
 
 def _qat(api, args):

@@ -74,7 +74,10 @@ def test_nothing_within_the_budget_is_exit_1_and_no_artifact(tiny, tmp_path, cap
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--target", "qnn-htp"], "not searched yet"),
+    (["--target", "qnn-htp@SM8650"], "not searched yet"),
+    (["--target", "coreml"], "not searched yet"),
+    (["--target", "executorch-xnnpack"], "must end in .pte"),
+    (["--weights", "w.pt"], "--weights is for a PyTorch MODEL"),
     (["--budget", "lots"], "is not a fraction"),
     (["--budget", "150%"], "must be a fraction"),
     (["--time-budget", "soon"], "is not a duration"),

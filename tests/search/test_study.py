@@ -117,18 +117,20 @@ def test_a_recipe_that_crashes_ends_its_trial_alone() -> None:
 def test_the_float_outputs_are_computed_once_and_travel_with_the_builder() -> None:
     import pickle
 
+    from npukit.measure.task_fidelity import session_runner
     from npukit.quant.config import QuantConfig
+    from npukit.runtime.ort import make_session
     from npukit.search.trial import TrialBuilder
     from npukit.tasks.base import QualityGate
     from tests.quant.conftest import make_samples, tiny_cnn
 
     model, held = tiny_cnn(), make_samples(3, seed=4)
     builder = TrialBuilder(model=model, calib=make_samples(4), evaluation=held, gate=QualityGate(), base=QuantConfig())
-    first = builder.compare(model)  # the float model against itself
+    first = builder.compare(session_runner(make_session(model)))  # the float model against itself
     assert len(builder._reference_outputs) == 3 and builder._reference is not None
     shipped = pickle.loads(pickle.dumps(builder))  # what a Ray worker receives
     assert shipped._reference is None and len(shipped._reference_outputs) == 3
-    again = shipped.compare(model)
+    again = shipped.compare(session_runner(make_session(model)))
     assert shipped._reference is None  # no session for the float model in the worker
     assert again.value == first.value and [o.sqnr_db for o in again.outputs] == [o.sqnr_db for o in first.outputs]
 

@@ -21,8 +21,10 @@ import torch
 from npukit._atomic import write_bytes_atomic
 from npukit.errors import InputError
 from npukit.quant.emit.pt2e import CarryOptions
+from npukit.report.capture import capture_native_output
 from npukit.runtime.tensors import plain_tensor
 
+_NOTICES = ("threadpool.cpp", "cpuinfo_utils.cpp")  # its runtime's start-up notices on every load
 EXTRA_HINT = "install it with: .venv/bin/pip install 'npukit[executorch]' (scripts/setup.sh does)"
 CARRY = CarryOptions()  # XNNPACK's lowering takes the plan as carried by default (see CarryOptions)
 
@@ -76,7 +78,7 @@ def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
         edge = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()])
     except Exception as exc:  # noqa: BLE001 - any failure inside ExecuTorch's lowering is the model's, said in one line
         raise InputError(f"ExecuTorch's XNNPACK lowering failed on this model: {_root_cause(exc)}",
-                         hint="try --target qnn-htp or npukit quantize on its ONNX export (npukit export)") from exc
+                         hint="try --target litert or qnn-htp, or the ONNX export (npukit export) on ORT CPU") from exc
     left = collections.Counter(
         getattr(n.target, "__name__", str(n.target)) for n in edge.exported_program().graph.nodes
         if n.op == "call_function" and "getitem" not in str(n.target))
@@ -105,9 +107,13 @@ class Runner:
         from executorch.extension.pybindings import portable_lib
         from executorch.runtime import Runtime
 
-        portable_lib._unsafe_reset_threadpool(int(threads))  # before loading: the pool is read at load time
-        self.program = Runtime.get().load_program(Path(path))
-        self.method = self.program.load_method("forward")
+        with capture_native_output() as native:  # its C++ log's notices (threadpool, cpuinfo) off the terminal
+            portable_lib._unsafe_reset_threadpool(int(threads))  # before loading: the pool is read at load time
+            self.program = Runtime.get().load_program(Path(path))
+            self.method = self.program.load_method("forward")
+        for line in native().splitlines():
+            if line.strip() and not any(k in line for k in _NOTICES):
+                logging.getLogger("executorch").warning(line.strip()[:300])
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         inputs = [plain_tensor(v) for v in feeds.values()]

@@ -143,7 +143,7 @@ class RecipeSpace:
                          f"{', '.join(v for v in self.lift if v not in lift)}")
         head = self.float_head if has_head else (True,)
         if head != self.float_head:
-            notes.append("float head: this CPU's scheme kept no conv in float on this model; the switch is moot")
+            notes.append("float head: the target's scheme kept no conv in float on this model; the switch is moot")
         return dataclasses.replace(self, lift=lift or ("none",), float_head=head), notes
 
     def suggest(self, trial: Any) -> Recipe:

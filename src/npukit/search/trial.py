@@ -97,6 +97,7 @@ class Built:
     recipe: Recipe
     model: onnx.ModelProto | None
     passed: bool = False
+    artifact: bytes | None = None  # what a mobile runtime loads (a .pte, a .tflite); None: the ONNX model itself
     metric_name: str = ""
     metric: float = float("nan")
     worst_sqnr_db: float = float("nan")
@@ -137,8 +138,9 @@ class TrialBuilder:
 
         return quantize(self.model, self.calib, config=config)
 
-    def compare(self, model: onnx.ModelProto) -> TaskResult:
-        """``model`` against the float model on the held-out samples (the task metric and every output)."""
+    def compare(self, candidate: Any) -> TaskResult:
+        """``candidate`` (a function of one feed dict, all outputs in order) against the float model on the held-out
+        samples (the task metric and every output)."""
         from npukit.measure.task_fidelity import compare_task, session_runner
         from npukit.runtime.ort import make_session
 
@@ -153,8 +155,7 @@ class TrialBuilder:
                 outputs.append(self._reference(feeds))
             return outputs[i]
 
-        _, result = compare_task(reference, session_runner(make_session(model, threads=self.threads)),
-                                 self.evaluation, output_names=names, task=self.task)
+        _, result = compare_task(reference, candidate, self.evaluation, output_names=names, task=self.task)
         return result
 
     def build(self, recipe: Recipe) -> Built:
@@ -176,9 +177,12 @@ class TrialBuilder:
         kernel at all fails it too (nothing gained over the float model)."""
         from npukit.quant.qdq import integer_failures, integer_kernel_report
 
+        from npukit.measure.task_fidelity import session_runner
+        from npukit.runtime.ort import make_session
+
         model = result.model
         kernels = integer_kernel_report(model)
-        outcome = self.compare(model)
+        outcome = self.compare(session_runner(make_session(model, threads=self.threads)))
         failures = list(integer_failures(kernels, result, config))
         if not failures and kernels["integer_fraction"] == 0.0:
             failures.append("runs no integer kernel: nothing gained over the float model")
@@ -205,14 +209,43 @@ class TrialRunner:
     threads: int = 1
     runs: int = 20
 
-    def run(self, recipe: Recipe) -> tuple[Measured, onnx.ModelProto | None]:
-        """The recipe's measured figures and its model (None where it could not be built)."""
+    def run(self, recipe: Recipe) -> tuple[Measured, bytes | None]:
+        """The recipe's measured figures and its artifact's bytes (None where it could not be built)."""
         built = self.builder.build(recipe)
-        return self.finish(built), built.model
+        return self.finish(built), self.artifact(built)
 
-    def measure(self, recipe: Recipe, result: Any, config: QuantConfig, *, start: float) -> Measured:
-        """The figures of ``result``, already built from ``config``."""
-        return self.finish(self.builder.check(recipe, result, config, start=start))
+    def artifact(self, built: Built) -> bytes | None:
+        """The bytes of what the target loads: the QDQ model here."""
+        return built.model.SerializeToString() if built.model is not None else None
+
+    def candidate(self, artifact: bytes) -> Any:
+        """The artifact as a function of one feed dict (all outputs, in order), for the final check."""
+        from npukit.measure.task_fidelity import session_runner
+        from npukit.runtime.ort import make_session
+
+        return session_runner(make_session(onnx.load_from_string(artifact), threads=self.threads))
+
+    def write(self, artifact: bytes, output: Any) -> None:
+        from npukit.frontend.onnx_io import save_onnx
+
+        save_onnx(onnx.load_from_string(artifact), output)
+
+    def time_again(self, artifacts: Mapping[str, bytes], *, runs: int) -> dict[str, tuple[float, float]]:
+        """Each artifact's median latency and the float model's, ms, timed together again with ``runs`` runs each."""
+        from npukit.measure.latency import measure_latency_interleaved
+
+        timed = measure_latency_interleaved({"float": self.reference, **artifacts}, threads=self.threads, warmup=10,
+                                            runs=runs, rounds=10, feeds=self.feeds)
+        return {k: (timed[k].median_ms, timed["float"].median_ms) for k in artifacts}
+
+    def measure(self, recipe: Recipe, result: Any, config: QuantConfig, *,
+                start: float) -> tuple[Measured, bytes | None]:
+        """The figures of ``result``, already built from ``config``, and its artifact's bytes."""
+        built = self.builder.check(recipe, result, config, start=start)
+        return self.finish(built), self.artifact(built)
+
+    def close(self) -> None:
+        """Nothing to release here (a mobile runner removes the files its runtimes loaded)."""
 
     def finish(self, built: Built) -> Measured:
         from npukit.measure.energy import estimate_energy

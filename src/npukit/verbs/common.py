@@ -18,12 +18,12 @@ from npukit.report.progress import progress, step
 from npukit.tasks import QualityGate
 
 
-def check_output(output: str | Path, *, source: str | Path | None = None) -> Path:
+def check_output(output: str | Path, *, source: str | Path | None = None, suffix: str = ".onnx") -> Path:
     output = Path(output)
-    if output.suffix.lower() != ".onnx":
-        raise InputError(f"output {output} must end in .onnx", hint="name the output like model.onnx")
+    if output.suffix.lower() != suffix:
+        raise InputError(f"output {output} must end in {suffix}", hint=f"name the output like model{suffix}")
     if output.is_dir():
-        raise InputError(f"output {output} is a directory", hint="give a file name ending in .onnx")
+        raise InputError(f"output {output} is a directory", hint=f"give a file name ending in {suffix}")
     if source is not None and Path(source).exists() and output.exists() and output.resolve() == Path(source).resolve():
         raise InputError(f"output {output} is the input file", hint="write the result to a new file")
     return output

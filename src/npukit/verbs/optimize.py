@@ -19,9 +19,14 @@ from npukit.tasks import QualityGate
 from npukit.verbs.common import check_output, float_static_model, open_data, upgrade_opset
 
 CONFIRM = 4  # the fastest trials within the budget timed again together at the end
-TARGETS = ("cpu",)  # searched today; the others are refused with what to use instead
-LATER = {"qnn-htp": "npukit compile --soc SOC --calib DATA", "executorch-xnnpack": "npukit compile --target "
-         "executorch-xnnpack", "litert": "npukit compile --target litert"}
+# searched today: ORT CPU (an ONNX model or a PyTorch model's export) and the mobile runtimes that run here (a PyTorch
+# model; npukit.search.mobile), each with the artifact suffix it writes; the others are refused with what to use
+TARGETS = {"cpu": ".onnx", "executorch-xnnpack": ".pte", "litert": ".tflite"}
+MOBILE = {"executorch-xnnpack": "executorch", "litert": "litert"}  # target -> its npukit.runtime module
+LATER = {"qnn-htp": "npukit compile --soc SOC --calib DATA builds the HTP's recipe (its emulator here is too slow "
+                    "to time a search on)",
+         "coreml": "npukit compile --target coreml exports one (Core ML runs only on macOS, so nothing can be "
+                   "measured here)"}
 
 
 def optimize(
@@ -50,13 +55,19 @@ def optimize(
     input_shape: str | Sequence[Any] | None = None,
     preprocess: PreprocessConfig | None = None,
     html: bool = False,
+    weights: str | Path | None = None,
 ) -> CommandResult:
-    """Search npukit's quantization recipes for ``model`` on ``target`` (ORT CPU) and write the best artifact that
+    """Search npukit's quantization recipes for ``model`` on ``target`` and write the best artifact that
     keeps the task metric within ``budget`` of the float model (0.01: within 1%), best on ``prefer`` (latency, size,
     memory or energy) among those. Each trial builds a recipe's QDQ model on the calibration data and measures it
     against the float model: task metric and output SQNR on ``data`` (held out), latency (ratio to the float model,
     timed in the same rounds), size, predicted peak activation memory, estimated energy (``npukit.measure.energy``).
     Without ``calib`` the first half of ``data`` calibrates and the second half evaluates.
+
+    ``target`` cpu: ORT CPU, an ONNX model (``output`` .onnx). executorch-xnnpack / litert: a PyTorch ``model``
+    (torchvision:NAME, module:factory, .pt2, TorchScript; ``weights`` a state dict for it), each trial's plan carried
+    onto the torch program, lowered by the runtime and measured on it against its fp32 artifact (``output`` .pte /
+    .tflite; ``npukit.search.mobile``).
 
     The study (Optuna, ``sampler`` tpe or nsga2, seeded) is kept in ``<output stem>.optimize.db``: run the same
     command again to continue it (``trials`` counts the study's trials in all; ``timeout_s`` bounds this run).
@@ -69,14 +80,21 @@ def optimize(
     from npukit.search.space import get_space
     from npukit.search.study import SearchConfig
 
-    output = check_output(output, source=model)
     if any(p.exists() and not p.is_dir() for p in Path(output).parents):
         raise InputError(f"output {output} is under a file, not a folder", hint="give a path in a folder")
     if target not in TARGETS:
-        hint = f"for {target}, {LATER[target]} builds one recipe" if target in LATER else \
-            f"use --target {' | '.join(TARGETS)}"
-        raise InputError(f"optimize searches ORT CPU recipes (--target cpu); {target!r} is not searched yet",
+        kind = target.split("@")[0]
+        hint = f"for {kind}, {LATER[kind]}" if kind in LATER else f"use --target {' | '.join(TARGETS)}"
+        raise InputError(f"optimize searches --target {', '.join(TARGETS)}; {target!r} is not searched yet",
                          hint=hint)
+    output = check_output(output, source=model, suffix=TARGETS[target])
+    if weights is not None and target not in MOBILE:
+        raise InputError("--weights is for a PyTorch MODEL searched on a mobile runtime (--target "
+                         f"{' or '.join(MOBILE)})", hint="give --target cpu an .onnx model with its weights in it")
+    if target in MOBILE:
+        from npukit.search.mobile import runtime_module
+
+        runtime_module(MOBILE[target]).require()
     if workers < 1:
         raise InputError(f"workers {workers} must be at least 1", hint="e.g. --workers 2")
     if ray_address and workers < 2:
@@ -90,7 +108,8 @@ def optimize(
                           sampler=sampler, space=space, batch=batch or workers)
     space_ = get_space(space)
     gate = QualityGate(min_metric=config.min_metric, **({} if min_sqnr_db is None else {"min_sqnr_db": min_sqnr_db}))
-    inputs = _Inputs.open(model, data, calib, input_shape, preprocess or PreprocessConfig(), max_samples)
+    inputs = _Inputs.open(model, data, calib, input_shape, preprocess or PreprocessConfig(), max_samples,
+                          torch_program=target in MOBILE, weights=weights)
     report = Report("optimize", config={"model": str(model), "target": target, "data": str(data),
                                         "calib": str(calib) if calib else f"first half of {data}",
                                         "search": config.as_dict(), "space": space_.name, "task": task or "auto",
@@ -98,12 +117,13 @@ def optimize(
                                         "runs": runs, "input_shape": inputs.spec, "workers": workers,
                                         "ray_address": ray_address})
     return _Search(report, inputs, config, space_, gate, task, tuple(exclude), threads, runs, workers=workers,
-                   ray_address=ray_address).run(output, html)
+                   ray_address=ray_address, runtime=MOBILE.get(target)).run(output, html)
 
 
 @dataclasses.dataclass
 class _Inputs:
-    """The float model (shapes fixed) and the calibration and held-out samples (lists of (feeds, labels))."""
+    """The float model (shapes fixed) and the calibration and held-out samples (lists of (feeds, labels)); for a
+    mobile runtime also the torch module the float model is the ONNX export of."""
 
     path: Path
     proto: Any
@@ -111,11 +131,17 @@ class _Inputs:
     evaluation: list[Any]
     spec: Any
     split: bool
+    module: Any = None
 
     @classmethod
     def open(cls, model: str | Path, data: str | Path, calib: str | Path | None, input_shape: Any,
-             preprocess: PreprocessConfig, max_samples: int | None) -> _Inputs:
-        proto, spec = float_static_model(model, input_shape, verb="optimize")
+             preprocess: PreprocessConfig, max_samples: int | None, *, torch_program: bool = False,
+             weights: str | Path | None = None) -> _Inputs:
+        module = None
+        if torch_program:
+            module, proto, spec = _torch_program(model, input_shape, weights)
+        else:
+            proto, spec = float_static_model(model, input_shape, verb="optimize")
         held = list(open_data(data, proto, preprocess).batches(1))
         if calib is None:
             if len(held) < 4:
@@ -127,7 +153,36 @@ class _Inputs:
             calibration = list(open_data(calib, proto, preprocess).batches(1))
         if max_samples is not None:
             held = held[:max_samples]
-        return cls(Path(str(model)), proto, calibration, held, spec.as_dict() if spec else None, calib is None)
+        return cls(Path(str(model)), proto, calibration, held, spec.as_dict() if spec else None, calib is None,
+                   module)
+
+
+def _torch_program(model: str | Path, input_shape: Any, weights: str | Path | None) -> tuple[Any, Any, Any]:
+    """(the torch module in eval mode, its ONNX export verified against it, the input spec) for a mobile runtime's
+    search: the export is what each trial's plan is made on, the module what the plan is carried onto."""
+    import tempfile
+
+    import onnx
+
+    from npukit.config import ExportConfig
+    from npukit.frontend.export import export_model
+    from npukit.frontend.shapes import InputSpec
+    from npukit.frontend.spec import resolve_model
+
+    source = resolve_model(str(model), weights=str(weights) if weights else None)
+    if source.kind == "onnx" or source.module is None:
+        raise InputError(f"{model} is an ONNX model; a mobile runtime's search carries plans onto a PyTorch program",
+                         hint="give the PyTorch model (torchvision:NAME, module:factory, .pt2 or TorchScript), or "
+                              "search the ONNX model with --target cpu")
+    spec = InputSpec.parse(input_shape)
+    shape = spec.first if spec else source.default_input_shape
+    if shape is None:
+        raise InputError(f"no input shape is known for {model}", hint="pass one with --input-shape 1,3,224,224")
+    with tempfile.TemporaryDirectory(prefix="npukit-optimize-export-") as work, \
+            step("exporting to ONNX (the model each trial's plan is made on)"):
+        result = export_model(source, Path(work) / "float.onnx", config=ExportConfig(input_shape=tuple(shape)))
+        proto = onnx.load(str(result.path))
+    return source.module.eval(), proto, spec or InputSpec.parse(",".join(str(d) for d in shape))
 
 
 class _Search:
@@ -135,10 +190,11 @@ class _Search:
 
     def __init__(self, report: Report, inputs: _Inputs, config: Any, space: Any, gate: QualityGate,
                  task: str | None, exclude: tuple[str, ...], threads: int, runs: int, *, workers: int = 1,
-                 ray_address: str | None = None) -> None:
+                 ray_address: str | None = None, runtime: str | None = None) -> None:
         self.report, self.inputs, self.config, self.space, self.gate = report, inputs, config, space, gate
         self.task, self.exclude, self.threads, self.runs = task, exclude, threads, runs
         self.workers, self.ray_address = workers, ray_address  # trials built at once, on Ray where more than one
+        self.runtime = runtime  # the npukit.runtime module of a mobile target (None: ORT CPU)
         self.models = _Kept()  # recipe -> model, for the trials within the budget measured in this run
         self.proto: Any = None  # the float model at the opset the space needs (set by _baseline)
 
@@ -161,6 +217,7 @@ class _Search:
                            "exclude": self.exclude, "budget": self.config.budget, "threads": self.threads,
                            "sampler": self.config.sampler, "seed": self.config.seed,
                            "base": runner.builder.base.as_dict(),
+                           **({"runtime": self.runtime} if self.runtime else {}),
                            # the head's timing may choose otherwise on another run: then the trials differ
                            "head": runner.builder.head, "ranking": runner.builder.ranking,
                            # batches of several proposals propose other recipes (one: as before batches existed)
@@ -171,9 +228,9 @@ class _Search:
             done[0] += 1
             with step(f"trial {done[0]} (of up to {self.config.trials}): {recipe.label()}", timings=report.timings,
                       key="trials"):
-                measured, model = runner.run(recipe)
-            if model is not None and measured.feasible:
-                self.models.keep(recipe, model)
+                measured, artifact = runner.run(recipe)
+            if artifact is not None and measured.feasible:
+                self.models.keep(recipe, artifact)
             return measured
 
         try:
@@ -182,17 +239,16 @@ class _Search:
                                     drive=None if pool is None else self._on(pool, runner, done))
             outcome = self._confirm(outcome, runner)
             report.add_artifact("study", storage)
-            model, verdict = self._check(outcome, runner)
+            artifact, verdict = self._check(outcome, runner)
         finally:
             self.models.close()
+            runner.close()
         add_search(report, outcome, self.config, space=space, pruned=pruned, head=runner.builder.head,
                    ranking=runner.builder.ranking)
-        if model is None:
+        if artifact is None:
             report.set_verdict(verdict, passed=False)
             return finish(report, None, html=html, json_path=report_path_for(output), result=outcome)
-        from npukit.frontend.onnx_io import save_onnx
-
-        save_onnx(model, output)
+        runner.write(artifact, output)
         return finish(report, output, html=html, result=outcome)
 
     @contextlib.contextmanager
@@ -220,8 +276,9 @@ class _Search:
 
         def finish(built: Any) -> Any:
             measured = runner.finish(built)
-            if built.model is not None and measured.feasible:
-                self.models.keep(built.recipe, built.model)
+            artifact = runner.artifact(built)
+            if artifact is not None and measured.feasible:
+                self.models.keep(built.recipe, artifact)
             return measured
 
         def announce(recipes: Sequence[Any]) -> None:
@@ -237,58 +294,92 @@ class _Search:
     def _baseline(self) -> tuple[Any, Any, str]:
         """The default recipe built and measured once: its float head and layer ranking fix two knobs for every
         trial; the model at the opset the space needs. Returns the trial runner, the default recipe's figures and,
-        where the model does not convert to the 16-bit Q/DQ opset, why (the int16 lifts are then dropped)."""
+        where the int16 lifts cannot be searched, why (they are then dropped): the model does not convert to the
+        16-bit Q/DQ opset, or the target's integer kernels take no 16-bit activations."""
         import time
 
-        from npukit.measure.energy import estimate_energy
-        from npukit.memory.layout import ort_predicted_peak
         from npukit.quant.config import QuantConfig
         from npukit.quant.precision.sensitivity import layer_sensitivity
         from npukit.quant.qdq import quantize
         from npukit.search.space import DEFAULT
-        from npukit.search.trial import FloatFigures, TrialBuilder, TrialRunner
         from npukit.verbs.quantize import cpu_scheme, scheme_fields
 
         inputs, report = self.inputs, self.report
         calib = [b.feeds for b in inputs.calib]
         int16_refused = ""
         proto = inputs.proto
-        if any(v.startswith("int16") for v in self.space.lift):
+        if self.runtime is not None and any(v.startswith("int16") for v in self.space.lift):
+            int16_refused = "int16 lifts: XNNPACK's integer kernels take no 16-bit activations"
+        elif any(v.startswith("int16") for v in self.space.lift):
             try:
                 proto = upgrade_opset(report, proto, 21, "16-bit Q/DQ (int16 lifts in the space)", calib)
             except InputError as exc:
                 int16_refused = f"int16 lifts: the model does not convert to opset 21 ({exc.message})"
         if int16_refused or not any(v.startswith("int16") for v in self.space.lift):
             proto = upgrade_opset(report, proto, 13, "per-channel Q/DQ", calib, alternative="")
-        scheme = cpu_scheme()
-        base = QuantConfig(exclude=self.exclude, **scheme_fields(scheme))
-        report.add("cpu_scheme", scheme)
+        if self.runtime is None:
+            scheme = cpu_scheme()
+            base = QuantConfig(exclude=self.exclude, **scheme_fields(scheme))
+            report.add("cpu_scheme", scheme)
+        else:
+            from npukit.search.mobile import XNNPACK_BASE
+
+            base = dataclasses.replace(XNNPACK_BASE, exclude=self.exclude)
         started = time.perf_counter()
-        with step("baseline: the default recipe, float head timed once", timings=report.timings, key="baseline"):
+        with step("baseline: the default recipe" + (", float head timed once" if base.float_stem else ""),
+                  timings=report.timings, key="baseline"):
             first = quantize(proto, calib, config=base)
         head = first.steps.float_head_nodes
         with step("layer sensitivity of the default recipe", timings=report.timings, key="sensitivity"):
             ranking = tuple(n for n, _ in layer_sensitivity(first, calib[:4], limit=4))
         float_base = dataclasses.replace(base, float_stem=False)
-        given = inputs.proto  # the float model as given: what every ratio is against (an opset upgrade can slow it)
-        peak = ort_predicted_peak(given)
-        builder = TrialBuilder(model=proto, calib=calib, evaluation=inputs.evaluation, gate=self.gate,
-                               base=float_base, head=head, ranking=ranking, task=self.task, threads=self.threads)
-        runner = TrialRunner(reference=given, builder=builder,
-                             floats=FloatFigures(given.ByteSize(), peak,
-                                                 estimate_energy(given, peak_bytes=peak, feeds=calib[0]).total_uj),
-                             feeds=calib[0], threads=self.threads, runs=self.runs)
-        baseline = runner.measure(DEFAULT, first, base, start=started)
-        if baseline.feasible:
-            self.models.keep(DEFAULT, first.model)
+        runner = self._runner(proto, calib, float_base, head, ranking)
+        with step("measuring the default recipe", timings=report.timings, key="baseline"):
+            baseline, artifact = runner.measure(DEFAULT, first, base, start=started)
+        if baseline.feasible and artifact is not None:
+            self.models.keep(DEFAULT, artifact)
         self.proto = proto
         return runner, baseline, int16_refused
+
+    def _runner(self, proto: Any, calib: list[Any], base: Any, head: tuple[str, ...],
+                ranking: tuple[str, ...]) -> Any:
+        """The trial runner of the target: ORT CPU against the float model as given (an opset upgrade can slow it),
+        or a mobile runtime against its own fp32 artifact (``npukit.search.mobile``)."""
+        from npukit.measure.energy import estimate_energy
+        from npukit.memory.layout import ort_predicted_peak
+        from npukit.search.trial import FloatFigures, TrialBuilder, TrialRunner
+
+        given = self.inputs.proto
+        peak = ort_predicted_peak(given)
+        energy = estimate_energy(given, peak_bytes=peak, feeds=calib[0]).total_uj
+        common = dict(model=proto, calib=calib, evaluation=self.inputs.evaluation, gate=self.gate, base=base,
+                      head=head, ranking=ranking, task=self.task, threads=self.threads)
+        if self.runtime is None:
+            return TrialRunner(reference=given, builder=TrialBuilder(**common),
+                               floats=FloatFigures(given.ByteSize(), peak, energy), feeds=calib[0],
+                               threads=self.threads, runs=self.runs)
+        from npukit.frontend.onnx_io import graph_inputs
+        from npukit.search.mobile import MobileBuilder, MobileRunner, runtime_module
+
+        names = (tuple(i.name for i in graph_inputs(proto)), tuple(o.name for o in proto.graph.output))
+        builder = MobileBuilder(**common, module=self.inputs.module, runtime=self.runtime, names=names)
+        with step("lowering the float model: the fp32 artifact every trial is timed against",
+                  timings=self.report.timings, key="fp32"):
+            fp32 = runtime_module(self.runtime).lower(self.inputs.module, builder.example(), names=names)
+        self.report.add("fp32_artifact", fp32.summary())
+        return MobileRunner(reference=given, builder=builder, floats=FloatFigures(len(fp32.buffer), peak, energy),
+                            feeds=calib[0], threads=self.threads, runs=self.runs, fp32=fp32.buffer,
+                            runtime=self.runtime)
+
+    @property
+    def _float_name(self) -> str:
+        """What every ratio is against."""
+        return "the float model" if self.runtime is None else f"the fp32 {self.report.config['target']} artifact"
 
     def _confirm(self, outcome: Any, runner: Any) -> Any:
         """The fastest trials within the budget (up to ``CONFIRM``, those built in this run) timed again together
         with the float model, with more runs: one trial's own timing (20 runs) can be off by a fifth on a shared host,
         and the choice should not rest on it."""
-        from npukit.measure.latency import measure_latency_interleaved
         from npukit.search.study import confirm_latency
 
         feasible = sorted(((n, m) for n, m in zip(outcome.numbers, outcome.trials) if m.feasible),
@@ -296,14 +387,12 @@ class _Search:
         candidates = [(n, m) for n, m in feasible if m.recipe in self.models][:CONFIRM]
         if not candidates:
             return outcome
-        models = {str(n): self.models.load(m.recipe) for n, m in candidates}
+        artifacts = {str(n): self.models.load(m.recipe) for n, m in candidates}
         runs = max(100, 5 * self.runs)
-        with step(f"timing the {len(models)} fastest trials within the budget again, {runs} runs each",
+        with step(f"timing the {len(artifacts)} fastest trials within the budget again, {runs} runs each",
                   timings=self.report.timings, key="confirm"):
-            timed = measure_latency_interleaved({"float": runner.reference, **models}, threads=self.threads,
-                                                warmup=10, runs=runs, rounds=10, feeds=runner.feeds)
-        return confirm_latency(outcome, self.config.prefer,
-                               {int(k): (timed[k].median_ms, timed["float"].median_ms) for k in models})
+            timed = runner.time_again(artifacts, runs=runs)
+        return confirm_latency(outcome, self.config.prefer, {int(k): v for k, v in timed.items()})
 
     def _check(self, outcome: Any, runner: Any) -> tuple[Any, str]:
         """The chosen trial's model (this run's, or built again for a trial of an earlier run) checked on the
@@ -321,27 +410,29 @@ class _Search:
                           f"{self.config.min_metric:.3f}); try a larger --budget, more --trials, or --space full")
         chosen = outcome.trial(outcome.chosen)
         if chosen.recipe in self.models:
-            model = self.models.load(chosen.recipe)
+            artifact = self.models.load(chosen.recipe)
         else:
             with step(f"building the chosen recipe again ({chosen.recipe.label()})", timings=self.report.timings,
                       key="rebuild"):
-                _, model = runner.run(chosen.recipe)
+                _, artifact = runner.run(chosen.recipe)
+
         half = "second half of " if self.inputs.split else ""
         where = f"held-out samples ({half}{Path(str(self.report.config['data'])).name}; the search chose on them too)"
-        _, _, verdict = task_check(self.report, self.proto, model, self.inputs.evaluation, task=self.task,
-                                   gate=self.gate, what="optimize", where=where, threads=self.threads)
+        _, _, verdict = task_check(self.report, self.proto, None, self.inputs.evaluation, task=self.task,
+                                   gate=self.gate, what="optimize", where=where, threads=self.threads,
+                                   candidate_runner=runner.candidate(artifact))
         if not verdict.passed:
             return None, verdict.line
         within = sum(m.feasible for m in outcome.trials)
         line = (f"PASS optimize: trial {outcome.chosen} ({chosen.recipe.label()}): {chosen.metric_name} "
                 f"{chosen.metric:.3f} (budget >= {self.config.min_metric:.3f}), latency {chosen.latency:.2f}x, size "
-                f"{chosen.size:.2f}x, peak memory {chosen.memory:.2f}x, energy {chosen.energy:.2f}x (estimate) the "
-                f"float model's; best on {self.config.prefer} of {within} trials within the budget "
+                f"{chosen.size:.2f}x, peak memory {chosen.memory:.2f}x, energy {chosen.energy:.2f}x (estimates) "
+                f"{self._float_name}'s; best on {self.config.prefer} of {within} trials within the budget "
                 f"({len(outcome.trials)} in all)"
-                + ("; even the fastest within the budget runs slower than the float model on this CPU: keep the float "
-                   "model where latency matters" if chosen.latency > 1.0 and self.config.prefer == "latency" else ""))
+                + (f"; even the fastest within the budget runs slower than {self._float_name} on this CPU: keep "
+                   "it where latency matters" if chosen.latency > 1.0 and self.config.prefer == "latency" else ""))
         self.report.set_verdict(line, passed=True)
-        return model, line
+        return artifact, line
 
 
 class _Kept:
@@ -354,18 +445,16 @@ class _Kept:
         self._folder = tempfile.TemporaryDirectory(prefix="npukit-optimize-")
         self._paths: dict[Any, Path] = {}
 
-    def keep(self, recipe: Any, model: Any) -> None:
-        path = Path(self._folder.name) / f"{len(self._paths)}.onnx"
-        path.write_bytes(model.SerializeToString())
+    def keep(self, recipe: Any, artifact: bytes) -> None:
+        path = Path(self._folder.name) / f"{len(self._paths)}.bin"
+        path.write_bytes(artifact)
         self._paths[recipe] = path
 
     def __contains__(self, recipe: Any) -> bool:
         return recipe in self._paths
 
-    def load(self, recipe: Any) -> Any:
-        import onnx
-
-        return onnx.load(str(self._paths[recipe]))
+    def load(self, recipe: Any) -> bytes:
+        return self._paths[recipe].read_bytes()
 
     def close(self) -> None:
         self._folder.cleanup()

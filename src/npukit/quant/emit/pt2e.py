@@ -105,11 +105,16 @@ def _onnx_side(reference: onnx.ModelProto, qdq: onnx.ModelProto, plan: QuantPlan
     inits = {i.name: numpy_helper.to_array(i) for i in qdq.graph.initializer}
     dq_out = {n.output[0]: n for n in qdq.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits}
     for node in qdq.graph.node:
-        if node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.input) < 2 or node.input[1] not in dq_out:
+        if node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.input) < 2:
             continue
-        dq = dq_out[node.input[1]]
-        weight = dequantized(dq, inits)
-        scale = inits[dq.input[1]].astype(np.float64).reshape(-1)
+        if node.input[1] in dq_out:
+            dq = dq_out[node.input[1]]
+            weight = dequantized(dq, inits)
+            scale = inits[dq.input[1]].astype(np.float64).reshape(-1)
+        elif node.input[1] in inits:  # a node left in float: its weights as the steps changed them (CLE scales a
+            weight, scale = inits[node.input[1]], np.ones(0)  # float conv with the quantized conv before it)
+        else:
+            continue
         bias = None
         if len(node.input) > 2 and node.input[2]:
             bias = dequantized(dq_out[node.input[2]], inits) if node.input[2] in dq_out else inits.get(node.input[2])
@@ -226,7 +231,7 @@ class _Annotation:
         """XNNPACK's weight spec of ``node`` with the plan's per-channel scales as a fixed observer."""
         twin = self.twin(node)
         carried = self.onnx_side.weights.get(twin.name) if twin is not None else None
-        if carried is None:
+        if carried is None or not len(carried[1]):  # no twin, or a twin the plan keeps in float
             self.report.setdefault("unmatched_weights", []).append(node.name)
             return spec
         _, scales, _ = carried
@@ -339,32 +344,43 @@ def _annotate(model: torch.fx.GraphModule, state: _Annotation) -> list[torch.fx.
 
 
 def _unshare(model: torch.fx.GraphModule, state: _Annotation, removed: set[torch.fx.Node]) -> None:
-    """Grids shared with a node now left in float (a Relu after a float conv) become the plan's own grid of their
-    tensor, or none."""
+    """Grids shared with what is now left in float (a Relu after a float conv, or a pooling that shared the grid
+    of such a Relu's edge) become the plan's own grid of their tensor, or none; repeated until nothing shares
+    with an edge or output that no longer has a grid (sharing chains: Relu -> pooling -> flatten)."""
     from torchao.quantization.pt2e.quantizer import SharedQuantizationSpec
 
+    def has_grid(where: Any) -> bool:
+        if isinstance(where, tuple):  # an edge (producer, consumer): quantized where the consumer's map has it
+            producer, consumer = where
+            annotation = consumer.meta.get("quantization_annotation")
+            return producer not in removed and annotation is not None and producer in annotation.input_qspec_map
+        annotation = where.meta.get("quantization_annotation")
+        return where not in removed and annotation is not None and annotation.output_qspec is not None
+
     def gone(spec: Any) -> bool:
-        if not isinstance(spec, SharedQuantizationSpec):
-            return False
-        where = spec.edge_or_node
-        return any(n in removed for n in where) if isinstance(where, tuple) else where in removed
+        return isinstance(spec, SharedQuantizationSpec) and not has_grid(spec.edge_or_node)
 
     if not removed:
         return
-    for node in model.graph.nodes:
-        annotation = node.meta.get("quantization_annotation")
-        if annotation is None:
-            continue
-        inputs = {}
-        for arg, spec in annotation.input_qspec_map.items():
-            if gone(spec):
-                spec = state.grid(arg)
-                if spec is None:
-                    continue  # the edge stays float, like the node it shared with
-            inputs[arg] = spec
-        annotation.input_qspec_map = inputs
-        if gone(annotation.output_qspec):
-            annotation.output_qspec = state.grid(node)
+    changed = True
+    while changed:
+        changed = False
+        for node in model.graph.nodes:
+            annotation = node.meta.get("quantization_annotation")
+            if annotation is None:
+                continue
+            inputs = {}
+            for arg, spec in annotation.input_qspec_map.items():
+                if gone(spec):
+                    changed = True
+                    spec = state.grid(arg)
+                    if spec is None:
+                        continue  # the edge stays float, like the node it shared with
+                inputs[arg] = spec
+            annotation.input_qspec_map = inputs
+            if gone(annotation.output_qspec):
+                changed = True
+                annotation.output_qspec = state.grid(node)
 
 
 def _same_scale_concats(model: torch.fx.GraphModule, state: _Annotation) -> None:

@@ -1,0 +1,72 @@
+"""npukit optimize --target executorch-xnnpack / litert: each trial's plan carried onto the torch program, lowered
+by the runtime and measured on it against the runtime's own fp32 artifact; the chosen .pte / .tflite written, loaded
+and run again; an ONNX model refused in one line with nothing written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from npukit.cli import main
+
+pytest.importorskip("executorch", reason="the executorch extra is not installed (scripts/setup.sh installs it)")
+
+HERE = Path(__file__).parent
+SHAPE = ["--input-shape", "1,3,32,32"]
+SUFFIX = {"executorch-xnnpack": ".pte", "litert": ".tflite"}
+
+
+@pytest.fixture(autouse=True)
+def _factory_importable(monkeypatch):
+    monkeypatch.syspath_prepend(str(HERE))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("optimize-mobile") / "data.npy"
+    np.save(path, np.random.default_rng(3).standard_normal((16, 3, 32, 32)).astype(np.float32))
+    return path
+
+
+@pytest.mark.parametrize("target, trials", [("executorch-xnnpack", 2), ("litert", 1)])
+def test_the_search_measures_on_the_runtime_and_writes_its_artifact(target, trials, data, tmp_path) -> None:
+    if target == "litert":
+        pytest.importorskip("litert_torch", reason="the litert extra is not installed (scripts/setup.sh installs it)")
+    from npukit.search.mobile import runtime_module
+
+    out = tmp_path / f"best{SUFFIX[target]}"
+    assert main(["optimize", "tinynet:tiny", "--target", target, "-o", str(out), "--data", str(data), *SHAPE,
+                 "--budget", "5%", "--trials", str(trials), "--runs", "3"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([out.name, "best.optimize.db", "best.report.json"])
+    report = json.loads((tmp_path / "best.report.json").read_text())
+    assert report["passed"] and report["verdict"].startswith("PASS optimize: trial")
+    assert f"the fp32 {target} artifact's" in report["verdict"]
+    search = report["results"]["search"]
+    assert len(search["trials"]) == trials and search["trials"][0]["label"] == "pc auto"
+    fp32_bytes = report["results"]["fp32_artifact"]["bytes"]
+    for trial in search["trials"]:
+        assert trial["feasible"] and trial["metric"] >= 0.95 and trial["integer_fraction"] == 1.0
+        assert trial["latency_ms"] > 0 and trial["float_latency_ms"] > 0  # timed on the runtime, both
+        assert trial["size"] == pytest.approx(trial["size_bytes"] / fp32_bytes)
+    assert not any("int16" in v for v in search["space"]["knobs"]["lift"])  # XNNPACK takes no 16-bit activations
+    chosen = next(t for t in search["trials"] if t["number"] == search["chosen"])
+    assert out.stat().st_size == chosen["size_bytes"]
+    # the artifact written is the chosen trial's: it runs on its runtime and agrees with the float model as checked
+    runner = runtime_module({"executorch-xnnpack": "executorch", "litert": "litert"}[target]).Runner(out)
+    feeds = {"input": np.load(data)[:1]}
+    assert runner(feeds)[0].shape == (1, 10)
+    assert report["results"]["task_check"]["result"]["samples"] == 8
+
+
+def test_an_onnx_model_is_refused_for_a_mobile_runtime(tmp_path, capsys) -> None:
+    model = tmp_path / "m.onnx"
+    assert main(["export", "tinynet:tiny", "-o", str(model), *SHAPE]) == 0
+    np.save(tmp_path / "d.npy", np.zeros((8, 3, 32, 32), np.float32))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["optimize", str(model), "--target", "executorch-xnnpack", "-o", str(tmp_path / "b.pte"), "--data",
+                 str(tmp_path / "d.npy")]) == 2
+    assert "is an ONNX model" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
