@@ -77,8 +77,6 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
     eager torch: fp32 within ``FP32_TOLERANCE`` of the output range, INT8 with the model's task under ``gate``;
     latency beside eager torch and ORT, 1 thread, interleaved."""
     from npukit.frontend.onnx_io import graph_inputs
-    from npukit.frontend.shapes import InputSpec
-    from npukit.frontend.spec import resolve_model
     from npukit.runtime.tensors import plain_tensor
 
     mobile = MOBILE_TARGETS[target]
@@ -90,15 +88,8 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
         kind = "a package (a directory)" if mobile.package else "a file"
         raise InputError(f"output {output} must be {kind} ending in {mobile.suffix} for --target {mobile.name}",
                          hint=f"name the output like model{mobile.suffix}")
-    source = resolve_model(str(model), weights=str(weights) if weights else None)
-    if source.kind == "onnx" or source.module is None:
-        raise InputError(f"{model} is an ONNX model; --target {mobile.name} converts PyTorch programs",
-                         hint="give the PyTorch model (torchvision:NAME, module:factory, .pt2, TorchScript or a "
-                              "pickled module), or compile the ONNX model with --target qnn-htp")
-    spec = InputSpec.parse(input_shape)
-    shape = spec.first if spec else source.default_input_shape
-    if shape is None:
-        raise InputError(f"no input shape is known for {model}", hint="pass one with --input-shape 1,3,224,224")
+    source, shape = torch_source(model, weights, input_shape, needs=f"--target {mobile.name} converts PyTorch "
+                                 "programs", otherwise="compile the ONNX model with --target qnn-htp")
     int8 = calib is not None
     report = Report("compile", config={"model": str(model), "target": mobile.name,
                                        "precision": "int8" if int8 else "fp32",
@@ -125,6 +116,25 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
             _time(report, mobile, eager, runner, float_onnx, samples[0], threads=threads)
     report.add("carried_plan", carried.summary() if carried is not None else None)
     return finish(report, output, html=html)
+
+
+def torch_source(model: str | Path, weights: str | Path | None, input_shape: Any, *, needs: str,
+                 otherwise: str) -> tuple[Any, tuple[int, ...]]:
+    """(the resolved PyTorch model, its input shape) for a verb that ``needs`` a torch program; an ONNX model or an
+    unknown shape is an InputError saying what to give (``otherwise``: what to do with the ONNX model)."""
+    from npukit.frontend.shapes import InputSpec
+    from npukit.frontend.spec import resolve_model
+
+    source = resolve_model(str(model), weights=str(weights) if weights else None)
+    if source.kind == "onnx" or source.module is None:
+        raise InputError(f"{model} is an ONNX model; {needs}",
+                         hint="give the PyTorch model (torchvision:NAME, module:factory, .pt2, TorchScript or a "
+                              f"pickled module), or {otherwise}")
+    spec = InputSpec.parse(input_shape)
+    shape = spec.first if spec else source.default_input_shape
+    if shape is None:
+        raise InputError(f"no input shape is known for {model}", hint="pass one with --input-shape 1,3,224,224")
+    return source, tuple(shape)
 
 
 def _export_onnx(report: Report, source: Any, shape: tuple[int, ...], work: Path) -> onnx.ModelProto:

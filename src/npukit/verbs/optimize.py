@@ -167,22 +167,15 @@ def _torch_program(model: str | Path, input_shape: Any, weights: str | Path | No
     from npukit.config import ExportConfig
     from npukit.frontend.export import export_model
     from npukit.frontend.shapes import InputSpec
-    from npukit.frontend.spec import resolve_model
+    from npukit.verbs.compile_mobile import torch_source
 
-    source = resolve_model(str(model), weights=str(weights) if weights else None)
-    if source.kind == "onnx" or source.module is None:
-        raise InputError(f"{model} is an ONNX model; a mobile runtime's search carries plans onto a PyTorch program",
-                         hint="give the PyTorch model (torchvision:NAME, module:factory, .pt2 or TorchScript), or "
-                              "search the ONNX model with --target cpu")
-    spec = InputSpec.parse(input_shape)
-    shape = spec.first if spec else source.default_input_shape
-    if shape is None:
-        raise InputError(f"no input shape is known for {model}", hint="pass one with --input-shape 1,3,224,224")
+    source, shape = torch_source(model, weights, input_shape, needs="a mobile runtime's search carries plans onto "
+                                 "a PyTorch program", otherwise="search the ONNX model with --target cpu")
     with tempfile.TemporaryDirectory(prefix="npukit-optimize-export-") as work, \
             step("exporting to ONNX (the model each trial's plan is made on)"):
         result = export_model(source, Path(work) / "float.onnx", config=ExportConfig(input_shape=tuple(shape)))
         proto = onnx.load(str(result.path))
-    return source.module.eval(), proto, spec or InputSpec.parse(",".join(str(d) for d in shape))
+    return source.module.eval(), proto, InputSpec.parse(",".join(str(d) for d in shape))
 
 
 class _Search:
