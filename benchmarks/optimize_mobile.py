@@ -112,8 +112,14 @@ def main() -> None:
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--stem", default="optimize_mobile")
     parser.add_argument("--note", default="")
+    parser.add_argument("--merge", action="store_true", help="keep the rows of the stem's JSON for other models and "
+                                                             "targets (a rerun of some of them)")
     args = parser.parse_args()
     rows = []
+    previous = HERE / "results" / f"{args.stem}.json"
+    if args.merge and previous.exists():
+        rows = [r for r in json.loads(previous.read_text())["rows"]
+                if not (r["model"] in args.only and r["target"] in args.targets)]
     for name in args.only:
         for target in args.targets:
             print(f"{name} on {target} ...", flush=True)

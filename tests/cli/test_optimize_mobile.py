@@ -51,7 +51,10 @@ def test_the_search_measures_on_the_runtime_and_writes_its_artifact(target, tria
         assert trial["feasible"] and trial["metric"] >= 0.95 and trial["integer_fraction"] == 1.0
         assert trial["latency_ms"] > 0 and trial["float_latency_ms"] > 0  # timed on the runtime, both
         assert trial["size"] == pytest.approx(trial["size_bytes"] / fp32_bytes)
-    assert not any("int16" in v for v in search["space"]["knobs"]["lift"])  # XNNPACK takes no 16-bit activations
+    lifts = search["space"]["knobs"]["lift"]
+    assert not any("int16" in v for v in lifts)  # XNNPACK takes no 16-bit activations
+    # LiteRT's converter would quantize the float layers itself: no float lifts there
+    assert any("float" in v for v in lifts) == (target == "executorch-xnnpack")
     chosen = next(t for t in search["trials"] if t["number"] == search["chosen"])
     assert out.stat().st_size == chosen["size_bytes"]
     # the artifact written is the chosen trial's: it runs on its runtime and agrees with the float model as checked

@@ -260,3 +260,44 @@ def test_the_core_ml_package_holds_the_plans_grids(tmp_path):
     assert all(same_weight(ints, scales, planned_weights) for ints, scales in weights)
     foreign = unplanned_grids(grids, planned_grids)
     assert len(foreign) <= len(carried.derived) and len(grids) >= 4, (foreign, planned_grids)
+
+
+class _Projection(torch.nn.Module):
+    """A linear projection between two convs (MobileNetV2's bottleneck end): its output is quantized directly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.first = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU())
+        self.project = torch.nn.Conv2d(8, 8, 1)
+        self.last = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last(self.project(self.first(x)))
+
+
+def test_litert_quantizing_a_float_layer_of_the_plan_is_found(tmp_path):
+    """LiteRT's converter quantizes a float conv between quantized tensors itself (its own weight grid), so the
+    plan's float projection does not stay float there: said, never passed as the plan (ExecuTorch keeps it float)."""
+    pytest.importorskip("litert_torch", reason="the litert extra is not installed (scripts/setup.sh installs it)")
+    from npukit.runtime import litert
+
+    module = _Projection().eval()
+    source = ModelSource(kind="torch", spec="projection", module=module, onnx_path=None,
+                         default_input_shape=(1, 3, 16, 16), description="conv, projection, conv")
+    path = export_model(source, tmp_path / "p.onnx", config=ExportConfig(input_shape=(1, 3, 16, 16))).path
+    float_onnx = onnx.load(str(path))
+    rng = np.random.default_rng(0)
+    samples = [{"input": rng.normal(size=(1, 3, 16, 16)).astype(np.float32)} for _ in range(8)]
+    config = QuantConfig(activation_dtype="int8", method="minmax")
+    convs = [n.name for n in quantize(float_onnx, samples, config=config).reference.graph.node if n.op_type == "Conv"]
+    example = (torch.from_numpy(samples[0]["input"].copy()),)
+    found = {}
+    for name, exclude in (("none", ()), ("projection", (convs[1],))):
+        result = quantize(float_onnx, samples, config=dataclasses.replace(config, exclude=exclude))
+        carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan,
+                             options=litert.CARRY)
+        assert carried.unmatched == ()
+        found[name] = litert.unhonoured_floats(litert.lower(carried.program, example), result.model)
+    assert found["none"] is None
+    assert found["projection"] is not None and "quantized 1 of the 1 conv/linear layer(s)" in found["projection"]

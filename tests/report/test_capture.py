@@ -27,3 +27,30 @@ def test_messages_are_counted_and_logging_restored(capsys) -> None:
     assert root.handlers == handlers and root.level == level
     assert "out-of-range" not in capsys.readouterr().err
     assert drain() == {}  # outside any capture
+
+
+def test_native_captures_nest_and_each_takes_its_own_lines(capfd) -> None:
+    """A capture inside another in the same thread (a runtime loaded by optimize's driver while Tune's output is
+    captured) takes what is printed inside it and hands fds 1 and 2 back to the outer one; it used to deadlock."""
+    import os
+    import threading
+
+    from npukit.report.capture import capture_native_output
+
+    result: dict[str, str] = {}
+
+    def nested() -> None:
+        with capture_native_output() as outer:
+            os.write(2, b"outer before\n")
+            with capture_native_output() as inner:
+                os.write(1, b"inner\n")
+            os.write(2, b"outer after\n")
+        result["outer"], result["inner"] = outer(), inner()
+
+    worker = threading.Thread(target=nested, daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "nested native captures deadlocked"
+    assert result["inner"] == "inner\n"
+    assert result["outer"] == "outer before\nouter after\n"
+    assert "inner" not in capfd.readouterr().out

@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Callable, Iterator
 
 _active: list[collections.Counter[str]] = []
-_native_lock = threading.Lock()
+_native_lock = threading.RLock()  # re-entrant: a capture inside another (a runtime loaded while Tune runs) nests
 
 
 class _Collect(logging.Handler):
@@ -71,7 +71,8 @@ def drain() -> dict[str, int]:
 def capture_native_output() -> Iterator[Callable[[], str]]:
     """Redirect file descriptors 1 and 2, where native libraries print (ORT's C++ logger, QNN's libnative notice
     when the HTP backend loads, LiteRT's delegate notices), to a temporary file; yields a reader of what was
-    captured, complete once the block has ended."""
+    captured, complete once the block has ended. Captures nest: an inner one takes what is printed inside it and
+    hands the descriptors back to the outer one."""
     with _native_lock, tempfile.TemporaryFile(mode="w+b") as sink:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()

@@ -59,10 +59,11 @@ class Lowered:
     ops: dict[str, int]  # the model's builtin operators by name
     delegation: Delegation  # what LiteRT's XNNPACK delegate takes when the model is loaded
     int8_io: bool  # int8 input/output tensors (the runner quantizes and dequantizes)
+    float_weighted: int = 0  # convolutions and fully connected ops whose weights are float32 (computed in float)
 
     def summary(self) -> dict[str, Any]:
-        return {"bytes": len(self.buffer), "ops": dict(self.ops), "int8_io": self.int8_io} \
-            | self.delegation.summary()
+        return {"bytes": len(self.buffer), "ops": dict(self.ops), "int8_io": self.int8_io,
+                "float_weighted": self.float_weighted} | self.delegation.summary()
 
     def write(self, output: Path) -> None:
         write_bytes_atomic(output, self.buffer)
@@ -108,8 +109,11 @@ def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
     taken = delegation(interpreter)
     ops = collections.Counter(op["op_name"] for op in interpreter._get_ops_details() if op["op_name"] != "DELEGATE")
     inputs = interpreter.get_input_details()
+    dtypes = {d["index"]: d["dtype"] for d in interpreter.get_tensor_details()}
+    weighted = [op for op in interpreter._get_ops_details() if op["op_name"] in WEIGHTED_OPS and len(op["inputs"]) > 1]
     return Lowered(buffer=buffer, ops=dict(ops), delegation=taken,
-                   int8_io=any(i["dtype"] != np.float32 for i in inputs))
+                   int8_io=any(i["dtype"] != np.float32 for i in inputs),
+                   float_weighted=sum(dtypes.get(int(op["inputs"][1])) == np.float32 for op in weighted))
 
 
 @contextlib.contextmanager
@@ -142,6 +146,21 @@ def _log_native(text: str) -> None:
 
 
 _PROGRESS = "LITERT_TORCH_SHOW_PROGRESS"
+WEIGHTED_OPS = ("CONV_2D", "DEPTHWISE_CONV_2D", "TRANSPOSE_CONV", "FULLY_CONNECTED")
+
+
+def unhonoured_floats(lowered: Lowered, qdq: Any) -> str | None:
+    """Why the .tflite does not compute what the plan's QDQ model ``qdq`` does, where LiteRT's converter quantized
+    layers the plan keeps in float: in static int8 mode it quantizes a float op between quantized tensors itself (its
+    own weight grid), which a float conv or linear the plan keeps (a float lift, a fragile depthwise conv) is. None
+    where every such layer stayed float."""
+    inits = {i.name for i in qdq.graph.initializer}
+    planned = sum(n.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul") and len(n.input) > 1 and n.input[1] in inits
+                  for n in qdq.graph.node)
+    if lowered.float_weighted >= planned:
+        return None
+    return (f"LiteRT's converter quantized {planned - lowered.float_weighted} of the {planned} conv/linear layer(s) "
+            "npukit's plan keeps in float (it quantizes a float op between quantized tensors)")
 
 
 def _static_int8_config() -> Any:

@@ -83,6 +83,9 @@ class MobileBuilder(TrialBuilder):
             outcome = self.compare(runtime.Runner(path, threads=self.threads))
         fraction = quantized_compute(result.model)
         failures = [] if fraction > 0 else ["no convolution or matrix product is quantized: nothing gained over fp32"]
+        unhonoured = getattr(runtime, "unhonoured_floats", None)  # a converter that quantizes the plan's float layers
+        if unhonoured is not None and (why := unhonoured(lowered, result.model)):
+            failures.append(why)
         verdict = judge(outcome, self.gate, what="trial", extra_failures=failures)
         sqnrs = [o.sqnr_db for o in outcome.outputs if o.sqnr_db == o.sqnr_db]
         return Built(recipe, result.model, passed=verdict.passed and not verdict.degraded, artifact=lowered.buffer,

@@ -111,8 +111,10 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
                      reason=absent)
         else:
             runner = runtime.Runner(output, threads=threads)
+            unhonoured = getattr(runtime, "unhonoured_floats", None)  # a converter that quantizes float layers
+            why = unhonoured(lowered, qdq) if unhonoured is not None and qdq is not None else None
             _check(report, mobile, eager, runner, float_onnx, samples, int8=int8, task=task,
-                   gate=gate or QualityGate())
+                   gate=gate or QualityGate(), failures=[why] if why else [])
             _time(report, mobile, eager, runner, float_onnx, samples[0], threads=threads)
     report.add("carried_plan", carried.summary() if carried is not None else None)
     return finish(report, output, html=html)
@@ -131,7 +133,12 @@ def torch_source(model: str | Path, weights: str | Path | None, input_shape: Any
                          hint="give the PyTorch model (torchvision:NAME, module:factory, .pt2, TorchScript or a "
                               f"pickled module), or {otherwise}")
     spec = InputSpec.parse(input_shape)
-    shape = spec.first if spec else source.default_input_shape
+    shape = source.default_input_shape
+    if spec is not None:  # one shape, named or not (the export names the inputs; a torch program takes them in order)
+        if len(spec.shapes) != 1:
+            raise InputError(f"{len(spec.shapes)} input shapes given; a PyTorch model is exported here with one input",
+                             hint="pass one --input-shape, e.g. 1,3,224,224")
+        shape = spec.shapes[0][1]
     if shape is None:
         raise InputError(f"no input shape is known for {model}", hint="pass one with --input-shape 1,3,224,224")
     return source, tuple(shape)
@@ -243,11 +250,14 @@ def _torch_runner(module: Any) -> Any:
 
 
 def _check(report: Report, mobile: MobileTarget, eager: Any, runner: Any, float_onnx: onnx.ModelProto,
-           samples: list[dict[str, np.ndarray]], *, int8: bool, task: str | None, gate: QualityGate) -> None:
+           samples: list[dict[str, np.ndarray]], *, int8: bool, task: str | None, gate: QualityGate,
+           failures: list[str]) -> None:
+    """The artifact against eager torch with the model's task (fp32 also within ``FP32_TOLERANCE``); ``failures``:
+    what failed before it ran (the artifact is not the plan)."""
     from npukit.verbs.common import task_check
 
     check = samples[:CHECK_SAMPLES]
-    failures: list[str] = []
+    failures = list(failures)
     if not int8:
         worst = 0.0
         for feeds in check:

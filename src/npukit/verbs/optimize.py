@@ -196,11 +196,11 @@ class _Search:
         from npukit.search.study import run_study, study_name
 
         report = self.report
-        runner, baseline, int16_refused = self._baseline()
+        runner, baseline, refused = self._baseline()
         space, pruned = self.space.pruned(rankable=len(runner.builder.ranking), has_head=bool(runner.builder.head))
-        if int16_refused:
-            space = dataclasses.replace(space, lift=tuple(v for v in space.lift if not v.startswith("int16")))
-            pruned.append(int16_refused)
+        for kind, why in refused.items():  # lifts the model or the target cannot take
+            space = dataclasses.replace(space, lift=tuple(v for v in space.lift if not v.startswith(kind)) or ("none",))
+            pruned.append(why)
         storage = report_path_for(output, ".optimize.db")
         storage.parent.mkdir(parents=True, exist_ok=True)  # as every verb does for its artifact's folder
         name = study_name({"model": hashlib.sha256(self.inputs.proto.SerializeToString()).hexdigest(),
@@ -284,11 +284,12 @@ class _Search:
 
         return drive
 
-    def _baseline(self) -> tuple[Any, Any, str]:
+    def _baseline(self) -> tuple[Any, Any, dict[str, str]]:
         """The default recipe built and measured once: its float head and layer ranking fix two knobs for every
-        trial; the model at the opset the space needs. Returns the trial runner, the default recipe's figures and,
-        where the int16 lifts cannot be searched, why (they are then dropped): the model does not convert to the
-        16-bit Q/DQ opset, or the target's integer kernels take no 16-bit activations."""
+        trial; the model at the opset the space needs. Returns the trial runner, the default recipe's figures and
+        the lifts that cannot be searched, with why (they are then dropped): int16 where the model does not convert
+        to the 16-bit Q/DQ opset or the target's integer kernels take no 16-bit activations; float where the
+        target's converter would quantize the float layers anyway (LiteRT)."""
         import time
 
         from npukit.quant.config import QuantConfig
@@ -299,16 +300,19 @@ class _Search:
 
         inputs, report = self.inputs, self.report
         calib = [b.feeds for b in inputs.calib]
-        int16_refused = ""
+        refused: dict[str, str] = {}
         proto = inputs.proto
         if self.runtime is not None and any(v.startswith("int16") for v in self.space.lift):
-            int16_refused = "int16 lifts: XNNPACK's integer kernels take no 16-bit activations"
+            refused["int16"] = "int16 lifts: XNNPACK's integer kernels take no 16-bit activations"
         elif any(v.startswith("int16") for v in self.space.lift):
             try:
                 proto = upgrade_opset(report, proto, 21, "16-bit Q/DQ (int16 lifts in the space)", calib)
             except InputError as exc:
-                int16_refused = f"int16 lifts: the model does not convert to opset 21 ({exc.message})"
-        if int16_refused or not any(v.startswith("int16") for v in self.space.lift):
+                refused["int16"] = f"int16 lifts: the model does not convert to opset 21 ({exc.message})"
+        if self.runtime == "litert" and any(v.startswith("float") for v in self.space.lift):
+            refused["float"] = ("float lifts: LiteRT's converter quantizes a float layer between quantized tensors "
+                                "itself, so the plan's float layers would not stay float")
+        if "int16" in refused or not any(v.startswith("int16") for v in self.space.lift):
             proto = upgrade_opset(report, proto, 13, "per-channel Q/DQ", calib, alternative="")
         if self.runtime is None:
             scheme = cpu_scheme()
@@ -332,7 +336,7 @@ class _Search:
         if baseline.feasible and artifact is not None:
             self.models.keep(DEFAULT, artifact)
         self.proto = proto
-        return runner, baseline, int16_refused
+        return runner, baseline, refused
 
     def _runner(self, proto: Any, calib: list[Any], base: Any, head: tuple[str, ...],
                 ranking: tuple[str, ...]) -> Any:
