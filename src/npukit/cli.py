@@ -310,8 +310,9 @@ def _serve_bench_arguments(p: argparse.ArgumentParser) -> None:
 def _optimize_arguments(p: argparse.ArgumentParser) -> None:
     from npukit import tasks
 
-    p.add_argument("model", metavar="MODEL", help="an .onnx model (--target cpu), or a PyTorch model "
-                   "(torchvision:NAME, module:factory, .pt2, TorchScript) for any target")
+    p.add_argument("model", metavar="MODEL", help="an .onnx model (--target cpu; `npukit export` makes one), or a "
+                   "PyTorch model (torchvision:NAME, module:factory, .pt2, TorchScript) for executorch-xnnpack and "
+                   "litert")
     p.add_argument("-o", "--output", required=True,
                    help="the chosen artifact (.onnx for cpu, .pte for executorch-xnnpack, .tflite for litert)")
     p.add_argument("--data", required=True,
