@@ -433,8 +433,8 @@ class _Search:
 
 
 class _Kept:
-    """The models of the trials within the budget, on disk in a temporary folder (not in memory: a search of a large
-    model keeps dozens), gone when the search ends."""
+    """The artifacts (bytes: a QDQ model, a .pte, a .tflite) of the trials within the budget, on disk in a temporary
+    folder (not in memory: a search of a large model keeps dozens), gone when the search ends."""
 
     def __init__(self) -> None:
         import tempfile
