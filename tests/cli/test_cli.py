@@ -16,11 +16,6 @@ from npukit.cli import build_parser, main
 HERE = Path(__file__).parent
 
 
-@pytest.fixture(autouse=True)
-def _factory_importable(monkeypatch):
-    monkeypatch.syspath_prepend(str(HERE))
-
-
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("export") / "tiny.onnx"

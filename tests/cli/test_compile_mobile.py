@@ -16,7 +16,6 @@ from npukit.cli import main
 
 pytest.importorskip("executorch", reason="the executorch extra is not installed (scripts/setup.sh installs it)")
 
-HERE = Path(__file__).parent
 SHAPE = ["--input-shape", "1,3,32,32"]
 # target -> artifact suffix, the name its latency row has
 TARGETS = {"executorch-xnnpack": (".pte", "ExecuTorch .pte"), "litert": (".tflite", "LiteRT .tflite")}
@@ -27,11 +26,6 @@ def target(request):
     if request.param == "litert":
         pytest.importorskip("litert_torch", reason="the litert extra is not installed (scripts/setup.sh installs it)")
     return request.param
-
-
-@pytest.fixture(autouse=True)
-def _factory_importable(monkeypatch):
-    monkeypatch.syspath_prepend(str(HERE))
 
 
 def _files(root: Path) -> list[Path]:

@@ -14,14 +14,8 @@ from npukit.cli import main
 
 pytest.importorskip("executorch", reason="the executorch extra is not installed (scripts/setup.sh installs it)")
 
-HERE = Path(__file__).parent
 SHAPE = ["--input-shape", "1,3,32,32"]
 SUFFIX = {"executorch-xnnpack": ".pte", "litert": ".tflite"}
-
-
-@pytest.fixture(autouse=True)
-def _factory_importable(monkeypatch):
-    monkeypatch.syspath_prepend(str(HERE))
 
 
 @pytest.fixture(scope="module")

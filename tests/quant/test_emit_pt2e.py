@@ -195,9 +195,8 @@ class _Fire(torch.nn.Module):
         return self.head(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
-def _carried_16x16(tmp_path: Path, net: type[torch.nn.Module], options):
-    """``net`` (seeded) exported for 1x3x16x16, quantized (int8 activations, min/max) on 12 seeded samples and its
-    plan carried with ``options``: the QDQ result, the carried plan, the samples and the example input."""
+def _exported_16x16(tmp_path: Path, net: type[torch.nn.Module]):
+    """``net`` (seeded) in eval mode, its ONNX export for 1x3x16x16, 12 seeded samples and the example input."""
     torch.manual_seed(0)
     module = net().eval()
     source = ModelSource(kind="torch", spec=net.__name__, module=module, onnx_path=None,
@@ -207,8 +206,14 @@ def _carried_16x16(tmp_path: Path, net: type[torch.nn.Module], options):
     name = float_onnx.graph.input[0].name
     rng = np.random.default_rng(0)
     samples = [{name: rng.normal(size=(1, 3, 16, 16)).astype(np.float32)} for _ in range(12)]
+    return module, float_onnx, samples, (torch.from_numpy(samples[0][name].copy()),)
+
+
+def _carried_16x16(tmp_path: Path, net: type[torch.nn.Module], options):
+    """``net`` exported (``_exported_16x16``), quantized (int8 activations, min/max) and its plan carried with
+    ``options``: the QDQ result, the carried plan, the samples and the example input."""
+    module, float_onnx, samples, example = _exported_16x16(tmp_path, net)
     result = quantize(float_onnx, samples, config=QuantConfig(activation_dtype="int8", method="minmax"))
-    example = (torch.from_numpy(samples[0][name].copy()),)
     carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan,
                          options=options)
     return result, carried, samples, example
@@ -267,7 +272,6 @@ class _Projection(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        torch.manual_seed(0)
         self.first = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU())
         self.project = torch.nn.Conv2d(8, 8, 1)
         self.last = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU())
@@ -282,19 +286,14 @@ def test_litert_quantizing_a_float_layer_of_the_plan_is_found(tmp_path):
     pytest.importorskip("litert_torch", reason="the litert extra is not installed (scripts/setup.sh installs it)")
     from npukit.runtime import litert
 
-    module = _Projection().eval()
-    source = ModelSource(kind="torch", spec="projection", module=module, onnx_path=None,
-                         default_input_shape=(1, 3, 16, 16), description="conv, projection, conv")
-    path = export_model(source, tmp_path / "p.onnx", config=ExportConfig(input_shape=(1, 3, 16, 16))).path
-    float_onnx = onnx.load(str(path))
-    rng = np.random.default_rng(0)
-    samples = [{"input": rng.normal(size=(1, 3, 16, 16)).astype(np.float32)} for _ in range(8)]
+    module, float_onnx, samples, example = _exported_16x16(tmp_path, _Projection)
     config = QuantConfig(activation_dtype="int8", method="minmax")
-    convs = [n.name for n in quantize(float_onnx, samples, config=config).reference.graph.node if n.op_type == "Conv"]
-    example = (torch.from_numpy(samples[0]["input"].copy()),)
+    plain = quantize(float_onnx, samples, config=config)
+    convs = [n.name for n in plain.reference.graph.node if n.op_type == "Conv"]
     found = {}
-    for name, exclude in (("none", ()), ("projection", (convs[1],))):
-        result = quantize(float_onnx, samples, config=dataclasses.replace(config, exclude=exclude))
+    for name, result in (("none", plain),
+                         ("projection", quantize(float_onnx, samples,
+                                                 config=dataclasses.replace(config, exclude=(convs[1],))))):
         carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan,
                              options=litert.CARRY)
         assert carried.unmatched == ()

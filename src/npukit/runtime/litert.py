@@ -107,10 +107,11 @@ def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
                          hint="try --target executorch-xnnpack, or npukit quantize on its ONNX export") from exc
     interpreter = _interpreter(buffer, threads=1)
     taken = delegation(interpreter)
-    ops = collections.Counter(op["op_name"] for op in interpreter._get_ops_details() if op["op_name"] != "DELEGATE")
+    details = interpreter._get_ops_details()
+    ops = collections.Counter(op["op_name"] for op in details if op["op_name"] != "DELEGATE")
     inputs = interpreter.get_input_details()
     dtypes = {d["index"]: d["dtype"] for d in interpreter.get_tensor_details()}
-    weighted = [op for op in interpreter._get_ops_details() if op["op_name"] in WEIGHTED_OPS and len(op["inputs"]) > 1]
+    weighted = [op for op in details if op["op_name"] in WEIGHTED_OPS and len(op["inputs"]) > 1]
     return Lowered(buffer=buffer, ops=dict(ops), delegation=taken,
                    int8_io=any(i["dtype"] != np.float32 for i in inputs),
                    float_weighted=sum(dtypes.get(int(op["inputs"][1])) == np.float32 for op in weighted))

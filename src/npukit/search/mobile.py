@@ -83,8 +83,7 @@ class MobileBuilder(TrialBuilder):
             outcome = self.compare(runtime.Runner(path, threads=self.threads))
         fraction = quantized_compute(result.model)
         failures = [] if fraction > 0 else ["no convolution or matrix product is quantized: nothing gained over fp32"]
-        unhonoured = getattr(runtime, "unhonoured_floats", None)  # a converter that quantizes the plan's float layers
-        if unhonoured is not None and (why := unhonoured(lowered, result.model)):
+        if why := runtime.unhonoured_floats(lowered, result.model):  # a converter that quantized float layers
             failures.append(why)
         verdict = judge(outcome, self.gate, what="trial", extra_failures=failures)
         sqnrs = [o.sqnr_db for o in outcome.outputs if o.sqnr_db == o.sqnr_db]
@@ -103,16 +102,24 @@ class MobileRunner(TrialRunner):
     fp32: bytes = b""
     runtime: str = "executorch"
     _folder: Any = dataclasses.field(default=None, repr=False)
+    _written: int = dataclasses.field(default=0, repr=False)
+    _fp32_runner: Any = dataclasses.field(default=None, repr=False)  # loaded once: every timing reads it
 
     def _path(self, artifact: bytes) -> Path:
         if self._folder is None:
             self._folder = tempfile.TemporaryDirectory(prefix="npukit-optimize-run-")
-        path = Path(self._folder.name) / f"{len(list(Path(self._folder.name).iterdir()))}.bin"
+        self._written += 1
+        path = Path(self._folder.name) / f"{self._written}.bin"
         path.write_bytes(artifact)
         return path
 
     def candidate(self, artifact: bytes) -> Any:
         return runtime_module(self.runtime).Runner(self._path(artifact), threads=self.threads)
+
+    def _reference_runner(self) -> Any:
+        if self._fp32_runner is None:
+            self._fp32_runner = self.candidate(self.fp32)
+        return self._fp32_runner
 
     def artifact(self, built: Built) -> bytes | None:
         return built.artifact if built.model is not None else None
@@ -127,7 +134,7 @@ class MobileRunner(TrialRunner):
         from npukit.measure.latency import time_calls_interleaved
 
         feeds = dict(self.feeds)
-        runners = {name: self.candidate(a) for name, a in {"float": self.fp32, **artifacts}.items()}
+        runners = {"float": self._reference_runner(), **{name: self.candidate(a) for name, a in artifacts.items()}}
         with torch_threads(self.threads):
             timed = time_calls_interleaved({n: (lambda r=r: r(feeds)) for n, r in runners.items()},
                                            threads=self.threads, warmup=warmup, runs=runs, rounds=rounds)
@@ -158,6 +165,7 @@ class MobileRunner(TrialRunner):
             seconds=built.seconds + time.perf_counter() - start, failures=built.failures)
 
     def close(self) -> None:
+        self._fp32_runner = None
         if self._folder is not None:
             self._folder.cleanup()
             self._folder = None

@@ -175,9 +175,8 @@ class TrialBuilder:
     def check(self, recipe: Recipe, result: Any, config: QuantConfig, *, start: float) -> Built:
         """``result`` (a QuantResult of ``config``) against the float model with the budget's gate; no integer
         kernel at all fails it too (nothing gained over the float model)."""
-        from npukit.quant.qdq import integer_failures, integer_kernel_report
-
         from npukit.measure.task_fidelity import session_runner
+        from npukit.quant.qdq import integer_failures, integer_kernel_report
         from npukit.runtime.ort import make_session
 
         model = result.model

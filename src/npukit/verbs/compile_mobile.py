@@ -42,8 +42,10 @@ class MobileTarget:
     """A mobile runtime npukit compiles PyTorch models for; ``runtime`` names its module in ``npukit.runtime``, which
     provides ``require()``, ``cannot_run()`` (why this machine cannot run its artifacts, or None),
     ``lower(program, example, names=) -> Lowered`` (``.write(path)``, ``.summary()``, ``.table()``), ``Runner(path,
-    threads=)``, and ``CARRY``: how npukit's plan is carried for its converter (``CarryOptions``). A runtime that may
-    not run here also provides ``package_interface(path)`` and ``package_grids(lowered)``, what ``_inspect`` reads."""
+    threads=)``, ``CARRY``: how npukit's plan is carried for its converter (``CarryOptions``), and
+    ``unhonoured_floats(lowered, qdq)``: why the artifact does not keep the plan's float layers float, or None. A
+    runtime that may not run here also provides ``package_interface(path)`` and ``package_grids(lowered)``, what
+    ``_inspect`` reads."""
 
     name: str
     suffix: str
@@ -111,8 +113,7 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
                      reason=absent)
         else:
             runner = runtime.Runner(output, threads=threads)
-            unhonoured = getattr(runtime, "unhonoured_floats", None)  # a converter that quantizes float layers
-            why = unhonoured(lowered, qdq) if unhonoured is not None and qdq is not None else None
+            why = runtime.unhonoured_floats(lowered, qdq) if qdq is not None else None
             _check(report, mobile, eager, runner, float_onnx, samples, int8=int8, task=task,
                    gate=gate or QualityGate(), failures=[why] if why else [])
             _time(report, mobile, eager, runner, float_onnx, samples[0], threads=threads)

@@ -175,7 +175,7 @@ def _torch_program(model: str | Path, input_shape: Any, weights: str | Path | No
             step("exporting to ONNX (the model each trial's plan is made on)"):
         result = export_model(source, Path(work) / "float.onnx", config=ExportConfig(input_shape=tuple(shape)))
         proto = onnx.load(str(result.path))
-    return source.module.eval(), proto, InputSpec.parse(",".join(str(d) for d in shape))
+    return source.module.eval(), proto, InputSpec(((None, shape),))
 
 
 class _Search:
@@ -412,7 +412,6 @@ class _Search:
             with step(f"building the chosen recipe again ({chosen.recipe.label()})", timings=self.report.timings,
                       key="rebuild"):
                 _, artifact = runner.run(chosen.recipe)
-
         half = "second half of " if self.inputs.split else ""
         where = f"held-out samples ({half}{Path(str(self.report.config['data'])).name}; the search chose on them too)"
         _, _, verdict = task_check(self.report, self.proto, None, self.inputs.evaluation, task=self.task,
