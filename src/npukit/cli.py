@@ -214,7 +214,8 @@ def _quantize_arguments(p: argparse.ArgumentParser) -> None:
 def _analyze_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("--target", action="append", required=True, metavar="T",
-                   help="cpu, qnn-htp[@SOC], nnapi[@LEVEL], coreml, xnnpack, litert (repeatable)")
+                   help="cpu, qnn-htp[@SOC], nnapi[@LEVEL], coreml, xnnpack (ORT's EP), executorch-xnnpack, litert "
+                        "(TFLite builtins), litert-xnnpack (repeatable)")
     _add_shape(p, "input shape to fix symbolic dimensions")
     p.add_argument("--fix", action="store_true", help="apply the safe substitutions, verified numerically")
     p.add_argument("-o", "--output", help="where --fix writes the fixed model (.onnx)")

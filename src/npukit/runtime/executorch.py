@@ -20,6 +20,7 @@ import torch
 
 from npukit._atomic import write_bytes_atomic
 from npukit.errors import InputError
+from npukit.frontend.provenance import Placement, origin
 from npukit.quant.emit.pt2e import CarryOptions
 from npukit.report.capture import capture_native_output
 from npukit.runtime.tensors import plain_tensor
@@ -124,3 +125,27 @@ class Runner:
     def __call__(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         inputs = [plain_tensor(v) for v in feeds.values()]
         return [o.numpy() if isinstance(o, torch.Tensor) else np.asarray(o) for o in self.method.execute(inputs)]
+
+
+def node_placement(program: torch.nn.Module, example: Sequence[torch.Tensor]) -> dict[str, Placement]:
+    """Lower ``program`` with ExecuTorch's XNNPACK partitioner (fp32, as ``lower`` does) and say, for each call node
+    of ``torch.export.export(program, example)``, where its edge nodes ended up (``Placement``)."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    exported = torch.export.export(program, tuple(plain_tensor(x) for x in example))
+    edge = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()]).exported_program()
+    delegated: collections.Counter[str] = collections.Counter()
+    portable: dict[str, list[str]] = collections.defaultdict(list)
+    for node in edge.graph.nodes:
+        if node.op != "call_function" or "getitem" in str(node.target):
+            continue
+        if "executorch_call_delegate" in str(node.target):
+            lowered = getattr(edge.graph_module, str(node.args[0].target))
+            delegated.update(origin(n) for n in lowered.original_module.graph.nodes
+                             if n.op == "call_function" and "getitem" not in str(n.target))
+        else:
+            portable[origin(node)].append(getattr(node.target, "__name__", str(node.target)))
+    return {n.name: Placement(origin=n.name, target=str(n.target), delegated=delegated.get(n.name, 0),
+                              left=tuple(portable.get(n.name, ())))
+            for n in exported.graph.nodes if n.op == "call_function"}

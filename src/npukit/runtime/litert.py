@@ -26,6 +26,7 @@ import torch
 
 from npukit._atomic import write_bytes_atomic
 from npukit.errors import InputError
+from npukit.frontend.provenance import Placement, origin
 from npukit.quant.emit.pt2e import CarryOptions
 from npukit.runtime.tensors import plain_tensor
 
@@ -207,9 +208,17 @@ def _interpreter(model: bytes | str | Path, *, threads: int) -> Any:
 
 
 def delegation(interpreter: Any) -> Delegation:
-    """The operators inside the interpreter's delegate nodes: walking back from each delegate's outputs through the
-    model's operators, stopping at the delegate's inputs, reaches exactly the operators it replaced."""
+    """The operators inside the interpreter's delegate nodes, counted, and those left to LiteRT's own kernels."""
     ops = interpreter._get_ops_details()
+    taken = _delegated(ops)
+    left = collections.Counter(op["op_name"] for op in ops if op["op_name"] != "DELEGATE" and op["index"] not in taken)
+    return Delegation(delegated=len(taken), partitions=sum(op["op_name"] == "DELEGATE" for op in ops), left=dict(left))
+
+
+def _delegated(ops: list[dict[str, Any]]) -> set[int]:
+    """The indices of the operators the delegate nodes among ``ops`` (the interpreter's op details) replaced:
+    walking back from each delegate's outputs through the model's operators, stopping at the delegate's inputs,
+    reaches exactly them."""
     delegates = [op for op in ops if op["op_name"] == "DELEGATE"]
     model_ops = [op for op in ops if op["op_name"] != "DELEGATE"]
     producer = {int(t): op["index"] for op in model_ops for t in op["outputs"]}
@@ -225,8 +234,51 @@ def delegation(interpreter: Any) -> Delegation:
                 continue
             taken.add(index)
             todo.extend(int(t) for t in by_index[index]["inputs"] if int(t) >= 0)
-    left = collections.Counter(op["op_name"] for op in model_ops if op["index"] not in taken)
-    return Delegation(delegated=len(taken), partitions=len(delegates), left=dict(left))
+    return taken
+
+
+_ORIGIN_TAG = "npk:"  # a tensor name part naming the exported program's node an operator came from
+
+
+def node_placement(program: torch.nn.Module, example: Sequence[torch.Tensor]) -> dict[str, Placement]:
+    """Convert ``program`` to a .tflite (fp32, as ``lower`` does), load it with LiteRT's default XNNPACK delegate and
+    say, for each call node of ``torch.export.export(program, example)``, where the operators it became run.
+
+    The converter names each operator's output tensor after the program's node it lowers (its location, built by
+    litert-torch's debug info hook, set here to the node's ``from_node`` origin for this conversion only); an
+    operator writing a graph output carries the signature's name instead and is left out."""
+    import litert_torch
+    from litert_torch.backend import export as backend_export
+
+    args = tuple(plain_tensor(x) for x in example)
+    exported = torch.export.export(program, args)
+    hook = backend_export.debuginfo
+    saved = hook.build_mlir_debuginfo
+    hook.build_mlir_debuginfo = lambda node: f"{_ORIGIN_TAG}{origin(node)}|"
+    try:
+        with _quiet():
+            buffer = bytes(litert_torch.convert(program, args).model_content())
+    finally:
+        hook.build_mlir_debuginfo = saved
+    interpreter = _interpreter(buffer, threads=1)
+    ops = interpreter._get_ops_details()
+    taken = _delegated(ops)
+    names = {d["index"]: d["name"] for d in interpreter.get_tensor_details()}
+    delegated: collections.Counter[str] = collections.Counter()
+    left: dict[str, list[str]] = collections.defaultdict(list)
+    for op in ops:
+        if op["op_name"] == "DELEGATE":
+            continue
+        parts = {part[len(_ORIGIN_TAG):].split("|", 1)[0] for t in op["outputs"]
+                 for part in names.get(int(t), "").split(";") if part.startswith(_ORIGIN_TAG)}
+        for name in parts:
+            if op["index"] in taken:
+                delegated[name] += 1
+            else:
+                left[name].append(op["op_name"])
+    return {n.name: Placement(origin=n.name, target=str(n.target), delegated=delegated.get(n.name, 0),
+                              left=tuple(left.get(n.name, ())))
+            for n in exported.graph.nodes if n.op == "call_function"}
 
 
 class Runner:

@@ -5,11 +5,13 @@ a node pattern (``profile.PatternStep``)."""
 from __future__ import annotations
 
 import collections
+import math
 from typing import Any
 
 import onnx
+import onnx.numpy_helper
 
-from npukit.targets.profile import PatternStep, TensorInfo
+from npukit.targets.profile import SMALL_CONSTANT, PatternStep, TensorInfo
 
 
 class GraphIndex:
@@ -59,7 +61,7 @@ def tensor_infos(graph: onnx.GraphProto) -> dict[str, TensorInfo]:
             shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
         infos[value.name] = TensorInfo(dtype_name(tt.elem_type), shape)
     for t in graph.initializer:
-        infos[t.name] = TensorInfo(dtype_name(t.data_type), tuple(t.dims), constant=True)
+        infos[t.name] = TensorInfo(dtype_name(t.data_type), tuple(t.dims), constant=True, values=_small_values(t))
     for node in graph.node:
         if node.op_type == "Constant" and node.output:
             tensor = next((a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR),
@@ -67,8 +69,19 @@ def tensor_infos(graph: onnx.GraphProto) -> dict[str, TensorInfo]:
             old = infos.get(node.output[0])
             infos[node.output[0]] = TensorInfo(
                 dtype_name(tensor.data_type) if tensor is not None else (old.dtype if old else None),
-                tuple(tensor.dims) if tensor is not None else (old.shape if old else None), constant=True)
+                tuple(tensor.dims) if tensor is not None else (old.shape if old else None), constant=True,
+                values=_small_values(tensor) if tensor is not None else None)
     return infos
+
+
+def _small_values(tensor: onnx.TensorProto) -> tuple[float, ...] | None:
+    """The values of a constant of at most SMALL_CONSTANT elements stored in the model, flattened; else None."""
+    if math.prod(tensor.dims) > SMALL_CONSTANT or tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return None
+    try:
+        return tuple(onnx.numpy_helper.to_array(tensor).ravel().tolist())
+    except (TypeError, ValueError):
+        return None
 
 
 def node_attrs(node: onnx.NodeProto) -> dict[str, Any]:

@@ -12,17 +12,20 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
+SMALL_CONSTANT = 16  # elements of a constant whose values a rule may read
 QUANT_DTYPES = frozenset({"uint8", "int8", "uint16", "int16", "int4", "uint4"})
 INDEX_DTYPES = frozenset({"int32", "int64", "bool"})
 
 
 @dataclasses.dataclass(frozen=True)
 class TensorInfo:
-    """dtype name ("float32", "uint8", ...; None if unknown), shape (ints, dim names or None), constant or not."""
+    """dtype name ("float32", "uint8", ...; None if unknown), shape (ints, dim names or None), constant or not, and
+    a small constant's values (axes, pads, exponents: up to ``SMALL_CONSTANT`` elements, flattened; else None)."""
 
     dtype: str | None
     shape: tuple[int | str | None, ...] | None
     constant: bool = False
+    values: tuple[float, ...] | None = None
 
     @property
     def rank(self) -> int | None:
@@ -194,6 +197,17 @@ class Fusion:
     into: str
     patterns: tuple[tuple[PatternStep, ...], ...]
     notes: str = ""
+
+
+# GELU as torch's exporters write it without a Gelu op, x * 0.5 * (1 + Erf(x / sqrt(2))), in its exported orders
+ERF_GELU_PATTERNS: tuple[tuple[PatternStep, ...], ...] = (
+    (PatternStep("Div", ("x", "*")), PatternStep("Erf", (0,)), PatternStep("Add", (1, "*")),
+     PatternStep("Mul", (2, "*")), PatternStep("Mul", ("x", 3))),
+    (PatternStep("Div", ("x", "*")), PatternStep("Erf", (0,)), PatternStep("Add", (1, "*")),
+     PatternStep("Mul", ("x", 2)), PatternStep("Mul", (3, "*"))),
+    (PatternStep("Div", ("x", "*")), PatternStep("Erf", (0,)), PatternStep("Add", (1, "*")),
+     PatternStep("Mul", ("x", "*")), PatternStep("Mul", (2, 3))),
+)
 
 
 @dataclasses.dataclass(frozen=True)

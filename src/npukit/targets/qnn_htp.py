@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from npukit.targets.profile import (
+    ERF_GELU_PATTERNS,
     FLOAT_DTYPES,
     INDEX_DTYPES,
     QUANT_DTYPES,
@@ -200,11 +201,8 @@ FUSIONS = (
     Fusion("hardsigmoid_mul_to_hardswish", "HardSwish", (
         (_S("HardSigmoid", ("x",), {"alpha": 1 / 6, "beta": 0.5}), _S("Mul", ("x", 0))),
     ), notes="x * HardSigmoid<alpha=1/6, beta=0.5>(x) (hardsigmoid_mul_fusion.cc)"),
-    Fusion("erf_gelu", "Gelu", (
-        (_S("Div", ("x", "*")), _S("Erf", (0,)), _S("Add", (1, "*")), _S("Mul", (2, "*")), _S("Mul", ("x", 3))),
-        (_S("Div", ("x", "*")), _S("Erf", (0,)), _S("Add", (1, "*")), _S("Mul", ("x", 2)), _S("Mul", (3, "*"))),
-        (_S("Div", ("x", "*")), _S("Erf", (0,)), _S("Add", (1, "*")), _S("Mul", ("x", "*")), _S("Mul", (2, 3))),
-    ), notes="x * 0.5 * (1 + Erf(x / sqrt(2))) in its exported orders (gelu_fusion.cc)"),
+    Fusion("erf_gelu", "Gelu", ERF_GELU_PATTERNS,
+           notes="x * 0.5 * (1 + Erf(x / sqrt(2))) in its exported orders (gelu_fusion.cc)"),
 )
 
 def _swish_tile_band(site: HazardSite) -> bool:

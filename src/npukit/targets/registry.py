@@ -7,13 +7,15 @@ from collections.abc import Callable
 from npukit.errors import InputError
 import npukit.targets.coreml as coreml
 import npukit.targets.cpu as cpu
+import npukit.targets.executorch_xnnpack as executorch_xnnpack
 import npukit.targets.litert as litert
+import npukit.targets.litert_xnnpack as litert_xnnpack
 import npukit.targets.nnapi as nnapi
 import npukit.targets.qnn_htp as qnn_htp
 import npukit.targets.xnnpack as xnnpack
 from npukit.targets.profile import TargetProfile
 
-TARGETS: list[str] = ["cpu", "qnn-htp", "nnapi", "coreml", "xnnpack", "litert"]
+TARGETS: list[str] = ["cpu", "qnn-htp", "nnapi", "coreml", "xnnpack", "executorch-xnnpack", "litert", "litert-xnnpack"]
 
 
 def _nnapi(variant: str | None) -> TargetProfile:
@@ -49,7 +51,9 @@ _BUILDERS: dict[str, Callable[[str | None], TargetProfile]] = {
     "nnapi": _nnapi,
     "coreml": _plain("coreml", lambda: coreml.PROFILE),
     "xnnpack": _plain("xnnpack", lambda: xnnpack.PROFILE),
+    "executorch-xnnpack": _plain("executorch-xnnpack", lambda: executorch_xnnpack.PROFILE),
     "litert": _plain("litert", lambda: litert.PROFILE),
+    "litert-xnnpack": _plain("litert-xnnpack", lambda: litert_xnnpack.PROFILE),
 }
 
 

@@ -1,0 +1,181 @@
+"""ExecuTorch's XNNPACK delegate (``XnnpackPartitioner``), as data over the ONNX ops a torch model exports to.
+
+Written from the partitioner configs of executorch 1.5.1 (``backends/xnnpack/partition/config``: one config per
+edge op, each with its checks) and validated node for node against the real partitioner on a zoo of torchvision
+models (benchmarks/executorch_partition.py: each ONNX node is traced back to the torch op it came from, and that
+op's edge nodes are looked up inside or outside XNNPACK's delegate calls). Float only here: a quantized program is
+lowered from npukit's plan (``compile --target executorch-xnnpack``), where the same ops take int8.
+
+What the rules encode, by edge op: convolutions 1D/2D with parameter weights; linear/mm with a parameter weight,
+bmm on rank-3 operands; element-wise add/sub/mul/div/min/max on float tensors; relu, hardtanh/clamp, hardswish,
+sigmoid, tanh, gelu, leaky_relu, prelu (parameter slope), abs, neg, exp, log, sqrt, ceil, floor, sin, cos, pow with
+exponent 2; avg_pool2d without ceil mode and without padding counted in the average; max_pool2d with stride <=
+kernel; mean over H and W of a 4D tensor with keepdim; cat of two tensors or more; permute; view; unsqueeze on the
+trailing dim only; slice with step 1; softmax over the last dim; upsample bilinear 2D; constant pad without
+cropping; batch norm (fused into its conv or decomposed). Nothing else: no layer norm, no ELU (disabled in 1.5.1),
+no nearest upsampling, no squeeze, no split, no log_softmax, no expand, no dtype casts, no roll; hardsigmoid only
+in part (a dtype copy of its decomposition stays out).
+"""
+
+from __future__ import annotations
+
+from npukit.targets.profile import (
+    ERF_GELU_PATTERNS,
+    AttrIn,
+    AttrPredicate,
+    ConstantInput,
+    DocSource,
+    Fusion,
+    InputRank,
+    NodeInfo,
+    OpRule,
+    PatternStep,
+    Quantization,
+    TargetProfile,
+    rules,
+    with_rules,
+)
+
+_FLOAT = frozenset({"float32", "float16", "int8", "uint8"})  # int8/uint8: a quantized unit's dtypes
+_WITH_INDICES = _FLOAT | {"int64", "int32"}  # ops whose shape/axes/pads inputs are integer constants
+
+
+def _values(node: NodeInfo, index: int) -> tuple[float, ...] | None:
+    tensor = node.inputs[index] if index < len(node.inputs) else None
+    return tensor.values if tensor is not None else None
+
+
+def _rank(node: NodeInfo) -> int | None:
+    return node.inputs[0].rank if node.inputs and node.inputs[0] is not None else None
+
+
+def _pool_stride_within_kernel(node: NodeInfo) -> bool:
+    kernel = node.attr("kernel_shape") or ()
+    strides = node.attr("strides") or (1,) * len(kernel)
+    return all(s <= k for s, k in zip(strides, kernel))
+
+
+def _no_padding_in_average(node: NodeInfo) -> bool:
+    return not (node.attr("count_include_pad", 0) and any(node.attr("pads") or ()))
+
+
+def _mean_over_hw(node: NodeInfo) -> bool:
+    rank = _rank(node)
+    axes = node.attr("axes") or _values(node, 1)
+    if rank is None or axes is None:
+        return False
+    return rank == 4 and sorted(int(a) % 4 for a in axes) == [2, 3] and node.attr("keepdims", 1) == 1
+
+
+def _softmax_last_axis(node: NodeInfo) -> bool:
+    rank = _rank(node)
+    axis = node.attr("axis", -1)
+    return axis == -1 or (rank is not None and axis == rank - 1)
+
+
+def _unsqueeze_trailing(node: NodeInfo) -> bool:
+    rank = _rank(node)
+    axes = node.attr("axes") or _values(node, 1)
+    return rank is not None and axes is not None and len(axes) == 1 and int(axes[0]) in (-1, rank)
+
+
+def _unit_steps(node: NodeInfo) -> bool:
+    steps = _values(node, 4)
+    return len(node.inputs) < 5 or node.inputs[4] is None or (steps is not None and all(s == 1 for s in steps))
+
+
+def _no_cropping(node: NodeInfo) -> bool:
+    pads = _values(node, 1)
+    return pads is not None and all(p >= 0 for p in pads)
+
+
+def _squared(node: NodeInfo) -> bool:
+    return _values(node, 1) == (2.0,) or _values(node, 1) == (2,)
+
+
+def _bmm_operands(node: NodeInfo) -> bool:
+    """A MatMul of two activations is XNNPACK's bmm only on rank-3 operands (rank 4 goes through expand and views
+    ExecuTorch leaves to its portable kernels)."""
+    return all(t is not None and t.rank == 3 for t in node.inputs[:2])
+
+
+def _matmul_supported(node: NodeInfo) -> bool:
+    weight = node.inputs[1] if len(node.inputs) > 1 else None
+    return (weight is not None and weight.constant) or _bmm_operands(node)
+
+
+_2D = InputRank(0, 4, 4)
+_CONV = InputRank(0, 3, 4)  # 1D and 2D
+
+OPS = with_rules(
+    rules("Relu Sigmoid Tanh HardSwish LeakyRelu Gelu Abs Neg Exp Log Sqrt Ceil Floor Sin Cos Transpose Flatten "
+          "BatchNormalization Add Sub Mul Div"),
+    OpRule("Max", constraints=(AttrPredicate(lambda n: len(n.inputs) == 2, "only two operands (maximum)"),)),
+    OpRule("Min", constraints=(AttrPredicate(lambda n: len(n.inputs) == 2, "only two operands (minimum)"),)),
+    OpRule("Conv", constraints=(_CONV, ConstantInput(1, "weight"), ConstantInput(2, "bias")), notes="1D and 2D"),
+    OpRule("ConvTranspose", constraints=(_CONV, ConstantInput(1, "weight"), ConstantInput(2, "bias"))),
+    OpRule("Einsum", notes="decomposed into permute, view and bmm (maxvit_t's attention, measured)"),
+    OpRule("Gemm", constraints=(ConstantInput(1, "weight"), ConstantInput(2, "bias")), notes="linear / addmm"),
+    OpRule("MatMul", constraints=(AttrPredicate(_matmul_supported, "needs a parameter weight (mm), or rank-3 "
+                                                                   "operands (bmm)"),)),
+    OpRule("PRelu", constraints=(ConstantInput(1, "slope"),)),
+    OpRule("Clip", dtypes=_WITH_INDICES, constraints=(ConstantInput(1, "min"), ConstantInput(2, "max")),
+           notes="hardtanh / clamp"),
+    OpRule("Pow", dtypes=_WITH_INDICES, constraints=(AttrPredicate(_squared, "only exponent 2"),)),
+    OpRule("AveragePool", constraints=(_2D, AttrIn("ceil_mode", (0,), 0),
+                                       AttrPredicate(_no_padding_in_average,
+                                                     "padding counted in the average is not supported"))),
+    OpRule("GlobalAveragePool", constraints=(_2D,), notes="mean over H, W"),
+    OpRule("ReduceMean", dtypes=_WITH_INDICES,
+           constraints=(AttrPredicate(_mean_over_hw, "only the mean of a 4D tensor over H and W with keepdims"),)),
+    OpRule("MaxPool", constraints=(_2D, AttrPredicate(_pool_stride_within_kernel,
+                                                      "stride must not exceed the kernel"))),
+    OpRule("Concat", constraints=(AttrPredicate(lambda n: len(n.inputs) >= 2, "needs two inputs or more"),)),
+    OpRule("Reshape", dtypes=_WITH_INDICES, constraints=(ConstantInput(1, "shape"),)),
+    OpRule("Unsqueeze", dtypes=_WITH_INDICES,
+           constraints=(AttrPredicate(_unsqueeze_trailing, "only on the trailing dimension"),)),
+    OpRule("Slice", dtypes=_WITH_INDICES, constraints=(AttrPredicate(_unit_steps, "only step 1"),)),
+    OpRule("Softmax", constraints=(AttrPredicate(_softmax_last_axis, "only over the last axis"),)),
+    OpRule("Resize", dtypes=_WITH_INDICES, constraints=(_2D, AttrIn("mode", ("linear",), "nearest")),
+           notes="upsample bilinear 2D"),
+    OpRule("Pad", dtypes=_WITH_INDICES,
+           constraints=(AttrIn("mode", ("constant",), "constant"),
+                        AttrPredicate(_no_cropping, "negative pads (cropping) are not supported"))),
+)
+
+# Ops of the torch program the ONNX exporter writes as several ONNX nodes: checked as the one op ExecuTorch sees.
+# torch.roll exports as two Slices of its input joined by a Concat per rolled dim; "Roll" has no rule (ExecuTorch
+# leaves aten.roll to its portable kernels).
+_ROLL = tuple((PatternStep("Slice", ("x", *"*" * extra)), PatternStep("Slice", ("x", *"*" * extra)),
+               PatternStep("Concat", (0, 1))) for extra in (3, 4))
+FUSIONS = (
+    Fusion("erf_gelu", "Gelu", ERF_GELU_PATTERNS, notes="torch's gelu, exported without a Gelu op"),
+    Fusion("slices_concat_roll", "Roll", _ROLL, notes="torch.roll: two slices of one input joined in swapped order"),
+)
+
+PROFILE = TargetProfile(
+    name="executorch-xnnpack",
+    display_name="ExecuTorch XNNPACK",
+    sources=(DocSource("ExecuTorch XNNPACK backend: partitioner configs (backends/xnnpack/partition/config)",
+                       "https://docs.pytorch.org/executorch/stable/backends-xnnpack.html", "executorch 1.5.1"),),
+    ops=OPS,
+    quantization=Quantization(
+        weights="int8 symmetric per-channel (full range -127..127 here), from npukit's plan carried as PT2E",
+        activations=("int8",),
+        accepts_float=True,
+        float_note="what XNNPACK does not take runs on ExecuTorch's portable CPU kernels, between delegate calls",
+    ),
+    layout="NHWC",
+    requires_static_shapes=False,
+    dtypes=_FLOAT,
+    known_limits=(
+        "no layer norm, ELU, nearest upsampling, squeeze, split, log_softmax, expand or dtype casts: they run on "
+        "ExecuTorch's portable kernels, and each splits the delegated graph",
+        "mean only over H and W of a 4D tensor, with keepdim; softmax only over the last dim",
+        "hardsigmoid: its decomposition leaves two dtype copies to the portable kernels, splitting the graph "
+        "(MobileNetV3's 9 squeeze-excite gates, measured)",
+    ),
+    substitutions=("fix_input_shape",),
+    qdq_units=True,
+    fusions=FUSIONS,
+)
