@@ -77,6 +77,7 @@ class _Mixed(torch.nn.Module):
         self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
         self.bn = torch.nn.BatchNorm2d(8)
         self.conv2 = torch.nn.Conv2d(8, 8, 1)
+        self.conv3 = torch.nn.Conv2d(48, 8, 1)
         self.norm = torch.nn.LayerNorm(8)
         self.fc = torch.nn.Linear(8, 4)
 
@@ -90,7 +91,11 @@ class _Mixed(torch.nn.Module):
         y = torch.roll(y, 1, dims=3)                                    # roll (two Slices + Concat): left
         y = y + torch.nn.functional.interpolate(y[:, :, ::2, ::2], scale_factor=2.0, mode="bilinear")  # step 2: left
         y = y * y[:, torch.tensor([1, 0, 2, 3, 4, 5, 6, 7])]              # gather by an index tensor: left
+        y = torch.nn.functional.max_pool2d(y, 3, 1, 1)                  # LiteRT: padded as SAME, taken
+        y = torch.nn.functional.max_pool2d(y, 3, 2, 1)                  # LiteRT: a PADV2 left outside
+        y = self.conv3(torch.cat([y, y * 2.0, y * 3.0, y * 4.0, y * 5.0, y * 6.0], 1))  # 6 inputs: LiteRT leaves it
         s = torch.softmax(y, dim=1)                                     # softmax over channels: left
+        y = torch.nn.functional.interpolate(y, scale_factor=2.0, mode="bilinear")
         g = y.mean(dim=(2, 3), keepdim=True)                            # taken
         t = y.mean(dim=(2, 3))                                          # keepdim=False: left
         z = self.norm(t) + g.flatten(1)                                 # layer norm: left

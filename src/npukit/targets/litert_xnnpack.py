@@ -23,37 +23,60 @@ from npukit.targets.profile import (
     OpRule,
     Quantization,
     TargetProfile,
+    unit_steps,
 )
 
 # ONNX ops with a TFLite builtin that XNNPACK's delegate does not take, as litert-torch lowers them: comparisons and
-# selects (ELU lowers to one), gathers by index tensors (a single constant index is a slice), casts, arg-reductions, shape ops, broadcasts, recurrent ops.
+# selects (ELU lowers to one), casts, arg-reductions, shape ops, broadcasts, recurrent ops.
 _LEFT_TO_LITERT = frozenset({
     "Elu", "Where", "Equal", "Less", "Greater", "GatherND", "Cast", "ArgMax", "ArgMin", "Shape", "Tile",
     "Expand", "LSTM", "ReduceMin", "ReduceProd", "Sign", "Pow", "Log", "Sin", "Cos",
 })
 # torch ops the ONNX exporter writes with ops TFLite has no builtin for, which litert-torch lowers to delegated
 # builtins (LayerNorm to MEAN/SQUARED_DIFFERENCE/RSQRT, hardsigmoid * x to HARD_SWISH, instance and group norms to
-# means and rsqrt)
-_DECOMPOSED = ("LayerNormalization", "HardSigmoid", "InstanceNormalization", "GroupNormalization")
+# means and rsqrt, einsum to transposes and BATCH_MATMUL)
+_DECOMPOSED = ("LayerNormalization", "HardSigmoid", "InstanceNormalization", "GroupNormalization", "Einsum")
 
 
-
-def _single_constant_index(node: NodeInfo) -> bool:
-    indices = node.inputs[1] if len(node.inputs) > 1 else None
+def _gather_taken(node: NodeInfo) -> bool:
+    """x[i] with one constant index (lowered to a slice), or shape arithmetic on integers (folded away)."""
+    data, indices = (node.inputs + (None, None))[:2]
+    if data is not None and data.dtype in ("int64", "int32"):
+        return True
     return indices is not None and indices.constant and indices.rank == 0
 
 
-def _unit_steps(node: NodeInfo) -> bool:
-    steps = node.inputs[4] if len(node.inputs) > 4 else None
-    return steps is None or (steps.values is not None and all(s == 1 for s in steps.values))
+def _same_or_valid(node: NodeInfo) -> bool:
+    """The pool's padding is none, or what TFLite's SAME padding gives (the converter writes any other as a PADV2)."""
+    pads = list(node.attr("pads") or ())
+    if not any(pads):
+        return True
+    shape = node.inputs[0].shape if node.inputs and node.inputs[0] is not None else None
+    kernel = list(node.attr("kernel_shape") or ())
+    strides = list(node.attr("strides") or [1] * len(kernel))
+    if shape is None or len(shape) != len(kernel) + 2 or len(pads) != 2 * len(kernel):
+        return False
+    for i, (size, k, st) in enumerate(zip(shape[2:], kernel, strides)):
+        if not isinstance(size, int):
+            return False
+        before, after = pads[i], pads[i + len(kernel)]
+        out = (size + before + after - k) // st + 1
+        total = max((out - 1) * st + k - size, 0)
+        if out != -(-size // st) or (before, after) != (total // 2, total - total // 2):
+            return False
+    return True
 
 
 OPS = {op: rule for op, rule in BUILTIN_OPS.items() if op not in _LEFT_TO_LITERT} | {
     op: OpRule(op, notes="decomposed by litert-torch into builtins XNNPACK takes") for op in _DECOMPOSED} | {
-    "Gather": OpRule("Gather", constraints=(AttrPredicate(_single_constant_index, "only a constant single index "
-                                                                                  "(x[i], lowered to a slice)"),)),
+    "Gather": OpRule("Gather", constraints=(AttrPredicate(_gather_taken, "only a constant single index (x[i], "
+                                                                         "lowered to a slice)"),)),
+    "Concat": OpRule("Concat", constraints=(AttrPredicate(lambda n: len(n.inputs) <= 5, "at most 5 inputs"),)),
+    "MaxPool": OpRule("MaxPool", constraints=(*BUILTIN_OPS["MaxPool"].constraints,
+                                              AttrPredicate(_same_or_valid, "padding other than TFLite's SAME is a "
+                                                                            "PADV2 (-inf) outside XNNPACK"))),
     "Slice": OpRule("Slice", constraints=(ConstantInput(1, "starts"), ConstantInput(2, "ends"),
-                                          AttrPredicate(_unit_steps, "only step 1 (a strided slice stays on "
+                                          AttrPredicate(unit_steps, "only step 1 (a strided slice stays on "
                                                                      "LiteRT's kernels)")))}
 
 PROFILE = TargetProfile(
@@ -74,7 +97,11 @@ PROFILE = TargetProfile(
     dtypes=frozenset({"float32", "float16", "int8", "uint8", "int32", "int64"}),
     max_rank=6,
     known_limits=("comparisons, selects (ELU), gathers of a tensor of indices, strided slices, casts and "
-                  "arg-reductions stay on LiteRT's kernels",),
+                  "arg-reductions stay on LiteRT's kernels",
+                  "a max pool padded other than TFLite's SAME runs its padding (PADV2) outside XNNPACK (ResNet's "
+                  "3x3/2 pool on an even input); a concatenation of more than 5 "
+                  "tensors (nested ones flattened by the converter) stays outside",
+                  "F.normalize becomes L2_NORMALIZATION, outside XNNPACK (not predicted: swin_v2_t)"),
     substitutions=("fix_input_shape",),
     qdq_units=True,
     fusions=(Fusion("erf_gelu", "Gelu", ERF_GELU_PATTERNS, notes="torch's gelu: litert-torch lowers it to GELU"),),

@@ -137,6 +137,12 @@ class AttrPredicate:
         return None if self.test(node) else f"{node.op_type}: {self.message}"
 
 
+def unit_steps(node: NodeInfo) -> bool:
+    """A Slice whose steps (input 4) are absent or all 1; steps that are not a small constant do not pass."""
+    steps = node.inputs[4] if len(node.inputs) > 4 else None
+    return steps is None or (steps.values is not None and all(s == 1 for s in steps.values))
+
+
 @dataclasses.dataclass(frozen=True)
 class OpRule:
     """How a target takes one op type. ``dtypes`` None means the profile's default dtypes."""
