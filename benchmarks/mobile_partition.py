@@ -21,6 +21,7 @@ every mismatch, writes benchmarks/results/mobile_partition_<backend>.json.
 
     python benchmarks/mobile_partition.py --backend executorch --jobs 2   # the whole zoo (about 20 min on 2 cores)
     python benchmarks/mobile_partition.py --backend litert --models resnet18 vit_b_16
+    python benchmarks/mobile_partition.py --backend executorch --models "facenet_pytorch.models.mtcnn:PNet()@1,3,48,48"
 """
 
 from __future__ import annotations
@@ -80,13 +81,16 @@ class Row:
 
 
 def _example(name: str) -> tuple[Any, tuple[Any, ...]]:
+    """The module and an input for ``name``: a torchvision model, or any model spec npukit takes with its input
+    shape after an @ (``facenet_pytorch.models.mtcnn:PNet()@1,3,48,48``)."""
     import torch
 
     from npukit.frontend.spec import resolve_model
 
-    source = resolve_model(f"torchvision:{name}")
-    shape = source.default_input_shape or (1, 3, 224, 224)
-    if name == "r3d_18":
+    spec, _, given = name.partition("@")
+    source = resolve_model(spec if ":" in spec else f"torchvision:{spec}")
+    shape = tuple(int(d) for d in given.split(",")) if given else source.default_input_shape or (1, 3, 224, 224)
+    if spec == "r3d_18":
         shape = (1, 3, 8, 112, 112)
     torch.manual_seed(0)
     return source.module.eval(), (torch.randn(*shape),)
