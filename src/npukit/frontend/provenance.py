@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,6 +29,15 @@ class Placement:
         if not self.left:
             return "delegated" if self.delegated else "removed"
         return "split" if self.delegated else "cpu"
+
+
+def placements(exported: torch.export.ExportedProgram, delegated: Mapping[str, int],
+               left: Mapping[str, Sequence[str]]) -> dict[str, Placement]:
+    """A Placement for each call node of ``exported``, from what a backend's lowering counted per origin: its nodes
+    inside the delegate (``delegated``) and the ops of those left outside (``left``)."""
+    return {n.name: Placement(origin=n.name, target=str(n.target), delegated=delegated.get(n.name, 0),
+                              left=tuple(left.get(n.name, ())))
+            for n in exported.graph.nodes if n.op == "call_function"}
 
 
 def origin(node: torch.fx.Node) -> str:

@@ -20,7 +20,7 @@ import torch
 
 from npukit._atomic import write_bytes_atomic
 from npukit.errors import InputError
-from npukit.frontend.provenance import Placement, origin
+from npukit.frontend.provenance import Placement, origin, placements
 from npukit.quant.emit.pt2e import CarryOptions
 from npukit.report.capture import capture_native_output
 from npukit.runtime.tensors import plain_tensor
@@ -146,6 +146,4 @@ def node_placement(program: torch.nn.Module, example: Sequence[torch.Tensor]) ->
                              if n.op == "call_function" and "getitem" not in str(n.target))
         else:
             portable[origin(node)].append(getattr(node.target, "__name__", str(node.target)))
-    return {n.name: Placement(origin=n.name, target=str(n.target), delegated=delegated.get(n.name, 0),
-                              left=tuple(portable.get(n.name, ())))
-            for n in exported.graph.nodes if n.op == "call_function"}
+    return placements(exported, delegated, portable)

@@ -26,7 +26,7 @@ import torch
 
 from npukit._atomic import write_bytes_atomic
 from npukit.errors import InputError
-from npukit.frontend.provenance import Placement, origin
+from npukit.frontend.provenance import Placement, origin, placements
 from npukit.quant.emit.pt2e import CarryOptions
 from npukit.runtime.tensors import plain_tensor
 
@@ -276,9 +276,7 @@ def node_placement(program: torch.nn.Module, example: Sequence[torch.Tensor]) ->
                 delegated[name] += 1
             else:
                 left[name].append(op["op_name"])
-    return {n.name: Placement(origin=n.name, target=str(n.target), delegated=delegated.get(n.name, 0),
-                              left=tuple(left.get(n.name, ())))
-            for n in exported.graph.nodes if n.op == "call_function"}
+    return placements(exported, delegated, left)
 
 
 class Runner:
