@@ -212,7 +212,9 @@ def _quantize_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _analyze_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("model", metavar="MODEL", help="an .onnx file, or a PyTorch model (torchvision:NAME, "
+                                                  "module:factory, .pt2, TorchScript .pt): its ONNX export is analyzed")
+    p.add_argument("--weights", help="state dict (.pt/.pth/.safetensors) for a PyTorch MODEL")
     p.add_argument("--target", action="append", required=True, metavar="T",
                    help="cpu, qnn-htp[@SOC], nnapi[@LEVEL], coreml, xnnpack (ORT's EP), executorch-xnnpack, litert "
                         "(TFLite builtins), litert-xnnpack (repeatable)")
@@ -475,8 +477,8 @@ def _quantize(api, args):
 
 
 def _analyze(api, args):
-    return api.analyze(args.model, targets=args.target, input_shape=args.input_shape, fix=args.fix,
-                       output=args.output, report_path=args.report, html=args.html)
+    return api.analyze(args.model, targets=args.target, input_shape=args.input_shape, weights=args.weights,
+                       fix=args.fix, output=args.output, report_path=args.report, html=args.html)
 
 
 def _plan_memory(api, args):
@@ -614,8 +616,8 @@ VERBS: dict[str, Verb] = {
         _analyze, _analyze_arguments,
         help="which nodes each target (NPU) takes, why not, and the CPU fallbacks",
         description="Before any lowering: per node supported or not and why, the partition into delegated subgraphs, "
-                    "CPU<->NPU transitions, share of MACs delegated, and the substitution that would fix each "
-                    "unsupported node."),
+                    "delegate<->fallback transitions, share of MACs delegated, and the substitution that would fix "
+                    "each unsupported node (an ONNX model, or a PyTorch model's ONNX export)."),
     "plan-memory": Verb(
         _plan_memory, _plan_memory_arguments,
         help="tensor lifetimes, buffer reuse plans, peak memory, timeline",

@@ -521,3 +521,26 @@ def test_quantize_recipe_auto_reports_its_choice_and_refuses_recipe_flags(export
     err = capsys.readouterr().err
     assert "--recipe auto chooses the recovery steps itself; --cle cannot be given with it" in err
     assert not refused.exists() and not refused.with_name("refused.report.json").exists()
+
+
+def test_analyze_takes_a_pytorch_model_through_its_export(tmp_path, monkeypatch, capsys):
+    """A PyTorch model is analyzed as its ONNX export (the same graph `npukit export` writes at that shape), the
+    export recorded, and nothing left in the working directory."""
+    monkeypatch.chdir(tmp_path)
+    report_path = tmp_path / "r.json"
+    assert main(["analyze", "tinynet:tiny", "--input-shape", "1,3,32,32", "--target", "executorch-xnnpack",
+                 "--report", str(report_path)]) == 0
+    report = json.loads(report_path.read_text())
+    export = report["results"]["export"]
+    assert export["from"] == "tinynet:tiny" and export["input_shape"] == [1, 3, 32, 32] and export["passed"]
+    assert _files(tmp_path) == ["r.json"]
+    assert main(["export", "tinynet:tiny", "--input-shape", "1,3,32,32", "-o", str(tmp_path / "t.onnx")]) == 0
+    exported = onnx.load(str(tmp_path / "t.onnx"))
+    analysis = report["results"]["analyses"][0]
+    assert analysis["nodes_total"] == len(exported.graph.node)
+    assert sorted(v["op_type"] for v in analysis["nodes"]) == sorted(n.op_type for n in exported.graph.node)
+
+
+def test_analyze_refuses_weights_for_an_onnx_model(exported, tmp_path, capsys):
+    assert main(["analyze", str(exported), "--target", "cpu", "--weights", str(tmp_path / "w.pt")]) == 2
+    assert "--weights" in capsys.readouterr().err

@@ -749,7 +749,7 @@ def tables(analyses: list[Analysis]) -> list[Table]:
         ])
     return [
         Table("Operator support by target", ["op", "count", *[a.target for a in analyses]], op_rows),
-        Table("Delegation by target", ["target", "nodes delegated", "partitions", "CPU<->NPU transitions",
+        Table("Delegation by target", ["target", "nodes delegated", "partitions", "delegate<->fallback transitions",
                                        "MACs delegated", "needs quantization", "fixes available"], summary_rows),
     ]
 

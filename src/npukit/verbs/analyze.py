@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+import onnx
 
 from npukit.errors import InputError
 from npukit.report.finish import CommandResult, finish, report_path_for
-from npukit.verbs.common import check_output
+from npukit.verbs.common import check_output, torch_source
 
 
 def analyze(
@@ -15,16 +19,23 @@ def analyze(
     *,
     targets: Sequence[str],
     input_shape: str | Sequence[int] | None = None,
+    weights: str | Path | None = None,
     fix: bool = False,
     output: str | Path | None = None,
     report_path: str | Path | None = None,
     html: bool = False,
 ) -> CommandResult:
-    """Per node and per target: supported or not and why, the partition, CPU<->NPU transitions, delegated MACs;
-    with ``fix`` the safe substitutions are applied (verified numerically) and written to ``output``.
+    """Per node and per target: supported or not and why, the partition, delegate<->fallback transitions, delegated
+    MACs; with ``fix`` the safe substitutions are applied (verified numerically) and written to ``output``.
 
     ``input_shape`` (``InputSpec`` forms): an unnamed shape is the first input's (the targets' fix_input_shape);
-    shapes by input name are fixed into the model before it is analyzed."""
+    shapes by input name are fixed into the model before it is analyzed.
+
+    ``model`` may also be a PyTorch model (torchvision:NAME, module:factory, .pt2, TorchScript; ``weights``: its
+    state dict): what is analyzed is its ONNX export as ``npukit export`` writes it (torch.export, the dynamo
+    exporter, opset 18), at ``input_shape`` (or the model's default shape), the export recorded in the report. The
+    mobile profiles (executorch-xnnpack, litert, litert-xnnpack) were checked against the real partitioners on such
+    exports."""
     from npukit.frontend.shapes import InputSpec, load_with_inputs
     from npukit.targets.api import analyze_model
 
@@ -32,11 +43,46 @@ def analyze(
         output = check_output(output, source=model)
     elif fix:
         raise InputError("--fix writes the fixed model, so it needs -o OUTPUT.onnx", hint="add -o fixed.onnx")
-    spec = InputSpec.parse(input_shape)
-    source = load_with_inputs(model, spec) if spec is not None and spec.first is None else model
-    analyses, report = analyze_model(source, list(targets), input_shape=spec.first if spec else None, fix=fix,
-                                     output=output)
+    exported: dict[str, Any] | None = None
+    if _is_onnx(model):
+        if weights is not None:
+            raise InputError("--weights is for a PyTorch model; an ONNX model carries its own",
+                             hint="drop --weights, or pass the PyTorch model it belongs to")
+        spec = InputSpec.parse(input_shape)
+        source: str | Path | onnx.ModelProto = (load_with_inputs(model, spec) if spec is not None
+                                                and spec.first is None else model)
+        first = spec.first if spec else None
+    else:
+        spec = None
+        source, exported = _exported(model, weights, input_shape)
+        first = None  # exported at that shape
+    analyses, report = analyze_model(source, list(targets), input_shape=first, fix=fix, output=output)
     if spec is not None:
         report.config["input_shape"] = spec.as_dict()
+    if exported is not None:
+        report.config["input_shape"] = exported["input_shape"]
+        report.add("export", exported)
     json_path = Path(report_path) if report_path else (report_path_for(output) if output else None)
     return finish(report, None, html=html, json_path=json_path, result=analyses, source=model)
+
+
+def _is_onnx(model: str | Path) -> bool:
+    """An ONNX model by name (an .onnx path, existing or not: load_onnx says what is wrong with it)."""
+    return str(model).strip().lower().endswith(".onnx")
+
+
+def _exported(model: str | Path, weights: str | Path | None, input_shape: Any
+              ) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """The ONNX export of a PyTorch ``model`` (verified against torch by the exporter's check) and its record."""
+    from npukit.config import ExportConfig
+    from npukit.frontend.export import export_model
+    from npukit.report.progress import step
+
+    source, shape = torch_source(model, weights, input_shape, needs="analyze reads ONNX",
+                                 otherwise="analyze the ONNX file directly")
+    with tempfile.TemporaryDirectory(prefix="npukit-analyze-") as work, \
+            step("exporting to ONNX (what the targets' profiles read)"):
+        result = export_model(source, Path(work) / "model.onnx", config=ExportConfig(input_shape=tuple(shape)))
+        proto = onnx.load(str(result.path))
+    record = {k: v for k, v in result.as_dict().items() if k != "path"}  # a temporary file, gone
+    return proto, {**record, "input_shape": list(shape), "from": str(model)}

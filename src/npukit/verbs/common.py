@@ -1,4 +1,5 @@
-"""What several verbs share: output checks, the refusal of quantized inputs, opset upgrades for Q/DQ, the task check, data opening."""
+"""What several verbs share: output checks, the PyTorch model a verb converts, the refusal of quantized inputs, opset
+upgrades for Q/DQ, the task check, data opening."""
 
 from __future__ import annotations
 
@@ -27,6 +28,30 @@ def check_output(output: str | Path, *, source: str | Path | None = None, suffix
     if source is not None and Path(source).exists() and output.exists() and output.resolve() == Path(source).resolve():
         raise InputError(f"output {output} is the input file", hint="write the result to a new file")
     return output
+
+
+def torch_source(model: str | Path, weights: str | Path | None, input_shape: Any, *, needs: str,
+                 otherwise: str) -> tuple[Any, tuple[int, ...]]:
+    """(the resolved PyTorch model, its input shape) for a verb that ``needs`` a torch program; an ONNX model or an
+    unknown shape is an InputError saying what to give (``otherwise``: what to do with the ONNX model)."""
+    from npukit.frontend.shapes import InputSpec
+    from npukit.frontend.spec import resolve_model
+
+    source = resolve_model(str(model), weights=str(weights) if weights else None)
+    if source.kind == "onnx" or source.module is None:
+        raise InputError(f"{model} is an ONNX model; {needs}",
+                         hint="give the PyTorch model (torchvision:NAME, module:factory, .pt2, TorchScript or a "
+                              f"pickled module), or {otherwise}")
+    spec = InputSpec.parse(input_shape)
+    shape = source.default_input_shape
+    if spec is not None:  # one shape, named or not (the export names the inputs; a torch program takes them in order)
+        if len(spec.shapes) != 1:
+            raise InputError(f"{len(spec.shapes)} input shapes given; a PyTorch model is exported here with one input",
+                             hint="pass one --input-shape, e.g. 1,3,224,224")
+        shape = spec.shapes[0][1]
+    if shape is None:
+        raise InputError(f"no input shape is known for {model}", hint="pass one with --input-shape 1,3,224,224")
+    return source, tuple(shape)
 
 
 def short_number(value: float | None) -> str:

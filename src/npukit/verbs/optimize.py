@@ -167,7 +167,7 @@ def _torch_program(model: str | Path, input_shape: Any, weights: str | Path | No
     from npukit.config import ExportConfig
     from npukit.frontend.export import export_model
     from npukit.frontend.shapes import InputSpec
-    from npukit.verbs.compile_mobile import torch_source
+    from npukit.verbs.common import torch_source
 
     source, shape = torch_source(model, weights, input_shape, needs="a mobile runtime's search carries plans onto "
                                  "a PyTorch program", otherwise="search the ONNX model with --target cpu")
