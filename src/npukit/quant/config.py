@@ -8,6 +8,7 @@ from typing import Literal
 
 from npukit.errors import InputError
 from npukit.quant.calibration.observers import METHODS
+from npukit.quant.scoring import OPTIMIZATION, ScoreOn
 
 Method = str  # "auto" or a name of ``quant.calibration.observers.OBSERVERS``
 ActivationDtype = Literal["uint8", "int8"]
@@ -85,6 +86,10 @@ class QuantConfig:
     equalization + bias correction) on held-out calibration samples and keeps the better, each candidate after the
     first only while the time spent stays within ``recipe_budget_s`` seconds; it sets those flags itself, so none of
     them (nor AdaRound, range search or a 16-bit budget, which choose on a stand-in recipe) may be given with it.
+    ``score_on`` is the arithmetic those choices (the method under "auto", the recipe, range search) score candidate
+    models on: "ort-cpu" (ONNX Runtime's integer kernels on this CPU, as ``quantize`` ships the model) or
+    "reference" (the Q/DQ graph's own arithmetic, what XNNPACK and other runtimes with 32-bit accumulators compute;
+    the plans carried to ExecuTorch and LiteRT use it; see ``npukit.quant.scoring``).
     """
 
     per_channel: bool = True
@@ -116,6 +121,7 @@ class QuantConfig:
     range_search_passes: int = 2
     choose_recipe: bool = False
     recipe_budget_s: float = 60.0
+    score_on: ScoreOn = "ort-cpu"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "int16_nodes", tuple(self.int16_nodes))
@@ -150,6 +156,8 @@ class QuantConfig:
                  "cannot be given with it", "drop choose_recipe to run exactly the recipe given")
         _require(self.recipe_budget_s > 0, f"recipe_budget_s {self.recipe_budget_s} must be positive",
                  "60 is the default")
+        _require(self.score_on in OPTIMIZATION, f"unknown score_on {self.score_on!r}",
+                 f"use {' or '.join(OPTIMIZATION)}")
         overlap = set(self.int16_nodes) & set(self.exclude)
         _require(not overlap, f"nodes {sorted(overlap)} are both excluded and marked 16-bit",
                  "name each node in only one of int16_nodes and exclude")

@@ -55,6 +55,7 @@ from npukit.quant.precision.squares import square_chains
 from npukit.quant.precision.tensor_precision import (TensorPlan, activation_pairs, check_plan_arguments,
                                                      plan_int16_tensors, sixteen_bit_activations, stand_in_config,
                                                      tied_groups)
+from npukit.quant.scoring import session_for
 from npukit.quant.steps import FloatConvsRecord, QuantSteps
 from npukit.runtime.ort import INTEGER_KERNELS, make_session
 
@@ -65,6 +66,7 @@ FLOAT_NEIGHBOUR = {AFTER: Decision("float_neighbour", "elementwise on float node
                                                         "roundings, no integer kernel")}
 FRAGILE_SAMPLES = 4  # calibration samples the depthwise-input measure runs on (its own min-max ranges)
 FLOAT_HEAD = Decision("float_stem", "a short-reduction stem and the chain after it run fastest in float here")
+USER_EXCLUDE = Decision("exclude", "named by the user")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +176,7 @@ def plan_for(model: onnx.ModelProto, config: QuantConfig, ranges: Mapping[str, t
                      symmetric_weights=config.symmetric_weights, symmetric_activations=config.symmetric_activations,
                      reduce_range=config.reduce_range)
     for node in config.exclude:
-        plan = plan.keep_float([node], why.get(node, Decision("exclude", "named by the user")))
+        plan = plan.keep_float([node], why.get(node, USER_EXCLUDE))
     neighbours = float_neighbours(model, plan.float_nodes, keep=config.int16_nodes)
     for node, kind in neighbours.items():
         plan = plan.keep_float([node], FLOAT_NEIGHBOUR[kind])
@@ -333,15 +335,24 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
 
 @dataclasses.dataclass
 class _Build:
-    """What ``quantize``'s steps read and write: the config as the steps so far left it, the float model being
-    quantized, the ranges and fixed weight grids, the plan and the QDQ model emitted, and the steps' records."""
+    """What ``quantize``'s steps read and write. ``requested`` is the config as given and is never rewritten: what
+    the deciding steps choose goes into ``decided`` (the plan so far: the nodes left in float, each with the step
+    that kept it and why), ``sixteen_bit`` (the 16-bit tensors a step chose, with why), ``recipe`` (the recipe's
+    fields, once chosen) and ``method`` (the calibration method "auto" chose); ``done`` names the deciding steps
+    that ran. ``config`` is what the later steps build with, derived from those. Then the float model being quantized,
+    the ranges and fixed weight grids, the plan and the QDQ model emitted, and the steps' records."""
 
     model: onnx.ModelProto  # the user's model, every node named
     samples: _Reiterable
     first: dict[str, np.ndarray]  # the first sample: what ORT's placement and the timing probes run on
-    config: QuantConfig
+    requested: QuantConfig
     work: onnx.ModelProto  # the float model as the steps so far changed it (pre-processed, equalized, ...)
-    why: dict[str, Decision]  # float node or 16-bit tensor -> the step that chose it, when not the user
+    decided: QuantPlan  # the float nodes so far, with their decisions (the user's first)
+    why: dict[str, Decision]  # the caller's reasons for the 16-bit tensors it named, when not the user's choice
+    sixteen_bit: dict[str, Decision] = dataclasses.field(default_factory=dict)  # 16-bit tensors a step chose
+    recipe: Mapping[str, bool] = dataclasses.field(default_factory=dict)  # the recipe's fields, once chosen
+    method: str | None = None  # the calibration method "auto" chose
+    done: frozenset[str] = frozenset()  # the deciding steps that ran: "float_head", "int16_plan", "recipe"
     range_why: dict[str, Decision] = dataclasses.field(default_factory=dict)  # tensor -> the step that set its range
     steps: QuantSteps = dataclasses.field(default_factory=QuantSteps)
     probe: dict[str, tuple[float, float]] | None = None  # one-sample ranges, for the probes that only build
@@ -369,16 +380,45 @@ class _Build:
         if missing:
             raise InputError(f"nodes to exclude {sorted(missing)} are not in the model",
                              hint="use node names from the graph")
-        build = cls(model=model, samples=samples, first=first, config=config, work=work, why=dict(why or {}))
+        why = dict(why or {})
+        decided = QuantPlan(activation_dtype=config.activation_dtype, per_channel=config.per_channel,
+                            symmetric_weights=config.symmetric_weights,
+                            symmetric_activations=config.symmetric_activations, reduce_range=config.reduce_range)
+        for node in config.exclude:
+            decided = decided.keep_float([node], why.pop(node, USER_EXCLUDE))
+        build = cls(model=model, samples=samples, first=first, requested=config, work=work, decided=decided, why=why)
         if config.int16_tensors:
             build.probe = one_sample_ranges(work, first, config)
             check_int16_tensors(work, first, config, build.probe)
         return build
 
-    def fork(self, config: QuantConfig) -> _Build:
-        """A copy that goes on with ``config`` (a candidate recipe), sharing what the steps so far made."""
-        return dataclasses.replace(self, config=config, why=dict(self.why), range_why=dict(self.range_why),
+    @property
+    def config(self) -> QuantConfig:
+        """The requested config with what the deciding steps chose so far: the plan's float nodes excluded, the
+        16-bit tensors chosen named, the recipe's fields and the method chosen set, and the steps that ran
+        (float head, 16-bit plan, recipe choice) off."""
+        asked = self.requested
+        return dataclasses.replace(
+            asked, exclude=tuple(self.decided.float_nodes),
+            int16_tensors=tuple(dict.fromkeys(asked.int16_tensors + tuple(self.sixteen_bit))),
+            float_stem=asked.float_stem and "float_head" not in self.done,
+            int16_budget=0.0 if "int16_plan" in self.done else asked.int16_budget,
+            choose_recipe=asked.choose_recipe and "recipe" not in self.done,
+            method=self.method or asked.method, **self.recipe)
+
+    def keep_float(self, nodes: Iterable[str], decision: Decision) -> None:
+        self.decided = self.decided.keep_float(nodes, decision)
+
+    def fork(self, recipe: Mapping[str, bool]) -> _Build:
+        """A copy that goes on with the candidate ``recipe``'s fields, sharing what the steps so far made."""
+        return dataclasses.replace(self, recipe=dict(recipe), done=self.done | {"recipe"}, why=dict(self.why),
+                                   sixteen_bit=dict(self.sixteen_bit), range_why=dict(self.range_why),
                                    steps=copy.copy(self.steps))
+
+    def reasons(self) -> dict[str, Decision]:
+        """Float node or 16-bit tensor -> the step that chose it (``plan_for``'s ``why``)."""
+        floats = {n: history[-1] for n, history in self.decided.float_nodes.items()}
+        return {**self.why, **self.sixteen_bit, **floats}
 
     def probe_ranges(self) -> dict[str, tuple[float, float]]:
         if self.probe is None:
@@ -387,7 +427,7 @@ class _Build:
 
     def emit(self) -> None:
         """The plan of the config, ranges and grids so far, and the QDQ model ORT places for it."""
-        self.plan = plan_for(self.work, self.config, self.ranges, self.weight_grids, why=self.why,
+        self.plan = plan_for(self.work, self.config, self.ranges, self.weight_grids, why=self.reasons(),
                              range_why=self.range_why)
         self.qdq = emit_qdq(self.work, self.first, self.plan)
 
@@ -414,8 +454,8 @@ def _float_head(b: _Build) -> None:
         dropped = (f"the float head ({', '.join(head_nodes)}) would have left every conv/matmul of the model in "
                    "float; it is dropped and the model quantized whole")
         head_nodes = ()
-    b.config = dataclasses.replace(b.config, float_stem=False, exclude=b.config.exclude + head_nodes)
-    b.why |= dict.fromkeys(head_nodes, FLOAT_HEAD)
+    b.keep_float(head_nodes, FLOAT_HEAD)
+    b.done |= {"float_head"}
     b.steps.float_stem = {"nodes": list(head_nodes), "max_k": STEM_MAX_K, "heads": [h.summary() for h in heads],
                           "dropped": dropped}
 
@@ -424,12 +464,11 @@ def _float_joins(b: _Build) -> None:
     """A join of very different scales (boxes and scores) and what follows it stay in float."""
     if not b.config.float_joins:
         return
+    taken = set(b.config.exclude) | set(b.config.int16_nodes)
     joins = [j for j in mixed_scale_joins(b.work, b.probe_ranges()) if j.node not in b.config.exclude]
-    kept = tuple(dict.fromkeys(n for j in joins for n in (j.node, *j.after)
-                               if n not in b.config.exclude and n not in b.config.int16_nodes))
+    kept = tuple(dict.fromkeys(n for j in joins for n in (j.node, *j.after) if n not in taken))
     if kept:
-        b.config = dataclasses.replace(b.config, exclude=b.config.exclude + kept)
-        b.why |= {n: Decision("float_joins", "a join of tensors on very different scales, or after one") for n in kept}
+        b.keep_float(kept, Decision("float_joins", "a join of tensors on very different scales, or after one"))
         b.steps.float_joins = {"nodes": list(kept), "ratio": JOIN_RATIO, "joins": [j.summary() for j in joins]}
 
 
@@ -442,9 +481,7 @@ def _float_squares(b: _Build) -> None:
     taken = set(b.config.exclude) | set(b.config.int16_nodes)
     kept = tuple(dict.fromkeys(n for c in chains for n in c.nodes if n not in taken))
     if kept:
-        b.config = dataclasses.replace(b.config, exclude=b.config.exclude + kept)
-        b.why |= {n: Decision("float_squares", "a square read back by a root, logarithm or division, or between")
-                  for n in kept}
+        b.keep_float(kept, Decision("float_squares", "a square read back by a root, logarithm or division, or between"))
         b.steps.float_squares = {"nodes": list(kept), "chains": [c.summary() for c in chains]}
 
 
@@ -454,11 +491,10 @@ def _int16_plan(b: _Build) -> None:
     if b.config.int16_budget <= 0:
         return
     int16 = plan_int16(b.model, b.samples, config=b.config, budget=b.config.int16_budget)
-    b.config = dataclasses.replace(b.config, int16_budget=0.0,
-                                   int16_tensors=tuple(dict.fromkeys(b.config.int16_tensors + int16.tensors)))
+    b.done |= {"int16_plan"}
     b.steps.int16_plan = int16.summary()
-    b.why |= {t: Decision("int16_plan", f"most output error per ms within a {int16.budget:.0%} latency budget")
-              for t in int16.tensors}
+    b.sixteen_bit |= {t: Decision("int16_plan", f"most output error per ms within a {int16.budget:.0%} latency "
+                                                "budget") for t in int16.tensors}
 
 
 def _cross_layer_equalization(b: _Build) -> None:
@@ -504,9 +540,8 @@ def _float_fragile(b: _Build) -> None:
     b.steps.float_fragile = {"nodes": list(kept), "threshold_db": FRAGILE_DB, "samples": len(samples),
                              "convs": [f.summary() for f in found]}
     if kept:
-        b.config = dataclasses.replace(b.config, exclude=b.config.exclude + kept)
-        b.why |= {n: Decision("float_fragile", "a depthwise conv whose input one 8-bit grid cannot carry, or the "
-                                               "node writing that input") for n in kept}
+        b.keep_float(kept, Decision("float_fragile", "a depthwise conv whose input one 8-bit grid cannot carry, or "
+                                                     "the node writing that input"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -539,7 +574,7 @@ def _recipe(b: _Build, progress: Progress | None) -> _Build:
                              f"{b.config.recipe_budget_s:.0f} s budget")
             continue
         began = time.perf_counter()
-        trial = b.fork(dataclasses.replace(b.config, choose_recipe=False, **fields))
+        trial = b.fork(fields)
         _recipe_steps(trial, progress, score=True)
         trials[name], seconds[name] = trial, time.perf_counter() - began
     held = {n: t.held for n, t in trials.items() if t.held is not None}  # every trial scored (score=True)
@@ -583,7 +618,8 @@ def _held_out(b: _Build, progress: Progress | None) -> None:
                                                               ranges=distinct).items()}
         return {m: build_qdq(bases[m], b.first, config, ranges, {}) for m, ranges in distinct.items()}
 
-    chosen, summary = choose_method(work, candidates, b.samples, split=split, build=build)
+    chosen, summary = choose_method(work, candidates, b.samples, split=split, build=build,
+                                    session=session_for(config.score_on))
     if config.method == "auto":
         b.steps.auto = summary
     b.held = _HeldOut(split=split, calibration=calibration, chosen=chosen, score=summary["candidates"][chosen],
@@ -606,7 +642,7 @@ def _calibration(b: _Build, progress: Progress | None) -> None:
         calib = calibrate(work, b.samples, config=config, progress=progress)
     if config.method == "auto":  # chosen on the held-out samples (``_held_out`` always runs for "auto")
         assert held is not None
-        b.config = dataclasses.replace(config, method=held.chosen)
+        b.method = held.chosen
         calib = calib.with_method(held.chosen)
         b.steps.calibration = {"method": "auto", "chosen": held.chosen, "samples": calib.samples,
                                "tensors": len(calib.ranges)}
@@ -655,7 +691,7 @@ def _range_search(b: _Build) -> None:
     search = search_ranges(b.reference, b.qdq, b.samples, ranges=effective_ranges(b.work, b.ranges, b.config),
                            limit=b.config.calib_samples, passes=b.config.range_search_passes,
                            symmetric=b.config.symmetric_activations, threads=0,
-                           fixed=bounded_outputs(b.work, b.config))
+                           fixed=bounded_outputs(b.work, b.config), score_on=b.config.score_on)
     b.ranges = b.ranges | search.ranges
     b.steps.range_search = search.summary()
     b.range_why |= {t: Decision("range_search", "moved where that raised the output SQNR on the calibration "

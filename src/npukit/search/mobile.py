@@ -32,7 +32,7 @@ from npukit.search.trial import Built, Measured, TrialBuilder, TrialRunner
 from npukit.tasks import judge
 
 # the runtime's integer scheme (see the module docstring); a recipe sets granularity, method and recovery steps on it
-XNNPACK_BASE = QuantConfig(activation_dtype="int8")
+XNNPACK_BASE = QuantConfig(activation_dtype="int8", score_on="reference")
 COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 

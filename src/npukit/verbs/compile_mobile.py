@@ -24,6 +24,7 @@ from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
+from npukit.verbs.common import torch_source
 
 CHECK_SAMPLES = 32  # calibration samples the task check reads
 FP32_TOLERANCE = 1e-4  # fp32 artifact against eager torch: max abs error over the output's range
@@ -31,10 +32,18 @@ TIMED_RUNS = 30
 
 # XNNPACK's quantized kernels (qs8): int8 asymmetric activations, int8 symmetric per-channel weights on their full
 # range; none of ORT's x86 kernel workarounds (7-bit weights, float stem, conv kernel moves), which XNNPACK does not
-# need. The recipe measured on MobileNetV2 (42 calibration crops, 64 evaluation crops of other photos, AMD EPYC):
-# auto + CLE + bias correction 93.8% top-1 agreement / 18.6 dB against the float model, minmax + bias correction
-# 81% / 13.8 dB; ExecuTorch's own XNNPACKQuantizer about 50% / 6.5-13 dB on such crops (issue 23's measurement).
-XNNPACK_INT8 = QuantConfig(activation_dtype="int8", method="auto", cle=True, bias_correction=True)
+# need. The calibration method ("auto") is chosen on the Q/DQ graph's own arithmetic (``score_on="reference"``: what
+# XNNPACK computes with its 32-bit accumulators), never on ORT's integer kernels, which on x86 CPUs without VNNI
+# saturate full-range weights: scored there, the plan for a phone depended on the CPU it was built on. The recipe:
+# CLE + activation equalization + bias correction. Measured (AMD EPYC without VNNI; the QDQ model on the reference
+# arithmetic against the float model, mean of each input's worst-output SQNR): MobileNetV2 (42 calibration crops of
+# 7 photos, 208 evaluation crops of 13 others) 82.2% top-1 agreement / 18.3 dB, MTCNN PNet 24.9 dB, ONet 28.9 dB;
+# the former recipe (CLE + bias correction, scored on ORT's kernels) 86.5% / 17.2 dB, 24.2 dB, 28.4 dB; the same
+# scored on the reference arithmetic 78.8% / 16.3 dB, 24.9, 28.9; the recipe chosen per model (``choose_recipe``)
+# kept the plain one on both MTCNN nets (23.9, 27.4 dB). ExecuTorch's own XNNPACKQuantizer: 61.5% / 10.6 dB on
+# MobileNetV2, 24.6 dB on PNet (benchmarks/results/mobile_runtimes.md).
+XNNPACK_INT8 = QuantConfig(activation_dtype="int8", method="auto", cle=True, activation_equalization=True,
+                           bias_correction=True, score_on="reference")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,30 +128,6 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
             _time(report, mobile, eager, runner, float_onnx, samples[0], threads=threads)
     report.add("carried_plan", carried.summary() if carried is not None else None)
     return finish(report, output, html=html)
-
-
-def torch_source(model: str | Path, weights: str | Path | None, input_shape: Any, *, needs: str,
-                 otherwise: str) -> tuple[Any, tuple[int, ...]]:
-    """(the resolved PyTorch model, its input shape) for a verb that ``needs`` a torch program; an ONNX model or an
-    unknown shape is an InputError saying what to give (``otherwise``: what to do with the ONNX model)."""
-    from npukit.frontend.shapes import InputSpec
-    from npukit.frontend.spec import resolve_model
-
-    source = resolve_model(str(model), weights=str(weights) if weights else None)
-    if source.kind == "onnx" or source.module is None:
-        raise InputError(f"{model} is an ONNX model; {needs}",
-                         hint="give the PyTorch model (torchvision:NAME, module:factory, .pt2, TorchScript or a "
-                              f"pickled module), or {otherwise}")
-    spec = InputSpec.parse(input_shape)
-    shape = source.default_input_shape
-    if spec is not None:  # one shape, named or not (the export names the inputs; a torch program takes them in order)
-        if len(spec.shapes) != 1:
-            raise InputError(f"{len(spec.shapes)} input shapes given; a PyTorch model is exported here with one input",
-                             hint="pass one --input-shape, e.g. 1,3,224,224")
-        shape = spec.shapes[0][1]
-    if shape is None:
-        raise InputError(f"no input shape is known for {model}", hint="pass one with --input-shape 1,3,224,224")
-    return source, tuple(shape)
 
 
 def _export_onnx(report: Report, source: Any, shape: tuple[int, ...], work: Path) -> onnx.ModelProto:

@@ -42,6 +42,7 @@ from onnx import numpy_helper
 from npukit.quant.calibration.calibrate import iter_samples
 from npukit.quant.grids import Range, grid_range
 from npukit.quant.layer_sqnr import sqnr_db
+from npukit.quant.scoring import ScoreOn, session_for
 from npukit.runtime.ort import make_session
 
 FACTORS: tuple[float, ...] = (0.5, 0.7, 0.85, 1.2)
@@ -119,7 +120,7 @@ class _Scorer:
     """Output SQNR of the QDQ model on fixed samples with some of its activation grids moved to given ranges."""
 
     def __init__(self, reference: onnx.ModelProto, qdq: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]],
-                 grids: Sequence[Grid], *, symmetric: bool, threads: int) -> None:
+                 grids: Sequence[Grid], *, symmetric: bool, threads: int, score_on: ScoreOn = "ort-cpu") -> None:
         self.model = onnx.ModelProto()
         self.model.CopyFrom(qdq)
         self.grids = {g.scale: g for g in grids}
@@ -131,7 +132,7 @@ class _Scorer:
         self.symmetric = symmetric
         self.outputs = [o.name for o in reference.graph.output]
         self.samples = samples
-        self.threads = threads
+        self.session = session_for(score_on, threads=threads)
         ref = make_session(reference, threads=threads)
         self.want = [[np.asarray(v, np.float64) for v in ref.run(self.outputs, feeds)] for feeds in samples]
         self.signal = sum(float(np.sum(w * w)) for row in self.want for w in row)
@@ -168,7 +169,7 @@ class _Scorer:
             for bias, bias_scale in self.links.get(name, ()):
                 self._set(bias_scale, self.base[bias_scale] * ratio)
                 self._set(bias, np.clip(np.rint(self.base[bias].astype(np.float64) / ratio), -2**31, 2**31 - 1))
-        session = make_session(self.model.SerializeToString(), threads=self.threads)
+        session = self.session(self.model.SerializeToString())
         noise = np.zeros(len(self.samples))
         for k, (feeds, want) in enumerate(zip(self.samples, self.want)):
             got = session.run(self.outputs, feeds)
@@ -207,18 +208,19 @@ def search_ranges(reference: onnx.ModelProto, qdq: onnx.ModelProto, samples: Ite
                   ranges: dict[str, Range] | None = None, limit: int | None = None,
                   factors: Sequence[float] = FACTORS, min_gain_db: float = MIN_GAIN_DB, min_t: float = MIN_T,
                   passes: int = 1, symmetric: bool = False, threads: int = 1,
-                  fixed: Iterable[str] = ()) -> RangeSearchResult:
+                  fixed: Iterable[str] = (), score_on: ScoreOn = "ort-cpu") -> RangeSearchResult:
     """Greedy ranges for the activation grids of ``qdq`` against the float ``reference`` (same inputs and outputs)
     on the first ``limit`` samples. ``ranges``: the ranges ``qdq`` was built from (tensor -> range, as ORT took
     them), where each grid starts (else from its scale and zero point, which on a coarse grid may have lost a short
     side); ``symmetric``: the activations are quantized symmetrically (ranges only scaled about zero); ``threads``:
     ORT intra-op threads of the trial sessions (0: all cores); ``fixed``: tensors whose range the model builder sets
-    whatever the search finds (a Softmax output spans [0, 1]): their grids stay put. See the module docstring."""
+    whatever the search finds (a Softmax output spans [0, 1]): their grids stay put; ``score_on``: the arithmetic the
+    trials run on (``npukit.quant.scoring``). See the module docstring."""
     start = time.perf_counter()
     feeds = list(itertools.islice(iter_samples(reference, samples, limit=limit), limit))
     pinned = set(fixed)
     grids = [g for g in activation_grids(qdq) if not pinned & set(g.tensors)]
-    scorer = _Scorer(reference, qdq, feeds, grids, symmetric=symmetric, threads=threads)
+    scorer = _Scorer(reference, qdq, feeds, grids, symmetric=symmetric, threads=threads, score_on=score_on)
     given = ranges or {}
     first = {g.scale: next((tuple(given[t]) for t in g.tensors if t in given), scorer.range_of(g)) for g in grids}
     moved: dict[str, Range] = {}  # only these grids differ from the model as built

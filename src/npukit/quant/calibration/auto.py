@@ -94,12 +94,13 @@ def scored_outputs(reference: onnx.ModelProto, candidates: dict[str, onnx.ModelP
 
 
 def choose_method(reference: onnx.ModelProto, candidates: dict[str, Ranges], samples: Iterable[object], *,
-                  split: Split, build: Callable[[dict[str, Ranges]], dict[str, onnx.ModelProto]]
-                  ) -> tuple[str, dict]:
+                  split: Split, build: Callable[[dict[str, Ranges]], dict[str, onnx.ModelProto]],
+                  session: Callable[[onnx.ModelProto], Any] = make_session) -> tuple[str, dict]:
     """The method (of ``candidates``: method -> its ranges, in the order ties break: the earlier wins) whose model
     scores the highest output SQNR on the held-out samples, and the summary for ``QuantResult.steps.auto``.
     ``build`` makes the models of the distinct range sets at once (method -> model); methods whose ranges equal an
-    earlier method's share its model and score."""
+    earlier method's share its model and score. ``session`` runs each model (``npukit.quant.scoring.session_for``:
+    ORT's integer kernels by default)."""
     distinct: dict[str, Ranges] = {}
     same_as: dict[str, str] = {}
     for method, ranges in candidates.items():
@@ -109,7 +110,7 @@ def choose_method(reference: onnx.ModelProto, candidates: dict[str, Ranges], sam
         else:
             same_as[method] = twin
     scores, per_sample = scored_outputs(reference, build(distinct), samples, start=split.held_out_start,
-                                        stop=split.total)
+                                        stop=split.total, session=session)
     scores |= {m: scores[t] for m, t in same_as.items()}
     per_sample |= {m: per_sample[t] for m, t in same_as.items()}
     order = list(candidates)
