@@ -106,3 +106,27 @@ def test_the_search_builds_from_the_model_as_emitted_bias_correction_included() 
         want = make_session(built.model).run(None, feeds)[0]
         np.testing.assert_array_equal(make_session(rebuilt).run(None, feeds)[0], want)
 
+
+
+@pytest.mark.parametrize("case", ["joins", "fragile"])
+def test_a_candidate_keeps_every_float_node_quantize_chose(case: str) -> None:
+    """The precision planners build candidates straight from the ranges (``build_qdq``) with the config
+    ``keep_decided_floats`` gives: the float head, the float joins and squares and the fragile depthwise convs that
+    ``quantize`` chose stay float there too, so the candidate without lifts is the model quantize built."""
+    import numpy as np
+
+    from npukit.quant.qdq import build_qdq, decided_floats, keep_decided_floats
+    from npukit.runtime.ort import make_session
+    from tests.quant import test_fragile, test_joins
+
+    if case == "joins":
+        model, samples, config = test_joins._detector_head(), test_joins._samples(), QuantConfig()
+    else:
+        model, samples, config = test_fragile._net(300.0), test_fragile._samples(8, 1), QuantConfig(method="minmax")
+    built = quantize(model, samples, config=config)
+    chosen = decided_floats(built)
+    assert chosen and {d.step for d in chosen.values()} == {"float_joins" if case == "joins" else "float_fragile"}
+    rebuilt = build_qdq(built.source, samples[0], keep_decided_floats(config, built), built.ranges, {})
+    for feeds in samples:
+        np.testing.assert_array_equal(make_session(rebuilt).run(None, feeds)[0],
+                                      make_session(built.model).run(None, feeds)[0])

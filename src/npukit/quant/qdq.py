@@ -713,11 +713,11 @@ def plan_int16(model: onnx.ModelProto, samples: Iterable[object], *, config: Qua
                scan_samples: int = 16, max_candidates: int = 8) -> TensorPlan:
     """The 16-bit activations for ``config`` within a latency ``budget`` (``tensor_precision.plan_int16_tensors``),
     chosen on the stand-in recipe's model (``tensor_precision.stand_in_config``) and candidates built from its
-    ranges with its float head kept."""
+    ranges with its float nodes kept (``keep_decided_floats``)."""
     check_plan_arguments(budget, scan_samples, max_candidates)
     stand_in = stand_in_config(config)
     built = quantize(model, samples, config=stand_in)
-    as_built = keep_float_head(stand_in, built)
+    as_built = keep_decided_floats(stand_in, built)
     first = next(iter_samples(model, samples))
 
     def build(tensors: Iterable[str]) -> onnx.ModelProto:
@@ -739,10 +739,24 @@ def float_conv_record(qdq: onnx.ModelProto, plan: QuantPlan) -> FloatConvsRecord
             "int8_by_ort": taken_by_ort(qdq, convs)}
 
 
-def keep_float_head(config: QuantConfig, result: QuantResult) -> QuantConfig:
-    """``config`` that builds ``result``'s float head again without timing it: the head's nodes (none when
-    ``result`` has no float head) excluded, ``float_stem`` off."""
-    return dataclasses.replace(config, float_stem=False, exclude=tuple(config.exclude) + result.steps.float_head_nodes)
+# The steps of ``quantize`` that choose float nodes themselves (their ``Decision.step``)
+DECIDING_STEPS = (FLOAT_HEAD.step, "float_joins", "float_squares", "float_fragile")
+
+
+def decided_floats(result: QuantResult) -> dict[str, Decision]:
+    """The nodes ``quantize``'s own steps left in float in ``result`` (float head, float joins, squares, fragile
+    depthwise convs), each with the decision that kept it."""
+    assert result.plan is not None
+    return {node: history[-1] for node, history in result.plan.float_nodes.items()
+            if history and history[-1].step in DECIDING_STEPS}
+
+
+def keep_decided_floats(config: QuantConfig, result: QuantResult) -> QuantConfig:
+    """``config`` that builds ``result``'s float nodes again without deciding them anew: the nodes of
+    ``decided_floats`` excluded (a model built from it directly, ``build_qdq``, is then the model ``quantize``
+    built, not one with those nodes quantized), ``float_stem`` off (the head is not timed again)."""
+    chosen = tuple(n for n in decided_floats(result) if n not in config.exclude)
+    return dataclasses.replace(config, float_stem=False, exclude=tuple(config.exclude) + chosen)
 
 
 def integer_kernel_report(model: onnx.ModelProto) -> dict:

@@ -4,7 +4,10 @@ lift buys (output error removed) per millisecond it costs (measured on this mach
 passes the caller's check (the task metric and SQNR floors of ``npukit.tasks.QualityGate``).
 
 The steps, on a QDQ model built with the stand-in recipe (``tensor_precision.stand_in_config``: no AdaRound, range
-search or conv-kernel move, whose choices must come after the precision's), its float head kept:
+search or conv-kernel move, whose choices must come after the precision's), the nodes its steps left in float
+(float head, float joins and squares, fragile depthwise convs: ``qdq.decided_floats``) kept float in every
+candidate, so a candidate is the model the final build gives (until 2026-12-04 only the float head was kept: a
+RetinaFace candidate quantized the two depthwise convs the shipped model keeps float):
 
 - sensitivity of a layer: the output noise it adds in the all-int8 model (``sensitivity.layer_sensitivity``, its
   output's noise-to-signal ratio less its noisiest input's); layers are measured in that order, ``max_layers`` at a
@@ -52,7 +55,7 @@ from npukit.quant.layer_sqnr import noise_ratio, sqnr_db
 from npukit.quant.plan import Decision
 from npukit.quant.precision.sensitivity import layer_sensitivity
 from npukit.quant.precision.tensor_precision import CHUNK, stand_in_config
-from npukit.quant.qdq import FLOAT_HEAD, build_qdq, keep_float_head, quantize
+from npukit.quant.qdq import build_qdq, decided_floats, keep_decided_floats, quantize
 from npukit.runtime.ort import make_session
 
 OPTIONS = ("int16", "float32")  # what a layer may be lifted to on ONNX Runtime's CPU provider
@@ -203,7 +206,7 @@ def plan_layer_precision(model: onnx.ModelProto, samples: Iterable[object], *, c
     """The fewest layer lifts, in the order of the module docstring, that make the model built with ``config``
     pass ``accept``. ``samples``: the calibration samples (re-iterable). Candidates are measured ``max_layers`` at a
     time, the most sensitive first, and more are measured (and the search run again on all of them) while no plan
-    passes. Returns the plan with ``config`` as it must be built (the lifts added, the stand-in's float head
+    passes. Returns the plan with ``config`` as it must be built (the lifts added, the stand-in's float nodes
     kept); ``met`` False when every layer was measured and lifting all that help still fails (the plan is then
     that one)."""
     if scan_samples < 1 or max_layers < 1:
@@ -211,7 +214,7 @@ def plan_layer_precision(model: onnx.ModelProto, samples: Iterable[object], *, c
     samples = list(samples) if iter(samples) is samples else samples
     stand_in = stand_in_config(config)
     built = quantize(model, samples, config=stand_in)
-    as_built = keep_float_head(stand_in, built)
+    as_built = keep_decided_floats(stand_in, built)
     first = next(iter_samples(model, samples))
     reference = built.reference
 
@@ -255,12 +258,11 @@ def plan_layer_precision(model: onnx.ModelProto, samples: Iterable[object], *, c
     all_16bit = build_qdq(built.source, first, wide, built.ranges, {})
     timing = _timed_beside({"int8": base, "plan": plan, "all_16bit": all_16bit}, first)
     plan_db = output_sqnrs(reference, {"": plan}, samples, start=0, stop=n)[""]
-    head = built.steps.float_head_nodes
-    why = dict.fromkeys(head, FLOAT_HEAD) | {n: LIFTED for n, p in chosen.items() if p == "float32"}
+    why = decided_floats(built) | {n: LIFTED for n, p in chosen.items() if p == "float32"}
     why |= {t: LIFTED for nd in reference.graph.node if chosen.get(nd.name) == "int16"
             for t in (*nd.input, *nd.output) if t}
     return LayerPlan(assignment=chosen, met=met, sensitivity=sensitivity, options=tuple(options),
                      order=tuple(order), tried=tuple(tried), timing=timing, all_16bit=accept(all_16bit),
                      base_sqnr_db=float(sqnr_db(1.0, base_nsr)) if base_nsr > 0 else float("inf"),
                      plan_sqnr_db=float(plan_db), samples=n,
-                     config=lifted(keep_float_head(config, built), chosen), why=why)
+                     config=lifted(keep_decided_floats(config, built), chosen), why=why)

@@ -6,7 +6,8 @@ at its output minus at its input (per-layer SQNR from ``layer_sqnr``), so a laye
 not the error it inherits; layers left in float (excluded, or the float head) are not ranked. The search lifts the
 1, 2, 4, ... most sensitive layers (at most ``max_layers``), re-quantizes and measures the output SQNR on the samples
 each time, and returns the first plan that reaches the target, or the best one tried. The float head
-(``float_stem``) is timed and chosen once, for the all-8-bit model; every trial keeps it (as exclusions).
+(``float_stem``) is timed and chosen once, for the all-8-bit model, and the other float nodes ``quantize`` chose
+with it (``qdq.decided_floats``); every trial keeps them (as exclusions).
 16-bit layers run off ONNX Runtime's int8 kernels (see ``integer_kernel_report``), so each plan also records its
 integer-kernel fraction: measure its latency before shipping it. ``npukit.quant.precision.tensor_precision`` (QuantConfig
 ``int16_budget``) chooses single activations instead, within a budget of MACs taken off the int8 kernels.
@@ -27,7 +28,7 @@ from npukit.quant.config import QuantConfig
 from npukit.quant.layer_sqnr import layer_sqnr, noise_ratio, sqnr_db
 from npukit.quant.nodes import consumers
 from npukit.quant.precision.tensor_precision import TIED_OPS
-from npukit.quant.qdq import QuantResult, integer_kernel_report, keep_float_head, quantize
+from npukit.quant.qdq import QuantResult, integer_kernel_report, keep_decided_floats, quantize
 from npukit.runtime.ort import make_session
 
 Mode = Literal["int16", "exclude"]
@@ -99,7 +100,7 @@ def choose_mixed_precision(model: onnx.ModelProto, samples: Iterable[object], *,
     samples = list(samples)
     evals = samples if eval_samples is None else list(eval_samples)
     base = quantize(model, samples, config=config)
-    config = keep_float_head(config, base)  # the trials keep it instead of timing (and maybe choosing) anew
+    config = keep_decided_floats(config, base)  # the trials keep the float head etc. instead of deciding anew
     baseline = output_sqnr(model, base.model, evals)
     ranking = layer_sensitivity(base, samples)
     tried = [{"nodes": [], "sqnr_db": baseline,
