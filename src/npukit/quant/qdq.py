@@ -172,9 +172,7 @@ def plan_for(model: onnx.ModelProto, config: QuantConfig, ranges: Mapping[str, t
     and the bounded activations' whole range (``effective_ranges``), the 16-bit tensors, and under
     ``reduce_range`` the weights this CPU's kernels take on more than 7 bits (``npukit.quant.cpu.schemes``)."""
     why, range_why = why or {}, range_why or {}
-    plan = QuantPlan(activation_dtype=config.activation_dtype, weight_dtype="int8", per_channel=config.per_channel,
-                     symmetric_weights=config.symmetric_weights, symmetric_activations=config.symmetric_activations,
-                     reduce_range=config.reduce_range)
+    plan = scheme_plan(config)
     for node in config.exclude:
         plan = plan.keep_float([node], why.get(node, USER_EXCLUDE))
     neighbours = float_neighbours(model, plan.float_nodes, keep=config.int16_nodes)
@@ -200,6 +198,13 @@ def plan_for(model: onnx.ModelProto, config: QuantConfig, ranges: Mapping[str, t
     if weights:
         plan = plan.with_specs(weights, Decision("adaround", "learned rounding; the grid ORT must reproduce"))
     return plan
+
+
+def scheme_plan(config: QuantConfig) -> QuantPlan:
+    """An empty plan on ``config``'s scheme (int8 weights)."""
+    return QuantPlan(activation_dtype=config.activation_dtype, weight_dtype="int8", per_channel=config.per_channel,
+                     symmetric_weights=config.symmetric_weights, symmetric_activations=config.symmetric_activations,
+                     reduce_range=config.reduce_range)
 
 
 def _weight_grids(model: onnx.ModelProto, config: QuantConfig) -> tuple[dict[str, TensorSpec], dict[str, Decision]]:
@@ -381,9 +386,7 @@ class _Build:
             raise InputError(f"nodes to exclude {sorted(missing)} are not in the model",
                              hint="use node names from the graph")
         why = dict(why or {})
-        decided = QuantPlan(activation_dtype=config.activation_dtype, per_channel=config.per_channel,
-                            symmetric_weights=config.symmetric_weights,
-                            symmetric_activations=config.symmetric_activations, reduce_range=config.reduce_range)
+        decided = scheme_plan(config)
         for node in config.exclude:
             decided = decided.keep_float([node], why.pop(node, USER_EXCLUDE))
         build = cls(model=model, samples=samples, first=first, requested=config, work=work, decided=decided, why=why)

@@ -3,8 +3,8 @@
 Written from the partitioner configs of executorch 1.5.1 (``backends/xnnpack/partition/config``: one config per
 edge op, each with its checks) and validated node for node against the real partitioner on a zoo of torchvision
 models (benchmarks/mobile_partition.py --backend executorch: each ONNX node is traced back to the torch op it came
-from, and that op's edge nodes are looked up inside or outside XNNPACK's delegate calls). Float only here: a quantized program is
-lowered from npukit's plan (``compile --target executorch-xnnpack``), where the same ops take int8.
+from, and that op's edge nodes are looked up inside or outside XNNPACK's delegate calls). Float only here: a
+quantized program is lowered from npukit's plan (``compile --target executorch-xnnpack``), where the same ops take int8.
 
 What the rules encode, by edge op: convolutions 1D/2D with parameter weights; linear/mm with a parameter weight,
 bmm on rank-3 operands; element-wise add/sub/mul/div/min/max on float tensors; relu, hardtanh/clamp, hardswish,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,7 @@ import onnx
 
 from npukit.errors import InputError
 from npukit.report.finish import CommandResult, finish, report_path_for
-from npukit.verbs.common import check_output, torch_source
+from npukit.verbs.common import check_output, scratch_export, torch_source
 
 
 def analyze(
@@ -74,15 +73,8 @@ def _is_onnx(model: str | Path) -> bool:
 def _exported(model: str | Path, weights: str | Path | None, input_shape: Any
               ) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """The ONNX export of a PyTorch ``model`` (verified against torch by the exporter's check) and its record."""
-    from npukit.config import ExportConfig
-    from npukit.frontend.export import export_model
-    from npukit.report.progress import step
-
     source, shape = torch_source(model, weights, input_shape, needs="analyze reads ONNX",
                                  otherwise="analyze the ONNX file directly")
-    with tempfile.TemporaryDirectory(prefix="npukit-analyze-") as work, \
-            step("exporting to ONNX (what the targets' profiles read)"):
-        result = export_model(source, Path(work) / "model.onnx", config=ExportConfig(input_shape=tuple(shape)))
-        proto = onnx.load(str(result.path))
+    proto, result = scratch_export(source, shape, what="what the targets' profiles read")
     record = {k: v for k, v in result.as_dict().items() if k != "path"}  # a temporary file, gone
     return proto, {**record, "input_shape": list(shape), "from": str(model)}

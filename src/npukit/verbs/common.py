@@ -54,6 +54,22 @@ def torch_source(model: str | Path, weights: str | Path | None, input_shape: Any
     return source, tuple(shape)
 
 
+def scratch_export(source: Any, shape: Sequence[int], *, what: str,
+                   timings: dict[str, float] | None = None) -> tuple[onnx.ModelProto, Any]:
+    """(the ONNX export of the PyTorch ``source`` at ``shape``, its ``ExportResult``): written as ``npukit export``
+    writes it (verified against torch) into a scratch folder that is gone on return, and loaded. ``what``: what the
+    export is for, on the progress line; ``timings``: where its seconds go (key "export")."""
+    import tempfile
+
+    from npukit.config import ExportConfig
+    from npukit.frontend.export import export_model
+
+    with tempfile.TemporaryDirectory(prefix="npukit-export-") as work, \
+            step(f"exporting to ONNX ({what})", timings=timings, key="export"):
+        result = export_model(source, Path(work) / "float.onnx", config=ExportConfig(input_shape=tuple(shape)))
+        return onnx.load(str(result.path)), result
+
+
 def short_number(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import torch_source
+from npukit.verbs.common import scratch_export, torch_source
 
 CHECK_SAMPLES = 32  # calibration samples the task check reads
 FP32_TOLERANCE = 1e-4  # fp32 artifact against eager torch: max abs error over the output's range
@@ -107,39 +106,34 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
                                        "calib": str(calib) if calib else None, "input_shape": list(shape),
                                        "quant": XNNPACK_INT8.as_dict() if int8 else None, "threads": threads})
     module = source.module.eval()
-    with tempfile.TemporaryDirectory(prefix="npukit-et-") as work:
-        float_onnx = _export_onnx(report, source, shape, Path(work))
-        samples = _samples(calib, float_onnx, preprocess, shape)
-        example = tuple(plain_tensor(v) for v in samples[0].values())
-        program, carried, qdq = (_quantize(report, module, float_onnx, samples, example, runtime) if int8
-                                 else (module, None, None))
-        names = ([i.name for i in graph_inputs(float_onnx)], [o.name for o in float_onnx.graph.output])
-        lowered = _lower(report, mobile, runtime, program, example, output, names=names)
-        eager = _torch_runner(module)
-        absent = runtime.cannot_run()
-        if absent:
-            _inspect(report, mobile, runtime, lowered, output, eager, samples[0], qdq=qdq, carried=carried,
-                     reason=absent)
-        else:
-            runner = runtime.Runner(output, threads=threads)
-            why = runtime.unhonoured_floats(lowered, qdq) if qdq is not None else None
-            _check(report, mobile, eager, runner, float_onnx, samples, int8=int8, task=task,
-                   gate=gate or QualityGate(), failures=[why] if why else [])
-            _time(report, mobile, eager, runner, float_onnx, samples[0], threads=threads)
+    float_onnx = _export_onnx(report, source, shape)
+    samples = _samples(calib, float_onnx, preprocess, shape)
+    example = tuple(plain_tensor(v) for v in samples[0].values())
+    program, carried, qdq = (_quantize(report, module, float_onnx, samples, example, runtime) if int8
+                             else (module, None, None))
+    names = ([i.name for i in graph_inputs(float_onnx)], [o.name for o in float_onnx.graph.output])
+    lowered = _lower(report, mobile, runtime, program, example, output, names=names)
+    eager = _torch_runner(module)
+    absent = runtime.cannot_run()
+    if absent:
+        _inspect(report, mobile, runtime, lowered, output, eager, samples[0], qdq=qdq, carried=carried,
+                 reason=absent)
+    else:
+        runner = runtime.Runner(output, threads=threads)
+        why = runtime.unhonoured_floats(lowered, qdq) if qdq is not None else None
+        _check(report, mobile, eager, runner, float_onnx, samples, int8=int8, task=task,
+               gate=gate or QualityGate(), failures=[why] if why else [])
+        _time(report, mobile, eager, runner, float_onnx, samples[0], threads=threads)
     report.add("carried_plan", carried.summary() if carried is not None else None)
     return finish(report, output, html=html)
 
 
-def _export_onnx(report: Report, source: Any, shape: tuple[int, ...], work: Path) -> onnx.ModelProto:
+def _export_onnx(report: Report, source: Any, shape: tuple[int, ...]) -> onnx.ModelProto:
     """The ONNX export of the model (verified against torch): what npukit's quantization plans on and what ORT
     times as the float baseline."""
-    from npukit.config import ExportConfig
-    from npukit.frontend.export import export_model
-
-    with step("exporting to ONNX (the model npukit's plan is made on)", timings=report.timings, key="export"):
-        result = export_model(source, work / "float.onnx", config=ExportConfig(input_shape=tuple(shape)))
+    proto, result = scratch_export(source, shape, what="the model npukit's plan is made on", timings=report.timings)
     report.add("export", result.as_dict())
-    return onnx.load(str(result.path))
+    return proto
 
 
 def _samples(calib: str | Path | None, float_onnx: onnx.ModelProto, preprocess: PreprocessConfig | None,

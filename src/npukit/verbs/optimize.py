@@ -160,21 +160,12 @@ class _Inputs:
 def _torch_program(model: str | Path, input_shape: Any, weights: str | Path | None) -> tuple[Any, Any, Any]:
     """(the torch module in eval mode, its ONNX export verified against it, the input spec) for a mobile runtime's
     search: the export is what each trial's plan is made on, the module what the plan is carried onto."""
-    import tempfile
-
-    import onnx
-
-    from npukit.config import ExportConfig
-    from npukit.frontend.export import export_model
     from npukit.frontend.shapes import InputSpec
-    from npukit.verbs.common import torch_source
+    from npukit.verbs.common import scratch_export, torch_source
 
     source, shape = torch_source(model, weights, input_shape, needs="a mobile runtime's search carries plans onto "
                                  "a PyTorch program", otherwise="search the ONNX model with --target cpu")
-    with tempfile.TemporaryDirectory(prefix="npukit-optimize-export-") as work, \
-            step("exporting to ONNX (the model each trial's plan is made on)"):
-        result = export_model(source, Path(work) / "float.onnx", config=ExportConfig(input_shape=tuple(shape)))
-        proto = onnx.load(str(result.path))
+    proto, _ = scratch_export(source, shape, what="the model each trial's plan is made on")
     return source.module.eval(), proto, InputSpec(((None, shape),))
 
 
