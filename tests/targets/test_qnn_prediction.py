@@ -66,7 +66,7 @@ def test_hardsigmoid_mul_fuses_only_with_the_hardswish_constants():
                  helper.make_node("Mul", ["x", "s"], ["y"], name="mul")]
         return make(nodes, [vi("x", [1, 8])], [vi("y", None)])
 
-    from npukit.targets.graph_match import GraphIndex
+    from npukit.frontend.graph_index import GraphIndex
     from npukit.targets.partition import _fusion_groups
     from npukit.targets.qnn_htp import FUSIONS
 

@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import onnx
 
+from npukit.frontend.graph_index import GraphIndex
+
 SOURCE = ("M. Horowitz, 'Computing's energy problem (and what we can do about it)', ISSCC 2014, 45 nm, 0.9 V: "
           "per-operation and per-access energies")
 
@@ -149,7 +151,7 @@ def estimate_energy(model: onnx.ModelProto, *, peak_bytes: int | None = None,
     for index, node in enumerate(tensors.nodes):
         if node.op_type in _PLUMBING:
             continue
-        if not macs_of[id(node)] and _fused(node, tensors.producers, tensors.readers, macs_of):
+        if not macs_of[id(node)] and _fused(node, tensors.index, macs_of):
             ops.append(_op_energy(node, index, tensors, macs=0, fused=True))
             continue
         sram = dram = 0
@@ -176,16 +178,18 @@ def estimate_energy(model: onnx.ModelProto, *, peak_bytes: int | None = None,
 @dataclasses.dataclass
 class _Tensors:
     """A model's tensors as the estimate prices them: shapes and dtypes (from shape inference, else one run), the
-    constants and the weight roots behind each weight input, and who writes and reads each tensor. ``nodes`` holds
-    the graph's node wrappers, so ``id(node)`` stays the same wherever a node is looked up."""
+    constants and the weight roots behind each weight input, and who writes and reads each tensor (``index``, whose
+    ``nodes`` hold the graph's node wrappers, so ``id(node)`` stays the same wherever a node is looked up)."""
 
-    nodes: list[onnx.NodeProto]
+    index: GraphIndex
     shapes: dict[str, Any]
     dtypes: dict[str, Any]
     consts: dict[str, Any]
     roots: dict[str, Any]
-    producers: dict[str, onnx.NodeProto]
-    readers: dict[str, list[onnx.NodeProto]]
+
+    @property
+    def nodes(self) -> list[onnx.NodeProto]:
+        return self.index.nodes
 
     @classmethod
     def read(cls, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray] | None) -> _Tensors:
@@ -202,22 +206,17 @@ class _Tensors:
             dtypes |= {name: onnx.helper.np_dtype_to_tensor_dtype(dtype) for name, (_, dtype) in found.items()
                        if not dtypes.get(name)}
         consts = _constant_tensors(graph)
-        nodes = list(graph.node)
-        readers: dict[str, list[onnx.NodeProto]] = {}
-        for node in nodes:
-            for name in node.input:
-                readers.setdefault(name, []).append(node)
-        return cls(nodes=nodes, shapes=shapes, dtypes=dtypes, consts=consts, roots=_weight_roots(graph, consts),
-                   producers={o: n for n in nodes for o in n.output}, readers=readers)
+        return cls(index=GraphIndex(graph), shapes=shapes, dtypes=dtypes, consts=consts,
+                   roots=_weight_roots(graph, consts))
 
     def stored(self, name: str) -> tuple[str, int | None]:
         """(the type a value travels as, its dtype code): a DequantizeLinear's input type where it comes from one,
         a QuantizeLinear's output type where its only reader quantizes it."""
-        node = self.producers.get(name)
+        node = self.index.producer_node(name)
         if node is not None and node.op_type == "DequantizeLinear":
             code = self.dtypes.get(node.input[0])
             return _INT.get(code, _float_name(code)), code
-        users = self.readers.get(name, [])
+        users = self.index.consumer_nodes(name)
         if len(users) == 1 and users[0].op_type == "QuantizeLinear":
             code = self.dtypes.get(users[0].output[0])
             return _INT.get(code, _float_name(code)), code
@@ -255,18 +254,17 @@ def _op_energy(node: onnx.NodeProto, index: int, tensors: _Tensors, *, macs: int
 _EPILOGUE = {"Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Sigmoid", "Tanh", "PRelu"}
 
 
-def _fused(node: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto],
-           readers: Mapping[str, list[onnx.NodeProto]], macs_of: Mapping[int, int]) -> bool:
+def _fused(node: onnx.NodeProto, index: GraphIndex, macs_of: Mapping[int, int]) -> bool:
     """An activation applied as the epilogue of the MAC node before it (its only reader, through Q/DQ plumbing):
     every runtime fuses it, so it moves no bytes of its own (the MAC node writes its output)."""
     if node.op_type not in _EPILOGUE or not node.input:
         return False
-    source = producers.get(node.input[0])
+    source = index.producer_node(node.input[0])
     while source is not None and source.op_type in ("DequantizeLinear", "QuantizeLinear"):
-        if len(readers.get(source.output[0], [])) != 1:
+        if len(index.consumer_nodes(source.output[0])) != 1:
             return False
-        source = producers.get(source.input[0])
-    if source is None or len(readers.get(source.output[0], [])) != 1:
+        source = index.producer_node(source.input[0])
+    if source is None or len(index.consumer_nodes(source.output[0])) != 1:
         return False
     return bool(macs_of.get(id(source)))
 

@@ -40,6 +40,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from npukit.frontend.graph_index import GraphIndex
 from npukit.errors import InputError, NumericCheckError
 from npukit.measure.summary import infer_with_fixed_inputs, static_dims, value_types, summarize
 from npukit.report.core import Report
@@ -143,14 +144,16 @@ class _Window:
 
 
 class _Graph:
-    """The inferred model with what the tiling needs: static shapes, constants, producers and readers."""
+    """The inferred model with what the tiling needs: static shapes, constants (folded ones included), and the
+    graph's producers and readers (``frontend.graph_index.GraphIndex``)."""
 
     def __init__(self, model: onnx.ModelProto, input_shape: Sequence[int] | None) -> None:
         self.model = model
         inferred = infer_with_fixed_inputs(model, input_shape)
         self.shapes, _ = value_types(inferred.graph)
         graph = model.graph
-        self.nodes = list(graph.node)
+        index = GraphIndex(graph)
+        self.nodes = index.nodes
         self.constant = {t.name for t in graph.initializer}
         for node in self.nodes:
             if node.op_type == "Constant" or all(not n or n in self.constant for n in node.input):
@@ -159,14 +162,10 @@ class _Graph:
         if not activations:
             raise InputError("the model has no activation input to tile", hint="give a model that takes an image")
         self.input = activations[0]
-        self.outputs = {o.name for o in graph.output}
-        self.producer = {o: i for i, node in enumerate(self.nodes) for o in node.output if o}
-        self.readers: dict[str, list[int]] = {}
+        self.outputs = index.outputs
+        self.producer = index.producer
+        self.readers = index.consumers
         self._windows: dict[str, _Window] = {}
-        for i, node in enumerate(self.nodes):
-            for name in dict.fromkeys(node.input):
-                if name:
-                    self.readers.setdefault(name, []).append(i)
 
     def name_of(self, index: int) -> str:
         node = self.nodes[index]

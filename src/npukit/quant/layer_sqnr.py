@@ -15,6 +15,7 @@ from collections.abc import Iterable
 import numpy as np
 import onnx
 
+from npukit.frontend.graph_index import GraphIndex
 from npukit.quant.calibration.calibrate import float_activations, iter_samples, with_outputs
 from npukit.runtime.ort import make_session
 
@@ -42,9 +43,8 @@ def _dequantized_names(model: onnx.ModelProto) -> dict[str, str]:
 def layer_sqnr(float_model: onnx.ModelProto, quant_model: onnx.ModelProto, samples: Iterable[object], *,
                limit: int = 8) -> list[dict]:
     """One row per shared activation, in float-graph order: {"tensor", "node", "op_type", "sqnr_db"}."""
-    producers = {o: n for n in float_model.graph.node for o in n.output}
-    in_quant = {o for n in quant_model.graph.node for o in n.output}
-    names = [t for t in float_activations(float_model) if t in producers and t in in_quant]
+    index, in_quant = GraphIndex(float_model.graph), GraphIndex(quant_model.graph).producer
+    names = [t for t in float_activations(float_model) if t in index.producer and t in in_quant]
     quant_name = _dequantized_names(quant_model)
     ref_session = make_session(with_outputs(float_model, names), optimization="basic")
     q_session = make_session(with_outputs(quant_model, [quant_name.get(n, n) for n in names]),
@@ -64,5 +64,5 @@ def layer_sqnr(float_model: onnx.ModelProto, quant_model: onnx.ModelProto, sampl
         limit -= 1
         if limit <= 0:
             break
-    return [{"tensor": n, "node": producers[n].name, "op_type": producers[n].op_type,
+    return [{"tensor": n, "node": index.producer_node(n).name, "op_type": index.producer_op(n),
              "sqnr_db": sqnr_db(signal[n], noise[n])} for n in names]

@@ -27,12 +27,3 @@ def dequantized(dq: onnx.NodeProto, arrays: Mapping[str, np.ndarray]) -> np.ndar
         shape[int(node_attr(dq, "axis", 1)) % q.ndim] = -1
         scale, zero = scale.reshape(shape), zero.reshape(shape)
     return ((q - zero) * scale).astype(np.float32)
-
-
-def consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
-    """Tensor name -> the nodes that read it, once per input slot that names it, in graph order."""
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-    return readers

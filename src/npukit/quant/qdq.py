@@ -28,6 +28,7 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from npukit._scratch import scratch_cwd
 from npukit.errors import InputError
+from npukit.frontend.graph_index import GraphIndex
 from npukit.frontend.onnx_io import named_nodes
 from npukit.quant.algorithms.adaround import adaround
 from npukit.quant.algorithms.bias_correction import correct_bias, correct_bias_each
@@ -237,13 +238,13 @@ def _weight_grids(model: onnx.ModelProto, config: QuantConfig) -> tuple[dict[str
 
 def _per_layer(float_model: onnx.ModelProto, qdq: onnx.ModelProto, ranges: dict[str, tuple[float, float]],
                config: QuantConfig) -> list[dict]:
-    producers = {o: n.op_type for n in qdq.graph.node for o in n.output}
+    q_index = GraphIndex(qdq.graph)
     qdq_nodes = {n.name: n for n in qdq.graph.node if n.name}
     wide, wide_tensors = set(config.int16_nodes), set(config.int16_tensors)
     rows = []
     for node in float_model.graph.node:
         twin = qdq_nodes.get(node.name)
-        quantized = twin is not None and all(producers.get(t) == "DequantizeLinear" for t in twin.input if t)
+        quantized = twin is not None and all(q_index.producer_op(t) == "DequantizeLinear" for t in twin.input if t)
         rows.append({
             "node": node.name,
             "op_type": node.op_type,
@@ -772,11 +773,11 @@ def integer_kernel_report(model: onnx.ModelProto) -> dict:
         path = Path(tmp) / "optimized.onnx"
         make_session(model, optimized_model_path=str(path))
         optimized = onnx.load(str(path))
-    producers = {o: n.op_type for n in optimized.graph.node for o in n.output}
+    index = GraphIndex(optimized.graph)
     integer = collections.Counter(n.op_type for n in optimized.graph.node if n.op_type in INTEGER_KERNELS)
     float_ops = [n for n in optimized.graph.node if n.op_type in FLOAT_COMPUTE_OPS]
     after_dq = collections.Counter(n.op_type for n in float_ops
-                                   if any(producers.get(t) == "DequantizeLinear" for t in n.input))
+                                   if any(index.producer_op(t) == "DequantizeLinear" for t in n.input))
     heavy_integer = sum(v for k, v in integer.items() if k in ("QLinearConv", "ConvInteger", "QLinearMatMul",
                                                                "MatMulInteger", "QGemm", "MatMulIntegerToFloat"))
     total = heavy_integer + len(float_ops)

@@ -35,6 +35,7 @@ import onnx
 from onnx import numpy_helper
 
 from npukit.errors import InputError
+from npukit.frontend.graph_index import GraphIndex
 from npukit.measure.energy import MAC_PJ
 from npukit.quant.calibration.auto import output_sqnrs
 from npukit.quant.layer_sqnr import noise_ratio, sqnr_db
@@ -78,13 +79,9 @@ class HtpLayerPlan:
 def layer_tensors(model: onnx.ModelProto, node: onnx.NodeProto) -> tuple[str, ...]:
     """The activations a 16-bit layer lifts: its data input and its output, and the output of a Relu / Clip that
     alone reads it (ORT folds that activation into the output's grid)."""
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in model.graph.node:
-        for t in n.input:
-            readers.setdefault(t, []).append(n)
     out = node.output[0]
     tensors = [node.input[0], out]
-    after = readers.get(out, [])
+    after = GraphIndex(model.graph).consumer_nodes(out)
     if len(after) == 1 and after[0].op_type in ("Relu", "Clip"):
         tensors.append(after[0].output[0])
     return tuple(tensors)

@@ -65,6 +65,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from npukit._threads import torch_threads
+from npukit.frontend.graph_index import GraphIndex
 from npukit.quant.nodes import dequantized, node_attr
 from npukit.runtime.qnn import HTP_QDQ_RULES, QnnQdqRules, qnn_quant_config
 
@@ -152,15 +153,6 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def _readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            if name:
-                readers.setdefault(name, []).append(node)
-    return readers
-
-
 def _per_channel(value: np.ndarray, channels: int, rank: int) -> np.ndarray | None:
     """``value`` as a (channels,) vector when it broadcasts along axis 1 of a rank-``rank`` NCHW tensor only
     (shapes (C, 1, ..., 1), (1, C, 1, ..., 1) or a scalar), else None."""
@@ -198,21 +190,16 @@ def fold_conv_transpose_affine(model: onnx.ModelProto) -> tuple[onnx.ModelProto,
     names. Exact in float; a ConvTranspose whose weight or bias is not an initializer of its own is left alone."""
     out = _copy(model)
     graph = out.graph
-    inits = {i.name: i for i in graph.initializer}
-    outputs = {o.name for o in graph.output}
-    uses: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            uses[name] = uses.get(name, 0) + 1
-    readers = _readers(graph)
+    index = GraphIndex(graph)
+    inits = index.initializers
     folded: list[str] = []
     removed: list[onnx.NodeProto] = []
-    for node in list(graph.node):
+    for node in index.nodes:
         if node.op_type != "ConvTranspose" or len(node.input) < 2 or node.input[1] not in inits \
-                or uses.get(node.input[1]) != 1:
+                or len(index.consumer_nodes(node.input[1])) != 1:
             continue
         has_bias = len(node.input) > 2 and bool(node.input[2])
-        if has_bias and (node.input[2] not in inits or uses.get(node.input[2]) != 1):
+        if has_bias and (node.input[2] not in inits or len(index.consumer_nodes(node.input[2])) != 1):
             continue
         w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float64)
         group = int(node_attr(node, "group", 1))
@@ -222,8 +209,8 @@ def fold_conv_transpose_affine(model: onnx.ModelProto) -> tuple[onnx.ModelProto,
             else np.zeros(channels)
         scale = np.ones(channels)
         tail, changed = node.output[0], []
-        while tail not in outputs and len(readers.get(tail, [])) == 1:
-            nxt = readers[tail][0]
+        while tail not in index.outputs and len(index.consumer_nodes(tail)) == 1:
+            nxt = index.consumer_nodes(tail)[0]
             if nxt.op_type == "Add" and len(nxt.input) == 2:
                 other = nxt.input[1] if nxt.input[0] == tail else nxt.input[0]
                 vec = _per_channel(numpy_helper.to_array(inits[other]), channels, w.ndim) if other in inits else None
@@ -368,11 +355,11 @@ def _qdq_counterparts(float_model: onnx.ModelProto, qdq: onnx.ModelProto,
     return found
 
 
-def _dequantized_weight(node: onnx.NodeProto, producers: dict[str, onnx.NodeProto],
-                        inits: dict[str, onnx.TensorProto]) -> np.ndarray | None:
-    """The weight ``node`` of a QDQ model reads, dequantized as DequantizeLinear does, when it is DQ(integer
-    initializer); else None."""
-    dq = producers.get(node.input[1]) if len(node.input) > 1 else None
+def _dequantized_weight(node: onnx.NodeProto, index: GraphIndex) -> np.ndarray | None:
+    """The weight ``node`` of a QDQ model (``index``) reads, dequantized as DequantizeLinear does, when it is
+    DQ(integer initializer); else None."""
+    inits = index.initializers
+    dq = index.producer_node(node.input[1]) if len(node.input) > 1 else None
     if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in inits or dq.input[1] not in inits:
         return None
     arrays = {name: numpy_helper.to_array(inits[name]) for name in dq.input if name in inits}
@@ -381,12 +368,13 @@ def _dequantized_weight(node: onnx.NodeProto, producers: dict[str, onnx.NodeProt
     return dequantized(dq, arrays)
 
 
-def _int32_bias(node: onnx.NodeProto, producers: dict[str, onnx.NodeProto],
-                inits: dict[str, onnx.TensorProto]) -> tuple[onnx.TensorProto, np.ndarray] | None:
-    """(int32 initializer, per-element scale) of the DQ(int32, zero point 0) bias of a QDQ node, else None."""
+def _int32_bias(node: onnx.NodeProto, index: GraphIndex) -> tuple[onnx.TensorProto, np.ndarray] | None:
+    """(int32 initializer, per-element scale) of the DQ(int32, zero point 0) bias of a node of the QDQ model
+    ``index`` indexes, else None."""
     if len(node.input) < 3 or not node.input[2]:
         return None
-    dq = producers.get(node.input[2])
+    inits = index.initializers
+    dq = index.producer_node(node.input[2])
     if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in inits or dq.input[1] not in inits:
         return None
     q = inits[dq.input[0]]
@@ -425,15 +413,15 @@ class _WeightSite:
 
 def _weight_sites(float_model: onnx.ModelProto, qdq: onnx.ModelProto) -> list[_WeightSite]:
     f_inits = {i.name: i for i in float_model.graph.initializer}
-    q_inits = {i.name: i for i in qdq.graph.initializer}
-    q_producers = {o: n for n in qdq.graph.node for o in n.output}
+    q_index = GraphIndex(qdq.graph)
+    q_inits = q_index.initializers
     match = _qdq_counterparts(float_model, qdq, ("Conv", "Gemm"))
     sites = []
     for index, node in enumerate(float_model.graph.node):
         target = match.get(index)
         if target is None or len(node.input) < 2 or node.input[1] not in f_inits:
             continue
-        dq = q_producers.get(target.input[1])
+        dq = q_index.producer_node(target.input[1])
         if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in q_inits or dq.input[1] not in q_inits:
             continue
         tensor = q_inits[dq.input[0]]
@@ -628,8 +616,8 @@ def correct_weight_rounding_bias(
     from npukit.runtime.ort import make_session
 
     qdq = _copy(qdq)
-    q_inits = {i.name: i for i in qdq.graph.initializer}
-    q_producers = {o: n for n in qdq.graph.node for o in n.output}
+    q_index = GraphIndex(qdq.graph)
+    q_inits = q_index.initializers
     match = _qdq_counterparts(float_model, qdq, _WEIGHTED)
     f_inits = {i.name: i for i in float_model.graph.initializer}
     probe = _copy(float_model)
@@ -642,11 +630,11 @@ def correct_weight_rounding_bias(
             continue
         if node.op_type == "Gemm" and node_attr(node, "transA", 0):
             continue
-        wq = _dequantized_weight(target, q_producers, q_inits)
+        wq = _dequantized_weight(target, q_index)
         w = numpy_helper.to_array(f_inits[node.input[1]]).astype(np.float32)
         if wq is None or wq.shape != w.shape:
             continue
-        if _int32_bias(target, q_producers, q_inits) is None and not (
+        if _int32_bias(target, q_index) is None and not (
                 len(target.input) > 2 and target.input[2] in q_inits):
             continue
         delta, twin_out, mean_out = (f"npukit_htp_bc_{tag}_{k}" for tag in ("delta", "twin", "mean"))
@@ -677,7 +665,7 @@ def correct_weight_rounding_bias(
         shift = sums[mean_out] / len(samples)
         if target.op_type == "Gemm":
             shift = shift / float(node_attr(target, "beta", 1.0))
-        int_bias = _int32_bias(target, q_producers, q_inits)
+        int_bias = _int32_bias(target, q_index)
         if int_bias is not None:
             tensor, step = int_bias
             if step.size != shift.size or tensor.name in done:
@@ -732,9 +720,8 @@ def widen_activation_grids(
         return qdq, 0
     qdq = _copy(qdq)
     inits = {i.name: i for i in qdq.graph.initializer}
-    f_inits = {i.name: i for i in float_model.graph.initializer}
-    producers = {o: n for n in float_model.graph.node for o in n.output}
-    graph_inputs = {i.name for i in float_model.graph.input}
+    f_index = GraphIndex(float_model.graph)
+    f_inits = f_index.initializers
     ratio: dict[str, float] = {}  # scale initializer -> new / old
     for node in qdq.graph.node:
         if node.op_type != "QuantizeLinear" or node.input[0] in inits or len(node.input) < 3:
@@ -747,8 +734,9 @@ def widen_activation_grids(
         if zero.dtype != np.uint16 or scale.size != 1:
             continue
         tensor = scale_name[: -len("_scale")]
-        producer = producers.get(tensor)
-        if (producer is None and tensor not in graph_inputs) or (producer is not None and producer.op_type in _BOUNDED):
+        producer = f_index.producer_node(tensor)
+        if (producer is None and tensor not in f_index.inputs) \
+                or (producer is not None and producer.op_type in _BOUNDED):
             continue
         s, z = float(scale.reshape(-1)[0]), float(zero.reshape(-1)[0])
         lo, hi = min(-z * s * factor, 0.0), max((65535.0 - z) * s * factor, 0.0)
@@ -767,12 +755,12 @@ def widen_activation_grids(
                                                            scale_name))
         inits[zero_name].CopyFrom(numpy_helper.from_array(np.array(new_z, np.uint16).reshape(zero.shape), zero_name))
         ratio[scale_name] = new_s / s
-    q_producers = {o: n for n in qdq.graph.node for o in n.output}
+    q_index = GraphIndex(qdq.graph)
     done: set[str] = set()
     for node in qdq.graph.node:
         if node.op_type not in _WEIGHTED or len(node.input) < 3:
             continue
-        x_dq, b_dq = q_producers.get(node.input[0]), q_producers.get(node.input[2])
+        x_dq, b_dq = q_index.producer_node(node.input[0]), q_index.producer_node(node.input[2])
         if x_dq is None or b_dq is None or x_dq.op_type != "DequantizeLinear" or b_dq.op_type != "DequantizeLinear":
             continue
         grown = ratio.get(x_dq.input[1])

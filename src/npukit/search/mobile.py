@@ -26,6 +26,7 @@ from typing import Any
 
 import onnx
 
+from npukit.frontend.graph_index import GraphIndex
 from npukit.quant.config import QuantConfig
 from npukit.search.space import Recipe
 from npukit.search.trial import Built, Measured, TrialBuilder, TrialRunner
@@ -44,9 +45,9 @@ def runtime_module(name: str) -> Any:
 def quantized_compute(qdq: onnx.ModelProto) -> float:
     """The fraction of the QDQ model's convolutions and matrix products whose every input is dequantized from
     integers: the compute the runtime's integer kernels take (the rest runs in fp32)."""
-    producers = {o: n.op_type for n in qdq.graph.node for o in n.output}
-    compute = [n for n in qdq.graph.node if n.op_type in COMPUTE_OPS]
-    integer = [n for n in compute if all(producers.get(t) == "DequantizeLinear" for t in n.input[:2] if t)]
+    index = GraphIndex(qdq.graph)
+    compute = [n for n in index.nodes if n.op_type in COMPUTE_OPS]
+    integer = [n for n in compute if all(index.producer_op(t) == "DequantizeLinear" for t in n.input[:2] if t)]
     return len(integer) / len(compute) if compute else 0.0
 
 

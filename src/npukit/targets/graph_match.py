@@ -1,10 +1,9 @@
-"""Graph reading shared by the target analyses (partition, hazards, fixes): one index of a graph's producers,
-consumers and constants, tensor dtypes and shapes as a target profile sees them, node attributes, and one step of
-a node pattern (``profile.PatternStep``)."""
+"""Graph reading shared by the target analyses (partition, hazards, fixes), beside the shared
+``frontend.graph_index.GraphIndex``: tensor dtypes and shapes as a target profile sees them, node attributes, and one
+step of a node pattern (``profile.PatternStep``)."""
 
 from __future__ import annotations
 
-import collections
 import math
 from typing import Any
 
@@ -12,33 +11,6 @@ import onnx
 import onnx.numpy_helper
 
 from npukit.targets.profile import SMALL_CONSTANT, PatternStep, TensorInfo
-
-
-class GraphIndex:
-    """One graph's lookups, built once and shared by the analyses of ``targets/``: the node (index) writing each
-    tensor, the nodes (indices, in graph order, once per input slot) reading it, the constants (initializers and
-    Constant outputs), and the graph's input and output names."""
-
-    def __init__(self, graph: onnx.GraphProto) -> None:
-        self.graph = graph
-        self.nodes = list(graph.node)  # held: protobuf makes a new wrapper per access otherwise (ids change)
-        self.producer: dict[str, int] = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
-        self.consumers: dict[str, list[int]] = collections.defaultdict(list)
-        for i, n in enumerate(graph.node):
-            for name in n.input:
-                if name:
-                    self.consumers[name].append(i)
-        self.initializers = {t.name for t in graph.initializer}
-        self.constants = self.initializers | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
-        self.inputs = {i.name for i in graph.input}
-        self.outputs = {o.name for o in graph.output}
-
-    def producer_node(self, name: str) -> onnx.NodeProto | None:
-        index = self.producer.get(name)
-        return None if index is None else self.nodes[index]
-
-    def consumer_nodes(self, name: str) -> list[onnx.NodeProto]:
-        return [self.nodes[i] for i in self.consumers.get(name, ())]
 
 
 def dtype_name(elem_type: int) -> str | None:

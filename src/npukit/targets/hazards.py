@@ -20,7 +20,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from npukit.targets.graph_match import GraphIndex, step_matches, tensor_infos
+from npukit.frontend.graph_index import GraphIndex
+from npukit.targets.graph_match import step_matches, tensor_infos
 from npukit.targets.profile import Hazard, HazardSite, PatternStep, TargetProfile, TensorInfo
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")

@@ -25,10 +25,11 @@ import onnx
 import onnxruntime as ort
 
 from npukit.errors import InputError
+from npukit.frontend.graph_index import GraphIndex
 from npukit.measure.summary import summarize
 from npukit.report.core import Table
 from npukit.targets.fix import fix_for
-from npukit.targets.graph_match import GraphIndex, node_attrs, step_matches, tensor_infos
+from npukit.targets.graph_match import node_attrs, step_matches, tensor_infos
 from npukit.targets.profile import FLOAT_DTYPES, Fusion, NodeInfo, PatternStep, TargetProfile, TensorInfo
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")

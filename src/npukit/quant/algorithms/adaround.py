@@ -45,6 +45,7 @@ from onnx import helper, numpy_helper
 
 from npukit._threads import torch_threads
 from npukit.errors import InputError
+from npukit.frontend.graph_index import GraphIndex
 from npukit.quant.calibration.calibrate import iter_samples, with_outputs
 from npukit.quant.config import QuantConfig
 from npukit.quant.cpu.schemes import pair_bounded, pair_bounded_scale, reduced_weight_range
@@ -173,16 +174,14 @@ def fake_quantized_model(model: onnx.ModelProto, ranges: dict[str, tuple[float, 
         for i, t in enumerate(node.input):
             if t in renamed:
                 node.input[i] = renamed[t]
-    producers = {o: i for i, n in enumerate(out.graph.node) for o in n.output}
-    graph_inputs = {i.name for i in out.graph.input}
-    nodes = list(out.graph.node)
+    index = GraphIndex(out.graph)
     # place each Q/DQ pair right after its producer so the graph stays topologically sorted
     after: dict[int, list[onnx.NodeProto]] = {}
     for q, dq in zip(extra_nodes[::2], extra_nodes[1::2]):
         source = q.input[0]
-        after.setdefault(-1 if source in graph_inputs else producers[source], []).extend([q, dq])
+        after.setdefault(-1 if source in index.inputs else index.producer[source], []).extend([q, dq])
     ordered = after.get(-1, [])
-    for i, n in enumerate(nodes):
+    for i, n in enumerate(index.nodes):
         ordered.append(n)
         ordered.extend(after.get(i, []))
     del out.graph.node[:]
@@ -193,21 +192,20 @@ def fake_quantized_model(model: onnx.ModelProto, ranges: dict[str, tuple[float, 
 
 def _needed(model: onnx.ModelProto, output: str) -> onnx.ModelProto:
     """A copy of ``model`` cut down to the nodes ``output`` depends on, with ``output`` as its only output."""
-    producers = {o: n for n in model.graph.node for o in n.output}
+    index = GraphIndex(model.graph)
     keep: set[int] = set()
     stack = [output]
     seen: set[str] = set()
     while stack:
         t = stack.pop()
-        if t in seen or t not in producers:
+        if t in seen or t not in index.producer:
             continue
         seen.add(t)
-        node = producers[t]
-        keep.add(id(node))
-        stack.extend(i for i in node.input if i)
+        keep.add(index.producer[t])
+        stack.extend(i for i in index.nodes[index.producer[t]].input if i)
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    kept = [n for n in model.graph.node if id(n) in keep]
+    kept = [n for i, n in enumerate(index.nodes) if i in keep]
     del out.graph.node[:]
     out.graph.node.extend(kept)
     del out.graph.output[:]

@@ -31,6 +31,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from npukit.frontend.graph_index import GraphIndex
 from npukit.quant.calibration.calibrate import ChannelStats, channel_statistics
 from npukit.quant.cpu.schemes import is_depthwise
 from npukit.quant.nodes import node_attr
@@ -65,17 +66,13 @@ class EqualizeResult:
 
 
 def _find_pairs(model: onnx.ModelProto) -> tuple[list[_Pair], list[dict]]:
-    inits = {i.name: i for i in model.graph.initializer}
-    consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
-    for n in model.graph.node:
-        for t in n.input:
-            consumers[t].append(n)
-    uses = collections.Counter(t for n in model.graph.node for t in n.input)
-    outputs = {o.name for o in model.graph.output}
+    index = GraphIndex(model.graph)
+    inits = index.initializers
+    uses = collections.Counter(t for n in index.nodes for t in n.input)
 
     def single_consumer(tensor: str) -> onnx.NodeProto | None:
-        c = consumers.get(tensor, [])
-        return c[0] if len(c) == 1 and tensor not in outputs else None
+        c = index.consumer_nodes(tensor)
+        return c[0] if len(c) == 1 and tensor not in index.outputs else None
 
     def conv_kind(node: onnx.NodeProto) -> str | None:
         """'dense', 'depthwise', or None when the node cannot be scaled (and why is said by the caller)."""

@@ -39,6 +39,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from npukit.frontend.graph_index import GraphIndex
 from npukit.quant.calibration.calibrate import iter_samples
 from npukit.quant.grids import Range, grid_range
 from npukit.quant.layer_sqnr import sqnr_db
@@ -102,13 +103,13 @@ def _bias_links(qdq: onnx.ModelProto, scales: Iterable[str]) -> dict[str, list[t
     """Activation scale -> (int32 bias initializer, its scale initializer) of each Conv/Gemm whose input is
     dequantized with that scale: the bias is quantized on input scale x weight scale, so it moves with the former."""
     scales = set(scales)
-    inits = {i.name for i in qdq.graph.initializer}
-    producer = {o: n for n in qdq.graph.node for o in n.output}
+    index = GraphIndex(qdq.graph)
+    inits = index.initializers
     links: dict[str, list[tuple[str, str]]] = {}
-    for node in qdq.graph.node:
+    for node in index.nodes:
         if node.op_type not in ("Conv", "Gemm") or len(node.input) < 3:
             continue
-        x, bias = producer.get(node.input[0]), producer.get(node.input[2])
+        x, bias = index.producer_node(node.input[0]), index.producer_node(node.input[2])
         if x is None or bias is None or x.op_type != "DequantizeLinear" or bias.op_type != "DequantizeLinear":
             continue
         if x.input[1] in scales and bias.input[0] in inits and bias.input[1] in inits:

@@ -32,9 +32,10 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from npukit.frontend.graph_index import GraphIndex
 from npukit.quant.calibration.calibrate import channel_statistics
 from npukit.quant.cpu.schemes import is_depthwise
-from npukit.quant.nodes import consumers, node_attr
+from npukit.quant.nodes import node_attr
 
 PASS_THROUGH = ("Add", "Relu", "MaxPool", "AveragePool", "GlobalAveragePool")
 
@@ -67,15 +68,11 @@ def find_stream_groups(model: onnx.ModelProto, *, permutation: bool = False
     (scalar bounds) and with depthwise Convs (channel c of the input makes channel c of the output, once the
     depthwise weights and bias are reordered too), so both run through such a group; those Convs are its
     ``channelwise`` nodes."""
-    graph = model.graph
-    inits = {i.name: i for i in graph.initializer}
-    producer = {o: n for n in graph.node for o in n.output}
-    readers = consumers(graph)
-    outputs = {o.name for o in graph.output}
+    index = GraphIndex(model.graph)
     seen: set[str] = set()
     groups: list[StreamGroup] = []
     skipped: list[dict] = []
-    for seed in graph.node:
+    for seed in index.nodes:
         if seed.op_type not in ("Conv", "Gemm") or not seed.output or seed.output[0] in seen:
             continue
         tensors: set[str] = set()
@@ -89,9 +86,9 @@ def find_stream_groups(model: onnx.ModelProto, *, permutation: bool = False
             if t in tensors:
                 continue
             tensors.add(t)
-            reason = _check_producer(t, producer, inits, outputs, prods, todo, through if permutation else None)
-            for c in readers.get(t, []) if not reason else ():
-                reason = _check_consumer(t, c, producer, inits, cons, todo, through if permutation else None)
+            reason = _check_producer(t, index, prods, todo, through if permutation else None)
+            for c in index.consumer_nodes(t) if not reason else ():
+                reason = _check_consumer(t, c, index, cons, todo, through if permutation else None)
                 if reason:
                     break
         seen |= tensors
@@ -117,11 +114,11 @@ def _channelwise(node: onnx.NodeProto, t: str, inits: dict, through: dict | None
     return ""
 
 
-def _check_producer(t: str, producer: dict, inits: dict, outputs: set[str], prods: dict, todo: list[str],
-                    through: dict | None = None) -> str:
-    if t in outputs:
+def _check_producer(t: str, index: GraphIndex, prods: dict, todo: list[str], through: dict | None = None) -> str:
+    if t in index.outputs:
         return f"{t} is a graph output"
-    node = producer.get(t)
+    inits = index.initializers
+    node = index.producer_node(t)
     if node is None:
         return f"{t} is a graph input or an initializer"
     kind = _channelwise(node, node.input[0] if node.input else "", inits, through)
@@ -133,7 +130,7 @@ def _check_producer(t: str, producer: dict, inits: dict, outputs: set[str], prod
         prods[node.name] = None
     elif node.op_type == "Gemm" and node.input[1] in inits and not node_attr(node, "transA", 0):
         prods[node.name] = None
-    elif node.op_type in ("Flatten", "Reshape") and _is_channel_flatten(node, producer, inits):
+    elif node.op_type in ("Flatten", "Reshape") and _is_channel_flatten(node, index):
         todo.append(node.input[0])
     elif node.op_type in PASS_THROUGH:
         ins = [i for i in node.input if i]
@@ -147,26 +144,27 @@ def _check_producer(t: str, producer: dict, inits: dict, outputs: set[str], prod
     return ""
 
 
-def _is_channel_flatten(node: onnx.NodeProto, producer: dict, inits: dict) -> bool:
+def _is_channel_flatten(node: onnx.NodeProto, index: GraphIndex) -> bool:
     """A Flatten/Reshape of a GlobalAveragePool's (N, C, 1, 1) output to (N, C): channel c stays feature c."""
-    source = producer.get(node.input[0])
+    source = index.producer_node(node.input[0])
     if source is None or source.op_type != "GlobalAveragePool":
         return False
     if node.op_type == "Flatten":
         return node_attr(node, "axis", 1) == 1
-    shape = inits.get(node.input[1]) if len(node.input) > 1 else None
+    shape = index.initializers.get(node.input[1]) if len(node.input) > 1 else None
     return shape is not None and len(numpy_helper.to_array(shape).reshape(-1)) == 2
 
 
-def _check_consumer(t: str, node: onnx.NodeProto, producer: dict, inits: dict, cons: dict, todo: list[str],
+def _check_consumer(t: str, node: onnx.NodeProto, index: GraphIndex, cons: dict, todo: list[str],
                     through: dict | None = None) -> str:
+    inits = index.initializers
     kind = _channelwise(node, t, inits, through)
     if kind:
         if kind == "depthwise":
             through[node.name] = None
         todo.extend(node.output)
         return ""
-    if node.op_type in ("Flatten", "Reshape") and _is_channel_flatten(node, producer, inits):
+    if node.op_type in ("Flatten", "Reshape") and _is_channel_flatten(node, index):
         todo.extend(node.output)
         return ""
     if node.op_type in PASS_THROUGH:

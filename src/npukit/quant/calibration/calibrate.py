@@ -15,6 +15,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from npukit.errors import InputError
+from npukit.frontend.graph_index import GraphIndex
 from npukit.quant.calibration.observers import OBSERVERS, RANGE_METHODS, MultiObserver, Observer
 from npukit.quant.config import QuantConfig
 from npukit.runtime.ort import make_session
@@ -240,7 +241,7 @@ def saturating_inputs(model: onnx.ModelProto) -> dict[str, float]:
     """Tensors that reach a bounded activation (``SATURATION``) directly or through ``PASSTHROUGH`` ops (a
     detector's per-level class logits concatenated, reshaped and split before the sigmoid) -> how far (+-) their
     range must reach where observed."""
-    producer = {o: n for n in model.graph.node for o in n.output}
+    index = GraphIndex(model.graph)
     found: dict[str, float] = {}
     frontier = [(n.input[0], SATURATION[n.op_type]) for n in model.graph.node if n.op_type in SATURATION and n.input]
     while frontier:
@@ -248,7 +249,7 @@ def saturating_inputs(model: onnx.ModelProto) -> dict[str, float]:
         if found.get(tensor, -1.0) >= limit:
             continue
         found[tensor] = limit
-        node = producer.get(tensor)
+        node = index.producer_node(tensor)
         if node is not None and node.op_type in PASSTHROUGH:
             data = node.input if node.op_type == "Concat" else node.input[:1]
             frontier.extend((t, limit) for t in data if t)

@@ -29,9 +29,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from npukit.errors import InputError
+from npukit.frontend.graph_index import GraphIndex
 from npukit.measure.latency import paired_ratio, time_sessions_interleaved
 from npukit.quant.cpu.schemes import is_depthwise
-from npukit.quant.nodes import consumers
 from npukit.runtime.int8_paths import Int8Path, full_range_exact, probe_int8_paths
 from npukit.runtime.ort import make_session
 
@@ -101,16 +101,15 @@ def _eight_bit(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> bool
 def candidates(model: onnx.ModelProto) -> list[_Candidate]:
     """The Convs that ORT fuses into a ConvSym QLinearConv (input from an 8-bit DequantizeLinear, output to one 8-bit
     QuantizeLinear, int8 weight initializer with zero points 0, not depthwise, 2-D) whose weights can shift."""
-    inits = _inits(model)
-    producer = {o: n for n in model.graph.node for o in n.output}
-    readers = consumers(model.graph)
+    index = GraphIndex(model.graph)
+    inits = index.initializers
     shapes = _shapes(model)
     found = []
-    for node in model.graph.node:
+    for node in index.nodes:
         if node.op_type != "Conv" or len(node.input) < 2:
             continue
-        x_dq, w_dq = producer.get(node.input[0]), producer.get(node.input[1])
-        users = readers.get(node.output[0], [])
+        x_dq, w_dq = index.producer_node(node.input[0]), index.producer_node(node.input[1])
+        users = index.consumer_nodes(node.output[0])
         if x_dq is None or x_dq.op_type != "DequantizeLinear" or w_dq is None or w_dq.op_type != "DequantizeLinear":
             continue
         if len(users) != 1 or users[0].op_type != "QuantizeLinear" or len(w_dq.input) < 3:
@@ -120,7 +119,7 @@ def candidates(model: onnx.ModelProto) -> list[_Candidate]:
         weight, zp = inits.get(w_dq.input[0]), inits.get(w_dq.input[2])
         if weight is None or zp is None or weight.data_type != onnx.TensorProto.INT8 or len(weight.dims) != 4:
             continue
-        if any(len(readers.get(name, [])) != 1 for name in (weight.name, zp.name)):
+        if any(len(index.consumer_nodes(name)) != 1 for name in (weight.name, zp.name)):
             continue  # shared: moving it would move another node too
         q = numpy_helper.to_array(weight)
         if np.any(numpy_helper.to_array(zp) != 0) or is_depthwise(node, q.shape):
@@ -131,21 +130,23 @@ def candidates(model: onnx.ModelProto) -> list[_Candidate]:
             continue
         nhwc = (shape[0], shape[2], shape[3], shape[1])
         found.append(_Candidate(node.name, weight.name, zp.name, shift,
-                                _single_conv(node, x_dq, w_dq, users[0], inits, producer), nhwc))
+                                _single_conv(node, x_dq, w_dq, users[0], index), nhwc))
     return found
 
 
 def _single_conv(node: onnx.NodeProto, x_dq: onnx.NodeProto, w_dq: onnx.NodeProto, y_q: onnx.NodeProto,
-                 inits: dict[str, onnx.TensorProto], producer: dict[str, onnx.NodeProto]) -> onnx.ModelProto:
+                 index: GraphIndex) -> onnx.ModelProto:
     """``node`` alone as ORT runs it after its QDQ fusion and NHWC transform: com.microsoft QLinearConv with
     channels_last, the real weights, scales and zero points (constant inputs, so ORT prepacks the weights)."""
+    inits = index.initializers
+
     def const(name: str, new: str) -> onnx.TensorProto:
         if name in inits:
             tensor = onnx.TensorProto()
             tensor.CopyFrom(inits[name])
             tensor.name = new
             return tensor
-        constant = producer[name]  # a Constant node
+        constant = index.producer_node(name)  # a Constant node
         return numpy_helper.from_array(numpy_helper.to_array(constant.attribute[0].t), new)
 
     tensors = [const(x_dq.input[1], "xs"), const(x_dq.input[2], "xz"), const(w_dq.input[0], "w"),
@@ -153,7 +154,7 @@ def _single_conv(node: onnx.NodeProto, x_dq: onnx.NodeProto, w_dq: onnx.NodeProt
                const(y_q.input[2], "yz")]
     inputs = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"]
     if len(node.input) > 2 and node.input[2]:
-        b_dq = producer.get(node.input[2])
+        b_dq = index.producer_node(node.input[2])
         if b_dq is not None and b_dq.op_type == "DequantizeLinear" and b_dq.input[0] in inits:
             tensors.append(const(b_dq.input[0], "b"))
             inputs.append("b")

@@ -27,6 +27,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from npukit.frontend.graph_index import GraphIndex
 from npukit.frontend.opset import onnx_opset
 from npukit.quant.nodes import node_attr
 
@@ -60,12 +61,13 @@ def _input_channels(node: onnx.NodeProto, weight: onnx.TensorProto) -> int | Non
     return None
 
 
-def _taken(node: onnx.NodeProto, producers: dict[str, onnx.NodeProto], inits: dict[str, onnx.TensorProto]
-           ) -> onnx.NodeProto | None:
-    """The per-tensor DequantizeLinear through which ORT's weight quantizer would take ``node``, or None."""
+def _taken(node: onnx.NodeProto, index: GraphIndex) -> onnx.NodeProto | None:
+    """The per-tensor DequantizeLinear through which ORT's weight quantizer would take ``node`` (of the graph
+    ``index`` indexes), or None."""
     if node.op_type not in TAKEN_OPS or len(node.input) < 2:
         return None
-    dq = producers.get(node.input[0])
+    inits = index.initializers
+    dq = index.producer_node(node.input[0])
     weight = inits.get(node.input[1])
     if dq is None or dq.op_type != "DequantizeLinear" or weight is None or weight.data_type != onnx.TensorProto.FLOAT:
         return None  # its input is float, or its weight is not a float initializer
@@ -78,9 +80,8 @@ def _taken(node: onnx.NodeProto, producers: dict[str, onnx.NodeProto], inits: di
 def taken_by_ort(model: onnx.ModelProto, float_nodes: Iterable[str]) -> list[str]:
     """The nodes of ``float_nodes`` that ORT's ``WeightBiasQuantization`` would quantize in ``model``."""
     wanted = set(float_nodes)
-    inits = {i.name: i for i in model.graph.initializer}
-    producers = {o: n for n in model.graph.node for o in n.output}
-    return [n.name for n in model.graph.node if n.name in wanted and _taken(n, producers, inits) is not None]
+    index = GraphIndex(model.graph)
+    return [n.name for n in index.nodes if n.name in wanted and _taken(n, index) is not None]
 
 
 def keep_float_convs(model: onnx.ModelProto, float_nodes: Iterable[str]) -> FloatConvs:
@@ -90,13 +91,13 @@ def keep_float_convs(model: onnx.ModelProto, float_nodes: Iterable[str]) -> Floa
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph = out.graph
-    inits = {i.name: i for i in graph.initializer}
-    producers = {o: n for n in graph.node for o in n.output}
+    lookup = GraphIndex(graph)
+    inits = lookup.initializers
     kept: list[str] = []
     not_kept: dict[str, str] = {}
     new_nodes: dict[int, onnx.NodeProto] = {}  # index of the float node -> its own DequantizeLinear, put before it
     for index, node in enumerate(graph.node):
-        dq = _taken(node, producers, inits) if node.name in wanted else None
+        dq = _taken(node, lookup) if node.name in wanted else None
         if dq is None:
             continue
         channels = _input_channels(node, inits[node.input[1]])

@@ -27,6 +27,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from npukit.frontend.graph_index import GraphIndex
 from npukit.quant.grids import activation_qparams
 from npukit.quant.nodes import node_attr
 from npukit.quant.precision.float_neighbours import ELEMENTWISE, HEAVY
@@ -112,18 +113,16 @@ def fragile_convs(model: onnx.ModelProto, samples: Iterable[Mapping[str, np.ndar
     skipped = set(skip)
     convs = [c for c in grouped_convs(model) if c.name not in skipped]
     sqnr = input_grid_sqnr(model, samples, ranges, signed=signed, symmetric=symmetric, convs=convs)
-    writer = {o: n for n in model.graph.node if n.op_type != "Constant" for o in n.output}
-    constants = {i.name for i in model.graph.initializer}
-    constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    index = GraphIndex(model.graph)
     found = []
     for conv in convs:
         if conv.name in sqnr and sqnr[conv.name] < threshold_db:
             found.append(FragileConv(conv.name, conv.input[0], sqnr[conv.name],
-                                     _heavy_producer(conv.input[0], writer, constants)))
+                                     _heavy_producer(conv.input[0], index)))
     return found
 
 
-def _heavy_producer(tensor: str, writer: Mapping[str, onnx.NodeProto], constants: set[str]) -> str | None:
+def _heavy_producer(tensor: str, index: GraphIndex) -> str | None:
     """The one heavy node that writes ``tensor`` through elementwise nodes (a conv's activation, a HardSwish written
     out as x * HardSigmoid(x)), at most four deep; None where that region reaches a graph input, another kind of node
     or two heavy nodes."""
@@ -135,13 +134,13 @@ def _heavy_producer(tensor: str, writer: Mapping[str, onnx.NodeProto], constants
             if name in seen:
                 continue
             seen.add(name)
-            node = writer.get(name)
+            node = index.producer_node(name)
             if node is None:  # a graph input
                 return None
             if node.op_type in HEAVY:
                 heavy.add(node.name)
             elif node.op_type in ELEMENTWISE:  # the ops float_neighbours keeps beside a float conv
-                following += [t for t in node.input if t and t not in constants]
+                following += [t for t in node.input if t and t not in index.constants]
             else:
                 return None
         frontier = following

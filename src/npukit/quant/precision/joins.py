@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 import onnx
 
-from npukit.quant.nodes import consumers
+from npukit.frontend.graph_index import GraphIndex
 
 JOIN_RATIO = 16.0
 JOIN_OPS = frozenset({"Concat"})
@@ -37,13 +37,12 @@ class MixedJoin:
                 "input_magnitudes": {k: round(v, 6) for k, v in self.magnitudes.items()}, "after": list(self.after)}
 
 
-def _downstream(model: onnx.ModelProto, start: onnx.NodeProto) -> tuple[str, ...]:
-    readers = consumers(model.graph)
+def _downstream(index: GraphIndex, start: onnx.NodeProto) -> tuple[str, ...]:
     seen: dict[str, None] = {}
     frontier = list(start.output)
     while frontier:
         tensor = frontier.pop()
-        for node in readers.get(tensor, []):
+        for node in index.consumer_nodes(tensor):
             if node.name not in seen and node.name != start.name:
                 seen[node.name] = None
                 frontier.extend(node.output)
@@ -53,18 +52,17 @@ def _downstream(model: onnx.ModelProto, start: onnx.NodeProto) -> tuple[str, ...
 def mixed_scale_joins(model: onnx.ModelProto, ranges: Mapping[str, tuple[float, float]], *,
                       ratio: float = JOIN_RATIO) -> list[MixedJoin]:
     """The joins of ``model`` whose inputs' ranges (``ranges``: tensor -> (min, max)) differ by ``ratio`` or more."""
-    constants = {i.name for i in model.graph.initializer}
-    constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    index = GraphIndex(model.graph)
     found = []
-    for node in model.graph.node:
+    for node in index.nodes:
         if node.op_type not in JOIN_OPS:
             continue
         magnitudes = {t: max(abs(float(ranges[t][0])), abs(float(ranges[t][1]))) for t in node.input
-                      if t and t not in constants and t in ranges}
+                      if t and t not in index.constants and t in ranges}
         nonzero = [m for m in magnitudes.values() if m > 0]
         if len(nonzero) < 2:
             continue
         spread = max(nonzero) / min(nonzero)
         if spread >= ratio:
-            found.append(MixedJoin(node.name, magnitudes, spread, _downstream(model, node)))
+            found.append(MixedJoin(node.name, magnitudes, spread, _downstream(index, node)))
     return found

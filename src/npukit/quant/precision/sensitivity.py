@@ -23,10 +23,10 @@ import numpy as np
 import onnx
 
 from npukit.errors import InputError
+from npukit.frontend.graph_index import GraphIndex
 from npukit.quant.calibration.calibrate import iter_samples
 from npukit.quant.config import QuantConfig
 from npukit.quant.layer_sqnr import layer_sqnr, noise_ratio, sqnr_db
-from npukit.quant.nodes import consumers
 from npukit.quant.precision.tensor_precision import TIED_OPS
 from npukit.quant.qdq import QuantResult, integer_kernel_report, keep_decided_floats, quantize
 from npukit.runtime.ort import make_session
@@ -70,19 +70,19 @@ def layer_sensitivity(result: QuantResult, samples: Iterable[object], *, limit: 
     inputs is measured (it reads a float node's output) is not ranked."""
     rows = layer_sqnr(result.reference, result.model, samples, limit=limit)
     at = {r["tensor"]: r["sqnr_db"] for r in rows}
-    readers = consumers(result.reference.graph)
-    graph_inputs = {i.name for i in result.reference.graph.input}
+    index = GraphIndex(result.reference.graph)
     excluded = {r["node"] for r in result.per_layer if r["excluded"]}  # in float: the user's and the float head
     scores = []
     for node in result.reference.graph.node:
         if (node.op_type not in ops if ops is not None else node.op_type in TIED_OPS) or node.name in excluded \
-                or not any(t in at or t in graph_inputs for t in node.input):
+                or not any(t in at or t in index.inputs for t in node.input):
             continue
         before = max((noise_ratio(at[t]) for t in node.input if t in at), default=0.0)
         out = node.output[0]
         # the reported activation may be the fused Relu/Clip's output
-        while out not in at and len(readers.get(out, [])) == 1 and readers[out][0].op_type in ("Relu", "Clip"):
-            out = readers[out][0].output[0]
+        while out not in at and len(readers := index.consumer_nodes(out)) == 1 \
+                and readers[0].op_type in ("Relu", "Clip"):
+            out = readers[0].output[0]
         if out in at:
             scores.append((node.name, float(noise_ratio(at[out]) - before)))
     return sorted(scores, key=lambda s: -s[1])

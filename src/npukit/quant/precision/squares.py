@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from npukit.quant.nodes import consumers
+from npukit.frontend.graph_index import GraphIndex
 
 MAX_DEPTH = 6  # nodes from the square to the reader, the reader included (LayerNorm: Pow, ReduceMean, Add, Sqrt: 3)
 
@@ -93,7 +93,7 @@ def _carries(node: onnx.NodeProto, tensor: str, constants: dict[str, np.ndarray]
 def square_chains(model: onnx.ModelProto, *, max_depth: int = MAX_DEPTH) -> list[SquareChain]:
     """Each square of ``model`` that a root, logarithm or division reads back within ``max_depth`` nodes, with
     the nodes between."""
-    readers = consumers(model.graph)
+    index = GraphIndex(model.graph)
     constants = _constants(model)
     order = {n.name: i for i, n in enumerate(model.graph.node)}
     chains = []
@@ -107,7 +107,7 @@ def square_chains(model: onnx.ModelProto, *, max_depth: int = MAX_DEPTH) -> list
             if len(path) > max_depth:
                 return
             for tensor in node.output:
-                for reader in readers.get(tensor, []):
+                for reader in index.consumer_nodes(tensor):
                     if reader.name in path:
                         continue
                     if _reads_back(reader, tensor, constants):

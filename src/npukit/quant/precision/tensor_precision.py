@@ -45,6 +45,7 @@ from onnxruntime.quantization.operators.split import QDQSplit
 from onnxruntime.quantization.registry import QDQRegistry
 
 from npukit.errors import InputError
+from npukit.frontend.graph_index import GraphIndex
 from npukit.measure.latency import paired_ratio, time_sessions_interleaved
 from npukit.quant.calibration.auto import output_sqnrs
 from npukit.quant.calibration.calibrate import iter_samples
@@ -154,11 +155,11 @@ def tied_groups(reference: onnx.ModelProto) -> dict[str, list[str]]:
     """Tensor -> the tensors whose grid ONNX Runtime's quantizer ties to it (outputs of Reshape, Flatten, MaxPool,
     Split, Gather, ... take their input's scale and type, ``TIED_OPS``), the tensor first. Lifting a tensor lifts its
     group; a tied output asked for alone is not lifted, so only group roots are candidates."""
-    producer = {o: n for n in reference.graph.node for o in n.output}
+    index = GraphIndex(reference.graph)
 
     def root(t: str) -> str:
-        while t in producer and producer[t].op_type in TIED_OPS and producer[t].input:
-            t = producer[t].input[0]
+        while (node := index.producer_node(t)) is not None and node.op_type in TIED_OPS and node.input:
+            t = node.input[0]
         return t
 
     groups: dict[str, list[str]] = {}

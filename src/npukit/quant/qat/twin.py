@@ -23,8 +23,9 @@ import torch
 from onnx import helper, numpy_helper
 
 from npukit.errors import InputError
+from npukit.frontend.graph_index import GraphIndex
 from npukit.quant.cpu.schemes import pair_bounded
-from npukit.quant.nodes import consumers, dequantized, node_attr
+from npukit.quant.nodes import dequantized, node_attr
 from npukit.quant.qat.fake_quant import ActivationQuant, BiasQuant, WeightQuant
 from npukit.quant.qat.program import DOMAIN, OnnxProgram
 
@@ -71,10 +72,9 @@ def _qrange(arrays: Mapping[str, np.ndarray], inits: Mapping[str, onnx.TensorPro
 def split(qdq: onnx.ModelProto, *, reduce_range: bool, learn_scales: bool = False) -> Twin:
     """The training twin of ``qdq`` (see the module docstring)."""
     graph = qdq.graph
-    inits = {i.name: i for i in graph.initializer}
+    lookup = GraphIndex(graph)
+    inits = lookup.initializers
     arrays = {name: numpy_helper.to_array(t) for name, t in inits.items()}
-    producers = {o: n for n in graph.node for o in n.output}
-    readers = consumers(graph)
     quant: dict[str, torch.nn.Module] = {}
     slots: dict[str, Slot] = {}
     replaced: dict[int, onnx.NodeProto | None] = {}  # id(node) -> its replacement (None: dropped)
@@ -86,7 +86,7 @@ def split(qdq: onnx.ModelProto, *, reduce_range: bool, learn_scales: bool = Fals
     def fq_node(kind: str, key: str, source: str, output: str) -> onnx.NodeProto:
         return helper.make_node("FakeQuant", [source], [output], name=f"fq_{key}", domain=DOMAIN, kind=kind, key=key)
 
-    for index, dq in enumerate(n for n in graph.node if n.op_type == "DequantizeLinear"):
+    for index, dq in enumerate(n for n in lookup.nodes if n.op_type == "DequantizeLinear"):
         if node_attr(dq, "block_size", 0):
             raise InputError("block-quantized weights are not trained yet", hint="quantize per channel")
         key = f"q{index}"
@@ -100,7 +100,7 @@ def split(qdq: onnx.ModelProto, *, reduce_range: bool, learn_scales: bool = Fals
             float_name = f"{source}__float"
             value = dequantized(dq, arrays)
             new_inits[float_name] = numpy_helper.from_array(value, float_name)
-            reader = next(iter(readers.get(dq.output[0], [])), None)
+            reader = next(iter(lookup.consumer_nodes(dq.output[0])), None)
             scale = arrays[dq.input[1]]
             zp = arrays[zero] if zero else np.zeros_like(scale, dtype=np.int64)
             per_axis = axis % value.ndim if scale.size > 1 else None
@@ -110,7 +110,7 @@ def split(qdq: onnx.ModelProto, *, reduce_range: bool, learn_scales: bool = Fals
             slots[key] = Slot("weight", float_name, source, (dq.input[1],), (zero,) if zero else ())
             replaced[id(dq)] = fq_node("weight", key, float_name, dq.output[0])
             continue
-        q = producers.get(source)
+        q = lookup.producer_node(source)
         if q is None or q.op_type != "QuantizeLinear":
             raise InputError(f"DequantizeLinear {dq.name} reads {source}, which no QuantizeLinear writes",
                              hint="train a model written by npukit quantize")
@@ -131,7 +131,7 @@ def split(qdq: onnx.ModelProto, *, reduce_range: bool, learn_scales: bool = Fals
     weight_of = {slots[k].tensor: k for k in slots if slots[k].kind == "weight"}
     dq_out = {n.output[0]: n for n in graph.node if n.op_type == "DequantizeLinear"}
     for dq, key in biases:
-        reader = next(iter(readers.get(dq.output[0], [])), None)
+        reader = next(iter(lookup.consumer_nodes(dq.output[0])), None)
         if reader is None or len(reader.input) < 3:
             raise InputError(f"int32 tensor {dq.input[0]} is not a Conv/Gemm bias", hint="train a model npukit wrote")
         x_key = activation_keys.get(reader.input[0])

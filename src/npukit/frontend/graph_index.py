@@ -1,0 +1,49 @@
+"""One index of an ONNX graph's producers, consumers, initializers and constants, built once per graph and shared by
+the steps of quant/, memory/, targets/ and runtime/ that read protos (instead of a map of their own each)."""
+
+from __future__ import annotations
+
+import collections
+
+import onnx
+
+
+class GraphIndex:
+    """One graph's lookups: the node (index) writing each tensor, the nodes (indices, in graph order, once per input
+    slot) reading it, the initializers by name, the constants (initializers and Constant outputs), and the graph's
+    input and output names. Empty names (an omitted optional input or output) are not indexed.
+
+    The node references are taken when the index is built (protobuf makes a new wrapper per access otherwise, so
+    ids would change): a step that rewrites the graph builds a new index afterwards."""
+
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        self.graph = graph
+        self.nodes = list(graph.node)
+        self.producer: dict[str, int] = {o: i for i, n in enumerate(self.nodes) for o in n.output if o}
+        self.consumers: dict[str, list[int]] = collections.defaultdict(list)
+        for i, n in enumerate(self.nodes):
+            for name in n.input:
+                if name:
+                    self.consumers[name].append(i)
+        self.initializers: dict[str, onnx.TensorProto] = {t.name: t for t in graph.initializer}
+        self.constants = set(self.initializers) | {o for n in self.nodes if n.op_type == "Constant" for o in n.output}
+        self.inputs = {i.name for i in graph.input}
+        self.outputs = {o.name for o in graph.output}
+
+    @classmethod
+    def of(cls, model: onnx.ModelProto) -> GraphIndex:
+        return cls(model.graph)
+
+    def producer_node(self, name: str) -> onnx.NodeProto | None:
+        """The node writing ``name``; None for a graph input, an initializer or an unknown name."""
+        index = self.producer.get(name)
+        return None if index is None else self.nodes[index]
+
+    def producer_op(self, name: str) -> str | None:
+        """The op type of the node writing ``name`` (None where no node writes it)."""
+        node = self.producer_node(name)
+        return None if node is None else node.op_type
+
+    def consumer_nodes(self, name: str) -> list[onnx.NodeProto]:
+        """The nodes reading ``name``, in graph order, once per input slot that names it."""
+        return [self.nodes[i] for i in self.consumers.get(name, ())]
