@@ -45,6 +45,10 @@ class QuantConfig:
     quantized: on x86 CPUs, with VNNI or without, that stem runs faster in float (see ``npukit.quant.cpu.schemes``).
     The convolutions that follow the stem in a chain (at most three) stay in float too as far as that is timed
     fastest on this machine (``npukit.quant.cpu.float_head``; ties go to float, the more accurate).
+    ``float_head_macs`` > 0 chooses that head instead by accuracy, for a runtime this machine cannot time as it
+    will run (XNNPACK on a phone): of the prefixes of each stem's chain whose convs take at most that share of the
+    model's MACs, the one whose model scores best on the last calibration samples, on ``score_on``'s arithmetic
+    (``npukit.quant.precision.scored_head``); not with ``float_stem``.
     ``float_joins`` leaves a join of tensors on very different scales (a Concat of box coordinates and class scores)
     and every node after it in float, so that each input keeps its own grid (``npukit.quant.precision.joins``).
     ``float_squares`` leaves a square that a root, logarithm or division reads back (a spectrogram's magnitude, a
@@ -111,6 +115,7 @@ class QuantConfig:
     reduce_range: bool = False
     pair_channels: bool = True
     float_stem: bool = False
+    float_head_macs: float = 0.0
     float_joins: bool = True
     float_squares: bool = True
     float_fragile: bool = True
@@ -145,6 +150,10 @@ class QuantConfig:
                  "drop symmetric_weights=False or adaround")
         _require(0.0 <= self.int16_budget <= 1.0, f"int16_budget {self.int16_budget} must be in [0, 1]",
                  "the latency the 16-bit tensors may add, as a fraction of the int8 model's, e.g. 0.1; 0 turns it off")
+        _require(0.0 <= self.float_head_macs <= 1.0, f"float_head_macs {self.float_head_macs} must be in [0, 1]",
+                 "the share of the model's MACs the float head may take, e.g. 0.1; 0 turns it off")
+        _require(not (self.float_stem and self.float_head_macs > 0), "float_stem times the float head on this CPU; "
+                 "float_head_macs chooses it by accuracy: give one of them", "turn float_stem or float_head_macs off")
         _require(self.range_search_passes >= 1, f"range_search_passes {self.range_search_passes} must be at least 1",
                  "2 is the default")
         _require(not (self.gemm_convs and self.reduce_range),

@@ -30,13 +30,14 @@ from npukit._scratch import scratch_cwd
 from npukit.errors import InputError
 from npukit.frontend.graph_index import GraphIndex
 from npukit.frontend.onnx_io import named_nodes
+from npukit.measure.summary import summarize
 from npukit.quant.algorithms.adaround import adaround
 from npukit.quant.algorithms.bias_correction import correct_bias, correct_bias_each
 from npukit.quant.algorithms.equalize import equalize
 from npukit.quant.algorithms.range_search import search_ranges
 from npukit.quant.algorithms.stream_equalize import equalize_streams
 from npukit.quant import recipe
-from npukit.quant.calibration.auto import Split, choose_method, split_samples
+from npukit.quant.calibration.auto import Split, choose_method, output_sqnrs, split_samples
 from npukit.quant.calibration.calibrate import (Calibration, Progress, calibrate, iter_samples,
                                                 sixteen_bit_tensors)
 from npukit.quant.config import QuantConfig
@@ -52,6 +53,7 @@ from npukit.quant.plan import Decision, QuantPlan, SIXTEEN_BIT, TensorSpec
 from npukit.quant.precision.float_neighbours import AFTER, BETWEEN, float_neighbours
 from npukit.quant.precision.fragile import FRAGILE_DB, fragile_convs, grouped_convs
 from npukit.quant.precision.joins import JOIN_RATIO, mixed_scale_joins
+from npukit.quant.precision.scored_head import choose_scored_heads
 from npukit.quant.precision.squares import square_chains
 from npukit.quant.precision.tensor_precision import (TensorPlan, activation_pairs, check_plan_arguments,
                                                      plan_int16_tensors, sixteen_bit_activations, stand_in_config,
@@ -68,6 +70,8 @@ FLOAT_NEIGHBOUR = {AFTER: Decision("float_neighbour", "elementwise on float node
 FRAGILE_SAMPLES = 4  # calibration samples the depthwise-input measure runs on (its own min-max ranges)
 FLOAT_HEAD = Decision("float_stem", "a short-reduction stem and the chain after it run fastest in float here")
 USER_EXCLUDE = Decision("exclude", "named by the user")
+SCORED_HEAD = Decision("float_head_scored", "the stem and the convs after it whose float model scored best within "
+                                            "the float head's share of the MACs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,6 +335,7 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
     _int16_plan(build)
     build = _recipe(build, progress)  # CLE, activation equalization, pairing, fragile convs, held-out scores
     _calibration(build, progress)
+    _scored_head(build)
     _adaround(build)
     _bias_correction(build)
     _emit(build)
@@ -358,7 +363,7 @@ class _Build:
     sixteen_bit: dict[str, Decision] = dataclasses.field(default_factory=dict)  # 16-bit tensors a step chose
     recipe: Mapping[str, bool] = dataclasses.field(default_factory=dict)  # the recipe's fields, once chosen
     method: str | None = None  # the calibration method "auto" chose
-    done: frozenset[str] = frozenset()  # the deciding steps that ran: "float_head", "int16_plan", "recipe"
+    done: frozenset[str] = frozenset()  # deciding steps that ran: "float_head", "int16_plan", "recipe", "scored_head"
     range_why: dict[str, Decision] = dataclasses.field(default_factory=dict)  # tensor -> the step that set its range
     steps: QuantSteps = dataclasses.field(default_factory=QuantSteps)
     probe: dict[str, tuple[float, float]] | None = None  # one-sample ranges, for the probes that only build
@@ -406,6 +411,7 @@ class _Build:
             asked, exclude=tuple(self.decided.float_nodes),
             int16_tensors=tuple(dict.fromkeys(asked.int16_tensors + tuple(self.sixteen_bit))),
             float_stem=asked.float_stem and "float_head" not in self.done,
+            float_head_macs=0.0 if "scored_head" in self.done else asked.float_head_macs,
             int16_budget=0.0 if "int16_plan" in self.done else asked.int16_budget,
             choose_recipe=asked.choose_recipe and "recipe" not in self.done,
             method=self.method or asked.method, **self.recipe)
@@ -658,6 +664,39 @@ def _calibration(b: _Build, progress: Progress | None) -> None:
     b.range_why |= dict.fromkeys(b.ranges, Decision("calibration", f"{method} over {calib.samples} samples"))
 
 
+def _scored_head(b: _Build) -> None:
+    """For a runtime this machine cannot time (``float_head_macs``): the float head chosen by the score of each
+    candidate on the last calibration samples (``precision.scored_head``), once the ranges are known and before
+    AdaRound and bias correction, which then work on the convs that stay quantized."""
+    config = b.config
+    if config.float_head_macs <= 0:
+        return
+    stems = [n for n in stem_convs(b.work) if n not in config.exclude and n not in config.int16_nodes]
+    layers = {row.name: row.macs for row in summarize(b.work).layers}
+    total = sum(m or 0 for m in layers.values())
+    split = b.held.split if b.held is not None else split_samples(
+        sum(1 for _ in iter_samples(b.work, b.samples, limit=config.calib_samples)))
+    session = session_for(config.score_on)
+    floats = set(config.exclude)
+    macs = {n: 0 if n in floats else m for n, m in layers.items()}  # a conv already in float costs nothing more
+
+    def build(prefix: tuple[str, ...]) -> onnx.ModelProto:
+        extra = tuple(n for n in prefix if n not in floats)
+        return build_qdq(b.work, b.first, dataclasses.replace(config, exclude=config.exclude + extra), b.ranges, {})
+
+    def score(models: dict[int, onnx.ModelProto]) -> dict[int, float]:
+        return output_sqnrs(b.work, models, b.samples, start=split.held_out_start, stop=split.total, session=session)
+
+    heads = choose_scored_heads(b.work, stems, macs=macs, total=total, share=config.float_head_macs, build=build,
+                                score=score, keep=frozenset(config.int16_nodes))
+    nodes = tuple(n for h in heads for n in h.nodes if n not in floats)
+    b.keep_float(nodes, SCORED_HEAD)
+    b.done |= {"scored_head"}
+    b.steps.float_head_scored = {"nodes": list(nodes), "share": config.float_head_macs, "score_on": config.score_on,
+                                 "scored_on_samples": [split.held_out_start, split.total],
+                                 "heads": [h.summary() for h in heads]}
+
+
 def _adaround(b: _Build) -> None:
     """Learned weight rounding for the 8-bit tensors; its grids go into the plan as fixed specs."""
     if not b.config.adaround:
@@ -744,7 +783,7 @@ def float_conv_record(qdq: onnx.ModelProto, plan: QuantPlan) -> FloatConvsRecord
 
 
 # The steps of ``quantize`` that choose float nodes themselves (their ``Decision.step``)
-DECIDING_STEPS = (FLOAT_HEAD.step, "float_joins", "float_squares", "float_fragile")
+DECIDING_STEPS = (FLOAT_HEAD.step, SCORED_HEAD.step, "float_joins", "float_squares", "float_fragile")
 
 
 def decided_floats(result: QuantResult) -> dict[str, Decision]:
@@ -758,9 +797,11 @@ def decided_floats(result: QuantResult) -> dict[str, Decision]:
 def keep_decided_floats(config: QuantConfig, result: QuantResult) -> QuantConfig:
     """``config`` that builds ``result``'s float nodes again without deciding them anew: the nodes of
     ``decided_floats`` excluded (a model built from it directly, ``build_qdq``, is then the model ``quantize``
-    built, not one with those nodes quantized), ``float_stem`` off (the head is not timed again)."""
+    built, not one with those nodes quantized), ``float_stem`` and ``float_head_macs`` off (the head is not chosen
+    again)."""
     chosen = tuple(n for n in decided_floats(result) if n not in config.exclude)
-    return dataclasses.replace(config, float_stem=False, exclude=tuple(config.exclude) + chosen)
+    return dataclasses.replace(config, float_stem=False, float_head_macs=0.0,
+                               exclude=tuple(config.exclude) + chosen)
 
 
 def integer_kernel_report(model: onnx.ModelProto) -> dict:

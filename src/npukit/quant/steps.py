@@ -84,6 +84,7 @@ class QuantSteps:
     float_fragile: FloatFragileRecord | None = None
     auto: dict[str, Any] | None = None  # choose_method's candidates and their held-out SQNR
     calibration: CalibrationRecord | None = None
+    float_head_scored: dict[str, Any] | None = None  # the head chosen by score: nodes, share, each stem's candidates
     adaround: dict[str, Any] | None = None  # AdaRoundResult.summary()
     bias_correction: BiasCorrectionRecord | None = None
     range_search: dict[str, Any] | None = None  # RangeSearchResult.summary()
@@ -93,8 +94,9 @@ class QuantSteps:
 
     @property
     def float_head_nodes(self) -> tuple[str, ...]:
-        """The convs the float head left in float (none without one)."""
-        return tuple(self.float_stem["nodes"]) if self.float_stem else ()
+        """The convs the float head (timed or scored) left in float (none without one)."""
+        return tuple(self.float_stem["nodes"] if self.float_stem else ()) + tuple(
+            self.float_head_scored["nodes"] if self.float_head_scored else ())
 
     def ran(self) -> list[str]:
         """The names of the steps that ran, in pipeline order."""

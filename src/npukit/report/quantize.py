@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from npukit.quant.precision.scored_head import TIE_DB
 from npukit.quant.steps import QuantSteps
 from npukit.report.core import Report
 from npukit.report.plan import add_plan
@@ -73,6 +74,18 @@ def add_steps(report: Report, steps: QuantSteps) -> None:
     if head and (head["nodes"] or head.get("dropped")):
         report.add_table("Float head (the stem and the convs after it that run fastest in float on this CPU)",
                          ["convs left in float", "note"], [[", ".join(head["nodes"]) or "-", head.get("dropped", "")]])
+    scored = steps.float_head_scored
+    if scored:
+        first, last = scored["scored_on_samples"]
+        rows = [[h["stem"], ", ".join(h["chain"][:int(k)]) or "(none: all quantized)", share, h["sqnr_db"][k],
+                 "chosen" if int(k) == len(h["nodes"]) else ""]
+                for h in scored["heads"] for k, share in h["mac_share"].items()]
+        report.add_table(f"Float head chosen by accuracy (prefixes of the stem's chain within {scored['share']:.0%} of "
+                         f"the MACs, output SQNR on calibration samples {first}-{last - 1}, {scored['score_on']} "
+                         f"arithmetic; the shortest within {TIE_DB} dB of the best)",
+                         ["stem", "convs in float", "share of MACs", "SQNR dB", ""],
+                         rows or [[", ".join(h["stem"] for h in scored["heads"]) or "-",
+                                   "none within the MAC share", "-", "-", ""]])
 
 
 def add_layer_sqnr(report: Report, layers: list[dict]) -> None:
