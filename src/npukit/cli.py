@@ -10,6 +10,7 @@ import dataclasses
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from npukit import __version__
@@ -714,6 +715,31 @@ def run(args: argparse.Namespace) -> int:
     return 0 if out.report.passed else 1  # exit 0 means the artifact passed its checks
 
 
+def _outputs(args: argparse.Namespace) -> list[Path]:
+    """The files a verb writes for the user: its artifact and the report (JSON, HTML) beside it, or where named."""
+    from npukit.report.finish import report_path_for
+
+    paths = [Path(p) for p in (getattr(args, "json", None), getattr(args, "report", None)) if p]
+    output = getattr(args, "output", None)
+    if output:
+        paths += [Path(output), report_path_for(output), report_path_for(output, ".report.html")]
+    return paths
+
+
+def _remove_new(paths: dict[Path, bool]) -> None:
+    """Delete each path of ``paths`` (path -> whether it existed before the verb ran) that the failed verb created:
+    an artifact written before a later step refused or failed is not one that passed its checks."""
+    import shutil
+
+    for path, existed in paths.items():
+        if existed or not path.exists():
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -722,20 +748,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     from npukit.report.terminal import print_error
     from npukit.report.capture import capture_library_messages
 
+    before = {path: path.exists() for path in _outputs(args)}
     try:
         with capture_library_messages():
             return run(args)
     except NpukitError as exc:
         if args.debug:
             raise
+        _remove_new(before)
         print_error(exc.one_line())
         return exc.exit_code
     except KeyboardInterrupt:
+        _remove_new(before)
         print_error("interrupted; nothing was left half-written." + _resumable(args))
         return 130
     except Exception as exc:  # an npukit bug: say so in one line, with the way to the traceback
         if args.debug:
             raise
+        _remove_new(before)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         print_error(f"internal error: {type(exc).__name__}: {first}. Rerun with --debug for the traceback "
                     "and report it.")

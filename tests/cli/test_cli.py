@@ -242,6 +242,46 @@ def test_quantize_checks_the_task_and_exits_1_below_the_floors(exported, tmp_pat
     assert json.loads(out.with_name("q.report.json").read_text())["verdict"].startswith("DEGRADED")
 
 
+def test_a_task_the_outputs_cannot_carry_is_refused_before_any_work(exported, tmp_path, capsys, monkeypatch):
+    """--task detect on a classifier: exit 2 with one line, before quantizing, nothing written."""
+    import npukit.quant.qdq
+
+    def never(*args, **kwargs):
+        raise AssertionError("quantized although the task was refused")
+
+    monkeypatch.setattr(npukit.quant.qdq, "quantize", never)
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(1).standard_normal((4, 3, 32, 32)).astype(np.float32))
+    before = _files(tmp_path)
+    out = tmp_path / "q.onnx"
+    assert main(["quantize", str(exported), "--calib", str(calib), "-o", str(out), "--task", "detect"]) == 2
+    assert "--task detect but no output has a detector's layout" in capsys.readouterr().err
+    assert _files(tmp_path) == before
+
+
+def test_a_verb_that_fails_after_writing_its_artifact_leaves_nothing_new(exported, tmp_path, capsys, monkeypatch):
+    """An artifact written before a later step refused (exit 2) or broke (exit 1) is removed with its report; a
+    file that was there before the run is left alone."""
+    from npukit import api
+    from npukit.errors import InputError
+
+    def writes_then_refuses(*args, **kwargs):
+        out = Path(kwargs.get("output") or args[1])
+        out.write_bytes(b"half")
+        out.with_name(out.stem + ".report.json").write_text("{}")
+        raise InputError("refused late", hint="nothing to do")
+
+    monkeypatch.setattr(api, "optimize_graph", writes_then_refuses)
+    before = _files(tmp_path)
+    assert main(["optimize-graph", str(exported), "-o", str(tmp_path / "o.onnx")]) == 2
+    assert _files(tmp_path) == before
+    kept = tmp_path / "kept.onnx"
+    kept.write_bytes(b"the user's")
+    assert main(["optimize-graph", str(exported), "-o", str(kept)]) == 2
+    assert kept.exists() and not (tmp_path / "kept.report.json").exists()
+    capsys.readouterr()
+
+
 def test_html_without_report_path_lands_beside_the_input(exported, tmp_path):
     import shutil
 

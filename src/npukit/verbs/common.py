@@ -218,6 +218,18 @@ def floor_check(reference: Any, samples: Sequence[Any], *, task: str | None, gat
     return check
 
 
+def check_task(reference: onnx.ModelProto, data: Any, task: str | None) -> None:
+    """Refuse a ``task`` the reference's outputs cannot carry on the first sample of ``data`` (a dataset or feed
+    dicts; or None: seeded inputs), before any long step and before anything is written."""
+    if task is None or task == "auto":
+        return
+    from npukit.measure.task_fidelity import check_samples
+
+    first = check_samples(data, 1) if data is not None else []
+    feeds = (first[0].feeds if hasattr(first[0], "feeds") else dict(first[0])) if first else seeded_feeds(reference)
+    output_task(reference, feeds, task)
+
+
 def output_task(reference: onnx.ModelProto, feeds: dict[str, np.ndarray], task: str | None):
     """The task of ``reference``'s outputs (``npukit.tasks.choose_task``), judged on one sample's ``feeds``."""
     from npukit.runtime.ort import make_session

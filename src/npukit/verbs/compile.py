@@ -17,7 +17,7 @@ from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import (check_output, floor_check, held_back, is_qdq, open_data, refuse_quantized,
+from npukit.verbs.common import (check_output, check_task, floor_check, held_back, is_qdq, open_data, refuse_quantized,
                                  seeded_feeds, task_check, upgrade_opset)
 
 
@@ -98,6 +98,7 @@ def compile(  # noqa: A001 - the verb's name
         samples = open_data(calib, proto, preprocess or PreprocessConfig())
     _check_quantization_request(float_model=quantized_here, calibrated=samples is not None, weight_bits=weight_bits,
                                 mixed_precision=mixed_precision)
+    check_task(proto, samples, task)
     from npukit.runtime.compile import prepare_graph
 
     # With the shapes fixed, Shape/Range subgraphs fold to constants; Constant nodes become initializers (else the

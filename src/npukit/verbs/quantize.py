@@ -15,7 +15,7 @@ from npukit.report.quantize import (add_kernel_profile, add_layer_sqnr, add_mixe
                                      add_size_and_speed, add_steps)
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import (check_output, float_static_model, floor_check, held_back, open_data,
+from npukit.verbs.common import (check_output, check_task, float_static_model, floor_check, held_back, open_data,
                                  quant_opset, task_check)
 
 
@@ -163,6 +163,7 @@ def quantize(
                                          float_stem=float_stem, gemm_convs=gemm_convs), **(extra or {}))
     samples = open_data(calib, proto, preprocess) if isinstance(calib, (str, Path)) else list(calib)
     evaluation = open_data(data, proto, preprocess) if data is not None else None
+    check_task(proto, samples, task)  # a --task the outputs cannot carry fails here, before any work
     report = Report("quantize", config={"quant": config.as_dict(), "cpu_scheme": scheme, "model": str(model),
                                         "calib": str(calib) if isinstance(calib, (str, Path)) else
                                         f"{len(samples)} samples given in memory",
