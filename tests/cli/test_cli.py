@@ -79,6 +79,28 @@ def test_bench_with_data_and_reference(exported, tmp_path, capsys):
     assert report_path.with_suffix(".html").is_file()
 
 
+def test_bench_refuses_a_reference_that_takes_other_inputs(exported, tmp_path, capsys):
+    """A reference with another input name or size: exit 2 in one line naming both, nothing written."""
+    data = tmp_path / "x.npy"
+    np.save(data, np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32))
+    renamed, resized = onnx.load(str(exported)), onnx.load(str(exported))
+    old = renamed.graph.input[0].name
+    renamed.graph.input[0].name = "pixels"
+    for node in renamed.graph.node:
+        node.input[:] = ["pixels" if i == old else i for i in node.input]
+    resized.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 10  # a placeholder batch fixed in the file
+    before = _files(tmp_path)
+    for model, says in ((renamed, "takes inputs ['pixels']"), (resized, "[10, 3, 32, 32] in the reference")):
+        path = tmp_path / "ref.onnx"
+        onnx.save(model, str(path))
+        assert main(["bench", str(exported), "--data", str(data), "--reference", str(path), "--runs", "2",
+                     "--report", str(tmp_path / "b.json")]) == 2
+        err = capsys.readouterr().err
+        assert says in err and len(err.strip().splitlines()) <= 2
+        path.unlink()
+    assert _files(tmp_path) == before
+
+
 def test_console_script_runs():
     exe = Path(sys.executable).with_name("npukit")
     done = subprocess.run([str(exe), "--version"], capture_output=True, text=True, check=True)

@@ -88,6 +88,8 @@ def bench(
                               max_samples=max_samples, preprocess=preprocess, target=target, soc=soc,
                               report_path=report_path, html=html, task=task, gate=gate, spec=spec)
     ref_proto = load_with_inputs(reference, spec) if reference is not None else None
+    if ref_proto is not None:
+        _check_reference(proto, ref_proto, reference)
     report = Report("bench", config={"bench": to_dict(config), "preprocess": to_dict(preprocess),
                                      "model": str(model), "reference": str(reference) if reference else None,
                                      "data": str(data) if data else None,
@@ -139,6 +141,30 @@ def bench(
             _bench_memory(report, model if spec is None else save_onnx(proto, Path(tmp) / "model.onnx"))
     json_path = Path(report_path) if report_path else None
     return finish(report, None, html=html, json_path=json_path, result=report.sections, source=model)
+
+
+def _input_dims(model: onnx.ModelProto) -> dict[str, tuple[int | str, ...]]:
+    from npukit.frontend.onnx_io import graph_inputs
+
+    return {i.name: tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+                          for d in i.type.tensor_type.shape.dim) for i in graph_inputs(model)}
+
+
+def _check_reference(model: onnx.ModelProto, reference: onnx.ModelProto, path: str | Path) -> None:
+    """The reference must take the model's inputs: the same names and, where both are fixed, the same sizes."""
+    mine, theirs = _input_dims(model), _input_dims(reference)
+    if set(mine) != set(theirs):
+        raise InputError(f"the reference {Path(str(path)).name} takes inputs {sorted(theirs)}, the model "
+                         f"{sorted(mine)}", hint="give as --reference the float model this one was made from")
+    for name, dims in mine.items():
+        other = theirs[name]
+        fixed = all(isinstance(d, int) and d > 0 for d in (*dims, *other))
+        if len(dims) != len(other) or (fixed and dims != other):
+            shown = ",".join(str(d) for d in dims)
+            raise InputError(f"input {name!r} is {list(dims)} in the model but {list(other)} in the reference "
+                             f"{Path(str(path)).name}",
+                             hint=f"fix both to the model's size with --input-shape {shown}, or give the reference "
+                                  "the model was made from")
 
 
 def _bench_context(model: str | Path, proto: onnx.ModelProto, *, data, reference, warmup: int, runs: int,
