@@ -710,8 +710,15 @@ def run(args: argparse.Namespace) -> int:
     from npukit import api
     from npukit.report.terminal import print_report
 
+    class Quiet(Console):
+        def on_broken_pipe(self) -> None:
+            """The reader left (`npukit ... | head -1`): print nothing more; the verdict still decides the exit code
+            (rich's own handler exits with 1, which would read as a failed check)."""
+            self.quiet = True
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
     out = VERBS[args.verb].run(api, args)
-    print_report(out.report, console=Console(width=None if sys.stdout.isatty() else 140))
+    print_report(out.report, console=Quiet(width=None if sys.stdout.isatty() else 140))
     return 0 if out.report.passed else 1  # exit 0 means the artifact passed its checks
 
 

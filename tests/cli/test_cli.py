@@ -107,6 +107,15 @@ def test_console_script_runs():
     assert done.stdout.startswith("npukit ")
 
 
+def test_a_reader_that_leaves_early_does_not_change_the_exit_code(exported):
+    """`npukit inspect m.onnx | head -1` where the reader has gone before the report is printed: exit 0 as without
+    the pipe (rich's own handler exits with 1, which reads as a failed check)."""
+    exe = Path(sys.executable).with_name("npukit")
+    proc = subprocess.Popen([str(exe), "inspect", str(exported)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader leaves before the first line: every write of the report meets a closed pipe
+    assert proc.wait(timeout=120) == 0, proc.stderr.read().decode()
+
+
 def _bad_inputs(tmp: Path) -> dict[str, list[str]]:
     (tmp / "notonnx.onnx").write_text("this is text, not a model\n")
     (tmp / "empty").mkdir()

@@ -109,6 +109,16 @@ def test_conv_stages_tile_exactly(case: str, tiles) -> None:
     _check(model, tiles=tiles, cut=cut)
 
 
+def test_an_opset_9_model_gets_the_slice_of_its_opset() -> None:
+    """Before opset 10 Slice takes its bounds as attributes (CenterFace's file is opset 9): the tiles use that form."""
+    model, cut = _conv_stack((1, 3, 23, 19), CONV_CASES["stride2"])
+    model.opset_import[0].version = 9
+    tiled = _check(model, tiles=3, cut=cut)
+    slices = [n for n in tiled.graph.node if n.op_type == "Slice"]
+    assert slices and all(len(n.input) == 1 and {a.name for a in n.attribute} == {"starts", "ends", "axes"}
+                          for n in slices)
+
+
 def test_residual_add_pooling_and_constant_ops() -> None:
     net = _Net((1, 4, 21, 20))
     a = net.conv(8, 3, pads=[1, 1, 1, 1])

@@ -41,6 +41,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from npukit.frontend.graph_index import GraphIndex
+from npukit.frontend.opset import onnx_opset
 from npukit.errors import InputError, NumericCheckError
 from npukit.measure.summary import infer_with_fixed_inputs, static_dims, value_types, summarize
 from npukit.report.core import Report
@@ -496,6 +497,9 @@ class _Builder:
     def _slice(self, source: str, box: Box, origin: Box, output: str) -> None:
         starts = [box[0][0] - origin[0][0], box[1][0] - origin[1][0]]
         ends = [box[0][1] - origin[0][0], box[1][1] - origin[1][0]]
+        if onnx_opset(self.graph.model) < 10:  # Slice-1 takes its bounds as attributes
+            self.add_node("Slice", [source], output, name=output + "__slice", starts=starts, ends=ends, axes=[2, 3])
+            return
         self.add_node("Slice", [source, self._constant(starts, output + "_starts"),
                                 self._constant(ends, output + "_ends"), self._constant([2, 3], output + "_axes")],
                       output, name=output + "__slice")
