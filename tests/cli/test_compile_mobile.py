@@ -32,6 +32,28 @@ def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file())
 
 
+def test_a_torchvision_model_without_weights_is_known_untrained():
+    from npukit.frontend.spec import resolve_model
+
+    assert resolve_model("torchvision:squeezenet1_1").random_weights
+    assert not resolve_model("tinynet:tiny").random_weights  # a factory's weights are its own business
+
+
+def test_an_untrained_model_says_so_in_the_verdict(tmp_path, monkeypatch):
+    """A check against an untrained architecture passes trivially: the verdict's first line says what it held."""
+    import dataclasses
+
+    import npukit.frontend.spec as spec
+
+    resolve = spec.resolve_model
+    monkeypatch.setattr(spec, "resolve_model", lambda *a, **k: dataclasses.replace(resolve(*a, **k),
+                                                                                    random_weights=True))
+    out = tmp_path / "tiny.pte"
+    assert main(["compile", "tinynet:tiny", "--target", "executorch-xnnpack", "-o", str(out), *SHAPE]) == 0
+    verdict = json.loads(out.with_name("tiny.report.json").read_text())["verdict"]
+    assert verdict.startswith("PASS") and "untrained architecture (random weights)" in verdict
+
+
 def test_fp32_artifact_matches_eager_torch(target, tmp_path):
     suffix, artifact = TARGETS[target]
     out = tmp_path / f"tiny{suffix}"

@@ -50,6 +50,7 @@ class ModelSource:
     default_input_shape: tuple[int, ...] | None
     description: str
     notes: tuple[str, ...] = ()
+    random_weights: bool = False  # a torchvision architecture built without --weights: untrained
 
 
 def resolve_model(spec: str, *, weights: str | None = None) -> ModelSource:
@@ -112,7 +113,8 @@ def _from_torchvision(spec: str, name: str, weights: str | None) -> ModelSource:
     shape = _torchvision_input_shape(name, family, module)
     state = f"weights from {weights}" if weights else "random weights"
     return ModelSource(kind="torch", spec=spec, module=module, onnx_path=None, default_input_shape=shape,
-                       description=f"torchvision {family} model {name} ({state})", notes=notes)
+                       description=f"torchvision {family} model {name} ({state})", notes=notes,
+                       random_weights=weights is None)
 
 
 def _torchvision_input_shape(name: str, family: str, module: torch.nn.Module) -> tuple[int, ...]:
