@@ -90,6 +90,9 @@ def test_npy_is_memory_mapped(tmp_path: Path) -> None:
     ds.check_against(["batch", 3, 4, 4])
     with pytest.raises(InputError, match="does not fit input 'x', which takes"):
         ds.check_against([1, 4, 4, 4])
+    with pytest.raises(InputError) as info:  # a detector's file keeping a placeholder size: the flag that fixes it
+        ds.check_against([10, 3, 32, 32])
+    assert "fix them to the data's with --input-shape x=1,3,4,4" in info.value.one_line()
     ds.check_against([3, 4, 4])  # an input without a batch axis: the 7 samples are stacked, sample i is arr[i]
     assert ds.stacked == {"x"} and ds.sample(2)["x"].shape == (3, 4, 4)
     assert [b.size for b in ds.batches(3)] == [1] * 7

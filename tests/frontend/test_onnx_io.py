@@ -32,6 +32,8 @@ def test_load_valid(matmul_onnx: Path) -> None:
         (b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + bytes(range(256)), "is a JPEG image"),
         (b"PK\x03\x04" + bytes(64), "zip archive"),
         (b"", "is empty"),
+        (b"<\x00\x00\x00ET12eh00 \x00\x00\x00" + bytes(64), "is an ExecuTorch program"),  # compile's .pte
+        (b"\x1c\x00\x00\x00TFL3\x14\x00 \x00" + bytes(64), "is a LiteRT"),  # compile's .tflite
     ],
 )
 def test_load_not_onnx(tmp_path: Path, content: bytes, expected: str) -> None:

@@ -130,7 +130,11 @@ class Dataset(abc.ABC):
             if whole and not along_batch:
                 stacked.add(name)
             elif not along_batch:
-                raise InputError(self._misfit(name, got, model_shape), hint=self._shape_hint(model_shape))
+                hint = self._shape_hint(model_shape)
+                if len(got) + 1 == len(model_shape) and model_shape:  # the data's sizes, the model's placeholders?
+                    hint = (f"if the model's sizes are placeholders, fix them to the data's with --input-shape "
+                            f"{name}={','.join(map(str, (1, *got)))}; otherwise {hint}")
+                raise InputError(self._misfit(name, got, model_shape), hint=hint)
         self.stacked = frozenset(stacked)
         if dtypes:
             self._cast_to(dtypes)

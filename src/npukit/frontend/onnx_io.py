@@ -27,6 +27,10 @@ _NOT_ONNX_SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"\x80\x02", "a Python pickle (a PyTorch checkpoint?)"),
 )
 _ONNX_HINT = "pass an .onnx file saved by torch.onnx.export or onnx.save"
+# flatbuffer file identifiers (bytes 4-8): a phone runtime's artifact, which compile checked on its runtime
+_MOBILE_IDENTIFIERS = {b"ET12": "an ExecuTorch program (.pte)", b"TFL3": "a LiteRT (TFLite) model"}
+_MOBILE_HINT = ("npukit reads ONNX here; compile ran and checked it on its runtime (see its report); give the ONNX "
+                "model (npukit export) to this verb")
 
 
 def load_onnx(path: str | Path) -> onnx.ModelProto:
@@ -42,7 +46,8 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
         raise InputError(f"{path} is empty", hint=_ONNX_HINT)
     kind = _sniff_not_onnx(head)
     if kind:
-        raise InputError(f"{path} is {kind}, not an ONNX model", hint=_ONNX_HINT)
+        raise InputError(f"{path} is {kind}, not an ONNX model",
+                         hint=_MOBILE_HINT if kind in _MOBILE_IDENTIFIERS.values() else _ONNX_HINT)
     try:
         model = onnx.load_model(str(path), load_external_data=False)
     except (DecodeError, RuntimeError, ValueError) as exc:
@@ -65,6 +70,8 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
 
 
 def _sniff_not_onnx(head: bytes) -> str | None:
+    if head[4:8] in _MOBILE_IDENTIFIERS:
+        return _MOBILE_IDENTIFIERS[head[4:8]]
     for signature, kind in _NOT_ONNX_SIGNATURES:
         if head.startswith(signature):
             return kind
