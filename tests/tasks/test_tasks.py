@@ -133,6 +133,25 @@ def test_ctc_decoding_and_character_agreement() -> None:
     assert result.value == pytest.approx(0.75) and result.metrics["sequence_agreement"] == 0.0
 
 
+def test_text_recognition_holds_whole_lines_to_the_floor_too() -> None:
+    """One character in each of three lines of ten flips: 0.94 of the characters agree,
+    0.7 of the lines; the gate names the lines."""
+    from npukit.tasks import QualityGate, judge
+
+    line = np.eye(5)[[1, 0, 2, 0, 3, 0, 4, 0, 1, 0]]  # a b c d a
+    meter = TextRecognizeMeter(["probs"])
+    for i in range(10):
+        other = line.copy()
+        if i < 3:
+            other[2] = np.eye(5)[4]  # c -> d in three lines
+        meter.update([line[None]], [other[None]])
+    result = meter.result()
+    assert result.gated() == {"char_agreement": pytest.approx(0.94), "sequence_agreement": pytest.approx(0.7)}
+    verdict = judge(result, QualityGate(), what="quantize")
+    assert not verdict.passed and "sequence_agreement 0.700 < 0.9" in verdict.line
+    assert judge(result, QualityGate(min_metric=0.6), what="quantize").passed
+
+
 def test_every_output_is_checked_and_the_worst_named() -> None:
     a = rng.standard_normal((1, 10)).astype(np.float32)
     b = rng.standard_normal((1, 5)).astype(np.float32)

@@ -1,7 +1,11 @@
 """Text recognition (CTC): an (N, T, C) output of per-step class scores, decoded greedily (argmax per step, repeats
 merged, the blank class 0 dropped) into a character sequence for each model. Headline: character agreement, one
 minus the edit distance between the candidate's and the reference's sequences over the reference's length, summed
-over samples; also the share of samples whose sequences are identical and the per-step argmax agreement."""
+over samples; also the share of samples whose sequences are identical and the per-step argmax agreement.
+
+The gate holds both the character agreement and the share of identical sequences to its floor: what a reader of
+the text sees is whether a line reads the same. Seen on PP-OCRv4's recognizer (30 rendered text lines): an INT8
+model at 0.900 character agreement read 21 of the 30 lines differently from the float model (0.943: about half)."""
 
 from __future__ import annotations
 
@@ -62,6 +66,7 @@ class TextRecognizeMeter:
                    "step_agreement": self._steps_agree / self._steps if self._steps else None,
                    "reference_characters": self._chars}
         note = "" if self._chars else "the reference read no character on these inputs"
+        checks = {k: metrics[k] for k in ("char_agreement", "sequence_agreement")} if value is not None else {}
         return TaskResult(task=self.task, samples=self._samples, metric="char_agreement", value=value,
                           metrics=metrics, outputs=self._stats.result(), decoded=(self.names[self.sequence],),
-                          note=note)
+                          note=note, checks=checks)
