@@ -149,6 +149,7 @@ def _quantize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("--calib", required=True, help="calibration data: image folder, .npy or .npz")
     p.add_argument("-o", "--output", required=True, help="output .onnx path")
+    _add_preprocess(p)
     _add_gate(p)
     p.add_argument("--per-tensor", action="store_true", help="per-tensor weights (default per-channel)")
     p.add_argument("--method", choices=METHODS, default="auto",
@@ -242,6 +243,23 @@ def _devices_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
 
 
+def _add_preprocess(p: argparse.ArgumentParser) -> None:
+    """How image files (a folder or an image given as data) become the model's input; arrays are taken as they are."""
+    p.add_argument("--size", type=int, default=224, help="image crop size (default 224; the model's own wins)")
+    p.add_argument("--resize", type=int, default=256, help="resize the short side to this before cropping")
+    p.add_argument("--mean", default="0.485,0.456,0.406",
+                   help="per-channel mean of images in [0, 1] (default ImageNet)")
+    p.add_argument("--std", default="0.229,0.224,0.225", help="per-channel std (default ImageNet)")
+
+
+def _preprocess(args: argparse.Namespace):
+    from npukit.config import PreprocessConfig
+
+    mean, std = _floats(args.mean, "--mean"), _floats(args.std, "--std")
+    return PreprocessConfig(size=args.size, resize=max(args.resize, args.size), mean=mean, std=std,
+                            channels=len(mean))
+
+
 def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("--data", help="image folder (class subfolders give labels), image, .npy or .npz")
@@ -251,10 +269,7 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=50, help="timed runs (default 50)")
     p.add_argument("--warmup", type=int, default=10, help="untimed warm-up runs (default 10)")
     p.add_argument("--max-samples", type=int, help="use at most this many data samples")
-    p.add_argument("--size", type=int, default=224, help="image crop size (default 224; the model's own wins)")
-    p.add_argument("--resize", type=int, default=256, help="resize the short side to this before cropping")
-    p.add_argument("--mean", default="0.485,0.456,0.406", help="per-channel mean (default ImageNet)")
-    p.add_argument("--std", default="0.229,0.224,0.225", help="per-channel std (default ImageNet)")
+    _add_preprocess(p)
     p.add_argument("--target", default="cpu", help="also run on an NPU backend: qnn-htp (default: cpu only)")
     p.add_argument("--soc", default="SM8650", help="with --target qnn-htp: the Snapdragon SoC whose HTP runs the "
                                                     "model (default SM8650, Snapdragon 8 Gen 3)")
@@ -275,6 +290,7 @@ def _compile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calib", help="calibration data when MODEL is float (image folder, .npy, .npz); also the "
                                    "inputs of the task check (qnn-htp: on the HTP); with executorch-xnnpack, "
                                    "litert or coreml it asks for INT8")
+    _add_preprocess(p)
     p.add_argument("--weights", help="state dict (.pt/.pth/.safetensors) for a PyTorch MODEL")
     p.add_argument("--mixed-precision", action="store_true",
                    help="qnn-htp with --calib: start from int8 activations (the HTP's fastest) and lift layers to "
@@ -474,7 +490,8 @@ def _quantize(api, args):
                         gemm_convs=_tri(args.gemm_convs), calib_samples=args.calib_samples, data=args.data,
                         max_samples=args.max_samples, threads=args.threads, runs=args.runs, html=args.html,
                         extra={"pair_channels": False} if args.no_pair_channels else None,
-                        task=_task(args), gate=_gate(args), input_shape=args.input_shape)
+                        task=_task(args), gate=_gate(args), input_shape=args.input_shape,
+                        preprocess=_preprocess(args))
 
 
 def _analyze(api, args):
@@ -493,19 +510,16 @@ def _devices(api, args):
 
 
 def _bench(api, args):
-    from npukit.config import PreprocessConfig
-
-    mean, std = _floats(args.mean, "--mean"), _floats(args.std, "--std")
-    pre = PreprocessConfig(size=args.size, resize=max(args.resize, args.size), mean=mean, std=std, channels=len(mean))
     return api.bench(args.model, data=args.data, reference=args.reference, threads=args.threads, runs=args.runs,
-                     warmup=args.warmup, max_samples=args.max_samples, preprocess=pre, target=args.target,
+                     warmup=args.warmup, max_samples=args.max_samples, preprocess=_preprocess(args), target=args.target,
                      soc=args.soc, memory=args.memory, report_path=args.report, html=args.html, task=_task(args),
                      gate=_gate(args), input_shape=args.input_shape)
 
 
 def _compile(api, args):
     return api.compile(args.model, args.output, soc=args.soc, target=args.target, calib=args.calib,
-                       input_shape=args.input_shape, html=args.html, task=_task(args), gate=_gate(args),
+                       preprocess=_preprocess(args), input_shape=args.input_shape, html=args.html, task=_task(args),
+                       gate=_gate(args),
                        weights=args.weights, mixed_precision=args.mixed_precision, weight_bits=args.weight_bits)
 
 

@@ -313,6 +313,23 @@ def test_a_verb_that_fails_after_writing_its_artifact_leaves_nothing_new(exporte
     capsys.readouterr()
 
 
+def test_quantize_says_how_images_were_read_and_takes_the_normalization(exported, tmp_path):
+    """An image folder is resized, cropped and normalized (ImageNet's by default): the report says how, and
+    --mean / --std change it (a model not trained on ImageNet's statistics)."""
+    from PIL import Image
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    out = tmp_path / "q.onnx"
+    assert main(["quantize", str(exported), "--calib", str(folder), "-o", str(out), "--runs", "2",
+                 "--mean", "0.5,0.5,0.5", "--std", "0.5,0.5,0.5"]) == 0
+    note = json.loads(out.with_name("q.report.json").read_text())["results"]["image_preprocessing"]
+    assert "imgs: 3 image(s)" in note and "center crop 32x32" in note and "mean [0.5, 0.5, 0.5]" in note
+
+
 def test_html_without_report_path_lands_beside_the_input(exported, tmp_path):
     import shutil
 

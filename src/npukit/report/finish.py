@@ -27,6 +27,14 @@ def report_path_for(artifact: str | Path, suffix: str = ".report.json") -> Path:
     return artifact.with_name(stem + suffix)
 
 
+# npukit's own notes, raised as warnings of these classes where they arise: class name -> (report key, table title)
+NOTES = {"InputShapeOverride": ("input_shape_override",
+                                "Input shape: the model's static sizes overridden by --input-shape"),
+         "ImagePreprocessing": ("image_preprocessing",
+                                "Images: how they were turned into the model's input (--size, --resize, --mean, "
+                                "--std change it)")}
+
+
 def finish(report: Report, artifact: Path | None, *, html: bool, json_path: Path | None = None,
             result: Any = None, source: str | Path | None = None) -> CommandResult:
     """Write the report: beside ``artifact`` (or at ``json_path``); a verb without an artifact that was asked for
@@ -39,12 +47,12 @@ def finish(report: Report, artifact: Path | None, *, html: bool, json_path: Path
         json_path = report_path_for(source, f".{report.command}.report.json")
 
     messages = drain()
-    overrides = [m.split(": ", 1)[1] for m in messages if m.startswith("InputShapeOverride: ")]
-    if overrides:  # npukit's own note (frontend.shapes), not a library's
-        messages = {m: n for m, n in messages.items() if not m.startswith("InputShapeOverride: ")}
-        report.add("input_shape_override", overrides[0])
-        report.add_table("Input shape: the model's static sizes overridden by --input-shape", ["note"],
-                         [[m] for m in overrides])
+    for kind, (key, title) in NOTES.items():  # npukit's own notes, warned where they arise, not a library's
+        notes = [m.split(": ", 1)[1] for m in messages if m.startswith(f"{kind}: ")]
+        if notes:
+            messages = {m: n for m, n in messages.items() if not m.startswith(f"{kind}: ")}
+            report.add(key, notes[0])
+            report.add_table(title, ["note"], [[m] for m in notes])
     if messages:
         report.add("library_messages", messages)
         report.add_table("Library messages while this ran (counted, not printed)", ["message", "times"],

@@ -4,6 +4,7 @@ upgrades for Q/DQ, the task check, data opening."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -269,7 +270,19 @@ def open_data(data: str | Path, proto: onnx.ModelProto, preprocess: PreprocessCo
                           dtypes={i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
                                   for i in inputs if i.type.tensor_type.elem_type})
     dataset.validate()
+    if getattr(dataset, "kind", None) == "images":  # say how, so that a model not trained on ImageNet's is not
+        p = dataset.preprocess                        # silently fed ImageNet's normalization
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", ImagePreprocessing)
+            warnings.warn(f"{Path(data).name}: {len(dataset)} image(s), short side resized to {p.resize}, center "
+                          f"crop {p.size}x{p.size}, {'RGB' if p.channels == 3 else 'gray'} in [0, 1], (x - mean) / std "
+                          f"with mean {list(p.mean)}, std {list(p.std)} (ImageNet's unless given)",
+                          ImagePreprocessing, stacklevel=2)
     return dataset
+
+
+class ImagePreprocessing(UserWarning):
+    """How image files were turned into the model's input (``report.finish`` lists it in the report)."""
 
 
 def evaluate(proto: onnx.ModelProto, ref_proto: onnx.ModelProto | None, dataset, *, config: BenchConfig,
