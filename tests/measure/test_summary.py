@@ -154,3 +154,31 @@ def test_unknown_spatial_dims_leave_macs_unknown_until_given() -> None:
     assert rows["conv1"].macs is None and rows["conv1"].output_bytes is None
     assert s.unknown_mac_layers >= 2 and s.macs <= GEMM_MACS
     assert summarize(model, input_shape=(1, 3, 8, 8)).macs == 3520
+
+
+def _computed_reshape(divisor: int = 1) -> onnx.ModelProto:
+    """x[1,3,8,8] -> Reshape to (1, prod(shape(x)) / divisor) -> MatMul (192, 5): a size the graph computes, which
+    shape inference does not follow (ReduceProd of a Shape)."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("ReduceProd", ["s"], ["n"], keepdims=1),
+             helper.make_node("Div", ["n", "divisor"], ["m"]),
+             helper.make_node("Concat", ["one", "m"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["f"]),
+             helper.make_node("MatMul", ["f", "w"], ["y"])]
+    inits = [numpy_helper.from_array(np.array([divisor], np.int64), "divisor"),
+             numpy_helper.from_array(np.array([1], np.int64), "one"),
+             numpy_helper.from_array(np.ones((192, 5), np.float32), "w")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_sizes_the_graph_computes_are_taken_from_one_run():
+    from npukit.verbs.common import summary_of
+
+    model = _computed_reshape()
+    assert summarize(model).unknown_mac_layers == 1  # shape inference alone leaves the MatMul unknown
+    summary = summary_of(model)
+    assert summary.unknown_mac_layers == 0 and summary.macs == 192 * 5
+    broken = summary_of(_computed_reshape(divisor=3))  # does not run on any input: the partial count stays
+    assert broken.unknown_mac_layers == 1

@@ -112,11 +112,21 @@ def summarize(
     *,
     input_shape: tuple[int, ...] | None = None,
     top_activations: int = 10,
+    feeds: Any = None,
 ) -> ModelSummary:
-    """Summarize ``model`` (not modified). ``input_shape`` fixes the first graph input's shape for shape inference."""
+    """Summarize ``model`` (not modified). ``input_shape`` fixes the first graph input's shape for shape inference;
+    ``feeds``: inputs to run the model on once where shape inference leaves a conv/matmul without shapes (sizes the
+    graph computes: Shape -> Reshape chains), taking every tensor's shape from that run."""
     inferred = infer_with_fixed_inputs(model, input_shape)
     graph = inferred.graph
     shapes, dtypes = value_types(graph)
+    if feeds is not None and any(_node_macs(n, shapes) is None for n in graph.node):
+        from npukit.runtime.ort import every_output
+
+        found = every_output(model, feeds)
+        shapes |= {name: shape for name, (shape, _) in found.items()}
+        dtypes |= {name: onnx.helper.np_dtype_to_tensor_dtype(dtype) for name, (_, dtype) in found.items()
+                   if not dtypes.get(name)}
     consts = _constant_tensors(graph)
     weight_roots = _weight_roots(graph, consts)
 

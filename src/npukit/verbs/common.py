@@ -240,6 +240,21 @@ def output_task(reference: onnx.ModelProto, feeds: dict[str, np.ndarray], task: 
     return choose_task([o.shape for o in outs], [np.shape(v) for v in feeds.values()], task=task, sample=outs)
 
 
+def summary_of(model: onnx.ModelProto, *, input_shape: Sequence[int] | None = None):
+    """``measure.summary.summarize``; where shape inference leaves conv/matmul layers without shapes although the
+    inputs are static (sizes the graph computes), the model is run once on seeded inputs for them."""
+    from npukit.frontend.shapes import symbolic_inputs
+    from npukit.measure.summary import summarize
+
+    summary = summarize(model, input_shape=input_shape)
+    if summary.unknown_mac_layers and not symbolic_inputs(model):
+        try:
+            summary = summarize(model, input_shape=input_shape, feeds=seeded_feeds(model))
+        except Exception:  # noqa: BLE001 - a model that does not run on seeded inputs keeps the partial count
+            pass
+    return summary
+
+
 def seeded_feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     from npukit.runtime.ort import make_session, random_feeds
 

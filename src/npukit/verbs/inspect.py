@@ -15,13 +15,14 @@ def inspect(model: str | Path, *, input_shape: str | Sequence[int] | None = None
 
     ``input_shape`` (``InputSpec`` forms) is fixed into the model first. A symbolic batch counts as 1; when other
     symbolic dimensions leave conv/matmul layers without shapes, the total is shown as unknown (the JSON keeps the
-    partial sum with ``unknown_mac_layers``) rather than a number that leaves them out."""
+    partial sum with ``unknown_mac_layers``) rather than a number that leaves them out. Where the inputs are static
+    but the graph computes sizes shape inference cannot follow, the model is run once on seeded inputs for them."""
     from npukit.frontend.shapes import InputSpec, load_with_inputs
-    from npukit.measure.summary import summarize
+    from npukit.verbs.common import summary_of
 
     spec = InputSpec.parse(input_shape)
     proto = load_with_inputs(model, spec)
-    summary = summarize(proto)
+    summary = summary_of(proto)
     report = Report("inspect", config={"model": str(model), "input_shape": spec.as_dict() if spec else None})
     add_summary(report, summary, top_layers=top_layers)
     macs = macs_shown(summary)

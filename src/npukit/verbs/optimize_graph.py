@@ -12,7 +12,7 @@ from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
 from npukit.report.graph import add_optimize, verification_share
 from npukit.report.progress import step
-from npukit.verbs.common import check_output
+from npukit.verbs.common import check_output, summary_of
 
 
 def optimize_graph(
@@ -37,7 +37,6 @@ def optimize_graph(
     the Passes table prints (FoldBatchNormPass) or the registry's (fold_batch_norm)."""
     from npukit.frontend.onnx_io import save_onnx
     from npukit.frontend.shapes import InputSpec, load_with_inputs
-    from npukit.measure.summary import summarize
     from npukit.passes.pipeline import optimize_model, resolve_pass_names, verify_equivalent
 
     config = OptimizeConfig(skip_passes=resolve_pass_names(skip_passes), verify=verify, rtol=rtol)
@@ -68,8 +67,8 @@ def optimize_graph(
                 step(f"restructuring to fit {memory_budget:,} bytes", timings=report.timings, key="tiling"):
             staged = save_onnx(optimized, Path(tmp) / "optimized.onnx")
             _choice, tiling = optimize_for_memory(staged, output, budget_bytes=memory_budget, input_shape=shape)
-    before = summarize(original, input_shape=shape)
-    after = summarize(optimized, input_shape=shape)
+    before = summary_of(original, input_shape=shape)
+    after = summary_of(optimized, input_shape=shape)
     add_optimize(report, pipeline.records, before, after, errors, rtol=rtol)
     nodes = f"{before.nodes} -> {after.nodes} nodes"
     if errors is None:
