@@ -158,7 +158,7 @@ class QuantConfig:
                  "2 is the default")
         _require(not (self.gemm_convs and self.reduce_range),
                  "gemm_convs shifts weight integers by one, which can push reduce_range's pair-bounded weights into "
-                 "the saturation they avoid", "turn one of gemm_convs and reduce_range off")
+                 "the saturation they avoid", "turn one of them off (--gemm-convs off or --reduce-range off)")
         given = [f for f in ("cle", "activation_equalization", "bias_correction", "adaround", "range_search")
                  if getattr(self, f)] + (["int16_budget"] if self.int16_budget > 0 else [])
         _require(not (self.choose_recipe and given), f"choose_recipe picks the recipe itself; {', '.join(given)} "

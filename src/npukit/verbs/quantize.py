@@ -67,7 +67,8 @@ def resolve_recipe(recipe: str, *, cle: bool, activation_equalization: bool, bia
                                    ("--mixed-precision", mixed_precision)) if on]
     if recipe == "auto" and given:
         raise InputError(f"--recipe auto chooses the recovery steps itself; {', '.join(given)} cannot be given with it",
-                         hint="drop those flags, or --recipe auto to run exactly the flags given")
+                         hint="drop those flags to let --recipe auto choose, or drop --recipe auto to run exactly "
+                              "the flags given")
     return fields | {"choose_recipe": recipe == "auto"}
 
 

@@ -127,7 +127,7 @@ def iter_samples(model: onnx.ModelProto, samples: Iterable[object], *, limit: in
         raise InputError("the calibration set is empty", hint="give at least one sample (a few hundred is typical)")
     if limit is not None and count < limit:
         raise InputError(f"{limit} calibration samples were asked for but only {count} were given",
-                         hint="give more samples or lower calib_samples")
+                         hint="give more samples, or ask for fewer (--calib-samples; calib_samples in the API)")
 
 
 def observe(model: onnx.ModelProto, names: list[str], samples: Iterable[object], *, limit: int | None = None,
