@@ -187,8 +187,9 @@ def _check_on_the_htp(report: Report, output: Path, reference: onnx.ModelProto, 
         htp = make_qnn_session(output, provider_options=soc_provider_options(soc))
         check = check_samples(samples, COMPILE_CHECK_SAMPLES) if samples is not None else \
             [seeded_feeds(reference)]
-        where = (f"{len(check)} calibration samples (optimistic: the grids were fitted to them)" if samples is not None
-                 else "one seeded random input (no --calib given: pass it for a task check on real inputs)")
+        where = ("one seeded random input (no --calib given: pass it for a task check on real inputs)" if samples is None
+                 else f"{len(check)} calibration samples (optimistic: the grids were fitted to them)" if float_model
+                 else f"{len(check)} samples of --calib (the given QDQ model's grids were not fitted to them here)")
         task_check(report, reference, None, check, task=task, gate=gate, what="compile",
                     where=where, candidate_runner=session_runner(htp),
                     hint=("`npukit quantize` with a recovery recipe and compile its QDQ model" if float_model
