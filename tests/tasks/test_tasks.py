@@ -133,6 +133,20 @@ def test_ctc_decoding_and_character_agreement() -> None:
     assert result.value == pytest.approx(0.75) and result.metrics["sequence_agreement"] == 0.0
 
 
+def test_a_verdict_on_few_samples_says_it_is_weak() -> None:
+    from npukit.tasks import QualityGate, judge
+
+    def verdict(n: int) -> str:
+        meter = GenericMeter(["y"])
+        for _ in range(n):
+            a = rng.standard_normal((1, 10)).astype(np.float32)
+            meter.update([a], [a])
+        return judge(meter.result(), QualityGate(), what="quantize").line
+
+    assert verdict(1).startswith("PASS") and "on 1 samples (only 1: a weak check, give more data)" in verdict(1)
+    assert "weak" not in verdict(5)
+
+
 def test_text_recognition_holds_whole_lines_to_the_floor_too() -> None:
     """One character in each of three lines of ten flips: 0.94 of the characters agree,
     0.7 of the lines; the gate names the lines."""

@@ -23,6 +23,7 @@ from npukit.measure.fidelity import sqnr_from_sums as sqnr
 # ground truth, and the SQNR of every output that the task metric does not cover.
 DEFAULT_MIN_METRIC = 0.90
 DEFAULT_MIN_SQNR_DB = 20.0
+FEW_SAMPLES = 5  # a verdict on fewer samples says it is a weak check
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,7 +192,8 @@ def judge(result: TaskResult, gate: QualityGate, *, what: str, default_min_metri
     lowest = min(measured, key=lambda o: o.sqnr_db) if measured else None
     named = f" {lowest.name!r}" if lowest is not None and len(result.outputs) > 1 else ""
     worst = f", worst output{named} SQNR {_fmt(lowest.sqnr_db)} dB" if lowest is not None else ""
-    summary = f"{what}: task {result.task}, {headline}{worst} on {result.samples} samples"
+    few = f" (only {result.samples}: a weak check, give more data)" if 0 < result.samples < FEW_SAMPLES else ""
+    summary = f"{what}: task {result.task}, {headline}{worst} on {result.samples} samples{few}"
     if not failures:
         return Verdict(True, f"PASS {summary}")
     if gate.accept_degraded:
