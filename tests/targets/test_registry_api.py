@@ -46,6 +46,19 @@ def test_analyze_model_with_fix_writes_the_fixed_model(tmp_path):
     analyses, report = analyze_model(model, ["litert"], input_shape=(1, 3, 8, 8), fix=True, output=out)
     assert analyses[0].delegated_nodes == 3 and out.exists()
     assert report.sections["fixes"]["litert"]["applied"][1]["fix"] == "hardsigmoid_to_clip"
+    assert report.verdict.startswith("PASS analyze --fix: fixed for litert, every rewritten model within")
+    table = next(t for t in report.tables if t.title.startswith("Fixes applied (--fix)"))
+    assert table.rows[0][0] == "litert" and "hardsigmoid_to_clip x1" in table.rows[0][1] and table.rows[0][3] == str(out)
+
+
+def test_with_several_targets_only_the_models_a_fix_changed_are_written(tmp_path):
+    """cpu needs nothing here: no byte-identical copy for it beside litert's fixed model."""
+    model = single("HardSigmoid", shape=(1, 3, 8, 8))
+    out = tmp_path / "fixed.onnx"
+    _, report = analyze_model(model, ["litert", "cpu"], fix=True, output=out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fixed.litert.onnx"]
+    rows = {r[0]: r for r in next(t for t in report.tables if t.title.startswith("Fixes applied")).rows}
+    assert rows["cpu"][1:] == ["nothing to fix", "-", "not written"]
 
 
 def test_model_no_target_can_take_says_which_ops_and_what_to_do():

@@ -44,7 +44,7 @@ def analyze_model(
             result = apply_fixes(model, profile, input_shape=input_shape)
             fixes[profile.name] = result
             candidate = result.model
-            if output is not None:
+            if output is not None and (len(profiles) == 1 or _changed(result)):  # several targets: those it changed
                 path = Path(output)
                 if len(profiles) > 1:
                     path = path.with_name(f"{path.stem}.{profile.name.replace('@', '_')}{path.suffix or '.onnx'}")
@@ -77,4 +77,30 @@ def analyze_model(
     report.add("analyses", [a.as_dict() for a in analyses])
     if fix:
         report.add("fixes", {name: r.as_dict() for name, r in fixes.items()})
+        _add_fixes(report, fixes)
     return analyses, report
+
+
+def _changed(result: FixResult) -> bool:
+    return result.errors is not None or any(a["rewrites"] for a in result.applied)
+
+
+def _add_fixes(report: Report, fixes: dict[str, FixResult]) -> None:
+    """What --fix did per target, its check, and where each fixed model went; the verdict says it first."""
+    written = {k[len("fixed_model["):-1]: v for k, v in report.artifacts.items() if k.startswith("fixed_model[")}
+    rows = []
+    for target, result in fixes.items():
+        done = [f"{a['fix']} x{a['rewrites']}" for a in result.applied if a["rewrites"]]
+        check = "-" if result.errors is None else f"max abs error {result.errors.max_abs:.3g}, within tolerance"
+        rows.append([target, ", ".join(done) or "nothing to fix", check, str(written.get(target, "not written"))])
+    report.add_table("Fixes applied (--fix), each fixed model checked against the original on the same inputs",
+                     ["target", "fixes", "check", "written to"], rows)
+    changed = [t for t, r in fixes.items() if _changed(r)]
+    checked = [fixes[t].errors.max_abs for t in changed if fixes[t].errors is not None]  # type: ignore[union-attr]
+    if changed:
+        check = (f"every rewritten model within its tolerance of the original (max abs error {max(checked):.3g})"
+                 if checked else "the input shape fixed, nothing rewritten")
+        report.set_verdict(f"PASS analyze --fix: fixed for {', '.join(changed)}, {check}", passed=True)
+    else:
+        report.set_verdict(f"INFO analyze --fix: nothing to fix for {', '.join(fixes)}; the analysis only",
+                           passed=True)
