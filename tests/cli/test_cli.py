@@ -330,6 +330,17 @@ def test_quantize_says_how_images_were_read_and_takes_the_normalization(exported
     assert "imgs: 3 image(s)" in note and "center crop 32x32" in note and "mean [0.5, 0.5, 0.5]" in note
 
 
+def test_a_recipe_auto_that_ran_out_of_time_says_what_it_did_not_try(exported, tmp_path):
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(1).standard_normal((8, 3, 32, 32)).astype(np.float32))
+    out = tmp_path / "q.onnx"
+    assert main(["quantize", str(exported), "--calib", str(calib), "-o", str(out), "--runs", "2", "--recipe", "auto",
+                 "--recipe-budget", "0.000001"]) == 0
+    verdict = json.loads(out.with_name("q.report.json").read_text())["verdict"]
+    assert verdict.startswith("PASS") and "--recipe auto did not try equalized (" in verdict
+    assert "--recipe-budget gives it more time" in verdict
+
+
 def test_html_without_report_path_lands_beside_the_input(exported, tmp_path):
     import shutil
 

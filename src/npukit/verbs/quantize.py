@@ -197,6 +197,10 @@ def quantize(
                                    hint=_recipe_hint(config, result.steps.recipe) + slower)
     if slower and report.passed:  # a passing model that is not faster than the float one says so too
         report.set_verdict(report.verdict + slower, passed=True)
+    untried = (result.steps.recipe or {}).get("skipped") or {}
+    if untried and report.passed:  # --recipe auto chose among fewer recipes than it names: say which it left out
+        report.set_verdict(f"{report.verdict}; --recipe auto did not try {', '.join(untried)} "
+                           f"({next(iter(untried.values()))}; --recipe-budget gives it more time)", passed=True)
     if evaluation is not None and choice.name == "classify":  # the task check's agreement on the held-out data
         report.add("agreement", checked.metrics)
     return finish(report, output, html=html, result=result)
@@ -273,6 +277,8 @@ def _recipe_hint(config: Any, choice: dict | None = None) -> str:
     tried = []
     if choice and choice["chosen"] == "plain" and "equalized" in choice["candidates"]:
         tried.append("--recipe equalized (it scored lower on the held-out calibration samples)")
+    elif choice and "equalized" in choice.get("skipped", {}):
+        tried.append("--recipe equalized (--recipe auto did not try it within its time budget)")
     elif not (config.cle and config.activation_equalization and config.bias_correction) \
             and not (choice and choice["chosen"] == "equalized"):
         tried.append("--cle --equalize-activations --bias-correction")
