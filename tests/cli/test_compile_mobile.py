@@ -39,6 +39,15 @@ def test_a_torchvision_model_without_weights_is_known_untrained():
     assert not resolve_model("tinynet:tiny").random_weights  # a factory's weights are its own business
 
 
+def test_a_phone_artifact_does_not_replace_the_report_of_its_onnx_namesake(tmp_path):
+    """export -o tiny.onnx, then compile -o tiny.pte: two reports (tiny.report.json, tiny.pte.report.json)."""
+    assert main(["export", "tinynet:tiny", "-o", str(tmp_path / "tiny.onnx"), *SHAPE]) == 0
+    assert main(["compile", "tinynet:tiny", "--target", "executorch-xnnpack", "-o", str(tmp_path / "tiny.pte"),
+                 *SHAPE]) == 0
+    assert json.loads((tmp_path / "tiny.report.json").read_text())["command"] == "export"
+    assert json.loads((tmp_path / "tiny.pte.report.json").read_text())["command"] == "compile"
+
+
 def test_an_untrained_model_says_so_in_the_verdict(tmp_path, monkeypatch):
     """A check against an untrained architecture passes trivially: the verdict's first line says what it held."""
     import dataclasses
@@ -50,7 +59,7 @@ def test_an_untrained_model_says_so_in_the_verdict(tmp_path, monkeypatch):
                                                                                     random_weights=True))
     out = tmp_path / "tiny.pte"
     assert main(["compile", "tinynet:tiny", "--target", "executorch-xnnpack", "-o", str(out), *SHAPE]) == 0
-    verdict = json.loads(out.with_name("tiny.report.json").read_text())["verdict"]
+    verdict = json.loads(out.with_name(out.name + ".report.json").read_text())["verdict"]
     assert verdict.startswith("PASS") and "untrained architecture (random weights)" in verdict
 
 
@@ -58,7 +67,7 @@ def test_fp32_artifact_matches_eager_torch(target, tmp_path):
     suffix, artifact = TARGETS[target]
     out = tmp_path / f"tiny{suffix}"
     assert main(["compile", "tinynet:tiny", "--target", target, "-o", str(out), *SHAPE]) == 0
-    report = json.loads(out.with_name("tiny.report.json").read_text())
+    report = json.loads(out.with_name(out.name + ".report.json").read_text())
     assert report["passed"]
     assert report["results"]["fp32_error"]["max_abs_over_range"] <= 1e-4
     assert set(report["results"]["latency"]) == {artifact, "eager torch fp32", "ORT CPU fp32"}
@@ -74,7 +83,7 @@ def test_int8_artifact_from_npukits_plan(target, tmp_path):
     np.save(calib, np.random.default_rng(0).normal(size=(12, 3, 32, 32)).astype(np.float32))
     out = tmp_path / f"tiny_int8{suffix}"
     assert main(["compile", "tinynet:tiny", "--target", target, "--calib", str(calib), "-o", str(out), *SHAPE]) == 0
-    results = json.loads(out.with_name("tiny_int8.report.json").read_text())["results"]
+    results = json.loads(out.with_name(out.name + ".report.json").read_text())["results"]
     assert results["carried_plan"]["unmatched"] == [] and results["carried_plan"]["weights"] == 4
     # the plan's grids carried whole (a requantization LiteRT drops would cost 40 dB here, see test_emit_pt2e)
     assert min(o["sqnr_db"] for o in results["task_check"]["result"]["outputs"]) > 30
@@ -99,7 +108,7 @@ def test_coreml_package_is_read_back_and_said_not_run(int8, tmp_path, monkeypatc
         args = ["--calib", str(calib)]
     out = tmp_path / "tiny.mlpackage"
     assert main(["compile", "tinynet:tiny", "--target", "coreml", "-o", str(out), *args, *SHAPE]) == 0
-    report = json.loads(out.with_name("tiny.report.json").read_text())
+    report = json.loads(out.with_name(out.name + ".report.json").read_text())
     assert report["verdict"].startswith("EXPORTED compile: Core ML .mlpackage") and "not run" in report["verdict"]
     check = report["results"]["package_check"]
     assert out.is_dir() and (out / "Manifest.json").is_file()
@@ -116,7 +125,7 @@ def test_coreml_package_is_read_back_and_said_not_run(int8, tmp_path, monkeypatc
         monkeypatch.setattr(coreml, "package_grids",
                             lambda lowered: ({(0.5, 3)} | real(lowered)[0], real(lowered)[1][1:]))
         assert main(["compile", "tinynet:tiny", "--target", "coreml", "-o", str(out), *args, *SHAPE]) == 1
-        verdict = json.loads(out.with_name("tiny.report.json").read_text())["verdict"]
+        verdict = json.loads(out.with_name(out.name + ".report.json").read_text())["verdict"]
         assert verdict.startswith("FAIL compile: Core ML .mlpackage:") and "weights differ from the plan's" in verdict
     else:
         assert "constexpr_affine_dequantize" not in ops

@@ -27,6 +27,16 @@ def report_path_for(artifact: str | Path, suffix: str = ".report.json") -> Path:
     return artifact.with_name(stem + suffix)
 
 
+def report_json_for(artifact: str | Path) -> Path:
+    """Where an artifact's report goes: ``model.report.json`` beside ``model.onnx``; a phone runtime's artifact
+    keeps its suffix (``model.pte.report.json``), so that it does not replace the report of the ONNX model of the
+    same name (``npukit export -o m.onnx`` then ``npukit compile -o m.tflite``)."""
+    artifact = Path(artifact)
+    if artifact.suffix.lower() in ("", ".onnx"):
+        return report_path_for(artifact)
+    return artifact.with_name(artifact.name + ".report.json")
+
+
 # npukit's own notes, raised as warnings of these classes where they arise: class name -> (report key, table title)
 NOTES = {"InputShapeOverride": ("input_shape_override",
                                 "Input shape: the model's static sizes overridden by --input-shape"),
@@ -42,7 +52,7 @@ def finish(report: Report, artifact: Path | None, *, html: bool, json_path: Path
     from npukit.report.capture import drain
     from npukit.report.html import write_html
 
-    json_path = json_path or (report_path_for(artifact) if artifact else None)
+    json_path = json_path or (report_json_for(artifact) if artifact else None)
     if json_path is None and html and source is not None and Path(str(source)).is_file():
         json_path = report_path_for(source, f".{report.command}.report.json")
 

@@ -13,7 +13,7 @@ from typing import Any
 from npukit.config import PreprocessConfig
 from npukit.errors import InputError
 from npukit.report.core import Report
-from npukit.report.finish import CommandResult, finish, report_path_for
+from npukit.report.finish import CommandResult, finish, report_json_for, report_path_for
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
 from npukit.verbs.common import check_output, float_static_model, open_data, upgrade_opset
@@ -231,7 +231,7 @@ class _Search:
                    ranking=runner.builder.ranking)
         if artifact is None:
             report.set_verdict(verdict, passed=False)
-            return finish(report, None, html=html, json_path=report_path_for(output), result=outcome)
+            return finish(report, None, html=html, json_path=report_json_for(output), result=outcome)
         runner.write(artifact, output)
         return finish(report, output, html=html, result=outcome)
 
