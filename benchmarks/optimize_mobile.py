@@ -63,7 +63,7 @@ def run(name: str, target: str, *, trials: int, budget: str, timeout: int) -> di
         except subprocess.TimeoutExpired:
             rc, err = 124, f"timed out after {timeout} s"
         seconds = time.perf_counter() - start
-        report_path = out.with_name("best.report.json")
+        report_path = out.with_name(out.name + ".report.json")  # a phone artifact's report keeps its suffix
         row = {"model": name, "target": target, "rc": rc, "seconds": round(seconds, 1),
                "artifact_bytes": out.stat().st_size if out.exists() else None}
         if not report_path.exists():
