@@ -519,8 +519,8 @@ def _bench(api, args):
 def _compile(api, args):
     return api.compile(args.model, args.output, soc=args.soc, target=args.target, calib=args.calib,
                        preprocess=_preprocess(args), input_shape=args.input_shape, html=args.html, task=_task(args),
-                       gate=_gate(args),
-                       weights=args.weights, mixed_precision=args.mixed_precision, weight_bits=args.weight_bits)
+                       gate=_gate(args), weights=args.weights, mixed_precision=args.mixed_precision,
+                       weight_bits=args.weight_bits)
 
 
 def _fraction(text: str) -> float:

@@ -9,6 +9,7 @@ import pytest
 
 from npukit.errors import InputError
 from npukit.tasks import QualityGate, choose_task, judge
+from npukit.tasks.base import FEW_SAMPLES
 from npukit.tasks.detect import DetectLayout, DetectMeter, average_precision, iou_matrix, nms
 from npukit.tasks.generic import GenericMeter
 from npukit.tasks.segment import SegmentMeter
@@ -145,6 +146,16 @@ def test_a_verdict_on_few_samples_says_it_is_weak() -> None:
 
     assert verdict(1).startswith("PASS") and "on 1 samples (only 1: a weak check, give more data)" in verdict(1)
     assert "weak" not in verdict(5)
+    boxes = _yolo([(50, 50, 20, 20), (150, 80, 40, 30)], [0, 2], [0.9, 0.8])
+    meter = DetectMeter(["out0"], YOLO)
+    for _ in range(FEW_SAMPLES):  # enough samples, two boxes in each: 10 detections are enough
+        meter.update([boxes], [boxes.copy()])
+    assert "weak" not in judge(meter.result(), QualityGate(), what="quantize").line
+    meter = DetectMeter(["out0"], YOLO)
+    for image in (boxes, _yolo([], [], []), _yolo([], [], []), _yolo([], [], []), _yolo([], [], [])):
+        meter.update([image], [image.copy()])  # one image with faces, four without
+    detected = judge(meter.result(), QualityGate(), what="quantize").line
+    assert detected.startswith("PASS") and "(2 reference detections: a weak check, give more data)" in detected
 
 
 def test_text_recognition_holds_whole_lines_to_the_floor_too() -> None:

@@ -24,6 +24,7 @@ from npukit.measure.fidelity import sqnr_from_sums as sqnr
 DEFAULT_MIN_METRIC = 0.90
 DEFAULT_MIN_SQNR_DB = 20.0
 FEW_SAMPLES = 5  # a verdict on fewer samples says it is a weak check
+FEW_DETECTIONS = 10  # and a detector's on fewer boxes found by the reference
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +194,9 @@ def judge(result: TaskResult, gate: QualityGate, *, what: str, default_min_metri
     named = f" {lowest.name!r}" if lowest is not None and len(result.outputs) > 1 else ""
     worst = f", worst output{named} SQNR {_fmt(lowest.sqnr_db)} dB" if lowest is not None else ""
     few = f" (only {result.samples}: a weak check, give more data)" if 0 < result.samples < FEW_SAMPLES else ""
+    found = result.metrics.get("reference_detections")
+    if not few and isinstance(found, int) and 0 < found < FEW_DETECTIONS:
+        few = f" ({found} reference detections: a weak check, give more data)"
     summary = f"{what}: task {result.task}, {headline}{worst} on {result.samples} samples{few}"
     if not failures:
         return Verdict(True, f"PASS {summary}")
