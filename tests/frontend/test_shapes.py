@@ -101,6 +101,10 @@ def test_require_static_names_inputs_dims_and_the_flag() -> None:
     require_static(only_batch, needs="quantize")  # a symbolic batch alone runs as 1
     with pytest.raises(InputError):
         require_static(only_batch, needs="the HTP", allow_batch=False)
+    state = _contrib_gelu([2, "batch", 128])  # a recurrent state whose batch axis is not axis 0 (Silero VAD)
+    with pytest.raises(InputError) as info:
+        require_static(state, needs="quantize")
+    assert "--input-shape x=2,1,128" in info.value.one_line()
 
 
 def _contrib_gelu(dims: list) -> onnx.ModelProto:

@@ -167,9 +167,9 @@ def require_static(model: onnx.ModelProto, *, needs: str, allow_batch: bool = Tr
 def _placeholder(dims: tuple[Dim, ...] | None) -> str:
     if dims is None:
         return "N,C,H,W"
-    return ",".join("1" if axis == 0 and not isinstance(d, int) else
+    return ",".join("1" if not isinstance(d, int) and (axis == 0 or "batch" in str(d).lower()) else
                     str(d) if isinstance(d, int) else (d if d and len(d) <= 8 else f"D{axis}")
-                    for axis, d in enumerate(dims))
+                    for axis, d in enumerate(dims))  # a batch axis anywhere (Silero's state [2, batch, 128]): 1
 
 
 # ------------------------------------------------------------------------------------------------- fixing shapes
