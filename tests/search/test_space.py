@@ -32,6 +32,8 @@ def test_lifts_take_the_most_sensitive_layers_not_already_float() -> None:
 def test_the_base_must_not_time_a_head_again() -> None:
     with pytest.raises(ValueError):
         DEFAULT.config(QuantConfig(float_stem=True), head=(), ranking=())
+    with pytest.raises(ValueError):  # nor choose a scored one (the mobile base) again per trial
+        DEFAULT.config(QuantConfig(float_head_macs=0.1), head=(), ranking=())
 
 
 def test_params_round_trip_and_the_default_is_in_every_space() -> None:

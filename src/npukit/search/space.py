@@ -81,8 +81,9 @@ class Recipe:
     def config(self, base: QuantConfig, *, head: Sequence[str], ranking: Sequence[str]) -> QuantConfig:
         """``base`` (quantize's default configuration on this CPU, with the float head turned off) with this recipe:
         ``head`` the default recipe's float head nodes, ``ranking`` the quantized layers most sensitive first."""
-        if base.float_stem:
-            raise ValueError("the base configuration must have float_stem off: the search keeps the head it timed once")
+        if base.float_stem or base.float_head_macs:
+            raise ValueError("the base configuration must have float_stem and float_head_macs off: the search keeps "
+                             "the head the default recipe chose once")
         exclude = tuple(base.exclude) + (tuple(n for n in head if n not in base.exclude) if self.float_head else ())
         lifted = [n for n in ranking if n not in exclude][: self.lift_layers]
         int16 = tuple(base.int16_nodes) + tuple(lifted) if self.lift == "int16" else tuple(base.int16_nodes)

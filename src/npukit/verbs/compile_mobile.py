@@ -18,6 +18,7 @@ import onnx
 from npukit.config import PreprocessConfig
 from npukit.errors import InputError
 from npukit.quant.config import QuantConfig
+from npukit.quant.precision.scored_head import MOBILE_SHARE
 from npukit.report.compile import add_carried_plan, add_fp32_error, add_mobile_latency
 from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
@@ -41,14 +42,13 @@ TIMED_RUNS = 30
 # scored on the reference arithmetic 78.8% / 16.3 dB, 24.9, 28.9; the recipe chosen per model (``choose_recipe``)
 # kept the plain one on both MTCNN nets (23.9, 27.4 dB). ExecuTorch's own XNNPACKQuantizer: 61.5% / 10.6 dB on
 # MobileNetV2, 24.6 dB on PNet (benchmarks/results/mobile_runtimes.md).
-# The float head: the stem and the convs right after it stay fp32 as far as that scores best within FLOAT_HEAD_MACS of
-# the model's MACs (``quant.precision.scored_head``: a phone cannot be timed here, so the cost is counted in MACs,
+# The float head: the stem and the convs right after it stay fp32 as far as that scores best within MOBILE_SHARE (10%)
+# of the model's MACs (``quant.precision.scored_head``: a phone cannot be timed here, so the cost is counted in MACs,
 # which XNNPACK's fp32 kernels take on). MobileNetV2's .pte (208 crops): quantized whole 85.6% / 18.2 dB, 14.4 ms;
 # the stem and the next two convs in fp32 (6.9% of the MACs) 88.0% / 20.1 dB, 13.0 ms (this AVX2 host, 1 thread,
 # where XNNPACK's int8 stem is slower than its fp32 one; on a phone's int8 dot-product kernels the head costs time).
-FLOAT_HEAD_MACS = 0.1
 XNNPACK_INT8 = QuantConfig(activation_dtype="int8", method="auto", cle=True, activation_equalization=True,
-                           bias_correction=True, score_on="reference", float_head_macs=FLOAT_HEAD_MACS)
+                           bias_correction=True, score_on="reference", float_head_macs=MOBILE_SHARE)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -314,13 +314,14 @@ class _Search:
 
             base = dataclasses.replace(XNNPACK_BASE, exclude=self.exclude)
         started = time.perf_counter()
-        with step("baseline: the default recipe" + (", float head timed once" if base.float_stem else ""),
+        with step("baseline: the default recipe" + (", float head timed once" if base.float_stem else
+                                                    ", float head chosen once" if base.float_head_macs else ""),
                   timings=report.timings, key="baseline"):
             first = quantize(proto, calib, config=base)
         head = first.steps.float_head_nodes
         with step("layer sensitivity of the default recipe", timings=report.timings, key="sensitivity"):
             ranking = tuple(n for n, _ in layer_sensitivity(first, calib[:4], limit=4))
-        float_base = dataclasses.replace(base, float_stem=False)
+        float_base = dataclasses.replace(base, float_stem=False, float_head_macs=0.0)
         runner = self._runner(proto, calib, float_base, head, ranking)
         with step("measuring the default recipe", timings=report.timings, key="baseline"):
             baseline, artifact = runner.measure(DEFAULT, first, base, start=started)

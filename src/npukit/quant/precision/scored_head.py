@@ -30,6 +30,7 @@ import onnx
 from npukit.quant.cpu.float_head import stem_chain
 
 TIE_DB = 0.1  # a longer prefix must score more than this above a shorter one to be kept
+MOBILE_SHARE = 0.1  # the share of the MACs the mobile plans (compile's and optimize's) let the head take
 
 
 @dataclasses.dataclass(frozen=True)
