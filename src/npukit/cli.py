@@ -738,13 +738,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _outputs(args: argparse.Namespace) -> list[Path]:
     """The files a verb writes for the user: its artifact and the report (JSON, HTML) beside it, or where named."""
-    from npukit.report.finish import report_json_for
+    from npukit.report.finish import html_path_for, report_json_for
 
     paths = [Path(p) for p in (getattr(args, "json", None), getattr(args, "report", None)) if p]
     output = getattr(args, "output", None)
     if output:
         json_path = report_json_for(output)
-        paths += [Path(output), json_path, json_path.with_name(json_path.name.replace(".json", "") + ".html")]
+        paths += [Path(output), json_path, html_path_for(json_path)]
     return paths
 
 

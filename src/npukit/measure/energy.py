@@ -193,18 +193,14 @@ class _Tensors:
 
     @classmethod
     def read(cls, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray] | None) -> _Tensors:
-        from npukit.measure.summary import (_constant_tensors, _weight_roots, infer_with_fixed_inputs, tensor_nbytes,
-                                            value_types)
-        from npukit.runtime.ort import every_output
+        from npukit.measure.summary import (_constant_tensors, _weight_roots, infer_with_fixed_inputs, run_types,
+                                            tensor_nbytes, value_types)
 
         graph = infer_with_fixed_inputs(model, None).graph
         shapes, dtypes = value_types(graph)
         if feeds is not None and any(tensor_nbytes(shapes.get(o), dtypes.get(o)) is None
                                      for n in graph.node for o in n.output[:1]):
-            found = every_output(model, feeds)
-            shapes |= {name: shape for name, (shape, _) in found.items()}
-            dtypes |= {name: onnx.helper.np_dtype_to_tensor_dtype(dtype) for name, (_, dtype) in found.items()
-                       if not dtypes.get(name)}
+            shapes, dtypes = run_types(model, feeds, shapes, dtypes)
         consts = _constant_tensors(graph)
         return cls(index=GraphIndex(graph), shapes=shapes, dtypes=dtypes, consts=consts,
                    roots=_weight_roots(graph, consts))

@@ -121,12 +121,7 @@ def summarize(
     graph = inferred.graph
     shapes, dtypes = value_types(graph)
     if feeds is not None and any(_node_macs(n, shapes) is None for n in graph.node):
-        from npukit.runtime.ort import every_output
-
-        found = every_output(model, feeds)
-        shapes |= {name: shape for name, (shape, _) in found.items()}
-        dtypes |= {name: onnx.helper.np_dtype_to_tensor_dtype(dtype) for name, (_, dtype) in found.items()
-                   if not dtypes.get(name)}
+        shapes, dtypes = run_types(model, feeds, shapes, dtypes)
     consts = _constant_tensors(graph)
     weight_roots = _weight_roots(graph, consts)
 
@@ -213,6 +208,18 @@ def _set_shape(value: onnx.ValueInfoProto, shape: tuple[int, ...]) -> None:
     new_dims = value.type.tensor_type.shape.dim
     for size in shape:
         new_dims.add().dim_value = size
+
+
+def run_types(model: onnx.ModelProto, feeds: Any, shapes: dict[str, Shape], dtypes: dict[str, int]
+              ) -> tuple[dict[str, Shape], dict[str, int]]:
+    """``shapes`` and ``dtypes`` (shape inference's) with every tensor's shape as one ORT run on ``feeds`` computes it
+    (what inference cannot follow: sizes the graph computes), and the dtypes inference left unknown."""
+    from npukit.runtime.ort import every_output
+
+    found = every_output(model, feeds)
+    return ({**shapes, **{name: shape for name, (shape, _) in found.items()}},
+            {**dtypes, **{name: onnx.helper.np_dtype_to_tensor_dtype(dtype) for name, (_, dtype) in found.items()
+                          if not dtypes.get(name)}})
 
 
 def value_types(graph: onnx.GraphProto) -> tuple[dict[str, Shape], dict[str, int]]:

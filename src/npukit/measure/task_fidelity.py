@@ -20,7 +20,7 @@ def session_runner(session: Any) -> Runner:
     return lambda feeds: session.run(names, dict(feeds))
 
 
-def _pairs(samples: Iterable[Any]) -> Iterable[tuple[Feeds, Any]]:
+def feeds_and_labels(samples: Iterable[Any]) -> Iterable[tuple[Feeds, Any]]:
     """(feeds, labels) from feed dicts, (feeds, labels) pairs, or a dataset's batches (``.feeds``, ``.labels``)."""
     for item in samples:
         if isinstance(item, Mapping):
@@ -38,7 +38,7 @@ def compare_task(reference: Runner, candidate: Runner, samples: Iterable[Any], *
     chosen from the reference's outputs on the first sample)."""
     meter = None
     choice = None
-    for count, (feeds, labels) in enumerate(_pairs(samples)):
+    for count, (feeds, labels) in enumerate(feeds_and_labels(samples)):
         if limit is not None and count >= limit:
             break
         ref = [np.asarray(o) for o in reference(feeds)]

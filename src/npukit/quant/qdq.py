@@ -291,12 +291,17 @@ def check_int16_tensors(work: onnx.ModelProto, first: dict[str, np.ndarray], con
                               "tensors tied to it too)")
 
 
+def head_stems(work: onnx.ModelProto, config: QuantConfig) -> list[str]:
+    """The stems of ``work`` (``schemes.stem_convs``) a float head may start from: not excluded, not 16-bit."""
+    return [n for n in stem_convs(work) if n not in config.exclude and n not in config.int16_nodes]
+
+
 def float_heads(work: onnx.ModelProto, first: dict[str, np.ndarray], config: QuantConfig,
                 probe: dict[str, tuple[float, float]] | None = None) -> list[HeadChoice]:
     """For each stem of ``work`` (``schemes.stem_convs``, less the excluded and 16-bit nodes), the Convs to leave in
     float: the stem and the prefix of its chain that runs fastest here (``float_head``), each candidate built on the
     ``probe`` ranges (``one_sample_ranges``, computed here when None)."""
-    stems = [n for n in stem_convs(work) if n not in config.exclude and n not in config.int16_nodes]
+    stems = head_stems(work, config)
     if not stems:
         return []
     if probe is None:
@@ -613,7 +618,7 @@ def _held_out(b: _Build, progress: Progress | None) -> None:
     configured) scored on the held-out rest (``calibration.auto``); candidates are bias-corrected, on the calibration
     part in one pass, where the final model will be."""
     work, config = b.work, b.config
-    split = split_samples(sum(1 for _ in iter_samples(work, b.samples, limit=config.calib_samples)))
+    split = _split(b)
     calibration = Calibration(work, config).feed(b.samples, stop=split.calibration, progress=progress)
     first_part = calibration.result()
     candidates = first_part.candidates if config.method == "auto" else {config.method: first_part.ranges}
@@ -634,6 +639,11 @@ def _held_out(b: _Build, progress: Progress | None) -> None:
         b.steps.auto = summary
     b.held = _HeldOut(split=split, calibration=calibration, chosen=chosen, score=summary["candidates"][chosen],
                       per_sample=tuple(summary["chosen_per_sample_db"]))
+
+
+def _split(b: _Build) -> Split:
+    """The calibration / held-out split of the samples the config reads (``calibration.auto.split_samples``)."""
+    return split_samples(sum(1 for _ in iter_samples(b.work, b.samples, limit=b.config.calib_samples)))
 
 
 def _calibration(b: _Build, progress: Progress | None) -> None:
@@ -671,11 +681,10 @@ def _scored_head(b: _Build) -> None:
     config = b.config
     if config.float_head_macs <= 0:
         return
-    stems = [n for n in stem_convs(b.work) if n not in config.exclude and n not in config.int16_nodes]
+    stems = head_stems(b.work, config)
     layers = {row.name: row.macs for row in summarize(b.work).layers}
     total = sum(m or 0 for m in layers.values())
-    split = b.held.split if b.held is not None else split_samples(
-        sum(1 for _ in iter_samples(b.work, b.samples, limit=config.calib_samples)))
+    split = b.held.split if b.held is not None else _split(b)
     session = session_for(config.score_on)
     floats = set(config.exclude)
     macs = {n: 0 if n in floats else m for n, m in layers.items()}  # a conv already in float costs nothing more

@@ -37,6 +37,13 @@ def report_json_for(artifact: str | Path) -> Path:
     return artifact.with_name(artifact.name + ".report.json")
 
 
+def html_path_for(json_path: Path) -> Path:
+    """The HTML report beside the JSON one: ``m.report.json`` -> ``m.report.html``."""
+    json_path = Path(json_path)
+    return json_path.with_name(json_path.name.replace(".json", "") + ".html") \
+        if json_path.name.endswith(".json") else json_path.with_suffix(".html")
+
+
 # npukit's own notes, raised as warnings of these classes where they arise: class name -> (report key, table title)
 NOTES = {"InputShapeOverride": ("input_shape_override",
                                 "Input shape: the model's static sizes overridden by --input-shape"),
@@ -76,8 +83,7 @@ def finish(report: Report, artifact: Path | None, *, html: bool, json_path: Path
     if json_path is not None:
         report.add_artifact("report", json_path)
         if html:
-            html_path = json_path.with_name(json_path.name.replace(".json", "") + ".html") \
-                if json_path.name.endswith(".json") else json_path.with_suffix(".html")
+            html_path = html_path_for(json_path)
             report.add_artifact("html", html_path)
         report.write_json(json_path)
         if html_path is not None:

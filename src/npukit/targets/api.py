@@ -44,7 +44,7 @@ def analyze_model(
             result = apply_fixes(model, profile, input_shape=input_shape)
             fixes[profile.name] = result
             candidate = result.model
-            if output is not None and (len(profiles) == 1 or _changed(result)):  # several targets: those it changed
+            if output is not None and (len(profiles) == 1 or result.changed):  # several targets: those it changed
                 path = Path(output)
                 if len(profiles) > 1:
                     path = path.with_name(f"{path.stem}.{profile.name.replace('@', '_')}{path.suffix or '.onnx'}")
@@ -81,10 +81,6 @@ def analyze_model(
     return analyses, report
 
 
-def _changed(result: FixResult) -> bool:
-    return result.errors is not None or any(a["rewrites"] for a in result.applied)
-
-
 def _add_fixes(report: Report, fixes: dict[str, FixResult]) -> None:
     """What --fix did per target, its check, and where each fixed model went; the verdict says it first."""
     written = {k[len("fixed_model["):-1]: v for k, v in report.artifacts.items() if k.startswith("fixed_model[")}
@@ -95,7 +91,7 @@ def _add_fixes(report: Report, fixes: dict[str, FixResult]) -> None:
         rows.append([target, ", ".join(done) or "nothing to fix", check, str(written.get(target, "not written"))])
     report.add_table("Fixes applied (--fix), each fixed model checked against the original on the same inputs",
                      ["target", "fixes", "check", "written to"], rows)
-    changed = [t for t, r in fixes.items() if _changed(r)]
+    changed = [t for t, r in fixes.items() if r.changed]
     checked = [fixes[t].errors.max_abs for t in changed if fixes[t].errors is not None]  # type: ignore[union-attr]
     if changed:
         check = (f"every rewritten model within its tolerance of the original (max abs error {max(checked):.3g})"

@@ -323,6 +323,11 @@ class FixResult:
     applied: list[dict]
     errors: OutputErrors | None
 
+    @property
+    def changed(self) -> bool:
+        """Whether the fixes changed the model: a rewrite checked against it, or its input shape fixed."""
+        return self.errors is not None or any(a["rewrites"] for a in self.applied)
+
     def as_dict(self) -> dict:
         return {"applied": self.applied, "errors": None if self.errors is None else self.errors.as_dict()}
 

@@ -143,22 +143,19 @@ def bench(
     return finish(report, None, html=html, json_path=json_path, result=report.sections, source=model)
 
 
-def _input_dims(model: onnx.ModelProto) -> dict[str, tuple[int | str, ...]]:
-    from npukit.frontend.onnx_io import graph_inputs
-
-    return {i.name: tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
-                          for d in i.type.tensor_type.shape.dim) for i in graph_inputs(model)}
-
-
 def _check_reference(model: onnx.ModelProto, reference: onnx.ModelProto, path: str | Path) -> None:
     """The reference must take the model's inputs: the same names and, where both are fixed, the same sizes."""
-    mine, theirs = _input_dims(model), _input_dims(reference)
+    from npukit.frontend.shapes import input_dims
+
+    mine, theirs = input_dims(model), input_dims(reference)
     if set(mine) != set(theirs):
         raise InputError(f"the reference {Path(str(path)).name} takes inputs {sorted(theirs)}, the model "
                          f"{sorted(mine)}", hint="give as --reference the float model this one was made from")
     for name, dims in mine.items():
         other = theirs[name]
-        fixed = all(isinstance(d, int) and d > 0 for d in (*dims, *other))
+        if dims is None or other is None:  # a rank unknown: nothing to compare
+            continue
+        fixed = all(isinstance(d, int) for d in (*dims, *other))
         if len(dims) != len(other) or (fixed and dims != other):
             shown = ",".join(str(d) for d in dims)
             raise InputError(f"input {name!r} is {list(dims)} in the model but {list(other)} in the reference "

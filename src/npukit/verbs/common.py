@@ -224,11 +224,10 @@ def check_task(reference: onnx.ModelProto, data: Any, task: str | None) -> None:
     dicts; or None: seeded inputs), before any long step and before anything is written."""
     if task is None or task == "auto":
         return
-    from npukit.measure.task_fidelity import check_samples
+    from npukit.measure.task_fidelity import check_samples, feeds_and_labels
 
-    first = check_samples(data, 1) if data is not None else []
-    feeds = (first[0].feeds if hasattr(first[0], "feeds") else dict(first[0])) if first else seeded_feeds(reference)
-    output_task(reference, feeds, task)
+    first = next(feeds_and_labels(check_samples(data, 1)), None) if data is not None else None
+    output_task(reference, dict(first[0]) if first else seeded_feeds(reference), task)
 
 
 def output_task(reference: onnx.ModelProto, feeds: dict[str, np.ndarray], task: str | None):

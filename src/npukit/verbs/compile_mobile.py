@@ -151,14 +151,14 @@ def _samples(calib: str | Path | None, float_onnx: onnx.ModelProto, preprocess: 
              shape: tuple[int, ...]) -> list[dict[str, np.ndarray]]:
     from npukit.frontend.onnx_io import graph_inputs
     from npukit.frontend.verify import seeded_samples
-    from npukit.measure.task_fidelity import check_samples
+    from npukit.measure.task_fidelity import check_samples, feeds_and_labels
     from npukit.verbs.common import open_data
 
     name = graph_inputs(float_onnx)[0].name
     if calib is None:
         return [{name: x} for x in seeded_samples(shape, samples=4, seed=0)]
     data = open_data(calib, float_onnx, preprocess or PreprocessConfig())
-    return [dict(s.feeds) if hasattr(s, "feeds") else dict(s) for s in check_samples(data, len(data))]
+    return [dict(feeds) for feeds, _ in feeds_and_labels(check_samples(data, len(data)))]
 
 
 def _quantize(report: Report, module: Any, float_onnx: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
