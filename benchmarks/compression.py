@@ -144,7 +144,7 @@ def zoo_twins(names: list[str]) -> list[dict[str, Any]]:
     import torch
 
     from npukit.frontend.opset import ensure_opset
-    from npukit.quant.config import QuantConfig
+    from npukit.quant.config import CalibrationSpec, CpuKernels, QuantConfig
     from npukit.quant.qat.export_check import check_export
     from npukit.quant.qat.twin import split
     from npukit.quant.qdq import quantize
@@ -152,7 +152,8 @@ def zoo_twins(names: list[str]) -> list[dict[str, Any]]:
     def measure(model: Any, proto: Any) -> dict[str, Any]:
         calib = [dict(f) for f in model.calibration()][:8]
         proto, _ = ensure_opset(proto, 13, reason="per-channel Q/DQ", feeds=calib[:1])
-        result = quantize(proto, calib, config=QuantConfig(method="minmax", reduce_range=True))
+        result = quantize(proto, calib, config=QuantConfig(calibration=CalibrationSpec(method="minmax"),
+                                                           cpu=CpuKernels(reduce_range=True)))
         twin = split(result.model, reduce_range=True)
         return check_export(result.model, twin.program(), [dict(f) for f in model.evaluation()][:2]).as_dict()
 

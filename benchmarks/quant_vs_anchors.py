@@ -53,7 +53,7 @@ from npukit.errors import InputError
 from npukit.measure.fidelity import AgreementMeter, AgreementResult
 from npukit.measure.latency import measure_latency_interleaved
 from npukit.measure.size import model_size
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import FLAT_NAMES, QuantConfig, RangeSearch, from_flat, to_flat
 from npukit.quant.cpu.pair_channels import pairing_pays
 from npukit.quant.cpu.schemes import config_for_cpu
 from npukit.quant.emit.ort_qdq import FeedsReader
@@ -123,57 +123,57 @@ def nncf_column(key: str) -> Column:
 
 
 def npukit_column(key: str, label: str, *, for_this_cpu: bool = False, **options: Any) -> Column:
-    """npukit.quant.quantize with QuantConfig(**options); "not available" when this QuantConfig lacks an option.
+    """npukit.quant.quantize with from_flat(**options); "not available" when the flat names lack an option.
     ``for_this_cpu``: the weight range, activation type, stem precision and conv kernel choice that ``npukit
     quantize`` picks for this machine's CPU (``schemes.config_for_cpu``: 7-bit weights without VNNI, full range with
     it and each conv timed on ORT's two int8 conv kernels; on x86 a float stem)."""
-    fields = {f.name for f in dataclasses.fields(QuantConfig)}
+    fields = set(FLAT_NAMES)
     scheme = "per-channel" if options.get("per_channel", True) else "per-tensor"
     missing = sorted(set(options) - fields)
     if missing:
         return Column(key, label, "npukit", scheme, None, options,
                       unavailable=f"not available: QuantConfig has no {', '.join(missing)}")
-    config = QuantConfig(**options)
+    config = from_flat(**options)
     if for_this_cpu:
         config = config_for_cpu(config, read_cpu_info("/proc/cpuinfo"))
         if "gemm_convs" in options:  # an ablation of the kernel choice
-            config = dataclasses.replace(config, gemm_convs=options["gemm_convs"])
-        label += f", this CPU's scheme ({'reduce_range' if config.reduce_range else 'full-range weights'})"
+            config = config.with_cpu(gemm_convs=options["gemm_convs"])
+        label += f", this CPU's scheme ({'reduce_range' if config.cpu.reduce_range else 'full-range weights'})"
 
     def make(model: onnx.ModelProto, calibration: list[Feeds]) -> onnx.ModelProto:
         return quantize(model, calibration, config=config).model
 
-    return Column(key, _label(label, config), "npukit", scheme, make, config.as_dict())
+    return Column(key, _label(label, config), "npukit", scheme, make, to_flat(config))
 
 
 def _label(label: str, config: QuantConfig) -> str:
     """``label`` with the steps ``quantize`` adds on its own under ``config`` (channel pairing, the float stem)."""
     if pairing_pays(config):
         label += ", channels paired"
-    if config.float_stem:
+    if config.precision.timed_head:
         label += ", stem in float"
-    if config.gemm_convs:
+    if config.cpu.gemm_convs:
         label += ", each conv on the faster of ORT's int8 conv kernels"
     return label
 
 
 def mixed_column(key: str, label: str, *, target_sqnr_db: float, max_layers: int, **options: Any) -> Column:
     """npukit.quant.precision.sensitivity.choose_mixed_precision (16-bit activations on the fewest most sensitive layers, up
-    to ``max_layers``, for ``target_sqnr_db`` on the calibration samples) with QuantConfig(**options), then the
+    to ``max_layers``, for ``target_sqnr_db`` on the calibration samples) with from_flat(**options), then the
     chosen plan quantized again with the range search."""
     from npukit.quant.precision.sensitivity import choose_mixed_precision
 
-    config = QuantConfig(**options)
+    config = from_flat(**options)
 
     def make(model: onnx.ModelProto, calibration: list[Feeds]) -> onnx.ModelProto:
         plan = choose_mixed_precision(model, calibration, config=config, target_sqnr_db=target_sqnr_db,
                                       max_layers=max_layers)
-        final = dataclasses.replace(plan.config, range_search=True)
+        final = plan.config.with_recipe(range_search=RangeSearch())
         return quantize(model, calibration, config=final).model
 
-    scheme = "per-channel" if config.per_channel else "per-tensor"
+    scheme = "per-channel" if config.scheme.per_channel else "per-tensor"
     return Column(key, _label(label, config), "npukit", scheme, make,
-                  config.as_dict() | {"range_search": True, "mixed_precision": {"target_sqnr_db": target_sqnr_db,
+                  to_flat(config) | {"range_search": True, "mixed_precision": {"target_sqnr_db": target_sqnr_db,
                                                                                 "max_layers": max_layers}})
 
 

@@ -489,7 +489,7 @@ def _quantize(api, args):
                         reduce_range=_tri(args.reduce_range), float_stem=_tri(args.float_stem),
                         gemm_convs=_tri(args.gemm_convs), calib_samples=args.calib_samples, data=args.data,
                         max_samples=args.max_samples, threads=args.threads, runs=args.runs, html=args.html,
-                        extra={"pair_channels": False} if args.no_pair_channels else None,
+                        pair_channels=not args.no_pair_channels,
                         task=_task(args), gate=_gate(args), input_shape=args.input_shape,
                         preprocess=_preprocess(args))
 

@@ -226,7 +226,8 @@ def test_quantize_writes_integer_model_and_report(exported, tmp_path):
     assert search["calibration_sqnr_after_db"] >= search["calibration_sqnr_before_db"] and search["samples"] == 8
     # every Conv on integer kernels but a stem this CPU runs faster in float (--float-stem auto)
     stems = report["results"]["steps"].get("float_stem", {}).get("nodes", [])
-    assert report["config"]["quant"]["float_stem"] == report["config"]["cpu_scheme"]["float_stem"]
+    head = report["config"]["quant"]["precision"]["float_head"]
+    assert (head == {"by": "latency", "share": 0.0} if report["config"]["cpu_scheme"]["float_stem"] else head is None)
     assert sum(report["results"]["integer_kernels"]["float_compute"].values()) == len(stems)
     assert report["results"]["agreement"]["samples"] == 6
     assert report["results"]["size"]["int8"] < report["results"]["size"]["float"]
@@ -384,7 +385,7 @@ def test_quantize_pairs_channels_unless_told_not_to(pair, exported, tmp_path):
     assert main(["quantize", str(exported), "--calib", str(calib), "-o", str(out), "--method", "minmax",
                  "--reduce-range", "on", "--runs", "2", *flags]) == 0
     report = json.loads(out.with_name("tiny.int8.report.json").read_text())
-    assert report["config"]["quant"]["pair_channels"] is pair
+    assert report["config"]["quant"]["cpu"]["pair_channels"] is pair
     assert ("pair_channels" in report["results"]["steps"]) is pair
 
 
@@ -415,7 +416,7 @@ def test_quantize_int16_budget_lifts_tensors_within_it(exported, tmp_path):
                  "--int16-budget", "0.5", "--runs", "2"]) == 0
     report = json.loads(out.with_name("tiny.int8.report.json").read_text())
     plan = report["results"]["steps"]["int16_plan"]
-    assert report["config"]["quant"]["int16_budget"] == 0.5
+    assert report["config"]["quant"]["precision"]["int16_budget"] == 0.5
     assert plan["plan_ms"] <= 1.5 * plan["base_ms"] and set(plan["tensors"]) <= {c["tensor"] for c in
                                                                                  plan["candidates"]}
     assert any(t["title"].startswith("16-bit activations chosen") for t in report["tables"])

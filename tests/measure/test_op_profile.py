@@ -8,7 +8,7 @@ from onnx import helper
 
 from npukit.errors import InputError
 from npukit.measure.op_profile import KINDS, conv_kind, node_kind, profile_ops
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import CalibrationSpec, QuantConfig
 from npukit.quant.qdq import quantize
 from tests.quant.conftest import make_samples, tiny_cnn
 
@@ -43,7 +43,7 @@ def _by_kind_nodes(profile) -> dict[str, int]:
 def test_profile_float_and_int8_models_interleaved() -> None:
     model = tiny_cnn()
     samples = make_samples(8)
-    int8 = quantize(model, samples, config=QuantConfig(method="minmax")).model
+    int8 = quantize(model, samples, config=QuantConfig(calibration=CalibrationSpec(method="minmax"))).model
     profiles = profile_ops({"fp32": model, "int8": int8}, warmup=2, runs=6, rounds=3, feeds=samples[0])
     fp32, q = profiles["fp32"], profiles["int8"]
     for p in (fp32, q):

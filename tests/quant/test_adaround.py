@@ -8,7 +8,7 @@ from onnx import numpy_helper
 from npukit.errors import InputError
 from npukit.quant.algorithms.adaround import adaround
 from npukit.quant.calibration.calibrate import calibrate
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import AdaRound, CpuKernels, QuantConfig, Recipe, Scheme
 from npukit.quant.layer_sqnr import sqnr_db
 from npukit.quant.qdq import effective_ranges, integer_kernel_report, preprocess, quantize
 from tests.quant.conftest import make_samples, outputs, tiny_cnn
@@ -25,7 +25,8 @@ def setup():
     model = preprocess(tiny_cnn(spread=0.5))
     samples = make_samples(24)
     # channels not paired: quantize must reproduce the very weights of ``result``, in their order
-    config = QuantConfig(reduce_range=True, adaround=True, adaround_iterations=ITERATIONS, pair_channels=False)
+    config = QuantConfig(recipe=Recipe(adaround=AdaRound(iterations=ITERATIONS)),
+                         cpu=CpuKernels(reduce_range=True, pair_channels=False))
     ranges = effective_ranges(model, calibrate(model, samples, config=config).ranges, config)
     result = adaround(model, samples, config=config, ranges=ranges)
     return model, samples, config, ranges, result
@@ -73,17 +74,19 @@ def test_adaround_improves_the_quantized_model_on_held_data() -> None:
     samples, held = make_samples(24), make_samples(16, seed=9)
     wide = tuple(n.name for n in model.graph.node)
     ref = outputs(model, held)
-    plain = quantize(model, samples, config=QuantConfig(reduce_range=True, int16_nodes=wide))
-    learned = quantize(model, samples, config=QuantConfig(reduce_range=True, int16_nodes=wide, adaround=True,
-                                                          adaround_iterations=ITERATIONS))
+    plain = quantize(model, samples, config=QuantConfig(scheme=Scheme(int16_nodes=wide),
+                                                        cpu=CpuKernels(reduce_range=True)))
+    learned = quantize(model, samples, config=QuantConfig(scheme=Scheme(int16_nodes=wide),
+                                                          recipe=Recipe(adaround=AdaRound(iterations=ITERATIONS)),
+                                                          cpu=CpuKernels(reduce_range=True)))
     assert _sqnr(ref, outputs(learned.model, held)) > _sqnr(ref, outputs(plain.model, held)) + 0.3
 
 
 def test_adaround_rejects_asymmetric_weights_and_bad_counts() -> None:
     with pytest.raises(InputError, match="symmetric"):
-        QuantConfig(adaround=True, symmetric_weights=False)
+        QuantConfig(scheme=Scheme(symmetric_weights=False), recipe=Recipe(adaround=AdaRound()))
     with pytest.raises(InputError, match="adaround_iterations"):
-        QuantConfig(adaround=True, adaround_iterations=0)
+        QuantConfig(recipe=Recipe(adaround=AdaRound(iterations=0)))
 
 
 def test_the_error_is_measured_after_the_activation_that_follows() -> None:

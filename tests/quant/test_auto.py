@@ -9,7 +9,7 @@ import npukit.quant.calibration.calibrate as calibrate_module
 from npukit.quant.calibration.auto import split_samples
 from npukit.quant.calibration.calibrate import calibrate, make_observer
 from npukit.quant.calibration.observers import RANGE_METHODS, MultiObserver
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import AdaRound, CalibrationSpec, QuantConfig, Recipe, from_flat
 from npukit.quant.layer_sqnr import sqnr_db
 from npukit.quant.qdq import quantize
 from tests.quant.conftest import make_samples, outputs, tiny_cnn
@@ -60,9 +60,9 @@ def test_multi_observer_answers_every_method_like_the_dedicated_observer() -> No
     data = [rng.standard_normal(3000).astype(np.float32) * s for s in (1.0, 3.0, 0.5)]
     data[1][7] = 60.0
     for extra in ({}, {"symmetric_activations": True, "activation_dtype": "int8"}):
-        multi = make_observer(QuantConfig(method="auto", percentile=99.9, num_bins=512, **extra))
+        multi = make_observer(from_flat(method="auto", percentile=99.9, num_bins=512, **extra))
         assert isinstance(multi, MultiObserver)
-        dedicated = {m: make_observer(QuantConfig(method=m, percentile=99.9, num_bins=512, **extra))
+        dedicated = {m: make_observer(from_flat(method=m, percentile=99.9, num_bins=512, **extra))
                      for m in RANGE_METHODS}
         for x in data:
             multi.update(x)
@@ -81,10 +81,10 @@ def test_calibrate_auto_gives_every_method_from_one_pass(monkeypatch: pytest.Mon
     monkeypatch.setattr(calibrate_module, "observe", lambda *a, **k: calls.append(1) or real(*a, **k))
     model = tiny_cnn()
     samples = make_samples(6)
-    auto = calibrate(model, samples, config=QuantConfig(method="auto"))
+    auto = calibrate(model, samples, config=QuantConfig(calibration=CalibrationSpec(method="auto")))
     assert len(calls) == 1 and auto.samples == 6 and set(auto.candidates) == set(RANGE_METHODS)
     for method in RANGE_METHODS:
-        single = calibrate(model, samples, config=QuantConfig(method=method))
+        single = calibrate(model, samples, config=QuantConfig(calibration=CalibrationSpec(method=method)))
         assert set(auto.candidates[method]) == set(single.ranges)
         for name, r in single.ranges.items():
             assert auto.candidates[method][name] == pytest.approx(r, rel=1e-6, abs=1e-9), (method, name)
@@ -104,7 +104,7 @@ def test_split_holds_out_the_last_quarter() -> None:
 def test_auto_keeps_minmax_when_rare_large_values_carry_the_output() -> None:
     model = _outlier_model("relu")
     samples = _outlier_samples(16, scale=0.05, outlier=100.0)
-    result = quantize(model, samples, config=QuantConfig(method="auto", percentile=99.9))
+    result = quantize(model, samples, config=QuantConfig(calibration=CalibrationSpec(method="auto", percentile=99.9)))
     auto = result.steps.auto
     assert set(auto["candidates"]) == set(RANGE_METHODS)
     assert auto["chosen"] == "minmax" and result.steps.calibration["chosen"] == "minmax"
@@ -120,17 +120,18 @@ def test_auto_keeps_minmax_when_rare_large_values_carry_the_output() -> None:
 def test_auto_clips_when_outliers_waste_the_range() -> None:
     model = _outlier_model("exp")
     samples = _outlier_samples(16, scale=1.0, outlier=7.0)
-    result = quantize(model, samples, config=QuantConfig(method="auto", percentile=99.9))
+    result = quantize(model, samples, config=QuantConfig(calibration=CalibrationSpec(method="auto", percentile=99.9)))
     auto = result.steps.auto
     scores = auto["candidates"]
     assert auto["chosen"] != "minmax" and scores[auto["chosen"]] == max(scores.values())
     assert scores[auto["chosen"]] > scores["minmax"] + 10.0, auto
-    minmax = quantize(model, samples, config=QuantConfig(method="minmax"))
+    minmax = quantize(model, samples, config=QuantConfig(calibration=CalibrationSpec(method="minmax")))
     held = _outlier_samples(6, scale=1.0, outlier=7.0, seed=9)
     assert _sqnr(model, result.model, held) > _sqnr(model, minmax.model, held) + 10.0
     # once chosen (on 12 samples, scored on the other 4), the method's ranges come from all 16: the same as
     # calibrating with the chosen method alone
-    alone = calibrate(model, samples, config=QuantConfig(method=auto["chosen"], percentile=99.9))
+    alone = calibrate(model, samples,
+                      config=QuantConfig(calibration=CalibrationSpec(method=auto["chosen"], percentile=99.9)))
     assert set(result.ranges) == set(alone.ranges)
     for name, r in alone.ranges.items():
         assert result.ranges[name] == pytest.approx(r, rel=1e-6, abs=1e-9), name
@@ -142,7 +143,8 @@ def test_auto_composes_with_cle_adaround_and_bias_correction(monkeypatch: pytest
     monkeypatch.setattr(calibrate_module.MultiObserver, "update", lambda self, x: calls.append(1) or real(self, x))
     model = tiny_cnn(spread=0.5)
     samples = make_samples(8)
-    config = QuantConfig(method="auto", cle=True, bias_correction=True, adaround=True, adaround_iterations=20)
+    config = QuantConfig(calibration=CalibrationSpec(method="auto"),
+                         recipe=Recipe(cle=True, bias_correction=True, adaround=AdaRound(iterations=20)))
     result = quantize(model, samples, config=config)
     assert {"cle", "auto", "adaround", "bias_correction"} <= set(result.steps.ran())
     assert result.steps.ran() == ["cle", "float_fragile", "auto", "calibration", "adaround", "bias_correction",
@@ -158,7 +160,7 @@ def test_auto_composes_with_cle_adaround_and_bias_correction(monkeypatch: pytest
 
 
 def test_few_samples_calibrate_on_all_with_a_note() -> None:
-    result = quantize(tiny_cnn(), make_samples(4), config=QuantConfig(method="auto"))
+    result = quantize(tiny_cnn(), make_samples(4), config=QuantConfig(calibration=CalibrationSpec(method="auto")))
     auto = result.steps.auto
     assert (auto["calibration_samples"], auto["held_out_samples"]) == (4, 1) and "only 4" in auto["note"]
     assert result.steps.calibration["samples"] == 4
@@ -176,7 +178,7 @@ def test_auto_scores_candidates_bias_corrected_when_the_final_model_is(monkeypat
     made: dict[str, onnx.ModelProto] = {}
 
     def counting_each(model, samples, *, config, ranges, **kwargs):
-        calls.append((config.calib_samples, len(ranges)))
+        calls.append((config.calibration.samples, len(ranges)))
         out = real_each(model, samples, config=config, ranges=ranges, **kwargs)
         for key, one in ranges.items():  # the shared pass against each set alone
             alone = real(model, samples, config=config, ranges=one, **kwargs)
@@ -187,13 +189,14 @@ def test_auto_scores_candidates_bias_corrected_when_the_final_model_is(monkeypat
         return out
 
     def counting(model, samples, *, config, **kwargs):
-        calls.append((config.calib_samples, 1))
+        calls.append((config.calibration.samples, 1))
         return real(model, samples, config=config, **kwargs)
 
     monkeypatch.setattr(qdq_module, "correct_bias_each", counting_each)
     monkeypatch.setattr(qdq_module, "correct_bias", counting)
     result = quantize(tiny_cnn(spread=0.5), make_samples(16),
-                      config=QuantConfig(method="auto", bias_correction=bias_correction))
+                      config=QuantConfig(calibration=CalibrationSpec(method="auto"),
+                                         recipe=Recipe(bias_correction=bias_correction)))
     candidates = len(RANGE_METHODS) - len(result.steps.auto["identical_ranges"])
     split = split_samples(16)
     assert calls == ([(split.calibration, candidates), (None, 1)] if bias_correction else [])

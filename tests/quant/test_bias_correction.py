@@ -6,7 +6,7 @@ from onnx import numpy_helper
 
 from npukit.quant.algorithms.bias_correction import correct_bias, fake_quantize_weight
 from npukit.quant.calibration.calibrate import calibrate, observe
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import QuantConfig, Recipe, Scheme
 from npukit.quant.grids import activation_qparams, weight_axis
 from npukit.quant.qdq import quantize
 from tests.quant.conftest import make_samples, tiny_cnn
@@ -20,8 +20,8 @@ def _with_quantized_weights(model: onnx.ModelProto, config: QuantConfig) -> onnx
     for node in out.graph.node:
         if node.op_type in ("Conv", "Gemm"):
             w = numpy_helper.to_array(inits[node.input[1]])
-            q = fake_quantize_weight(w, axis=weight_axis(node, per_channel=config.per_channel),
-                                     symmetric=config.symmetric_weights)
+            q = fake_quantize_weight(w, axis=weight_axis(node, per_channel=config.scheme.per_channel),
+                                     symmetric=config.scheme.symmetric_weights)
             inits[node.input[1]].CopyFrom(numpy_helper.from_array(q, node.input[1]))
     return out
 
@@ -47,7 +47,7 @@ def test_fake_quantize_weight_matches_the_int8_grid() -> None:
 
 
 def test_bias_correction_removes_the_shift_it_measures() -> None:
-    config = QuantConfig(per_channel=False)
+    config = QuantConfig(scheme=Scheme(per_channel=False))
     model = tiny_cnn(spread=1.0)
     samples = make_samples(8)
     result = correct_bias(model, samples, config=config)
@@ -61,7 +61,7 @@ def test_bias_correction_removes_the_shift_it_measures() -> None:
 
 
 def test_bias_correction_lowers_the_mean_error_on_held_data() -> None:
-    config = QuantConfig(per_channel=False)
+    config = QuantConfig(scheme=Scheme(per_channel=False))
     model = tiny_cnn(spread=1.0, seed=3)
     result = correct_bias(model, make_samples(16), config=config)
     held = make_samples(16, seed=11)
@@ -72,7 +72,7 @@ def test_bias_correction_lowers_the_mean_error_on_held_data() -> None:
 
 
 def test_with_ranges_the_input_quantization_shift_is_removed_too() -> None:
-    config = QuantConfig(per_channel=False)
+    config = QuantConfig(scheme=Scheme(per_channel=False))
     model = tiny_cnn(spread=1.0, seed=3)
     samples = make_samples(16)
     ranges = calibrate(model, samples, config=config).ranges
@@ -92,7 +92,8 @@ def test_quantized_model_mean_error_drops_with_bias_correction() -> None:
     ref = _channel_means(model, "y", held)
     errors = []
     for bc in (False, True):
-        q = quantize(model, samples, config=QuantConfig(per_channel=False, bias_correction=bc)).model
+        q = quantize(model, samples, config=QuantConfig(scheme=Scheme(per_channel=False),
+                                                        recipe=Recipe(bias_correction=bc))).model
         errors.append(np.abs(_channel_means(q, "y", held) - ref).mean())
     assert errors[1] < 0.7 * errors[0]
 
@@ -100,7 +101,7 @@ def test_quantized_model_mean_error_drops_with_bias_correction() -> None:
 def test_reference_weights_make_the_shift_the_whole_remaining_error() -> None:
     """After a rounding step (AdaRound) the model's weights are already on the grid; measured against the original
     float weights the shift is E[Q(W~) x] - E[W x], the layer's whole remaining mean error."""
-    config = QuantConfig(per_channel=False)
+    config = QuantConfig(scheme=Scheme(per_channel=False))
     model = tiny_cnn(spread=1.0, seed=3)
     samples = make_samples(8)
     rounded = _with_quantized_weights(model, config)

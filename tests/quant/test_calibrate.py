@@ -6,7 +6,7 @@ import pytest
 from npukit.errors import InputError
 from npukit.quant.calibration.calibrate import (Calibration, calibrate, channel_statistics, float_activations,
                                                 observe)
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import CalibrationSpec, QuantConfig, Scheme
 from tests.quant.conftest import make_samples, tiny_cnn
 
 
@@ -30,7 +30,7 @@ def test_minmax_ranges_match_the_activations_seen() -> None:
 
 
 def test_calib_samples_takes_the_first_n() -> None:
-    result = calibrate(tiny_cnn(), iter(make_samples(10)), config=QuantConfig(calib_samples=3))
+    result = calibrate(tiny_cnn(), iter(make_samples(10)), config=QuantConfig(calibration=CalibrationSpec(samples=3)))
     assert result.samples == 3
 
 
@@ -49,12 +49,12 @@ def test_bad_calibration_data_is_an_input_error(bad, message: str) -> None:
 
 def test_fewer_samples_than_asked_is_an_input_error() -> None:
     with pytest.raises(InputError, match="only 2"):
-        calibrate(tiny_cnn(), make_samples(2), config=QuantConfig(calib_samples=5))
+        calibrate(tiny_cnn(), make_samples(2), config=QuantConfig(calibration=CalibrationSpec(samples=5)))
 
 
 def test_int16_nodes_must_exist() -> None:
     with pytest.raises(InputError, match="not in the model"):
-        calibrate(tiny_cnn(), make_samples(1), config=QuantConfig(int16_nodes=("nope",)))
+        calibrate(tiny_cnn(), make_samples(1), config=QuantConfig(scheme=Scheme(int16_nodes=("nope",))))
 
 
 def test_channel_statistics() -> None:
@@ -74,7 +74,7 @@ def test_calibration_fed_in_two_parts_is_one_pass(method) -> None:
     (every method's, for auto) are those of one pass over all samples, exactly."""
     model = tiny_cnn(spread=0.5)
     samples = make_samples(10, seed=3)
-    config = QuantConfig(method=method)
+    config = QuantConfig(calibration=CalibrationSpec(method=method))
     ticks: list[int] = []
     parts = Calibration(model, config).feed(samples, stop=7)
     first = parts.result()
@@ -85,6 +85,7 @@ def test_calibration_fed_in_two_parts_is_one_pass(method) -> None:
     assert whole.ranges == once.ranges and whole.candidates == once.candidates
     if method == "auto":
         for name in ("entropy", "mse"):  # the method chosen later reads the same ranges as calibrating with it alone
-            assert whole.with_method(name).ranges == calibrate(model, samples, config=QuantConfig(method=name)).ranges
+            alone = QuantConfig(calibration=CalibrationSpec(method=name))
+            assert whole.with_method(name).ranges == calibrate(model, samples, config=alone).ranges
     with pytest.raises(ValueError, match="the next must start at 10"):
         parts.feed(samples, start=8)

@@ -3,7 +3,6 @@ and quantize's use of it."""
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import onnx
@@ -12,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from npukit.errors import InputError
 from npukit.quant.cpu import conv_kernel
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import CpuKernels, QuantConfig
 from npukit.quant.cpu.conv_kernel import _shift, candidates, choose_conv_kernels, move_to_gemm, require_exact_move
 from npukit.quant.qdq import integer_kernel_report, quantize
 from npukit.runtime.int8_paths import Int8Path, full_range_exact, probe_int8_paths
@@ -126,7 +125,7 @@ def test_gemm_convs_is_refused_where_the_kernels_saturate(monkeypatch) -> None:
         require_exact_move(_saturating())
     monkeypatch.setattr(conv_kernel, "probe_int8_paths", _saturating)
     with pytest.raises(InputError, match="gemm_convs moves"):  # before any calibration
-        quantize(_projection_model(), _samples(), config=QuantConfig(gemm_convs=True))
+        quantize(_projection_model(), _samples(), config=QuantConfig(cpu=CpuKernels(gemm_convs=True)))
     with pytest.raises(InputError):
         choose_conv_kernels(_projection_model(), _samples(1)[0])
 
@@ -136,7 +135,7 @@ def test_this_cpus_refusal_matches_its_measured_kernels() -> None:
         require_exact_move()
     else:
         with pytest.raises(InputError, match="saturate"):
-            quantize(_projection_model(), _samples(), config=QuantConfig(gemm_convs=True))
+            quantize(_projection_model(), _samples(), config=QuantConfig(cpu=CpuKernels(gemm_convs=True)))
 
 
 @needs_exact_kernels
@@ -156,7 +155,7 @@ def test_the_choice_is_timed_and_exact(built) -> None:
 @needs_exact_kernels
 def test_quantize_with_gemm_convs_reports_the_choice_and_keeps_the_outputs(built) -> None:
     samples = _samples()
-    result = quantize(_projection_model(), samples, config=QuantConfig(gemm_convs=True))
+    result = quantize(_projection_model(), samples, config=QuantConfig(cpu=CpuKernels(gemm_convs=True)))
     assert set(result.steps.conv_kernels["gemm_over_convsym_alone"]) == {"expand", "project", "spatial"}
     np.testing.assert_array_equal(outputs(built, samples), outputs(result.model, samples))
     assert quantize(_projection_model(), samples, config=QuantConfig()).steps.conv_kernels is None
@@ -164,7 +163,7 @@ def test_quantize_with_gemm_convs_reports_the_choice_and_keeps_the_outputs(built
 
 def test_a_conv_with_16_bit_activations_is_no_candidate() -> None:
     samples = _samples()
-    config = dataclasses.replace(QuantConfig(), int16_nodes=("project",))
+    config = QuantConfig().with_scheme(int16_nodes=("project",))
     model = quantize(_projection_model(), samples, config=config).model
     assert "project" not in {c.node for c in candidates(model)}
 

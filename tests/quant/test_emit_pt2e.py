@@ -3,7 +3,6 @@ QDQ model's, and it computes what the QDQ model computes (ORT with no fusions: t
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ pytest.importorskip("executorch", reason="the executorch extra is not installed 
 from npukit.config import ExportConfig  # noqa: E402
 from npukit.frontend.export import export_model  # noqa: E402
 from npukit.frontend.spec import ModelSource  # noqa: E402
-from npukit.quant.config import QuantConfig  # noqa: E402
+from npukit.quant.config import CalibrationSpec, QuantConfig, Recipe, Scheme  # noqa: E402
 from npukit.quant.emit.pt2e import carry_plan  # noqa: E402
 from npukit.quant.grids import qdq_grids, same_weight, unplanned_grids  # noqa: E402
 from npukit.quant.qdq import quantize  # noqa: E402
@@ -56,8 +55,9 @@ def _program_grids(program: torch.fx.GraphModule) -> tuple[set[tuple[float, int]
 
 
 def test_the_program_has_the_plans_grids_and_weight_integers(tmp_path):
-    _, result, carried, _ = _setup(tmp_path, QuantConfig(activation_dtype="int8", method="minmax",
-                                                         bias_correction=True))
+    _, result, carried, _ = _setup(tmp_path, QuantConfig(scheme=Scheme(activation_dtype="int8"),
+                                                         calibration=CalibrationSpec(method="minmax"),
+                                                         recipe=Recipe(bias_correction=True)))
     assert carried.unmatched == ()
     assert carried.weights == 4  # every conv and the linear layer
     planned_grids, qdq_weights = qdq_grids(result.model)
@@ -73,7 +73,9 @@ def test_the_program_has_the_plans_grids_and_weight_integers(tmp_path):
 
 
 def test_the_program_computes_what_the_qdq_model_computes(tmp_path):
-    _, result, carried, samples = _setup(tmp_path, QuantConfig(activation_dtype="int8", method="minmax", cle=True))
+    _, result, carried, samples = _setup(tmp_path, QuantConfig(scheme=Scheme(activation_dtype="int8"),
+                                                               calibration=CalibrationSpec(method="minmax"),
+                                                               recipe=Recipe(cle=True)))
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # Q/DQ arithmetic as written
     session = ort.InferenceSession(result.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
@@ -87,10 +89,11 @@ def test_the_program_computes_what_the_qdq_model_computes(tmp_path):
 
 
 def test_a_node_the_plan_keeps_in_float_stays_float(tmp_path):
-    _, result, _, _ = _setup(tmp_path, QuantConfig(activation_dtype="int8", method="minmax"))
+    _, result, _, _ = _setup(tmp_path, QuantConfig(scheme=Scheme(activation_dtype="int8"),
+                                                   calibration=CalibrationSpec(method="minmax")))
     first_conv = next(n.name for n in result.reference.graph.node if n.op_type == "Conv")
-    _, result, carried, _ = _setup(tmp_path, QuantConfig(activation_dtype="int8", method="minmax",
-                                                         exclude=(first_conv,)))
+    _, result, carried, _ = _setup(tmp_path, QuantConfig(scheme=Scheme(activation_dtype="int8", exclude=(first_conv,)),
+                                                         calibration=CalibrationSpec(method="minmax")))
     assert carried.unmatched == ()
     assert carried.float_nodes, "the excluded conv was quantized in torch"
     assert carried.weights == 4  # three on the plan's integers, the float conv's as the plan's model has it
@@ -101,10 +104,12 @@ def test_a_float_conv_keeps_the_weights_equalization_gave_it(tmp_path, which):
     """CLE scales a conv's output channels and the next conv's input channels together: a conv the plan keeps in
     float must take its scaled weights too, or the program computes another function (MobileNetV2 under CLE with a
     float projection conv: -1.8 dB against the float model, where the QDQ model had 13 dB)."""
-    config = QuantConfig(activation_dtype="int8", method="minmax", cle=True)
+    config = QuantConfig(scheme=Scheme(activation_dtype="int8"),
+                         calibration=CalibrationSpec(method="minmax"),
+                         recipe=Recipe(cle=True))
     _, result, _, _ = _setup(tmp_path, config)
     conv = [n.name for n in result.reference.graph.node if n.op_type == "Conv"][which]
-    _, result, carried, samples = _setup(tmp_path, dataclasses.replace(config, exclude=(conv,)))
+    _, result, carried, samples = _setup(tmp_path, config.with_scheme(exclude=(conv,)))
     assert carried.unmatched == () and carried.float_nodes
 
     def run(feeds):
@@ -148,7 +153,9 @@ def test_the_litert_model_has_the_plans_grids_and_weight_integers(tmp_path):
                                             config=ExportConfig(input_shape=(1, 3, 32, 32))).path))
     rng = np.random.default_rng(0)
     samples = [{"input": rng.normal(size=(1, 3, 32, 32)).astype(np.float32)} for _ in range(12)]
-    result = quantize(float_onnx, samples, config=QuantConfig(activation_dtype="int8", method="minmax", cle=True))
+    result = quantize(float_onnx, samples, config=QuantConfig(scheme=Scheme(activation_dtype="int8"),
+                                                              calibration=CalibrationSpec(method="minmax"),
+                                                              recipe=Recipe(cle=True)))
     example = (torch.from_numpy(samples[0]["input"].copy()),)
     carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan,
                          options=litert.CARRY)
@@ -213,7 +220,8 @@ def _carried_16x16(tmp_path: Path, net: type[torch.nn.Module], options):
     """``net`` exported (``_exported_16x16``), quantized (int8 activations, min/max) and its plan carried with
     ``options``: the QDQ result, the carried plan, the samples and the example input."""
     module, float_onnx, samples, example = _exported_16x16(tmp_path, net)
-    result = quantize(float_onnx, samples, config=QuantConfig(activation_dtype="int8", method="minmax"))
+    result = quantize(float_onnx, samples, config=QuantConfig(scheme=Scheme(activation_dtype="int8"),
+                                                              calibration=CalibrationSpec(method="minmax")))
     carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan,
                          options=options)
     return result, carried, samples, example
@@ -287,13 +295,13 @@ def test_litert_quantizing_a_float_layer_of_the_plan_is_found(tmp_path):
     from npukit.runtime import litert
 
     module, float_onnx, samples, example = _exported_16x16(tmp_path, _Projection)
-    config = QuantConfig(activation_dtype="int8", method="minmax")
+    config = QuantConfig(scheme=Scheme(activation_dtype="int8"), calibration=CalibrationSpec(method="minmax"))
     plain = quantize(float_onnx, samples, config=config)
     convs = [n.name for n in plain.reference.graph.node if n.op_type == "Conv"]
     found = {}
     for name, result in (("none", plain),
                          ("projection", quantize(float_onnx, samples,
-                                                 config=dataclasses.replace(config, exclude=(convs[1],))))):
+                                                 config=config.with_scheme(exclude=(convs[1],))))):
         carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan,
                              options=litert.CARRY)
         assert carried.unmatched == ()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import FloatHead, Precision, QuantConfig, Scheme
 from npukit.quant.cpu.float_head import HeadChoice, choose_float_head, pick_prefix, slower_rounds, stem_chain
 
 
@@ -76,7 +76,7 @@ def test_choose_times_every_prefix_and_stops_before_kept_nodes() -> None:
 
     def build(prefix: tuple[str, ...]):
         built.append(prefix)
-        return build_qdq(model, feeds, QuantConfig(exclude=prefix), ranges, {})
+        return build_qdq(model, feeds, QuantConfig(scheme=Scheme(exclude=prefix)), ranges, {})
 
     choice = choose_float_head(model, "stem", feeds, build)
     assert built == [("stem",), ("stem", "dw"), ("stem", "dw", "pw2"), ("stem", "dw", "pw2", "pw3")]
@@ -96,7 +96,7 @@ def test_quantize_leaves_the_chosen_head_in_float_and_reports_its_timings() -> N
     model = _chain_model(branch_after=4)
     rng = np.random.default_rng(2)
     samples = [{"x": rng.normal(size=(1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
-    result = quantize(model, samples, config=QuantConfig(float_stem=True))
+    result = quantize(model, samples, config=QuantConfig(precision=Precision(float_head=FloatHead())))
     step = result.steps.float_stem
     (head,) = step["heads"]
     assert head["chain"] == ["stem", "dw", "pw2", "pw3"] and set(head["latency_ratio_to_stem_only"]) == {"1", "2",
@@ -115,7 +115,7 @@ def test_quantize_names_unnamed_nodes_so_the_head_excludes_only_itself() -> None
         node.name = ""  # an exclusion of "" would otherwise leave every Conv in float
     rng = np.random.default_rng(2)
     samples = [{"x": rng.normal(size=(1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
-    result = quantize(model, samples, config=QuantConfig(float_stem=True))
+    result = quantize(model, samples, config=QuantConfig(precision=Precision(float_head=FloatHead())))
     head = result.steps.float_stem["nodes"]
     assert head and head[0] == "Conv_0" and "" not in head
     rows = {r["node"]: r for r in result.per_layer}

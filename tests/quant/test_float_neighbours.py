@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from npukit.measure.fidelity import sqnr_db
 from npukit.quant import qdq
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import Precision, QuantConfig, Scheme
 from npukit.quant.precision.float_neighbours import AFTER, BETWEEN, float_neighbours
 from npukit.quant.qdq import quantize
 from tests.quant.conftest import make_samples, outputs, tiny_cnn
@@ -92,7 +92,7 @@ def _hidden_imbalance(seed: int = 0) -> onnx.ModelProto:
 def test_quantizing_between_float_convs_would_cost_accuracy_the_region_keeps(monkeypatch) -> None:
     model = _hidden_imbalance()
     calib, held_out = make_samples(16, seed=1), make_samples(16, seed=2)
-    config = QuantConfig(exclude=("conv1", "dw"), float_stem=False)
+    config = QuantConfig(scheme=Scheme(exclude=("conv1", "dw")), precision=Precision(float_head=None))
     reference = outputs(model, held_out)
 
     def quantized_tensors(result) -> set[str]:

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from npukit.measure.fidelity import sqnr_db
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import CalibrationSpec, Precision, QuantConfig
 from npukit.quant.precision.fragile import FRAGILE_DB, fragile_convs, input_grid_sqnr
 from npukit.quant.qdq import quantize
 from tests.quant.conftest import outputs
@@ -95,8 +95,9 @@ def test_a_spread_input_is_fragile_with_its_writer_and_an_even_one_is_not() -> N
 
 def test_quantize_keeps_the_fragile_pair_in_float_and_gains_on_held_out_samples() -> None:
     model, calib, held_out = _net(300.0), _samples(8, 1), _samples(4, 2)
-    on = quantize(model, calib, config=QuantConfig(method="minmax"))
-    off = quantize(model, calib, config=QuantConfig(method="minmax", float_fragile=False))
+    on = quantize(model, calib, config=QuantConfig(calibration=CalibrationSpec(method="minmax")))
+    off = quantize(model, calib, config=QuantConfig(calibration=CalibrationSpec(method="minmax"),
+                                                    precision=Precision(float_fragile=False)))
     record = on.steps.float_fragile
     assert record is not None and record["nodes"] == ["depthwise", "expand"] and record["samples"] == 4
     assert off.steps.float_fragile is None
@@ -109,8 +110,8 @@ def test_quantize_keeps_the_fragile_pair_in_float_and_gains_on_held_out_samples(
     reference = outputs(model, held_out)
     assert sqnr_db(reference, outputs(on.model, held_out)) > sqnr_db(reference, outputs(off.model, held_out)) + 6.0
     # fewer calibration samples than the measure takes: it runs on those there are
-    few = quantize(model, calib[:3], config=QuantConfig(method="minmax"))
+    few = quantize(model, calib[:3], config=QuantConfig(calibration=CalibrationSpec(method="minmax")))
     assert few.steps.float_fragile["samples"] == 3 and few.steps.float_fragile["nodes"] == ["depthwise", "expand"]
     # the even model keeps every conv int8
-    even = quantize(_net(1.0), calib, config=QuantConfig(method="minmax"))
+    even = quantize(_net(1.0), calib, config=QuantConfig(calibration=CalibrationSpec(method="minmax")))
     assert even.steps.float_fragile is not None and even.steps.float_fragile["nodes"] == []

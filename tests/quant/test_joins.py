@@ -8,7 +8,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from npukit.measure.fidelity import sqnr_db
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import FloatHead, Precision, QuantConfig, Scheme
 from npukit.quant.precision.joins import mixed_scale_joins
 from npukit.quant.qdq import integer_kernel_report, one_sample_ranges, preprocess, quantize
 from tests.quant.conftest import make_samples, outputs
@@ -52,7 +52,7 @@ def test_the_mixed_join_is_found_with_what_follows() -> None:
 def test_scores_survive_quantization_only_with_the_join_in_float() -> None:
     model, held = _detector_head(), _samples(4, seed=7)
     reference = outputs(model, held)[:, 0, 4:]  # the class scores
-    joined = quantize(model, _samples(), config=QuantConfig(float_joins=False))
+    joined = quantize(model, _samples(), config=QuantConfig(precision=Precision(float_joins=False)))
     assert sqnr_db(reference, outputs(joined.model, held)[:, 0, 4:]) < 10  # one grid over 0..320: scores wiped out
     kept = quantize(model, _samples(), config=QuantConfig())
     assert kept.steps.float_joins["nodes"] == ["join", "flatten"]
@@ -82,7 +82,7 @@ def _conv_chain(convs: int) -> onnx.ModelProto:
 
 def test_the_float_head_never_takes_every_conv() -> None:
     samples = make_samples(4, shape=(1, 3, 16, 16))
-    result = quantize(_conv_chain(1), samples, config=QuantConfig(float_stem=True))
+    result = quantize(_conv_chain(1), samples, config=QuantConfig(precision=Precision(float_head=FloatHead())))
     assert result.steps.float_stem["nodes"] == [] and "dropped" in result.steps.float_stem
     assert result.steps.float_stem["dropped"]  # the one conv was the stem: quantized whole, and said so
     assert integer_kernel_report(result.model)["integer_fraction"] == 1.0
@@ -95,4 +95,5 @@ def test_bounded_activations_keep_their_whole_range() -> None:
     ranges = {"scores": (0.0, 0.53), "b1": (0.0, 0.97), "r0": (0.0, 3.0)}  # a clipping observer's choice
     adjusted = effective_ranges(model, ranges, QuantConfig())
     assert adjusted["scores"] == (0.0, 1.0) and adjusted["b1"] == (0.0, 1.0) and adjusted["r0"] == (0.0, 3.0)
-    assert effective_ranges(model, ranges, QuantConfig(exclude=("score_sigmoid",)))["scores"] == (0.0, 0.53)
+    excluded = QuantConfig(scheme=Scheme(exclude=("score_sigmoid",)))
+    assert effective_ranges(model, ranges, excluded)["scores"] == (0.0, 0.53)

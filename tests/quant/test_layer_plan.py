@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from npukit.errors import InputError
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import CalibrationSpec, QuantConfig, Recipe, Scheme
 from npukit.quant.precision.layer_plan import (Check, LayerOption, assignment_of, lifted, plan_layer_precision,
                                                search_order, smallest_passing)
 from npukit.quant.precision.sensitivity import output_sqnr
@@ -40,8 +40,8 @@ def test_the_smallest_passing_size_is_found(needed: int) -> None:
 
 
 def test_lifted_puts_layers_where_the_quantizer_reads_them() -> None:
-    config = lifted(QuantConfig(exclude=("x",)), {"a": "int16", "b": "float32"})
-    assert config.int16_nodes == ("a",) and config.exclude == ("x", "b")
+    config = lifted(QuantConfig(scheme=Scheme(exclude=("x",))), {"a": "int16", "b": "float32"})
+    assert config.scheme.int16_nodes == ("a",) and config.scheme.exclude == ("x", "b")
     with pytest.raises(InputError, match="unknown layer precision"):
         lifted(QuantConfig(), {"a": "int4"})
 
@@ -55,7 +55,7 @@ def _sqnr_floor(model, samples, floor: float):
 
 def test_the_plan_lifts_layers_until_the_floor_is_met_and_builds_as_checked() -> None:
     model, samples = tiny_cnn(spread=1.0), make_samples(12)
-    config = QuantConfig(per_channel=False)
+    config = QuantConfig(scheme=Scheme(per_channel=False))
     base = output_sqnr(model, quantize(model, samples, config=config).model, samples)
     plan = plan_layer_precision(model, samples, config=config, accept=_sqnr_floor(model, samples, base + 3.0))
     assert plan.met and 1 <= len(plan.assignment) <= 5
@@ -75,7 +75,7 @@ def test_the_plan_lifts_layers_until_the_floor_is_met_and_builds_as_checked() ->
 
 def test_nothing_is_lifted_when_the_int8_model_passes_and_an_unreachable_floor_is_not_met() -> None:
     model, samples = tiny_cnn(spread=1.0), make_samples(8)
-    config = QuantConfig(per_channel=False)
+    config = QuantConfig(scheme=Scheme(per_channel=False))
     easy = plan_layer_precision(model, samples, config=config, accept=_sqnr_floor(model, samples, 0.0))
     assert easy.met and easy.assignment == {} and [t["lifted"] for t in easy.tried] == [0]
     # every layer lifted to float32 reproduces the float model (inf dB): only a check nothing passes is unreachable
@@ -96,7 +96,7 @@ def test_the_search_builds_from_the_model_as_emitted_bias_correction_included() 
     from npukit.runtime.ort import make_session
 
     model, samples = tiny_cnn(spread=1.0), make_samples(8)
-    config = QuantConfig(per_channel=False, bias_correction=True)
+    config = QuantConfig(scheme=Scheme(per_channel=False), recipe=Recipe(bias_correction=True))
     built = quantize(model, samples, config=config)
     first = samples[0]
     assert not np.array_equal(make_session(built.source).run(None, first)[0],
@@ -122,7 +122,8 @@ def test_a_candidate_keeps_every_float_node_quantize_chose(case: str) -> None:
     if case == "joins":
         model, samples, config = test_joins._detector_head(), test_joins._samples(), QuantConfig()
     else:
-        model, samples, config = test_fragile._net(300.0), test_fragile._samples(8, 1), QuantConfig(method="minmax")
+        model, samples = test_fragile._net(300.0), test_fragile._samples(8, 1)
+        config = QuantConfig(calibration=CalibrationSpec(method="minmax"))
     built = quantize(model, samples, config=config)
     chosen = decided_floats(built)
     assert chosen and {d.step for d in chosen.values()} == {"float_joins" if case == "joins" else "float_fragile"}

@@ -7,7 +7,7 @@ from npukit.cli import build_parser
 from npukit.quant.calibration.calibrate import make_observer
 from npukit.quant.calibration.observers import (OBSERVERS, EntropyObserver, MinMaxObserver, MseObserver,
                                                 MultiObserver, PercentileObserver)
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import CalibrationSpec, QuantConfig, Scheme
 from npukit.search.space import RecipeSpace
 
 
@@ -83,8 +83,9 @@ def test_histogram_memory_is_bounded_and_rebinning_keeps_counts() -> None:
 
 
 def test_make_observer_follows_config() -> None:
-    assert isinstance(make_observer(QuantConfig(method="entropy")), EntropyObserver)
-    o = make_observer(QuantConfig(method="mse", symmetric_activations=True, activation_dtype="int8"), bits=16)
+    assert isinstance(make_observer(QuantConfig(calibration=CalibrationSpec(method="entropy"))), EntropyObserver)
+    o = make_observer(QuantConfig(scheme=Scheme(symmetric_activations=True, activation_dtype="int8"),
+                                  calibration=CalibrationSpec(method="mse")), bits=16)
     assert isinstance(o, MseObserver) and o.bits == 16 and o.symmetric and o.signed
 
 
@@ -99,7 +100,7 @@ def test_the_registry_is_the_one_list_of_methods() -> None:
     multi.update(np.random.default_rng(0).standard_normal(10_000))
     assert list(multi.ranges()) == names
     for name, kind in OBSERVERS.items():
-        assert isinstance(make_observer(QuantConfig(method=name)), kind)
+        assert isinstance(make_observer(QuantConfig(calibration=CalibrationSpec(method=name))), kind)
         assert type(multi.as_method(name)) is kind
     with pytest.raises(Exception, match="unknown calibration method 'kl'"):
-        QuantConfig(method="kl")
+        QuantConfig(calibration=CalibrationSpec(method="kl"))

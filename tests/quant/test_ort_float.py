@@ -7,7 +7,7 @@ import onnxruntime as ort
 import pytest
 
 from npukit.quant.calibration.calibrate import calibrate
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import CpuKernels, QuantConfig, Scheme
 from npukit.quant.emit import ort_qdq
 from npukit.quant.emit.ort_float import keep_float_convs, taken_by_ort
 from npukit.quant.qdq import plan_for, preprocess, quantize
@@ -33,7 +33,8 @@ def _planned_and_run(model, samples) -> tuple[np.ndarray, np.ndarray]:
 def test_ort_quantizes_float_convs_that_read_a_quantized_input_unless_they_read_it_on_their_own(monkeypatch) -> None:
     model = preprocess(tiny_cnn(spread=1.0))
     samples = make_samples(6)
-    config = QuantConfig(reduce_range=True, exclude=FLOAT)  # exact integer kernels on every CPU
+    # exact integer kernels on every CPU
+    config = QuantConfig(scheme=Scheme(exclude=FLOAT), cpu=CpuKernels(reduce_range=True))
     plan = plan_for(model, config, calibrate(model, samples, config=config).ranges)
     monkeypatch.setattr(ort_qdq, "keep_float_convs", lambda m, nodes: type("R", (), {"model": m})())
     raw = ort_qdq.emit_qdq(model, samples[0], plan)  # ORT's quantizer's output as it is
@@ -51,7 +52,8 @@ def test_ort_quantizes_float_convs_that_read_a_quantized_input_unless_they_read_
 def test_the_pipeline_records_the_float_convs_it_kept() -> None:
     model = tiny_cnn(spread=1.0)
     samples = make_samples(6)
-    result = quantize(model, samples, config=QuantConfig(reduce_range=True, exclude=FLOAT))
+    result = quantize(model, samples, config=QuantConfig(scheme=Scheme(exclude=FLOAT),
+                                                         cpu=CpuKernels(reduce_range=True)))
     record = result.steps.float_convs
     assert record == {"float_convs": list(FLOAT), "quantized_input_kept_float": list(FLOAT), "int8_by_ort": []}
     planned, run = _planned_and_run(result.model, samples)
@@ -61,7 +63,7 @@ def test_the_pipeline_records_the_float_convs_it_kept() -> None:
 def test_below_opset_13_a_float_conv_is_listed_as_not_kept() -> None:
     model = preprocess(tiny_cnn(opset=12))
     samples = make_samples(4)
-    config = QuantConfig(per_channel=False, exclude=("dw",))
+    config = QuantConfig(scheme=Scheme(per_channel=False, exclude=("dw",)))
     plan = plan_for(model, config, calibrate(model, samples, config=config).ranges)
     qdq = ort_qdq.emit_qdq(model, samples[0], plan)
     opset = next(o.version for o in qdq.opset_import if o.domain in ("", "ai.onnx"))

@@ -1,19 +1,17 @@
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from npukit.quant.algorithms.stream_equalize import find_stream_groups
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import CpuKernels, QuantConfig, Scheme
 from npukit.quant.cpu.pair_channels import greedy_pairing, pair_channels, pair_scales
 from npukit.quant.layer_sqnr import sqnr_db
 from npukit.quant.qdq import quantize
 from tests.quant.conftest import make_samples, outputs, tiny_cnn
 
-CONFIG = QuantConfig(per_channel=True, reduce_range=True)
+CONFIG = QuantConfig(scheme=Scheme(per_channel=True), cpu=CpuKernels(reduce_range=True))
 
 
 def _weight(model: onnx.ModelProto, name: str) -> np.ndarray:
@@ -88,14 +86,15 @@ def test_pairing_is_only_for_the_pair_bounded_grid_and_helps_the_int8_model() ->
     samples = make_samples(32, seed=5)
     held = make_samples(32, seed=6)
     reference = outputs(model, held)
-    config = dataclasses.replace(CONFIG, method="minmax")
+    config = CONFIG.with_calibration(method="minmax")
     paired = quantize(model, samples, config=config)
-    plain = quantize(model, samples, config=dataclasses.replace(config, pair_channels=False))
+    plain = quantize(model, samples, config=config.with_cpu(pair_channels=False))
     assert paired.steps.pair_channels["groups"] >= 1 and plain.steps.pair_channels is None
     gained = _sqnr(reference, outputs(paired.model, held)) - _sqnr(reference, outputs(plain.model, held))
     assert gained > 1.0, gained
-    for other in ({"reduce_range": False}, {"per_channel": False}, {"bias_correction": True}):
-        assert quantize(model, samples, config=dataclasses.replace(config, **other)).steps.pair_channels is None
+    for other in (config.with_cpu(reduce_range=False), config.with_scheme(per_channel=False),
+                  config.with_recipe(bias_correction=True)):
+        assert quantize(model, samples, config=other).steps.pair_channels is None
 
 
 def test_a_bias_shared_by_two_reordered_nodes_is_copied_not_reordered_twice() -> None:

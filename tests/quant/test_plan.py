@@ -8,7 +8,7 @@ import pytest
 
 from npukit.errors import InputError
 from npukit.quant.calibration.calibrate import calibrate
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import CalibrationSpec, CpuKernels, QuantConfig, Scheme
 from npukit.quant.emit.ort_qdq import emit_qdq, ort_overrides, resolve_grids
 from npukit.quant.plan import Decision, QuantPlan, TensorSpec
 from npukit.quant.qdq import plan_for, preprocess, quantize
@@ -68,7 +68,7 @@ def _setup(config: QuantConfig):
 
 
 def test_the_emitted_model_is_the_plan() -> None:
-    config = QuantConfig(reduce_range=True, int16_tensors=("a1",), exclude=("fc",))
+    config = QuantConfig(scheme=Scheme(int16_tensors=("a1",), exclude=("fc",)), cpu=CpuKernels(reduce_range=True))
     model, samples, ranges = _setup(config)
     plan = plan_for(model, config, ranges)
     assert plan.spec("a1").dtype == "uint16" and [d.step for d in plan.provenance("a1")][-1] == "int16"
@@ -104,7 +104,7 @@ def test_a_tensor_the_emitter_did_not_quantize_as_planned_is_listed() -> None:
 
 
 def test_overrides_carry_fixed_weight_grids_and_16_bit_types() -> None:
-    config = QuantConfig(int16_tensors=("a1",))
+    config = QuantConfig(scheme=Scheme(int16_tensors=("a1",)))
     model, _, ranges = _setup(config)
     weight = TensorSpec.fixed_weight(np.full(6, 0.01), axis=0)
     overrides = ort_overrides(model, plan_for(model, config, ranges, {"w3": weight}))
@@ -115,7 +115,8 @@ def test_overrides_carry_fixed_weight_grids_and_16_bit_types() -> None:
 
 def test_quantize_returns_the_plan_as_emitted_with_its_provenance() -> None:
     samples = make_samples(8)
-    result = quantize(tiny_cnn(spread=0.5), samples, config=QuantConfig(method="percentile", exclude=("fc",)))
+    config = QuantConfig(scheme=Scheme(exclude=("fc",)), calibration=CalibrationSpec(method="percentile"))
+    result = quantize(tiny_cnn(spread=0.5), samples, config=config)
     plan = result.plan
     assert result.steps.plan["not_as_planned"] == [] and plan.float_nodes["fc"][0].step == "exclude"
     assert plan.provenance("a1")[0] == Decision("calibration", "percentile over 8 samples")

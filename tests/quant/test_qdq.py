@@ -5,7 +5,7 @@ import onnx
 import pytest
 
 from npukit.errors import InputError
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import CalibrationSpec, CpuKernels, QuantConfig, Recipe, Scheme
 from npukit.quant.layer_sqnr import layer_sqnr, sqnr_db
 from npukit.quant.qdq import integer_kernel_report, quantize
 from npukit.runtime.ort import make_session, run
@@ -18,9 +18,10 @@ def _sqnr(ref: np.ndarray, got: np.ndarray) -> float:
 
 @pytest.mark.parametrize("config", [
     QuantConfig(),
-    QuantConfig(per_channel=False, method="percentile"),
-    QuantConfig(method="entropy", activation_dtype="int8", symmetric_activations=True),
-    QuantConfig(method="mse", cle=True, bias_correction=True),
+    QuantConfig(scheme=Scheme(per_channel=False), calibration=CalibrationSpec(method="percentile")),
+    QuantConfig(scheme=Scheme(activation_dtype="int8", symmetric_activations=True),
+                calibration=CalibrationSpec(method="entropy")),
+    QuantConfig(calibration=CalibrationSpec(method="mse"), recipe=Recipe(cle=True, bias_correction=True)),
 ])
 def test_quantize_runs_integer_kernels_and_stays_close(config: QuantConfig) -> None:
     model = tiny_cnn(spread=0.5)
@@ -36,8 +37,8 @@ def test_quantize_runs_integer_kernels_and_stays_close(config: QuantConfig) -> N
     held = make_samples(8, seed=5)
     assert _sqnr(outputs(model, held), outputs(result.model, held)) > 20.0
     assert result.seconds > 0 and result.steps.calibration["samples"] == 16
-    assert (result.steps.cle is not None) == config.cle
-    assert (result.steps.bias_correction is not None) == config.bias_correction
+    assert (result.steps.cle is not None) == config.recipe.cle
+    assert (result.steps.bias_correction is not None) == config.recipe.bias_correction
     rows = {r["node"]: r for r in result.per_layer}
     assert rows["conv1"]["quantized"] and rows["fc"]["quantized"]
 
@@ -56,7 +57,7 @@ def test_excluded_and_16_bit_nodes() -> None:
     model = tiny_cnn()
     report_plain = integer_kernel_report(model)
     assert report_plain["integer_fraction"] == 0.0 and report_plain["integer_ops"] == {}
-    result = quantize(model, make_samples(8), config=QuantConfig(exclude=("fc",), int16_nodes=("pw",)))
+    result = quantize(model, make_samples(8), config=QuantConfig(scheme=Scheme(exclude=("fc",), int16_nodes=("pw",))))
     rows = {r["node"]: r for r in result.per_layer}
     assert not rows["fc"]["quantized"] and rows["fc"]["excluded"]
     assert rows["pw"]["activation_bits"] == 16
@@ -86,9 +87,9 @@ def test_bad_input_is_an_input_error() -> None:
     with pytest.raises(InputError, match="empty"):
         quantize(model, [], config=QuantConfig())
     with pytest.raises(InputError, match="exclude"):
-        quantize(model, make_samples(2), config=QuantConfig(exclude=("nope",)))
+        quantize(model, make_samples(2), config=QuantConfig(scheme=Scheme(exclude=("nope",))))
     with pytest.raises(InputError, match="only 2"):
-        quantize(model, make_samples(2), config=QuantConfig(calib_samples=4))
+        quantize(model, make_samples(2), config=QuantConfig(calibration=CalibrationSpec(samples=4)))
 
 
 def test_reduce_range_weights_fit_7_bits_and_integer_kernels_match_the_qdq_semantics() -> None:
@@ -96,7 +97,7 @@ def test_reduce_range_weights_fit_7_bits_and_integer_kernels_match_the_qdq_seman
     3x3 conv's weights take 7 bits; the depthwise conv keeps all 8 (its kernel accumulates in 32 bits); the 1x1 conv
     and the Gemm keep every pair of neighbouring input channels within 128 together."""
     model = tiny_cnn(spread=0.5)
-    result = quantize(model, make_samples(8), config=QuantConfig(reduce_range=True))
+    result = quantize(model, make_samples(8), config=QuantConfig(cpu=CpuKernels(reduce_range=True)))
     weights = {i.name.removesuffix("_quantized"): onnx.numpy_helper.to_array(i).astype(int)
                for i in result.model.graph.initializer
                if i.name.endswith("_quantized") and i.data_type == onnx.TensorProto.INT8}
@@ -130,7 +131,7 @@ def test_pair_bounded_weights_run_exactly_on_u8s8_kernels_where_8_bit_ones_satur
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     samples = [{"x": np.full((1, 16, 4, 4), 2.0, np.float32) * rng.uniform(0.9, 1.0, (1, 16, 4, 4)).astype(np.float32)}
                for _ in range(4)]
-    result = quantize(model, samples, config=QuantConfig(reduce_range=True))
+    result = quantize(model, samples, config=QuantConfig(cpu=CpuKernels(reduce_range=True)))
     q = {i.name: numpy_helper.to_array(i) for i in result.model.graph.initializer}["w_quantized"].astype(int)
     assert np.abs(q[:, 0]).max() == 64 and (np.abs(q[:, 0]) + np.abs(q[:, 1])).max() == 128
     reference = run(make_session(result.model, optimization="disable"), samples[0])[0]
@@ -142,7 +143,7 @@ def test_16_bit_tensors_take_only_their_readers_and_writer_off_int8() -> None:
     model = tiny_cnn()
     samples = make_samples(8)
     # pw's output alone: pw (its writer) leaves the int8 kernels; conv1 and dw stay QLinearConv
-    result = quantize(model, samples, config=QuantConfig(int16_tensors=("c3",)))
+    result = quantize(model, samples, config=QuantConfig(scheme=Scheme(int16_tensors=("c3",))))
     rows = {r["node"]: r for r in result.per_layer}
     assert rows["pw"]["activation_bits"] == 16 and rows["dw"]["activation_bits"] == 8
     q16 = [n for n in result.model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "c3"]
@@ -151,7 +152,7 @@ def test_16_bit_tensors_take_only_their_readers_and_writer_off_int8() -> None:
     report = integer_kernel_report(result.model)
     assert report["integer_ops"].get("QLinearConv") == 2
     with pytest.raises(InputError, match="int16 tensors"):
-        quantize(model, samples, config=QuantConfig(int16_tensors=("nope",)))
+        quantize(model, samples, config=QuantConfig(scheme=Scheme(int16_tensors=("nope",))))
 
 
 def test_nodes_preprocessing_adds_are_named_and_can_be_kept_in_float() -> None:
@@ -167,8 +168,8 @@ def test_nodes_preprocessing_adds_are_named_and_can_be_kept_in_float() -> None:
     added = [n.name for n in work.graph.node if n.name not in {m.name for m in model.graph.node}]
     assert added and all(added) and len(set(added)) == len(added)
     assert [n.name for n in preprocess(model).graph.node] == [n.name for n in work.graph.node]
-    result = quantize(model, make_samples(8), config=QuantConfig(exclude=(added[-1],)))
+    result = quantize(model, make_samples(8), config=QuantConfig(scheme=Scheme(exclude=(added[-1],))))
     rows = {r["node"]: r for r in result.per_layer}
     assert rows[added[-1]]["excluded"] and not rows[added[-1]]["quantized"]
     with pytest.raises(InputError, match="not in the model"):
-        quantize(model, make_samples(8), config=QuantConfig(exclude=("nowhere",)))
+        quantize(model, make_samples(8), config=QuantConfig(scheme=Scheme(exclude=("nowhere",))))

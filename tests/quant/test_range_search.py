@@ -6,7 +6,7 @@ import pytest
 from onnx import numpy_helper
 
 from npukit.quant.algorithms.range_search import _Scorer, activation_grids
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import CalibrationSpec, QuantConfig, RangeSearch, Recipe, Scheme
 from npukit.quant.qdq import quantize
 from tests.quant.test_auto import _outlier_model, _outlier_samples, _sqnr
 
@@ -20,9 +20,9 @@ def test_search_cuts_a_tail_that_wastes_the_grid_and_the_model_is_rebuilt_on_it(
     # Exp stretches rare inputs into huge values that the Sigmoid saturates: min-max wastes e's and d's grids on them
     model = _outlier_model("exp")
     samples = _outlier_samples(16, scale=1.0, outlier=7.0)
-    plain = quantize(model, samples, config=QuantConfig(method="minmax"))
-    searched = quantize(model, samples, config=QuantConfig(method="minmax", range_search=True,
-                                                           range_search_passes=4))
+    plain = quantize(model, samples, config=QuantConfig(calibration=CalibrationSpec(method="minmax")))
+    searched = quantize(model, samples, config=QuantConfig(calibration=CalibrationSpec(method="minmax"),
+                                                           recipe=Recipe(range_search=RangeSearch(passes=4))))
     summary = searched.steps.range_search
     assert summary["changed"]["e"]["to"][1] < plain.ranges["e"][1] / 4, summary
     assert summary["calibration_sqnr_after_db"] > summary["calibration_sqnr_before_db"] + 10.0
@@ -43,7 +43,7 @@ def test_a_moved_grid_requantizes_the_biases_it_feeds() -> None:
     # accumulator as is): a trial that halves e's scale must double the int32 bias so the bias stays the same
     model = _outlier_model("exp")
     samples = _outlier_samples(8, scale=1.0, outlier=7.0)
-    plain = quantize(model, samples, config=QuantConfig(method="minmax"))
+    plain = quantize(model, samples, config=QuantConfig(calibration=CalibrationSpec(method="minmax")))
     grids = activation_grids(plain.model)
     grid, = [g for g in grids if "e" in g.tensors]
     scorer = _Scorer(model, plain.model, samples, grids, symmetric=False, threads=1)
@@ -63,8 +63,9 @@ def test_search_keeps_the_range_that_carries_the_output() -> None:
     # rare large values carry the output (Relu between two scalings): shrinking their grid clips them
     model = _outlier_model("relu")
     samples = _outlier_samples(16, scale=0.05, outlier=100.0)
-    plain = quantize(model, samples, config=QuantConfig(method="minmax"))
-    searched = quantize(model, samples, config=QuantConfig(method="minmax", range_search=True))
+    plain = quantize(model, samples, config=QuantConfig(calibration=CalibrationSpec(method="minmax")))
+    searched = quantize(model, samples, config=QuantConfig(calibration=CalibrationSpec(method="minmax"),
+                                                           recipe=Recipe(range_search=RangeSearch())))
     changed = searched.steps.range_search["changed"]
     assert all(c["to"][1] >= c["from"][1] for c in changed.values()), changed
     held = _outlier_samples(6, scale=0.05, outlier=100.0, seed=9)
@@ -81,7 +82,7 @@ def test_grids_the_builder_fixes_stay_put() -> None:
 
     model = _outlier_model("exp")
     samples = _outlier_samples(16, scale=1.0, outlier=7.0)
-    plain = quantize(model, samples, config=QuantConfig(method="minmax"))
+    plain = quantize(model, samples, config=QuantConfig(calibration=CalibrationSpec(method="minmax")))
     free = search_ranges(plain.reference, plain.model, samples, ranges=plain.ranges, passes=2)
     pinned = search_ranges(plain.reference, plain.model, samples, ranges=plain.ranges, passes=2, fixed=["e"])
     assert "e" in free.ranges and "e" not in pinned.ranges and pinned.trials < free.trials
@@ -90,7 +91,7 @@ def test_grids_the_builder_fixes_stay_put() -> None:
                              [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, 4])])
     soft_model = helper.make_model(soft)
     assert softmax_outputs(soft_model, QuantConfig()) == ["p"]
-    assert softmax_outputs(soft_model, QuantConfig(exclude=("s",))) == []
+    assert softmax_outputs(soft_model, QuantConfig(scheme=Scheme(exclude=("s",)))) == []
 
 
 def test_an_all_zero_activation_keeps_ort_s_empty_range_grid() -> None:
@@ -109,7 +110,7 @@ def test_an_all_zero_activation_keeps_ort_s_empty_range_grid() -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     samples = [{"x": rng.standard_normal((1, 4, 8, 8)).astype(np.float32)} for _ in range(8)]
-    searched = quantize(model, samples, config=QuantConfig(range_search=True))
+    searched = quantize(model, samples, config=QuantConfig(recipe=Recipe(range_search=RangeSearch())))
     assert searched.ranges["z"] == (0.0, 0.0)
     assert float(numpy_helper.to_array(_grid_init(searched.model, "z", "scale"))) == 1.0
     assert _sqnr(model, searched.model, samples) > 30.0

@@ -3,12 +3,14 @@ within a time budget; the rule on known numbers, and quantize with it on the tin
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from npukit.errors import InputError
 from npukit.quant import recipe
 from npukit.quant.calibration.auto import split_samples
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import AdaRound, CalibrationSpec, QuantConfig, Recipe, RecipeChoice
 from npukit.quant.qdq import quantize
 from npukit.verbs.quantize import resolve_recipe
 from tests.quant.conftest import make_samples, tiny_cnn
@@ -60,7 +62,8 @@ def test_the_budget_rule() -> None:
 
 def test_quantize_with_choose_recipe_runs_each_candidate_and_keeps_its_steps() -> None:
     samples = make_samples(16)
-    result = quantize(tiny_cnn(spread=0.5), samples, config=QuantConfig(method="auto", choose_recipe=True))
+    result = quantize(tiny_cnn(spread=0.5), samples, config=QuantConfig(calibration=CalibrationSpec(method="auto"),
+                                                                        recipe=Recipe(choose=RecipeChoice())))
     record = result.steps.recipe
     assert set(record["candidates"]) == set(recipe.CANDIDATES) and not record["skipped"]
     assert record["held_out_samples"] == split_samples(16).held_out
@@ -71,14 +74,15 @@ def test_quantize_with_choose_recipe_runs_each_candidate_and_keeps_its_steps() -
     assert ran.index("recipe") < ran.index("auto") < ran.index("calibration")
     # the kept recipe's model is the one that recipe gives alone (same steps, same ranges, same bytes)
     alone = quantize(tiny_cnn(spread=0.5), samples,
-                     config=QuantConfig(method="auto", **recipe.CANDIDATES[chosen]))
+                     config=QuantConfig(calibration=CalibrationSpec(method="auto"), recipe=recipe.CANDIDATES[chosen]))
     assert alone.model.SerializeToString() == result.model.SerializeToString()
     assert record["candidates"][chosen]["method"] == alone.steps.auto["chosen"]
 
 
 def test_a_spent_budget_skips_the_later_candidates() -> None:
     result = quantize(tiny_cnn(), make_samples(8),
-                      config=QuantConfig(method="auto", choose_recipe=True, recipe_budget_s=1e-6))
+                      config=QuantConfig(calibration=CalibrationSpec(method="auto"),
+                                         recipe=Recipe(choose=RecipeChoice(budget_s=1e-6))))
     record = result.steps.recipe
     assert record["chosen"] == "plain" and list(record["candidates"]) == ["plain"]
     assert "over the 0 s budget" in record["skipped"]["equalized"]
@@ -86,12 +90,13 @@ def test_a_spent_budget_skips_the_later_candidates() -> None:
 
 def test_choose_recipe_refuses_recipe_flags() -> None:
     with pytest.raises(InputError, match="choose_recipe picks the recipe itself; cle"):
-        QuantConfig(choose_recipe=True, cle=True)
+        QuantConfig(recipe=Recipe(choose=RecipeChoice(), cle=True))
     flags = dict(cle=False, activation_equalization=False, bias_correction=False, adaround=False,
-                 range_search=False, int16_budget=0.0, mixed_precision=False)
-    assert resolve_recipe("plain", **flags) == {"cle": False, "activation_equalization": False,
-                                                "bias_correction": False, "choose_recipe": False}
-    assert resolve_recipe("equalized", **flags | {"adaround": True})["bias_correction"]
-    assert resolve_recipe("auto", **flags)["choose_recipe"]
+                 range_search=False, int16_budget=0.0, mixed_precision=False, budget_s=30.0)
+    assert resolve_recipe("plain", **flags) == Recipe()
+    assert resolve_recipe("plain", **flags | {"cle": True}) == Recipe(cle=True)
+    equalized = resolve_recipe("equalized", **flags | {"adaround": True})
+    assert equalized == dataclasses.replace(recipe.CANDIDATES["equalized"], adaround=AdaRound())
+    assert resolve_recipe("auto", **flags) == Recipe(choose=RecipeChoice(30.0))
     with pytest.raises(InputError, match="--adaround cannot be given with it"):
         resolve_recipe("auto", **flags | {"adaround": True})

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import CalibrationSpec, CpuKernels, FloatHead, Precision, QuantConfig, Recipe, Scheme
 from npukit.quant.cpu.schemes import config_for_cpu, cpu_int8_scheme
 from npukit.runtime.devices import X86_INT8_FLAGS, read_cpu_info
 
@@ -29,10 +29,10 @@ def test_x86_scheme_follows_the_dot_product_instructions(tmp_path, monkeypatch, 
     assert (scheme["activation_dtype"], scheme["reduce_range"], scheme["float_stem"]) == (activation, reduce_range,
                                                                                           float_stem)
     assert scheme["reason"]
-    config = config_for_cpu(QuantConfig(method="entropy", cle=True), cpu)
-    assert config.reduce_range == reduce_range and config.method == "entropy" and config.cle
-    assert config.float_stem == float_stem
-    assert config.gemm_convs == scheme["gemm_convs"] == (not reduce_range)  # both conv kernels exact: time them
+    config = config_for_cpu(QuantConfig(calibration=CalibrationSpec(method="entropy"), recipe=Recipe(cle=True)), cpu)
+    assert config.cpu.reduce_range == reduce_range and config.calibration.method == "entropy" and config.recipe.cle
+    assert config.precision.timed_head == float_stem
+    assert config.cpu.gemm_convs == scheme["gemm_convs"] == (not reduce_range)  # both conv kernels exact: time them
 
 
 def test_arm_scheme_uses_full_range_and_signed_activations_with_i8mm(tmp_path, monkeypatch):
@@ -55,13 +55,13 @@ def test_reduce_range_caps_only_the_weights_whose_kernel_saturates() -> None:
     assert not is_depthwise(dw, (16, 1, 3, 3))  # channel multiplier 2: not MLAS's depthwise kernel
     assert not is_depthwise(grouped, (8, 4, 3, 3)) and not is_depthwise(plain, (8, 8, 1, 1))
     assert not is_depthwise(gemm, (8, 1))
-    on, off = QuantConfig(reduce_range=True), QuantConfig()
+    on, off = QuantConfig(cpu=CpuKernels(reduce_range=True)), QuantConfig()
     assert not reduced_weight_range(dw, (8, 1, 3, 3), on) and not pair_bounded(dw, (8, 1, 3, 3), on)
     assert pair_bounded(plain, (8, 8, 1, 1), on) and pair_bounded(gemm, (5, 6), on)
     assert not reduced_weight_range(plain, (8, 8, 1, 1), on) and not reduced_weight_range(gemm, (5, 6), on)
     assert reduced_weight_range(plain, (8, 8, 3, 3), on) and reduced_weight_range(grouped, (8, 4, 1, 1), on)
     assert not pair_bounded(plain, (8, 8, 1, 1), off) and not reduced_weight_range(plain, (8, 8, 3, 3), off)
-    asymmetric = QuantConfig(reduce_range=True, symmetric_weights=False)
+    asymmetric = QuantConfig(scheme=Scheme(symmetric_weights=False), cpu=CpuKernels(reduce_range=True))
     assert not pair_bounded(plain, (8, 8, 1, 1), asymmetric) and reduced_weight_range(plain, (8, 8, 1, 1), asymmetric)
 
 
@@ -121,7 +121,7 @@ def test_float_stem_leaves_the_stem_and_the_input_unquantized() -> None:
     rng = np.random.default_rng(1)
     samples = [{"x": rng.normal(size=(1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
     plain = quantize(model, samples, config=QuantConfig())
-    stem = quantize(model, samples, config=QuantConfig(float_stem=True))
+    stem = quantize(model, samples, config=QuantConfig(precision=Precision(float_head=FloatHead())))
     assert stem.steps.float_stem["nodes"] == ["stem"] and plain.steps.float_stem is None
     quantized_inputs = {n.input[0] for n in stem.model.graph.node if n.op_type == "QuantizeLinear"}
     assert "x" not in quantized_inputs and "x" in {n.input[0] for n in plain.model.graph.node

@@ -3,7 +3,6 @@ quantize's use of it."""
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pytest
@@ -11,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from npukit.errors import InputError
 from npukit.measure.summary import summarize
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import FloatHead, Precision, QuantConfig, Recipe, Scheme, from_flat
 from npukit.quant.precision.scored_head import TIE_DB, affordable, choose_scored_heads, pick
 from npukit.quant.qdq import SCORED_HEAD, decided_floats, keep_decided_floats, quantize
 
@@ -86,7 +85,9 @@ def test_choose_scores_every_affordable_prefix_and_spends_the_share_once() -> No
 
 def test_quantize_keeps_the_scored_head_float_with_its_decision() -> None:
     model, samples = _stem_model(), _samples()
-    config = QuantConfig(activation_dtype="int8", score_on="reference", float_head_macs=0.5)
+    config = QuantConfig(scheme=Scheme(activation_dtype="int8"),
+                         recipe=Recipe(score_on="reference"),
+                         precision=Precision(float_head=FloatHead("accuracy", 0.5)))
     result = quantize(model, samples, config=config)
     record = result.steps.float_head_scored
     assert record is not None and record["score_on"] == "reference"
@@ -110,8 +111,9 @@ def test_quantize_keeps_the_scored_head_float_with_its_decision() -> None:
 def test_on_this_model_the_stem_pays_for_its_macs() -> None:
     """The stem's channels span three decades and its input is wide: rounding there costs most, so the head keeps
     at least the stem in float, and the model with it is closer to the float model than the one without."""
-    result = quantize(_stem_model(), _samples(), config=QuantConfig(activation_dtype="int8", score_on="reference",
-                                                                     float_head_macs=0.5))
+    config = QuantConfig(scheme=Scheme(activation_dtype="int8"), recipe=Recipe(score_on="reference"),
+                         precision=Precision(float_head=FloatHead("accuracy", 0.5)))
+    result = quantize(_stem_model(), _samples(), config=config)
     head = result.steps.float_head_scored["heads"][0]
     assert head["nodes"][:1] == ["stem"]
     assert head["sqnr_db"][str(len(head["nodes"]))] > head["sqnr_db"]["0"] + TIE_DB
@@ -119,15 +121,15 @@ def test_on_this_model_the_stem_pays_for_its_macs() -> None:
 
 def test_a_share_too_small_for_the_stem_leaves_everything_quantized() -> None:
     model, samples = _stem_model(), _samples()
-    base = QuantConfig(activation_dtype="int8", score_on="reference")
-    small = quantize(model, samples, config=dataclasses.replace(base, float_head_macs=0.001))
+    base = QuantConfig(scheme=Scheme(activation_dtype="int8"), recipe=Recipe(score_on="reference"))
+    small = quantize(model, samples, config=base.with_precision(float_head=FloatHead("accuracy", 0.001)))
     assert small.steps.float_head_scored["nodes"] == []
     assert small.steps.float_head_scored["heads"][0]["chain"] == []
     assert small.model.SerializeToString() == quantize(model, samples, config=base).model.SerializeToString()
 
 
 def test_the_timed_and_the_scored_head_are_not_both_given() -> None:
-    with pytest.raises(InputError, match="float_head_macs"):
-        QuantConfig(float_stem=True, float_head_macs=0.1)
+    with pytest.raises(InputError, match="float_head_macs"):  # one FloatHead in the parts; the flat names refuse both
+        from_flat(float_stem=True, float_head_macs=0.1)
     with pytest.raises(InputError, match="must be in"):
-        QuantConfig(float_head_macs=1.5)
+        QuantConfig(precision=Precision(float_head=FloatHead("accuracy", 1.5)))

@@ -9,7 +9,7 @@ import pytest
 import npukit.quant.qdq as qdq_module
 from npukit.errors import InputError
 from npukit.quant import scoring
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import CalibrationSpec, QuantConfig, Recipe, Scheme
 from npukit.quant.qdq import quantize
 from tests.quant.conftest import make_samples, tiny_cnn
 
@@ -19,7 +19,8 @@ def test_reference_arithmetic_is_the_qdq_graph_s_own() -> None:
     int8 values and its output rounded to its grid, in float (checked against numpy on the same integers)."""
     model = tiny_cnn(seed=2)
     samples = make_samples(6)
-    built = quantize(model, samples, config=QuantConfig(activation_dtype="int8", method="minmax")).model
+    built = quantize(model, samples, config=QuantConfig(scheme=Scheme(activation_dtype="int8"),
+                                                        calibration=CalibrationSpec(method="minmax"))).model
     session = scoring.session_for("reference")(built)
     # the same graph, node by node, in ONNX's own reference implementation (numpy)
     from onnx.reference import ReferenceEvaluator
@@ -46,12 +47,13 @@ def test_quantize_scores_its_choices_on_the_config_s_arithmetic(monkeypatch: pyt
 
     monkeypatch.setattr(qdq_module, "session_for", spy)
     model, samples = tiny_cnn(seed=3), make_samples(12)
-    result = quantize(model, samples, config=QuantConfig(activation_dtype="int8", method="auto",
-                                                         score_on="reference"))
+    result = quantize(model, samples, config=QuantConfig(scheme=Scheme(activation_dtype="int8"),
+                                                         calibration=CalibrationSpec(method="auto"),
+                                                         recipe=Recipe(score_on="reference")))
     assert seen == ["reference"]
     assert result.steps.auto["chosen"] in result.steps.auto["candidates"]
 
 
 def test_an_unknown_arithmetic_is_refused() -> None:
     with pytest.raises(InputError, match="score_on"):
-        QuantConfig(score_on="xnnpack")  # type: ignore[arg-type]
+        QuantConfig(recipe=Recipe(score_on="xnnpack"))  # type: ignore[arg-type]

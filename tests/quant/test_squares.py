@@ -8,7 +8,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from npukit.measure.fidelity import sqnr_db
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import Precision, QuantConfig
 from npukit.quant.precision.squares import square_chains
 from npukit.quant.qdq import integer_kernel_report, quantize
 from tests.quant.conftest import outputs
@@ -93,7 +93,7 @@ def test_quiet_clips_survive_only_with_the_squares_in_float() -> None:
         assert integer_kernel_report(result.model)["integer_fraction"] == 1.0  # both convs stay int8
         return min(sqnr_db(reference[i:i + 1], got[i:i + 1]) for i in range(len(held))), result.steps.float_squares
 
-    squared_in_int8, none = worst_clip(QuantConfig(float_squares=False))
+    squared_in_int8, none = worst_clip(QuantConfig(precision=Precision(float_squares=False)))
     in_float, record = worst_clip(QuantConfig())
     assert none is None and squared_in_int8 < 5  # the quietest clip's magnitudes rounded to zero
     assert record["nodes"] == ["re_squared", "power", "magnitude", "im_squared"]

@@ -7,7 +7,7 @@ from onnx import TensorProto, helper, numpy_helper
 from npukit.measure.compare import compare_outputs
 from npukit.quant.algorithms.stream_equalize import equalize_streams, find_stream_groups
 from npukit.quant.calibration.calibrate import channel_statistics
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import ActivationEqualization, CalibrationSpec, QuantConfig, Recipe
 from npukit.quant.layer_sqnr import sqnr_db
 from npukit.quant.qdq import quantize
 from tests.quant.conftest import make_samples, outputs, tiny_cnn
@@ -119,6 +119,7 @@ def test_equalized_streams_quantize_with_less_error() -> None:
         got = outputs(quantize(model, calib, config=config).model, held)
         return sqnr_db(float(np.sum(want.astype(np.float64) ** 2)), float(np.sum((want - got).astype(np.float64) ** 2)))
 
-    plain = sqnr(QuantConfig(method="minmax"))
-    equalized = sqnr(QuantConfig(method="minmax", activation_equalization=True, activation_equalization_alpha=1.0))
+    plain = sqnr(QuantConfig(calibration=CalibrationSpec(method="minmax")))
+    equalized = sqnr(QuantConfig(calibration=CalibrationSpec(method="minmax"),
+                                 recipe=Recipe(activation_equalization=ActivationEqualization(alpha=1.0))))
     assert equalized > plain + 3.0

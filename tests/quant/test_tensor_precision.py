@@ -5,7 +5,7 @@ import onnx
 import pytest
 
 from npukit.errors import InputError
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import Precision, QuantConfig, Scheme
 from npukit.quant.precision.sensitivity import output_sqnr
 from npukit.quant.precision.tensor_precision import (TIED_OPS, TensorGain, activation_pairs, choose_tensors, scan_gains,
                                                      sixteen_bit_activations, tied_groups, without_rounding)
@@ -16,7 +16,7 @@ from tests.quant.conftest import make_samples, tiny_cnn
 
 def test_activation_pairs_name_tensors_as_the_float_model_does() -> None:
     model = tiny_cnn(activation="Clip")
-    built = quantize(model, make_samples(4), config=QuantConfig(per_channel=False))
+    built = quantize(model, make_samples(4), config=QuantConfig(scheme=Scheme(per_channel=False)))
     pairs = activation_pairs(built.model)
     produced = {o for n in built.reference.graph.node for o in n.output} | {"x"}
     assert set(pairs) <= produced and {"x", "y"} <= set(pairs)  # the graph output under its own name
@@ -26,7 +26,7 @@ def test_activation_pairs_name_tensors_as_the_float_model_does() -> None:
 def test_without_rounding_keeps_the_saturation_and_drops_the_rounding() -> None:
     model = tiny_cnn(activation="Clip")
     samples = make_samples(4)
-    built = quantize(model, samples, config=QuantConfig(per_channel=False))
+    built = quantize(model, samples, config=QuantConfig(scheme=Scheme(per_channel=False)))
     q = activation_pairs(built.model)["y"]
     values = {i.name: onnx.numpy_helper.to_array(i) for i in built.model.graph.initializer}
     scale, zero = float(values[q.input[1]]), float(values[q.input[2]])
@@ -52,7 +52,7 @@ def _with_output(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
 def test_scan_gains_one_per_candidate_and_the_rounding_removed_is_what_the_gain_measures() -> None:
     model = tiny_cnn(spread=1.0)
     samples = make_samples(8)
-    built = quantize(model, samples, config=QuantConfig(per_channel=False))
+    built = quantize(model, samples, config=QuantConfig(scheme=Scheme(per_channel=False)))
     base, n, gains = scan_gains(built.reference, built.model, samples, limit=6)
     assert n == 6 and base > 0
     pairs = activation_pairs(built.model)
@@ -87,7 +87,7 @@ def test_choose_tensors_most_gain_per_millisecond_within_the_budget() -> None:
 def test_plan_times_its_candidates_and_stays_within_the_budget_and_quantize_builds_it() -> None:
     model = tiny_cnn(spread=1.0, activation="Clip")  # full-range per-channel weights: the 1x1 conv's int8 kernel
     samples = make_samples(12)  # saturates on CPUs without VNNI
-    config = QuantConfig(per_channel=True)
+    config = QuantConfig(scheme=Scheme(per_channel=True))
     plan = plan_int16(model, samples, config=config, budget=1.0, max_candidates=3)  # scans all 12 (< 16)
     assert plan.samples == 12 and len(plan.added_ms) <= 3
     ranked = sorted((g for g in plan.scanned if g.share >= 0.01), key=lambda g: -g.gain)[:3]
@@ -96,7 +96,8 @@ def test_plan_times_its_candidates_and_stays_within_the_budget_and_quantize_buil
     assert plan.plan_ms <= 2.0 * plan.base_ms  # as timed together at planning
     if plan.tensors:
         assert plan.estimated_sqnr_db > plan.base_sqnr_db
-    mixed = quantize(model, samples, config=QuantConfig(per_channel=True, int16_budget=1.0))
+    mixed = quantize(model, samples, config=QuantConfig(scheme=Scheme(per_channel=True),
+                                                        precision=Precision(int16_budget=1.0)))
     chosen = mixed.steps.int16_plan["tensors"]
     groups = tied_groups(mixed.reference)
     assert sixteen_bit_activations(mixed.model) == {t for r in chosen for t in groups[r]}
@@ -108,18 +109,18 @@ def test_plan_times_its_candidates_and_stays_within_the_budget_and_quantize_buil
 def test_lifting_the_scanned_tensors_raises_the_output_sqnr() -> None:
     model = tiny_cnn(spread=1.0, activation="Clip")
     samples, held = make_samples(12), make_samples(8, seed=4)
-    config = QuantConfig(per_channel=True)
+    config = QuantConfig(scheme=Scheme(per_channel=True))
     built = quantize(model, samples, config=config)
     _, _, gains = scan_gains(built.reference, built.model, samples, limit=12)
     top = [g.tensor for g in sorted(gains, key=lambda g: -g.gain)[:2]]
-    lifted = quantize(model, samples, config=QuantConfig(per_channel=True, int16_tensors=tuple(top)))
+    lifted = quantize(model, samples, config=QuantConfig(scheme=Scheme(per_channel=True, int16_tensors=tuple(top))))
     assert output_sqnr(model, lifted.model, held) > output_sqnr(model, built.model, held) + 1.0
 
 
 @pytest.mark.parametrize("budget", [-0.1, 1.5])
 def test_bad_budget(budget) -> None:
     with pytest.raises(InputError, match="int16_budget"):
-        QuantConfig(int16_budget=budget)
+        QuantConfig(precision=Precision(int16_budget=budget))
     with pytest.raises(InputError, match="int16 budget"):
         plan_int16(tiny_cnn(), make_samples(2), config=QuantConfig(), budget=budget)
 
@@ -127,7 +128,7 @@ def test_bad_budget(budget) -> None:
 def test_a_tied_output_asked_for_alone_fails_naming_the_tensor_to_lift() -> None:
     model, samples = tiny_cnn(), make_samples(4)
     with pytest.raises(InputError, match="f would stay 8-bit.*grid of g") as err:
-        quantize(model, samples, config=QuantConfig(per_channel=False, int16_tensors=("f",)))
+        quantize(model, samples, config=QuantConfig(scheme=Scheme(per_channel=False, int16_tensors=("f",))))
     assert "name g instead" in err.value.hint
-    lifted = quantize(model, samples, config=QuantConfig(per_channel=False, int16_tensors=("g",)))
+    lifted = quantize(model, samples, config=QuantConfig(scheme=Scheme(per_channel=False, int16_tensors=("g",))))
     assert sixteen_bit_activations(lifted.model) == {"g", "f"}

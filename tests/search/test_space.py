@@ -7,33 +7,36 @@ import optuna
 import pytest
 
 from npukit.errors import InputError
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import CalibrationSpec, CpuKernels, FloatHead, Precision, QuantConfig, Scheme
 from npukit.search.space import DEFAULT, SPACES, Recipe, get_space
 
-BASE = QuantConfig(method="auto", reduce_range=True, exclude=("user",))
+BASE = QuantConfig(scheme=Scheme(exclude=("user",)),
+                   calibration=CalibrationSpec(method="auto"),
+                   cpu=CpuKernels(reduce_range=True))
 HEAD = ("stem", "dw")
 RANKING = ("stem", "c3", "c4", "c5")
 
 
 def test_the_default_recipe_is_quantize_with_its_head() -> None:
     config = DEFAULT.config(BASE, head=HEAD, ranking=RANKING)
-    assert config.exclude == ("user", "stem", "dw")
-    assert config.int16_nodes == () and not config.cle and config.per_channel and config.method == "auto"
-    assert config.reduce_range  # the CPU's scheme carried from the base
+    assert config.scheme.exclude == ("user", "stem", "dw")
+    assert config.scheme.int16_nodes == () and not config.recipe.cle and config.scheme.per_channel
+    assert config.calibration.method == "auto"
+    assert config.cpu.reduce_range  # the CPU's scheme carried from the base
 
 
 def test_lifts_take_the_most_sensitive_layers_not_already_float() -> None:
     int16 = Recipe(lift="int16", lift_layers=2).config(BASE, head=HEAD, ranking=RANKING)
-    assert int16.int16_nodes == ("c3", "c4")  # "stem" is in the float head
+    assert int16.scheme.int16_nodes == ("c3", "c4")  # "stem" is in the float head
     floats = Recipe(lift="float", lift_layers=2, float_head=False).config(BASE, head=HEAD, ranking=RANKING)
-    assert floats.exclude == ("user", "stem", "c3") and floats.int16_nodes == ()
+    assert floats.scheme.exclude == ("user", "stem", "c3") and floats.scheme.int16_nodes == ()
 
 
 def test_the_base_must_not_time_a_head_again() -> None:
     with pytest.raises(ValueError):
-        DEFAULT.config(QuantConfig(float_stem=True), head=(), ranking=())
+        DEFAULT.config(QuantConfig(precision=Precision(float_head=FloatHead())), head=(), ranking=())
     with pytest.raises(ValueError):  # nor choose a scored one (the mobile base) again per trial
-        DEFAULT.config(QuantConfig(float_head_macs=0.1), head=(), ranking=())
+        DEFAULT.config(QuantConfig(precision=Precision(float_head=FloatHead("accuracy", 0.1))), head=(), ranking=())
 
 
 def test_params_round_trip_and_the_default_is_in_every_space() -> None:

@@ -40,7 +40,7 @@ from npukit.quant import recipe
 from npukit.quant.calibration.auto import Split, choose_method, output_sqnrs, split_samples
 from npukit.quant.calibration.calibrate import (Calibration, Progress, calibrate, iter_samples,
                                                 sixteen_bit_tensors)
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import QuantConfig, Recipe
 from npukit.quant.cpu.conv_kernel import choose_conv_kernels, require_exact_move
 from npukit.quant.cpu.float_head import HeadChoice, choose_float_head
 from npukit.quant.cpu.pair_channels import pair_channels, pairing_pays
@@ -136,7 +136,7 @@ def effective_ranges(model: onnx.ModelProto, ranges: dict[str, tuple[float, floa
     adjusted = dict(ranges)
     consumers = collections.Counter(t for n in model.graph.node for t in n.input)
     for node in model.graph.node:
-        if node.name in config.exclude:
+        if node.name in config.scheme.exclude:
             continue
         if node.op_type in ("Relu", "Clip") and consumers[node.input[0]] == 1 and node.output[0] in ranges \
                 and node.input[0] in ranges:
@@ -158,12 +158,12 @@ def bounded_outputs(model: onnx.ModelProto, config: QuantConfig) -> dict[str, tu
     """Outputs of the quantized bounded activations (``BOUNDED``) and the range each spans whatever was
     calibrated."""
     return {n.output[0]: BOUNDED[n.op_type] for n in model.graph.node
-            if n.op_type in BOUNDED and n.name not in config.exclude}
+            if n.op_type in BOUNDED and n.name not in config.scheme.exclude}
 
 
 def softmax_outputs(model: onnx.ModelProto, config: QuantConfig) -> list[str]:
     """Outputs of the quantized Softmax nodes, whose range is [0, 1] whatever was calibrated."""
-    return [n.output[0] for n in model.graph.node if n.op_type == "Softmax" and n.name not in config.exclude]
+    return [n.output[0] for n in model.graph.node if n.op_type == "Softmax" and n.name not in config.scheme.exclude]
 
 
 def plan_for(model: onnx.ModelProto, config: QuantConfig, ranges: Mapping[str, tuple[float, float]],
@@ -178,25 +178,25 @@ def plan_for(model: onnx.ModelProto, config: QuantConfig, ranges: Mapping[str, t
     ``reduce_range`` the weights this CPU's kernels take on more than 7 bits (``npukit.quant.cpu.schemes``)."""
     why, range_why = why or {}, range_why or {}
     plan = scheme_plan(config)
-    for node in config.exclude:
+    for node in config.scheme.exclude:
         plan = plan.keep_float([node], why.get(node, USER_EXCLUDE))
-    neighbours = float_neighbours(model, plan.float_nodes, keep=config.int16_nodes)
+    neighbours = float_neighbours(model, plan.float_nodes, keep=config.scheme.int16_nodes)
     for node, kind in neighbours.items():
         plan = plan.keep_float([node], FLOAT_NEIGHBOUR[kind])
-    calibrated = Decision("calibration", f"{config.method} over the calibration samples")
-    act = config.activation_dtype
-    plan = plan.with_specs({t: TensorSpec(act, symmetric=config.symmetric_activations, range=r)
+    calibrated = Decision("calibration", f"{config.calibration.method} over the calibration samples")
+    act = config.scheme.activation_dtype
+    plan = plan.with_specs({t: TensorSpec(act, symmetric=config.scheme.symmetric_activations, range=r)
                             for t, r in ranges.items()}, {t: range_why.get(t, calibrated) for t in ranges})
     adjusted = effective_ranges(model, ranges, config)
     bounded = bounded_outputs(model, config)
     moved = {t: r for t, r in adjusted.items() if t not in ranges or tuple(r) != tuple(ranges[t])}
     plan = plan.with_specs(
-        {t: TensorSpec(act, symmetric=config.symmetric_activations, range=r) for t, r in moved.items()},
+        {t: TensorSpec(act, symmetric=config.scheme.symmetric_activations, range=r) for t, r in moved.items()},
         {t: Decision("bounded_activation", "the whole range of a bounded activation's output") if t in bounded
          else Decision("ort_fusion", "a Relu/Clip input takes its output's grid (ORT fuses the two)") for t in moved})
     wide = sixteen_bit_tensors(model, config)
     lifted = {t: plan.tensors[t].as_dtype(SIXTEEN_BIT[act]) for t in adjusted if t in wide}
-    by_node = {t for n in model.graph.node if n.name in config.int16_nodes for t in (*n.input, *n.output)}
+    by_node = {t for n in model.graph.node if n.name in config.scheme.int16_nodes for t in (*n.input, *n.output)}
     plan = plan.with_specs(lifted, {t: why.get(t, Decision("int16", "read or written by a 16-bit node" if t in by_node
                                                            else "named a 16-bit tensor")) for t in lifted})
     plan = plan.with_specs(*_weight_grids(model, config))
@@ -207,35 +207,36 @@ def plan_for(model: onnx.ModelProto, config: QuantConfig, ranges: Mapping[str, t
 
 def scheme_plan(config: QuantConfig) -> QuantPlan:
     """An empty plan on ``config``'s scheme (int8 weights)."""
-    return QuantPlan(activation_dtype=config.activation_dtype, weight_dtype="int8", per_channel=config.per_channel,
-                     symmetric_weights=config.symmetric_weights, symmetric_activations=config.symmetric_activations,
-                     reduce_range=config.reduce_range)
+    scheme = config.scheme
+    return QuantPlan(activation_dtype=scheme.activation_dtype, weight_dtype="int8", per_channel=scheme.per_channel,
+                     symmetric_weights=scheme.symmetric_weights, symmetric_activations=scheme.symmetric_activations,
+                     reduce_range=config.cpu.reduce_range)
 
 
 def _weight_grids(model: onnx.ModelProto, config: QuantConfig) -> tuple[dict[str, TensorSpec], dict[str, Decision]]:
     """Under ``reduce_range``, the weights whose kernel does not saturate at 7 bits: depthwise convs keep all 8 bits;
     1x1 convs and Gemms take the pair-bounded grid (``npukit.quant.cpu.schemes``), as explicit scales."""
-    if not config.reduce_range:
+    if not config.cpu.reduce_range:
         return {}, {}
     inits = {i.name: i for i in model.graph.initializer}
     specs: dict[str, TensorSpec] = {}
     reasons: dict[str, Decision] = {}
     for node in model.graph.node:
         if node.op_type not in ("Conv", "Gemm") or len(node.input) < 2 or node.input[1] not in inits \
-                or node.name in config.exclude:
+                or node.name in config.scheme.exclude:
             continue
         shape = tuple(inits[node.input[1]].dims)
         if pair_bounded(node, shape, config):
             rows = weight_rows(node, numpy_helper.to_array(inits[node.input[1]]))
             specs[node.input[1]] = TensorSpec.fixed_weight(
-                pair_bounded_scale(rows, per_channel=config.per_channel),
-                axis=weight_axis(node, per_channel=config.per_channel))
+                pair_bounded_scale(rows, per_channel=config.scheme.per_channel),
+                axis=weight_axis(node, per_channel=config.scheme.per_channel))
             reasons[node.input[1]] = Decision("cpu_scheme", "pair-bounded: each pair of input channels' products "
                                                             "stays within 128 levels (no 16-bit saturation)")
         elif not reduced_weight_range(node, shape, config):
-            specs[node.input[1]] = TensorSpec("int8", symmetric=config.symmetric_weights,
-                                              axis=0 if config.per_channel else None,
-                                              quant_min=-127 if config.symmetric_weights else -128)
+            specs[node.input[1]] = TensorSpec("int8", symmetric=config.scheme.symmetric_weights,
+                                              axis=0 if config.scheme.per_channel else None,
+                                              quant_min=-127 if config.scheme.symmetric_weights else -128)
             reasons[node.input[1]] = Decision("cpu_scheme", "full 8 bits: this kernel does not saturate")
     return specs, reasons
 
@@ -244,7 +245,7 @@ def _per_layer(float_model: onnx.ModelProto, qdq: onnx.ModelProto, ranges: dict[
                config: QuantConfig) -> list[dict]:
     q_index = GraphIndex(qdq.graph)
     qdq_nodes = {n.name: n for n in qdq.graph.node if n.name}
-    wide, wide_tensors = set(config.int16_nodes), set(config.int16_tensors)
+    wide, wide_tensors = set(config.scheme.int16_nodes), set(config.scheme.int16_tensors)
     rows = []
     for node in float_model.graph.node:
         twin = qdq_nodes.get(node.name)
@@ -254,7 +255,7 @@ def _per_layer(float_model: onnx.ModelProto, qdq: onnx.ModelProto, ranges: dict[
             "op_type": node.op_type,
             "quantized": bool(quantized),
             "activation_bits": 16 if node.name in wide or wide_tensors & set(node.output) else 8,
-            "excluded": node.name in config.exclude,
+            "excluded": node.name in config.scheme.exclude,
             "input_ranges": {t: ranges[t] for t in node.input if t in ranges},
             "output_ranges": {t: ranges[t] for t in node.output if t in ranges},
         })
@@ -272,17 +273,17 @@ def one_sample_ranges(work: onnx.ModelProto, first: dict[str, np.ndarray],
                       config: QuantConfig) -> dict[str, tuple[float, float]]:
     """Min-max ranges of ``work``'s activations on the one sample ``first``: enough to build a QDQ model whose
     structure and speed (not accuracy) are those of the real one, in seconds."""
-    return calibrate(work, [first], config=dataclasses.replace(config, method="minmax", calib_samples=None)).ranges
+    return calibrate(work, [first], config=config.with_calibration(method="minmax", samples=None)).ranges
 
 
 def check_int16_tensors(work: onnx.ModelProto, first: dict[str, np.ndarray], config: QuantConfig,
                         probe: dict[str, tuple[float, float]]) -> None:
-    """Fail before any long step when ORT's quantizer would keep one of ``config.int16_tensors`` at 8 bits: it gives
-    a tied output (of Flatten, Reshape, MaxPool, ... ``tensor_precision.TIED_OPS``) its input's grid, so only the
+    """Fail before any long step when ORT's quantizer would keep one of ``config.scheme.int16_tensors`` at 8 bits: it
+    gives a tied output (of Flatten, Reshape, MaxPool, ... ``tensor_precision.TIED_OPS``) its input's grid, so only the
     input can be lifted. Found by building the QDQ model on the ``probe`` ranges (``one_sample_ranges``)."""
     built = build_qdq(work, first, config, probe, {})
     pairs, wide = activation_pairs(built), sixteen_bit_activations(built)
-    stuck = [t for t in config.int16_tensors if t in pairs and t not in wide]
+    stuck = [t for t in config.scheme.int16_tensors if t in pairs and t not in wide]
     if stuck:
         root = {t: r for r, members in tied_groups(work).items() for t in members}
         raise InputError(f"int16 tensor(s) {', '.join(stuck)} would stay 8-bit: ONNX Runtime's quantizer ties "
@@ -293,7 +294,7 @@ def check_int16_tensors(work: onnx.ModelProto, first: dict[str, np.ndarray], con
 
 def head_stems(work: onnx.ModelProto, config: QuantConfig) -> list[str]:
     """The stems of ``work`` (``schemes.stem_convs``) a float head may start from: not excluded, not 16-bit."""
-    return [n for n in stem_convs(work) if n not in config.exclude and n not in config.int16_nodes]
+    return [n for n in stem_convs(work) if n not in config.scheme.exclude and n not in config.scheme.int16_nodes]
 
 
 def float_heads(work: onnx.ModelProto, first: dict[str, np.ndarray], config: QuantConfig,
@@ -306,23 +307,23 @@ def float_heads(work: onnx.ModelProto, first: dict[str, np.ndarray], config: Qua
         return []
     if probe is None:
         probe = one_sample_ranges(work, first, config)
-    quick = dataclasses.replace(config, float_stem=False)
+    quick = config.with_precision(float_head=None)
     heads: list[HeadChoice] = []
     for i, stem in enumerate(stems):
         others = tuple(stems[i + 1:])  # the stems still to choose for, in float alone meanwhile
 
         def build(prefix: tuple[str, ...], others: tuple[str, ...] = others) -> onnx.ModelProto:
             chosen = tuple(n for h in heads for n in h.nodes)
-            return build_qdq(work, first, dataclasses.replace(quick, exclude=quick.exclude + chosen + others
-                                                              + prefix), probe, {})
+            return build_qdq(work, first, quick.with_scheme(exclude=quick.scheme.exclude + chosen + others + prefix),
+                             probe, {})
 
-        heads.append(choose_float_head(work, stem, first, build, keep=frozenset(config.int16_nodes)))
+        heads.append(choose_float_head(work, stem, first, build, keep=frozenset(config.scheme.int16_nodes)))
     return heads
 
 
 def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: QuantConfig,
              progress: Progress | None = None, why: Mapping[str, Decision] | None = None) -> QuantResult:
-    """Quantize ``model`` to a QDQ model (int8 weights, ``config.activation_dtype`` activations) on ``samples``.
+    """Quantize ``model`` to a QDQ model (int8 weights, ``config.scheme.activation_dtype`` activations) on ``samples``.
 
     ``samples`` (dicts of input name -> array) are read once per step; pass a re-iterable (a list, a reader) to
     keep memory bounded, since a one-shot iterator is held in memory. With ``method="auto"`` the method is chosen
@@ -353,8 +354,8 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
 class _Build:
     """What ``quantize``'s steps read and write. ``requested`` is the config as given and is never rewritten: what
     the deciding steps choose goes into ``decided`` (the plan so far: the nodes left in float, each with the step
-    that kept it and why), ``sixteen_bit`` (the 16-bit tensors a step chose, with why), ``recipe`` (the recipe's
-    fields, once chosen) and ``method`` (the calibration method "auto" chose); ``done`` names the deciding steps
+    that kept it and why), ``sixteen_bit`` (the 16-bit tensors a step chose, with why), ``recipe`` (the recipe
+    chosen among candidates) and ``method`` (the calibration method "auto" chose); ``done`` names the deciding steps
     that ran. ``config`` is what the later steps build with, derived from those. Then the float model being quantized,
     the ranges and fixed weight grids, the plan and the QDQ model emitted, and the steps' records."""
 
@@ -366,7 +367,7 @@ class _Build:
     decided: QuantPlan  # the float nodes so far, with their decisions (the user's first)
     why: dict[str, Decision]  # the caller's reasons for the 16-bit tensors it named, when not the user's choice
     sixteen_bit: dict[str, Decision] = dataclasses.field(default_factory=dict)  # 16-bit tensors a step chose
-    recipe: Mapping[str, bool] = dataclasses.field(default_factory=dict)  # the recipe's fields, once chosen
+    recipe: Recipe | None = None  # the recipe, once chosen among candidates
     method: str | None = None  # the calibration method "auto" chose
     done: frozenset[str] = frozenset()  # deciding steps that ran: "float_head", "int16_plan", "recipe", "scored_head"
     range_why: dict[str, Decision] = dataclasses.field(default_factory=dict)  # tensor -> the step that set its range
@@ -387,21 +388,21 @@ class _Build:
         """Checks that fail before any long step, then ORT's pre-processing (``preprocess``)."""
         model = named_nodes(model)  # unnamed nodes would all match an exclusion of the name ""
         samples = _Reiterable(samples)
-        first = next(iter_samples(model, samples, limit=config.calib_samples))  # validates before any work
-        if config.gemm_convs:
+        first = next(iter_samples(model, samples, limit=config.calibration.samples))  # validates before any work
+        if config.cpu.gemm_convs:
             require_exact_move()  # refused where ORT's two int8 conv kernels are not both exact
         work = preprocess(model)
         # a node of the graph, or one pre-processing added (a plan chosen on the pre-processed graph may name those)
-        missing = set(config.exclude) - {n.name for g in (model, work) for n in g.graph.node}
+        missing = set(config.scheme.exclude) - {n.name for g in (model, work) for n in g.graph.node}
         if missing:
             raise InputError(f"nodes to exclude {sorted(missing)} are not in the model",
                              hint="use node names from the graph")
         why = dict(why or {})
         decided = scheme_plan(config)
-        for node in config.exclude:
+        for node in config.scheme.exclude:
             decided = decided.keep_float([node], why.pop(node, USER_EXCLUDE))
         build = cls(model=model, samples=samples, first=first, requested=config, work=work, decided=decided, why=why)
-        if config.int16_tensors:
+        if config.scheme.int16_tensors:
             build.probe = one_sample_ranges(work, first, config)
             check_int16_tensors(work, first, config, build.probe)
         return build
@@ -413,20 +414,24 @@ class _Build:
         (float head, 16-bit plan, recipe choice) off."""
         asked = self.requested
         return dataclasses.replace(
-            asked, exclude=tuple(self.decided.float_nodes),
-            int16_tensors=tuple(dict.fromkeys(asked.int16_tensors + tuple(self.sixteen_bit))),
-            float_stem=asked.float_stem and "float_head" not in self.done,
-            float_head_macs=0.0 if "scored_head" in self.done else asked.float_head_macs,
-            int16_budget=0.0 if "int16_plan" in self.done else asked.int16_budget,
-            choose_recipe=asked.choose_recipe and "recipe" not in self.done,
-            method=self.method or asked.method, **self.recipe)
+            asked,
+            scheme=dataclasses.replace(asked.scheme, exclude=tuple(self.decided.float_nodes), int16_tensors=tuple(
+                dict.fromkeys(asked.scheme.int16_tensors + tuple(self.sixteen_bit)))),
+            calibration=dataclasses.replace(asked.calibration, method=self.method or asked.calibration.method),
+            recipe=self.recipe or asked.recipe,
+            precision=dataclasses.replace(
+                asked.precision,
+                float_head=None if self.done & {"float_head", "scored_head"} else asked.precision.float_head,
+                int16_budget=0.0 if "int16_plan" in self.done else asked.precision.int16_budget))
 
     def keep_float(self, nodes: Iterable[str], decision: Decision) -> None:
         self.decided = self.decided.keep_float(nodes, decision)
 
-    def fork(self, recipe: Mapping[str, bool]) -> _Build:
-        """A copy that goes on with the candidate ``recipe``'s fields, sharing what the steps so far made."""
-        return dataclasses.replace(self, recipe=dict(recipe), done=self.done | {"recipe"}, why=dict(self.why),
+    def fork(self, candidate: Recipe) -> _Build:
+        """A copy that goes on with the ``candidate`` recipe (scored on the requested arithmetic), sharing what the
+        steps so far made."""
+        recipe = dataclasses.replace(candidate, score_on=self.requested.recipe.score_on)
+        return dataclasses.replace(self, recipe=recipe, done=self.done | {"recipe"}, why=dict(self.why),
                                    sixteen_bit=dict(self.sixteen_bit), range_why=dict(self.range_why),
                                    steps=copy.copy(self.steps))
 
@@ -459,11 +464,11 @@ class _Build:
 def _float_head(b: _Build) -> None:
     """The stem convs and the chain after them that run fastest in float on this CPU stay float (``float_heads``);
     before the 16-bit plan, which then times and scans the model with its float head."""
-    if not b.config.float_stem:
+    if not b.config.precision.timed_head:
         return
     heads = float_heads(b.work, b.first, b.config, b.probe)
     head_nodes = tuple(n for h in heads for n in h.nodes)
-    compute = {n.name for n in b.work.graph.node if n.op_type in FLOAT_COMPUTE_OPS} - set(b.config.exclude)
+    compute = {n.name for n in b.work.graph.node if n.op_type in FLOAT_COMPUTE_OPS} - set(b.config.scheme.exclude)
     dropped = ""
     if head_nodes and compute <= set(head_nodes):  # the head would leave no integer compute at all
         dropped = (f"the float head ({', '.join(head_nodes)}) would have left every conv/matmul of the model in "
@@ -477,10 +482,10 @@ def _float_head(b: _Build) -> None:
 
 def _float_joins(b: _Build) -> None:
     """A join of very different scales (boxes and scores) and what follows it stay in float."""
-    if not b.config.float_joins:
+    if not b.config.precision.float_joins:
         return
-    taken = set(b.config.exclude) | set(b.config.int16_nodes)
-    joins = [j for j in mixed_scale_joins(b.work, b.probe_ranges()) if j.node not in b.config.exclude]
+    taken = set(b.config.scheme.exclude) | set(b.config.scheme.int16_nodes)
+    joins = [j for j in mixed_scale_joins(b.work, b.probe_ranges()) if j.node not in b.config.scheme.exclude]
     kept = tuple(dict.fromkeys(n for j in joins for n in (j.node, *j.after) if n not in taken))
     if kept:
         b.keep_float(kept, Decision("float_joins", "a join of tensors on very different scales, or after one"))
@@ -490,10 +495,10 @@ def _float_joins(b: _Build) -> None:
 def _float_squares(b: _Build) -> None:
     """A square that a root, logarithm or division reads back (a magnitude, a variance) stays in float with the
     nodes between."""
-    if not b.config.float_squares:
+    if not b.config.precision.float_squares:
         return
     chains = square_chains(b.work)
-    taken = set(b.config.exclude) | set(b.config.int16_nodes)
+    taken = set(b.config.scheme.exclude) | set(b.config.scheme.int16_nodes)
     kept = tuple(dict.fromkeys(n for c in chains for n in c.nodes if n not in taken))
     if kept:
         b.keep_float(kept, Decision("float_squares", "a square read back by a root, logarithm or division, or between"))
@@ -503,9 +508,9 @@ def _float_squares(b: _Build) -> None:
 def _int16_plan(b: _Build) -> None:
     """The 16-bit activations within a latency budget: chosen on the recipe without them, then built like a list
     the user gave."""
-    if b.config.int16_budget <= 0:
+    if b.config.precision.int16_budget <= 0:
         return
-    int16 = plan_int16(b.model, b.samples, config=b.config, budget=b.config.int16_budget)
+    int16 = plan_int16(b.model, b.samples, config=b.config, budget=b.config.precision.int16_budget)
     b.done |= {"int16_plan"}
     b.steps.int16_plan = int16.summary()
     b.sixteen_bit |= {t: Decision("int16_plan", f"most output error per ms within a {int16.budget:.0%} latency "
@@ -513,18 +518,18 @@ def _int16_plan(b: _Build) -> None:
 
 
 def _cross_layer_equalization(b: _Build) -> None:
-    if not b.config.cle:
+    if not b.config.recipe.cle:
         return
-    eq = equalize(b.work, samples=b.samples, limit=b.config.calib_samples)
+    eq = equalize(b.work, samples=b.samples, limit=b.config.calibration.samples)
     b.work = eq.model
     b.steps.cle = eq.summary()
 
 
 def _activation_equalization(b: _Build) -> None:
-    if not b.config.activation_equalization:
+    if not b.config.recipe.activation_equalization:
         return
-    streams = equalize_streams(b.work, b.samples, alpha=b.config.activation_equalization_alpha,
-                               limit=b.config.calib_samples)
+    streams = equalize_streams(b.work, b.samples, alpha=b.config.recipe.activation_equalization.alpha,
+                               limit=b.config.calibration.samples)
     b.work = streams.model
     b.steps.activation_equalization = streams.summary()
 
@@ -541,15 +546,15 @@ def _float_fragile(b: _Build) -> None:
     """A grouped (depthwise) conv whose output one 8-bit grid on its input ruins stays in float with the node that
     writes that input (``precision.fragile``); measured on the model as equalized, on the first calibration
     samples."""
-    if not b.config.float_fragile or not grouped_convs(b.work):
+    if not b.config.precision.float_fragile or not grouped_convs(b.work):
         return
-    taken = set(b.config.exclude) | set(b.config.int16_nodes)
-    wide = set(b.config.int16_tensors)
-    samples = list(itertools.islice(iter_samples(b.work, b.samples, limit=b.config.calib_samples), FRAGILE_SAMPLES))
-    ranges = calibrate(b.work, samples, config=dataclasses.replace(b.config, method="minmax",
-                                                                   calib_samples=None)).ranges
-    found = [f for f in fragile_convs(b.work, samples, ranges, signed=b.config.activation_dtype == "int8",
-                                      symmetric=b.config.symmetric_activations, skip=taken)
+    taken = set(b.config.scheme.exclude) | set(b.config.scheme.int16_nodes)
+    wide = set(b.config.scheme.int16_tensors)
+    samples = list(itertools.islice(iter_samples(b.work, b.samples, limit=b.config.calibration.samples),
+                                    FRAGILE_SAMPLES))
+    ranges = calibrate(b.work, samples, config=b.config.with_calibration(method="minmax", samples=None)).ranges
+    found = [f for f in fragile_convs(b.work, samples, ranges, signed=b.config.scheme.activation_dtype == "int8",
+                                      symmetric=b.config.scheme.symmetric_activations, skip=taken)
              if f.input not in wide]
     kept = tuple(dict.fromkeys(n for f in found for n in (f.node, f.producer) if n and n not in taken))
     b.steps.float_fragile = {"nodes": list(kept), "threshold_db": FRAGILE_DB, "samples": len(samples),
@@ -573,29 +578,30 @@ class _HeldOut:
 
 def _recipe(b: _Build, progress: Progress | None) -> _Build:
     """The recipe's own steps before calibration (``_recipe_steps``): once for the config's recipe, or, with
-    ``choose_recipe``, for each candidate of ``recipe.CANDIDATES`` that fits the time budget, keeping the one whose
+    ``Recipe.choose``, for each candidate of ``recipe.CANDIDATES`` that fits the time budget, keeping the one whose
     held-out output SQNR is highest (``npukit.quant.recipe``). The build the later steps go on with."""
-    if not b.config.choose_recipe:
+    if not b.config.recipe.choose:
         _recipe_steps(b, progress)
         return b
     trials: dict[str, _Build] = {}
     seconds: dict[str, float] = {}
     skipped: dict[str, str] = {}
-    for name, fields in recipe.CANDIDATES.items():
+    budget_s = b.config.recipe.choose.budget_s
+    for name, candidate in recipe.CANDIDATES.items():
         elapsed = time.perf_counter() - b.started
         last = seconds[next(reversed(seconds))] if seconds else 0.0
-        if trials and not recipe.within_budget(elapsed, last, b.config.recipe_budget_s):
+        if trials and not recipe.within_budget(elapsed, last, budget_s):
             skipped[name] = (f"{elapsed:.0f} s spent and the last candidate took {last:.0f} s: over the "
-                             f"{b.config.recipe_budget_s:.0f} s budget")
+                             f"{budget_s:.0f} s budget")
             continue
         began = time.perf_counter()
-        trial = b.fork(fields)
+        trial = b.fork(candidate)
         _recipe_steps(trial, progress, score=True)
         trials[name], seconds[name] = trial, time.perf_counter() - began
     held = {n: t.held for n, t in trials.items() if t.held is not None}  # every trial scored (score=True)
     any_held = next(iter(held.values()))
     chosen, record = recipe.choose({n: recipe.Scored(h.score, h.per_sample, h.chosen, seconds[n])
-                                    for n, h in held.items()}, skipped=skipped, budget_s=b.config.recipe_budget_s,
+                                    for n, h in held.items()}, skipped=skipped, budget_s=budget_s,
                                    note=any_held.split.note)
     winner = trials[chosen]
     winner.steps.recipe = record
@@ -609,7 +615,7 @@ def _recipe_steps(b: _Build, progress: Progress | None, *, score: bool = False) 
     _activation_equalization(b)
     _channel_pairing(b)
     _float_fragile(b)
-    if score or b.config.method == "auto":
+    if score or b.config.calibration.method == "auto":
         _held_out(b, progress)
 
 
@@ -621,21 +627,22 @@ def _held_out(b: _Build, progress: Progress | None) -> None:
     split = _split(b)
     calibration = Calibration(work, config).feed(b.samples, stop=split.calibration, progress=progress)
     first_part = calibration.result()
-    candidates = first_part.candidates if config.method == "auto" else {config.method: first_part.ranges}
-    held_back = dataclasses.replace(config, calib_samples=split.calibration)
+    method = config.calibration.method
+    candidates = first_part.candidates if method == "auto" else {method: first_part.ranges}
+    held_back = config.with_calibration(samples=split.calibration)
 
     def build(distinct: dict[str, dict[str, tuple[float, float]]]) -> dict[str, onnx.ModelProto]:
         # scored as they will be built: with bias correction (AdaRound's stand-in: both remove the mean error, which
         # the methods' clipping and rounding shift differently) measured on the calibration part only
         bases = dict.fromkeys(distinct, work)
-        if config.bias_correction or config.adaround:
+        if config.recipe.bias_correction or config.recipe.adaround:
             bases = {m: r.model for m, r in correct_bias_each(work, b.samples, config=held_back,
                                                               ranges=distinct).items()}
         return {m: build_qdq(bases[m], b.first, config, ranges, {}) for m, ranges in distinct.items()}
 
     chosen, summary = choose_method(work, candidates, b.samples, split=split, build=build,
-                                    session=session_for(config.score_on))
-    if config.method == "auto":
+                                    session=session_for(config.recipe.score_on))
+    if config.calibration.method == "auto":
         b.steps.auto = summary
     b.held = _HeldOut(split=split, calibration=calibration, chosen=chosen, score=summary["candidates"][chosen],
                       per_sample=tuple(summary["chosen_per_sample_db"]))
@@ -643,7 +650,7 @@ def _held_out(b: _Build, progress: Progress | None) -> None:
 
 def _split(b: _Build) -> Split:
     """The calibration / held-out split of the samples the config reads (``calibration.auto.split_samples``)."""
-    return split_samples(sum(1 for _ in iter_samples(b.work, b.samples, limit=b.config.calib_samples)))
+    return split_samples(sum(1 for _ in iter_samples(b.work, b.samples, limit=b.config.calibration.samples)))
 
 
 def _calibration(b: _Build, progress: Progress | None) -> None:
@@ -660,7 +667,7 @@ def _calibration(b: _Build, progress: Progress | None) -> None:
         calib = held.calibration.result()
     else:
         calib = calibrate(work, b.samples, config=config, progress=progress)
-    if config.method == "auto":  # chosen on the held-out samples (``_held_out`` always runs for "auto")
+    if config.calibration.method == "auto":  # chosen on the held-out samples (``_held_out`` always runs for "auto")
         assert held is not None
         b.method = held.chosen
         calib = calib.with_method(held.chosen)
@@ -668,47 +675,49 @@ def _calibration(b: _Build, progress: Progress | None) -> None:
                                "tensors": len(calib.ranges)}
         method = f"auto (chose {held.chosen})"
     else:
-        b.steps.calibration = {"method": config.method, "samples": calib.samples, "tensors": len(calib.ranges)}
-        method = config.method
+        b.steps.calibration = {"method": config.calibration.method, "samples": calib.samples,
+                               "tensors": len(calib.ranges)}
+        method = config.calibration.method
     b.ranges = calib.ranges
     b.range_why |= dict.fromkeys(b.ranges, Decision("calibration", f"{method} over {calib.samples} samples"))
 
 
 def _scored_head(b: _Build) -> None:
-    """For a runtime this machine cannot time (``float_head_macs``): the float head chosen by the score of each
-    candidate on the last calibration samples (``precision.scored_head``), once the ranges are known and before
+    """For a runtime this machine cannot time (``FloatHead("accuracy", share)``): the float head chosen by the score
+    of each candidate on the last calibration samples (``precision.scored_head``), once the ranges are known and before
     AdaRound and bias correction, which then work on the convs that stay quantized."""
     config = b.config
-    if config.float_head_macs <= 0:
+    if config.precision.head_share <= 0:
         return
     stems = head_stems(b.work, config)
     layers = {row.name: row.macs for row in summarize(b.work).layers}
     total = sum(m or 0 for m in layers.values())
     split = b.held.split if b.held is not None else _split(b)
-    session = session_for(config.score_on)
-    floats = set(config.exclude)
+    session = session_for(config.recipe.score_on)
+    floats = set(config.scheme.exclude)
     macs = {n: 0 if n in floats else m for n, m in layers.items()}  # a conv already in float costs nothing more
 
     def build(prefix: tuple[str, ...]) -> onnx.ModelProto:
         extra = tuple(n for n in prefix if n not in floats)
-        return build_qdq(b.work, b.first, dataclasses.replace(config, exclude=config.exclude + extra), b.ranges, {})
+        return build_qdq(b.work, b.first, config.with_scheme(exclude=config.scheme.exclude + extra), b.ranges, {})
 
     def score(models: dict[int, onnx.ModelProto]) -> dict[int, float]:
         return output_sqnrs(b.work, models, b.samples, start=split.held_out_start, stop=split.total, session=session)
 
-    heads = choose_scored_heads(b.work, stems, macs=macs, total=total, share=config.float_head_macs, build=build,
-                                score=score, keep=frozenset(config.int16_nodes))
+    heads = choose_scored_heads(b.work, stems, macs=macs, total=total, share=config.precision.head_share, build=build,
+                                score=score, keep=frozenset(config.scheme.int16_nodes))
     nodes = tuple(n for h in heads for n in h.nodes if n not in floats)
     b.keep_float(nodes, SCORED_HEAD)
     b.done |= {"scored_head"}
-    b.steps.float_head_scored = {"nodes": list(nodes), "share": config.float_head_macs, "score_on": config.score_on,
+    b.steps.float_head_scored = {"nodes": list(nodes), "share": config.precision.head_share,
+                                 "score_on": config.recipe.score_on,
                                  "scored_on_samples": [split.held_out_start, split.total],
                                  "heads": [h.summary() for h in heads]}
 
 
 def _adaround(b: _Build) -> None:
     """Learned weight rounding for the 8-bit tensors; its grids go into the plan as fixed specs."""
-    if not b.config.adaround:
+    if not b.config.recipe.adaround:
         return
     wide = sixteen_bit_tensors(b.work, b.config)
     eight_bit = {t: r for t, r in effective_ranges(b.work, b.ranges, b.config).items() if t not in wide}
@@ -721,7 +730,7 @@ def _adaround(b: _Build) -> None:
 
 
 def _bias_correction(b: _Build) -> None:
-    if not b.config.bias_correction:
+    if not b.config.recipe.bias_correction:
         return
     bc = correct_bias(b.work, b.samples, config=b.config, ranges=b.ranges, reference_weights=b.before_rounding)
     b.work = bc.model
@@ -737,13 +746,13 @@ def _emit(b: _Build) -> None:
 def _range_search(b: _Build) -> None:
     """Last among the grid choices, on the model as built (bias correction stays as measured on the first grid):
     ranges moved where that raised the output SQNR, and the plan emitted again."""
-    if not b.config.range_search:
+    if not b.config.recipe.range_search:
         return
     assert b.reference is not None and b.qdq is not None
     search = search_ranges(b.reference, b.qdq, b.samples, ranges=effective_ranges(b.work, b.ranges, b.config),
-                           limit=b.config.calib_samples, passes=b.config.range_search_passes,
-                           symmetric=b.config.symmetric_activations, threads=0,
-                           fixed=bounded_outputs(b.work, b.config), score_on=b.config.score_on)
+                           limit=b.config.calibration.samples, passes=b.config.recipe.range_search.passes,
+                           symmetric=b.config.scheme.symmetric_activations, threads=0,
+                           fixed=bounded_outputs(b.work, b.config), score_on=b.config.recipe.score_on)
     b.ranges = b.ranges | search.ranges
     b.steps.range_search = search.summary()
     b.range_why |= {t: Decision("range_search", "moved where that raised the output SQNR on the calibration "
@@ -753,7 +762,7 @@ def _range_search(b: _Build) -> None:
 
 def _conv_kernels(b: _Build) -> None:
     """Last: exact, it only picks ORT's kernel per conv."""
-    if not b.config.gemm_convs:
+    if not b.config.cpu.gemm_convs:
         return
     assert b.qdq is not None
     kernels = choose_conv_kernels(b.qdq, b.first)
@@ -773,11 +782,11 @@ def plan_int16(model: onnx.ModelProto, samples: Iterable[object], *, config: Qua
     first = next(iter_samples(model, samples))
 
     def build(tensors: Iterable[str]) -> onnx.ModelProto:
-        lifted = dataclasses.replace(as_built, int16_tensors=tuple(dict.fromkeys(as_built.int16_tensors
-                                                                                 + tuple(tensors))))
+        lifted = as_built.with_scheme(int16_tensors=tuple(dict.fromkeys(as_built.scheme.int16_tensors
+                                                                         + tuple(tensors))))
         return build_qdq(built.reference, first, lifted, built.ranges, {})
 
-    return plan_int16_tensors(built, samples, build=build, calib_samples=config.calib_samples, budget=budget,
+    return plan_int16_tensors(built, samples, build=build, calib_samples=config.calibration.samples, budget=budget,
                               scan_samples=scan_samples, max_candidates=max_candidates)
 
 
@@ -806,11 +815,9 @@ def decided_floats(result: QuantResult) -> dict[str, Decision]:
 def keep_decided_floats(config: QuantConfig, result: QuantResult) -> QuantConfig:
     """``config`` that builds ``result``'s float nodes again without deciding them anew: the nodes of
     ``decided_floats`` excluded (a model built from it directly, ``build_qdq``, is then the model ``quantize``
-    built, not one with those nodes quantized), ``float_stem`` and ``float_head_macs`` off (the head is not chosen
-    again)."""
-    chosen = tuple(n for n in decided_floats(result) if n not in config.exclude)
-    return dataclasses.replace(config, float_stem=False, float_head_macs=0.0,
-                               exclude=tuple(config.exclude) + chosen)
+    built, not one with those nodes quantized), no float head step (the head is not chosen again)."""
+    chosen = tuple(n for n in decided_floats(result) if n not in config.scheme.exclude)
+    return config.with_precision(float_head=None).with_scheme(exclude=tuple(config.scheme.exclude) + chosen)
 
 
 def integer_kernel_report(model: onnx.ModelProto) -> dict:
@@ -848,7 +855,7 @@ def integer_failures(kernels: dict, result: QuantResult, config: QuantConfig) ->
     floats = sum(kernels["float_compute_after_dq"].values()) + sum(kernels["float_compute"].values())
     if not floats:
         return []  # nothing to run on integer kernels (no Conv, MatMul or Gemm)
-    if config.exclude and not head:
+    if config.scheme.exclude and not head:
         return []  # asked for: the user excluded the compute nodes
     why = f" (the float head left {len(head)} conv(s) in float: {', '.join(head)}; try --float-stem off)" if head \
         else " (try --per-tensor, or check the model's ops with npukit analyze --target cpu)"

@@ -5,7 +5,7 @@ No recipe wins on every model (benchmarks/results/default_recipe.md, AMD EPYC, e
 calibration ones): cross-layer equalization, activation equalization and bias correction together raise MobileNetV2's
 output SQNR from 27.1 to 29.9 dB and the PP-OCR angle classifier's from 25.3 to 34.6 dB, and lower YOLOv8n's (29.1 ->
 27.4 dB), a YOLOX text detector's (12.9 -> 11.1 dB, its F1 under the floor) and PicoDet's mAP@0.5 (0.989 -> 0.945).
-So ``quantize`` (with ``QuantConfig.choose_recipe``) runs each candidate of ``CANDIDATES`` up to the method choice of
+So ``quantize`` (with ``Recipe.choose``) runs each candidate of ``CANDIDATES`` up to the method choice of
 ``calibration.auto`` (equalization, ranges from the first three quarters of the calibration samples, each method's
 model scored on the last quarter: its outputs' SQNR against the float model's) and keeps the first candidate (the
 plain recipe: fewer transforms, less time) unless another is clearly better there: a higher score over all held-out
@@ -22,7 +22,7 @@ equalized one's 26 s (CLE and activation equalization, its calibration, one bias
 methods). Measured on 7 real models (benchmarks/results/default_recipe_1204.md) it kept the plain recipe on every one,
 which the evaluation inputs bore out, at 5-27 s more than the plain recipe alone: so it is not the default.
 A candidate after the first runs only while the time spent so far plus the last candidate's time stays within
-``QuantConfig.recipe_budget_s`` (60 s by default): a model too large for that gets the first candidate, and the record
+``RecipeChoice.budget_s`` (60 s by default): a model too large for that gets the first candidate, and the record
 says what was skipped and why.
 """
 
@@ -33,10 +33,12 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-# The candidates in the order they run and break ties: the QuantConfig fields each sets.
-CANDIDATES: dict[str, dict[str, bool]] = {
-    "plain": {},
-    "equalized": {"cle": True, "activation_equalization": True, "bias_correction": True},
+from npukit.quant.config import ActivationEqualization, Recipe
+
+# The candidates in the order they run and break ties (each scored on the arithmetic the config asks for).
+CANDIDATES: dict[str, Recipe] = {
+    "plain": Recipe(),
+    "equalized": Recipe(cle=True, activation_equalization=ActivationEqualization(), bias_correction=True),
 }
 RECIPES = (*CANDIDATES, "auto")  # what quantize's --recipe takes: one candidate, or the choice among them
 ALPHA = 0.05  # a later candidate replaces the first only when the sign test over the held-out samples says so
@@ -45,7 +47,7 @@ FLAGS = {"cle": "--cle", "activation_equalization": "--equalize-activations", "b
 
 def flags(name: str) -> str:
     """The quantize flags that give candidate ``name`` ("" for the plain recipe)."""
-    return " ".join(FLAGS[f] for f, on in CANDIDATES[name].items() if on)
+    return " ".join(FLAGS[f] for f in CANDIDATES[name].steps())
 
 
 def within_budget(elapsed_s: float, last_s: float, budget_s: float) -> bool:

@@ -1,7 +1,7 @@
-"""Which arithmetic the steps that compare candidate QDQ models score them on (``QuantConfig.score_on``).
+"""Which arithmetic the steps that compare candidate QDQ models score them on (``Recipe.score_on``).
 
 A step that chooses between models by their outputs (the calibration method under ``method="auto"``, the recipe
-under ``choose_recipe``, range search) must run them as the artifact will run:
+under ``Recipe.choose``, range search) must run them as the artifact will run:
 
 - ``"ort-cpu"``: ONNX Runtime on this CPU with its graph optimizations, i.e. its fused integer kernels, the model
   as ``quantize`` ships it. On x86 CPUs without VNNI those kernels add pairs of 8-bit products in saturating 16-bit

@@ -27,7 +27,8 @@ from typing import Any
 import onnx
 
 from npukit.frontend.graph_index import GraphIndex
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import FloatHead, Precision, QuantConfig, Scheme
+from npukit.quant.config import Recipe as QuantRecipe
 from npukit.quant.precision.scored_head import MOBILE_SHARE
 from npukit.search.space import Recipe
 from npukit.search.trial import Built, Measured, TrialBuilder, TrialRunner
@@ -36,7 +37,8 @@ from npukit.tasks import judge
 # the runtime's integer scheme (see the module docstring); a recipe sets granularity, method and recovery steps on it.
 # The float head is chosen once, by accuracy within MOBILE_SHARE of the MACs, as compile's plan chooses it; the
 # recipes keep it or not ("no-head").
-XNNPACK_BASE = QuantConfig(activation_dtype="int8", score_on="reference", float_head_macs=MOBILE_SHARE)
+XNNPACK_BASE = QuantConfig(scheme=Scheme(activation_dtype="int8"), recipe=QuantRecipe(score_on="reference"),
+                           precision=Precision(float_head=FloatHead("accuracy", MOBILE_SHARE)))
 COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 

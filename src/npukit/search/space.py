@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from npukit.errors import InputError
 from npukit.quant.calibration.observers import METHODS
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import ActivationEqualization, AdaRound, QuantConfig, RangeSearch
 
 Lift = Literal["none", "int16", "float"]
 
@@ -81,18 +81,22 @@ class Recipe:
     def config(self, base: QuantConfig, *, head: Sequence[str], ranking: Sequence[str]) -> QuantConfig:
         """``base`` (quantize's default configuration on this CPU, with the float head turned off) with this recipe:
         ``head`` the default recipe's float head nodes, ``ranking`` the quantized layers most sensitive first."""
-        if base.float_stem or base.float_head_macs:
-            raise ValueError("the base configuration must have float_stem and float_head_macs off: the search keeps "
-                             "the head the default recipe chose once")
-        exclude = tuple(base.exclude) + (tuple(n for n in head if n not in base.exclude) if self.float_head else ())
+        if base.precision.float_head is not None:
+            raise ValueError("the base configuration must have no float head step: the search keeps the head the "
+                             "default recipe chose once")
+        scheme, steps = base.scheme, base.recipe
+        exclude = scheme.exclude + (tuple(n for n in head if n not in scheme.exclude) if self.float_head else ())
         lifted = [n for n in ranking if n not in exclude][: self.lift_layers]
-        int16 = tuple(base.int16_nodes) + tuple(lifted) if self.lift == "int16" else tuple(base.int16_nodes)
+        int16 = scheme.int16_nodes + tuple(lifted) if self.lift == "int16" else scheme.int16_nodes
         if self.lift == "float":
             exclude += tuple(lifted)
-        return dataclasses.replace(base, per_channel=self.per_channel, method=self.method, cle=self.cle,
-                                   activation_equalization=self.equalize_activations,
-                                   bias_correction=self.bias_correction, adaround=self.adaround,
-                                   range_search=self.range_search, exclude=exclude, int16_nodes=int16)
+        return (base.with_scheme(per_channel=self.per_channel, exclude=exclude, int16_nodes=int16)
+                .with_calibration(method=self.method)
+                .with_recipe(cle=self.cle, bias_correction=self.bias_correction,
+                             activation_equalization=(steps.activation_equalization or ActivationEqualization())
+                             if self.equalize_activations else None,
+                             adaround=(steps.adaround or AdaRound()) if self.adaround else None,
+                             range_search=(steps.range_search or RangeSearch()) if self.range_search else None))
 
 
 DEFAULT = Recipe()  # npukit quantize with no recipe flags

@@ -114,10 +114,10 @@ def quant_opset(report: Report, proto: onnx.ModelProto, config: Any, samples: An
     choose 16-bit activations."""
     from npukit.frontend.opset import PER_CHANNEL_QDQ_OPSET, SIXTEEN_BIT_QDQ_OPSET
 
-    if sixteen_bit or config.int16_nodes or config.int16_tensors or config.int16_budget > 0:
+    if sixteen_bit or config.scheme.int16_nodes or config.scheme.int16_tensors or config.precision.int16_budget > 0:
         return upgrade_opset(report, proto, SIXTEEN_BIT_QDQ_OPSET, "16-bit Q/DQ", samples,
                               alternative="quantize without 16-bit activations")
-    if config.per_channel:
+    if config.scheme.per_channel:
         return upgrade_opset(report, proto, PER_CHANNEL_QDQ_OPSET, "per-channel Q/DQ", samples,
                               alternative="pass --per-tensor")
     return proto

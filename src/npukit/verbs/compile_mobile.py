@@ -17,7 +17,8 @@ import onnx
 
 from npukit.config import PreprocessConfig
 from npukit.errors import InputError
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import (ActivationEqualization, CalibrationSpec, FloatHead, Precision, QuantConfig, Recipe,
+                                 Scheme)
 from npukit.quant.precision.scored_head import MOBILE_SHARE
 from npukit.report.compile import add_carried_plan, add_fp32_error, add_mobile_latency
 from npukit.report.core import Report
@@ -39,7 +40,7 @@ TIMED_RUNS = 30
 # arithmetic against the float model, mean of each input's worst-output SQNR): MobileNetV2 (42 calibration crops of
 # 7 photos, 208 evaluation crops of 13 others) 82.2% top-1 agreement / 18.3 dB, MTCNN PNet 24.9 dB, ONet 28.9 dB;
 # the former recipe (CLE + bias correction, scored on ORT's kernels) 86.5% / 17.2 dB, 24.2 dB, 28.4 dB; the same
-# scored on the reference arithmetic 78.8% / 16.3 dB, 24.9, 28.9; the recipe chosen per model (``choose_recipe``)
+# scored on the reference arithmetic 78.8% / 16.3 dB, 24.9, 28.9; the recipe chosen per model (``Recipe.choose``)
 # kept the plain one on both MTCNN nets (23.9, 27.4 dB). ExecuTorch's own XNNPACKQuantizer: 61.5% / 10.6 dB on
 # MobileNetV2, 24.6 dB on PNet (benchmarks/results/mobile_runtimes.md).
 # The float head: the stem and the convs right after it stay fp32 as far as that scores best within MOBILE_SHARE (10%)
@@ -47,8 +48,10 @@ TIMED_RUNS = 30
 # which XNNPACK's fp32 kernels take on). MobileNetV2's .pte (208 crops): quantized whole 85.6% / 18.2 dB, 14.4 ms;
 # the stem and the next two convs in fp32 (6.9% of the MACs) 88.0% / 20.1 dB, 13.0 ms (this AVX2 host, 1 thread,
 # where XNNPACK's int8 stem is slower than its fp32 one; on a phone's int8 dot-product kernels the head costs time).
-XNNPACK_INT8 = QuantConfig(activation_dtype="int8", method="auto", cle=True, activation_equalization=True,
-                           bias_correction=True, score_on="reference", float_head_macs=MOBILE_SHARE)
+XNNPACK_INT8 = QuantConfig(scheme=Scheme(activation_dtype="int8"), calibration=CalibrationSpec(method="auto"),
+                           recipe=Recipe(cle=True, activation_equalization=ActivationEqualization(),
+                                         bias_correction=True, score_on="reference"),
+                           precision=Precision(float_head=FloatHead("accuracy", MOBILE_SHARE)))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -283,11 +283,11 @@ class _Search:
         target's converter would quantize the float layers anyway (LiteRT)."""
         import time
 
-        from npukit.quant.config import QuantConfig
+        from npukit.quant.config import QuantConfig, Scheme
         from npukit.quant.precision.sensitivity import layer_sensitivity
         from npukit.quant.qdq import quantize
         from npukit.search.space import DEFAULT
-        from npukit.verbs.quantize import cpu_scheme, scheme_fields
+        from npukit.verbs.quantize import cpu_scheme, on_cpu
 
         inputs, report = self.inputs, self.report
         calib = [b.feeds for b in inputs.calib]
@@ -307,21 +307,21 @@ class _Search:
             proto = upgrade_opset(report, proto, 13, "per-channel Q/DQ", calib, alternative="")
         if self.runtime is None:
             scheme = cpu_scheme()
-            base = QuantConfig(exclude=self.exclude, **scheme_fields(scheme))
+            base = on_cpu(QuantConfig(scheme=Scheme(exclude=self.exclude)), scheme)
             report.add("cpu_scheme", scheme)
         else:
             from npukit.search.mobile import XNNPACK_BASE
 
-            base = dataclasses.replace(XNNPACK_BASE, exclude=self.exclude)
+            base = XNNPACK_BASE.with_scheme(exclude=self.exclude)
         started = time.perf_counter()
-        with step("baseline: the default recipe" + (", float head timed once" if base.float_stem else
-                                                    ", float head chosen once" if base.float_head_macs else ""),
+        with step("baseline: the default recipe" + (", float head timed once" if base.precision.timed_head else
+                                                    ", float head chosen once" if base.precision.head_share else ""),
                   timings=report.timings, key="baseline"):
             first = quantize(proto, calib, config=base)
         head = first.steps.float_head_nodes
         with step("layer sensitivity of the default recipe", timings=report.timings, key="sensitivity"):
             ranking = tuple(n for n, _ in layer_sensitivity(first, calib[:4], limit=4))
-        float_base = dataclasses.replace(base, float_stem=False, float_head_macs=0.0)
+        float_base = base.with_precision(float_head=None)
         runner = self._runner(proto, calib, float_base, head, ranking)
         with step("measuring the default recipe", timings=report.timings, key="baseline"):
             baseline, artifact = runner.measure(DEFAULT, first, base, start=started)

@@ -203,7 +203,7 @@ class _Run:
                                                  "data": self.samples.fingerprint()}, sort_keys=True,
                                                 default=str).encode()).hexdigest()
         result, start = self._ptq(proto, quant_config, read_checkpoint(checkpoint, fingerprint))
-        twin = split(result.model, reduce_range=quant_config.reduce_range, learn_scales=self.config.learn_scales)
+        twin = split(result.model, reduce_range=quant_config.cpu.reduce_range, learn_scales=self.config.learn_scales)
         student = twin.program()
         teacher = OnnxProgram(result.reference)
         masks = zero_masks(twin.model, set(student.trained_initializers()))  # a pruned model's zeros stay zero
@@ -242,13 +242,13 @@ class _Run:
 
     # --------------------------------------------------------------------------------------------- steps
     def _quant_config(self, *, method: str, per_tensor: bool, exclude: tuple[str, ...]):
-        from npukit.quant.config import QuantConfig
-        from npukit.verbs.quantize import cpu_scheme, scheme_fields
+        from npukit.quant.config import CalibrationSpec, QuantConfig, Scheme
+        from npukit.verbs.quantize import cpu_scheme, on_cpu
 
         scheme = cpu_scheme()
         # the conv kernel choice shifts weight integers off a symmetric grid: a kernel choice, not trained
-        config = QuantConfig(per_channel=not per_tensor, method=method, exclude=exclude,
-                             **scheme_fields(scheme, gemm_convs=False))
+        config = on_cpu(QuantConfig(scheme=Scheme(per_channel=not per_tensor, exclude=exclude),
+                                    calibration=CalibrationSpec(method=method)), scheme, gemm_convs=False)
         self.report.config["quant"] = config.as_dict()
         self.report.config["cpu_scheme"] = scheme
         return config

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from npukit.config import PreprocessConfig, to_dict
+from npukit.quant.config import QuantConfig, Recipe
 from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
 from npukit.report.quantize import (add_kernel_profile, add_layer_sqnr, add_mixed_precision,
@@ -39,28 +41,39 @@ def _gemm_convs_auto(scheme: dict, reduced: bool) -> bool:
     return bool(scheme["gemm_convs"]) and not reduced and full_range_exact(probe_int8_paths())
 
 
-def scheme_fields(scheme: dict, *, activation_dtype: str | None = None, reduce_range: bool | None = None,
-                  float_stem: bool | None = None, gemm_convs: bool | None = None) -> dict[str, Any]:
-    """The QuantConfig fields this CPU's ``scheme`` decides (``cpu_scheme``), each one unless given: what
-    ``quantize`` builds with no flags, and the base every recipe of ``optimize`` starts from."""
+def on_cpu(config: QuantConfig, scheme: dict, *, activation_dtype: str | None = None,
+           reduce_range: bool | None = None, float_stem: bool | None = None,
+           gemm_convs: bool | None = None) -> QuantConfig:
+    """``config`` with what this CPU's ``scheme`` decides (``cpu_scheme``: the activation type, the weight range, the
+    float head timed here, the conv kernel choice), each one unless given: what ``quantize`` builds with no flags,
+    and the base every recipe of ``optimize`` starts from."""
+    from npukit.quant.config import FloatHead
+
     reduced = scheme["reduce_range"] if reduce_range is None else reduce_range
-    return {"activation_dtype": activation_dtype or scheme["activation_dtype"], "reduce_range": reduced,
-            "float_stem": scheme["float_stem"] if float_stem is None else float_stem,
-            # not with reduce_range (its pair-bounded grids must not shift), even on a CPU that takes both
-            "gemm_convs": _gemm_convs_auto(scheme, reduced) if gemm_convs is None else gemm_convs}
+    head = scheme["float_stem"] if float_stem is None else float_stem
+    # not with reduce_range (its pair-bounded grids must not shift), even on a CPU that takes both
+    gemm = _gemm_convs_auto(scheme, reduced) if gemm_convs is None else gemm_convs
+    return (config.with_scheme(activation_dtype=activation_dtype or scheme["activation_dtype"])
+            .with_precision(float_head=FloatHead() if head else None)
+            .with_cpu(reduce_range=reduced, gemm_convs=gemm))
 
 
 def resolve_recipe(recipe: str, *, cle: bool, activation_equalization: bool, bias_correction: bool, adaround: bool,
-                   range_search: bool, int16_budget: float, mixed_precision: bool) -> dict[str, bool]:
-    """The QuantConfig recipe fields of ``quantize``'s ``recipe`` and flags (its docstring says how they combine)."""
+                   range_search: bool, int16_budget: float, mixed_precision: bool, budget_s: float) -> Recipe:
+    """The recovery recipe of ``quantize``'s ``recipe`` and flags (its docstring says how they combine)."""
     from npukit.errors import InputError
-    from npukit.quant.recipe import RECIPES
+    from npukit.quant.config import ActivationEqualization, AdaRound, RangeSearch, RecipeChoice
+    from npukit.quant.recipe import CANDIDATES, RECIPES
 
     if recipe not in RECIPES:
         raise InputError(f"unknown recipe {recipe!r}", hint=f"use {', '.join(RECIPES)}")
-    fields = {"cle": cle, "activation_equalization": activation_equalization, "bias_correction": bias_correction}
+    given_steps = Recipe(cle=cle, activation_equalization=ActivationEqualization() if activation_equalization
+                         else None, bias_correction=bias_correction, adaround=AdaRound() if adaround else None,
+                         range_search=RangeSearch() if range_search else None)
     if recipe == "equalized":
-        return dict.fromkeys(fields, True) | {"choose_recipe": False}
+        equalized = CANDIDATES["equalized"]
+        return dataclasses.replace(given_steps, cle=True, activation_equalization=equalized.activation_equalization,
+                                   bias_correction=True)
     given = [name for name, on in (("--cle", cle), ("--equalize-activations", activation_equalization),
                                    ("--bias-correction", bias_correction), ("--adaround", adaround),
                                    ("--range-search", range_search), ("--int16-budget", int16_budget > 0),
@@ -69,7 +82,7 @@ def resolve_recipe(recipe: str, *, cle: bool, activation_equalization: bool, bia
         raise InputError(f"--recipe auto chooses the recovery steps itself; {', '.join(given)} cannot be given with it",
                          hint="drop those flags to let --recipe auto choose, or drop --recipe auto to run exactly "
                               "the flags given")
-    return fields | {"choose_recipe": recipe == "auto"}
+    return Recipe(choose=RecipeChoice(budget_s)) if recipe == "auto" else given_steps
 
 
 def quantize(
@@ -103,7 +116,7 @@ def quantize(
     runs: int = 30,
     max_samples: int | None = None,
     html: bool = False,
-    extra: dict[str, Any] | None = None,
+    pair_channels: bool = True,
     task: str | None = None,
     gate: QualityGate | None = None,
     input_shape: str | Sequence[Any] | None = None,
@@ -117,7 +130,7 @@ def quantize(
     on x86 CPUs without VNNI, where ORT's u8s8 kernels saturate, and a 3x3 RGB stem left in float on x86 CPUs,
     where it runs faster, with the convs chained after it as far as that is timed fastest); ``gemm_convs=None``
     likewise (on where ORT's two int8 conv kernels both accumulate in 32 bits, see ``npukit.quant.cpu.conv_kernel``).
-    ``extra`` passes further QuantConfig fields.
+    ``pair_channels=False`` turns the channel pairing of 7-bit weights off (``npukit.quant.cpu.pair_channels``).
 
     ``recipe``: "plain" (the default) runs the recovery steps the flags ask for and no others; "equalized" adds
     CLE, activation equalization and bias correction to them; "auto" compares those two on held-out calibration
@@ -145,7 +158,7 @@ def quantize(
     verified on calibration samples first (``npukit.frontend.opset``); the report records it.
     """
     from npukit.frontend.onnx_io import save_onnx
-    from npukit.quant.config import QuantConfig
+    from npukit.quant.config import CalibrationSpec, CpuKernels, Precision, Scheme
     from npukit.quant.qdq import quantize as _quantize
 
     output = check_output(output, source=model)
@@ -153,15 +166,16 @@ def quantize(
     proto, spec = float_static_model(model, input_shape, verb="quantize")
     timed_float = proto if spec else str(model)  # with --input-shape: the float model as fixed (static sizes too)
     scheme = cpu_scheme()
-    recipe_fields = resolve_recipe(recipe, cle=cle, activation_equalization=equalize_activations,
-                                   bias_correction=bias_correction, adaround=adaround, range_search=range_search,
-                                   int16_budget=int16_budget, mixed_precision=mixed_precision)
-    config = QuantConfig(per_channel=not per_tensor, method=method, adaround=adaround, range_search=range_search,
-                         recipe_budget_s=recipe_budget_s, **recipe_fields, exclude=tuple(exclude),
-                         int16_nodes=tuple(int16_nodes), int16_tensors=tuple(int16_tensors),
-                         int16_budget=int16_budget, calib_samples=calib_samples,
-                         **scheme_fields(scheme, activation_dtype=activation_dtype, reduce_range=reduce_range,
-                                         float_stem=float_stem, gemm_convs=gemm_convs), **(extra or {}))
+    steps = resolve_recipe(recipe, cle=cle, activation_equalization=equalize_activations,
+                           bias_correction=bias_correction, adaround=adaround, range_search=range_search,
+                           int16_budget=int16_budget, mixed_precision=mixed_precision, budget_s=recipe_budget_s)
+    config = on_cpu(QuantConfig(scheme=Scheme(per_channel=not per_tensor, exclude=tuple(exclude),
+                                              int16_nodes=tuple(int16_nodes), int16_tensors=tuple(int16_tensors)),
+                                calibration=CalibrationSpec(method=method, samples=calib_samples), recipe=steps,
+                                precision=Precision(int16_budget=int16_budget),
+                                cpu=CpuKernels(pair_channels=pair_channels)),
+                    scheme, activation_dtype=activation_dtype, reduce_range=reduce_range, float_stem=float_stem,
+                    gemm_convs=gemm_convs)
     samples = open_data(calib, proto, preprocess) if isinstance(calib, (str, Path)) else list(calib)
     evaluation = open_data(data, proto, preprocess) if data is not None else None
     check_task(proto, samples, task)  # a --task the outputs cannot carry fails here, before any work
@@ -244,7 +258,7 @@ def _mixed_precision(report: Report, proto: Any, samples: Any, config: Any, *, t
     from npukit.errors import InputError
     from npukit.quant.precision.layer_plan import plan_layer_precision
 
-    if config.int16_budget > 0:
+    if config.precision.int16_budget > 0:
         raise InputError("--mixed-precision and --int16-budget both choose what goes to 16 bits",
                          hint="use one of them")
     fit, held, where = held_back(samples)
@@ -279,12 +293,12 @@ def _recipe_hint(config: Any, choice: dict | None = None) -> str:
         tried.append("--recipe equalized (it scored lower on the held-out calibration samples)")
     elif choice and "equalized" in choice.get("skipped", {}):
         tried.append("--recipe equalized (--recipe auto did not try it within its time budget)")
-    elif not (config.cle and config.activation_equalization and config.bias_correction) \
+    elif not (config.recipe.cle and config.recipe.activation_equalization and config.recipe.bias_correction) \
             and not (choice and choice["chosen"] == "equalized"):
         tried.append("--cle --equalize-activations --bias-correction")
-    if not (config.int16_budget or config.int16_tensors or config.int16_nodes):
+    if not (config.precision.int16_budget or config.scheme.int16_tensors or config.scheme.int16_nodes):
         tried.append("--int16-budget 0.1")
-    if not config.adaround:
+    if not config.recipe.adaround:
         tried.append("--adaround")
     tried.append("--exclude the layers that hurt most (the report's table of them)")
     return ", ".join(tried) + "; --accept-degraded keeps it as it is"

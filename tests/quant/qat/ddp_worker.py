@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from npukit.quant.config import QuantConfig  # noqa: E402
+from npukit.quant.config import CalibrationSpec, CpuKernels, QuantConfig  # noqa: E402
 from npukit.quant.qat.program import OnnxProgram  # noqa: E402
 from npukit.quant.qat.train import QatConfig, Trainer  # noqa: E402
 from npukit.quant.qat.twin import split  # noqa: E402
@@ -23,7 +23,8 @@ def main(out: str) -> None:
     torch.set_num_threads(1)
     model = tiny_cnn(activation="Relu", spread=0.5)
     train = np.concatenate([s["x"] for s in make_samples(64, seed=1)])
-    result = quantize(model, make_samples(16, seed=1), config=QuantConfig(method="minmax", reduce_range=True))
+    result = quantize(model, make_samples(16, seed=1), config=QuantConfig(calibration=CalibrationSpec(method="minmax"),
+                                                                          cpu=CpuKernels(reduce_range=True)))
     twin = split(result.model, reduce_range=True)
     student, teacher = twin.program(), OnnxProgram(result.reference)
     config = QatConfig(weight_bits=4, epochs=2, batch_size=8, lr=3e-3, augment=False)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from npukit.errors import InputError
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import CalibrationSpec, CpuKernels, QuantConfig
 from npukit.quant.qat.program import OnnxProgram
 from npukit.quant.qat.train import QatConfig, Trainer
 from npukit.quant.qat.twin import split
@@ -27,7 +27,8 @@ def _setup(tmp_path, *, bits: int, epochs: int = 4, seed: int = 0, checkpoint: b
     torch.manual_seed(0)
     model = tiny_cnn(activation="Relu", spread=0.5)
     train = np.concatenate([s["x"] for s in make_samples(64, seed=1)])
-    result = quantize(model, make_samples(16, seed=1), config=QuantConfig(method="minmax", reduce_range=True))
+    result = quantize(model, make_samples(16, seed=1), config=QuantConfig(calibration=CalibrationSpec(method="minmax"),
+                                                                          cpu=CpuKernels(reduce_range=True)))
     twin = split(result.model, reduce_range=True)
     student, teacher = twin.program(), OnnxProgram(result.reference)
     config = QatConfig(weight_bits=bits, epochs=epochs, batch_size=8, lr=3e-3, augment=False, seed=seed)

@@ -8,7 +8,7 @@ import onnx
 import pytest
 import torch
 
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import CalibrationSpec, QuantConfig, from_flat
 from npukit.quant.qat.export_check import check_export
 from npukit.quant.qat.fake_quant import ActivationQuant, WeightQuant, fake_quant
 from npukit.quant.qat.twin import split, write_back
@@ -60,7 +60,7 @@ def test_learned_scale_gets_a_gradient():
 def _build(reduce_range: bool, **config):
     model = tiny_cnn(activation="Clip", spread=0.5)
     samples = make_samples(16)
-    result = quantize(model, samples, config=QuantConfig(reduce_range=reduce_range, method="minmax", **config))
+    result = quantize(model, samples, config=from_flat(reduce_range=reduce_range, method="minmax", **config))
     return result, samples
 
 
@@ -115,7 +115,7 @@ def test_four_bit_weights_are_stored_as_int4_and_compute_the_simulation():
 
     model, _ = ensure_opset(tiny_cnn(activation="Relu"), 21, reason="int4", feeds=make_samples(2))
     samples = make_samples(16)
-    result = quantize(model, samples, config=QuantConfig(method="minmax"))
+    result = quantize(model, samples, config=QuantConfig(calibration=CalibrationSpec(method="minmax")))
     twin = split(result.model, reduce_range=False)
     program = twin.program()
     weights = program.trained_initializers()

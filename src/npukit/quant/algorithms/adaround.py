@@ -163,8 +163,8 @@ def fake_quantized_model(model: onnx.ModelProto, ranges: dict[str, tuple[float, 
     renamed: dict[str, str] = {}
     extra_nodes, extra_inits = [], []
     for k, (name, (lo, hi)) in enumerate(ranges.items()):
-        scale, zero = activation_qparams(lo, hi, signed=config.activation_signed,
-                                         symmetric=config.symmetric_activations)
+        scale, zero = activation_qparams(lo, hi, signed=config.scheme.activation_signed,
+                                         symmetric=config.scheme.symmetric_activations)
         extra_inits += [numpy_helper.from_array(scale, f"npukit_ar_s{k}"), numpy_helper.from_array(zero, f"npukit_ar_z{k}")]
         extra_nodes += [helper.make_node("QuantizeLinear", [name, f"npukit_ar_s{k}", f"npukit_ar_z{k}"], [f"npukit_ar_q{k}"]),
                         helper.make_node("DequantizeLinear", [f"npukit_ar_q{k}", f"npukit_ar_s{k}", f"npukit_ar_z{k}"],
@@ -298,16 +298,16 @@ def adaround(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
     """Learned rounding for every Conv/Gemm of ``model`` with an initializer weight, in graph order.
 
     ``ranges``: the 8-bit activation ranges the quantized model will use (tensor -> (lo, hi)), for the
-    fake-quantized inputs x~; ``iterations``: per layer (default ``config.adaround_iterations``); ``rows``: input rows
-    kept per layer over all samples; ``batch_rows``: rows per Adam step; ``learning_rate``: Adam's.
+    fake-quantized inputs x~; ``iterations``: per layer (default ``config.recipe.adaround.iterations``); ``rows``:
+    input rows kept per layer over all samples; ``batch_rows``: rows per Adam step; ``learning_rate``: Adam's.
     """
-    if not config.symmetric_weights:
+    if not config.scheme.symmetric_weights:
         raise InputError("AdaRound needs symmetric weights", hint="drop symmetric_weights=False or adaround")
-    iterations = config.adaround_iterations if iterations is None else iterations
+    iterations = config.recipe.adaround.iterations if iterations is None else iterations
     if iterations < 1 or rows < 1 or batch_rows < 1:
         raise InputError("AdaRound iterations, rows and batch_rows must be at least 1")
     start = time.perf_counter()
-    samples = list(iter_samples(model, samples, limit=config.calib_samples))
+    samples = list(iter_samples(model, samples, limit=config.calibration.samples))
     with torch_threads(1):  # small matrices: one thread is several times faster than two on a busy machine
         return _adaround(model, samples, config=config, ranges=ranges, iterations=iterations, rows=rows,
                          batch_rows=batch_rows, learning_rate=learning_rate, seed=seed, start=start)
@@ -327,7 +327,7 @@ def _adaround(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], *, c
     for node in work.graph.node:
         if node.op_type not in ("Conv", "Gemm"):
             continue
-        if node.name in config.exclude:
+        if node.name in config.scheme.exclude:
             skipped.append({"node": node.name, "reason": "excluded from quantization"})
         elif len(node.input) < 2 or node.input[1] not in inits or uses.get(node.input[1], 0) != 1:
             skipped.append({"node": node.name, "reason": "weight is not an initializer of this node alone"})
@@ -367,16 +367,16 @@ def _adaround(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], *, c
             if node.op_type == "Gemm":
                 b = b * node_attr(node, "beta", 1.0)
             bias = np.broadcast_to(b.reshape(-1), (wg.shape[0] * wg.shape[1],)).reshape(wg.shape[:2])
-        grid = weight_grid(wg, per_channel=config.per_channel, reduce_range=reduced_weight_range(node, w.shape, config),
+        per_channel = config.scheme.per_channel
+        grid = weight_grid(wg, per_channel=per_channel, reduce_range=reduced_weight_range(node, w.shape, config),
                            pairs=pair_bounded(node, w.shape, config))
-        q, stats = _learn(wg, grid, xf_rows, xq_rows, bias, per_channel=config.per_channel, iterations=iterations,
+        q, stats = _learn(wg, grid, xf_rows, xq_rows, bias, per_channel=per_channel, iterations=iterations,
                           batch_rows=batch_rows, learning_rate=learning_rate,
                           seed=seed + index, clip=_following_clip(work, node))
         new_w = _ungrouped(node, (q * grid.scale).astype(np.float32), w.shape)
         inits[node.input[1]].CopyFrom(numpy_helper.from_array(new_w, node.input[1]))
         fq_inits[node.input[1]].CopyFrom(numpy_helper.from_array(new_w, node.input[1]))
-        overrides[node.input[1]] = TensorSpec.fixed_weight(grid.scale,
-                                                           axis=weight_axis(node, per_channel=config.per_channel))
+        overrides[node.input[1]] = TensorSpec.fixed_weight(grid.scale, axis=weight_axis(node, per_channel=per_channel))
         layers.append({"node": node.name, "rows": int(xf_rows.shape[0]), "iterations": iterations, **stats,
                        "seconds": round(time.perf_counter() - t0, 2)})
     return AdaRoundResult(model=work, weight_specs=overrides, layers=layers, skipped=skipped,

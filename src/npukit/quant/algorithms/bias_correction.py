@@ -51,14 +51,14 @@ def fake_quantize_weight(w: np.ndarray, *, axis: int | None, symmetric: bool, re
 def quantize_node_weight(node: onnx.NodeProto, w: np.ndarray, config: QuantConfig) -> np.ndarray:
     """Q(w) for ``node``'s weight on the grid ``quantize`` gives ORT: pair-bounded scales where
     ``npukit.quant.cpu.schemes.pair_bounded`` says so, else ``fake_quantize_weight``."""
-    axis = weight_axis(node, per_channel=config.per_channel)
+    axis = weight_axis(node, per_channel=config.scheme.per_channel)
     if pair_bounded(node, w.shape, config):
         shape = [1] * w.ndim
         if axis is not None:
             shape[axis] = -1
-        scale = pair_bounded_scale(weight_rows(node, w), per_channel=config.per_channel).reshape(shape)
+        scale = pair_bounded_scale(weight_rows(node, w), per_channel=config.scheme.per_channel).reshape(shape)
         return (np.clip(np.rint(w / scale), -127, 127) * scale).astype(np.float32)
-    return fake_quantize_weight(w, axis=axis, symmetric=config.symmetric_weights,
+    return fake_quantize_weight(w, axis=axis, symmetric=config.scheme.symmetric_weights,
                                 reduce_range=reduced_weight_range(node, w.shape, config))
 
 
@@ -93,7 +93,7 @@ def correct_bias_each(model: onnx.ModelProto, samples: Iterable[object], *, conf
     result is the one ``correct_bias`` gives with that set alone."""
     inits = {i.name: i for i in model.graph.initializer}
     targets = [n for n in model.graph.node
-               if n.op_type in ("Conv", "Gemm") and n.name not in config.exclude and len(n.input) > 1
+               if n.op_type in ("Conv", "Gemm") and n.name not in config.scheme.exclude and len(n.input) > 1
                and n.input[1] in inits]
     if not targets:
         return {key: BiasCorrectionResult(model=model, shifts={}, samples=0) for key in ranges}
@@ -101,7 +101,7 @@ def correct_bias_each(model: onnx.ModelProto, samples: Iterable[object], *, conf
     wanted = list(dict.fromkeys(t for names in shift_names.values() for t in names.values()))
     sums: dict[str, np.ndarray] = {}
     count = 0
-    for values in observe(probe, wanted, samples, limit=config.calib_samples):
+    for values in observe(probe, wanted, samples, limit=config.calibration.samples):
         count += 1
         for name, value in values.items():
             v = np.moveaxis(np.asarray(value, dtype=np.float64), 1, 0)
@@ -147,8 +147,8 @@ def _shift_probe(model: onnx.ModelProto, targets: list[onnx.NodeProto], config: 
         by_grid: dict[tuple[bytes, bytes] | None, str] = {}
         for key, key_ranges in ranges.items():
             if key_ranges is not None and x in key_ranges and x not in wide:
-                scale, zero = activation_qparams(*key_ranges[x], signed=config.activation_signed,
-                                                 symmetric=config.symmetric_activations)
+                scale, zero = activation_qparams(*key_ranges[x], signed=config.scheme.activation_signed,
+                                                 symmetric=config.scheme.symmetric_activations)
                 grid: tuple[bytes, bytes] | None = (np.asarray(scale).tobytes(), np.asarray(zero).tobytes())
             else:
                 grid = None

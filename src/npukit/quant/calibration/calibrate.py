@@ -51,11 +51,11 @@ class ChannelStats:
 
 
 def make_observer(config: QuantConfig, *, bits: int = 8) -> Observer:
-    """The observer ``config.method`` names (a ``MultiObserver`` for "auto"), for ``bits``-wide activations of the
-    configured signedness."""
-    kind = MultiObserver if config.method == "auto" else OBSERVERS[config.method]
-    return kind.create(bits=bits, signed=config.activation_signed, symmetric=config.symmetric_activations,
-                       num_bins=config.num_bins, percentile=config.percentile)
+    """The observer ``config.calibration.method`` names (a ``MultiObserver`` for "auto"), for ``bits``-wide
+    activations of the configured signedness."""
+    kind = MultiObserver if config.calibration.method == "auto" else OBSERVERS[config.calibration.method]
+    return kind.create(bits=bits, signed=config.scheme.activation_signed, symmetric=config.scheme.symmetric_activations,
+                       num_bins=config.calibration.num_bins, percentile=config.calibration.percentile)
 
 
 def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
@@ -147,33 +147,33 @@ def observe(model: onnx.ModelProto, names: list[str], samples: Iterable[object],
 
 
 def sixteen_bit_tensors(model: onnx.ModelProto, config: QuantConfig) -> set[str]:
-    """Activations quantized to 16 bits: those read or written by ``config.int16_nodes``, and
-    ``config.int16_tensors``."""
-    chosen = set(config.int16_nodes)
+    """Activations quantized to 16 bits: those read or written by ``config.scheme.int16_nodes``, and
+    ``config.scheme.int16_tensors``."""
+    chosen = set(config.scheme.int16_nodes)
     missing = chosen - {n.name for n in model.graph.node}
     if missing:
         raise InputError(f"int16 nodes {sorted(missing)} are not in the model", hint="use node names from the graph")
     produced = {t for n in model.graph.node for t in n.output} | {i.name for i in model.graph.input}
-    unknown = set(config.int16_tensors) - produced
+    unknown = set(config.scheme.int16_tensors) - produced
     if unknown:
         raise InputError(f"int16 tensors {sorted(unknown)} are not activations of the model",
                          hint="use tensor names that a node writes (or a graph input)")
     return {t for n in model.graph.node if n.name in chosen for t in [*n.input, *n.output] if t} \
-        | set(config.int16_tensors)
+        | set(config.scheme.int16_tensors)
 
 
 def calibrate(model: onnx.ModelProto, samples: Iterable[object], *, config: QuantConfig,
               progress: Progress | None = None) -> CalibrationResult:
-    """Quantization ranges of every float activation of ``model``, observed with ``config.method`` in one pass over
-    ``samples``; with "auto", every method's ranges (``candidates``) from one histogram per tensor."""
-    return Calibration(model, config).feed(samples, stop=config.calib_samples, progress=progress).result()
+    """Quantization ranges of every float activation of ``model``, observed with ``config.calibration.method`` in one
+    pass over ``samples``; with "auto", every method's ranges (``candidates``) from one histogram per tensor."""
+    return Calibration(model, config).feed(samples, stop=config.calibration.samples, progress=progress).result()
 
 
 class Calibration:
-    """One observer per float activation of ``model`` (``config.method``'s; a ``MultiObserver`` for "auto"), fed
-    samples in order: ``feed`` samples [0, k) and later [k, n) and the observers hold what one pass over [0, n) would
-    (each update is sequential and deterministic), so the ranges of a first part can be read and the rest added
-    without observing the first part again. ``result()`` at any point."""
+    """One observer per float activation of ``model`` (``config.calibration.method``'s; a ``MultiObserver`` for
+    "auto"), fed samples in order: ``feed`` samples [0, k) and later [k, n) and the observers hold what one pass over
+    [0, n) would (each update is sequential and deterministic), so the ranges of a first part can be read and the
+    rest added without observing the first part again. ``result()`` at any point."""
 
     def __init__(self, model: onnx.ModelProto, config: QuantConfig) -> None:
         self.model, self.config = model, config
@@ -183,7 +183,7 @@ class Calibration:
         # real data away, and clipping the outputs (logits) distorts exactly what a user compares against the float
         # model.
         edges = {i.name for i in model.graph.input} | {o.name for o in model.graph.output}
-        minmax = dataclasses.replace(config, method="minmax")
+        minmax = config.with_calibration(method="minmax")
         self.observers = {n: make_observer(minmax if n in edges else config, bits=16 if n in wide else 8)
                           for n in self.names}
         self.samples = 0
@@ -203,7 +203,7 @@ class Calibration:
     def result(self) -> CalibrationResult:
         ranges = {}
         candidates: dict[str, dict[str, tuple[float, float]]] = {m: {} for m in RANGE_METHODS} \
-            if self.config.method == "auto" else {}
+            if self.config.calibration.method == "auto" else {}
         sensitive = saturating_inputs(self.model)
         for name, obs in self.observers.items():
             if obs.min <= obs.max:
@@ -220,7 +220,7 @@ class Calibration:
                     each = obs.ranges() if isinstance(obs, MultiObserver) else dict.fromkeys(RANGE_METHODS, (lo, hi))
                     for method, (mlo, mhi) in each.items():
                         candidates[method][name] = kept(mlo, mhi)
-        return CalibrationResult(ranges=ranges, samples=self.samples, method=self.config.method,
+        return CalibrationResult(ranges=ranges, samples=self.samples, method=self.config.calibration.method,
                                  candidates=candidates)
 
 

@@ -286,4 +286,4 @@ OBSERVERS: dict[str, type[Observer]] = {
     "mse": MseObserver,
 }
 RANGE_METHODS: tuple[str, ...] = tuple(OBSERVERS)  # the methods "auto" chooses among
-METHODS: tuple[str, ...] = ("auto", *RANGE_METHODS)  # what --method and QuantConfig.method take
+METHODS: tuple[str, ...] = ("auto", *RANGE_METHODS)  # what --method and CalibrationSpec.method take

@@ -1,10 +1,11 @@
 """How far past the stem a model stays in float on this CPU: the longest prefix of the stem's chain of convolutions
 that ONNX Runtime runs fastest, timed here.
 
-``float_stem`` leaves the stem (a Conv with a short reduction over the float input, ``schemes.stem_convs``) in
-float because ORT's int8 kernel is slower there. The convolutions right after it are often no better: they run at
-the network's largest spatial size with few channels, where MLAS's NHWC int8 kernels gain least, and the place the
-model crosses from float to int8 pays a layout change and a QuantizeLinear over the whole tensor it crosses at.
+The float head timed here (``FloatHead()``, ``--float-stem``) leaves the stem (a Conv with a short reduction over the
+float input, ``schemes.stem_convs``) in float because ORT's int8 kernel is slower there. The convolutions right after
+it are often no better: they run at the network's largest spatial size with few channels, where MLAS's NHWC int8
+kernels gain least, and the place the model crosses from float to int8 pays a layout change and a QuantizeLinear over
+the whole tensor it crosses at.
 Measured on MobileNetV2 (ORT profile, 1 thread, Intel Xeon with AVX-512 VNNI): the first depthwise conv (32
 channels, 112 x 112) takes 226 us as QLinearConv against 142 us in float; the crossing after the stem (NCHWc ->
 NCHW reorder, QuantizeLinear, NCHW -> NHWC transpose of a 32 x 112 x 112 tensor) 200 us; the pointwise conv after

@@ -78,8 +78,8 @@ SHORTLIST = 64  # above it, only the partners with the least overlap sum_r a_rc 
 def pairing_pays(config: QuantConfig) -> bool:
     """Whether ``quantize`` pairs channels under ``config``: asked for (the default), on the pair-bounded grid
     (``reduce_range``, symmetric weights), per channel, and without bias correction (see the module docstring)."""
-    return config.pair_channels and config.reduce_range and config.symmetric_weights and config.per_channel \
-        and not config.bias_correction
+    return (config.cpu.pair_channels and config.cpu.reduce_range and config.scheme.symmetric_weights
+            and config.scheme.per_channel and not config.recipe.bias_correction)
 
 
 def greedy_pairing(a: np.ndarray) -> np.ndarray:
@@ -157,15 +157,15 @@ def pair_channels(model: onnx.ModelProto, config: QuantConfig) -> PairChannelsRe
             skipped.append({"seed": g.producers[0] if g.producers else g.consumers[0], "reason": reason})
             continue
         rows = [weight_rows(n, numpy_helper.to_array(inits[n.input[1]]).astype(np.float64)) for n in readers]
-        norm = [np.abs(r) / np.maximum(np.abs(r).max(axis=1 if config.per_channel else None, keepdims=True), 1e-30)
+        per_channel = config.scheme.per_channel
+        norm = [np.abs(r) / np.maximum(np.abs(r).max(axis=1 if per_channel else None, keepdims=True), 1e-30)
                 for r in rows]
         order = greedy_pairing(np.concatenate(norm, axis=0))
-        before = _log_scales(rows, None, config.per_channel)
-        after = _log_scales(rows, order, config.per_channel)
+        before = _log_scales(rows, None, per_channel)
+        after = _log_scales(rows, order, per_channel)
         if after >= before:
             continue
-        ratio = np.concatenate([_scales(r, order, config.per_channel) / _scales(r, None, config.per_channel)
-                                for r in rows])
+        ratio = np.concatenate([_scales(r, order, per_channel) / _scales(r, None, per_channel) for r in rows])
         _own_parameters(out, g, nodes, inits, uses)
         _reorder(g, order, nodes, inits)
         rows_out.append({"producers": list(g.producers), "consumers": list(g.consumers),

@@ -50,13 +50,12 @@ chained after the stem join it in float as far as that is timed fastest on the m
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 import onnx
 
-from npukit.quant.config import QuantConfig
+from npukit.quant.config import FloatHead, QuantConfig
 from npukit.quant.nodes import node_attr
 from npukit.runtime.devices import CpuInfo
 
@@ -93,9 +92,9 @@ def config_for_cpu(config: QuantConfig, cpu: CpuInfo) -> QuantConfig:
     """``config`` with the activation type, weight range, stem precision and conv kernel choice that ``cpu`` runs
     best."""
     scheme = cpu_int8_scheme(cpu)
-    return dataclasses.replace(config, activation_dtype=scheme["activation_dtype"],
-                               reduce_range=scheme["reduce_range"], float_stem=scheme["float_stem"],
-                               gemm_convs=scheme["gemm_convs"])
+    return (config.with_scheme(activation_dtype=scheme["activation_dtype"])
+            .with_precision(float_head=FloatHead() if scheme["float_stem"] else None)
+            .with_cpu(reduce_range=scheme["reduce_range"], gemm_convs=scheme["gemm_convs"]))
 
 
 def stem_convs(model: onnx.ModelProto) -> list[str]:
@@ -124,7 +123,8 @@ def is_depthwise(node: onnx.NodeProto, weight_shape: Sequence[int]) -> bool:
 def reduced_weight_range(node: onnx.NodeProto, weight_shape: Sequence[int], config: QuantConfig) -> bool:
     """Whether ``node``'s weight is capped at 7 bits ([-64, 64]): under ``reduce_range``, every weight that is neither
     depthwise (full 8 bits) nor ``pair_bounded``."""
-    return config.reduce_range and not is_depthwise(node, weight_shape) and not pair_bounded(node, weight_shape, config)
+    return (config.cpu.reduce_range and not is_depthwise(node, weight_shape)
+            and not pair_bounded(node, weight_shape, config))
 
 
 PAIR_LIMIT = 128  # |q_2j| + |q_2j+1| at most this: 255 * 128 fits vpmaddubsw's int16 lane
@@ -133,7 +133,7 @@ PAIR_LIMIT = 128  # |q_2j| + |q_2j+1| at most this: 255 * 128 fits vpmaddubsw's 
 def pair_bounded(node: onnx.NodeProto, weight_shape: Sequence[int], config: QuantConfig) -> bool:
     """Whether ``node``'s weight takes the pair-bounded grid: under ``reduce_range`` with symmetric weights, a Gemm or
     a 1x1 Conv with one group (K is the input-channel order there)."""
-    if not (config.reduce_range and config.symmetric_weights):
+    if not (config.cpu.reduce_range and config.scheme.symmetric_weights):
         return False
     if node.op_type == "Gemm":
         return len(weight_shape) == 2

@@ -126,8 +126,8 @@ def lifted(config: QuantConfig, assignment: Mapping[str, str]) -> QuantConfig:
         raise InputError(f"unknown layer precision(s) {sorted(unknown)}", hint=f"use one of {', '.join(OPTIONS)}")
     wide = tuple(n for n, p in assignment.items() if p == "int16")
     floats = tuple(n for n, p in assignment.items() if p == "float32")
-    return dataclasses.replace(config, int16_nodes=tuple(dict.fromkeys(config.int16_nodes + wide)),
-                               exclude=tuple(dict.fromkeys(config.exclude + floats)))
+    return config.with_scheme(int16_nodes=tuple(dict.fromkeys(config.scheme.int16_nodes + wide)),
+                              exclude=tuple(dict.fromkeys(config.scheme.exclude + floats)))
 
 
 def search_order(options: Iterable[LayerOption], *, floor_ms: float) -> list[LayerOption]:
@@ -222,7 +222,7 @@ def plan_layer_precision(model: onnx.ModelProto, samples: Iterable[object], *, c
         return build_qdq(built.source, first, lifted(as_built, layers), built.ranges, {})
 
     base = build({})
-    n = min(scan_samples, sum(1 for _ in iter_samples(reference, samples, limit=config.calib_samples)))
+    n = min(scan_samples, sum(1 for _ in iter_samples(reference, samples, limit=config.calibration.samples)))
     base_nsr = noise_ratio(output_sqnrs(reference, {"": base}, samples, start=0, stop=n)[""])
     noise = layer_sensitivity(built, samples, limit=min(n, 8), ops=None)
     total = sum(max(v, 0.0) for _, v in noise) or 1.0
@@ -253,8 +253,8 @@ def plan_layer_precision(model: onnx.ModelProto, samples: Iterable[object], *, c
     met = size is not None
     chosen = assignment_of(order[:size if met else len(order)])
     plan = build(chosen)
-    wide = dataclasses.replace(as_built, int16_nodes=tuple(nd.name for nd in reference.graph.node
-                                                           if nd.name not in as_built.exclude))
+    wide = as_built.with_scheme(int16_nodes=tuple(nd.name for nd in reference.graph.node
+                                                  if nd.name not in as_built.scheme.exclude))
     all_16bit = build_qdq(built.source, first, wide, built.ranges, {})
     timing = _timed_beside({"int8": base, "plan": plan, "all_16bit": all_16bit}, first)
     plan_db = output_sqnrs(reference, {"": plan}, samples, start=0, stop=n)[""]

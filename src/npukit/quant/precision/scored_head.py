@@ -12,7 +12,7 @@ whole, 88.0% / 20.1 with the three-conv head; agreement on those crops has a pho
 points). Those three convs take 6.9% of the model's MACs.
 
 So the cost is counted, not timed: each prefix's convs' share of the model's MACs (what the runtime's fp32 kernels
-take on instead of its int8 ones), and only prefixes within ``QuantConfig.float_head_macs`` are candidates. Each
+take on instead of its int8 ones), and only prefixes within ``FloatHead.share`` are candidates. Each
 candidate's QDQ model (the calibrated ranges, the other float nodes as decided) is scored on the last calibration
 samples (the part that method "auto" holds out; the ranges were calibrated on them too, alike for every candidate)
 on the config's ``score_on`` arithmetic, and the shortest prefix within ``TIE_DB`` of the best score wins: a longer

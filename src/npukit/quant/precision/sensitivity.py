@@ -6,7 +6,7 @@ at its output minus at its input (per-layer SQNR from ``layer_sqnr``), so a laye
 not the error it inherits; layers left in float (excluded, or the float head) are not ranked. The search lifts the
 1, 2, 4, ... most sensitive layers (at most ``max_layers``), re-quantizes and measures the output SQNR on the samples
 each time, and returns the first plan that reaches the target, or the best one tried. The float head
-(``float_stem``) is timed and chosen once, for the all-8-bit model, and the other float nodes ``quantize`` chose
+(``FloatHead()``) is timed and chosen once, for the all-8-bit model, and the other float nodes ``quantize`` chose
 with it (``qdq.decided_floats``); every trial keeps them (as exclusions).
 16-bit layers run off ONNX Runtime's int8 kernels (see ``integer_kernel_report``), so each plan also records its
 integer-kernel fraction: measure its latency before shipping it. ``npukit.quant.precision.tensor_precision`` (QuantConfig
@@ -111,7 +111,7 @@ def choose_mixed_precision(model: onnx.ModelProto, samples: Iterable[object], *,
     field = "int16_nodes" if mode == "int16" else "exclude"
     for size in sizes if baseline < target_sqnr_db else ():
         nodes = tuple(name for name, _ in ranking[:size])
-        trial_config = dataclasses.replace(config, **{field: tuple(getattr(config, field)) + nodes})
+        trial_config = config.with_scheme(**{field: tuple(getattr(config.scheme, field)) + nodes})
         trial = quantize(model, samples, config=trial_config)
         value = output_sqnr(model, trial.model, evals)
         tried.append({"nodes": list(nodes), "sqnr_db": value,

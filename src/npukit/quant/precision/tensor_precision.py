@@ -220,8 +220,9 @@ def check_plan_arguments(budget: float, scan_samples: int, max_candidates: int) 
 def stand_in_config(config: QuantConfig) -> QuantConfig:
     """The recipe the plan is chosen on: ``config`` without the 16-bit budget, AdaRound (bias correction instead),
     range search and the conv-kernel move (the candidates are built without it, and timed against it)."""
-    return dataclasses.replace(config, int16_budget=0.0, adaround=False, range_search=False, gemm_convs=False,
-                               bias_correction=config.bias_correction or config.adaround)
+    return (config.with_precision(int16_budget=0.0).with_cpu(gemm_convs=False)
+            .with_recipe(adaround=None, range_search=None,
+                         bias_correction=config.recipe.bias_correction or bool(config.recipe.adaround)))
 
 
 def plan_int16_tensors(built: Any, samples: Iterable[object], *,

@@ -24,6 +24,7 @@ from onnx import helper, numpy_helper
 
 from npukit.errors import InputError
 from npukit.frontend.graph_index import GraphIndex
+from npukit.quant.config import CpuKernels, QuantConfig
 from npukit.quant.cpu.schemes import pair_bounded
 from npukit.quant.nodes import dequantized, node_attr
 from npukit.quant.qat.fake_quant import ActivationQuant, BiasQuant, WeightQuant
@@ -175,7 +176,7 @@ class _RuleConfig:
         if np.any(zp != 0) or reader is None:
             return fixed
         transpose = reader.op_type == "Gemm" and not node_attr(reader, "transB", 0)
-        if self.reduce_range and pair_bounded(reader, integers.shape, _Symmetric(True)):
+        if self.reduce_range and pair_bounded(reader, integers.shape, _PAIR_BOUNDED):
             return WeightQuant("pair", levels=127, axis=axis, scale=scale, zero_point=zp, qmin=-127, qmax=127,
                                transpose_rows=transpose, learn_scale=learn)
         top = np.abs(integers.astype(np.int64))
@@ -186,10 +187,7 @@ class _RuleConfig:
                            qmax=levels, learn_scale=learn)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Symmetric:  # the fields of QuantConfig that schemes.pair_bounded reads
-    reduce_range: bool
-    symmetric_weights: bool = True
+_PAIR_BOUNDED = QuantConfig(cpu=CpuKernels(reduce_range=True))  # symmetric weights on 7 bits: schemes.pair_bounded
 
 
 def write_back(qdq: onnx.ModelProto, twin: Twin, program: OnnxProgram, *, int4_storage: bool = True
