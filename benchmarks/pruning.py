@@ -102,7 +102,7 @@ def sparse_four_bit(model: Path, train: Path, held: Path, work: Path, *, epochs:
 def zoo_pruning(names: list[str]) -> list[dict[str, Any]]:
     """Each third-party ONNX model pruned to ``ZOO_MACS`` of its MACs without fine-tuning (see the module
     docstring), or the one-line reason it cannot be."""
-    from npukit.prune.channels import prune_channels
+    from npukit.pruning.channels import prune_channels
     from npukit.quant.layer_sqnr import sqnr_db
     from npukit.quant.qdq import preprocess
     from npukit.runtime.ort import make_session

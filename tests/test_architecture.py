@@ -85,4 +85,7 @@ def test_every_cli_verb_is_in_the_verb_table_and_the_python_api() -> None:
     assert list(sub.choices) == list(cli.VERBS)
     missing = [v for v in cli.VERBS if v != "demo" and not callable(getattr(api, v.replace("-", "_"), None))]
     assert not missing, f"verbs without a function in npukit.api: {missing}"
+    top = [v for v in cli.VERBS if not callable(getattr(npukit, v.replace("-", "_"), None))
+           or v.replace("-", "_") not in npukit.__all__]
+    assert not top, f"verbs the package does not export (import npukit; npukit.VERB): {top}"
 

@@ -1,7 +1,10 @@
 """npukit: PyTorch/ONNX -> fast, small, verified artifacts for phones and NPUs, with the numbers to prove it.
 
-Every CLI verb is a function here with the same keyword arguments; each returns a ``CommandResult`` (the report, the
-artifact and report paths, and the verb's typed result object). ``result.report.passed`` is False where the CLI
+Every CLI verb is a function here (``optimize-graph`` as ``optimize_graph``, ...) taking the flags as keyword
+arguments, named as the flags with underscores, except where the signature says otherwise (``eval_data`` for
+``--eval``, ``timeout_s`` for ``--time-budget``, ``rules`` for ``--rule``, budgets as fractions: ``budget=0.01``
+for ``--budget 1%``); each returns a ``CommandResult`` (the report, the artifact and report paths, and the verb's
+typed result object). ``result.report.passed`` is False where the CLI
 would exit 1, and ``result.report.verdict`` is the report's one-line verdict.
 """
 
@@ -15,16 +18,21 @@ from npukit.api import (  # noqa: E402
     devices,
     export,
     inspect,
+    optimize,
     optimize_graph,
     plan_memory,
+    prune,
+    qat,
     quantize,
     serve_bench,
+    substitute,
 )
 from npukit.demo_pipeline import demo  # noqa: E402
 from npukit.tasks import QualityGate  # noqa: E402
 
 __all__ = ["__version__", "CommandResult", "QualityGate", "analyze", "bench", "compile", "demo", "devices", "export",
-           "inspect", "optimize_graph", "plan_memory", "quantize", "serve_bench", "Runtime", "RuntimeConfig"]
+           "inspect", "optimize", "optimize_graph", "plan_memory", "prune", "qat", "quantize", "serve_bench",
+           "substitute", "Runtime", "RuntimeConfig"]
 
 
 def __getattr__(name: str):

@@ -496,9 +496,9 @@ def test_compile_float_model_for_two_socs_and_bench_on_htp(exported, tmp_path):
     rng = np.random.default_rng(2)
     calib = tmp_path / "calib.npy"
     np.save(calib, rng.standard_normal((4, 3, 32, 32)).astype(np.float32))
-    for soc in ("SM8350", "SM8650"):
+    for soc, form in (("SM8350", ["--soc", "SM8350"]), ("SM8650", ["--target", "qnn-htp@SM8650"])):
         out = tmp_path / f"tiny_{soc}.onnx"
-        assert main(["compile", str(exported), "--soc", soc, "--calib", str(calib), "-o", str(out)]) == 0
+        assert main(["compile", str(exported), *form, "--calib", str(calib), "-o", str(out)]) == 0
         report = json.loads(out.with_name(f"tiny_{soc}.report.json").read_text())["results"]["compile"]
         assert report["soc"] == soc and report["context_nodes"] >= 1 and report["identical"]
         assert {n.op_type for n in onnx.load(str(out)).graph.node} >= {"EPContext"}
@@ -562,6 +562,9 @@ def test_compile_unknown_soc_lists_valid(exported, tmp_path, capsys):
     assert main(["compile", str(exported), "--soc", "SM0000", "-o", str(tmp_path / "x.onnx")]) == 2
     err = capsys.readouterr().err
     assert "SM8650" in err and not (tmp_path / "x.onnx").exists()
+    assert main(["compile", str(exported), "--target", "qnn-htp@SM8650", "--soc", "SM8350", "-o",
+                 str(tmp_path / "x.onnx")]) == 2
+    assert "name two SoCs" in capsys.readouterr().err and not (tmp_path / "x.onnx").exists()
 
 
 def test_memory_budget_too_low_says_smallest_reachable_and_writes_nothing(exported, tmp_path, capsys):

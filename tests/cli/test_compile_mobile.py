@@ -61,6 +61,9 @@ def test_an_untrained_model_says_so_in_the_verdict(tmp_path, monkeypatch):
     assert main(["compile", "tinynet:tiny", "--target", "executorch-xnnpack", "-o", str(out), *SHAPE]) == 0
     verdict = json.loads(out.with_name(out.name + ".report.json").read_text())["verdict"]
     assert verdict.startswith("PASS") and "untrained architecture (random weights)" in verdict
+    assert main(["export", "tinynet:tiny", "-o", str(tmp_path / "tiny.onnx"), *SHAPE]) == 0  # export says so too
+    verdict = json.loads((tmp_path / "tiny.report.json").read_text())["verdict"]
+    assert verdict.startswith("PASS") and "untrained architecture (random weights)" in verdict
 
 
 def test_fp32_artifact_matches_eager_torch(target, tmp_path):

@@ -70,6 +70,8 @@ def test_nothing_within_the_budget_is_exit_1_and_no_artifact(tiny, tmp_path, cap
     assert "best.onnx" not in _files(tmp_path)
     report = json.loads((tmp_path / "best.report.json").read_text())
     assert report["verdict"].startswith("FAIL optimize: none of 2 trials") and not report["passed"]
+    failures = [t["failures"][0] for t in report["results"]["search"]["trials"]]
+    assert any(f"but {f}" in report["verdict"] for f in failures)  # what failed is named, not only the metric that passed
     assert "FAIL optimize" in capsys.readouterr().out
 
 

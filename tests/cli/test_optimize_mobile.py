@@ -26,10 +26,18 @@ def data(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("target, trials", [("executorch-xnnpack", 2), ("litert", 1)])
-def test_the_search_measures_on_the_runtime_and_writes_its_artifact(target, trials, data, tmp_path) -> None:
+def test_the_search_measures_on_the_runtime_and_writes_its_artifact(target, trials, data, tmp_path,
+                                                                   monkeypatch) -> None:
     if target == "litert":
         pytest.importorskip("litert_torch", reason="the litert extra is not installed (scripts/setup.sh installs it)")
+    import dataclasses
+
+    import npukit.frontend.spec as spec
     from npukit.search.mobile import runtime_module
+
+    resolve = spec.resolve_model  # as an untrained torchvision architecture: the verdict must say so
+    monkeypatch.setattr(spec, "resolve_model", lambda *a, **k: dataclasses.replace(resolve(*a, **k),
+                                                                                    random_weights=True))
 
     out = tmp_path / f"best{SUFFIX[target]}"
     assert main(["optimize", "tinynet:tiny", "--target", target, "-o", str(out), "--data", str(data), *SHAPE,
@@ -39,6 +47,7 @@ def test_the_search_measures_on_the_runtime_and_writes_its_artifact(target, tria
     report = json.loads((tmp_path / report_name).read_text())
     assert report["passed"] and report["verdict"].startswith("PASS optimize: trial")
     assert f"the fp32 {target} artifact's" in report["verdict"]
+    assert "untrained architecture (random weights)" in report["verdict"]
     search = report["results"]["search"]
     assert len(search["trials"]) == trials and search["trials"][0]["label"] == "pc auto"
     fp32_bytes = report["results"]["fp32_artifact"]["bytes"]

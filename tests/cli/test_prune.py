@@ -14,7 +14,7 @@ import torch
 from onnx import numpy_helper
 
 from npukit.cli import main
-from tests.prune.test_channels import PruneNet
+from tests.pruning.test_channels import PruneNet
 
 
 @pytest.fixture(scope="module")

@@ -37,8 +37,16 @@ def test_serve_bench_refuses_bad_input(tmp_path, capsys) -> None:
     onnx.save(_model(), str(model))
     assert main(["serve-bench", str(model), "--device", "gpu"]) == 2
     assert main(["serve-bench", str(model), "--duration", "0"]) == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.txt"]
     assert "unknown device" in capsys.readouterr().err
+    from onnx import TensorProto, helper  # a compiled HTP context model: refused, saying what to serve instead
+
+    node = helper.make_node("EPContext", ["x"], ["y"], domain="com.microsoft", source="QNNExecutionProvider")
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1]) for n in ("x", "y")]
+    ctx = helper.make_model(helper.make_graph([node], "ctx", io[:1], io[1:]))
+    onnx.save(ctx, str(tmp_path / "m.ctx.onnx"))
+    assert main(["serve-bench", str(tmp_path / "m.ctx.onnx"), "--device", "qnn-htp@SM8650"]) == 2
+    assert "compiled HTP context model" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.ctx.onnx", "m.onnx", "m.txt"]
 
 
 def test_serve_bench_takes_a_fixed_batch_larger_than_one(tmp_path) -> None:
@@ -91,3 +99,23 @@ def test_serve_bench_passes_prefer_and_device_concurrency_to_every_runtime(tmp_p
     assert main(["serve-bench", str(model), "--device-concurrency", "0"]) == 2
     assert "device_concurrency must be at least 1" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "serve.json"]
+
+
+def test_a_fixed_batch_and_a_scalar_input_are_served_without_batching(tmp_path) -> None:
+    """Silero VAD's form: a fixed batch axis and a rank-0 input (its sample rate). The runtime serves it (it used to
+    fail on the scalar's shape) and the report has no batched rows, only the note why."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["sr"], ["srf"], to=TensorProto.FLOAT), helper.make_node("Mul", ["x", "srf"], ["y"])],
+        "scalar", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8]),
+                   helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+    model = tmp_path / "scalar.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    report = tmp_path / "serve.json"
+    assert main(["serve-bench", str(model), "--duration", "0.2", "--loads", "1.0", "--max-workers", "1",
+                 "--report", str(report)]) == 0
+    serving = json.loads(report.read_text())["results"]["serving"]
+    assert set(serving["open"]) == {"plain", "workers"} and serving["open"]["workers"][0]["completed"] > 0
+    assert serving["batching"]["note"].startswith("batching off")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from npukit.cli import main
-from tests.prune.test_channels import PruneNet
+from tests.pruning.test_channels import PruneNet
 
 
 @pytest.fixture(scope="module")

@@ -96,6 +96,7 @@ def test_sizes_shape_inference_cannot_tell_come_from_one_run() -> None:
     symbolic.graph.output[0].type.tensor_type.ClearField("shape")
     blind = estimate_energy(symbolic)
     assert blind.unknown_shapes > 0 and blind.notes[0].startswith("INCOMPLETE")
+    assert "--input-shape" in blind.notes[0]  # symbolic inputs: fixing them is what to do
     feeds = {"x": np.zeros((1, 3, 16, 16), np.float32)}
     seen = estimate_energy(symbolic, feeds=feeds)
     assert seen.unknown_shapes == 0 and seen.total_pj == pytest.approx(estimate_energy(static).total_pj)

@@ -89,3 +89,33 @@ def test_calibration_fed_in_two_parts_is_one_pass(method) -> None:
             assert whole.with_method(name).ranges == calibrate(model, samples, config=alone).ranges
     with pytest.raises(ValueError, match="the next must start at 10"):
         parts.feed(samples, start=8)
+
+
+@pytest.mark.parametrize("method", ["minmax", "mse", "auto"])
+def test_a_returned_sigmoid_spans_its_whole_range_whatever_was_observed(method) -> None:
+    """Calibration that never saw a positive class logit (no object in its images) would cap every confident score
+    at 0.5: a sigmoid the model returns keeps [-6, 6] on its input; one inside the model (a SiLU, read by the Mul
+    too) keeps what was observed."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Conv", ["x", "w"], ["logits"], name="head"),
+             helper.make_node("Sigmoid", ["logits"], ["gate"], name="silu_sigmoid"),
+             helper.make_node("Mul", ["logits", "gate"], ["silu"], name="silu"),
+             helper.make_node("Reshape", ["logits", "shape"], ["flat"], name="flatten"),
+             helper.make_node("Sigmoid", ["flat"], ["scores"], name="scores")]
+    graph = helper.make_graph(nodes, "detector", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
+                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 32]),
+                               helper.make_tensor_value_info("silu", TensorProto.FLOAT, [1, 2, 4, 4])],
+                              [helper.make_tensor("w", TensorProto.FLOAT, [2, 2, 1, 1], [1.0, 0.0, 0.0, 1.0]),
+                               helper.make_tensor("shape", TensorProto.INT64, [2], [1, 32])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rng = np.random.default_rng(0)
+    samples = [{"x": -rng.uniform(1.0, 9.0, (1, 2, 4, 4)).astype(np.float32)} for _ in range(6)]  # background only
+    ranges = calibrate(model, samples, config=QuantConfig(calibration=CalibrationSpec(method=method))).ranges
+    # the returned sigmoid's input, and before it (logits, read by the SiLU too: the returned sigmoid decides)
+    assert ranges["flat"][1] >= 6.0 and ranges["logits"][1] >= 6.0
+
+    inside = helper.make_model(helper.make_graph(nodes[:3], "silu", graph.input, [graph.output[1]], graph.initializer),
+                               opset_imports=[helper.make_opsetid("", 17)])
+    lo, hi = calibrate(inside, samples, config=QuantConfig()).ranges["logits"]
+    assert hi <= 0.0 and lo >= -9.0  # observed: the SiLU's input grid is not widened

@@ -49,6 +49,7 @@ def test_format_cell_by_column_and_type():
     assert format_cell([1, 3, 224, 224]) == "[1, 3, 224, 224]"
     assert is_bytes_column("Size (bytes)") and not is_bytes_column("kernel_size")
     assert not is_bytes_column("Resize") and is_bytes_column("file_size")  # an op named Resize counts no bytes
+    assert not is_bytes_column("per-size session p50 ms") and is_bytes_column("the model's size")  # another unit
 
 
 def test_numeric_columns_ignore_missing_values():

@@ -155,3 +155,8 @@ def test_the_choice_is_on_the_front_and_a_tie_goes_to_the_more_accurate() -> Non
     assert choose([(0, fast), (1, close), (2, same)], "latency") == 1  # 2 is dominated by 1 (larger)
     far = dataclasses.replace(close, latency=0.80)
     assert choose([(0, fast), (1, far)], "latency") == 0  # 14% slower is not a tie
+    # the same metric within the tie: the one closer to the float model (worst-output SQNR) wins, not the earlier
+    coarse = dataclasses.replace(close, worst_sqnr_db=25.5, energy=0.30)
+    fine = dataclasses.replace(close, recipe=Recipe(per_channel=False), worst_sqnr_db=39.5, energy=0.30)
+    assert choose([(0, coarse), (1, fine)], "energy") == 1
+    assert choose([(0, coarse), (1, dataclasses.replace(fine, worst_sqnr_db=float("nan")))], "energy") == 0

@@ -175,20 +175,22 @@ def measure_serving(model: str | os.PathLike[str], requests: Sequence[Feeds], co
         with Runtime(path, config.runtime(workers=workers, threads=1)) as rt:
             curve[workers] = closed_loop(rt.run, requests, clients=workers * 2, duration_s=config.duration_s)
     capacity = singles["plain"].throughput
-    opened: dict[str, list[LoadResult]] = {"plain": [], "workers": [], "batched": []}
     batching: dict = {"max_batch": config.max_batch, "max_wait_ms": config.max_wait_ms, "capacity_per_s": capacity}
     best_workers = max(curve, key=lambda w: curve[w].throughput)
     plain_cfg = config.runtime(workers=1, threads=1, pool=False, max_batch=1)
     workers_cfg = config.runtime(workers=best_workers, threads=1, max_batch=1)
     batched_cfg = dataclasses.replace(workers_cfg, max_batch=config.max_batch, max_wait_ms=config.max_wait_ms)
+    with Runtime(path, batched_cfg) as probe:  # a model whose batch axis is fixed is served without batching
+        batching["note"] = probe.batching_note
+    servers = {"plain": plain_cfg, "workers": workers_cfg} | ({} if batching["note"] else {"batched": batched_cfg})
+    opened: dict[str, list[LoadResult]] = {key: [] for key in servers}
     for factor in config.loads:
         rate = capacity * factor
-        for key, cfg in (("plain", plain_cfg), ("workers", workers_cfg), ("batched", batched_cfg)):
+        for key, cfg in servers.items():
             with Runtime(path, cfg) as rt:
                 opened[key].append(open_loop(rt.submit, requests, rate=rate, duration_s=config.duration_s,
                                              refused=Overloaded))
                 if key == "batched":
-                    batching["note"] = rt.batching_note
                     batching.setdefault("batches", []).append(rt.describe()["batches"])
     batching["workers"] = best_workers
     return ServingResult(device=device, startup_ms=startup, single=singles,

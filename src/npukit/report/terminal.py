@@ -24,6 +24,8 @@ _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 _NOT_BYTES = re.compile(r"(batch|kernel|group|window|step|sample|vocab|population|font)[ _-]?sizes?\b")
 # "size" as a word of its own ("file_size", "size bytes"), not inside one ("Resize", "Downsize")
 _SIZE_WORD = re.compile(r"(?<![a-z])sizes?(?![a-z])")
+# a column that names another unit holds that ("per-size session p50 ms": milliseconds)
+_OTHER_UNIT = re.compile(r"(?<![a-z])(ms|us|µs|seconds|db|µj|pj|mj)(?![a-z])|\(s\)|%")
 # Text that reads as a number, a signed change, a percentage or a byte size ("-12 (-3.1%)", "1.5 MiB", "+3 (new)").
 _NUMERIC_TEXT = re.compile(
     r"^[+-]?(\d[\d,]*(\.\d+)?([eE][+-]?\d+)?|nan|inf)\s*(%|x|B|KiB|MiB|GiB|TiB|PiB|s|ms)?"
@@ -34,7 +36,8 @@ _NUMERIC_TEXT = re.compile(
 def is_bytes_column(name: str) -> bool:
     """A column (or axis, or before/after key) holds byte counts when its name says "bytes" or "size"."""
     lowered = name.lower()
-    return "bytes" in lowered or (_SIZE_WORD.search(lowered) is not None and not _NOT_BYTES.search(lowered))
+    return "bytes" in lowered or (_SIZE_WORD.search(lowered) is not None and not _NOT_BYTES.search(lowered)
+                                  and not _OTHER_UNIT.search(lowered))
 
 
 def _is_number(value: Any) -> bool:

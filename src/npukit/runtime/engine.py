@@ -343,7 +343,7 @@ class Runtime:
 
     # -- requests ----------------------------------------------------------------------------------------------
     def _shapes(self, rows: int) -> dict[str, tuple[int, ...]]:
-        return {s.name: (rows if s.batched else s.shape[0], *s.shape[1:]) for s in self.signatures}
+        return {s.name: (rows, *s.shape[1:]) if s.batched else tuple(s.shape) for s in self.signatures}
 
     def _check(self, feeds: Mapping[str, np.ndarray]) -> str | None:
         names = {s.name for s in self.signatures}

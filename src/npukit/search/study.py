@@ -98,14 +98,18 @@ TIE = 0.03  # two figures of one objective within 3% are a tie: latency ratios o
 
 def choose(trials: list[tuple[int, Measured]], prefer: str) -> int | None:
     """The trial of the feasible Pareto front best on ``prefer``; ties (within ``TIE``) go to the higher task metric,
-    then the better on ``prefer``, then the earlier trial."""
+    then the higher worst-output SQNR (closer to the float model where the task metric cannot tell them apart), then
+    the better on ``prefer``, then the earlier trial."""
     front = pareto_front([m for _, m in trials])
     feasible = [(n, m) for n, m in trials if any(m is f for f in front)]
     if not feasible:
         return None
     best = min(getattr(m, prefer) for _, m in feasible)
     close = [(n, m) for n, m in feasible if getattr(m, prefer) <= best * (1.0 + TIE)]
-    return max(close, key=lambda nm: (nm[1].metric, -getattr(nm[1], prefer), -nm[0]))[0]
+    def fidelity(m: Measured) -> float:
+        return m.worst_sqnr_db if m.worst_sqnr_db == m.worst_sqnr_db else float("-inf")
+
+    return max(close, key=lambda nm: (nm[1].metric, fidelity(nm[1]), -getattr(nm[1], prefer), -nm[0]))[0]
 
 
 def _sampler(config: SearchConfig) -> Any:

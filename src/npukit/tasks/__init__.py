@@ -152,7 +152,7 @@ def choose_task(output_shapes: Sequence[Shape], input_shapes: Sequence[Shape], *
         raise InputError(f"unknown task {task!r}", hint=f"use one of {', '.join(TASKS)} (or auto)")
     found = _detected(output_shapes, input_shapes, sample)
     if task == found.name:
-        return dataclasses.replace(found, given=True, reason=f"given (and {found.reason})")
+        return dataclasses.replace(found, given=True, reason=f"given; {found.reason}")
     if task == "detect":
         layout = detect_layout(output_shapes, _image_size(input_shapes))
         if layout is None:

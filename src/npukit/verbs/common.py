@@ -55,6 +55,15 @@ def torch_source(model: str | Path, weights: str | Path | None, input_shape: Any
     return source, tuple(shape)
 
 
+def note_untrained(report: Report, source: Any) -> None:
+    """Where ``source`` is a torchvision architecture built without ``--weights`` (untrained: random weights), the
+    verdict says so: whatever the check held the artifact to, it says nothing of the trained model."""
+    if getattr(source, "random_weights", False) and report.verdict:
+        report.set_verdict(f"{report.verdict}; note: {source.spec} without --weights is the untrained architecture "
+                           "(random weights), so the check says nothing of the trained model: pass --weights",
+                           passed=report.passed)
+
+
 def scratch_export(source: Any, shape: Sequence[int], *, what: str,
                    timings: dict[str, float] | None = None) -> tuple[onnx.ModelProto, Any]:
     """(the ONNX export of the PyTorch ``source`` at ``shape``, its ``ExportResult``): written as ``npukit export``

@@ -71,6 +71,11 @@ def compile(  # noqa: A001 - the verb's name
     if weights is not None:
         raise InputError("--weights is for a PyTorch MODEL (--target executorch-xnnpack, litert or coreml)",
                          hint="give the HTP an .onnx model with its weights in it")
+    kind, _, variant = target.strip().partition("@")
+    if kind.lower() == "qnn-htp" and variant:  # --target qnn-htp@SOC names the SoC as --soc does
+        if soc is not None and soc.upper() != variant.upper():
+            raise InputError(f"--target {target} and --soc {soc} name two SoCs", hint="give one of them")
+        target, soc = kind, soc or variant
     profile = get_target(target)
     if profile.name != "qnn-htp":
         raise InputError(f"compiling for {profile.name} is not supported yet",
@@ -116,7 +121,8 @@ def compile(  # noqa: A001 - the verb's name
     _check_on_the_htp(report, output, reference, samples, soc=soc, float_model=quantized_here, task=task,
                       gate=gate or QualityGate())
     add_context_model(report, result, quantized_here=quantized_here)
-    _energy(report, proto, reference if quantized_here else None)
+    _energy(report, proto, reference if quantized_here else None,
+            feeds=dict(samples.sample(0)) if samples is not None else None)
     return finish(report, output, html=html, result=result)
 
 
@@ -197,15 +203,17 @@ def _check_on_the_htp(report: Report, output: Path, reference: onnx.ModelProto, 
                          "--accept-degraded keeps it as it is")
 
 
-def _energy(report: Report, compiled: onnx.ModelProto, float_model: onnx.ModelProto | None) -> None:
-    """The per-operator energy estimate of the compiled model's QDQ graph (and of the float model it came from);
-    the HTP's own energy is not measured here."""
+def _energy(report: Report, compiled: onnx.ModelProto, float_model: onnx.ModelProto | None, *,
+            feeds: dict[str, np.ndarray] | None = None) -> None:
+    """The per-operator energy estimate of the compiled model's QDQ graph (and of the float model it came from),
+    sizes shape inference cannot tell filled by one run on ``feeds`` (a calibration sample); the HTP's own energy is
+    not measured here."""
     from npukit.measure.energy import MeasuredEnergy, energy_figures
     from npukit.report.energy import add_energy
 
     with step("energy per operator (estimate)", timings=report.timings, key="energy"):
         roles = {"compiled (its QDQ model)": compiled} | ({"float": float_model} if float_model is not None else {})
-        estimates, _ = energy_figures(roles, measure=False)
+        estimates, _ = energy_figures(roles, measure=False, feeds=feeds)
     add_energy(report, estimates, measured={"compiled (its QDQ model)": MeasuredEnergy(
         None, 0, "the HTP's energy is not measured: no device here (x86 runs Qualcomm's HTP emulator)")})
 

@@ -25,7 +25,7 @@ from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import check_task, scratch_export, torch_source
+from npukit.verbs.common import check_task, note_untrained, scratch_export, torch_source
 
 CHECK_SAMPLES = 32  # calibration samples the task check reads
 FP32_TOLERANCE = 1e-4  # fp32 artifact against eager torch: max abs error over the output's range
@@ -135,10 +135,7 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
                gate=gate or QualityGate(), failures=[why] if why else [])
         _time(report, mobile, eager, runner, float_onnx, samples[0], threads=threads)
     report.add("carried_plan", carried.summary() if carried is not None else None)
-    if source.random_weights and report.verdict:  # the check held the artifact to an untrained model: say so first
-        report.set_verdict(f"{report.verdict}; note: {source.spec} without --weights is the untrained architecture "
-                           "(random weights), so the check says nothing of the trained model: pass --weights",
-                           passed=report.passed)
+    note_untrained(report, source)
     return finish(report, output, html=html)
 
 

@@ -15,7 +15,7 @@ from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
 from npukit.report.graph import add_export
 from npukit.report.progress import step
-from npukit.verbs.common import check_output, short_number
+from npukit.verbs.common import check_output, note_untrained, short_number
 
 
 def export(
@@ -71,6 +71,7 @@ def export(
                        f"{result.exporter} exporter, outputs against torch's on seeded inputs: max abs error "
                        f"{short_number(result.max_abs_error)}, rel {short_number(result.max_rel_error)} "
                        f"(rtol {config.rtol:g})", passed=result.passed)
+    note_untrained(report, source)
     return finish(report, output, html=html, result=result)
 
 

@@ -16,7 +16,7 @@ from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish, report_json_for, report_path_for
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import check_output, float_static_model, open_data, upgrade_opset
+from npukit.verbs.common import check_output, float_static_model, note_untrained, open_data, upgrade_opset
 
 CONFIRM = 4  # the fastest trials within the budget timed again together at the end
 # searched today: ORT CPU (an ONNX model or a PyTorch model's export) and the mobile runtimes that run here (a PyTorch
@@ -131,15 +131,19 @@ class _Inputs:
     evaluation: list[Any]
     spec: Any
     split: bool
-    module: Any = None
+    source: Any = None  # the resolved PyTorch model (a mobile runtime's search)
+
+    @property
+    def module(self) -> Any:
+        return self.source.module if self.source is not None else None
 
     @classmethod
     def open(cls, model: str | Path, data: str | Path, calib: str | Path | None, input_shape: Any,
              preprocess: PreprocessConfig, max_samples: int | None, *, torch_program: bool = False,
              weights: str | Path | None = None) -> _Inputs:
-        module = None
+        source = None
         if torch_program:
-            module, proto, spec = _torch_program(model, input_shape, weights)
+            source, proto, spec = _torch_program(model, input_shape, weights)
         else:
             proto, spec = float_static_model(model, input_shape, verb="optimize")
         held = list(open_data(data, proto, preprocess).batches(1))
@@ -154,19 +158,20 @@ class _Inputs:
         if max_samples is not None:
             held = held[:max_samples]
         return cls(Path(str(model)), proto, calibration, held, spec.as_dict() if spec else None, calib is None,
-                   module)
+                   source)
 
 
 def _torch_program(model: str | Path, input_shape: Any, weights: str | Path | None) -> tuple[Any, Any, Any]:
-    """(the torch module in eval mode, its ONNX export verified against it, the input spec) for a mobile runtime's
-    search: the export is what each trial's plan is made on, the module what the plan is carried onto."""
+    """(the resolved PyTorch source, its ONNX export verified against it, the input spec) for a mobile runtime's
+    search: the export is what each trial's plan is made on, the source's module what the plan is carried onto."""
     from npukit.frontend.shapes import InputSpec
     from npukit.verbs.common import scratch_export, torch_source
 
     source, shape = torch_source(model, weights, input_shape, needs="a mobile runtime's search carries plans onto "
                                  "a PyTorch program", otherwise="search the ONNX model with --target cpu")
     proto, _ = scratch_export(source, shape, what="the model each trial's plan is made on")
-    return source.module.eval(), proto, InputSpec(((None, shape),))
+    source.module.eval()
+    return source, proto, InputSpec(((None, shape),))
 
 
 class _Search:
@@ -233,6 +238,7 @@ class _Search:
             report.set_verdict(verdict, passed=False)
             return finish(report, None, html=html, json_path=report_json_for(output), result=outcome)
         runner.write(artifact, output)
+        note_untrained(report, self.inputs.source)
         return finish(report, output, html=html, result=outcome)
 
     @contextlib.contextmanager
@@ -393,10 +399,12 @@ class _Search:
             if best.error:
                 return None, (f"FAIL optimize: none of {len(outcome.trials)} trials could be built (first: "
                               f"{best.recipe.label()}: {best.error})")
-            return None, (f"FAIL optimize: none of {len(outcome.trials)} trials kept the task metric within "
-                          f"{self.config.budget:.1%} of the float model (best: {best.recipe.label()}, "
-                          f"{best.metric_name or 'task metric'} {best.metric:.3f}, needed "
-                          f"{self.config.min_metric:.3f}); try a larger --budget, more --trials, or --space full")
+            failed = (f"{best.metric_name or 'task metric'} {best.metric:.3f}, needed {self.config.min_metric:.3f}"
+                      if best.metric < self.config.min_metric or not best.failures else
+                      f"{best.metric_name or 'task metric'} {best.metric:.3f} but {best.failures[0]}")
+            return None, (f"FAIL optimize: none of {len(outcome.trials)} trials passed the budget's check "
+                          f"({self.config.budget:.1%} of the float model's task metric; best: {best.recipe.label()}, "
+                          f"{failed}); try a larger --budget, more --trials, or --space full")
         chosen = outcome.trial(outcome.chosen)
         if chosen.recipe in self.models:
             artifact = self.models.load(chosen.recipe)
@@ -418,7 +426,9 @@ class _Search:
                 f"{self._float_name}'s; best on {self.config.prefer} of {within} trials within the budget "
                 f"({len(outcome.trials)} in all)"
                 + (f"; even the fastest within the budget runs slower than {self._float_name} on this CPU: keep "
-                   "it where latency matters" if chosen.latency > 1.0 and self.config.prefer == "latency" else ""))
+                   "it where latency matters" if chosen.latency > 1.0 and self.config.prefer == "latency" else
+                   f"; it runs {chosen.latency:.2f}x {self._float_name}'s time on this CPU (slower)"
+                   if chosen.latency > 1.0 else ""))
         self.report.set_verdict(line, passed=True)
         return artifact, line
 

@@ -50,7 +50,7 @@ def prune(
 ) -> CommandResult:
     """Prune ``model`` (float) and fine-tune it by distillation from itself on ``data``; write the float result.
 
-    ``macs``: structured channel pruning to this fraction of the model's MACs (``npukit.prune.channels``: whole
+    ``macs``: structured channel pruning to this fraction of the model's MACs (``npukit.pruning.channels``: whole
     channels of the convs whose channels stand alone, the least important by their effect on the next layer on
     calibration samples, each next 1x1 conv or Gemm refitted by least squares). ``sparsity``: this share of every
     Conv / Gemm / MatMul weight tensor set to zero by magnitude and held at zero while fine-tuning (``npukit qat
@@ -105,8 +105,8 @@ def _prune(run: Distillation, reference: onnx.ModelProto, macs: float | None, sp
     """(the model fine-tuning starts from, the pruned model before fine-tuning, the sparsity schedule or None):
     channels are pruned before training; sparsity is raised step by step during it (the model before
     fine-tuning is the one-shot sparse one)."""
-    from npukit.prune.channels import prune_channels
-    from npukit.prune.sparsity import GradualSparsity, sparsify
+    from npukit.pruning.channels import prune_channels
+    from npukit.pruning.sparsity import GradualSparsity, sparsify
     from npukit.report.prune import add_channels, add_sparsity
 
     start = reference

@@ -184,7 +184,7 @@ class _Run:
             exclude: tuple[str, ...], html: bool, source: Path) -> CommandResult:
         import torch
 
-        from npukit.prune.sparsity import zero_masks
+        from npukit.pruning.sparsity import zero_masks
         from npukit.quant.qat.export_check import check_export
         from npukit.quant.qat.program import OnnxProgram
         from npukit.quant.qat.train import Trainer, read_checkpoint

@@ -54,6 +54,13 @@ def serve_bench(
                            max_batch=max_batch, max_wait_ms=max_wait_ms, prefer=prefer,
                            device_concurrency=device_concurrency)
     proto = onnx.load(str(path), load_external_data=False)
+    from npukit.runtime.compile import is_context_model
+
+    if is_context_model(proto):  # its plain-loop baseline and seeded inputs need a CPU session of the same model
+        raise InputError(f"{path.name} is a compiled HTP context model (EPContext); serve-bench compares the runtime "
+                         "with a plain loop of the ONNX model and compiles it for the HTP itself",
+                         hint="serve the model given to `npukit compile` with --device qnn-htp@SOC (the compiled "
+                              "graph is cached across starts); `npukit bench --target qnn-htp` times this one")
     if data is not None:
         dataset = open_data(data, proto, PreprocessConfig())
         requests = [dict(dataset.sample(i)) for i in range(min(samples, len(dataset)))]

@@ -18,7 +18,7 @@ BatchNorm is folded into the convolutions before the QDQ model is built (ONNX Ru
 statistics are frozen from the first step and the folded weights train.
 
 ``masks`` hold pruned weights at zero: after every step each masked weight is multiplied by its mask. ``sparsity``
-(``npukit.prune.sparsity.GradualSparsity``) raises the sparsity step by step: at the steps where it says so, the masks
+(``npukit.pruning.sparsity.GradualSparsity``) raises the sparsity step by step: at the steps where it says so, the masks
 are recomputed from the weights as trained so far; an epoch counts as a candidate to keep only once the final
 sparsity is reached.
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from npukit.prune.sparsity import GradualSparsity, densities, magnitude_masks, sparsify, weight_tensors
+from npukit.pruning.sparsity import GradualSparsity, densities, magnitude_masks, sparsify, weight_tensors
 from npukit.quant.qat.program import OnnxProgram
 from npukit.quant.qat.train import QatConfig, Trainer
 from npukit.quant.qdq import preprocess

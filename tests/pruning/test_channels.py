@@ -12,7 +12,7 @@ from torch import nn
 
 from npukit.errors import InputError
 from npukit.measure.summary import summarize
-from npukit.prune.channels import ROUND, Layout, apply, choose, find_groups, importance, named, prune_channels, refit
+from npukit.pruning.channels import ROUND, Layout, apply, choose, find_groups, importance, named, prune_channels, refit
 from npukit.quant.qdq import preprocess
 from npukit.runtime.ort import make_session
 
