@@ -89,7 +89,7 @@ def test_a_result_below_the_floor_exits_1_with_its_report(net, tmp_path) -> None
     ([], "nothing to prune"),
     (["--macs", "1.5"], "MAC fraction 1.5"),
     (["--sparsity", "0"], "sparsity 0"),
-    (["--macs", "0.05"], "can take the MACs down to"),
+    (["--macs", "0.05"], "can take the conv and Gemm MACs down to"),
 ])
 def test_bad_input_exits_2_and_writes_nothing(net, tmp_path, capsys, extra, message) -> None:
     out = tmp_path / "out.onnx"

@@ -119,8 +119,10 @@ def test_choose_meets_the_target_in_multiples_of_eight_and_refuses_what_cannot_b
     kept = choose(layout, scores, 0.75)
     assert layout.macs_with({k: len(v) for k, v in kept.items()}) <= 0.75 * layout.macs
     assert all(len(v) % ROUND == 0 and len(v) >= g.min_keep for g in layout.groups for v in [kept[g.root]])
-    with pytest.raises(InputError, match="can take the MACs down to"):
+    with pytest.raises(InputError, match="can take the conv and Gemm MACs down to") as refused:
         choose(layout, scores, 0.05)
+    least = float(refused.value.hint.split("--macs ")[1].split()[0])  # one number, as the flag reads it
+    assert layout.macs_with({g.root: g.min_keep for g in layout.groups}) <= least * layout.macs
     result = prune_channels(model, _samples(3), 0.75)
     assert result.macs_after <= 0.75 * result.macs_before == 0.75 * summarize(model).macs
     assert summarize(result.model).macs == result.macs_after

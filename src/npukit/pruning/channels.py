@@ -414,9 +414,10 @@ def choose(layout: Layout, scores: Mapping[str, np.ndarray], fraction: float) ->
 
     floor = layout.macs_with({g.root: g.min_keep for g in layout.groups})
     if floor > target:
-        raise InputError(f"pruning can take the MACs down to {floor / layout.macs:.0%} of the model's at most "
-                         f"(its {len(layout.groups)} prunable layers, each keeping {MIN_KEEP:.0%} of its channels), "
-                         f"not {fraction:.0%}", hint=f"ask for at least {math.ceil(floor / layout.macs * 100)}%")
+        least = math.ceil(floor / layout.macs * 100) / 100  # the smallest --macs that can be met, as the flag reads
+        raise InputError(f"pruning can take the conv and Gemm MACs down to {floor / layout.macs:.1%} of the model's at "
+                         f"most (its {len(layout.groups)} prunable layers, each keeping {MIN_KEEP:.0%} of its "
+                         f"channels), not {fraction:.0%}", hint=f"ask for --macs {least:g} or more")
     lo, hi = 0.0, max(float(r.max()) for r in relative.values()) + 1.0
     for _ in range(60):  # the smallest threshold whose MACs meet the target
         mid = (lo + hi) / 2

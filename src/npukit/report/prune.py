@@ -13,7 +13,7 @@ from npukit.report.qat import rounded
 def add_channels(report: Report, pruning: Any) -> None:
     report.add("channels", {"groups": list(pruning.rows), "macs_before": pruning.macs_before,
                             "macs_after": pruning.macs_after, "left_whole": pruning.refused})
-    report.add_table(f"Channels pruned: MACs {pruning.macs_before:,} -> {pruning.macs_after:,} "
+    report.add_table(f"Channels pruned: conv and Gemm MACs {pruning.macs_before:,} -> {pruning.macs_after:,} "
                      f"({pruning.macs_after / pruning.macs_before:.1%})",
                      ["conv", "channels", "kept", "importance lost", "depthwise convs that follow", "read by"],
                      [[r["conv"], r["channels"], r["kept"], f"{r['importance_lost']:.1%}", ", ".join(r["depthwise"]),
