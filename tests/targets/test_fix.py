@@ -4,7 +4,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from npukit.errors import InputError
 from npukit.runtime.ort import make_session, random_feeds, run
@@ -163,3 +163,23 @@ def test_substitute_applies_what_is_asked_and_refuses_what_it_cannot():
         substitute(model, ["hardswish_to_relu6", "hardswish_to_clip"])
     with pytest.raises(InputError, match="nothing to substitute: the model has no node GroupNormalization"):
         substitute(model, ["groupnorm_to_instancenorm"])
+
+
+def test_substitute_finds_a_hardswish_written_out_below_opset_14():
+    """x * Clip(x + 3, 0, 6) / 6, as an opset-11 export writes HardSwish: converted to opset 14 (verified), made one
+    HardSwish node (exact), then substituted; the steps are listed before the rule."""
+    nodes = [helper.make_node("Add", ["x", "three"], ["s"]), helper.make_node("Clip", ["s", "zero", "six"], ["c"]),
+             helper.make_node("Mul", ["x", "c"], ["m"]), helper.make_node("Div", ["m", "six"], ["y"])]
+    consts = [helper.make_tensor(n, TensorProto.FLOAT, [], [v]) for n, v in (("three", 3.0), ("zero", 0.0),
+                                                                              ("six", 6.0))]
+    graph = helper.make_graph(nodes, "hs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], consts)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    changed = substitute(model, ["hardswish_to_relu6"])
+    assert [(a["fix"], a["rewrites"]) for a in changed.applied] == [
+        ("opset", 1), ("canonicalize_activation", 1), ("hardswish_to_relu6", 1)]
+    ops = [n.op_type for n in changed.model.graph.node]
+    assert "HardSwish" not in ops and "Div" not in ops and changed.model.opset_import[0].version == 14
+    x = np.linspace(-8, 8, 4, dtype=np.float32).reshape(1, 4)
+    relu6 = run(make_session(changed.model), {"x": x})[0]
+    np.testing.assert_allclose(relu6, np.clip(x, 0, 6))

@@ -403,6 +403,43 @@ def apply_fixes(
     return FixResult(fixed, applied, errors)
 
 
+HARDSWISH_OPSET = 14  # the opset that has HardSwish
+
+
+def _written_out_hardswish(model: onnx.ModelProto, rules: Sequence[FixRule]) -> tuple[onnx.ModelProto, list[dict]]:
+    """For a rule that rewrites HardSwish, on a model that writes it out (x * Clip(x + 3, 0, 6) / 6, or
+    x * HardSigmoid(x), as exporters below opset 14 must): the model with each made one HardSwish node (exact,
+    ``passes.canonicalize_activation``), converted to opset 14 first where it imports less (verified on seeded inputs,
+    ``frontend.opset.ensure_opset``); and what was done, as entries of ``FixResult.applied``. Otherwise the model as
+    it is and no entry."""
+    from npukit.frontend.opset import ensure_opset, onnx_opset
+    from npukit.passes.canonicalize_activation import CanonicalizeActivationPass
+
+    if not any("HardSwish" in r.source_ops for r in rules) or any(n.op_type == "HardSwish" for n in model.graph.node):
+        return model, []
+    probe = CanonicalizeActivationPass()
+    PassManager([probe])(ir.serde.deserialize_model(model))  # on a copy: where it would form a HardSwish
+    if not any("HardSwish" in note for note in probe.notes) and not probe.rewrites:
+        return model, []
+    applied = []
+    if onnx_opset(model) < HARDSWISH_OPSET:
+        model, upgrade = ensure_opset(model, HARDSWISH_OPSET,
+                                      reason="HardSwish (the substitution reads the written-out HardSwish as one node)")
+        applied.append({"fix": "opset", "description": f"opset {upgrade.from_opset} -> {upgrade.to_opset} so that "
+                        "the written-out HardSwish can be one node (verified)", "rewrites": 1, "notes": [],
+                        "exact": True})
+    canonical = CanonicalizeActivationPass()
+    result = PassManager([canonical])(ir.serde.deserialize_model(model))
+    hardswish = ir.serde.serialize_model(result.model)
+    formed = sum(n.op_type == "HardSwish" for n in hardswish.graph.node)
+    if not formed:
+        return model, applied
+    applied.append({"fix": "canonicalize_activation", "description": "written-out activations made single ops "
+                    f"(exact): {formed} HardSwish", "rewrites": canonical.rewrites, "notes": list(canonical.notes),
+                    "exact": True})
+    return hardswish, applied
+
+
 def substitute(model: onnx.ModelProto, names: Sequence[str], *, rtol: float = 1e-5) -> FixResult:
     """Apply the fixes ``names`` asks for, exact or not, to every node they serve, whatever the target takes.
 
@@ -416,10 +453,11 @@ def substitute(model: onnx.ModelProto, names: Sequence[str], *, rtol: float = 1e
     clash = [op for op in {o for r in rules for o in r.source_ops} if sum(op in r.source_ops for r in rules) > 1]
     if clash:
         raise InputError(f"two substitutions given for {', '.join(sorted(clash))}", hint="give one per op type")
+    model, applied = _written_out_hardswish(model, rules)
     passes = [r.make_pass() for r in rules]  # type: ignore[misc]
     result = PassManager(passes)(ir.serde.deserialize_model(model))
-    applied = [{"fix": r.name, "description": r.description, "rewrites": rec.rewrites, "notes": list(rec.notes),
-                "exact": r.exact} for r, rec in zip(rules, result.records)]
+    applied += [{"fix": r.name, "description": r.description, "rewrites": rec.rewrites, "notes": list(rec.notes),
+                 "exact": r.exact} for r, rec in zip(rules, result.records)]
     if not result.modified:
         present = sorted({n.op_type for n in model.graph.node})
         ops = " or ".join(sorted({o for r in rules for o in r.source_ops}))
