@@ -23,7 +23,9 @@ def add_training(report: Report, trained: Any, *, bits: bool = True) -> None:
                             "start": trained.start.as_dict() if trained.start else None})
     resumed = f"; resumed after epoch {trained.resumed_from}" if trained.resumed_from else ""
     kept = ("the start (no epoch did better on the validation samples)" if trained.kept == 0 else
-            f"epoch {trained.kept}")
+            f"epoch {trained.kept}" if trained.start is not None else
+            f"epoch {trained.kept}, the last: no validation samples to choose on (every tenth training sample "
+            "validates; fewer than 10 were given), so it may be worse than the start")
     rows = [[0, None, None, trained.start.metric, trained.start.bits, None, rounded(trained.start.validation_loss),
              rounded(trained.start.validation_agreement), "kept" if trained.kept == 0 else "start"]] if trained.start \
         else []
