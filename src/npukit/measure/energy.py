@@ -169,9 +169,9 @@ def estimate_energy(model: onnx.ModelProto, *, peak_bytes: int | None = None,
     unknown = sum(1 for node in tensors.nodes if node.op_type not in _PLUMBING and node.output
                   and tensor_nbytes(tensors.shapes.get(node.output[0]), tensors.dtypes.get(node.output[0])) is None)
     if unknown:
-        symbolic = any(not d.HasField("dim_value") for i in model.graph.input if i.name not in tensors.consts
-                       for d in i.type.tensor_type.shape.dim)
-        why = ("symbolic dimensions): fix the input shape (--input-shape) for a full estimate" if symbolic else
+        from npukit.frontend.shapes import symbolic_inputs
+
+        why = ("symbolic dimensions): fix the input shape (--input-shape) for a full estimate" if symbolic_inputs(model, allow_batch=False) else
                "sizes the graph computes as it runs, e.g. inside control flow) and no run on a sample filled them"
                if feeds is None else "sizes the graph computes as it runs, e.g. inside control flow, that one run "
                "did not fill either")

@@ -25,9 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from npukit.measure.load import LoadResult, closed_loop, open_loop
-from npukit.runtime.engine import Overloaded, Runtime, RuntimeConfig
+from npukit.runtime.engine import Overloaded, Runtime, RuntimeConfig, batching_off
 from npukit.runtime.ort import make_session
-from npukit.runtime.pool import BoundBuffers
+from npukit.runtime.pool import BoundBuffers, signatures
 
 Feeds = Mapping[str, np.ndarray]
 
@@ -180,8 +180,7 @@ def measure_serving(model: str | os.PathLike[str], requests: Sequence[Feeds], co
     plain_cfg = config.runtime(workers=1, threads=1, pool=False, max_batch=1)
     workers_cfg = config.runtime(workers=best_workers, threads=1, max_batch=1)
     batched_cfg = dataclasses.replace(workers_cfg, max_batch=config.max_batch, max_wait_ms=config.max_wait_ms)
-    with Runtime(path, batched_cfg) as probe:  # a model whose batch axis is fixed is served without batching
-        batching["note"] = probe.batching_note
+    batching["note"] = batching_off(signatures(plain), config.max_batch)  # a fixed batch axis is served unbatched
     servers = {"plain": plain_cfg, "workers": workers_cfg} | ({} if batching["note"] else {"batched": batched_cfg})
     opened: dict[str, list[LoadResult]] = {key: [] for key in servers}
     for factor in config.loads:

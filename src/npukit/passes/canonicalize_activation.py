@@ -22,6 +22,7 @@ from npukit.passes._rewrite import (
 from npukit.passes.base import NpukitPass
 
 _SIXTH_TOL = 1e-6  # 1/6 stored as float32 is off by ~5e-9
+HARDSWISH_OPSET = 14  # the first opset with HardSwish
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +70,7 @@ class CanonicalizeActivationPass(NpukitPass):
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         self.rewrites = 0
+        self.held_by_opset = 0  # written-out HardSwish matches left as they are because the opset lacks HardSwish
         self.opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0))
         for node in onnx_nodes(model, ("Min", "Max")):
             self._attempt(node, self._clip_from_min_max)
@@ -192,8 +194,9 @@ class CanonicalizeActivationPass(NpukitPass):
         return None
 
     def _to_hardswish(self, x: ir.Value, nodes: list[ir.Node]) -> bool | str:
-        if self.opset < 14:
-            return f"HardSwish needs opset 14, the model imports opset {self.opset}"
+        if self.opset < HARDSWISH_OPSET:
+            self.held_by_opset += 1
+            return f"HardSwish needs opset {HARDSWISH_OPSET}, the model imports opset {self.opset}"
         replace_with_node(nodes, nodes[-1].outputs[0], "HardSwish", [x])
         return True
 

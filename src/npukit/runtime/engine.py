@@ -39,7 +39,7 @@ import onnx
 
 from npukit.errors import InputError
 from npukit.runtime.ort import ModelLike, make_session
-from npukit.runtime.pool import BoundBuffers, signatures
+from npukit.runtime.pool import BoundBuffers, InputSignature, signatures
 from npukit.runtime.split import PREFERS
 
 DEVICES = ("auto", "cpu", "qnn-htp")
@@ -220,6 +220,14 @@ class _Request:
 _STOP = object()
 
 
+def batching_off(inputs: Sequence[InputSignature], max_batch: int) -> str:
+    """Why requests for a model with these ``inputs`` are not batched up to ``max_batch``, or "" where they are: every
+    input needs a symbolic batch axis to stack requests along."""
+    if max_batch > 1 and not all(s.batched for s in inputs):
+        return "batching off: the model's batch axis is fixed (export it with --dynamic-batch)"
+    return ""
+
+
 class Runtime:
     """See the module docstring. Use as a context manager, or call ``close``."""
 
@@ -249,12 +257,8 @@ class Runtime:
         if fixed:
             raise InputError(f"input {fixed[0].name!r} has symbolic dimensions besides the batch: "
                              f"{list(fixed[0].shape)}", hint="fix them first, e.g. npukit optimize-graph --input-shape")
-        batched = all(s.batched for s in self.signatures)
-        self.batching_note = ""
-        max_batch = config.max_batch
-        if max_batch > 1 and not batched:
-            self.batching_note = "batching off: the model's batch axis is fixed (export it with --dynamic-batch)"
-            max_batch = 1
+        self.batching_note = batching_off(self.signatures, config.max_batch)
+        max_batch = 1 if self.batching_note else config.max_batch
         self.config = dataclasses.replace(config, workers=workers, threads=threads, max_batch=max_batch)
         self._request_shapes = self._shapes(1)  # what one request holds, checked on every submit
         self.output_names = [o.name for o in self.session.get_outputs()]

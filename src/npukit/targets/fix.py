@@ -403,9 +403,6 @@ def apply_fixes(
     return FixResult(fixed, applied, errors)
 
 
-HARDSWISH_OPSET = 14  # the opset that has HardSwish
-
-
 def _written_out_hardswish(model: onnx.ModelProto, rules: Sequence[FixRule]) -> tuple[onnx.ModelProto, list[dict]]:
     """For a rule that rewrites HardSwish, on a model that writes it out (x * Clip(x + 3, 0, 6) / 6, or
     x * HardSigmoid(x), as exporters below opset 14 must): the model with each made one HardSwish node (exact,
@@ -413,16 +410,16 @@ def _written_out_hardswish(model: onnx.ModelProto, rules: Sequence[FixRule]) -> 
     ``frontend.opset.ensure_opset``); and what was done, as entries of ``FixResult.applied``. Otherwise the model as
     it is and no entry."""
     from npukit.frontend.opset import ensure_opset, onnx_opset
-    from npukit.passes.canonicalize_activation import CanonicalizeActivationPass
+    from npukit.passes.canonicalize_activation import HARDSWISH_OPSET, CanonicalizeActivationPass
 
     if not any("HardSwish" in r.source_ops for r in rules) or any(n.op_type == "HardSwish" for n in model.graph.node):
         return model, []
-    probe = CanonicalizeActivationPass()
-    PassManager([probe])(ir.serde.deserialize_model(model))  # on a copy: where it would form a HardSwish
-    if not any("HardSwish" in note for note in probe.notes) and not probe.rewrites:
-        return model, []
     applied = []
     if onnx_opset(model) < HARDSWISH_OPSET:
+        probe = CanonicalizeActivationPass()
+        PassManager([probe])(ir.serde.deserialize_model(model))  # on a copy: a HardSwish only the opset keeps back?
+        if not probe.held_by_opset:
+            return model, []
         model, upgrade = ensure_opset(model, HARDSWISH_OPSET,
                                       reason="HardSwish (the substitution reads the written-out HardSwish as one node)")
         applied.append({"fix": "opset", "description": f"opset {upgrade.from_opset} -> {upgrade.to_opset} so that "

@@ -47,15 +47,14 @@ def on_cpu(config: QuantConfig, scheme: dict, *, activation_dtype: str | None = 
     """``config`` with what this CPU's ``scheme`` decides (``cpu_scheme``: the activation type, the weight range, the
     float head timed here, the conv kernel choice), each one unless given: what ``quantize`` builds with no flags,
     and the base every recipe of ``optimize`` starts from."""
-    from npukit.quant.config import FloatHead
+    from npukit.quant.cpu.schemes import apply_scheme
 
     reduced = scheme["reduce_range"] if reduce_range is None else reduce_range
-    head = scheme["float_stem"] if float_stem is None else float_stem
-    # not with reduce_range (its pair-bounded grids must not shift), even on a CPU that takes both
-    gemm = _gemm_convs_auto(scheme, reduced) if gemm_convs is None else gemm_convs
-    return (config.with_scheme(activation_dtype=activation_dtype or scheme["activation_dtype"])
-            .with_precision(float_head=FloatHead() if head else None)
-            .with_cpu(reduce_range=reduced, gemm_convs=gemm))
+    return apply_scheme(config, {
+        "activation_dtype": activation_dtype or scheme["activation_dtype"], "reduce_range": reduced,
+        "float_stem": scheme["float_stem"] if float_stem is None else float_stem,
+        # not with reduce_range (its pair-bounded grids must not shift), even on a CPU that takes both
+        "gemm_convs": _gemm_convs_auto(scheme, reduced) if gemm_convs is None else gemm_convs})
 
 
 def resolve_recipe(recipe: str, *, cle: bool, activation_equalization: bool, bias_correction: bool, adaround: bool,

@@ -91,7 +91,12 @@ def cpu_int8_scheme(cpu: CpuInfo) -> dict:
 def config_for_cpu(config: QuantConfig, cpu: CpuInfo) -> QuantConfig:
     """``config`` with the activation type, weight range, stem precision and conv kernel choice that ``cpu`` runs
     best."""
-    scheme = cpu_int8_scheme(cpu)
+    return apply_scheme(config, cpu_int8_scheme(cpu))
+
+
+def apply_scheme(config: QuantConfig, scheme: dict) -> QuantConfig:
+    """``config`` with the fields of a ``cpu_int8_scheme`` dict set: the activation type, the weight range, the float
+    head timed on the CPU (or none) and the conv kernel choice."""
     return (config.with_scheme(activation_dtype=scheme["activation_dtype"])
             .with_precision(float_head=FloatHead() if scheme["float_stem"] else None)
             .with_cpu(reduce_range=scheme["reduce_range"], gemm_convs=scheme["gemm_convs"]))
