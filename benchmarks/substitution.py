@@ -12,6 +12,8 @@ third-party model with HardSwish, the task before and after fine-tuning, and wha
   book page and two rendered pages with other text and photos), in their four rotations, never trained on. Labels
   (the rotation) are given for the check only: the fine-tuning is distillation from the original model alone. The
   class of each rotation is the one the original model gives the uncropped calibration pages (recorded).
+- Each fine-tuned twice from the same start: the substitute blended in over the first half of the steps (``--ramp
+  0.5``, the verb's default: ``npukit.quant.qat.blend``) and at once (``--ramp 0``), side by side.
 - Then both float models (original, substituted and fine-tuned) through ``npukit quantize`` (its default recipe,
   calibrated on 64 training samples) and timed side by side on ORT CPU, 1 thread, with the INT8 models' agreement
   with the ORIGINAL float model on the check samples: the seeds replaced HardSwish to reach an NPU without it; on a
@@ -100,13 +102,13 @@ def orientation(work: Path, crops: int) -> tuple[Path, Path, Path, dict[str, Any
     return model, train, check, notes
 
 
-def substituted(model: Path, train: Path, check: Path, out: Path, *, epochs: int) -> dict[str, Any]:
+def substituted(model: Path, train: Path, check: Path, out: Path, *, epochs: int, ramp: float) -> dict[str, Any]:
     from npukit.api import substitute
     from npukit.tasks import QualityGate
 
     start = time.perf_counter()
     result = substitute(str(model), str(out), rules=[RULE], data=str(train), eval_data=str(check), epochs=epochs,
-                        runs=40, gate=QualityGate(accept_degraded=True))
+                        ramp=ramp, runs=40, gate=QualityGate(accept_degraded=True))
     doc = result.report.to_dict()
     res = doc["results"]
 
@@ -115,7 +117,7 @@ def substituted(model: Path, train: Path, check: Path, out: Path, *, epochs: int
         return {"top1_agreement": m.get("top1_agreement"), "sqnr_db": m.get("sqnr_db"),
                 "accuracy": m.get("top1_accuracy_candidate"), "float_accuracy": m.get("top1_accuracy_reference")}
 
-    return {"rule": RULE, "rewrites": res["substitutions"][0]["rewrites"], "epochs": epochs,
+    return {"rule": RULE, "rewrites": res["substitutions"][0]["rewrites"], "epochs": epochs, "ramp": ramp,
             "wall_s": round(time.perf_counter() - start, 1), "train_s": round(res["training"]["seconds"], 1),
             "kept_epoch": res["training"]["kept_epoch"], "before_fine_tuning": check_of("substituted"),
             "after_fine_tuning": check_of("fine-tuned"),
@@ -167,15 +169,23 @@ def table(doc: dict[str, Any]) -> str:
     for name, entry in doc["models"].items():
         s, q, n = entry["substitute"], entry.get("int8"), entry["notes"]
         lines += [f"## {name}: {s['rule']} ({s['rewrites']} nodes), {s['epochs']} epochs of distillation on "
-                  f"{n['train_samples']} samples ({s['train_s']} s), checked on {n['check_samples']} others", "",
+                  f"{n['train_samples']} samples ({s['train_s']} s blended in over {s.get('ramp', 0):.0%} of the "
+                  f"steps), checked on {n['check_samples']} others", "",
                   "| model | top-1 agreement with the original | accuracy (labels) | output SQNR dB |",
                   "|---|---:|---:|---:|"]
         b, a = s["before_fine_tuning"], s["after_fine_tuning"]
         lines.append(f"| original (float) | 100% | {_pct(b['float_accuracy'])} | |")
         lines.append(f"| substituted, before fine-tuning | {_pct(b['top1_agreement'])} | {_pct(b['accuracy'])} | "
                      f"{b['sqnr_db']:.1f} |")
-        lines.append(f"| substituted, fine-tuned (kept epoch {s['kept_epoch']}) | {_pct(a['top1_agreement'])} | "
-                     f"{_pct(a['accuracy'])} | {a['sqnr_db']:.1f} |")
+        once = entry.get("at_once")
+        if once:
+            o = once["after_fine_tuning"]
+            lines.append(f"| substituted, fine-tuned at once (--ramp 0, kept epoch {once['kept_epoch']}, "
+                         f"{once['train_s']} s) | {_pct(o['top1_agreement'])} | {_pct(o['accuracy'])} | "
+                         f"{o['sqnr_db']:.1f} |")
+        lines.append(f"| substituted, fine-tuned blended in (--ramp {s.get('ramp', 0):g}, kept epoch "
+                     f"{s['kept_epoch']}) | {_pct(a['top1_agreement'])} | {_pct(a['accuracy'])} | "
+                     f"{a['sqnr_db']:.1f} |")
         if q:
             lines += ["", "| INT8 (npukit quantize, default recipe) | agreement with the original float | accuracy "
                           "| ORT CPU ms, 1 thread |", "|---|---:|---:|---:|"]
@@ -212,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, help="fine-tuning epochs (default: MNIST 10, orientation 4)")
     parser.add_argument("--crops", type=int, default=24, help="random crops per calibration document (default 24)")
     parser.add_argument("--no-int8", action="store_true", help="skip the INT8 comparison")
+    parser.add_argument("--ramp", type=float, default=0.5, help="the blended run's --ramp (default 0.5)")
     parser.add_argument("--out", default=str(HERE / "results" / "substitution"))
     args = parser.parse_args(argv)
     doc = results_doc(Path(args.out), resume=False)
@@ -226,7 +237,10 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(notes), flush=True)
             entry: dict[str, Any] = {"notes": notes}
             tuned = work / f"{name}.substituted.onnx"
-            entry["substitute"] = substituted(model, train, check, tuned, epochs=args.epochs or EPOCHS[name])
+            epochs = args.epochs or EPOCHS[name]
+            entry["at_once"] = substituted(model, train, check, work / f"{name}.at_once.onnx", epochs=epochs, ramp=0)
+            print(json.dumps(entry["at_once"], default=str), flush=True)
+            entry["substitute"] = substituted(model, train, check, tuned, epochs=epochs, ramp=args.ramp)
             print(json.dumps(entry["substitute"], default=str), flush=True)
             if not args.no_int8:
                 entry["int8"] = int8(model, tuned, train, check, work)

@@ -411,6 +411,9 @@ def _substitute_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rule", action="append", required=True, metavar="NAME",
                    help="a substitution: hardswish_to_relu6, groupnorm_to_instancenorm, or any exact fix of "
                         "analyze (repeatable)")
+    p.add_argument("--ramp", type=float, default=0.5, metavar="SHARE",
+                   help="blend an inexact substitute in over this share of the training steps, from the original "
+                        "op's output to the substitute's (default 0.5; 0: the substituted model from the first step)")
     _add_training(p, passes="fine-tuning passes over the training samples",
                   lr="Adam learning rate (default 1e-4, cosine-decayed)")
     _add_training_run(p)
@@ -584,7 +587,8 @@ def _prune(api, args):
 
 def _substitute(api, args):
     return api.substitute(args.model, args.output, rules=args.rule, data=args.data, eval_data=args.eval_data,
-                          epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, augment=not args.no_augment,
+                          epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, ramp=args.ramp,
+                          augment=not args.no_augment,
                           max_steps=args.max_steps, restart=args.restart, task=_task(args), gate=_gate(args),
                           seed=args.seed, threads=args.threads, runs=args.runs, max_samples=args.max_samples,
                           input_shape=args.input_shape, html=args.html)
@@ -696,7 +700,8 @@ VERBS: dict[str, Verb] = {
         description="Replace every node of an op by a substitute that computes a different function (for a target "
                     "without the op, or a faster int8 kernel: ReLU6 fuses into the conv before it), then fine-tune "
                     "the result by distillation from the original model (labels used where the data has them) and "
-                    "hold it to the task check on held-out data. The report shows the substituted model before and "
+                    "hold it to the task check on held-out data; an inexact substitute is blended in step by step "
+                    "(--ramp) so the network follows it. The report shows the substituted model before and "
                     "after fine-tuning. <output>.substitute.pt keeps the last finished epoch: the same command again "
                     "continues an interrupted run."),
     "demo": Verb(

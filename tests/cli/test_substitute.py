@@ -50,6 +50,26 @@ def test_hardswish_to_relu6_is_measured_and_recovered_by_fine_tuning(net, tmp_pa
     assert set(worst) == {"substituted", "fine-tuned"}
     assert worst["fine-tuned"] > worst["substituted"] + 2.0, worst  # recovered: +4.6 to +4.7 dB over 3 data seeds
     assert any(t["title"].startswith("Substitutions applied") for t in report["tables"])
+    # blended in over the first half of the steps (--ramp 0.5, the default): the start is judged whole, then the
+    # share rises; only epochs with the substitute whole are kept
+    training = results["training"]
+    assert report["config"]["ramp"] == 0.5 and training["start"]["share"] == 1.0
+    assert [e["share"] for e in training["history"]] == [0.5, 1.0, 1.0, 1.0]
+    assert training["kept_epoch"] in (0, 2, 3, 4)
+    table = next(t for t in report["tables"] if t["title"].startswith("Training"))
+    assert "substitute's share" in table["columns"]
+
+
+def test_ramp_0_fine_tunes_the_substituted_model_from_the_first_step(net, tmp_path) -> None:
+    out = tmp_path / "relu6.onnx"
+    assert main(["substitute", str(net), "-o", str(out), "--data", str(net.with_name("data.npy")), "--rule",
+                 "hardswish_to_relu6", "--epochs", "1", "--max-steps", "2", "--runs", "3", "--ramp", "0",
+                 "--accept-degraded"]) == 0
+    training = json.loads((tmp_path / "relu6.report.json").read_text())["results"]["training"]
+    assert [e["share"] for e in training["history"]] == [None]
+    assert main(["substitute", str(net), "-o", str(tmp_path / "x.onnx"), "--data", str(net.with_name("data.npy")),
+                 "--rule", "hardswish_to_relu6", "--ramp", "1.5"]) == 2
+    assert not (tmp_path / "x.onnx").exists()
 
 
 def test_a_result_below_the_floor_exits_1(net, tmp_path) -> None:

@@ -10,6 +10,7 @@ from npukit.errors import InputError
 from npukit.runtime.ort import make_session, random_feeds, run
 from npukit.targets import analyze, apply_fixes, get_target
 from npukit.targets.fix import (
+    BLEND,
     DecomposeGroupNormPass,
     GeluTanhDecomposePass,
     GeluToErfPass,
@@ -183,3 +184,30 @@ def test_substitute_finds_a_hardswish_written_out_below_opset_14():
     x = np.linspace(-8, 8, 4, dtype=np.float32).reshape(1, 4)
     relu6 = run(make_session(changed.model), {"x": x})[0]
     np.testing.assert_allclose(relu6, np.clip(x, 0, 6))
+
+
+def _with_shares(model, original, substituted):
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for init in out.graph.initializer:
+        if init.name in BLEND:
+            value = original if init.name == BLEND[0] else substituted
+            init.CopyFrom(numpy_helper.from_array(np.asarray(value, np.float32), init.name))
+    return out
+
+
+@pytest.mark.parametrize("rule, model", [("hardswish_to_relu6", single("HardSwish", opset=14)),
+                                         ("groupnorm_to_instancenorm", _groupnorm(21, per_group=False))])
+def test_a_blended_substitution_is_the_original_then_the_substitute(rule, model):
+    """blend=True keeps each rewritten node beside its substitute, their outputs added in two shared shares: at
+    (1, 0) the original exactly (verified), at (0, 1) the substituted model exactly, between them the mix."""
+    blended = substitute(model, [rule], blend=True)
+    assert blended.errors is not None and blended.errors.max_abs == 0.0
+    assert {i.name for i in blended.model.graph.initializer} >= set(BLEND)
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    x = np.linspace(-8, 8, int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    original, substituted = _outputs(model, x), _outputs(substitute(model, [rule]).model, x)
+    np.testing.assert_array_equal(_outputs(_with_shares(blended.model, 1.0, 0.0), x), original)
+    np.testing.assert_array_equal(_outputs(_with_shares(blended.model, 0.0, 1.0), x), substituted)
+    np.testing.assert_allclose(_outputs(_with_shares(blended.model, 0.5, 0.5), x), (original + substituted) / 2,
+                               rtol=1e-6, atol=1e-6)

@@ -37,6 +37,10 @@ def add_training(report: Report, trained: Any, *, bits: bool = True) -> None:
     if not bits:  # float weights: no bits to show
         columns.pop(4)
         rows = [row[:4] + row[5:] for row in rows]
+    if trained.history and trained.history[0].share is not None:  # a substitution blended in: its share
+        columns.insert(1, "substitute's share")
+        shares = ([trained.start.share] if trained.start else []) + [e.share for e in trained.history]
+        rows = [[row[0], rounded(share, 2)] + row[1:] for row, share in zip(rows, shares)]
     report.add_table(f"Training ({trained.steps} steps on {trained.world_size} process(es), "
                      f"{trained.seconds:.0f} s in this run{resumed}; kept: {kept})", columns, rows)
     if len(trained.history) > 1:

@@ -9,6 +9,11 @@ The inexact substitutions (``FixRule.exact`` False: HardSwish -> ReLU6, GroupNor
 MobileNetV3 port) change what the model computes. No profile applies them: ``analyze`` names one where a node has no
 exact fix for the target, and ``substitute(model, rules)`` applies those a user asks for, measuring the change; the
 ``substitute`` verb then recovers the loss by distillation fine-tuning from the original model.
+
+``substitute(model, rules, blend=True)`` keeps each rewritten node beside its substitute and adds their outputs in
+shares the model holds as two scalar initializers (``BLEND``: the original's share, then the substitute's; 1 and 0
+as built, the original function): fine-tuning moves the shares from the original to the substitute step by step
+(``npukit.quant.qat.blend``) so the network adapts all the way instead of restarting from a changed function.
 """
 
 from __future__ import annotations
@@ -29,15 +34,19 @@ from npukit.passes.pipeline import verify_equivalent
 from npukit.targets.profile import TargetProfile
 
 
+BLEND = ("npukit_blend_original", "npukit_blend_substitute")  # a blended model's two shares (see the docstring)
+
+
 def _opset(model: ir.Model) -> int:
     return model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0))
 
 
 class _Builder:
-    """Inserts nodes before ``anchor`` and finally swaps ``anchor``'s first output for the value built."""
+    """Inserts nodes before ``anchor`` and finally swaps ``anchor``'s first output for the value built; with
+    ``blend`` (the two share initializers), for the shares' sum of the anchor's output and the value built."""
 
-    def __init__(self, anchor: ir.Node) -> None:
-        self.anchor = anchor
+    def __init__(self, anchor: ir.Node, blend: tuple[ir.Value, ir.Value] | None = None) -> None:
+        self.anchor, self.blend = anchor, blend
         self.graph = anchor.graph
         assert isinstance(self.graph, ir.Graph)
         self.taken = {n.name for n in self.graph if n.name}
@@ -48,13 +57,16 @@ class _Builder:
         array = np.asarray(value, dtype=dtype if dtype is not None else self.dtype)
         return add_initializer(self.graph, array, name_hint=f"{self.anchor.name or self.anchor.op_type}_{hint}")
 
-    def op(self, op_type: str, inputs: list[ir.Value | None], attributes: dict | None = None) -> ir.Value:
-        base = f"{self.anchor.name or self.anchor.op_type}/{op_type}"
+    def _fresh(self, suffix: str) -> str:
+        base = f"{self.anchor.name or self.anchor.op_type}/{suffix}"
         name, k = base, 1
         while name in self.taken:
             name, k = f"{base}_{k}", k + 1
         self.taken.add(name)
-        node = ir.node(op_type, inputs, dict(attributes or {}), name=name)
+        return name
+
+    def op(self, op_type: str, inputs: list[ir.Value | None], attributes: dict | None = None) -> ir.Value:
+        node = ir.node(op_type, inputs, dict(attributes or {}), name=self._fresh(op_type))
         self.graph.insert_before(self.anchor, node)
         return node.outputs[0]
 
@@ -62,21 +74,40 @@ class _Builder:
         old = self.anchor.outputs[0]
         name = old.name
         result.type, result.shape = old.type, old.shape
+        if self.blend is not None:
+            self._blend(old, result)
+            return
         old.replace_all_uses_with(result, replace_graph_outputs=True)
         self.graph.remove(self.anchor, safe=True)
         result.name = name
+
+    def _blend(self, old: ir.Value, new: ir.Value) -> None:
+        """Every reader of ``old`` reads share_original x old + share_substitute x new instead (the anchor stays)."""
+        kept, taken = self.blend  # type: ignore[misc]
+        scaled_old = ir.node("Mul", [old, kept], name=self._fresh("blend_original"))
+        scaled_new = ir.node("Mul", [new, taken], name=self._fresh("blend_substitute"))
+        mixed = ir.node("Add", [scaled_old.outputs[0], scaled_new.outputs[0]], name=self._fresh("blend"))
+        for value in (scaled_old.outputs[0], scaled_new.outputs[0], mixed.outputs[0]):
+            value.type, value.shape = old.type, old.shape
+        self.graph.insert_after(self.anchor, [scaled_old, scaled_new, mixed])
+        old.replace_all_uses_with(mixed.outputs[0], replace_graph_outputs=True)
+        scaled_old.replace_input_with(0, old)
+        name = old.name
+        old.name, mixed.outputs[0].name = f"{name}/original", name  # a graph output keeps its name
 
 
 class _OpRewritePass(NpukitPass):
     """Rewrites every ONNX-domain node of ``op_type`` with ``rewrite(builder, node)``; a str result is a note."""
 
     op_type = ""
+    blend = False  # keep each node beside its substitute, in shares (see the module docstring)
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         self.rewrites = 0
         self.opset = _opset(model)
+        shares = _blend_shares(model.graph) if self.blend else None
         for node in onnx_nodes(model, self.op_type):
-            builder = _Builder(node)
+            builder = _Builder(node, shares)
             why = self.rewrite(builder, node)
             if isinstance(why, str):
                 self.note(f"{node.op_type} {node.name!r} is kept: {why}")
@@ -87,6 +118,18 @@ class _OpRewritePass(NpukitPass):
 
     def rewrite(self, b: _Builder, node: ir.Node) -> ir.Value | str:
         raise NotImplementedError
+
+
+def _blend_shares(graph: ir.Graph) -> tuple[ir.Value, ir.Value]:
+    """The graph's two share initializers (``BLEND``), registered as 1 and 0 where it has none yet."""
+    shares = []
+    for name, start in zip(BLEND, (1.0, 0.0)):
+        if name not in graph.initializers:
+            tensor = ir.tensor(np.asarray(start, dtype=np.float32), name=name)
+            graph.register_initializer(ir.Value(name=name, shape=ir.Shape(()), type=ir.TensorType(tensor.dtype),
+                                                const_value=tensor))
+        shares.append(graph.initializers[name])
+    return shares[0], shares[1]
 
 
 class HardSwishToHardSigmoidPass(_OpRewritePass):
@@ -437,11 +480,14 @@ def _written_out_hardswish(model: onnx.ModelProto, rules: Sequence[FixRule]) -> 
     return hardswish, applied
 
 
-def substitute(model: onnx.ModelProto, names: Sequence[str], *, rtol: float = 1e-5) -> FixResult:
+def substitute(model: onnx.ModelProto, names: Sequence[str], *, rtol: float = 1e-5, blend: bool = False
+               ) -> FixResult:
     """Apply the fixes ``names`` asks for, exact or not, to every node they serve, whatever the target takes.
 
     Raises InputError for an unknown name or when no node was rewritten. Exact fixes alone are verified as in
-    ``apply_fixes``; with an inexact one ``errors`` is None: the change is the caller's to measure on real data."""
+    ``apply_fixes``; with an inexact one ``errors`` is None: the change is the caller's to measure on real data.
+    ``blend``: each rewritten node kept beside its substitute in shares (see the module docstring); its ``errors``
+    compare the model as built (the original's share whole) with the original."""
     unknown = [n for n in names if n not in FIXES or FIXES[n].make_pass is None]
     if unknown or not names:
         raise InputError(f"unknown substitution {', '.join(unknown) or '(none given)'}",
@@ -452,6 +498,8 @@ def substitute(model: onnx.ModelProto, names: Sequence[str], *, rtol: float = 1e
         raise InputError(f"two substitutions given for {', '.join(sorted(clash))}", hint="give one per op type")
     model, applied = _written_out_hardswish(model, rules)
     passes = [r.make_pass() for r in rules]  # type: ignore[misc]
+    for rewrite in passes:
+        rewrite.blend = blend  # type: ignore[attr-defined]
     result = PassManager(passes)(ir.serde.deserialize_model(model))
     applied += [{"fix": r.name, "description": r.description, "rewrites": rec.rewrites, "notes": list(rec.notes),
                  "exact": r.exact} for r, rec in zip(rules, result.records)]
@@ -463,5 +511,5 @@ def substitute(model: onnx.ModelProto, names: Sequence[str], *, rtol: float = 1e
                          + "".join(f" ({'; '.join(a['notes'])})" for a in applied if a["notes"]),
                          hint=f"the model's op types: {', '.join(present)}")
     fixed = ir.serde.serialize_model(result.model)
-    errors = verify_equivalent(model, fixed, rtol=rtol) if all(r.exact for r in rules) else None
+    errors = verify_equivalent(model, fixed, rtol=rtol) if blend or all(r.exact for r in rules) else None
     return FixResult(fixed, applied, errors)

@@ -29,12 +29,13 @@ class Distillation:
         self.threads, self.runs, self.label, self.hint = threads, runs, label, hint
 
     def run(self, reference: onnx.ModelProto, start: onnx.ModelProto, output: Path, checkpoint: Path, *,
-            before: onnx.ModelProto | None = None, sparsity: Any = None, key: dict | None = None, html: bool,
-            source: Path) -> CommandResult:
+            before: onnx.ModelProto | None = None, sparsity: Any = None, blended: onnx.ModelProto | None = None,
+            blend: Any = None, key: dict | None = None, html: bool, source: Path) -> CommandResult:
         """Fine-tune ``start`` by distillation from ``reference`` and write it to ``output``. ``before``: the changed
         model as the user would get it without fine-tuning (``start`` when None; the one-shot sparse model when
-        ``sparsity``, a ``GradualSparsity``, raises zeros while training). ``key``: what else makes the checkpoint
-        this run's."""
+        ``sparsity``, a ``GradualSparsity``, raises zeros while training). ``blended``: the model trained in place of
+        ``start`` (its changes blended in by ``blend``, a ``GradualSubstitution``), whose weights ``start`` takes at the
+        end. ``key``: what else makes the checkpoint this run's."""
         import torch
 
         from npukit.frontend.onnx_io import save_onnx
@@ -47,18 +48,18 @@ class Distillation:
             torch.set_num_threads(self.threads)
         torch.manual_seed(self.config.seed)
         choice = output_task(reference, self.samples.held[0].feeds, self.task)
-        fingerprint = hashlib.sha256(json.dumps({"model": hashlib.sha256(start.SerializeToString()).hexdigest(),
-                                                 "teacher": hashlib.sha256(reference.SerializeToString()).hexdigest(),
-                                                 **(key or {}), "train": self.config.as_dict(),
-                                                 "data": self.samples.fingerprint()},
-                                                sort_keys=True, default=str).encode()).hexdigest()
+        trained_model = blended if blended is not None else start
+        digest = {"model": hashlib.sha256(trained_model.SerializeToString()).hexdigest(),
+                  "teacher": hashlib.sha256(reference.SerializeToString()).hexdigest(), **(key or {}),
+                  "train": self.config.as_dict(), "data": self.samples.fingerprint()}
+        fingerprint = hashlib.sha256(json.dumps(digest, sort_keys=True, default=str).encode()).hexdigest()
         classify = choice.name == "classify"
-        student = OnnxProgram(with_logits(start, choice.output) if classify else start)
+        student = OnnxProgram(with_logits(trained_model, choice.output) if classify else trained_model)
         teacher = OnnxProgram(with_logits(reference, choice.output) if classify else reference)
         trainer = Trainer(student, teacher, self.samples.train, self.samples.labels, self.config,
                           classify_output=choice.output if classify else None,
                           checkpoint=checkpoint, fingerprint=fingerprint, validation=self.samples.validation,
-                          validation_labels=self.samples.validation_labels, sparsity=sparsity)
+                          validation_labels=self.samples.validation_labels, sparsity=sparsity, blend=blend)
         with step(f"fine-tuning by distillation ({self.config.epochs} epochs x {trainer.steps_per_epoch} steps)",
                   timings=report.timings, key="train"), training_bar(trainer.total) as bar:
             trained = trainer.train(progress=bar)

@@ -20,6 +20,7 @@ from npukit.verbs.common import check_output, float_static_model
 from npukit.verbs.distill import Distillation
 from npukit.verbs.qat import TrainingSamples
 
+RAMP = 0.5  # the share of the training steps an inexact substitution is blended in over (npukit.quant.qat.blend)
 LEARNING_RATE = 1e-4  # Adam, cosine-decayed, as prune: the changed model starts close to the teacher
 
 
@@ -33,6 +34,7 @@ def substitute(
     epochs: int = 3,
     batch_size: int = 16,
     lr: float | None = None,
+    ramp: float = RAMP,
     augment: bool = True,
     max_steps: int | None = None,
     restart: bool = False,
@@ -50,7 +52,10 @@ def substitute(
     node they serve, then fine-tune the result by distillation from ``model`` on ``data`` and write it (float).
 
     The samples split as in ``npukit qat`` (every tenth training sample validates, the best epoch is kept, the
-    substituted start included; the check reads ``eval_data``, else the last fifth of ``data``). The report shows
+    substituted start included; the check reads ``eval_data``, else the last fifth of ``data``). ``ramp``: an inexact
+    substitution is blended in over this share of the training steps (``npukit.quant.qat.blend``: the original ops'
+    outputs and their substitutes' in shares moving from the first to the second), 0 to fine-tune the substituted
+    model as it is from the first step; only epochs with the substitutes whole are kept. The report shows
     the substituted model before and after fine-tuning beside the original: task metric, worst output SQNR, MACs,
     ORT CPU latency. ``<output stem>.substitute.pt`` keeps the last finished epoch."""
     from npukit.quant.qat.train import QatConfig
@@ -59,6 +64,8 @@ def substitute(
 
     if not rules:
         raise InputError("no substitution given", hint="pass --rule hardswish_to_relu6 (or groupnorm_to_instancenorm)")
+    if not 0 <= ramp <= 1:
+        raise InputError(f"ramp {ramp} must be between 0 and 1", hint="e.g. --ramp 0.5 (0: the substitute at once)")
     output = check_output(output, source=model)
     train_config = QatConfig(weight_bits=8, epochs=epochs, batch_size=batch_size, lr=lr or LEARNING_RATE,
                              augment=augment, max_steps=max_steps, seed=seed)
@@ -67,7 +74,7 @@ def substitute(
     samples = TrainingSamples.open(proto, data, eval_data, None, preprocess or PreprocessConfig(), max_samples)
     report = Report("substitute", config={"model": str(model), "data": str(data), "rules": list(rules),
                                           "eval": str(eval_data) if eval_data else f"last 20% of {data}",
-                                          "train": train_config.as_dict(), "task": task or "auto",
+                                          "train": train_config.as_dict(), "ramp": ramp, "task": task or "auto",
                                           "gate": (gate or QualityGate()).as_dict(), "seed": seed,
                                           "input_shape": spec.as_dict() if spec else None,
                                           "samples": samples.describe()})
@@ -80,5 +87,12 @@ def substitute(
                             "the CPU beside the target: npukit analyze)")
     with step("pre-processing (BatchNorm folded, shapes inferred)", timings=report.timings, key="preprocess"):
         reference, start = pre_process(proto), pre_process(changed.model)
-    return run.run(reference, start, output, checkpoint, key={"rules": list(rules)}, html=html,
-                   source=Path(str(model)))
+    blended, blend = None, None
+    if ramp and not all(a["exact"] for a in changed.applied):
+        from npukit.quant.qat.blend import GradualSubstitution, blended_model
+
+        with step(f"blending the substitution in over {ramp:.0%} of the steps", timings=report.timings,
+                  key="blend"):
+            blended, blend = blended_model(proto, list(rules), start), GradualSubstitution(ramp)
+    return run.run(reference, start, output, checkpoint, blended=blended, blend=blend,
+                   key={"rules": list(rules), "ramp": ramp if blend else 0}, html=html, source=Path(str(model)))

@@ -20,7 +20,8 @@ statistics are frozen from the first step and the folded weights train.
 ``masks`` hold pruned weights at zero: after every step each masked weight is multiplied by its mask. ``sparsity``
 (``npukit.pruning.sparsity.GradualSparsity``) raises the sparsity step by step: at the steps where it says so, the masks
 are recomputed from the weights as trained so far; an epoch counts as a candidate to keep only once the final
-sparsity is reached.
+sparsity is reached. ``blend`` (``npukit.quant.qat.blend.GradualSubstitution``) moves a blended model from its
+original ops to their substitutes the same way: candidates only once the substitutes are whole.
 
 Checkpoints: after every epoch the student, the optimizer, the epoch and the loss history go to ``checkpoint``
 atomically (an interrupted run keeps the last one); a run with the same fingerprint starts from it. Under
@@ -105,7 +106,8 @@ class QatConfig:
 class Epoch:
     """One epoch's figures: mean loss, agreement with the teacher on the training batches (top-1 for a
     classifier, else SQNR in dB), the weight bits at its end, its wall time, and the loss and agreement on the
-    validation samples after it (epoch 0: the start, before any training)."""
+    validation samples after it (epoch 0: the start, before any training); with a blended substitution, the
+    substitute's share at its end (``share``; None without one)."""
 
     epoch: int
     loss: float
@@ -115,6 +117,7 @@ class Epoch:
     seconds: float
     validation_loss: float | None = None
     validation_agreement: float | None = None
+    share: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -183,10 +186,10 @@ class Trainer:
                  checkpoint: Path | None, fingerprint: str, payload: Mapping[str, Any] | None = None,
                  validation: Mapping[str, np.ndarray] | None = None,
                  validation_labels: np.ndarray | None = None, masks: Mapping[str, np.ndarray] | None = None,
-                 sparsity: Any = None) -> None:
+                 sparsity: Any = None, blend: Any = None) -> None:
         self.student, self.teacher, self.config = student, teacher, config
         self.masks: dict[str, np.ndarray] = {}
-        self.sparsity = sparsity
+        self.sparsity, self.blend = sparsity, blend
         self._set_masks(masks or {})
         self.inputs = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in inputs.items()}
         self.count = len(next(iter(self.inputs.values())))
@@ -300,7 +303,8 @@ class Trainer:
     def _consider(self, epoch: int) -> tuple[float, float] | None:
         """Validate after ``epoch`` and remember the student when it is the best so far at the final bits."""
         figures = self.validate()
-        if figures is None or self.bits != self.config.weight_bits or (self.sparsity and not self.sparsity.done):
+        if figures is None or self.bits != self.config.weight_bits or (self.sparsity and not self.sparsity.done) \
+                or (self.blend and not self.blend.done):
             return figures
         if self.best is None or figures[0] < self.best["loss"]:
             self.best = {"loss": figures[0], "epoch": epoch,
@@ -356,9 +360,12 @@ class Trainer:
         for _ in range(self.epoch * self.steps_per_epoch):
             schedule.step()
         if self.epoch == 0:  # the start, as a candidate where it is already at the final bits (8-bit weights)
+            if self.blend is not None:  # the substituted model as it is
+                self.blend.set_share(self.student, 1.0)
             figures = self._consider(0)
             if figures is not None:
-                self.start = Epoch(0, figures[0], figures[1], self._metric(), self.bits, 0.0, *figures)
+                self.start = Epoch(0, figures[0], figures[1], self._metric(), self.bits, 0.0, *figures,
+                                   share=self._share())
         while self.epoch < self.config.epochs:
             generator.manual_seed(self.config.seed * 1000 + self.epoch)  # the same batches after a resume
             order = torch.randperm(self.count, generator=generator)
@@ -369,6 +376,8 @@ class Trainer:
                 if bits != self.bits:
                     self._set_bits(bits)
                 self._sparsify(global_step)
+                if self.blend is not None:
+                    self.blend.set(self.student, global_step, self.total)
                 index = order[(step * self.config.batch_size) % self.count:][:self.config.batch_size]
                 index = index.tensor_split(self.world)[self.rank]
                 feeds = {k: v[index] for k, v in self.inputs.items()}
@@ -391,12 +400,15 @@ class Trainer:
             seconds = time.perf_counter() - began
             figures = self._consider(self.epoch + 1) or (None, None)
             self.history.append(Epoch(self.epoch + 1, float(np.mean(losses)), float(np.mean(agreements)),
-                                      self._metric(), self.bits, seconds, *figures))
+                                      self._metric(), self.bits, seconds, *figures, share=self._share()))
             self.epoch += 1
             self.save()
         kept = self._keep_best()
         return TrainResult(tuple(self.history), self.total, resumed, self.world, time.perf_counter() - start, kept,
                            self.start)
+
+    def _share(self) -> float | None:
+        return self.blend.share if self.blend is not None else None
 
     def _metric(self) -> str:
         return "top-1 agreement" if self.classify_output is not None else "SQNR dB"
