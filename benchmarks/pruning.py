@@ -156,7 +156,7 @@ def table(doc: dict[str, Any]) -> str:
         p = entry.get("sparse_w4")
         if p:
             lines += [f"## {name}: {p['sparsity']:.0%} sparsity over {p['epochs']} epochs (Adam, learning rate "
-                      f"{p.get('lr', 1e-3):g}), then 4-bit weights (qat, zeros kept)", "",
+                      f"{p.get('lr', 1e-3):g}), then 4-bit weights (qat, zeros kept){_commit(doc, entry)}", "",
                       "| model | accuracy | bytes | deflated (zip) |", "|---|---:|---:|---:|",
                       f"| float | {_pct(p['sparse_float']['float_accuracy'])} | {p['bytes']['float']:,} | "
                       f"{p['deflated']['float']:,} |",
