@@ -83,6 +83,12 @@ def test_a_result_below_the_floor_exits_1_with_its_report(net, tmp_path) -> None
     assert main(args) == 1
     report = json.loads((tmp_path / "tiny.report.json").read_text())
     assert not report["passed"] and report["verdict"].startswith("FAIL prune")
+    assert "--lr" not in report["verdict"]  # channels only: fine-tuning, not training again
+    sparse = ["prune", str(net), "-o", str(tmp_path / "sparse.onnx"), "--data", str(net.with_name("data.npy")),
+              "--sparsity", "0.9", "--epochs", "1", "--max-steps", "2", "--runs", "3", "--min-task-metric", "1"]
+    assert main(sparse) == 1
+    verdict = json.loads((tmp_path / "sparse.report.json").read_text())["verdict"]
+    assert "a higher --lr for a high --sparsity" in verdict, verdict
 
 
 @pytest.mark.parametrize("extra, message", [
