@@ -6,12 +6,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from npukit.report.core import Report
+from npukit.quant.qat.train import Epoch
 from npukit.report.qat import add_training
 
 
-def _trained(start):
-    epoch = SimpleNamespace(epoch=1, loss=0.5, agreement=0.9, metric="loss", bits=8, seconds=1.0,
-                            validation_loss=None, validation_agreement=None, as_dict=lambda: {"epoch": 1})
+def _trained(start, share=None):
+    epoch = Epoch(1, 0.5, 0.9, "loss", 8, 1.0, share=share)
     return SimpleNamespace(history=[epoch], steps=4, resumed_from=0, world_size=1, seconds=1.0, kept=1, start=start)
 
 
@@ -19,8 +19,16 @@ def test_the_kept_epoch_says_when_nothing_validated_it() -> None:
     unvalidated = Report("prune")
     add_training(unvalidated, _trained(None), bits=False)
     assert "no validation samples to choose on" in unvalidated.tables[-1].title
-    start = SimpleNamespace(metric="loss", bits=8, validation_loss=0.6, validation_agreement=0.8,
-                            as_dict=lambda: {"epoch": 0})
+    start = Epoch(0, 0.6, 0.8, "loss", 8, 0.0, 0.6, 0.8)
     validated = Report("prune")
     add_training(validated, _trained(start), bits=False)
     assert validated.tables[-1].title.endswith("kept: epoch 1)")
+    assert "substitute's share" not in validated.tables[-1].columns
+
+
+def test_a_blended_substitution_shows_its_share_per_epoch() -> None:
+    blended = Report("substitute")
+    add_training(blended, _trained(Epoch(0, 0.6, 0.8, "loss", 8, 0.0, 0.6, 0.8, share=1.0), share=0.5), bits=False)
+    table = blended.tables[-1]
+    column = table.columns.index("substitute's share")
+    assert [row[column] for row in table.rows] == [1.0, 0.5]
