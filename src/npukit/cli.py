@@ -411,7 +411,7 @@ def _substitute_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rule", action="append", required=True, metavar="NAME",
                    help="a substitution: hardswish_to_relu6, groupnorm_to_instancenorm, or any exact fix of "
                         "analyze (repeatable)")
-    p.add_argument("--ramp", type=float, default=0.5, metavar="SHARE",
+    p.add_argument("--ramp", type=float, metavar="SHARE",
                    help="blend an inexact substitute in over this share of the training steps, from the original "
                         "op's output to the substitute's (default 0.5; 0: the substituted model from the first step)")
     _add_training(p, passes="fine-tuning passes over the training samples",

@@ -171,7 +171,8 @@ def estimate_energy(model: onnx.ModelProto, *, peak_bytes: int | None = None,
     if unknown:
         from npukit.frontend.shapes import symbolic_inputs
 
-        why = ("symbolic dimensions): fix the input shape (--input-shape) for a full estimate" if symbolic_inputs(model, allow_batch=False) else
+        symbolic = symbolic_inputs(model, allow_batch=False)
+        why = ("symbolic dimensions): fix the input shape (--input-shape) for a full estimate" if symbolic else
                "sizes the graph computes as it runs, e.g. inside control flow) and no run on a sample filled them"
                if feeds is None else "sizes the graph computes as it runs, e.g. inside control flow, that one run "
                "did not fill either")

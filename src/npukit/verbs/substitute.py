@@ -34,7 +34,7 @@ def substitute(
     epochs: int = 3,
     batch_size: int = 16,
     lr: float | None = None,
-    ramp: float = RAMP,
+    ramp: float | None = None,
     augment: bool = True,
     max_steps: int | None = None,
     restart: bool = False,
@@ -54,16 +54,17 @@ def substitute(
     The samples split as in ``npukit qat`` (every tenth training sample validates, the best epoch is kept, the
     substituted start included; the check reads ``eval_data``, else the last fifth of ``data``). ``ramp``: an inexact
     substitution is blended in over this share of the training steps (``npukit.quant.qat.blend``: the original ops'
-    outputs and their substitutes' in shares moving from the first to the second), 0 to fine-tune the substituted
-    model as it is from the first step; only epochs with the substitutes whole are kept. The report shows
-    the substituted model before and after fine-tuning beside the original: task metric, worst output SQNR, MACs,
-    ORT CPU latency. ``<output stem>.substitute.pt`` keeps the last finished epoch."""
+    outputs and their substitutes' in shares moving from the first to the second; None: ``RAMP``), 0 to fine-tune
+    the substituted model as it is from the first step; only epochs with the substitutes whole are kept. The report
+    shows the substituted model before and after fine-tuning beside the original: task metric, worst output SQNR,
+    MACs, ORT CPU latency. ``<output stem>.substitute.pt`` keeps the last finished epoch."""
     from npukit.quant.qat.train import QatConfig
     from npukit.quant.qdq import preprocess as pre_process  # (``preprocess`` is the data's PreprocessConfig here)
     from npukit.targets.fix import substitute as apply_substitutions
 
     if not rules:
         raise InputError("no substitution given", hint="pass --rule hardswish_to_relu6 (or groupnorm_to_instancenorm)")
+    ramp = RAMP if ramp is None else ramp
     if not 0 <= ramp <= 1:
         raise InputError(f"ramp {ramp} must be between 0 and 1", hint="e.g. --ramp 0.5 (0: the substitute at once)")
     output = check_output(output, source=model)

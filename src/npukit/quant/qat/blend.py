@@ -14,8 +14,8 @@ The share is a function of the step alone, so a resumed run sets it again from i
 
 ``blended_model`` builds the student as ONNX Runtime's pre-processing leaves it (the form every trained model has
 here, BatchNorm folded): the shares are given placeholder values first (0.75 and 0.25; its optimizer drops a
-multiplication by 1 and merges equal constants), and the result is checked to keep every share and every trained weight of
-the substituted model under the same name.
+multiplication by 1 and merges equal constants), and the result is checked to keep every share and every trained
+weight of the substituted model under the same name.
 """
 
 from __future__ import annotations
