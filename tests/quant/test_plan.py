@@ -60,6 +60,21 @@ def test_the_plan_keeps_every_decision_in_order_and_cannot_be_changed_in_place()
         QuantPlan(activation_dtype="float16")
 
 
+def test_ranges_set_on_the_plan_keep_each_tensor_s_dtype_and_say_who_set_them() -> None:
+    plan = QuantPlan(symmetric_activations=True).with_spec(
+        "wide", TensorSpec("uint16", symmetric=True), Decision("int16_plan", "within the budget"))
+    plan = plan.with_ranges({"wide": (-1.0, 2.0), "a": (0.0, 6.0)}, Decision("calibration", "minmax"))
+    plan = plan.with_ranges({"a": (0.0, 4.0)}, Decision("range_search", "higher SQNR"))
+    plan = plan.with_spec("w", TensorSpec.fixed_weight(np.array([0.5]), axis=None), Decision("adaround", "learned"))
+    assert plan.ranges() == {"wide": (-1.0, 2.0), "a": (0.0, 4.0)}  # the weight grid has no range
+    assert plan.spec("wide").dtype == "uint16" and plan.spec("a") == TensorSpec("uint8", symmetric=True,
+                                                                                range=(0.0, 4.0))
+    assert [d.step for d in plan.provenance("wide")] == ["int16_plan", "calibration"]
+    assert [d.step for d in plan.provenance("a")] == ["calibration", "range_search"]
+    assert list(plan.set_by("int16_plan")) == ["wide"] and list(plan.set_by("adaround")) == ["w"]
+    assert list(plan.set_by("calibration")) == ["wide", "a"]
+
+
 def _setup(config: QuantConfig):
     model = preprocess(tiny_cnn(spread=0.5))
     samples = make_samples(8)

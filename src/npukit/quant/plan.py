@@ -206,6 +206,14 @@ class QuantPlan:
             decisions[name] = decisions.get(name, ()) + (why,)
         return dataclasses.replace(self, tensors=tensors, decisions=decisions)
 
+    def with_ranges(self, ranges: Mapping[str, tuple[float, float]], decision: Decision) -> QuantPlan:
+        """This plan with each tensor's real range set (calibration, range search): on the spec the plan has for
+        the tensor (its dtype kept: a 16-bit tensor stays 16-bit), else on an activation spec of the scheme."""
+        specs = {t: dataclasses.replace(self.tensors[t], range=tuple(r)) if t in self.tensors
+                 else TensorSpec(self.activation_dtype, symmetric=self.symmetric_activations, range=tuple(r))
+                 for t, r in ranges.items()}
+        return self.with_specs(specs, decision)
+
     def keep_float(self, nodes: Iterable[str], decision: Decision) -> QuantPlan:
         """This plan with ``nodes`` left in float (their inputs and outputs are not quantized for them)."""
         kept = dict(self.float_nodes)
@@ -216,6 +224,14 @@ class QuantPlan:
     # ------------------------------------------------------------------------------------------------- reading
     def spec(self, tensor: str) -> TensorSpec | None:
         return self.tensors.get(tensor)
+
+    def ranges(self) -> dict[str, tuple[float, float]]:
+        """Tensor -> its real range, for every tensor whose range is known."""
+        return {t: s.range for t, s in self.tensors.items() if s.range is not None}
+
+    def set_by(self, step: str) -> dict[str, TensorSpec]:
+        """The tensors ``step`` set (a decision of that step in their history), with their specs as they are now."""
+        return {t: s for t, s in self.tensors.items() if any(d.step == step for d in self.provenance(t))}
 
     def provenance(self, tensor: str) -> tuple[Decision, ...]:
         return self.decisions.get(tensor, ())

@@ -352,30 +352,28 @@ def quantize(model: onnx.ModelProto, samples: Iterable[object], *, config: Quant
 
 @dataclasses.dataclass
 class _Build:
-    """What ``quantize``'s steps read and write. ``requested`` is the config as given and is never rewritten: what
-    the deciding steps choose goes into ``decided`` (the plan so far: the nodes left in float, each with the step
-    that kept it and why), ``sixteen_bit`` (the 16-bit tensors a step chose, with why), ``recipe`` (the recipe
-    chosen among candidates) and ``method`` (the calibration method "auto" chose); ``done`` names the deciding steps
-    that ran. ``config`` is what the later steps build with, derived from those. Then the float model being quantized,
-    the ranges and fixed weight grids, the plan and the QDQ model emitted, and the steps' records."""
+    """What ``quantize``'s steps read and write. ``requested`` is the config as given and is never rewritten. What
+    the steps decide goes into ``decided``, the plan so far, each entry with the step that set it and why: the nodes
+    left in float, the 16-bit tensors a step chose (``int16_plan``), the activations' ranges (``calibration``, then
+    ``range_search``), AdaRound's fixed weight grids (``adaround``); besides it, ``recipe`` (the recipe chosen among
+    candidates) and ``method`` (the calibration method "auto" chose); ``done`` names the deciding steps that ran.
+    ``config`` is what the later steps build with, derived from those. Then the float model being quantized, the plan
+    and the QDQ model emitted (``emit``: the decided plan completed by the scheme, ``plan_for``), and the steps'
+    records."""
 
     model: onnx.ModelProto  # the user's model, every node named
     samples: _Reiterable
     first: dict[str, np.ndarray]  # the first sample: what ORT's placement and the timing probes run on
     requested: QuantConfig
     work: onnx.ModelProto  # the float model as the steps so far changed it (pre-processed, equalized, ...)
-    decided: QuantPlan  # the float nodes so far, with their decisions (the user's first)
+    decided: QuantPlan  # the plan so far: float nodes (the user's first), 16-bit tensors, ranges, weight grids
     why: dict[str, Decision]  # the caller's reasons for the 16-bit tensors it named, when not the user's choice
-    sixteen_bit: dict[str, Decision] = dataclasses.field(default_factory=dict)  # 16-bit tensors a step chose
     recipe: Recipe | None = None  # the recipe, once chosen among candidates
     method: str | None = None  # the calibration method "auto" chose
     done: frozenset[str] = frozenset()  # deciding steps that ran: "float_head", "int16_plan", "recipe", "scored_head"
-    range_why: dict[str, Decision] = dataclasses.field(default_factory=dict)  # tensor -> the step that set its range
     steps: QuantSteps = dataclasses.field(default_factory=QuantSteps)
     probe: dict[str, tuple[float, float]] | None = None  # one-sample ranges, for the probes that only build
     reference: onnx.ModelProto | None = None  # the float model calibrated: what the QDQ model mirrors
-    ranges: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
-    weight_grids: dict[str, TensorSpec] = dataclasses.field(default_factory=dict)  # AdaRound's fixed grids
     before_rounding: dict[str, np.ndarray] | None = None  # AdaRound's float weights, for bias correction
     plan: QuantPlan | None = None
     qdq: onnx.ModelProto | None = None
@@ -416,13 +414,18 @@ class _Build:
         return dataclasses.replace(
             asked,
             scheme=dataclasses.replace(asked.scheme, exclude=tuple(self.decided.float_nodes), int16_tensors=tuple(
-                dict.fromkeys(asked.scheme.int16_tensors + tuple(self.sixteen_bit)))),
+                dict.fromkeys(asked.scheme.int16_tensors + tuple(self.decided.set_by("int16_plan"))))),
             calibration=dataclasses.replace(asked.calibration, method=self.method or asked.calibration.method),
             recipe=self.recipe or asked.recipe,
             precision=dataclasses.replace(
                 asked.precision,
                 float_head=None if self.done & {"float_head", "scored_head"} else asked.precision.float_head,
                 int16_budget=0.0 if "int16_plan" in self.done else asked.precision.int16_budget))
+
+    @property
+    def ranges(self) -> dict[str, tuple[float, float]]:
+        """The activations' ranges decided so far (calibration, range search)."""
+        return self.decided.ranges()
 
     def keep_float(self, nodes: Iterable[str], decision: Decision) -> None:
         self.decided = self.decided.keep_float(nodes, decision)
@@ -432,13 +435,14 @@ class _Build:
         steps so far made."""
         recipe = dataclasses.replace(candidate, score_on=self.requested.recipe.score_on)
         return dataclasses.replace(self, recipe=recipe, done=self.done | {"recipe"}, why=dict(self.why),
-                                   sixteen_bit=dict(self.sixteen_bit), range_why=dict(self.range_why),
                                    steps=copy.copy(self.steps))
 
     def reasons(self) -> dict[str, Decision]:
         """Float node or 16-bit tensor -> the step that chose it (``plan_for``'s ``why``)."""
         floats = {n: history[-1] for n, history in self.decided.float_nodes.items()}
-        return {**self.why, **self.sixteen_bit, **floats}
+        sixteen_bit = {t: next(d for d in self.decided.provenance(t) if d.step == "int16_plan")
+                       for t in self.decided.set_by("int16_plan")}
+        return {**self.why, **sixteen_bit, **floats}
 
     def probe_ranges(self) -> dict[str, tuple[float, float]]:
         if self.probe is None:
@@ -446,9 +450,10 @@ class _Build:
         return self.probe
 
     def emit(self) -> None:
-        """The plan of the config, ranges and grids so far, and the QDQ model ORT places for it."""
-        self.plan = plan_for(self.work, self.config, self.ranges, self.weight_grids, why=self.reasons(),
-                             range_why=self.range_why)
+        """The decided plan completed by the scheme (``plan_for``), and the QDQ model ORT places for it."""
+        ranges = self.ranges
+        self.plan = plan_for(self.work, self.config, ranges, self.decided.set_by("adaround"), why=self.reasons(),
+                             range_why={t: self.decided.provenance(t)[-1] for t in ranges})
         self.qdq = emit_qdq(self.work, self.first, self.plan)
 
     def result(self, seconds: float) -> QuantResult:
@@ -513,8 +518,10 @@ def _int16_plan(b: _Build) -> None:
     int16 = plan_int16(b.model, b.samples, config=b.config, budget=b.config.precision.int16_budget)
     b.done |= {"int16_plan"}
     b.steps.int16_plan = int16.summary()
-    b.sixteen_bit |= {t: Decision("int16_plan", f"most output error per ms within a {int16.budget:.0%} latency "
-                                                "budget") for t in int16.tensors}
+    act = b.config.scheme.activation_dtype
+    b.decided = b.decided.with_specs(
+        {t: TensorSpec(SIXTEEN_BIT[act], symmetric=b.config.scheme.symmetric_activations) for t in int16.tensors},
+        Decision("int16_plan", f"most output error per ms within a {int16.budget:.0%} latency budget"))
 
 
 def _cross_layer_equalization(b: _Build) -> None:
@@ -678,8 +685,7 @@ def _calibration(b: _Build, progress: Progress | None) -> None:
         b.steps.calibration = {"method": config.calibration.method, "samples": calib.samples,
                                "tensors": len(calib.ranges)}
         method = config.calibration.method
-    b.ranges = calib.ranges
-    b.range_why |= dict.fromkeys(b.ranges, Decision("calibration", f"{method} over {calib.samples} samples"))
+    b.decided = b.decided.with_ranges(calib.ranges, Decision("calibration", f"{method} over {calib.samples} samples"))
 
 
 def _scored_head(b: _Build) -> None:
@@ -725,7 +731,8 @@ def _adaround(b: _Build) -> None:
     b.before_rounding = {i.name: numpy_helper.to_array(i) for i in b.work.graph.initializer
                          if i.name in ar.weight_specs}
     b.work = ar.model
-    b.weight_grids = ar.weight_specs
+    b.decided = b.decided.with_specs(ar.weight_specs, Decision("adaround", "learned rounding; the grid ORT must "
+                                                                           "reproduce"))
     b.steps.adaround = ar.summary()
 
 
@@ -753,10 +760,9 @@ def _range_search(b: _Build) -> None:
                            limit=b.config.calibration.samples, passes=b.config.recipe.range_search.passes,
                            symmetric=b.config.scheme.symmetric_activations, threads=0,
                            fixed=bounded_outputs(b.work, b.config), score_on=b.config.recipe.score_on)
-    b.ranges = b.ranges | search.ranges
     b.steps.range_search = search.summary()
-    b.range_why |= {t: Decision("range_search", "moved where that raised the output SQNR on the calibration "
-                                                "samples") for t in search.ranges}
+    b.decided = b.decided.with_ranges(search.ranges, Decision("range_search", "moved where that raised the output "
+                                                                              "SQNR on the calibration samples"))
     b.emit()
 
 
