@@ -23,7 +23,7 @@ import torch
 from npukit.config import ExportConfig
 from npukit.errors import InputError, NpukitError, NumericCheckError
 from npukit.frontend._messages import first_line
-from npukit.frontend.onnx_io import graph_inputs, load_onnx, save_onnx, static_input_shape
+from npukit.frontend.onnx_io import graph_inputs, load_onnx, mark_untrained, save_onnx, static_input_shape
 from npukit.frontend.shapes import fix_input_shape
 from npukit.frontend.spec import ModelSource
 from npukit.frontend.verify import flatten_outputs, seeded_samples, stack_samples, verify_against_torch
@@ -142,6 +142,8 @@ def _export_torch(source: ModelSource, staged: Path, work: Path, *, config: Expo
             before = f"the dynamo exporter failed ({fallback_reason}), then " if fallback_reason else ""
             raise NpukitError(f"{before}the TorchScript exporter failed: {_failure_summary(exc)}",
                               hint="simplify the model's forward, or export it yourself and pass the .onnx") from exc
+    if source.random_weights:
+        mark_untrained(model, str(source.spec))
     save_onnx(model, staged)
     try:
         errors: OutputErrors | None = verify_against_torch(module, staged, shape=shape,

@@ -33,6 +33,32 @@ _MOBILE_HINT = ("npukit reads ONNX here; compile ran and checked it on its runti
                 "model (npukit export) to this verb")
 
 
+# metadata_props key an export of an untrained architecture (torchvision:NAME without --weights) carries, so the
+# verbs that read the ONNX model later can say so in their verdict (``UntrainedWeights``)
+UNTRAINED_KEY = "npukit.untrained"
+
+
+class UntrainedWeights(UserWarning):
+    """The model read was exported from an untrained architecture (random weights): whatever a check holds its
+    artifact to says nothing of the trained model. ``report.finish`` lists it and adds it to the verdict."""
+
+
+def mark_untrained(model: onnx.ModelProto | ir.Model, spec: str) -> None:
+    """Record in ``model``'s metadata that it is ``spec``'s architecture with random weights."""
+    value = f"{spec} without --weights (random weights)"
+    if isinstance(model, ir.Model):
+        model.metadata_props[UNTRAINED_KEY] = value
+        return
+    for i in reversed([i for i, p in enumerate(model.metadata_props) if p.key == UNTRAINED_KEY]):
+        del model.metadata_props[i]
+    model.metadata_props.add(key=UNTRAINED_KEY, value=value)
+
+
+def untrained_note(model: onnx.ModelProto) -> str | None:
+    """What ``mark_untrained`` recorded, or None."""
+    return next((p.value for p in model.metadata_props if p.key == UNTRAINED_KEY), None)
+
+
 def load_onnx(path: str | Path) -> onnx.ModelProto:
     """Load and check an ONNX model (with any external data beside it); bad files raise a one-line InputError."""
     path = Path(path)
@@ -66,6 +92,14 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
     except onnx.checker.ValidationError as exc:
         raise InputError(f"{path} fails the ONNX checker: {first_line(exc)}",
                          hint="re-export the model, or fix it with onnx tools") from exc
+    untrained = untrained_note(model)
+    if untrained:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", UntrainedWeights)
+            warnings.warn(f"{path.name} comes from {untrained}: the checks say nothing of the trained "
+                          "model; export it again with --weights", UntrainedWeights, stacklevel=2)
     return model
 
 

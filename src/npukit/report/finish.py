@@ -47,6 +47,7 @@ def html_path_for(json_path: Path) -> Path:
 # npukit's own notes, raised as warnings of these classes where they arise: class name -> (report key, table title)
 NOTES = {"InputShapeOverride": ("input_shape_override",
                                 "Input shape: the model's static sizes overridden by --input-shape"),
+         "UntrainedWeights": ("untrained_weights", "Weights: the model read is an untrained architecture"),
          "ImagePreprocessing": ("image_preprocessing",
                                 "Images: how they were turned into the model's input (--size, --resize, --mean, "
                                 "--std change it)")}
@@ -74,6 +75,9 @@ def finish(report: Report, artifact: Path | None, *, html: bool, json_path: Path
         report.add("library_messages", messages)
         report.add_table("Library messages while this ran (counted, not printed)", ["message", "times"],
                          [[m, n] for m, n in list(messages.items())[:20]])
+    untrained = report.sections.get("untrained_weights")
+    if untrained and report.verdict and "random weights" not in report.verdict:
+        report.set_verdict(f"{report.verdict}; note: {untrained}", passed=report.passed)
     if report.verdict is None:  # a verb that checks nothing (inspect, analyze, plan-memory, devices) says so
         report.set_verdict(f"INFO {report.command}: a description of the model or machine; nothing was checked",
                            passed=True)
