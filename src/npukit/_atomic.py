@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+from npukit.errors import InputError
 
 
 @contextlib.contextmanager
@@ -41,3 +43,30 @@ def write_bytes_atomic(target: str | os.PathLike[str], data: bytes) -> Path:
 
 def write_text_atomic(target: str | os.PathLike[str], text: str) -> Path:
     return write_bytes_atomic(target, text.encode("utf-8"))
+
+
+def check_writes(outputs: Sequence[str | Path], inputs: Sequence[str | Path | None]) -> None:
+    """Refuse, before any work, a run whose files cannot be written or would overwrite what it reads: each of
+    ``outputs`` (an artifact, a report, its HTML) must not be one of ``inputs`` (the model, a reference, weights,
+    data), and the nearest folder above it that exists must be a folder this process can create files in."""
+    read = {}
+    for given in inputs:
+        if given is not None and Path(str(given)).exists():
+            read[Path(str(given)).resolve()] = str(given)
+    for given in outputs:
+        path = Path(str(given))
+        if path.resolve() in read:
+            raise InputError(f"{given} is the input {read[path.resolve()]}: writing there would overwrite it",
+                             hint="name a new file for the result or the report")
+        folder = path.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if not folder.is_dir():
+            raise InputError(f"cannot write {given}: {folder} is a file, not a folder",
+                             hint="write into a folder, or name a new one")
+        try:
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as exc:
+            raise InputError(f"cannot write {given}: {folder} does not let files be created ({exc.strerror})",
+                             hint="write into a folder you can write to") from None

@@ -27,6 +27,17 @@ class Verb:
     description: str | None = None
 
 
+def _positive(text: str) -> int:
+    """An argument that counts something: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
 def _add_html(p: argparse.ArgumentParser) -> None:
     p.add_argument("--html", action="store_true", help="also write a self-contained HTML report beside the JSON one")
 
@@ -138,7 +149,7 @@ def _optimize_graph_arguments(p: argparse.ArgumentParser) -> None:
 def _inspect_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.onnx")
     _add_shape(p, "input shape when the model's is symbolic")
-    p.add_argument("--top", type=int, default=15, help="layers to list by MACs (default 15)")
+    p.add_argument("--top", type=_positive, default=15, help="layers to list by MACs (default 15)")
     p.add_argument("--json", metavar="PATH", help="also write the summary as a JSON report")
 
 
@@ -245,8 +256,8 @@ def _devices_arguments(p: argparse.ArgumentParser) -> None:
 
 def _add_preprocess(p: argparse.ArgumentParser) -> None:
     """How image files (a folder or an image given as data) become the model's input; arrays are taken as they are."""
-    p.add_argument("--size", type=int, default=224, help="image crop size (default 224; the model's own wins)")
-    p.add_argument("--resize", type=int, default=256, help="resize the short side to this before cropping")
+    p.add_argument("--size", type=_positive, default=224, help="image crop size (default 224; the model's own wins)")
+    p.add_argument("--resize", type=_positive, default=256, help="resize the short side to this before cropping")
     p.add_argument("--mean", default="0.485,0.456,0.406",
                    help="per-channel mean of images in [0, 1] (default ImageNet)")
     p.add_argument("--std", default="0.229,0.224,0.225", help="per-channel std (default ImageNet)")
@@ -741,16 +752,33 @@ def run(args: argparse.Namespace) -> int:
     return 0 if out.report.passed else 1  # exit 0 means the artifact passed its checks
 
 
+_READS = ("model", "reference", "weights", "data", "calib")  # the arguments that name files a verb reads
+
+
 def _outputs(args: argparse.Namespace) -> list[Path]:
     """The files a verb writes for the user: its artifact and the report (JSON, HTML) beside it, or where named."""
     from npukit.report.finish import html_path_for, report_json_for
 
     paths = [Path(p) for p in (getattr(args, "json", None), getattr(args, "report", None)) if p]
+    if getattr(args, "report", None) and getattr(args, "html", False):
+        paths.append(html_path_for(Path(args.report)))
     output = getattr(args, "output", None)
     if output:
         json_path = report_json_for(output)
         paths += [Path(output), json_path, html_path_for(json_path)]
     return paths
+
+
+def _new_folders(paths: Sequence[Path]) -> list[Path]:
+    """The folders above ``paths`` that do not exist yet (a verb creates them to write its outputs), outermost
+    first."""
+    folders: list[Path] = []
+    for path in paths:
+        folder = path.absolute().parent
+        while not folder.exists() and folder != folder.parent:
+            folders.append(folder)
+            folder = folder.parent
+    return sorted(set(folders), key=lambda f: len(f.parts))
 
 
 def _remove_new(paths: dict[Path, bool]) -> None:
@@ -775,8 +803,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from npukit.report.terminal import print_error
     from npukit.report.capture import capture_library_messages
 
-    before = {path: path.exists() for path in _outputs(args)}
+    before = {path: path.exists() for path in _outputs(args) + _new_folders(_outputs(args))}
     try:
+        from npukit._atomic import check_writes
+
+        check_writes(list(before), [getattr(args, name, None) for name in _READS])
         with capture_library_messages():
             return run(args)
     except NpukitError as exc:
@@ -793,6 +824,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         _remove_new(before)
+        if isinstance(exc, MemoryError) or "can't allocate memory" in str(exc) or "bad_alloc" in str(exc):
+            print_error(f"out of memory: {type(exc).__name__} while running {args.verb}. Give a smaller input shape, "
+                        "fewer samples or a smaller batch, or run it on a machine with more memory.")
+            return 2
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         print_error(f"internal error: {type(exc).__name__}: {first}. Rerun with --debug for the traceback "
                     "and report it.")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,6 +37,11 @@ def parse_shape(text: str | tuple[int, ...] | list[int] | None) -> tuple[int, ..
         raise InputError(f"input shape {text!r} is not a list of integers", hint="write it like 1,3,224,224") from None
     _require(len(shape) > 0 and all(d > 0 for d in shape), f"input shape {text!r} must have positive dimensions",
              "write it like 1,3,224,224")
+    values = math.prod(shape)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    _require(4 * values <= memory // 8, f"input shape {text!r} is {values:.3g} values ({4 * values / 1e9:.3g} GB as "
+             f"float32): more than this machine's memory ({memory / 1e9:.3g} GB) can run a model on",
+             "give the size the model is meant to run at, e.g. 1,3,224,224")
     return shape
 
 

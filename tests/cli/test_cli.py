@@ -134,12 +134,19 @@ def _bad_inputs(tmp: Path) -> dict[str, list[str]]:
         "unreadable image": ["bench", "{model}", "--data", str(tmp / "badimg"), "--runs", "1"],
         "NaN data": ["bench", "{model}", "--data", str(tmp / "nan.npy"), "--runs", "1"],
         "wrong output suffix": ["export", "tinynet:tiny", "-o", str(tmp / "out.txt")],
+        "serve a truncated model": ["serve-bench", "{truncated}"],
+        "shape beyond memory": ["export", "tinynet:tiny", "-o", str(tmp / "new" / "out.onnx"),
+                                "--input-shape", "1,3,100000,100000"],
+        "output under a file": ["optimize-graph", "{model}", "-o", str(tmp / "nan.npy" / "out.onnx")],
+        "report under a file": ["inspect", "{model}", "--json", str(tmp / "nan.npy" / "s.json")],
+        "pytorch model to an onnx verb": ["bench", "tinynet:tiny", "--runs", "1"],
     }
 
 
 @pytest.mark.parametrize("case", [
     "missing path", "not onnx", "truncated onnx", "unknown torchvision name", "factory raises", "shape does not fit",
-    "empty data folder", "unreadable image", "NaN data", "wrong output suffix"])
+    "empty data folder", "unreadable image", "NaN data", "wrong output suffix", "serve a truncated model",
+    "shape beyond memory", "output under a file", "report under a file", "pytorch model to an onnx verb"])
 def test_bad_input_one_line_exit_2_no_file(case, exported, tmp_path, capsys):
     args = _bad_inputs(tmp_path)[case]
     truncated = tmp_path / "truncated.onnx"
@@ -152,6 +159,52 @@ def test_bad_input_one_line_exit_2_no_file(case, exported, tmp_path, capsys):
     assert set(_files(tmp_path)) == before, "a bad input must not leave files behind"
     if case == "unknown torchvision name":
         assert "mobilenet_v2" in err
+    if case == "pytorch model to an onnx verb":
+        assert "npukit export tinynet:tiny -o model.onnx" in err
+
+
+@pytest.mark.parametrize("argument", [["inspect", "m.onnx", "--top", "-3"], ["quantize", "m.onnx", "--calib", "c",
+                                                                              "-o", "q.onnx", "--resize", "0"]])
+def test_a_count_below_one_is_refused_by_the_parser(argument, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argument)
+    assert exc.value.code == 2 and "must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [
+    ["bench", "{model}", "--runs", "1", "--report", "{model}"],
+    ["bench", "{model}", "--runs", "1", "--report", "./{name}"],
+    ["bench", "{other}", "--reference", "{model}", "--runs", "1", "--report", "{model}"],
+    ["bench", "{other}", "--runs", "1", "--report", "{stem}.report.json", "--html"],  # the HTML lands on the input
+    ["analyze", "{model}", "--target", "cpu", "--report", "{model}"],
+    ["plan-memory", "{model}", "--report", "{link}"],
+    ["serve-bench", "{model}", "--report", "{model}"],
+    ["inspect", "{model}", "--json", "{model}"],
+], ids=["bench", "bench-relative", "bench-reference", "bench-html", "analyze", "plan-memory-symlink", "serve-bench",
+        "inspect"])
+def test_a_report_named_like_an_input_is_refused_and_the_input_kept(command, exported, tmp_path, capsys,
+                                                                    monkeypatch):
+    model = tmp_path / "m.onnx"
+    model.write_bytes(exported.read_bytes())
+    other = tmp_path / "other.onnx"
+    other.write_bytes(exported.read_bytes())
+    (tmp_path / "m.report.html").write_bytes(exported.read_bytes())  # an input named like bench-html's page
+    (tmp_path / "link.onnx").symlink_to(model)
+    monkeypatch.chdir(tmp_path)
+    fill = {"{model}": str(model), "{name}": model.name, "{other}": str(other), "{link}": str(tmp_path / "link.onnx"),
+            "{stem}": str(tmp_path / "m")}
+    args = []
+    for arg in command:
+        for key, value in fill.items():
+            arg = arg.replace(key, value)
+        args.append(arg)
+    if "--html" in args:  # the page beside m.report.json is m.report.html: make that the input
+        args[1] = str(tmp_path / "m.report.html")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "would overwrite it" in err and "\n" not in err, err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
 def test_analyze_across_targets(exported, tmp_path, capsys):

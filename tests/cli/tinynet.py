@@ -37,3 +37,34 @@ def tiny() -> nn.Module:
 
 def broken() -> nn.Module:
     raise RuntimeError("factory exploded on purpose")
+
+
+class TinySeg(nn.Module):
+    """A small U-Net-like segmenter: a skip connection concatenated after a nearest-neighbour upsampling (its
+    producer, the first block, also feeds the next conv) and a bilinear upsampling added to a skip."""
+
+    def __init__(self, classes: int = 4) -> None:
+        super().__init__()
+        self.c1 = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.c2 = nn.Sequential(nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.BatchNorm2d(32), nn.ReLU())
+        self.c3 = nn.Sequential(nn.Conv2d(32, 32, 3, stride=2, padding=1), nn.BatchNorm2d(32), nn.ReLU())
+        self.mid = nn.Conv2d(32, 16, 1)
+        self.head = nn.Conv2d(32, classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.c1(x)
+        b = self.c2(a)
+        u = nn.functional.interpolate(self.c3(b), scale_factor=2.0, mode="bilinear", align_corners=False)
+        u = nn.functional.interpolate(self.mid(u + b), size=[a.shape[2], a.shape[3]], mode="nearest")
+        return self.head(torch.cat([u, a], 1))
+
+
+def tinyseg() -> nn.Module:
+    torch.manual_seed(0)
+    model = TinySeg()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+    return model.eval()

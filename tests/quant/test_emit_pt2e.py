@@ -308,3 +308,34 @@ def test_litert_quantizing_a_float_layer_of_the_plan_is_found(tmp_path):
         found[name] = litert.unhonoured_floats(litert.lower(carried.program, example), result.model)
     assert found["none"] is None
     assert found["projection"] is not None and "quantized 1 of the 1 conv/linear layer(s)" in found["projection"]
+
+
+class _GenericConv(torch.nn.Module):
+    """A conv written as the generic aten.convolution (as torch's TorchScript converter writes it), which the
+    runtimes' quantizers do not annotate, then a linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten.convolution(x, self.conv.weight, self.conv.bias, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+        return self.fc(torch.relu(y).mean(dim=(2, 3)))
+
+
+def test_weights_the_plan_quantized_but_no_torch_op_took_are_named(tmp_path):
+    module = _GenericConv().eval()
+    source = ModelSource(kind="torch", spec="generic", module=module, onnx_path=None,
+                         default_input_shape=(1, 3, 16, 16), description="generic conv")
+    path = export_model(source, tmp_path / "g.onnx", config=ExportConfig(input_shape=(1, 3, 16, 16))).path
+    float_onnx = onnx.load(str(path))
+    rng = np.random.default_rng(0)
+    name = float_onnx.graph.input[0].name
+    samples = [{name: rng.normal(size=(1, 3, 16, 16)).astype(np.float32)} for _ in range(8)]
+    result = quantize(float_onnx, samples, config=QuantConfig(scheme=Scheme(activation_dtype="int8")))
+    example = (torch.from_numpy(samples[0][name].copy()),)
+    carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan)
+    assert carried.weights == 1  # the linear's
+    assert [u for u in carried.unmatched if "(its Conv weights)" in u], carried.unmatched

@@ -243,9 +243,9 @@ class ArrayDataset(Dataset):
             if name in self.stacked:  # sample i is arr[i], one at a time (see ``batches``)
                 if stop - start != 1:
                     raise ValueError(f"input {name!r} is stacked: read one sample at a time")
-                part = np.array(arr[start], dtype=dtype)
-            else:
-                part = np.array(arr[start:stop], dtype=dtype)
+                part = np.array(arr[start], dtype=dtype, order="C")
+            else:  # C order whatever the file's (a Fortran-ordered .npy): runtimes take contiguous tensors
+                part = np.array(arr[start:stop], dtype=dtype, order="C")
             if part.dtype.kind == "f" and not np.isfinite(part).all():
                 rows = part.reshape(len(part), -1) if name not in self.stacked else part.reshape(1, -1)
                 bad = start + int(np.argmin(np.isfinite(rows).all(axis=1)))

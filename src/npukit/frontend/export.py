@@ -113,6 +113,10 @@ def _export_torch(source: ModelSource, staged: Path, work: Path, *, config: Expo
     assert module is not None, "a torch ModelSource carries its module"
     shape = config.input_shape or source.default_input_shape
     if shape is None:
+        extra = _non_tensor_arguments(module)
+        if extra:  # a shape would not help: say what would
+            raise InputError(f"the model's forward takes arguments besides its input tensor ({', '.join(extra)}), "
+                             "and npukit exports a model called with one tensor", hint=_WRAPPER_HINT)
         raise InputError(f"no input shape is known for {source.spec}", hint="pass one with --input-shape 1,3,224,224")
     outputs = _check_shape_fits(module, shape)
     input_names = [config.input_name]
@@ -171,11 +175,16 @@ def _non_tensor_arguments(module: torch.nn.Module) -> list[str]:
         import inspect
 
         params = list(inspect.signature(module.forward).parameters.values())[1:]
-        return [f"{p.name}: {getattr(p.annotation, '__name__', p.annotation)}" for p in params
+        return [p.name if p.annotation is inspect.Parameter.empty
+                else f"{p.name}: {getattr(p.annotation, '__name__', p.annotation)}" for p in params
                 if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
                 and p.annotation is not torch.Tensor]
     except Exception:  # noqa: BLE001 - a best-effort diagnosis only
         return []
+
+
+_WRAPPER_HINT = ("export a wrapper module whose forward(x) calls the model with those arguments fixed (a stateful "
+                 "TorchScript model may not trace; use its ONNX release if it has one)")
 
 
 def _check_shape_fits(module: torch.nn.Module, shape: tuple[int, ...]) -> list[torch.Tensor]:
@@ -187,10 +196,7 @@ def _check_shape_fits(module: torch.nn.Module, shape: tuple[int, ...]) -> list[t
         extra = _non_tensor_arguments(module)
         if extra:
             raise InputError(f"the model's forward takes arguments besides its input tensor ({', '.join(extra)}), "
-                             "and npukit exports a model called with one tensor",
-                             hint="export a wrapper module whose forward(x) calls the model with those arguments "
-                                  "fixed (a stateful TorchScript model may not trace; use its ONNX release if it "
-                                  "has one)") from exc
+                             "and npukit exports a model called with one tensor", hint=_WRAPPER_HINT) from exc
         raise InputError(f"input shape ({','.join(map(str, shape))}) does not fit the model: {first_line(exc)}",
                          hint="pass the shape the model expects with --input-shape") from exc
     if not outputs:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from pathlib import Path
 
 import onnx
@@ -61,8 +62,12 @@ def untrained_note(model: onnx.ModelProto) -> str | None:
 
 def load_onnx(path: str | Path) -> onnx.ModelProto:
     """Load and check an ONNX model (with any external data beside it); bad files raise a one-line InputError."""
-    path = Path(path)
+    given, path = str(path), Path(path)
     if not path.exists():
+        if re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*(\(.*\))?", given):  # torchvision:NAME, module:factory
+            raise InputError(f"{given} is a PyTorch model; this command takes an ONNX model",
+                             hint=f"export it first: npukit export {given} -o model.onnx (with --input-shape if "
+                                  "it has no default), then pass model.onnx")
         raise InputError(f"{path} does not exist", hint=_ONNX_HINT)
     if path.is_dir():
         raise InputError(f"{path} is a directory, not an ONNX file", hint=_ONNX_HINT)

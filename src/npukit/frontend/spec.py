@@ -409,3 +409,13 @@ def _require_file(path: Path, what: str) -> None:
         raise InputError(f"{path} does not exist", hint=f"pass the path of {what}")
     if path.is_dir():
         raise InputError(f"{path} is a directory", hint=f"pass the path of {what}")
+
+
+def eval_mode(module: Any) -> Any:
+    """``module`` in eval mode. The module of a torch.export program (a .pt2) refuses ``.eval()``: its graph holds
+    the mode it was exported in, and only its flag is cleared (what converters read)."""
+    try:
+        return module.eval()
+    except NotImplementedError:
+        object.__setattr__(module, "training", False)
+        return module

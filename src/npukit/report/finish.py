@@ -64,6 +64,10 @@ def finish(report: Report, artifact: Path | None, *, html: bool, json_path: Path
     if json_path is None and html and source is not None and Path(str(source)).is_file():
         json_path = report_path_for(source, f".{report.command}.report.json")
 
+    if json_path is not None and source is not None:
+        from npukit._atomic import check_writes
+
+        check_writes([json_path] + ([html_path_for(json_path)] if html else []), [source])
     messages = drain()
     for kind, (key, title) in NOTES.items():  # npukit's own notes, warned where they arise, not a library's
         notes = [m.split(": ", 1)[1] for m in messages if m.startswith(f"{kind}: ")]

@@ -27,7 +27,7 @@ from npukit.runtime.tensors import plain_tensor
 
 _NOTICES = ("threadpool.cpp", "cpuinfo_utils.cpp")  # its runtime's start-up notices on every load
 EXTRA_HINT = "install it with: .venv/bin/pip install 'npukit[executorch]' (scripts/setup.sh does)"
-CARRY = CarryOptions()  # XNNPACK's lowering takes the plan as carried by default (see CarryOptions)
+CARRY = CarryOptions(same_scale_concat=True)  # concatenations on their own grid (see CarryOptions)
 
 
 def require() -> None:

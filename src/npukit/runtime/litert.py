@@ -27,13 +27,14 @@ import torch
 from npukit._atomic import write_bytes_atomic
 from npukit.errors import InputError
 from npukit.frontend.provenance import Placement, origin, placements
+from npukit.frontend.spec import eval_mode
 from npukit.quant.emit.pt2e import CarryOptions
 from npukit.runtime.tensors import plain_tensor
 
 EXTRA_HINT = "install it with: .venv/bin/pip install 'npukit[litert]' (scripts/setup.sh does)"
 # how npukit's plan is carried for LiteRT's converter (see CarryOptions): weights' quantize ops kept, averages on
-# their input's grid, concatenations on one grid
-CARRY = CarryOptions(fold_quantize=False, average_grids=False, same_scale_concat=True)
+# their input's grid, concatenations on one grid (no requantized edge: a producer that also feeds others widened)
+CARRY = CarryOptions(fold_quantize=False, average_grids=False, same_scale_concat=True, requantize_edges=False)
 
 
 def require() -> None:
@@ -97,8 +98,7 @@ def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
 
     args = tuple(plain_tensor(x) for x in example)
     quant = _static_int8_config() if _has_qdq(program) else None
-    if isinstance(program, torch.fx.GraphModule):  # an exported program's module refuses .eval(); it is in eval
-        object.__setattr__(program, "training", False)
+    eval_mode(program)
     try:
         with _quiet():
             edge = litert_torch.convert(program, args, quant_config=quant)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ import onnx
 
 from npukit.config import PreprocessConfig
 from npukit.errors import InputError
+from npukit.frontend._messages import first_line
+from npukit.frontend.spec import eval_mode
 from npukit.quant.config import (ActivationEqualization, CalibrationSpec, FloatHead, Precision, QuantConfig, Recipe,
                                  Scheme)
 from npukit.quant.precision.scored_head import MOBILE_SHARE
@@ -114,13 +117,14 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
                                        "precision": "int8" if int8 else "fp32",
                                        "calib": str(calib) if calib else None, "input_shape": list(shape),
                                        "quant": XNNPACK_INT8.as_dict() if int8 else None, "threads": threads})
-    module = source.module.eval()
+    module = eval_mode(source.module)
     float_onnx = _export_onnx(report, source, shape)
     samples = _samples(calib, float_onnx, preprocess, shape)
     check_task(float_onnx, samples, task)
     example = tuple(plain_tensor(v) for v in samples[0].values())
-    program, carried, qdq = (_quantize(report, module, float_onnx, samples, example, runtime) if int8
-                             else (module, None, None))
+    exportable = _exportable(module, example)
+    program, carried, qdq = (_quantize(report, exportable, float_onnx, samples, example, runtime) if int8
+                             else (exportable, None, None))
     names = ([i.name for i in graph_inputs(float_onnx)], [o.name for o in float_onnx.graph.output])
     lowered = _lower(report, mobile, runtime, program, example, output, names=names)
     eager = _torch_runner(module)
@@ -137,6 +141,72 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
     report.add("carried_plan", carried.summary() if carried is not None else None)
     note_untrained(report, source)
     return finish(report, output, html=html)
+
+
+def _exportable(module: Any, example: tuple[Any, ...]) -> Any:
+    """``module`` as torch.export takes it: a TorchScript module (which torch.export refuses) converted to the
+    module of an ExportedProgram by torch's TorchScript converter, checked against the TorchScript module."""
+    import torch
+
+    if not isinstance(module, torch.jit.ScriptModule):
+        return module
+    from torch._export.converter import TS2EPConverter
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            converted = _as_conv2d(TS2EPConverter(module, example).convert().module())
+        with torch.no_grad():
+            same = all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in
+                       zip(_flat(module(*example)), _flat(converted(*example)), strict=True))
+    except Exception as exc:  # noqa: BLE001 - any failure of the converter is the model's, said in one line
+        raise InputError(f"torch cannot convert this TorchScript model into a torch.export program: "
+                         f"{first_line(exc)}", hint="give the model as a module:factory or a .pt2 "
+                         "(torch.export.save), or compile its ONNX export with --target qnn-htp") from exc
+    if not same:
+        raise InputError("torch's TorchScript converter changed this model's outputs",
+                         hint="give the model as a module:factory or a .pt2 (torch.export.save)")
+    return converted
+
+
+def _as_conv2d(module: Any) -> Any:
+    """``module`` (the converter's) as torch.export writes a module: its generic ``aten.convolution`` of a 2-D, not
+    transposed conv as ``aten.conv2d`` (the same op; the one the runtimes' quantizers annotate), and the weights and
+    biases of its convs, linears and BatchNorms as parameters, not buffers (PT2E folds BatchNorm into parameters)."""
+    import torch
+
+    aten = torch.ops.aten
+    weighted = {aten.conv2d.default, aten.linear.default, aten.batch_norm.default}
+    for node in module.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is aten.convolution.default:
+            x, weight, bias, stride, padding, dilation, transposed, _, groups = node.args
+            if not transposed and len(stride) == 2:
+                node.target = aten.conv2d.default
+                node.args = (x, weight, bias, stride, padding, dilation, groups)
+        if node.target in weighted:
+            for arg in node.args[1:3]:
+                if isinstance(arg, torch.fx.Node) and arg.op == "get_attr":
+                    _as_parameter(module, arg.target)
+    module.recompile()
+    return module
+
+
+def _as_parameter(module: Any, target: str) -> None:
+    import torch
+
+    *path, name = target.split(".")
+    owner = module.get_submodule(".".join(path))
+    if name in owner._buffers:
+        value = owner._buffers.pop(name)
+        owner.register_parameter(name, torch.nn.Parameter(value, requires_grad=False))
+
+
+def _flat(out: Any) -> list[Any]:
+    import torch
+
+    return [out] if isinstance(out, torch.Tensor) else [t for o in out for t in _flat(o)]
 
 
 def _export_onnx(report: Report, source: Any, shape: tuple[int, ...]) -> onnx.ModelProto:

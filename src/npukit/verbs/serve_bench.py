@@ -40,6 +40,7 @@ def serve_bench(
     import onnx
 
     from npukit.errors import InputError
+    from npukit.frontend.onnx_io import load_onnx
     from npukit.measure.serving import ServingConfig, measure_serving
     from npukit.report.serving import add_serving
     from npukit.runtime.ort import make_session, random_feeds
@@ -53,14 +54,20 @@ def serve_bench(
     config = ServingConfig(device=device, duration_s=duration_s, max_workers=max_workers, loads=tuple(loads),
                            max_batch=max_batch, max_wait_ms=max_wait_ms, prefer=prefer,
                            device_concurrency=device_concurrency)
-    proto = onnx.load(str(path), load_external_data=False)
     from npukit.runtime.compile import is_context_model
 
-    if is_context_model(proto):  # its plain-loop baseline and seeded inputs need a CPU session of the same model
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - not a model: load_onnx says what the file is, in one line
+        proto = None
+    # a context model (which the ONNX checker does not pass): its plain-loop baseline and seeded inputs need a CPU
+    # session of the same model
+    if proto is not None and is_context_model(proto):
         raise InputError(f"{path.name} is a compiled HTP context model (EPContext); serve-bench compares the runtime "
                          "with a plain loop of the ONNX model and compiles it for the HTP itself",
                          hint="serve the model given to `npukit compile` with --device qnn-htp@SOC (the compiled "
                               "graph is cached across starts); `npukit bench --target qnn-htp` times this one")
+    proto = load_onnx(path)  # a truncated or foreign file is a one-line error, not a decoder's traceback
     if data is not None:
         dataset = open_data(data, proto, PreprocessConfig())
         requests = [dict(dataset.sample(i)) for i in range(min(samples, len(dataset)))]

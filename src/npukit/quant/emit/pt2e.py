@@ -43,6 +43,9 @@ _REQUANTIZING = ("adaptive_avg_pool2d.default", "mean.dim", "mean.default", "avg
 _VIEWS = ("view.default", "flatten.using_ints", "reshape.default", "squeeze.dim", "squeeze.dims", "squeeze.default",
           "unsqueeze.default", "_unsafe_view.default", "dropout.default", "clone.default", "alias.default")
 _CONCATS = ("cat.default", "concat.default")
+# ops that pass some of their input's values through unchanged (a resize to the nearest pixel, a max pool)
+_PASSING = ("upsample_nearest2d.vec", "upsample_nearest2d.default", "max_pool2d.default", "permute.default",
+            "transpose.int")
 _WEIGHTED = {"conv2d.default": ("Conv",), "conv1d.default": ("Conv",), "linear.default": ("Gemm", "MatMul")}
 
 
@@ -56,11 +59,16 @@ class CarryOptions:
     layer's bias on a scale its input does not have).
     ``same_scale_concat``: a concatenation's inputs and output all on the plan's grid of its output, the producers
     of its inputs writing that grid (LiteRT's CONCATENATION requires one scale; a requantization on an input edge
-    is refused by its converter). ExecuTorch: XNNPACK's own sharing (the first input's grid)."""
+    is refused by its converter; XNNPACK's concatenation too: its own sharing puts every input on one input's
+    grid, clipping the others).
+    ``requantize_edges``: an input of a concatenation whose producer also feeds other ops is requantized onto the
+    concatenation's grid on its edge (ExecuTorch); or, where the converter refuses that (LiteRT), that producer
+    writes the concatenation's grid, widened to cover the producer's range, for all its readers."""
 
     fold_quantize: bool = True
     average_grids: bool = True
     same_scale_concat: bool = False
+    requantize_edges: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +80,9 @@ class CarriedPlan:
     activations: int  # activation grids carried from the QDQ model
     weights: int  # weights (and their biases) replaced by the plan's dequantized integers
     float_nodes: tuple[str, ...]  # torch nodes left in float because the plan keeps their ONNX twin in float
-    unmatched: tuple[str, ...]  # annotated torch tensors without a grid in the plan (the caller refuses these)
+    # annotated torch tensors without a grid in the plan, and ONNX nodes whose integer weights no torch op took (the
+    # caller refuses these)
+    unmatched: tuple[str, ...]
     derived: tuple[str, ...] = ()  # torch tensors the ONNX model keeps in float, on an int8 grid of the plan's range
 
     def summary(self) -> dict[str, Any]:
@@ -91,6 +101,13 @@ class _OnnxSide:
     specs: Mapping[str, Any]  # tensor -> the plan's TensorSpec (float32: left unquantized by the emitter)
     weights: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]  # node -> (weight, scales, bias)
     float_nodes: frozenset[str]
+
+    def quantized_weights(self) -> set[str]:
+        """The nodes whose weights the plan put on an integer grid (``weights`` with scales)."""
+        return {name for name, (_, scales, _) in self.weights.items() if len(scales)}
+
+    def producer_op(self, node: str) -> str:
+        return next((n.op_type for n in self.producer.values() if n.name == node), "?")
 
 
 def _onnx_side(reference: onnx.ModelProto, qdq: onnx.ModelProto, plan: QuantPlan,
@@ -272,7 +289,10 @@ def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], repor
             model = self.base.transform_for_annotation(model)
             state.match = _match(model, onnx_side, example)  # BatchNorm is folded by now, as in the ONNX model
             report["matched"] = len(state.match)
-            report["weights"] = _carry_weights(model, state.match, onnx_side)
+            carried = _carry_weights(model, state.match, onnx_side)
+            report["weights"] = len(carried)
+            report["uncarried_weights"] = [f"{name} (its {onnx_side.producer_op(name)} weights)" for name in
+                                           sorted(onnx_side.quantized_weights() - carried)]
             return model
 
         def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -385,20 +405,59 @@ def _unshare(model: torch.fx.GraphModule, state: _Annotation, removed: set[torch
 
 def _same_scale_concats(model: torch.fx.GraphModule, state: _Annotation) -> None:
     """Each concatenation's inputs and output on the plan's grid of its output; an input's producer that feeds
-    nothing else writes that grid (no requantization on the edge)."""
+    nothing else writes that grid (no requantization on the edge). Without ``options.requantize_edges``, a producer
+    that also feeds others writes the concatenation's grid too, widened to cover the producer's own range (the
+    concatenation named in the report's ``derived``: its grid is not the plan's)."""
     from torchao.quantization.pt2e.quantizer import FixedQParamsQuantizationSpec
 
     for node in model.graph.nodes:
         annotation = node.meta.get("quantization_annotation")
         if annotation is None or _op_name(node) not in _CONCATS or (grid := state.grid(node)) is None:
             continue
+        sources = {arg: _through_passing(arg) for arg in annotation.input_qspec_map}
+        producers = {source: source.meta.get("quantization_annotation") for source in sources.values()}
+        fixed = {arg: p for arg, p in producers.items()
+                 if p is not None and isinstance(p.output_qspec, FixedQParamsQuantizationSpec)}
+        shared = [p.output_qspec for arg, p in fixed.items() if len(arg.users) > 1]
+        if shared and not state.options.requantize_edges:
+            grid = _covering([grid, *shared])
+            state.report.setdefault("derived", []).append(node.name)
         annotation.output_qspec = grid
         annotation.input_qspec_map = {arg: grid for arg in annotation.input_qspec_map}
-        for arg in annotation.input_qspec_map:
-            producer = arg.meta.get("quantization_annotation")
-            if producer is not None and len(arg.users) == 1 \
-                    and isinstance(producer.output_qspec, FixedQParamsQuantizationSpec):
+        _read_on(node, grid)
+        for arg, producer in fixed.items():
+            if len(arg.users) == 1 or not state.options.requantize_edges:
                 producer.output_qspec = grid
+                _read_on(arg, grid)
+
+
+def _read_on(node: torch.fx.Node, grid: Any) -> None:
+    """``node``'s readers read it on ``grid``, its output's: no requantization on their edges (a bias derived from
+    the input's grid is then derived from the grid the input really has)."""
+    from torchao.quantization.pt2e.quantizer import FixedQParamsQuantizationSpec
+
+    for user in node.users:
+        read = user.meta.get("quantization_annotation")
+        if read is not None and isinstance(read.input_qspec_map.get(node), FixedQParamsQuantizationSpec):
+            read.input_qspec_map[node] = grid
+
+
+def _through_passing(node: torch.fx.Node) -> torch.fx.Node:
+    """The op that computes what ``node`` passes on: ``node``, or the first op above it that is not an unannotated
+    op passing its input's values through (a view, a nearest-neighbour resize, a max pool) read by nothing else:
+    converters give such ops one grid in and out (LiteRT's int8 kernels copy the integers whatever the grids)."""
+    while _op_name(node) in _VIEWS + _PASSING and "quantization_annotation" not in node.meta \
+            and isinstance(node.args[0], torch.fx.Node) and len(node.args[0].users) == 1:
+        node = node.args[0]
+    return node
+
+
+def _covering(grids: Sequence[Any]) -> Any:
+    """The int8 grid whose range covers each of ``grids``' ranges."""
+    lows = [(g.quant_min - g.zero_point) * g.scale for g in grids]
+    highs = [(g.quant_max - g.zero_point) * g.scale for g in grids]
+    scale, zero = activation_qparams(min(lows), max(highs), signed=True, symmetric=False)
+    return _fixed_int8(float(scale), int(zero))
 
 
 def _average_input(node: torch.fx.Node) -> torch.fx.Node | None:
@@ -410,9 +469,11 @@ def _average_input(node: torch.fx.Node) -> torch.fx.Node | None:
     return None
 
 
-def _carry_weights(model: torch.fx.GraphModule, match: Mapping[torch.fx.Node, str], onnx_side: _OnnxSide) -> int:
-    """Replace each conv / linear weight (and bias) with the QDQ model's dequantized integers."""
-    done = 0
+def _carry_weights(model: torch.fx.GraphModule, match: Mapping[torch.fx.Node, str],
+                   onnx_side: _OnnxSide) -> set[str]:
+    """Replace each conv / linear weight (and bias) with the QDQ model's dequantized integers; the ONNX nodes whose
+    weights were carried."""
+    done: set[str] = set()
     for node, name in match.items():
         kinds = _WEIGHTED.get(_op_name(node))
         twin = onnx_side.producer.get(name)
@@ -429,7 +490,7 @@ def _carry_weights(model: torch.fx.GraphModule, match: Mapping[torch.fx.Node, st
         _set_attribute(model, weight_node.target, torch.from_numpy(np.ascontiguousarray(weight)))
         if bias is not None and isinstance(bias_node, torch.fx.Node) and bias_node.op == "get_attr":
             _set_attribute(model, bias_node.target, torch.from_numpy(np.ascontiguousarray(bias, dtype=np.float32)))
-        done += 1
+        done.add(twin.name)
     return done
 
 
@@ -465,17 +526,19 @@ def carry_plan(module: torch.nn.Module, example: Sequence[torch.Tensor], *, floa
     the runtime's converter needs (``CarryOptions``)."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
+    from npukit.frontend.spec import eval_mode
     from npukit.quant.qdq import named_nodes, preprocess
 
     work = preprocess(named_nodes(float_model))  # the names the plan and the QDQ model use
     onnx_side = _onnx_side(work, qdq, plan, reference_values(work, example))
     report: dict[str, Any] = {}
-    program = torch.export.export(module.eval(), tuple(example)).module()
+    program = torch.export.export(eval_mode(module), tuple(example)).module()
     prepared = prepare_pt2e(program, _plan_quantizer(onnx_side, example, report, options))
     with torch.no_grad():
         prepared(*example)  # fixed grids learn nothing; PT2E wants the observers run once
     converted = convert_pt2e(prepared, fold_quantize=options.fold_quantize)
     return CarriedPlan(program=converted, matched=report.get("matched", 0), activations=report.get("activations", 0),
                        weights=report.get("weights", 0), float_nodes=tuple(report.get("float_nodes", ())),
-                       unmatched=tuple(report.get("unmatched", ())) + tuple(report.get("unmatched_weights", ())),
+                       unmatched=tuple(report.get("unmatched", ())) + tuple(report.get("unmatched_weights", ()))
+                       + tuple(report.get("uncarried_weights", ())),
                        derived=tuple(report.get("derived", ())))
