@@ -257,7 +257,8 @@ def _devices_arguments(p: argparse.ArgumentParser) -> None:
 def _add_preprocess(p: argparse.ArgumentParser) -> None:
     """How image files (a folder or an image given as data) become the model's input; arrays are taken as they are."""
     p.add_argument("--size", type=_positive, default=224, help="image crop size (default 224; the model's own wins)")
-    p.add_argument("--resize", type=_positive, default=256, help="resize the short side to this before cropping")
+    p.add_argument("--resize", type=_positive, help="resize the short side to this before cropping (default: the "
+                   "crop size / 0.875, 256 for 224)")
     p.add_argument("--mean", default="0.485,0.456,0.406",
                    help="per-channel mean of images in [0, 1] (default ImageNet)")
     p.add_argument("--std", default="0.229,0.224,0.225", help="per-channel std (default ImageNet)")
@@ -267,8 +268,8 @@ def _preprocess(args: argparse.Namespace):
     from npukit.config import PreprocessConfig
 
     mean, std = _floats(args.mean, "--mean"), _floats(args.std, "--std")
-    return PreprocessConfig(size=args.size, resize=max(args.resize, args.size), mean=mean, std=std,
-                            channels=len(mean))
+    resize = None if args.resize is None else max(args.resize, args.size)
+    return PreprocessConfig(size=args.size, resize=resize, mean=mean, std=std, channels=len(mean))
 
 
 def _bench_arguments(p: argparse.ArgumentParser) -> None:

@@ -88,7 +88,7 @@ class PreprocessConfig:
     """ImageNet-style preprocessing: resize the short side, center-crop, scale to [0,1], normalize, NCHW float32."""
 
     size: int = 224
-    resize: int = 256
+    resize: int | None = None  # the short side before the crop; None: size / 0.875 (ImageNet's 256 for 224)
     mean: tuple[float, ...] = (0.485, 0.456, 0.406)
     std: tuple[float, ...] = (0.229, 0.224, 0.225)
     channels: Literal[1, 3] = 3
@@ -96,9 +96,15 @@ class PreprocessConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "mean", tuple(float(v) for v in self.mean))
         object.__setattr__(self, "std", tuple(float(v) for v in self.std))
-        _require(self.size > 0 and self.resize >= self.size, "resize must be >= size > 0")
+        _require(self.size > 0 and (self.resize is None or self.resize >= self.size), "resize must be >= size > 0")
         _require(len(self.mean) == self.channels == len(self.std), "mean and std need one value per channel")
         _require(all(s > 0 for s in self.std), "std values must be positive")
+
+    @property
+    def short_side(self) -> int:
+        """What the short side is resized to: ``resize``, or the crop's size / 0.875 (a 32-pixel model's crop is
+        then most of the image, as a 224-pixel model's is of 256, not a 32-pixel patch of a 256-pixel image)."""
+        return self.resize if self.resize is not None else round(self.size * 256 / 224)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -382,6 +382,8 @@ def test_quantize_says_how_images_were_read_and_takes_the_normalization(exported
                  "--mean", "0.5,0.5,0.5", "--std", "0.5,0.5,0.5"]) == 0
     note = json.loads(out.with_name("q.report.json").read_text())["results"]["image_preprocessing"]
     assert "imgs: 3 image(s)" in note and "center crop 32x32" in note and "mean [0.5, 0.5, 0.5]" in note
+    # the crop is most of the image, as 224 of 256 is for ImageNet models, not a 32-pixel patch of a 256-pixel image
+    assert "short side resized to 37," in note
 
 
 def test_a_recipe_auto_that_ran_out_of_time_says_what_it_did_not_try(exported, tmp_path):

@@ -57,3 +57,17 @@ def test_modes_are_converted() -> None:
 def test_normalize_checks_channels() -> None:
     with pytest.raises(ValueError):
         normalize(np.zeros((4, 4, 3), dtype=np.uint8), mean=(0.5,), std=(0.5,))
+
+
+def test_the_short_side_follows_the_crop_unless_given() -> None:
+    """ImageNet's 256 for a 224 crop; for a 32-pixel model the same share of the image (37), not a 32-pixel patch
+    of a 256-pixel image; a given --resize wins."""
+    assert PreprocessConfig().short_side == 256
+    assert PreprocessConfig(size=32).short_side == 37
+    assert PreprocessConfig(size=32, resize=256).short_side == 256
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (300, 400, 3), dtype=np.uint8))
+    transforms = pytest.importorskip("torchvision.transforms")
+    expected = transforms.Compose([  # torchvision's own: Resize(37), CenterCrop(32)
+        transforms.Resize(37), transforms.CenterCrop(32), transforms.ToTensor(),
+        transforms.Normalize(PreprocessConfig().mean, PreprocessConfig().std)])(image).numpy()
+    np.testing.assert_allclose(preprocess_image(image, PreprocessConfig(size=32)), expected, rtol=0, atol=1e-5)

@@ -205,3 +205,16 @@ def test_nan_and_non_numeric_arrays(tmp_path: Path) -> None:
     np.save(tmp_path / "none.npy", np.zeros((0, 3), dtype=np.float32))
     with pytest.raises(InputError, match="no samples"):
         open_dataset(tmp_path / "none.npy", preprocess=CFG)
+
+
+def test_one_npz_array_keyed_otherwise_feeds_the_one_input_and_says_so(tmp_path: Path) -> None:
+    np.savez(tmp_path / "d.npz", foo=np.zeros((2, 3, 4, 4), dtype=np.float32))
+    with pytest.warns(readers.DataMapping, match="its one array 'foo' is fed to the model's input 'x'"):
+        ds = open_dataset(tmp_path / "d.npz", preprocess=CFG, input_name="x")
+    assert ds.input_names == ("x",)
+    np.savez(tmp_path / "same.npz", x=np.zeros((2, 3, 4, 4), dtype=np.float32))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", readers.DataMapping)  # the same name: nothing to say
+        open_dataset(tmp_path / "same.npz", preprocess=CFG, input_name="x")

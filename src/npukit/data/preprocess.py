@@ -31,10 +31,11 @@ def preprocess_image(image: Image.Image, config: PreprocessConfig) -> np.ndarray
     image = _to_mode(image, "L" if config.channels == 1 else "RGB")
     width, height = image.size
     # As torchvision.transforms.Resize(int): short side -> resize, long side int(resize * long / short).
+    short = config.short_side
     if width <= height:
-        new_w, new_h = config.resize, int(config.resize * height / width)
+        new_w, new_h = short, int(short * height / width)
     else:
-        new_w, new_h = int(config.resize * width / height), config.resize
+        new_w, new_h = int(short * width / height), short
     image = image.resize((new_w, new_h), Image.Resampling.BILINEAR)
     top = int(round((new_h - config.size) / 2.0))
     left = int(round((new_w - config.size) / 2.0))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import re
+import warnings
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -335,6 +336,11 @@ def _labels_from_file(label_file: Path, relative: list[str]) -> np.ndarray:
     return np.array(labels, dtype=np.int64)
 
 
+
+class DataMapping(UserWarning):
+    """How the data's arrays were matched to the model's inputs where the names differ (``report.finish`` lists it in
+    the report)."""
+
 def _open_npy(path: Path, *, input_name: str) -> ArrayDataset:
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -356,7 +362,11 @@ def _open_npz(path: Path, *, input_name: str | None) -> ArrayDataset:
     if not arrays:
         raise InputError(f"{path} holds no input arrays", hint="save one array per model input, keyed by input name")
     if len(arrays) == 1 and input_name is not None:
-        arrays = {input_name: next(iter(arrays.values()))}
+        key = next(iter(arrays))
+        if key != input_name:  # one array for one input: used whatever its key, and said so
+            warnings.warn(f"{path.name}: its one array {key!r} is fed to the model's input {input_name!r}",
+                          DataMapping, stacklevel=2)
+        arrays = {input_name: arrays[key]}
     elif input_name is not None and input_name not in arrays:
         raise InputError(f"{path} has no array for model input {input_name!r} (it has {', '.join(arrays)})",
                          hint="key the arrays by the model's input names")

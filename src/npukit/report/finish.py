@@ -50,7 +50,8 @@ NOTES = {"InputShapeOverride": ("input_shape_override",
          "UntrainedWeights": ("untrained_weights", "Weights: the model read is an untrained architecture"),
          "ImagePreprocessing": ("image_preprocessing",
                                 "Images: how they were turned into the model's input (--size, --resize, --mean, "
-                                "--std change it)")}
+                                "--std change it)"),
+         "DataMapping": ("data_mapping", "Data: arrays fed to inputs of another name")}
 
 
 def finish(report: Report, artifact: Path | None, *, html: bool, json_path: Path | None = None,

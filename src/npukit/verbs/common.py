@@ -284,7 +284,8 @@ def open_data(data: str | Path, proto: onnx.ModelProto, preprocess: PreprocessCo
     first = inputs[0]
     dims = [d.dim_value if d.HasField("dim_value") else None for d in first.type.tensor_type.shape.dim]
     if len(dims) == 4 and dims[1] in (1, 3) and Path(data).is_dir() and dims[2] and dims[2] != preprocess.size:
-        preprocess = dataclasses.replace(preprocess, size=dims[2], resize=max(preprocess.resize, dims[2]))
+        resize = None if preprocess.resize is None else max(preprocess.resize, dims[2])
+        preprocess = dataclasses.replace(preprocess, size=dims[2], resize=resize)
     if len(dims) == 4 and dims[1] == 1 and preprocess.channels != 1:
         preprocess = dataclasses.replace(preprocess, channels=1, mean=(preprocess.mean[0],), std=(preprocess.std[0],))
     dataset = open_dataset(data, preprocess=preprocess, input_name=first.name if len(inputs) == 1 else None)
@@ -297,7 +298,7 @@ def open_data(data: str | Path, proto: onnx.ModelProto, preprocess: PreprocessCo
         p = dataset.preprocess                        # silently fed ImageNet's normalization
         with warnings.catch_warnings():
             warnings.simplefilter("always", ImagePreprocessing)
-            warnings.warn(f"{Path(data).name}: {len(dataset)} image(s), short side resized to {p.resize}, center "
+            warnings.warn(f"{Path(data).name}: {len(dataset)} image(s), short side resized to {p.short_side}, center "
                           f"crop {p.size}x{p.size}, {'RGB' if p.channels == 3 else 'gray'} in [0, 1], (x - mean) / std "
                           f"with mean {list(p.mean)}, std {list(p.std)} (ImageNet's unless given)",
                           ImagePreprocessing, stacklevel=2)
