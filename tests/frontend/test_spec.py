@@ -18,6 +18,8 @@ def test_factory_spec(factories: str) -> None:
     assert source.default_input_shape == (1, 3, 16, 16)
     assert source.module is not None and not source.module.training
     assert "TinyCNN" in source.description
+    # the factory returned it in training mode (a BatchNorm in it): used in eval mode, and said so
+    assert any("returned the model in training mode" in note for note in source.notes)
 
 
 def test_factory_raising(factories: str) -> None:

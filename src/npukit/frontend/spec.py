@@ -214,6 +214,9 @@ def _from_factory(spec: str, weights: str | None) -> ModelSource:
         raise InputError(f"{call} returned {type(module).__name__}, not a torch.nn.Module",
                          hint="return the model itself from the factory")
     notes = load_weights(module, weights) if weights is not None else ()
+    if module.training and any(isinstance(m, _MODE_DEPENDENT) for m in module.modules()):
+        notes = (*notes, f"{call} returned the model in training mode; it is used in eval mode (Dropout off, "
+                         "BatchNorm on its running statistics), as deployed")
     module.eval()
     state = f"weights from {weights}" if weights else "weights as built"
     return ModelSource(kind="torch", spec=spec, module=module, onnx_path=None,
@@ -409,6 +412,11 @@ def _require_file(path: Path, what: str) -> None:
         raise InputError(f"{path} does not exist", hint=f"pass the path of {what}")
     if path.is_dir():
         raise InputError(f"{path} is a directory", hint=f"pass the path of {what}")
+
+
+# layers that compute differently in training mode
+_MODE_DEPENDENT = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._BatchNorm,
+                   torch.nn.modules.instancenorm._InstanceNorm)
 
 
 def eval_mode(module: Any) -> Any:
