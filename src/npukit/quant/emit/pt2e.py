@@ -404,31 +404,65 @@ def _unshare(model: torch.fx.GraphModule, state: _Annotation, removed: set[torch
 
 
 def _same_scale_concats(model: torch.fx.GraphModule, state: _Annotation) -> None:
-    """Each concatenation's inputs and output on the plan's grid of its output; an input's producer that feeds
-    nothing else writes that grid (no requantization on the edge). Without ``options.requantize_edges``, a producer
-    that also feeds others writes the concatenation's grid too, widened to cover the producer's own range (the
-    concatenation named in the report's ``derived``: its grid is not the plan's)."""
+    """Each concatenation's inputs and output on the plan's grid of its output; an input's producer (``sources``:
+    through the ops that pass values on) whose output nothing else reads writes that grid (no requantization on the
+    edge). Without ``options.requantize_edges``, a producer that also feeds others writes the concatenation's grid
+    too, and so every concatenation it feeds (DenseNet's features feed every later concatenation of their block):
+    such a group shares one grid, widened to cover each member's plan range (its concatenations named in the
+    report's ``derived``: their grid is not the plan's)."""
     from torchao.quantization.pt2e.quantizer import FixedQParamsQuantizationSpec
 
-    for node in model.graph.nodes:
+    def fixed(node: torch.fx.Node) -> Any:
         annotation = node.meta.get("quantization_annotation")
-        if annotation is None or _op_name(node) not in _CONCATS or (grid := state.grid(node)) is None:
-            continue
-        sources = {arg: _through_passing(arg) for arg in annotation.input_qspec_map}
-        producers = {source: source.meta.get("quantization_annotation") for source in sources.values()}
-        fixed = {arg: p for arg, p in producers.items()
-                 if p is not None and isinstance(p.output_qspec, FixedQParamsQuantizationSpec)}
-        shared = [p.output_qspec for arg, p in fixed.items() if len(arg.users) > 1]
-        if shared and not state.options.requantize_edges:
-            grid = _covering([grid, *shared])
+        return annotation if annotation is not None and isinstance(annotation.output_qspec,
+                                                                   FixedQParamsQuantizationSpec) else None
+
+    concats = {node: state.grid(node) for node in model.graph.nodes
+               if node.meta.get("quantization_annotation") is not None and _op_name(node) in _CONCATS
+               and state.grid(node) is not None}
+    # concatenation -> {its input's producer: whether the producer's value is read by this concatenation alone}
+    sources = {node: {(source := _through_passing(arg)): len(arg.users) == 1 and (source is arg or
+                                                                                  len(source.users) == 1)
+                      for arg in node.meta["quantization_annotation"].input_qspec_map} for node in concats}
+    passing = {node: list(node.meta["quantization_annotation"].input_qspec_map) for node in concats}
+    group = {node: node for node in concats}  # union-find over concatenations that share a producer
+
+    def root(node: torch.fx.Node) -> torch.fx.Node:
+        while group[node] is not node:
+            node = group[node]
+        return node
+
+    shared: dict[torch.fx.Node, list[Any]] = {}  # group root -> the plan grids of producers others read too
+    if not state.options.requantize_edges:
+        owner: dict[torch.fx.Node, torch.fx.Node] = {}
+        for node in concats:
+            for source, alone in sources[node].items():
+                if fixed(source) is not None and not alone:
+                    if source in owner:
+                        group[root(node)] = root(owner[source])
+                    owner[source] = node
+        for source, node in owner.items():
+            shared.setdefault(root(node), []).append(fixed(source).output_qspec)
+    grids: dict[torch.fx.Node, Any] = {}
+    for node, grid in concats.items():
+        members = [m for m in concats if root(m) is root(node)]
+        if shared.get(root(node)) or len(members) > 1:
+            grid = grids.get(root(node)) or _covering([concats[m] for m in members] + shared.get(root(node), []))
+            grids[root(node)] = grid
             state.report.setdefault("derived", []).append(node.name)
+        annotation = node.meta["quantization_annotation"]
         annotation.output_qspec = grid
         annotation.input_qspec_map = {arg: grid for arg in annotation.input_qspec_map}
         _read_on(node, grid)
-        for arg, producer in fixed.items():
-            if len(arg.users) == 1 or not state.options.requantize_edges:
-                producer.output_qspec = grid
-                _read_on(arg, grid)
+        for source, alone in sources[node].items():
+            if fixed(source) is not None and (alone or not state.options.requantize_edges):
+                fixed(source).output_qspec = grid
+                _read_on(source, grid)
+        if not state.options.requantize_edges:  # the values passed on are read on that grid everywhere
+            for arg in passing[node]:
+                while arg not in sources[node]:
+                    _read_on(arg, grid)
+                    arg = arg.args[0]
 
 
 def _read_on(node: torch.fx.Node, grid: Any) -> None:
@@ -443,11 +477,18 @@ def _read_on(node: torch.fx.Node, grid: Any) -> None:
 
 
 def _through_passing(node: torch.fx.Node) -> torch.fx.Node:
-    """The op that computes what ``node`` passes on: ``node``, or the first op above it that is not an unannotated
-    op passing its input's values through (a view, a nearest-neighbour resize, a max pool) read by nothing else:
-    converters give such ops one grid in and out (LiteRT's int8 kernels copy the integers whatever the grids)."""
-    while _op_name(node) in _VIEWS + _PASSING and "quantization_annotation" not in node.meta \
-            and isinstance(node.args[0], torch.fx.Node) and len(node.args[0].users) == 1:
+    """The op that computes what ``node`` passes on: ``node``, or the first op above it, through ops that pass their
+    input's values on or average them (a view, a nearest-neighbour resize, a max or average pool), unannotated or
+    with their output on their input's grid, whose input is read by nothing else: converters give such ops one grid
+    in and out (LiteRT's int8 kernels copy the integers whatever the grids)."""
+    from torchao.quantization.pt2e.quantizer import SharedQuantizationSpec
+
+    def passes(node: torch.fx.Node) -> bool:
+        annotation = node.meta.get("quantization_annotation")
+        return _op_name(node) in _VIEWS + _PASSING + _REQUANTIZING and (
+            annotation is None or isinstance(annotation.output_qspec, SharedQuantizationSpec))
+
+    while node.args and isinstance(node.args[0], torch.fx.Node) and len(node.args[0].users) == 1 and passes(node):
         node = node.args[0]
     return node
 
