@@ -137,6 +137,18 @@ def test_int8_segmenter_with_a_concatenated_skip(target, tmp_path):
     assert min(o["sqnr_db"] for o in results["task_check"]["result"]["outputs"]) > 25
 
 
+def test_int8_dense_block_whose_features_feed_every_later_concatenation(target, tmp_path):
+    """DenseNet's pattern (LiteRT's converter refused it: a feature widened for one concatenation was set again by
+    the next): one grid per block, checked."""
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(0).normal(size=(16, 3, 32, 32)).astype(np.float32))
+    out = tmp_path / f"dense{TARGETS[target][0]}"
+    assert main(["compile", "tinynet:tinydense", "--target", target, "--calib", str(calib), "-o", str(out),
+                 *SHAPE]) == 0
+    results = json.loads(out.with_name(out.name + ".report.json").read_text())["results"]
+    assert min(o["sqnr_db"] for o in results["task_check"]["result"]["outputs"]) > 25
+
+
 @pytest.mark.skipif(sys.platform == "darwin", reason="on macOS Core ML runs the package: the runner path is checked")
 @pytest.mark.parametrize("int8", [False, True])
 def test_coreml_package_is_read_back_and_said_not_run(int8, tmp_path, monkeypatch):

@@ -68,3 +68,34 @@ def tinyseg() -> nn.Module:
                 m.running_mean.uniform_(-0.5, 0.5)
                 m.running_var.uniform_(0.5, 2.0)
     return model.eval()
+
+
+class TinyDense(nn.Module):
+    """A DenseNet-like block: each feature feeds every later concatenation (the first a one-input one), after an
+    average pool (a transition)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 1))
+        self.pool = nn.AvgPool2d(2)
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.BatchNorm2d(8 + 4 * i), nn.ReLU(), nn.Conv2d(8 + 4 * i, 4, 3, padding=1))
+            for i in range(3))
+        self.fc = nn.Linear(20, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = [self.pool(self.stem(x))]
+        for layer in self.layers:
+            features.append(layer(torch.cat(features, 1)))
+        return self.fc(torch.cat(features, 1).mean((2, 3)))
+
+
+def tinydense() -> nn.Module:
+    torch.manual_seed(0)
+    model = TinyDense()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+    return model.eval()

@@ -453,27 +453,39 @@ def _same_scale_concats(model: torch.fx.GraphModule, state: _Annotation) -> None
         annotation = node.meta["quantization_annotation"]
         annotation.output_qspec = grid
         annotation.input_qspec_map = {arg: grid for arg in annotation.input_qspec_map}
-        _read_on(node, grid)
+        follow = not state.options.average_grids
+        _read_on(node, grid, averages_follow=follow)
         for source, alone in sources[node].items():
             if fixed(source) is not None and (alone or not state.options.requantize_edges):
                 fixed(source).output_qspec = grid
-                _read_on(source, grid)
+                _read_on(source, grid, averages_follow=follow)
         if not state.options.requantize_edges:  # the values passed on are read on that grid everywhere
             for arg in passing[node]:
                 while arg not in sources[node]:
-                    _read_on(arg, grid)
+                    _read_on(arg, grid, averages_follow=follow)
                     arg = arg.args[0]
 
 
-def _read_on(node: torch.fx.Node, grid: Any) -> None:
+def _read_on(node: torch.fx.Node, grid: Any, *, averages_follow: bool = False) -> None:
     """``node``'s readers read it on ``grid``, its output's: no requantization on their edges (a bias derived from
-    the input's grid is then derived from the grid the input really has)."""
-    from torchao.quantization.pt2e.quantizer import FixedQParamsQuantizationSpec
+    the input's grid is then derived from the grid the input really has). A reader whose output is on its input's
+    grid (a view or a pass-through op; an average, with ``averages_follow``: LiteRT's) writes ``grid`` too, and so
+    on down."""
+    from torchao.quantization.pt2e.quantizer import FixedQParamsQuantizationSpec, SharedQuantizationSpec
 
+    follow = _VIEWS + _PASSING + (_REQUANTIZING if averages_follow else ())
     for user in node.users:
         read = user.meta.get("quantization_annotation")
-        if read is not None and isinstance(read.input_qspec_map.get(node), FixedQParamsQuantizationSpec):
+        spec = read.input_qspec_map.get(node) if read is not None else None
+        if isinstance(spec, FixedQParamsQuantizationSpec):
             read.input_qspec_map[node] = grid
+        elif not isinstance(spec, SharedQuantizationSpec):  # (a shared input follows ``node`` by itself)
+            continue
+        if _op_name(user) in follow and isinstance(read.output_qspec, (FixedQParamsQuantizationSpec,
+                                                                       SharedQuantizationSpec)):
+            if isinstance(read.output_qspec, FixedQParamsQuantizationSpec):
+                read.output_qspec = grid
+            _read_on(user, grid, averages_follow=averages_follow)
 
 
 def _through_passing(node: torch.fx.Node) -> torch.fx.Node:
