@@ -804,7 +804,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from npukit.report.terminal import print_error
     from npukit.report.capture import capture_library_messages
 
-    before = {path: path.exists() for path in _outputs(args) + _new_folders(_outputs(args))}
+    outputs = _outputs(args)
+    before = {path: path.exists() for path in outputs + _new_folders(outputs)}
     try:
         from npukit._atomic import check_writes
 

@@ -62,12 +62,7 @@ class TinySeg(nn.Module):
 def tinyseg() -> nn.Module:
     torch.manual_seed(0)
     model = TinySeg()
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.5, 0.5)
-                m.running_var.uniform_(0.5, 2.0)
-    return model.eval()
+    return _with_statistics(model)
 
 
 class TinyDense(nn.Module):
@@ -93,6 +88,12 @@ class TinyDense(nn.Module):
 def tinydense() -> nn.Module:
     torch.manual_seed(0)
     model = TinyDense()
+    return _with_statistics(model)
+
+
+def _with_statistics(model: nn.Module) -> nn.Module:
+    """``model`` in eval mode with non-trivial BatchNorm running statistics (folding them is then really
+    exercised)."""
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, nn.BatchNorm2d):

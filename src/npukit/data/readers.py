@@ -336,10 +336,10 @@ def _labels_from_file(label_file: Path, relative: list[str]) -> np.ndarray:
     return np.array(labels, dtype=np.int64)
 
 
-
 class DataMapping(UserWarning):
     """How the data's arrays were matched to the model's inputs where the names differ (``report.finish`` lists it in
     the report)."""
+
 
 def _open_npy(path: Path, *, input_name: str) -> ArrayDataset:
     try:

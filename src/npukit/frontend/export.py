@@ -115,8 +115,7 @@ def _export_torch(source: ModelSource, staged: Path, work: Path, *, config: Expo
     if shape is None:
         extra = _non_tensor_arguments(module)
         if extra:  # a shape would not help: say what would
-            raise InputError(f"the model's forward takes arguments besides its input tensor ({', '.join(extra)}), "
-                             "and npukit exports a model called with one tensor", hint=_WRAPPER_HINT)
+            raise _takes_more_than_a_tensor(extra)
         raise InputError(f"no input shape is known for {source.spec}", hint="pass one with --input-shape 1,3,224,224")
     outputs = _check_shape_fits(module, shape)
     input_names = [config.input_name]
@@ -183,8 +182,11 @@ def _non_tensor_arguments(module: torch.nn.Module) -> list[str]:
         return []
 
 
-_WRAPPER_HINT = ("export a wrapper module whose forward(x) calls the model with those arguments fixed (a stateful "
-                 "TorchScript model may not trace; use its ONNX release if it has one)")
+def _takes_more_than_a_tensor(extra: list[str]) -> InputError:
+    return InputError(f"the model's forward takes arguments besides its input tensor ({', '.join(extra)}), and "
+                      "npukit exports a model called with one tensor",
+                      hint="export a wrapper module whose forward(x) calls the model with those arguments fixed (a "
+                           "stateful TorchScript model may not trace; use its ONNX release if it has one)")
 
 
 def _check_shape_fits(module: torch.nn.Module, shape: tuple[int, ...]) -> list[torch.Tensor]:
@@ -195,8 +197,7 @@ def _check_shape_fits(module: torch.nn.Module, shape: tuple[int, ...]) -> list[t
     except Exception as exc:
         extra = _non_tensor_arguments(module)
         if extra:
-            raise InputError(f"the model's forward takes arguments besides its input tensor ({', '.join(extra)}), "
-                             "and npukit exports a model called with one tensor", hint=_WRAPPER_HINT) from exc
+            raise _takes_more_than_a_tensor(extra) from exc
         raise InputError(f"input shape ({','.join(map(str, shape))}) does not fit the model: {first_line(exc)}",
                          hint="pass the shape the model expects with --input-shape") from exc
     if not outputs:

@@ -152,13 +152,15 @@ def _exportable(module: Any, example: tuple[Any, ...]) -> Any:
         return module
     from torch._export.converter import TS2EPConverter
 
+    from npukit.frontend.verify import flatten_outputs
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             converted = _as_conv2d(TS2EPConverter(module, example).convert().module())
         with torch.no_grad():
             same = all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in
-                       zip(_flat(module(*example)), _flat(converted(*example)), strict=True))
+                       zip(flatten_outputs(module(*example)), flatten_outputs(converted(*example)), strict=True))
     except Exception as exc:  # noqa: BLE001 - any failure of the converter is the model's, said in one line
         raise InputError(f"torch cannot convert this TorchScript model into a torch.export program: "
                          f"{first_line(exc)}", hint="give the model as a module:factory or a .pt2 "
@@ -201,12 +203,6 @@ def _as_parameter(module: Any, target: str) -> None:
     if name in owner._buffers:
         value = owner._buffers.pop(name)
         owner.register_parameter(name, torch.nn.Parameter(value, requires_grad=False))
-
-
-def _flat(out: Any) -> list[Any]:
-    import torch
-
-    return [out] if isinstance(out, torch.Tensor) else [t for o in out for t in _flat(o)]
 
 
 def _export_onnx(report: Report, source: Any, shape: tuple[int, ...]) -> onnx.ModelProto:

@@ -424,7 +424,6 @@ def _same_scale_concats(model: torch.fx.GraphModule, state: _Annotation) -> None
     sources = {node: {(source := _through_passing(arg)): len(arg.users) == 1 and (source is arg or
                                                                                   len(source.users) == 1)
                       for arg in node.meta["quantization_annotation"].input_qspec_map} for node in concats}
-    passing = {node: list(node.meta["quantization_annotation"].input_qspec_map) for node in concats}
     group = {node: node for node in concats}  # union-find over concatenations that share a producer
 
     def root(node: torch.fx.Node) -> torch.fx.Node:
@@ -443,24 +442,27 @@ def _same_scale_concats(model: torch.fx.GraphModule, state: _Annotation) -> None
                     owner[source] = node
         for source, node in owner.items():
             shared.setdefault(root(node), []).append(fixed(source).output_qspec)
-    grids: dict[torch.fx.Node, Any] = {}
+    members: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for node in concats:
+        members.setdefault(root(node), []).append(node)
+    grids = {top: _covering([concats[m] for m in group_of] + shared.get(top, []))
+             for top, group_of in members.items() if shared.get(top) or len(group_of) > 1}
+    follow = not state.options.average_grids
     for node, grid in concats.items():
-        members = [m for m in concats if root(m) is root(node)]
-        if shared.get(root(node)) or len(members) > 1:
-            grid = grids.get(root(node)) or _covering([concats[m] for m in members] + shared.get(root(node), []))
-            grids[root(node)] = grid
+        if root(node) in grids:
+            grid = grids[root(node)]
             state.report.setdefault("derived", []).append(node.name)
         annotation = node.meta["quantization_annotation"]
+        inputs = list(annotation.input_qspec_map)
         annotation.output_qspec = grid
-        annotation.input_qspec_map = {arg: grid for arg in annotation.input_qspec_map}
-        follow = not state.options.average_grids
+        annotation.input_qspec_map = {arg: grid for arg in inputs}
         _read_on(node, grid, averages_follow=follow)
         for source, alone in sources[node].items():
             if fixed(source) is not None and (alone or not state.options.requantize_edges):
                 fixed(source).output_qspec = grid
                 _read_on(source, grid, averages_follow=follow)
         if not state.options.requantize_edges:  # the values passed on are read on that grid everywhere
-            for arg in passing[node]:
+            for arg in inputs:
                 while arg not in sources[node]:
                     _read_on(arg, grid, averages_follow=follow)
                     arg = arg.args[0]
