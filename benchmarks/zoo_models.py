@@ -870,8 +870,9 @@ def stack_feeds(feeds: Sequence[Feed]) -> dict[str, np.ndarray]:
     return out
 
 
-def save_feeds(feeds: Sequence[Feed], path_stem: Path) -> Path:
+def save_feeds(feeds: Sequence[Feed], path_stem: str | Path) -> Path:
     """NAME.npy for a single input, NAME.npz (keyed by input name) otherwise."""
+    path_stem = Path(path_stem)
     arrays = stack_feeds(feeds)
     if len(arrays) == 1:
         path = path_stem.parent / (path_stem.name + ".npy")

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from npukit import __version__
 
@@ -35,6 +35,17 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    """An argument that is a length of time: seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} seconds: give a finite time above 0, e.g. 3")
     return value
 
 
@@ -74,19 +85,19 @@ def _add_training_data(p: argparse.ArgumentParser, *, output: str) -> None:
 
 
 def _add_training(p: argparse.ArgumentParser, *, passes: str, lr: str) -> None:
-    p.add_argument("--epochs", type=int, default=3, help=f"{passes} (default 3)")
-    p.add_argument("--batch-size", type=int, default=16, help="samples per step, over all processes (default 16)")
+    p.add_argument("--epochs", type=_positive, default=3, help=f"{passes} (default 3)")
+    p.add_argument("--batch-size", type=_positive, default=16, help="samples per step, over all processes (default 16)")
     p.add_argument("--lr", type=float, help=lr)
     p.add_argument("--no-augment", action="store_true", help="no random shifts of image inputs")
-    p.add_argument("--max-steps", type=int, help="steps per epoch at most (default: every sample once)")
+    p.add_argument("--max-steps", type=_positive, help="steps per epoch at most (default: every sample once)")
 
 
 def _add_training_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--restart", action="store_true", help="ignore the checkpoint of an earlier run and start over")
     p.add_argument("--seed", type=int, default=0, help="seed of the batches and shifts (default 0)")
     p.add_argument("--threads", type=int, help="torch and ORT threads (default: torch's)")
-    p.add_argument("--runs", type=int, default=20, help="timed runs per model (default 20)")
-    p.add_argument("--max-samples", type=int, help="check on at most this many held-out samples")
+    p.add_argument("--runs", type=_positive, default=20, help="timed runs per model (default 20)")
+    p.add_argument("--max-samples", type=_positive, help="check on at most this many held-out samples")
     _add_gate(p)
     _add_shape(p, "static input shape, e.g. 1,3,224,224")
     _add_html(p)
@@ -98,8 +109,19 @@ def _add_shape(p: argparse.ArgumentParser, help_text: str) -> None:
                                     "Fixed into the model first: every check, count and plan uses these shapes")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors in npukit's form: one line on stderr saying what is wrong and where the usage is
+    (argparse's own prints the whole usage first), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        from npukit.report.terminal import print_error
+
+        print_error(f"{self.prog}: {message}. See `{self.prog} -h` for the arguments.")
+        self.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="npukit",
         description="Turn a PyTorch or ONNX model into a fast, small, verified artifact for phones and NPUs, "
                     "and measure it.")
@@ -140,7 +162,7 @@ def _optimize_graph_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-verify", action="store_true", help="skip the numerical check against the original")
     p.add_argument("--rtol", type=float, default=1e-4, help="max error relative to the output range (default 1e-4)")
     _add_shape(p, "static input shapes for symbolic dimensions, e.g. 1,3,640,640 (the output keeps them)")
-    p.add_argument("--memory-budget", type=int, metavar="BYTES",
+    p.add_argument("--memory-budget", type=_positive, metavar="BYTES",
                    help="restructure (ORT CPU: plain-layout upsamples; then spatial tiles of the high-resolution "
                         "stem) so the predicted peak activation memory fits BYTES")
     _add_html(p)
@@ -194,7 +216,7 @@ def _quantize_arguments(p: argparse.ArgumentParser) -> None:
                    help="choose each layer's precision (int8, 16-bit activations or float32) so that the model "
                         "meets --min-task-metric / --min-sqnr on the calibration data with the least latency added "
                         "(each option's gain and cost measured on this machine; minutes)")
-    p.add_argument("--mixed-precision-layers", type=int, default=24, metavar="N",
+    p.add_argument("--mixed-precision-layers", type=_positive, default=24, metavar="N",
                    help="layers whose options are measured per round, the most sensitive first; more are "
                         "measured while no plan meets the floors (default 24)")
     p.add_argument("--activations", choices=("auto", "uint8", "int8"), default="auto",
@@ -216,11 +238,11 @@ def _quantize_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep the channel order (by default, per-channel weights on the reduce-range grid without "
                         "bias correction get channels reordered so each large weight shares its kernel pair with a "
                         "small one; exact in float)")
-    p.add_argument("--calib-samples", type=int, help="use exactly this many calibration samples")
+    p.add_argument("--calib-samples", type=_positive, help="use exactly this many calibration samples")
     p.add_argument("--data", help="held-out data to measure agreement with the float model")
-    p.add_argument("--max-samples", type=int, help="use at most this many --data samples")
+    p.add_argument("--max-samples", type=_positive, help="use at most this many --data samples")
     p.add_argument("--threads", type=int, default=1, help="ORT threads for timing (default 1)")
-    p.add_argument("--runs", type=int, default=30, help="timed runs per model (default 30)")
+    p.add_argument("--runs", type=_positive, default=30, help="timed runs per model (default 30)")
     _add_html(p)
 
 
@@ -278,9 +300,9 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference", metavar="REF.onnx", help="the model to compare against (e.g. the FP32 export)")
     _add_gate(p)
     p.add_argument("--threads", type=int, default=1, help="ORT intra-op threads (default 1)")
-    p.add_argument("--runs", type=int, default=50, help="timed runs (default 50)")
+    p.add_argument("--runs", type=_positive, default=50, help="timed runs (default 50)")
     p.add_argument("--warmup", type=int, default=10, help="untimed warm-up runs (default 10)")
-    p.add_argument("--max-samples", type=int, help="use at most this many data samples")
+    p.add_argument("--max-samples", type=_positive, help="use at most this many data samples")
     _add_preprocess(p)
     p.add_argument("--target", default="cpu", help="also run on an NPU backend: qnn-htp (default: cpu only)")
     p.add_argument("--soc", default="SM8650", help="with --target qnn-htp: the Snapdragon SoC whose HTP runs the "
@@ -320,21 +342,22 @@ def _serve_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("--data", help="requests from this image folder, .npy or .npz (default: seeded random inputs)")
     p.add_argument("--device", default="cpu", help="auto | cpu | qnn-htp[@SOC] (default cpu)")
-    p.add_argument("--duration", type=float, default=3.0, help="seconds per load point (default 3)")
-    p.add_argument("--max-workers", type=int, help="largest worker count on the curve (default: the cores)")
+    p.add_argument("--duration", type=_positive_seconds, default=3.0, help="seconds per measurement: each load point, the start-ups, the allocations (default 3)")
+    p.add_argument("--max-workers", type=_positive, help="largest worker count on the curve (default: the cores)")
     p.add_argument("--loads", default="0.8,1.2,1.6",
                    help="open-loop rates as multiples of the plain loop's capacity (default 0.8,1.2,1.6)")
-    p.add_argument("--max-batch", type=int, default=4, help="rows batched together at most (default 4; 1: off)")
+    p.add_argument("--max-batch", type=_positive, default=4, help="rows batched together at most (default 4; 1: off)")
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits for more (default 2)")
     p.add_argument("--prefer", choices=("throughput", "latency"), default="throughput",
                    help="what the split of the cores a runtime measures for itself optimizes: requests per second, "
                         "or one request on an idle runtime (default throughput)")
-    p.add_argument("--device-concurrency", type=int, metavar="N",
+    p.add_argument("--device-concurrency", type=_positive, metavar="N",
                    help="graphs run at once on the device by every runtime measured (default: one on an NPU, no "
                         "limit on the CPU)")
     p.add_argument("--bucket", action="append", metavar="SHAPE",
                    help="serve a model with symbolic sizes through input-size buckets, one static model each (e.g. "
                         "--bucket 1,3,224,224 --bucket 1,3,320,320), compared with a session fixed to each size")
+    _add_shape(p, "serve at this static input shape, e.g. 1,3,224,224")
     p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
     _add_html(p)
 
@@ -358,7 +381,7 @@ def _optimize_arguments(p: argparse.ArgumentParser) -> None:
                    help="how far the task metric may fall below the float model's: 1%% or 0.01 (default 1%%)")
     p.add_argument("--prefer", choices=("latency", "size", "memory", "energy"), default="latency",
                    help="what the chosen artifact is best on among those within the budget (default latency)")
-    p.add_argument("--trials", type=int, default=12, help="trials in the study in all, resumed ones included "
+    p.add_argument("--trials", type=_positive, default=12, help="trials in the study in all, resumed ones included "
                                                           "(default 12)")
     p.add_argument("--time-budget", metavar="T", help="start no trial after T (e.g. 600, 600s, 10m, 1h)")
     p.add_argument("--space", choices=("quick", "full"), default="quick",
@@ -366,10 +389,10 @@ def _optimize_arguments(p: argparse.ArgumentParser) -> None:
                         "float layers; full adds AdaRound and range search (minutes a trial)")
     p.add_argument("--sampler", choices=("tpe", "nsga2"), default="tpe", help="Optuna sampler (default tpe)")
     p.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0)")
-    p.add_argument("--workers", type=int, default=1, metavar="N",
+    p.add_argument("--workers", type=_positive, default=1, metavar="N",
                    help="trials built at once on Ray Tune (a local Ray instance npukit starts and stops; default 1: "
                         "one after the other, no Ray); timing stays one model at a time")
-    p.add_argument("--batch", type=int, metavar="N", help="recipes the sampler proposes at once (default: --workers); "
+    p.add_argument("--batch", type=_positive, metavar="N", help="recipes the sampler proposes at once (default: --workers); "
                    "the same batch and seed propose the same recipes with any number of workers")
     p.add_argument("--ray-address", metavar="ADDR", help="run the trials on an existing Ray cluster (e.g. HEAD:6379, "
                    "or auto) instead of a local instance; needs --workers")
@@ -380,8 +403,8 @@ def _optimize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-sqnr", type=float, default=None, metavar="DB",
                    help="floor of the SQNR of every output the task does not decode (default: the task check's)")
     p.add_argument("--threads", type=int, default=1, help="ORT intra-op threads for timing (default 1)")
-    p.add_argument("--runs", type=int, default=20, help="timed runs per model and trial (default 20)")
-    p.add_argument("--max-samples", type=int, help="evaluate on at most this many held-out samples")
+    p.add_argument("--runs", type=_positive, default=20, help="timed runs per model and trial (default 20)")
+    p.add_argument("--max-samples", type=_positive, help="evaluate on at most this many held-out samples")
     _add_shape(p, "static input shape, e.g. 1,3,224,224")
     _add_html(p)
 
@@ -434,7 +457,7 @@ def _substitute_arguments(p: argparse.ArgumentParser) -> None:
 def _demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output-dir", default="npukit_out", help="where artifacts and reports go")
     p.add_argument("--threads", type=int, default=1, help="ORT intra-op threads for timing (default 1)")
-    p.add_argument("--runs", type=int, default=50, help="timed runs per model (default 50)")
+    p.add_argument("--runs", type=_positive, default=50, help="timed runs per model (default 50)")
     p.add_argument("--no-html", action="store_true", help="skip the HTML report")
 
 
@@ -617,7 +640,8 @@ def _serve_bench(api, args):
                            max_workers=args.max_workers, loads=_floats(args.loads, "--loads"),
                            max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, prefer=args.prefer,
                            device_concurrency=args.device_concurrency, report_path=args.report,
-                           html=args.html, buckets=[_ints(b, "--bucket") for b in args.bucket or ()])
+                           html=args.html, buckets=[_ints(b, "--bucket") for b in args.bucket or ()],
+                           input_shape=args.input_shape)
 
 
 # The verbs in the order ``npukit -h`` lists them.
@@ -798,7 +822,10 @@ def _remove_new(paths: dict[Path, bool]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # -h, --version (0) or the parser's one-line refusal (2): an exit code, as below
+        return exc.code if isinstance(exc.code, int) else 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     from npukit.errors import NpukitError
     from npukit.report.terminal import print_error

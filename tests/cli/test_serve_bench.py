@@ -36,8 +36,10 @@ def test_serve_bench_refuses_bad_input(tmp_path, capsys) -> None:
     model = tmp_path / "m.onnx"
     onnx.save(_model(), str(model))
     assert main(["serve-bench", str(model), "--device", "gpu"]) == 2
-    assert main(["serve-bench", str(model), "--duration", "0"]) == 2
     assert "unknown device" in capsys.readouterr().err
+    assert main(["serve-bench", str(model), "--duration", "0"]) == 2  # the parser's refusal: one line
+    err = capsys.readouterr().err
+    assert "above 0" in err and len(err.strip().splitlines()) == 1
     from onnx import TensorProto, helper  # a compiled HTP context model: refused, saying what to serve instead
 
     node = helper.make_node("EPContext", ["x"], ["y"], domain="com.microsoft", source="QNNExecutionProvider")
@@ -97,7 +99,7 @@ def test_serve_bench_passes_prefer_and_device_concurrency_to_every_runtime(tmp_p
     assert measured and all(r["latency_ms"] is not None for r in measured)  # timed for a latency-first split only
     capsys.readouterr()
     assert main(["serve-bench", str(model), "--device-concurrency", "0"]) == 2
-    assert "device_concurrency must be at least 1" in capsys.readouterr().err
+    assert "--device-concurrency: 0 must be at least 1" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "serve.json"]
 
 
@@ -119,3 +121,23 @@ def test_a_fixed_batch_and_a_scalar_input_are_served_without_batching(tmp_path) 
     serving = json.loads(report.read_text())["results"]["serving"]
     assert set(serving["open"]) == {"plain", "workers"} and serving["open"]["workers"][0]["completed"] > 0
     assert serving["batching"]["note"].startswith("batching off")
+
+
+def test_serve_bench_fixes_a_given_input_shape_and_asks_for_one_it_needs(tmp_path, capsys) -> None:
+    model = _model()
+    for dim, name in ((2, "h"), (3, "w")):
+        model.graph.input[0].type.tensor_type.shape.dim[dim].dim_param = name
+    path = tmp_path / "any_size.onnx"
+    onnx.save(model, str(path))
+    assert main(["serve-bench", str(path), "--duration", "0.2"]) == 2  # seeded requests need every size
+    err = capsys.readouterr().err
+    assert "--input-shape" in err and len(err.strip().splitlines()) <= 2
+    report = tmp_path / "serve.json"
+    assert main(["serve-bench", str(path), "--input-shape", "1,3,8,8", "--duration", "0.2", "--loads", "1.0",
+                 "--max-workers", "1", "--report", str(report)]) == 0
+    data = json.loads(report.read_text())
+    assert data["config"]["input_shape"] and data["results"]["serving"]["single"]["pool"]["completed"] > 0
+    assert main(["serve-bench", str(tmp_path / "nope.onnx")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["serve-bench", str(path), "--input-shape", "1,3,8,8", "--bucket", "1,3,8,8"]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["any_size.onnx", "serve.json"]

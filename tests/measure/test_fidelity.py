@@ -84,3 +84,28 @@ def test_bad_batches_raise() -> None:
         meter.update(np.zeros((2, 6)), np.zeros((2, 6)))
     with pytest.raises(ValueError, match="labels"):
         meter.update(np.zeros((2, 5)), np.zeros((2, 5)), np.array([1]))
+
+
+def test_few_classes_confidence_and_top5() -> None:
+    """A two-class model: every top-1 probability is >= 0.5, so 0.5 would call every sample confident; the top 5
+    hold both classes, so top-5 overlap and accuracy say nothing and are left out."""
+    from npukit.measure.fidelity import confident_threshold
+
+    assert confident_threshold(2) == pytest.approx(0.75) and confident_threshold(1000) == pytest.approx(0.5005)
+    p = np.array([0.55, 0.6, 0.8, 0.95])  # the probability of class 0
+    ref = np.log(np.stack([p, 1 - p], axis=1))
+    meter = AgreementMeter()
+    meter.update(ref, ref.copy(), np.zeros(4))
+    r = meter.result()
+    assert r.confident_samples == 2  # 0.8 and 0.95
+    assert r.top5_overlap is None and r.top5_accuracy_candidate is None and r.top1_accuracy_candidate == 1.0
+
+
+def test_scores_that_are_already_probabilities_are_not_softmaxed_again() -> None:
+    """A model ending in a softmax (PP-OCR's angle classifier): softmax of [1, 0] is 0.73, which would make no
+    two-class sample confident."""
+    p = np.array([0.55, 0.6, 0.8, 0.99])
+    probs = np.stack([p, 1 - p], axis=1)
+    meter = AgreementMeter()
+    meter.update(probs, probs.copy())
+    assert meter.result().confident_samples == 2

@@ -92,9 +92,9 @@ def test_apply_fixes_picks_what_the_target_lacks_and_verifies():
     assert [a["fix"] for a in result.applied] == ["fix_input_shape", "hardsigmoid_to_clip"]
     assert result.errors is not None and result.errors.max_rel < 1e-5
     assert analyze(result.model, get_target("litert")).delegated_nodes == 3
-    # QNN takes HardSigmoid: nothing to substitute, only the shape is fixed
+    # QNN takes HardSigmoid: nothing to substitute, only the shape is fixed, and checked against the original
     qnn = apply_fixes(model, get_target("qnn-htp"), input_shape=(1, 3, 8, 8))
-    assert [a["fix"] for a in qnn.applied] == ["fix_input_shape"] and qnn.errors is None
+    assert [a["fix"] for a in qnn.applied] == ["fix_input_shape"] and qnn.errors.max_abs < 1e-6
     dims = qnn.model.graph.input[0].type.tensor_type.shape.dim
     assert [d.dim_value for d in dims] == [1, 3, 8, 8]
 
@@ -211,3 +211,34 @@ def test_a_blended_substitution_is_the_original_then_the_substitute(rule, model)
     np.testing.assert_array_equal(_outputs(_with_shares(blended.model, 0.0, 1.0), x), substituted)
     np.testing.assert_allclose(_outputs(_with_shares(blended.model, 0.5, 0.5), x), (original + substituted) / 2,
                                rtol=1e-6, atol=1e-6)
+
+
+def test_sizes_computed_from_the_fixed_shape_are_folded_for_a_static_shape_target() -> None:
+    """A detector head's form: a Reshape whose target is computed from the feature map's Shape (through int32
+    Casts and a Concat on axis -1, which shape inference does not follow). With the input shape fixed the analysis
+    used to ask for fix_input_shape again; now it names fold_constants and --fix applies it (checked)."""
+    def constant(name: str, value: int) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array([value], np.int32)))
+
+    nodes = [constant("zero", 0), constant("one", 1), constant("axis0", 0), constant("minus1_32", -1),
+             helper.make_node("Relu", ["x"], ["p"]),
+             helper.make_node("Shape", ["p"], ["s"]),
+             helper.make_node("Cast", ["s"], ["s32"], to=TensorProto.INT32),
+             helper.make_node("Slice", ["s32", "zero", "one", "axis0"], ["n32"]),
+             helper.make_node("Cast", ["n32"], ["n"], to=TensorProto.INT64),
+             helper.make_node("Cast", ["minus1_32"], ["minus1"], to=TensorProto.INT64),
+             helper.make_node("Concat", ["n", "minus1"], ["target"], axis=-1),
+             helper.make_node("Reshape", ["p", "target"], ["flat"]),
+             helper.make_node("Sigmoid", ["flat"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "k"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    nnapi = get_target("nnapi")
+    as_given = analyze(model, nnapi, input_shape=(1, 3, 4, 4))
+    fixes = {v.fix for v in as_given.unsupported if any("static shapes" in r for r in v.reasons)}
+    assert fixes == {"fold_constants"}, fixes  # the inputs are static: fixing them again would change nothing
+    result = apply_fixes(model, nnapi, input_shape=(1, 3, 4, 4))
+    assert [a["fix"] for a in result.applied] == ["fix_input_shape", "fold_constants"]
+    assert result.errors is not None and result.errors.max_abs < 1e-6
+    after = analyze(result.model, nnapi)
+    assert not [v for v in after.unsupported if any("static shapes" in r for r in v.reasons)]

@@ -46,7 +46,7 @@ def test_analyze_model_with_fix_writes_the_fixed_model(tmp_path):
     analyses, report = analyze_model(model, ["litert"], input_shape=(1, 3, 8, 8), fix=True, output=out)
     assert analyses[0].delegated_nodes == 3 and out.exists()
     assert report.sections["fixes"]["litert"]["applied"][1]["fix"] == "hardsigmoid_to_clip"
-    assert report.verdict.startswith("PASS analyze --fix: fixed for litert, every rewritten model within")
+    assert report.verdict.startswith("PASS analyze --fix: fixed for litert, every fixed model within")
     table = next(t for t in report.tables if t.title.startswith("Fixes applied (--fix)"))
     assert table.rows[0][0] == "litert" and "hardsigmoid_to_clip x1" in table.rows[0][1] and table.rows[0][3] == str(out)
 

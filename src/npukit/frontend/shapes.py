@@ -92,7 +92,9 @@ class InputSpec:
             if dims is not None and len(dims) != len(shape):
                 raise InputError(f"input shape {shape} has rank {len(shape)} but input {key!r} "
                                  f"of the model has rank {len(dims)} ({show_dims(dims)})",
-                                 hint=f"pass --input-shape {key}= with {len(dims)} dimensions")
+                                 hint=f"input {key!r} is a scalar: it takes no --input-shape, leave it out"
+                                 if not dims else f"pass --input-shape {key}= with {len(dims)} dimensions, e.g. "
+                                 f"{key}={','.join(str(d) if isinstance(d, int) and d > 0 else '1' for d in dims)}")
             for axis, (want, have) in enumerate(zip(shape, dims or ())):
                 if isinstance(have, int) and have != want and not override_static:
                     raise InputError(f"input shape {shape} does not fit input {key!r} of the "

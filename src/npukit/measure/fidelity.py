@@ -11,6 +11,14 @@ import numpy as np
 CONFIDENT_PROB = 0.5  # the reference's softmax top-1 probability at which a sample counts as confident
 
 
+def confident_threshold(classes: int, confident_prob: float = CONFIDENT_PROB) -> float:
+    """The top-1 probability at which a sample over ``classes`` classes counts as confident: ``confident_prob``, and
+    at least halfway from chance (1 / classes) to certainty, so that with few classes (every top-1 of a two-class
+    model is >= 0.5) the confident samples are still those the reference is sure of: 0.75 for two classes, 0.67
+    for three, 0.5005 for a thousand."""
+    return max(confident_prob, (1.0 + 1.0 / classes) / 2.0)
+
+
 def sqnr_db(reference: np.ndarray, candidate: np.ndarray) -> float:
     """10 log10(sum ref^2 / sum (ref - cand)^2) in dB; inf when identical (NaN when the reference is all zeros too)."""
     ref = np.asarray(reference, dtype=np.float64)
@@ -31,11 +39,14 @@ def sqnr_from_sums(signal: float, noise: float) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class AgreementResult:
-    """Accuracy fields are None when no labels were given; they cover ``labeled_samples`` samples."""
+    """Accuracy fields are None when no labels were given; they cover ``labeled_samples`` samples. The top-5 fields
+    are None for 5 classes or fewer, where the top 5 hold every class. A sample is confident where the reference's
+    top-1 probability (its softmax; the scores themselves where they already are probabilities) reaches
+    ``fidelity.confident_threshold`` of the class count."""
 
     samples: int
     top1_agreement: float
-    top5_overlap: float  # mean |top5(ref) & top5(cand)| / 5 (k = classes when fewer than 5)
+    top5_overlap: float | None  # mean |top5(ref) & top5(cand)| / 5; None with 5 classes or fewer (always 1)
     sqnr_db: float
     confident_samples: int
     top1_agreement_confident: float | None  # None when no sample is confident
@@ -85,9 +96,12 @@ class AgreementMeter:
         self._top5_shared += int(sum(len(set(a) & set(b)) for a, b in zip(ref_top.tolist(), cand_top.tolist())))
         self._signal += float(np.sum(ref * ref))
         self._noise += float(np.sum((ref - cand) ** 2))
-        shifted = ref - ref.max(axis=1, keepdims=True)
-        top_prob = 1.0 / np.sum(np.exp(shifted), axis=1)  # softmax probability of the arg-max class
-        confident = top_prob >= self.confident_prob
+        if _probabilities(ref):  # the model ends in a softmax (Paddle, Keras exports): its own top-1 probability
+            top_prob = ref.max(axis=1)
+        else:
+            shifted = ref - ref.max(axis=1, keepdims=True)
+            top_prob = 1.0 / np.sum(np.exp(shifted), axis=1)  # softmax probability of the arg-max class
+        confident = top_prob >= confident_threshold(self._classes, self.confident_prob)
         self._confident += int(confident.sum())
         self._confident_agree += int(np.sum((ref_top[:, 0] == cand_top[:, 0]) & confident))
         if labels is not None:
@@ -109,19 +123,26 @@ class AgreementMeter:
         def acc(count: int) -> float | None:
             return count / labeled if labeled else None
 
+        top5 = self._classes > 5  # with fewer classes the top 5 hold them all: overlap and accuracy always 1
+
         return AgreementResult(
             samples=n,
             top1_agreement=self._top1_agree / n,
-            top5_overlap=self._top5_shared / (n * min(5, self._classes)),
+            top5_overlap=self._top5_shared / (n * 5) if top5 else None,
             sqnr_db=sqnr_from_sums(self._signal, self._noise),
             confident_samples=self._confident,
             top1_agreement_confident=self._confident_agree / self._confident if self._confident else None,
             labeled_samples=labeled,
             top1_accuracy_reference=acc(self._ref_top1),
             top1_accuracy_candidate=acc(self._cand_top1),
-            top5_accuracy_reference=acc(self._ref_top5),
-            top5_accuracy_candidate=acc(self._cand_top5),
+            top5_accuracy_reference=acc(self._ref_top5) if top5 else None,
+            top5_accuracy_candidate=acc(self._cand_top5) if top5 else None,
         )
+
+
+def _probabilities(scores: np.ndarray) -> bool:
+    """Whether every row of ``scores`` is a probability distribution (non-negative, summing to 1)."""
+    return bool(np.all(scores >= 0.0) and np.allclose(scores.sum(axis=1), 1.0, atol=1e-3))
 
 
 def _as_2d(logits: np.ndarray) -> np.ndarray:

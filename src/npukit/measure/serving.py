@@ -91,11 +91,16 @@ class ServingResult:
                 "batching": self.batching, "split": self.split}
 
 
-def allocated_per_call(call: Callable[[], object], calls: int) -> float:
+def allocated_per_call(call: Callable[[], object], calls: int, budget_s: float | None = None) -> float:
     """Mean bytes allocated above the running baseline during one call (tracemalloc: Python objects and numpy
-    buffers), over ``calls`` calls after a warm-up."""
+    buffers), over ``calls`` calls after a warm-up of 5; with ``budget_s``, fewer calls (5 at least) where they
+    take longer than that in all (a slow device: a call on the HTP emulator takes seconds)."""
+    started = time.perf_counter()
     for _ in range(5):
         call()
+    warm_s = (time.perf_counter() - started) / 5
+    if budget_s is not None:
+        calls = max(5, min(calls, int(budget_s / max(warm_s, 1e-9))))
     tracemalloc.start()
     try:
         total = 0
@@ -116,7 +121,8 @@ def _cpu_name() -> str:
 
 
 def _startup(path: str, sample: Feeds, config: ServingConfig) -> dict[str, float]:
-    """Median ms from nothing to the first result, ``rounds`` times interleaved: a plain session, a plain session
+    """Median ms from nothing to the first result, ``rounds`` times interleaved (fewer once they have taken
+    ``duration_s``, one at least): a plain session, a plain session
     from ORT's optimized graph cached on disk (CPU; the cache filled once first), the runtime, and the runtime
     starting from its cache (ORT's optimized graph on the CPU, the compiled graph on the HTP; filled once first)."""
     from npukit.runtime.session_cache import cached_session
@@ -131,7 +137,10 @@ def _startup(path: str, sample: Feeds, config: ServingConfig) -> dict[str, float
             cached_session(model, threads=1, cache_dir=cache)
         with Runtime(path, config.runtime(workers=1, threads=1, cache_dir=runtime_cache)) as rt:
             rt.run(sample)  # fills the runtime's cache
-        for _ in range(rounds):
+        started = time.perf_counter()
+        for done in range(rounds):
+            if done and time.perf_counter() - started > config.duration_s:
+                break  # start-ups that take long (a compile for the HTP) measured fewer times, once at least
             t0 = time.perf_counter()
             make_session(path, threads=1).run(None, dict(sample))
             times["plain_session_ms"].append(time.perf_counter() - t0)
@@ -149,30 +158,38 @@ def _startup(path: str, sample: Feeds, config: ServingConfig) -> dict[str, float
 
 def measure_serving(model: str | os.PathLike[str], requests: Sequence[Feeds], config: ServingConfig
                     ) -> ServingResult:
-    """Every figure of the module docstring for ``model`` on ``requests`` (one sample each)."""
+    """Every figure of the module docstring for ``model`` on ``requests`` (one sample each); each phase shows a
+    spinner on a terminal (a device such as the HTP emulator makes a phase take minutes)."""
+    from npukit.report.progress import step
+
     path = os.fspath(model)
     sample = dict(requests[0])
-    startup = _startup(path, sample, config)
+    with step("serve-bench: start-up times"):
+        startup = _startup(path, sample, config)
     plain = make_session(path, threads=1)
     names = [o.name for o in plain.get_outputs()]
     with Runtime(path, config.runtime(workers=1, threads=1)) as single:
         device = single.device.as_dict() | {"device_concurrency": single.gate.limit}  # None: no limit
         out = [np.empty_like(o) for o in single.run(sample)]
-        singles = {"plain": closed_loop(lambda f: plain.run(names, dict(f)), requests, clients=1,
-                                        duration_s=config.duration_s),
-                   "pool": closed_loop(lambda f: single.run(f, out=out), requests, clients=1,
-                                       duration_s=config.duration_s)}
+        with step("serve-bench: one caller"):
+            singles = {"plain": closed_loop(lambda f: plain.run(names, dict(f)), requests, clients=1,
+                                            duration_s=config.duration_s),
+                       "pool": closed_loop(lambda f: single.run(f, out=out), requests, clients=1,
+                                           duration_s=config.duration_s)}
         bound = BoundBuffers(single.session, {k: v.shape for k, v in sample.items()})
-        allocations = {"plain": allocated_per_call(lambda: plain.run(names, sample), config.alloc_calls),
-                       "bound_buffers": allocated_per_call(lambda: bound.run(sample), config.alloc_calls),
-                       "runtime": allocated_per_call(lambda: single.run(sample, out=out), config.alloc_calls)}
+        calls = {"plain": lambda: plain.run(names, sample), "bound_buffers": lambda: bound.run(sample),
+                 "runtime": lambda: single.run(sample, out=out)}
+        with step("serve-bench: allocations per call"):
+            allocations = {k: allocated_per_call(call, config.alloc_calls, config.duration_s)
+                           for k, call in calls.items()}
     split: dict = {}
     if config.device == "cpu":  # the split a Runtime with no workers/threads given measures for itself
-        with Runtime(path, config.runtime()) as auto:
+        with step("serve-bench: the runtime's own split of the cores"), Runtime(path, config.runtime()) as auto:
             split = auto.describe()["split"]
     curve: dict[int, LoadResult] = {}
     for workers in range(1, (config.max_workers or os.cpu_count() or 1) + 1):
-        with Runtime(path, config.runtime(workers=workers, threads=1)) as rt:
+        with step(f"serve-bench: closed loop, {workers} worker(s)"), \
+                Runtime(path, config.runtime(workers=workers, threads=1)) as rt:
             curve[workers] = closed_loop(rt.run, requests, clients=workers * 2, duration_s=config.duration_s)
     capacity = singles["plain"].throughput
     batching: dict = {"max_batch": config.max_batch, "max_wait_ms": config.max_wait_ms, "capacity_per_s": capacity}
@@ -186,7 +203,7 @@ def measure_serving(model: str | os.PathLike[str], requests: Sequence[Feeds], co
     for factor in config.loads:
         rate = capacity * factor
         for key, cfg in servers.items():
-            with Runtime(path, cfg) as rt:
+            with step(f"serve-bench: open loop at {factor:g}x capacity, {key}"), Runtime(path, cfg) as rt:
                 opened[key].append(open_loop(rt.submit, requests, rate=rate, duration_s=config.duration_s,
                                              refused=Overloaded))
                 if key == "batched":

@@ -5,7 +5,8 @@ not activations and do not appear.
 :func:`load_tensor_graph` reads an ONNX model as exported: shapes come from ONNX shape inference with the first input
 fixed to ``input_shape`` (a symbolic batch dimension becomes 1); any other unresolved dimension is an InputError that
 asks for ``--input-shape``. Where ONNX inference leaves sizes open (Slice bounds computed from shapes, as in
-ShuffleNet's channel split), ONNX Runtime's symbolic shape inference is tried before giving up.
+ShuffleNet's channel split), ONNX Runtime's symbolic shape inference is tried, then ONNX inference on the model with
+its constants folded (a Paddle export's Reshape targets computed from shapes), before giving up.
 :mod:`npukit.memory.runtime_view` rewrites this graph into the one a target executes.
 """
 
@@ -73,8 +74,15 @@ def load_tensor_graph(model: onnx.ModelProto, *, input_shape: Sequence[int] | No
     """The exported graph as it stands (no fusion, no aliasing), with static activation sizes."""
     inferred = infer_with_fixed_inputs(model, input_shape)
     shapes, dtypes = value_types(inferred.graph)
-    if any(tensor_nbytes(shapes.get(o), dtypes.get(o)) is None for node in inferred.graph.node for o in node.output if o):
-        inferred = _symbolic_inference(inferred)
+    folded = False
+    for retry in ("symbolic", "folded"):
+        if not any(tensor_nbytes(shapes.get(o), dtypes.get(o)) is None
+                   for node in inferred.graph.node for o in node.output if o):
+            break
+        if retry == "symbolic":
+            inferred = _symbolic_inference(inferred)
+        else:  # sizes computed from shapes through a chain neither inference follows (Paddle's Reshape targets)
+            inferred, folded = infer_with_fixed_inputs(_constants_folded(inferred), None), True
         shapes, dtypes = value_types(inferred.graph)
     graph = inferred.graph
     constant = {t.name for t in graph.initializer}
@@ -95,8 +103,13 @@ def load_tensor_graph(model: onnx.ModelProto, *, input_shape: Sequence[int] | No
         if size is None:
             shape = shapes.get(name)
             shown = "unknown" if shape is None else "x".join(str(d) if d is not None else "?" for d in shape)
-            raise InputError(f"the size of activation {name!r} (shape {shown}) is not known after shape inference",
-                             hint="give the input's full shape with --input-shape, e.g. --input-shape 1,3,224,224")
+            symbolic = [i.name for i in graph.input if i.name not in constant and any(
+                not d.HasField("dim_value") for d in i.type.tensor_type.shape.dim)]
+            hint = ("give the input's full shape with --input-shape, e.g. --input-shape 1,3,224,224" if symbolic
+                    else "every input's shape is fixed, so this size depends on values the model is fed or computes "
+                         "(an If on an input's value, NonZero, a loop): such a graph has no static memory plan")
+            raise InputError(f"the size of activation {name!r} (shape {shown}) is not known after shape inference"
+                             + (" and constant folding" if folded else ""), hint=hint)
         sizes[name] = size
     quantized = any(n.op == "QuantizeLinear" for n in nodes)
     return TensorGraph(
@@ -106,6 +119,21 @@ def load_tensor_graph(model: onnx.ModelProto, *, input_shape: Sequence[int] | No
                         for name in names if dtypes.get(name) in _FLOAT_TYPES},
         quantized=quantized,
     )
+
+
+def _constants_folded(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its constant subgraphs folded (npukit's FoldConstantsPass, as every runtime folds them at load
+    time), so that shapes computed from constants become known; the model as given when folding fails."""
+    import onnx_ir as ir
+
+    from npukit.passes.fold_constants import FoldConstantsPass
+
+    try:
+        ir_model = ir.serde.deserialize_model(model)
+        FoldConstantsPass()(ir_model)
+        return ir.serde.serialize_model(ir_model)
+    except Exception:  # noqa: BLE001 - any failure leaves the sizes open and the caller says which one
+        return model
 
 
 def _symbolic_inference(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -17,7 +17,7 @@ def add_latency(report: Report, latency: Mapping[str, Any], sizes: Mapping[str, 
     report.add("size", {k: v.as_dict() for k, v in sizes.items()})
     report.add("latency", {k: v.as_dict() for k, v in latency.items()})
     reference = latency.get("reference")
-    rows = [[role, Path(str(files[role])).name, sizes[role].file_bytes, res.median_ms, res.p90_ms,
+    rows = [[role, str(files[role]), sizes[role].file_bytes, res.median_ms, res.p90_ms,
              res.median_ms / reference.median_ms if reference is not None else None]
             for role, res in latency.items()]
     report.add_table(f"Latency on ORT CPU ({threads} thread{'s' if threads > 1 else ''}, median of {runs} runs)",

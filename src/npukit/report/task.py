@@ -7,16 +7,17 @@ from npukit.tasks import QualityGate, TaskChoice, TaskResult, Verdict
 
 
 def add_task_check(report: Report, choice: TaskChoice, result: TaskResult, gate: QualityGate, verdict: Verdict, *,
-                   where: str) -> None:
-    """Add the task check of ``result`` (measured on ``where``, e.g. "12 held-out samples of photos/") to
-    ``report``: its JSON section, two tables, and the verdict line that starts the report."""
+                   where: str, against: str = "the float model") -> None:
+    """Add the task check of ``result`` (measured on ``where``, e.g. "12 held-out samples of photos/", against the
+    reference ``against`` names) to ``report``: its JSON section, two tables, and the verdict line that starts the
+    report."""
     report.add("task_check", {"choice": choice.as_dict(), "result": result.as_dict(), "gate": gate.as_dict(),
-                              "verdict": verdict.as_dict(), "where": where})
+                              "verdict": verdict.as_dict(), "where": where, "against": against})
     rows = [["task", f"{choice.name} ({choice.reason})"], ["checked on", where],
             [result.metric + " (headline)", result.value if result.value is not None else f"undefined: {result.note}"]]
     rows += [[k, v] for k, v in result.metrics.items() if k != result.metric and not isinstance(v, dict)]
-    report.add_table("Task check: the artifact against the float model", ["metric", "value"], rows)
-    report.add_table("Every output against the float model",
+    report.add_table(f"Task check: the artifact against {against}", ["metric", "value"], rows)
+    report.add_table(f"Every output against {against}",
                      ["output", "shape", "decoded by the task", "SQNR dB", "cosine", "max abs error",
                       "reference max |value|"],
                      [[o.name, "x".join(map(str, o.shape)), o.name in result.decoded, o.sqnr_db, o.cosine,

@@ -94,9 +94,10 @@ def _add_fixes(report: Report, fixes: dict[str, FixResult]) -> None:
     changed = [t for t, r in fixes.items() if r.changed]
     checked = [fixes[t].errors.max_abs for t in changed if fixes[t].errors is not None]  # type: ignore[union-attr]
     if changed:
-        check = (f"every rewritten model within its tolerance of the original (max abs error {max(checked):.3g})"
-                 if checked else "the input shape fixed, nothing rewritten")
+        check = (f"every fixed model within its tolerance of the original (max abs error {max(checked):.3g})"
+                 if checked else "no rewrite changed the model")
         report.set_verdict(f"PASS analyze --fix: fixed for {', '.join(changed)}, {check}", passed=True)
     else:
-        report.set_verdict(f"INFO analyze --fix: nothing to fix for {', '.join(fixes)}; the analysis only",
-                           passed=True)
+        copies = [str(p) for p in written.values()]
+        report.set_verdict(f"INFO analyze --fix: nothing to fix for {', '.join(fixes)}; the analysis only"
+                           + (f" ({', '.join(copies)}: the model as given)" if copies else ""), passed=True)

@@ -323,6 +323,8 @@ class FixRule:
 
 FIXES: dict[str, FixRule] = {f.name: f for f in (
     FixRule("fix_input_shape", (), (), "fix symbolic input dims to the given input shape", None),
+    FixRule("fold_constants", (), (), "fold the shapes and values computed from constants (with the input shape "
+            "static), so every tensor's size is known, as a target needing static shapes asks", None),
     FixRule("hardswish_to_hardsigmoid", ("HardSwish",), ("Mul", "HardSigmoid"),
             "HardSwish(x) -> x * HardSigmoid(x)", HardSwishToHardSigmoidPass),
     FixRule("hardswish_to_clip", ("HardSwish",), ("Add", "Clip", "Mul", "Div"),
@@ -375,6 +377,34 @@ class FixResult:
         return {"applied": self.applied, "errors": None if self.errors is None else self.errors.as_dict()}
 
 
+def _unresolved_sizes(model: onnx.ModelProto) -> bool:
+    """Whether ONNX shape inference leaves the size of some tensor a node computes from the graph's inputs open."""
+    from npukit.measure.summary import value_types
+
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    shapes, _ = value_types(inferred.graph)
+    constant = {t.name for t in inferred.graph.initializer}
+    for node in inferred.graph.node:
+        if node.op_type == "Constant" or all(not x or x in constant for x in node.input):
+            constant.update(node.output)
+            continue
+        if any(o and (shapes.get(o) is None or not all(isinstance(d, int) and d > 0 for d in shapes[o]))
+               for o in node.output):
+            return True
+    return False
+
+
+def _fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """``model`` with its constant subgraphs folded (``passes.fold_constants``) and shapes inferred again."""
+    from npukit.passes.fold_constants import FoldConstantsPass
+
+    fold = FoldConstantsPass()
+    folded = ir.serde.serialize_model(fold(ir.serde.deserialize_model(model)).model)
+    notes = [f"{fold.rewrites} nodes folded"] + ([] if not _unresolved_sizes(folded) else
+                                                 ["some sizes stay open: they depend on the input's values"])
+    return onnx.shape_inference.infer_shapes(folded, strict_mode=False, data_prop=True), notes
+
+
 def _symbolic_inputs(model: onnx.ModelProto) -> list[str]:
     initializers = {t.name for t in model.graph.initializer}
     return [i.name for i in model.graph.input if i.name not in initializers and any(
@@ -405,6 +435,11 @@ def apply_fixes(
         applied.append({"fix": "fix_input_shape", "description": FIXES["fix_input_shape"].description,
                         "rewrites": 0, "notes": [f"inputs {', '.join(_symbolic_inputs(model))} have symbolic "
                                                  "dims: pass --input-shape to fix them"]})
+    if "fix_input_shape" in target.substitutions and not _symbolic_inputs(reference) \
+            and _unresolved_sizes(reference):  # sizes computed from the (now static) shape: folded as ORT would
+        reference, notes = _fold_constants(reference)
+        applied.append({"fix": "fold_constants", "description": FIXES["fold_constants"].description,
+                        "rewrites": 1, "notes": notes})
     present = {n.op_type for n in reference.graph.node}
     chosen = [FIXES[name] for name in target.substitutions
               if FIXES[name].make_pass is not None and FIXES[name].helps(target)
@@ -440,10 +475,14 @@ def apply_fixes(
                             + [f"{' + '.join(m.nodes)}: kept ({why})" for m, why in left]})
         if guarded.rewritten:
             fixed, modified = guarded.model, True
-    if not modified:
-        return FixResult(reference, applied, None)
-    errors = verify_equivalent(reference, fixed, rtol=rtol)
-    return FixResult(fixed, applied, errors)
+    if reference is model:
+        return FixResult(fixed, applied, verify_equivalent(model, fixed, rtol=rtol) if modified else None)
+    # the input shape fixed: checked too, against the original model fed inputs of that shape
+    from npukit.runtime.ort import make_session, random_feeds
+
+    session = make_session(reference)
+    feeds = [random_feeds(session, seed=i) for i in range(2)]
+    return FixResult(fixed, applied, verify_equivalent(model, fixed, rtol=rtol, feeds=feeds))
 
 
 def _written_out_hardswish(model: onnx.ModelProto, rules: Sequence[FixRule]) -> tuple[onnx.ModelProto, list[dict]]:

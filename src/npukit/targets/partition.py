@@ -529,7 +529,7 @@ def analyze(
         if node.op_type == "Constant" or i in cancelled:
             continue
         unit_reasons = tuple(reasons[owner[i]])
-        fix = _fix(node, unit_reasons, target) if unit_reasons else None
+        fix = _fix(node, unit_reasons, target, symbolic=bool(symbolic)) if unit_reasons else None
         warnings: tuple[str, ...] = ()
         if i in hazard_at and i in node_partition:
             warnings = (hazard_at[i][0],)
@@ -680,9 +680,11 @@ def _partitions(graph: onnx.GraphProto, groups: list[list[int]], units: list[lis
     return partitions, node_partition
 
 
-def _fix(node: onnx.NodeProto, reasons: tuple[str, ...], target: TargetProfile) -> str | None:
+def _fix(node: onnx.NodeProto, reasons: tuple[str, ...], target: TargetProfile, *, symbolic: bool) -> str | None:
     """The substitution that would let the target take ``node`` (refused for ``reasons``): an exact rule of
-    ``targets.fix``, else an inexact one (said so), else fixing the input shape; None when there is none."""
+    ``targets.fix``, else an inexact one (said so), else fixing the input shape (``symbolic``: the model has inputs
+    with symbolic dimensions) or, where the inputs are static, folding the constants the open sizes are computed
+    from; None when there is none."""
     lacks = target.rule_for(node.op_type, node.domain) is None
     rule = fix_for(node.op_type, target) if lacks else None
     inexact = fix_for(node.op_type, target, exact=False) if lacks and rule is None else None
@@ -691,7 +693,7 @@ def _fix(node: onnx.NodeProto, reasons: tuple[str, ...], target: TargetProfile) 
     if inexact is not None:  # no exact form the target takes: name the one that changes the function
         return f"{inexact.name} (inexact: npukit substitute --rule {inexact.name} recovers by fine-tuning)"
     if any("static shapes" in r for r in reasons) and "fix_input_shape" in target.substitutions:
-        return "fix_input_shape"
+        return "fix_input_shape" if symbolic else "fold_constants"
     return None
 
 

@@ -1,6 +1,7 @@
 """Classification: the candidate's top-1 class against the reference's (and against labels where given).
 
-The headline is top-1 agreement where the reference is confident (softmax top-1 probability >= 0.5) once at least
+The headline is top-1 agreement where the reference is confident (softmax top-1 probability >= 0.5 and at least
+halfway from chance to certainty: ``measure.fidelity.confident_threshold``, 0.75 for two classes) once at least
 ``MIN_CONFIDENT`` samples are, else top-1 agreement over every sample: on real photos many crops are ambiguous even
 to the float model, and a flip between two near-equal classes there says little about the artifact.
 """

@@ -87,7 +87,7 @@ def bench(
         return _bench_context(model, proto, data=data, reference=reference, warmup=warmup, runs=runs,
                               max_samples=max_samples, preprocess=preprocess, target=target, soc=soc,
                               report_path=report_path, html=html, task=task, gate=gate, spec=spec)
-    ref_proto = load_with_inputs(reference, spec) if reference is not None else None
+    ref_proto = _load_reference(reference, spec) if reference is not None else None
     if ref_proto is not None:
         _check_reference(proto, ref_proto, reference)
     report = Report("bench", config={"bench": to_dict(config), "preprocess": to_dict(preprocess),
@@ -122,7 +122,7 @@ def bench(
             choice, _, _ = task_check(report, ref_proto, proto, check_samples(dataset, total), task=task,
                                        gate=gate or QualityGate(), what="bench", threads=threads,
                                        where=f"{total} samples of {Path(str(data)).name}",
-                                       hint=_REQUANTIZE_HINT)
+                                       hint=_REQUANTIZE_HINT, against=f"the reference ({Path(str(reference)).name})")
     else:
         report.set_verdict(f"MEASURED bench: {Path(str(model)).name}, no "
                            f"{'reference' if dataset is not None else 'data and reference'} given, so no task check",
@@ -141,6 +141,16 @@ def bench(
             _bench_memory(report, model if spec is None else save_onnx(proto, Path(tmp) / "model.onnx"))
     json_path = Path(report_path) if report_path else None
     return finish(report, None, html=html, json_path=json_path, result=report.sections, source=model)
+
+
+def _load_reference(reference: str | Path, spec: Any) -> onnx.ModelProto:
+    """The --reference model with ``spec``'s shapes fixed in; what is wrong with it said of the reference."""
+    from npukit.frontend.shapes import load_with_inputs
+
+    try:
+        return load_with_inputs(reference, spec)
+    except InputError as exc:
+        raise InputError(f"the reference {Path(str(reference)).name}: {exc.message}", hint=exc.hint) from None
 
 
 def _check_reference(model: onnx.ModelProto, reference: onnx.ModelProto, path: str | Path) -> None:
@@ -170,7 +180,6 @@ def _bench_context(model: str | Path, proto: onnx.ModelProto, *, data, reference
     """``bench`` of a compiled EPContext model (``npukit compile``): it runs only on the QNN HTP backend, as the SoC
     it was compiled for. Latency on the HTP emulator (x86: not the device's latency), size, and with ``data`` and
     ``reference`` the task check of its HTP outputs against the reference on ORT CPU."""
-    from npukit.frontend.shapes import load_with_inputs
     from npukit.measure.latency import LatencyResult, _timed_calls
     from npukit.measure.size import model_size
     from npukit.measure.task_fidelity import check_samples, session_runner
@@ -199,14 +208,14 @@ def _bench_context(model: str | Path, proto: onnx.ModelProto, *, data, reference
         latency = LatencyResult.from_times(_timed_calls(lambda: ctx.session.run(None, fixed), runs), threads=1)
     add_context_latency(report, model, size, latency, chip=chip, runs=runs)
     if dataset is not None and reference is not None:
-        ref_proto = load_with_inputs(reference, spec)
+        ref_proto = _load_reference(reference, spec)
         total = len(dataset) if max_samples is None else min(max_samples, len(dataset))
         with step("task check: the EPContext model on the HTP against the reference on ORT CPU",
                   timings=report.timings, key="task_check"):
             task_check(report, ref_proto, None, check_samples(dataset, total), task=task, gate=gate or QualityGate(),
                         what="bench", where=f"{total} samples of {Path(str(data)).name}, on the HTP as {chip.part}",
                         candidate_runner=session_runner(ctx.session),
-                        hint=_REQUANTIZE_HINT)
+                        hint=_REQUANTIZE_HINT, against=f"the reference ({Path(str(reference)).name}) on ORT CPU")
     else:
         report.set_verdict(f"MEASURED bench: {Path(str(model)).name} on the HTP emulator, no "
                            f"{'reference' if dataset is not None else 'data and reference'} given, so no task check",

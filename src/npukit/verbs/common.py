@@ -149,10 +149,10 @@ def upgrade_opset(report: Report, proto: onnx.ModelProto, minimum: int, reason: 
 def task_check(report: Report, reference: Any, candidate: Any, samples: Sequence[Any], *, task: str | None,
                 gate: QualityGate, what: str, where: str, threads: int = 1,
                 extra_failures: Sequence[str] = (), reference_runner: Any = None, candidate_runner: Any = None,
-                hint: str = ""):
-    """Compare ``candidate`` with ``reference`` (models or paths on ORT CPU, or runners given) on ``samples`` with
-    the model's task, judge it under ``gate`` (``hint``: what to try, said when it fails), and put the tables and the
-    verdict into ``report``."""
+                hint: str = "", against: str = "the float model"):
+    """Compare ``candidate`` with ``reference`` (models or paths on ORT CPU, or runners given; ``against`` names the
+    reference in the tables) on ``samples`` with the model's task, judge it under ``gate`` (``hint``: what to try,
+    said when it fails), and put the tables and the verdict into ``report``."""
     from npukit.measure.task_fidelity import compare_task, session_runner
     from npukit.report.task import add_task_check
     from npukit.runtime.ort import make_session
@@ -173,7 +173,7 @@ def task_check(report: Report, reference: Any, candidate: Any, samples: Sequence
         names = [o.name for o in proto.graph.output]
     choice, result = compare_task(reference_runner, candidate_runner, samples, output_names=names, task=task)
     verdict = judge(result, gate, what=what, extra_failures=extra_failures, hint=hint)
-    add_task_check(report, choice, result, gate, verdict, where=where)
+    add_task_check(report, choice, result, gate, verdict, where=where, against=against)
     return choice, result, verdict
 
 

@@ -121,9 +121,29 @@ def compile(  # noqa: A001 - the verb's name
     _check_on_the_htp(report, output, reference, samples, soc=soc, float_model=quantized_here, task=task,
                       gate=gate or QualityGate())
     add_context_model(report, result, quantized_here=quantized_here)
+    if not quantized_here:
+        _note_float_layers(report, reference)
     _energy(report, proto, reference if quantized_here else None,
             feeds=dict(samples.sample(0)) if samples is not None else None)
     return finish(report, output, html=html, result=result)
+
+
+_WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+
+
+def _note_float_layers(report: Report, qdq: onnx.ModelProto) -> None:
+    """A given QDQ model whose weighted layers are not all quantized (a CPU scheme from ``npukit quantize`` leaves
+    the stem and head float where ORT's CPU kernels run them fastest): the HTP runs those in float16, which the
+    check above measured; the verdict says so and how to get the HTP's own scheme."""
+    dequantized = {o for n in qdq.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    weighted = [n for n in qdq.graph.node if n.op_type in _WEIGHTED_OPS]
+    left = [n.name or n.op_type for n in weighted if len(n.input) > 1 and n.input[1] not in dequantized]
+    report.add("float_layers_in_given_model", left)
+    if left and report.verdict:
+        shown = ", ".join(left[:3]) + (f" (+{len(left) - 3} more)" if len(left) > 3 else "")
+        report.set_verdict(f"{report.verdict}; note: {len(left)} of the given QDQ model's {len(weighted)} weighted "
+                           f"layers are float ({shown}), run by the HTP in float16 (a CPU scheme's float layers?): "
+                           "compile the float model with --calib for the HTP's own scheme", passed=report.passed)
 
 
 def _refuse_htp_options(target: str, *, weight_bits: int, mixed_precision: bool, soc: str | None) -> None:
@@ -198,6 +218,7 @@ def _check_on_the_htp(report: Report, output: Path, reference: onnx.ModelProto, 
                  else f"{len(check)} samples of --calib (the given QDQ model's grids were not fitted to them here)")
         task_check(report, reference, None, check, task=task, gate=gate, what="compile",
                     where=where, candidate_runner=session_runner(htp),
+                    against="the float model" if float_model else "the given QDQ model on ORT CPU",
                     hint=("`npukit quantize` with a recovery recipe and compile its QDQ model" if float_model
                           else "quantizing again with a recovery recipe") + ", or another --soc; "
                          "--accept-degraded keeps it as it is")

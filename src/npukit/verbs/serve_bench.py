@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from npukit.config import PreprocessConfig
 from npukit.report.core import Report
@@ -26,6 +28,7 @@ def serve_bench(
     report_path: str | Path | None = None,
     html: bool = False,
     buckets: Sequence[Sequence[int]] = (),
+    input_shape: str | Sequence[Any] | None = None,
 ) -> CommandResult:
     """Serve ``model`` with ``npukit.runtime.engine.Runtime`` and with a plain one-session loop under the same loads
     (``measure.serving``): start-up, jitter, allocations per call, throughput against workers, and open-loop Poisson
@@ -36,19 +39,29 @@ def serve_bench(
 
     With ``buckets`` (input shapes; a model with one input whose sizes are symbolic): the model served through
     ``runtime.buckets.BucketedRuntime`` at those sizes against a session fixed to each size, one caller, on seeded
-    inputs of each size (``measure.serving.measure_buckets``): outputs compared, latency side by side."""
+    inputs of each size (``measure.serving.measure_buckets``): outputs compared, latency side by side.
+
+    ``input_shape`` (``InputSpec`` forms) is fixed into a copy of the model first, which is served."""
     import onnx
 
     from npukit.errors import InputError
-    from npukit.frontend.onnx_io import load_onnx
+    from npukit.frontend.onnx_io import save_onnx
+    from npukit.frontend.shapes import InputSpec, load_with_inputs
     from npukit.measure.serving import ServingConfig, measure_serving
     from npukit.report.serving import add_serving
     from npukit.runtime.ort import make_session, random_feeds
     from npukit.verbs.common import open_data
 
     path = Path(model)
+    if not path.exists():
+        raise InputError(f"{model} does not exist", hint="check the path; serve an ONNX model (npukit export "
+                                                         "makes one)")
     if not path.is_file() or path.suffix.lower() != ".onnx":
         raise InputError(f"{model} is not an .onnx file", hint="serve an ONNX model (npukit export makes one)")
+    spec = InputSpec.parse(input_shape)
+    if buckets and spec:
+        raise InputError("--bucket and --input-shape both give the served shape",
+                         hint="give the sizes to serve with --bucket alone")
     if buckets:
         return _serve_buckets(path, buckets, duration_s=duration_s, report_path=report_path, html=html)
     config = ServingConfig(device=device, duration_s=duration_s, max_workers=max_workers, loads=tuple(loads),
@@ -67,17 +80,25 @@ def serve_bench(
                          "with a plain loop of the ONNX model and compiles it for the HTP itself",
                          hint="serve the model given to `npukit compile` with --device qnn-htp@SOC (the compiled "
                               "graph is cached across starts); `npukit bench --target qnn-htp` times this one")
-    proto = load_onnx(path)  # a truncated or foreign file is a one-line error, not a decoder's traceback
+    # a truncated or foreign file is a one-line error, not a decoder's traceback; sizes only the requests' data
+    # gives may stay symbolic
+    proto = load_with_inputs(path, spec, needs=None if data is not None else "serving on seeded random requests")
     if data is not None:
         dataset = open_data(data, proto, PreprocessConfig())
         requests = [dict(dataset.sample(i)) for i in range(min(samples, len(dataset)))]
     else:
-        session = make_session(path)
+        session = make_session(proto)
         requests = [random_feeds(session, seed=i) for i in range(samples)]
     report = Report("serve-bench", config={"model": str(model), "data": str(data) if data else "seeded random inputs",
                                            "serving": {**config.__dict__, "loads": list(config.loads)},
-                                           "requests": len(requests)})
-    result = measure_serving(path, requests, config)
+                                           "requests": len(requests),
+                                           "input_shape": spec.as_dict() if spec else None})
+    with tempfile.TemporaryDirectory(prefix="npukit-serve-") as tmp:
+        served = path
+        if spec:  # the runtimes measured open a file: the model with its shapes fixed, saved aside
+            served = Path(tmp) / path.name
+            save_onnx(proto, served)
+        result = measure_serving(served, requests, config)
     add_serving(report, result)
     curve = result.curve
     best = max(curve, key=lambda w: curve[w].throughput)
