@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import onnx
+import pytest
 
 from npukit.cli import main
 from tests.runtime.test_engine import _model
@@ -141,3 +142,15 @@ def test_serve_bench_fixes_a_given_input_shape_and_asks_for_one_it_needs(tmp_pat
     assert "does not exist" in capsys.readouterr().err
     assert main(["serve-bench", str(path), "--input-shape", "1,3,8,8", "--bucket", "1,3,8,8"]) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["any_size.onnx", "serve.json"]
+
+
+def test_the_plain_loop_runs_on_the_device_the_runtime_serves_on(tmp_path) -> None:
+    """On the HTP the plain loop's session was ORT's CPU EP: its capacity set the open-loop rates and queued
+    minutes of work on the HTP emulator for a one-second load point."""
+    pytest.importorskip("onnxruntime_qnn")
+    from npukit.measure.serving import plain_session
+
+    model = tmp_path / "m.onnx"
+    onnx.save(_model(batch=1), str(model))  # the HTP takes static shapes only
+    assert plain_session(str(model), "cpu").get_providers() == ["CPUExecutionProvider"]
+    assert plain_session(str(model), "qnn-htp@SM8650").get_providers()[0] == "QNNExecutionProvider"

@@ -1,4 +1,5 @@
-"""Serving measurements: a plain one-session loop against ``runtime.engine.Runtime`` under the same loads.
+"""Serving measurements: a plain one-session loop against ``runtime.engine.Runtime`` under the same loads, both on the
+same device (the CPU, or the HTP through the QNN EP).
 
 Measured side by side in one process on the same requests: start-up (session creation to first result; on the CPU
 also with ORT's optimized graph cached on disk, ``runtime.session_cache``; the runtime cold and from its cache, which
@@ -21,11 +22,12 @@ import time
 import tracemalloc
 from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from npukit.measure.load import LoadResult, closed_loop, open_loop
-from npukit.runtime.engine import Overloaded, Runtime, RuntimeConfig, batching_off
+from npukit.runtime.engine import Overloaded, Runtime, RuntimeConfig, batching_off, choose_device
 from npukit.runtime.ort import make_session
 from npukit.runtime.pool import BoundBuffers, signatures
 
@@ -114,6 +116,21 @@ def allocated_per_call(call: Callable[[], object], calls: int, budget_s: float |
     return total / calls
 
 
+def plain_session(path: str, device: str) -> Any:
+    """The plain loop's session, on the device the runtime serves on (``engine.choose_device``): ORT's CPU EP, or
+    the QNN EP's HTP for the SoC asked (nodes it does not take on the CPU, as the runtime opens it). Both loops run on
+    the same hardware, so the open-loop rates, multiples of the plain loop's capacity, suit the runtime measured (a
+    CPU loop's capacity queued minutes of work on the HTP emulator)."""
+    chosen = choose_device(device).device
+    if chosen == "cpu":
+        return make_session(path, threads=1)
+    from npukit.runtime.compile import soc_provider_options
+    from npukit.runtime.qnn import make_qnn_session
+
+    soc = chosen.partition("@")[2]
+    return make_qnn_session(path, allow_cpu_fallback=True, provider_options=soc_provider_options(soc) if soc else None)
+
+
 def _cpu_name() -> str:
     from npukit.runtime.devices import read_cpu_info
 
@@ -142,7 +159,7 @@ def _startup(path: str, sample: Feeds, config: ServingConfig) -> dict[str, float
             if done and time.perf_counter() - started > config.duration_s:
                 break  # start-ups that take long (a compile for the HTP) measured fewer times, once at least
             t0 = time.perf_counter()
-            make_session(path, threads=1).run(None, dict(sample))
+            plain_session(path, device).run(None, dict(sample))
             times["plain_session_ms"].append(time.perf_counter() - t0)
             if device == "cpu":
                 t0 = time.perf_counter()
@@ -166,7 +183,7 @@ def measure_serving(model: str | os.PathLike[str], requests: Sequence[Feeds], co
     sample = dict(requests[0])
     with step("serve-bench: start-up times"):
         startup = _startup(path, sample, config)
-    plain = make_session(path, threads=1)
+    plain = plain_session(path, config.device)
     names = [o.name for o in plain.get_outputs()]
     with Runtime(path, config.runtime(workers=1, threads=1)) as single:
         device = single.device.as_dict() | {"device_concurrency": single.gate.limit}  # None: no limit
