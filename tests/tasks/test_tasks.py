@@ -384,3 +384,20 @@ def test_a_heatmap_heads_landmarks_are_held_at_its_peaks() -> None:
     assert {o.name: o.sqnr_db for o in result.outputs}["out3"] < 10.0
     assert [(o.name, o.shape, o.sqnr_db) for o in result.at_detections] == [("out3", (1, 10), math.inf)]
     assert judge(result, QualityGate(), what="quantize").passed
+
+
+def test_a_decoded_output_under_the_sqnr_floor_is_said_to_be_judged_by_the_task_metric() -> None:
+    """The demo's PASS showed 'worst output SQNR 19.952 dB' beside a 20 dB floor with no word why it passed."""
+    from npukit.tasks import QualityGate, judge
+    from npukit.tasks.classify import ClassifyMeter
+
+    logits = np.zeros((16, 10), np.float32)
+    logits[np.arange(16), np.arange(16) % 10] = 8.0
+    noisy = logits + np.random.default_rng(0).normal(0, 0.6, logits.shape).astype(np.float32)
+    meter = ClassifyMeter(["y"])
+    meter.update([logits], [noisy])
+    line = judge(meter.result(), QualityGate(), what="quantize").line
+    assert line.startswith("PASS") and "judged by the task metric" in line
+    quiet = ClassifyMeter(["y"])
+    quiet.update([logits], [logits + 1e-4])
+    assert "judged by" not in judge(quiet.result(), QualityGate(), what="quantize").line
