@@ -17,13 +17,20 @@ def add_latency(report: Report, latency: Mapping[str, Any], sizes: Mapping[str, 
     report.add("size", {k: v.as_dict() for k, v in sizes.items()})
     report.add("latency", {k: v.as_dict() for k, v in latency.items()})
     reference = latency.get("reference")
-    rows = [[role, str(files[role]), sizes[role].file_bytes, res.median_ms, res.p90_ms,
+    rows = [[role, _shown_path(files[role]), sizes[role].file_bytes, res.median_ms, res.p90_ms,
              res.median_ms / reference.median_ms if reference is not None else None]
             for role, res in latency.items()]
     report.add_table(f"Latency on ORT CPU ({threads} thread{'s' if threads > 1 else ''}, median of {runs} runs)",
                      ["role", "file", "size_bytes", "median ms", "p90 ms", "ratio to reference"], rows)
     report.add_figure("Latency (median ms)", "bar",
                       {"labels": list(latency), "values": [v.median_ms for v in latency.values()]}, x_label="ms")
+
+
+def _shown_path(path: str | Path, width: int = 48) -> str:
+    """``path`` as given where it is short, else its last folder and name (two models may share a name; a table
+    cell cut at its end would lose the name)."""
+    text = str(path)
+    return text if len(text) <= width else "…/" + "/".join(Path(text).parts[-2:])
 
 
 def add_agreement(report: Report, agreement: Any, *, with_reference: bool, data_name: str) -> None:
