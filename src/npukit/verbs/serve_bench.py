@@ -42,22 +42,13 @@ def serve_bench(
     inputs of each size (``measure.serving.measure_buckets``): outputs compared, latency side by side.
 
     ``input_shape`` (``InputSpec`` forms) is fixed into a copy of the model first, which is served."""
-    import onnx
-
     from npukit.errors import InputError
     from npukit.frontend.onnx_io import save_onnx
     from npukit.frontend.shapes import InputSpec, load_with_inputs
     from npukit.measure.serving import ServingConfig, measure_serving
     from npukit.report.serving import add_serving
-    from npukit.runtime.ort import make_session, random_feeds
-    from npukit.verbs.common import open_data
 
-    path = Path(model)
-    if not path.exists():
-        raise InputError(f"{model} does not exist", hint="check the path; serve an ONNX model (npukit export "
-                                                         "makes one)")
-    if not path.is_file() or path.suffix.lower() != ".onnx":
-        raise InputError(f"{model} is not an .onnx file", hint="serve an ONNX model (npukit export makes one)")
+    path = _served_file(model)
     spec = InputSpec.parse(input_shape)
     if buckets and spec:
         raise InputError("--bucket and --input-shape both give the served shape",
@@ -67,28 +58,10 @@ def serve_bench(
     config = ServingConfig(device=device, duration_s=duration_s, max_workers=max_workers, loads=tuple(loads),
                            max_batch=max_batch, max_wait_ms=max_wait_ms, prefer=prefer,
                            device_concurrency=device_concurrency)
-    from npukit.runtime.compile import is_context_model
-
-    try:
-        proto = onnx.load(str(path), load_external_data=False)
-    except Exception:  # noqa: BLE001 - not a model: load_onnx says what the file is, in one line
-        proto = None
-    # a context model (which the ONNX checker does not pass): its plain-loop baseline and seeded inputs need a CPU
-    # session of the same model
-    if proto is not None and is_context_model(proto):
-        raise InputError(f"{path.name} is a compiled HTP context model (EPContext); serve-bench compares the runtime "
-                         "with a plain loop of the ONNX model and compiles it for the HTP itself",
-                         hint="serve the model given to `npukit compile` with --device qnn-htp@SOC (the compiled "
-                              "graph is cached across starts); `npukit bench --target qnn-htp` times this one")
     # a truncated or foreign file is a one-line error, not a decoder's traceback; sizes only the requests' data
     # gives may stay symbolic
     proto = load_with_inputs(path, spec, needs=None if data is not None else "serving on seeded random requests")
-    if data is not None:
-        dataset = open_data(data, proto, PreprocessConfig())
-        requests = [dict(dataset.sample(i)) for i in range(min(samples, len(dataset)))]
-    else:
-        session = make_session(proto)
-        requests = [random_feeds(session, seed=i) for i in range(samples)]
+    requests = _requests(proto, data, samples)
     report = Report("serve-bench", config={"model": str(model), "data": str(data) if data else "seeded random inputs",
                                            "serving": {**config.__dict__, "loads": list(config.loads)},
                                            "requests": len(requests),
@@ -108,6 +81,44 @@ def serve_bench(
                        "nothing was checked", passed=True)
     json_path = Path(report_path) if report_path else None
     return finish(report, None, html=html, json_path=json_path, result=result, source=model)
+
+
+def _served_file(model: str | Path) -> Path:
+    """The path of an ONNX model serve-bench can serve: one-line errors for a missing or foreign file and for a
+    compiled context model (its plain-loop baseline and seeded inputs need the ONNX model it was compiled from)."""
+    import onnx
+
+    from npukit.errors import InputError
+    from npukit.runtime.compile import is_context_model
+
+    path = Path(model)
+    if not path.exists():
+        raise InputError(f"{model} does not exist", hint="check the path; serve an ONNX model (npukit export "
+                                                         "makes one)")
+    if not path.is_file() or path.suffix.lower() != ".onnx":
+        raise InputError(f"{model} is not an .onnx file", hint="serve an ONNX model (npukit export makes one)")
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - not a model: load_onnx says what the file is, in one line, later
+        return path
+    if is_context_model(proto):  # which the ONNX checker does not pass
+        raise InputError(f"{path.name} is a compiled HTP context model (EPContext); serve-bench compares the runtime "
+                         "with a plain loop of the ONNX model and compiles it for the HTP itself",
+                         hint="serve the model given to `npukit compile` with --device qnn-htp@SOC (the compiled "
+                              "graph is cached across starts); `npukit bench --target qnn-htp` times this one")
+    return path
+
+
+def _requests(proto: Any, data: str | Path | None, samples: int) -> list[dict]:
+    """``samples`` requests: samples of ``data`` (image folder, .npy, .npz), or seeded random inputs."""
+    from npukit.runtime.ort import make_session, random_feeds
+    from npukit.verbs.common import open_data
+
+    if data is not None:
+        dataset = open_data(data, proto, PreprocessConfig())
+        return [dict(dataset.sample(i)) for i in range(min(samples, len(dataset)))]
+    session = make_session(proto)
+    return [random_feeds(session, seed=i) for i in range(samples)]
 
 
 def _serve_buckets(path: Path, buckets: Sequence[Sequence[int]], *, duration_s: float,
