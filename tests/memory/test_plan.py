@@ -98,3 +98,20 @@ def test_sizes_known_only_once_constants_are_folded_are_planned(tmp_path, monkey
     with pytest.raises(InputError) as info:
         plan_memory(path, runtime_graph=False)
     assert "'y'" in str(info.value) and "--input-shape" not in info.value.hint  # the shape was already static
+
+
+def test_a_size_only_a_foreign_op_knows_is_said_so(tmp_path):
+    """ddddocr's DynamicQuantizeLSTM (com.microsoft): ONNX shape inference cannot size its output, and the message
+    said the size depended on values."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Mystery", ["r"], ["m"], domain="my.ops"),
+             helper.make_node("Relu", ["m"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "k"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("my.ops", 1)])
+    path = tmp_path / "foreign.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(InputError) as info:
+        plan_memory(path, runtime_graph=False)
+    assert "Mystery of domain 'my.ops'" in info.value.hint

@@ -75,14 +75,19 @@ def load_tensor_graph(model: onnx.ModelProto, *, input_shape: Sequence[int] | No
     inferred = infer_with_fixed_inputs(model, input_shape)
     shapes, dtypes = value_types(inferred.graph)
     folded = False
-    for retry in ("symbolic", "folded"):
+    for retry in ("symbolic", "folded", "folded, then symbolic"):
         if not any(tensor_nbytes(shapes.get(o), dtypes.get(o)) is None
                    for node in inferred.graph.node for o in node.output if o):
             break
-        if retry == "symbolic":
+        if retry.endswith("symbolic"):
             inferred = _symbolic_inference(inferred)
         else:  # sizes computed from shapes through a chain neither inference follows (Paddle's Reshape targets)
-            inferred, folded = infer_with_fixed_inputs(_constants_folded(inferred), None), True
+            bare = onnx.ModelProto()
+            bare.CopyFrom(inferred)
+            bare.graph.ClearField("value_info")  # the open sizes inferred before would be kept as they are
+            bare.graph.ClearField("output")  # as declared: inference left some without a shape, which passes refuse
+            bare.graph.output.extend(model.graph.output)
+            inferred, folded = infer_with_fixed_inputs(_constants_folded(bare), None), True
         shapes, dtypes = value_types(inferred.graph)
     graph = inferred.graph
     constant = {t.name for t in graph.initializer}
@@ -105,9 +110,14 @@ def load_tensor_graph(model: onnx.ModelProto, *, input_shape: Sequence[int] | No
             shown = "unknown" if shape is None else "x".join(str(d) if d is not None else "?" for d in shape)
             symbolic = [i.name for i in graph.input if i.name not in constant and any(
                 not d.HasField("dim_value") for d in i.type.tensor_type.shape.dim)]
+            producer = next((n for n in graph.node if name in n.output), None)
+            foreign = producer is not None and producer.domain not in ("", "ai.onnx")
             hint = ("give the input's full shape with --input-shape, e.g. --input-shape 1,3,224,224" if symbolic
-                    else "every input's shape is fixed, so this size depends on values the model is fed or computes "
-                         "(an If on an input's value, NonZero, a loop): such a graph has no static memory plan")
+                    else f"it is written by {producer.op_type} of domain {producer.domain!r}, whose output sizes "
+                         "ONNX shape inference does not know: such a graph has no static memory plan here"
+                    if foreign else
+                    "every input's shape is fixed, so this size depends on values the model is fed or computes "
+                    "(an If on an input's value, NonZero, a loop): such a graph has no static memory plan")
             raise InputError(f"the size of activation {name!r} (shape {shown}) is not known after shape inference"
                              + (" and constant folding" if folded else ""), hint=hint)
         sizes[name] = size
@@ -123,14 +133,18 @@ def load_tensor_graph(model: onnx.ModelProto, *, input_shape: Sequence[int] | No
 
 def _constants_folded(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with its constant subgraphs folded (npukit's FoldConstantsPass, as every runtime folds them at load
-    time), so that shapes computed from constants become known; the model as given when folding fails."""
+    time), so that shapes computed from constants become known; folded again after the Identity nodes are removed
+    (Silero VAD's padding size is known only then: an If's branch output passes through Identity nodes); the model
+    as given when folding fails."""
     import onnx_ir as ir
 
+    from npukit.passes.base import PassManager
     from npukit.passes.fold_constants import FoldConstantsPass
+    from npukit.passes.remove_identity import RemoveIdentityPass
 
     try:
         ir_model = ir.serde.deserialize_model(model)
-        FoldConstantsPass()(ir_model)
+        PassManager([FoldConstantsPass(), RemoveIdentityPass(), FoldConstantsPass()])(ir_model)
         return ir.serde.serialize_model(ir_model)
     except Exception:  # noqa: BLE001 - any failure leaves the sizes open and the caller says which one
         return model
