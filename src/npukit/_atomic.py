@@ -58,6 +58,9 @@ def check_writes(outputs: Sequence[str | Path], inputs: Sequence[str | Path | No
         if path.resolve() in read:
             raise InputError(f"{given} is the input {read[path.resolve()]}: writing there would overwrite it",
                              hint="name a new file for the result or the report")
+        if path.is_dir():
+            raise InputError(f"{given} is a folder: a file cannot be written there",
+                             hint="name a file (inside that folder, if the result belongs there)")
         folder = path.parent
         while not folder.exists() and folder != folder.parent:
             folder = folder.parent

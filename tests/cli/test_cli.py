@@ -718,3 +718,12 @@ def test_analyze_takes_a_pytorch_model_through_its_export(tmp_path, monkeypatch,
 def test_analyze_refuses_weights_for_an_onnx_model(exported, tmp_path, capsys):
     assert main(["analyze", str(exported), "--target", "cpu", "--weights", str(tmp_path / "w.pt")]) == 2
     assert "--weights" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("verb", [["devices", "--report"], ["inspect", "{model}", "--json"]])
+def test_a_report_path_that_is_a_folder_is_refused_in_one_line(exported, tmp_path, capsys, verb):
+    args = [a.replace("{model}", str(exported)) for a in verb] + [str(tmp_path)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "is a folder" in err and len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []

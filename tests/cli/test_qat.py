@@ -117,3 +117,18 @@ def test_a_quantized_model_is_refused(tiny, tmp_path, capsys) -> None:
     assert main(["qat", str(qdq), "-o", str(tmp_path / "again.onnx"), "--data",
                  str(tiny.with_name("held.npy"))]) == 2
     assert "already quantized" in capsys.readouterr().err
+
+
+def test_inputs_without_a_batch_axis_are_refused_before_training() -> None:
+    """Silero VAD's scalar sample rate crashed np.concatenate (internal error, exit 1); its state [2, 1, 128] is
+    batched on axis 1."""
+    import numpy as np
+
+    from npukit.errors import InputError
+    from npukit.verbs.qat import _require_batch_axis
+
+    _require_batch_axis({"x": np.zeros((1, 3, 8, 8), np.float32)})
+    with pytest.raises(InputError, match="'sr' is a scalar"):
+        _require_batch_axis({"x": np.zeros((1, 576), np.float32), "sr": np.array(16000)})
+    with pytest.raises(InputError, match=r"'state' is shaped \[2, 1, 128\] per sample"):
+        _require_batch_axis({"state": np.zeros((2, 1, 128), np.float32)})

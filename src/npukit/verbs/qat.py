@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +137,7 @@ class TrainingSamples:
         if max_samples is not None:
             held = held[:max_samples]
         names = list(batches[0].feeds)
+        _require_batch_axis(batches[0].feeds)
         every = max(2, round(1 / VALIDATION))  # every k-th training sample validates (spread: data may be sorted)
         picked = set(range(every - 1, len(batches), every)[:MAX_VALIDATION]) if len(batches) >= every else set()
         validation = [b for i, b in enumerate(batches) if i in picked]
@@ -164,6 +165,17 @@ class TrainingSamples:
         if self.labels is not None:
             digest.update(self.labels.tobytes())
         return digest.hexdigest()
+
+
+def _require_batch_axis(feeds: Mapping[str, np.ndarray]) -> None:
+    """Training stacks samples along axis 0 of every input: an input without that batch axis (a scalar such as
+    Silero VAD's sample rate; a recurrent state batched on another axis) is refused in one line."""
+    for name, array in feeds.items():
+        if array.ndim == 0 or array.shape[0] != 1:
+            shape = "a scalar" if array.ndim == 0 else f"shaped {list(array.shape)} per sample"
+            raise InputError(f"input {name!r} is {shape}: training stacks samples along a batch axis 0, which it "
+                             "does not have", hint="train a model whose every input is batched on axis 0 (a "
+                                                   "stateful or streaming model: wrap it so its state is internal)")
 
 
 def _labels(batches: Sequence[Any]) -> np.ndarray | None:

@@ -130,3 +130,26 @@ def test_a_classifier_that_ends_in_softmax_is_distilled_on_its_logits(tmp_path):
             batch = {"x": torch.from_numpy(x)}
             losses[kind] = float(trainer.loss(student(batch), teacher(batch), None)[0])
     assert losses["probabilities"] == pytest.approx(losses["logits"], rel=1e-4)
+
+
+def test_a_softmax_output_s_squared_error_is_scaled_by_its_log_s_spread(tmp_path):
+    """The squared error on a Softmax model's class scores is taken on log p, and was divided by the spread of p:
+    on PP-OCR's classifier that made the loss 180x too large (242 against 0.7 once scaled by log p's spread)."""
+    import onnx
+    from onnx import helper
+
+    def with_softmax(model: onnx.ModelProto) -> onnx.ModelProto:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        out.graph.output[0].name = "p"
+        out.graph.node.append(helper.make_node("Softmax", ["y"], ["p"], name="softmax", axis=-1))
+        return out
+
+    x = np.concatenate([s["x"] for s in make_samples(16, seed=3)])
+    config = QatConfig(epochs=1, batch_size=8, augment=False, logit_weight=1.0)
+    teacher, student = OnnxProgram(with_softmax(tiny_cnn(seed=0))), OnnxProgram(with_softmax(tiny_cnn(seed=1)))
+    trainer = Trainer(student, teacher, {"x": x}, None, config, classify_output=0, checkpoint=None, fingerprint="a")
+    with torch.no_grad():
+        p = teacher({"x": torch.from_numpy(x)})[0].double()
+    assert trainer.spread[0] == pytest.approx(float(p.clamp_min(1e-12).log().var()), rel=1e-6)
+    assert trainer.spread[0] > 10 * float(p.var())  # the probabilities' own spread is far smaller
