@@ -45,6 +45,9 @@ def write_text_atomic(target: str | os.PathLike[str], text: str) -> Path:
     return write_bytes_atomic(target, text.encode("utf-8"))
 
 
+FOLDER_ARTIFACTS = (".mlpackage",)  # artifacts that are folders (Core ML), replaced whole when written again
+
+
 def check_writes(outputs: Sequence[str | Path], inputs: Sequence[str | Path | None]) -> None:
     """Refuse, before any work, a run whose files cannot be written or would overwrite what it reads: each of
     ``outputs`` (an artifact, a report, its HTML) must not be one of ``inputs`` (the model, a reference, weights,
@@ -58,7 +61,7 @@ def check_writes(outputs: Sequence[str | Path], inputs: Sequence[str | Path | No
         if path.resolve() in read:
             raise InputError(f"{given} is the input {read[path.resolve()]}: writing there would overwrite it",
                              hint="name a new file for the result or the report")
-        if path.is_dir():
+        if path.is_dir() and path.suffix.lower() not in FOLDER_ARTIFACTS:
             raise InputError(f"{given} is a folder: a file cannot be written there",
                              hint="name a file (inside that folder, if the result belongs there)")
         folder = path.parent

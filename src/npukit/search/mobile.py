@@ -56,6 +56,16 @@ def quantized_compute(qdq: onnx.ModelProto) -> float:
     return len(integer) / len(compute) if compute else 0.0
 
 
+def float_share_note(fraction: float) -> str:
+    """The verdict's note for an INT8 artifact most of whose convolutions and matrix products stay float (the plan's
+    float layers: a float head, joins of very different scales, fragile depthwise convs); "" when at least half
+    run in int8 (a float stem or head is the usual, and the tables say which)."""
+    if fraction >= 0.5:
+        return ""
+    return (f"; note: only {fraction:.0%} of its convolutions and matrix products run in int8, the plan keeps the "
+            "others float (its table says which step and why): little smaller or faster than fp32")
+
+
 @dataclasses.dataclass
 class MobileBuilder(TrialBuilder):
     """Builds a recipe's artifact for a mobile runtime and checks it there (see the module docstring). ``module``: the

@@ -392,6 +392,7 @@ class _Search:
     def _check(self, outcome: Any, runner: Any) -> tuple[Any, str]:
         """The chosen trial's model (this run's, or built again for a trial of an earlier run) checked on the
         held-out samples with the budget's gate; (None, the failing verdict) when no trial met the budget."""
+        from npukit.search.mobile import float_share_note
         from npukit.verbs.common import task_check
 
         if outcome.chosen is None:
@@ -399,12 +400,14 @@ class _Search:
             if best.error:
                 return None, (f"FAIL optimize: none of {len(outcome.trials)} trials could be built (first: "
                               f"{best.recipe.label()}: {best.error})")
+            short = best.metric < self.config.min_metric or not best.failures
             failed = (f"{best.metric_name or 'task metric'} {best.metric:.3f}, needed {self.config.min_metric:.3f}"
-                      if best.metric < self.config.min_metric or not best.failures else
-                      f"{best.metric_name or 'task metric'} {best.metric:.3f} but {best.failures[0]}")
+                      if short else f"{best.metric_name or 'task metric'} {best.metric:.3f} but {best.failures[0]}")
             return None, (f"FAIL optimize: none of {len(outcome.trials)} trials passed the budget's check "
                           f"({self.config.budget:.1%} of the float model's task metric; best: {best.recipe.label()}, "
-                          f"{failed}); try a larger --budget, more --trials, or --space full")
+                          f"{failed}); try " + ("a larger --budget" if short else
+                                                "what that check says (the budget was met), e.g. a lower --min-sqnr")
+                          + ", more --trials, or --space full")
         chosen = outcome.trial(outcome.chosen)
         if chosen.recipe in self.models:
             artifact = self.models.load(chosen.recipe)
@@ -426,9 +429,11 @@ class _Search:
                 f"{self._float_name}'s; best on {self.config.prefer} of {within} trials within the budget "
                 f"({len(outcome.trials)} in all)"
                 + (f"; even the fastest within the budget runs slower than {self._float_name} on this CPU: keep "
-                   "it where latency matters" if chosen.latency > 1.0 and self.config.prefer == "latency" else
+                   f"{self._float_name} where latency matters" if chosen.latency > 1.0
+                   and self.config.prefer == "latency" else
                    f"; it runs {chosen.latency:.2f}x {self._float_name}'s time on this CPU (slower)"
-                   if chosen.latency > 1.0 else ""))
+                   if chosen.latency > 1.0 else "")
+                + float_share_note(chosen.integer_fraction))
         self.report.set_verdict(line, passed=True)
         return artifact, line
 
