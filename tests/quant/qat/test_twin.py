@@ -128,3 +128,18 @@ def test_four_bit_weights_are_stored_as_int4_and_compute_the_simulation():
     check = check_export(exported, program, samples[:8])
     assert check.exact, check
     assert len(exported.SerializeToString()) < len(result.model.SerializeToString())
+
+
+def test_a_kept_float_conv_s_own_per_channel_dequantize_is_written_back():
+    """A conv the plan keeps float reads its quantized input through a DequantizeLinear of its own whose scale is
+    the per-tensor one repeated per channel (``quant.emit.ort_float``): writing the trained scale back into it
+    crashed (PP-OCRv4's detector: cannot reshape array of size 1 into shape (32,))."""
+    result, samples = _build(False, exclude=("pw",))
+    per_channel = [n for n in result.model.graph.node if n.op_type == "DequantizeLinear" and n.name.startswith("pw")]
+    assert per_channel, "the float conv reads its input through its own DequantizeLinear"
+    twin = split(result.model, reduce_range=False)
+    program = twin.program()
+    exported = write_back(result.model, twin, program)
+    onnx.checker.check_model(exported)
+    check = check_export(exported, program, samples[:8])
+    assert check.exact, check

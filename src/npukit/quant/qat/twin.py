@@ -205,8 +205,10 @@ def write_back(qdq: onnx.ModelProto, twin: Twin, program: OnnxProgram, *, int4_s
         module = program.quant[key]
         if slot.kind == "activation":
             scale, _ = module.exported()
-            for name in slot.scales:
-                _put(inits, name, scale.reshape(numpy_helper.to_array(inits[name]).shape))
+            for name in slot.scales:  # a kept float conv's own DequantizeLinear repeats the scale per channel
+                shape = numpy_helper.to_array(inits[name]).shape  # (``quant.emit.ort_float``): broadcast to it
+                _put(inits, name, np.broadcast_to(scale.reshape(()) if scale.size == 1 else scale.reshape(shape),
+                                                  shape))
         elif slot.kind == "weight":
             q, scale, zp = module.exported(env[slot.tensor])
             dtype = inits[slot.integers].data_type
