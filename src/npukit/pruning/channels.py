@@ -164,12 +164,22 @@ def _shape(value: ir.Value) -> tuple[int, ...] | None:
     return tuple(int(d) for d in value.shape)
 
 
+def _batch_one(value: ir.Value) -> tuple[int, ...] | None:
+    """``value``'s shape with a symbolic batch (axis 0) counted as 1, as MACs per sample are; None when another
+    dimension is not static."""
+    if value.shape is None or len(value.shape) == 0:
+        return _shape(value)
+    dims = [value.shape[0] if isinstance(value.shape[0], int) else 1, *value.shape[1:]]
+    return tuple(int(d) for d in dims) if all(isinstance(d, int) for d in dims) else None
+
+
 def _node_macs(node: ir.Node) -> int:
-    out = _shape(node.outputs[0])
+    out = _batch_one(node.outputs[0])
     weight = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
-    data = _shape(node.inputs[0]) if node.inputs[0] is not None else None
+    data = _batch_one(node.inputs[0]) if node.inputs[0] is not None else None
     if out is None or data is None:
-        raise InputError(f"{node.op_type} {node.name} has no static shape", hint="pass --input-shape")
+        raise InputError(f"{node.op_type} {node.name} has no static shape besides the batch",
+                         hint="pass the model's input shape with --input-shape, e.g. --input-shape 1,3,224,224")
     if node.op_type == "Conv":
         return math.prod(out) * math.prod(weight.shape[1:]) if weight is not None else 0
     return math.prod(out) * data[-1] if node.op_type == "MatMul" else math.prod(out) * (
