@@ -820,6 +820,17 @@ def _remove_new(paths: dict[Path, bool]) -> None:
             path.unlink(missing_ok=True)
 
 
+def _quiet_onnxruntime() -> None:
+    """ONNX Runtime's default logger off the terminal below errors: sessions npukit makes set this themselves, but
+    those a library makes (ORT's quantization tools) printed a warning per initializer they drop (144 lines before
+    substitute's report on PP-OCR's classifier)."""
+    try:
+        import onnxruntime
+    except ImportError:  # pragma: no cover - a dependency; the verbs that need it say so
+        return
+    onnxruntime.set_default_logger_severity(3)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -827,6 +838,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # -h, --version (0) or the parser's one-line refusal (2): an exit code, as below
         return exc.code if isinstance(exc.code, int) else 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    _quiet_onnxruntime()
     from npukit.errors import NpukitError
     from npukit.report.terminal import print_error
     from npukit.report.capture import capture_library_messages

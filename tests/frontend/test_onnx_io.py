@@ -137,3 +137,21 @@ def test_named_nodes_names_the_unnamed_and_the_repeated_without_clashing() -> No
     assert [n.name for n in named.graph.node] == ["Relu_0", "Relu_2", "Relu_2_1", "Relu_3"]
     assert [n.name for n in model.graph.node] == ["", "Relu_2", "", "Relu_2"]  # the input is left as it was
     assert named_nodes(named) is named
+
+
+def test_saved_models_declare_only_the_opsets_their_nodes_use(tmp_path) -> None:
+    """prune's and substitute's artifacts declared 8 opset domains no node used (a torch export's
+    org.pytorch.aten, ai.onnx.preview.training, ...)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from npukit.frontend.onnx_io import save_onnx
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("org.pytorch.aten", 1),
+                                                    helper.make_opsetid("ai.onnx.preview.training", 1)])
+    save_onnx(model, tmp_path / "m.onnx")
+    assert [(o.domain, o.version) for o in onnx.load(tmp_path / "m.onnx").opset_import] == [("", 17)]
