@@ -727,3 +727,14 @@ def test_a_report_path_that_is_a_folder_is_refused_in_one_line(exported, tmp_pat
     err = capsys.readouterr().err
     assert "is a folder" in err and len(err.strip().splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_optimize_graph_s_graph_table_gives_the_files_sizes(exported, tmp_path):
+    """The demo's table said +4.7 KiB (the in-memory model's serialized size, inferred shapes counted) for a file
+    that shrank."""
+    out = tmp_path / "opt.onnx"
+    assert main(["optimize-graph", str(exported), "-o", str(out)]) == 0
+    report = json.loads(out.with_name("opt.report.json").read_text())
+    assert report["results"]["file_bytes"] == {"before": exported.stat().st_size, "after": out.stat().st_size}
+    graph = next(t for t in report["tables"] if t["title"] == "Graph")
+    assert any(row[0] == "file bytes" for row in graph["rows"])

@@ -72,7 +72,10 @@ def optimize_graph(
     before = summary_of(original, input_shape=shape)
     # the tables and the headline describe the model written: the restructured one under a budget
     after = summary_of(optimized if restructured is None else restructured.model, input_shape=shape)
-    add_optimize(report, pipeline.records, before, after, errors, rtol=rtol)
+    from npukit.measure.size import model_size
+
+    add_optimize(report, pipeline.records, before, after, errors, rtol=rtol,
+                 file_bytes=(model_size(model).file_bytes, model_size(output).file_bytes))
     nodes = f"{before.nodes} -> {after.nodes} nodes"
     if restructured is not None:
         nodes += (f"; peak activation memory {restructured.peak_before:,} -> {restructured.peak_after:,} bytes, "
