@@ -148,11 +148,11 @@ def save_onnx(model: onnx.ModelProto | ir.Model, path: str | Path) -> Path:
     """Write ``model`` atomically: one file under 2 GB of weights, else ``<name>.data`` beside it, without the opset
     imports no node uses (an export through torch declares org.pytorch.aten, ai.onnx.preview.training and others,
     which stricter converters refuse; removed from an ``ir.Model`` given too). Returns ``path``."""
-    import onnx_ir.passes.common  # noqa: F401 - ir.passes.common is not imported by onnx_ir itself
+    from onnx_ir.passes.common import RemoveUnusedOpsetsPass
 
     path = Path(path)
     ir_model = model if isinstance(model, ir.Model) else ir.serde.deserialize_model(model)
-    ir.passes.common.RemoveUnusedOpsetsPass()(ir_model)
+    RemoveUnusedOpsetsPass()(ir_model)
     if initializer_bytes(ir_model) < SINGLE_FILE_LIMIT_BYTES:
         with atomic_path(path) as tmp:
             ir.save(ir_model, tmp)
