@@ -105,3 +105,14 @@ def test_an_output_folder_is_made_as_for_every_verb(tiny, tmp_path) -> None:
 def test_missing_data_is_exit_2(tiny, tmp_path, capsys) -> None:
     assert main(["optimize", str(tiny), "-o", str(tmp_path / "b.onnx"), "--data", str(tmp_path / "none")]) == 2
     assert _files(tmp_path) == []
+
+
+def test_the_task_check_s_weak_warning_reaches_optimize_s_verdict() -> None:
+    """optimize writes its own verdict line: a YOLOv8 search PASSed on 5 reference detections without the warning
+    the task check gave."""
+    from npukit.verbs.optimize import _weak
+
+    line = ("PASS optimize: task detect, map50 1.000 on 10 samples (5 reference detections: a weak check, give more "
+            "data)")
+    assert _weak(line) == "; note: 5 reference detections: a weak check, give more data"
+    assert _weak("PASS optimize: task classify, top1_agreement 1.000 on 40 samples") == ""

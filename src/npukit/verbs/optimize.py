@@ -433,9 +433,18 @@ class _Search:
                    and self.config.prefer == "latency" else
                    f"; it runs {chosen.latency:.2f}x {self._float_name}'s time on this CPU (slower)"
                    if chosen.latency > 1.0 else "")
-                + float_share_note(chosen.integer_fraction))
+                + float_share_note(chosen.integer_fraction) + _weak(verdict.line))
         self.report.set_verdict(line, passed=True)
         return artifact, line
+
+
+def _weak(check_line: str) -> str:
+    """The task check's own warning that it rests on too little (few samples or detections), for optimize's
+    verdict, which is its own line (a YOLOv8 search PASSed on 5 reference detections without a word)."""
+    import re
+
+    found = re.search(r"\(([^()]*a weak check[^()]*)\)", check_line)
+    return f"; note: {found.group(1)}" if found else ""
 
 
 class _Kept:
