@@ -342,7 +342,8 @@ def _serve_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("--data", help="requests from this image folder, .npy or .npz (default: seeded random inputs)")
     p.add_argument("--device", default="cpu", help="auto | cpu | qnn-htp[@SOC] (default cpu)")
-    p.add_argument("--duration", type=_positive_seconds, default=3.0, help="seconds per measurement: each load point, the start-ups, the allocations (default 3)")
+    p.add_argument("--duration", type=_positive_seconds, default=3.0,
+                   help="seconds per measurement: each load point, the start-ups, the allocations (default 3)")
     p.add_argument("--max-workers", type=_positive, help="largest worker count on the curve (default: the cores)")
     p.add_argument("--loads", default="0.8,1.2,1.6",
                    help="open-loop rates as multiples of the plain loop's capacity (default 0.8,1.2,1.6)")
@@ -392,7 +393,8 @@ def _optimize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=_positive, default=1, metavar="N",
                    help="trials built at once on Ray Tune (a local Ray instance npukit starts and stops; default 1: "
                         "one after the other, no Ray); timing stays one model at a time")
-    p.add_argument("--batch", type=_positive, metavar="N", help="recipes the sampler proposes at once (default: --workers); "
+    p.add_argument("--batch", type=_positive, metavar="N",
+                   help="recipes the sampler proposes at once (default: --workers); "
                    "the same batch and seed propose the same recipes with any number of workers")
     p.add_argument("--ray-address", metavar="ADDR", help="run the trials on an existing Ray cluster (e.g. HEAD:6379, "
                    "or auto) instead of a local instance; needs --workers")
