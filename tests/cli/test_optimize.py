@@ -116,3 +116,13 @@ def test_the_task_check_s_weak_warning_reaches_optimize_s_verdict() -> None:
             "data)")
     assert _weak(line) == "; note: 5 reference detections: a weak check, give more data"
     assert _weak("PASS optimize: task classify, top1_agreement 1.000 on 40 samples") == ""
+
+
+def test_a_model_without_a_task_metric_says_what_held_it(tiny, tmp_path) -> None:
+    """--task generic (and an audio model detected as generic) has no task metric: the verdict said 'min_cosine nan
+    (budget >= 0.990)', a bound that bounded nothing."""
+    out = tmp_path / "generic.onnx"
+    assert main(["optimize", str(tiny), "-o", str(out), "--data", str(tiny.with_name("data.npy")), "--task",
+                 "generic", "--trials", "1", "--runs", "3"]) == 0
+    verdict = json.loads(out.with_name("generic.report.json").read_text())["verdict"]
+    assert "no task metric (every output held to the SQNR floor" in verdict and "nan" not in verdict

@@ -423,8 +423,12 @@ class _Search:
         if not verdict.passed:
             return None, verdict.line
         within = sum(m.feasible for m in outcome.trials)
-        line = (f"PASS optimize: trial {outcome.chosen} ({chosen.recipe.label()}): {chosen.metric_name} "
-                f"{chosen.metric:.3f} (budget >= {self.config.min_metric:.3f}), latency {chosen.latency:.2f}x, size "
+        held = (f"{chosen.metric_name} {chosen.metric:.3f} (budget >= {self.config.min_metric:.3f})"
+                if chosen.metric == chosen.metric else  # a generic model's task has no metric for --budget to bound
+                f"no task metric (every output held to the SQNR floor instead of --budget: worst "
+                f"{chosen.worst_sqnr_db:.1f} dB >= {self.gate.min_sqnr_db:g} dB)")
+        line = (f"PASS optimize: trial {outcome.chosen} ({chosen.recipe.label()}): {held}, latency "
+                f"{chosen.latency:.2f}x, size "
                 f"{chosen.size:.2f}x, peak memory {chosen.memory:.2f}x, energy {chosen.energy:.2f}x (estimates) "
                 f"{self._float_name}'s; best on {self.config.prefer} of {within} trials within the budget "
                 f"({len(outcome.trials)} in all)"
