@@ -234,3 +234,14 @@ def test_coreml_bad_output_and_missing_extra_one_line_exit_2(tmp_path, capsys, m
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "coremltools" else real(name, *a))
     assert main(["compile", "tinynet:tiny", "--target", "coreml", "-o", str(tmp_path / "m.mlpackage"), *SHAPE]) == 2
     assert "npukit[coreml]" in capsys.readouterr().err and _files(tmp_path) == [occupied]
+
+
+def test_a_module_without_a_known_shape_is_pointed_at_its_data_s_shape(tmp_path, capsys):
+    """MTCNN's ONet (module:factory, 48x48 crops) was told to pass --input-shape 1,3,224,224."""
+    calib = tmp_path / "crops.npy"
+    np.save(calib, np.zeros((4, 3, 48, 48), np.float32))
+    out = tmp_path / "tiny.pte"
+    assert main(["compile", "tinynet:tiny", "--target", "executorch-xnnpack", "--calib", str(calib), "-o",
+                 str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--input-shape 1,3,48,48 (one sample of crops.npy)" in err and not out.exists()

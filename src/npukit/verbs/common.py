@@ -32,9 +32,10 @@ def check_output(output: str | Path, *, source: str | Path | None = None, suffix
 
 
 def torch_source(model: str | Path, weights: str | Path | None, input_shape: Any, *, needs: str,
-                 otherwise: str) -> tuple[Any, tuple[int, ...]]:
+                 otherwise: str, data: str | Path | None = None) -> tuple[Any, tuple[int, ...]]:
     """(the resolved PyTorch model, its input shape) for a verb that ``needs`` a torch program; an ONNX model or an
-    unknown shape is an InputError saying what to give (``otherwise``: what to do with the ONNX model)."""
+    unknown shape is an InputError saying what to give (``otherwise``: what to do with the ONNX model; ``data``: the
+    verb's .npy samples, whose one sample's shape the hint suggests)."""
     from npukit.frontend.shapes import InputSpec
     from npukit.frontend.spec import resolve_model
 
@@ -51,8 +52,22 @@ def torch_source(model: str | Path, weights: str | Path | None, input_shape: Any
                              hint="pass one --input-shape, e.g. 1,3,224,224")
         shape = spec.shapes[0][1]
     if shape is None:
-        raise InputError(f"no input shape is known for {model}", hint="pass one with --input-shape 1,3,224,224")
+        raise InputError(f"no input shape is known for {model}", hint=_shape_hint(data))
     return source, tuple(shape)
+
+
+def _shape_hint(data: str | Path | None) -> str:
+    """How to give a torch model's input shape: one sample of ``data`` (a .npy of stacked samples) where there is
+    one (MTCNN's ONet takes 48x48 crops: suggesting 224x224 sent the user the wrong way), else an example."""
+    if data is not None and str(data).lower().endswith(".npy") and Path(str(data)).is_file():
+        try:
+            shape = np.load(str(data), mmap_mode="r").shape
+        except (OSError, ValueError):
+            shape = ()
+        if len(shape) >= 2:
+            one = ",".join(map(str, (1, *shape[1:])))
+            return f"pass it with --input-shape, e.g. --input-shape {one} (one sample of {Path(str(data)).name})"
+    return "pass one with --input-shape 1,3,224,224"
 
 
 def note_untrained(report: Report, source: Any) -> None:

@@ -111,7 +111,7 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
         raise InputError(f"output {output} must be {kind} ending in {mobile.suffix} for --target {mobile.name}",
                          hint=f"name the output like model{mobile.suffix}")
     source, shape = torch_source(model, weights, input_shape, needs=f"--target {mobile.name} converts PyTorch "
-                                 "programs", otherwise="compile the ONNX model with --target qnn-htp")
+                                 "programs", otherwise="compile the ONNX model with --target qnn-htp", data=calib)
     int8 = calib is not None
     report = Report("compile", config={"model": str(model), "target": mobile.name,
                                        "precision": "int8" if int8 else "fp32",

@@ -143,7 +143,7 @@ class _Inputs:
              weights: str | Path | None = None) -> _Inputs:
         source = None
         if torch_program:
-            source, proto, spec = _torch_program(model, input_shape, weights)
+            source, proto, spec = _torch_program(model, input_shape, weights, data)
         else:
             proto, spec = float_static_model(model, input_shape, verb="optimize")
         held = list(open_data(data, proto, preprocess).batches(1))
@@ -161,14 +161,15 @@ class _Inputs:
                    source)
 
 
-def _torch_program(model: str | Path, input_shape: Any, weights: str | Path | None) -> tuple[Any, Any, Any]:
+def _torch_program(model: str | Path, input_shape: Any, weights: str | Path | None,
+                   data: str | Path | None = None) -> tuple[Any, Any, Any]:
     """(the resolved PyTorch source, its ONNX export verified against it, the input spec) for a mobile runtime's
     search: the export is what each trial's plan is made on, the source's module what the plan is carried onto."""
     from npukit.frontend.shapes import InputSpec
     from npukit.verbs.common import scratch_export, torch_source
 
     source, shape = torch_source(model, weights, input_shape, needs="a mobile runtime's search carries plans onto "
-                                 "a PyTorch program", otherwise="search the ONNX model with --target cpu")
+                                 "a PyTorch program", otherwise="search the ONNX model with --target cpu", data=data)
     proto, _ = scratch_export(source, shape, what="the model each trial's plan is made on")
     source.module.eval()
     return source, proto, InputSpec(((None, shape),))
