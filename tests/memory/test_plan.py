@@ -63,35 +63,12 @@ def test_plan_memory_on_the_graph_ort_runs_states_ort_peak(tmp_path):
     assert data["memory"]["runtime_allocator"].startswith("ORT CPU's allocation planner")
 
 
-def _paddle_flatten() -> onnx.ModelProto:
-    """A Paddle export's flatten (PP-OCR's classifier): Reshape to [Slice(Cast(Shape(p), int32), 0, 1), -1] joined
-    by a Concat on axis -1, which ORT's symbolic inference refuses and ONNX's does not follow."""
-    import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
-
-    def constant(name: str, value: int) -> onnx.NodeProto:
-        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array([value], np.int32)))
-
-    nodes = [constant("zero", 0), constant("one", 1), constant("axis0", 0), constant("minus1_32", -1),
-             helper.make_node("GlobalAveragePool", ["x"], ["p"]),
-             helper.make_node("Shape", ["p"], ["s"]),
-             helper.make_node("Cast", ["s"], ["s32"], to=TensorProto.INT32),
-             helper.make_node("Slice", ["s32", "zero", "one", "axis0"], ["n32"]),
-             helper.make_node("Cast", ["n32"], ["n"], to=TensorProto.INT64),
-             helper.make_node("Cast", ["minus1_32"], ["minus1"], to=TensorProto.INT64),
-             helper.make_node("Concat", ["n", "minus1"], ["target"], axis=-1),
-             helper.make_node("Relu", ["p"], ["r"]),
-             helper.make_node("Reshape", ["r", "target"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b"])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
-
-
 def test_sizes_known_only_once_constants_are_folded_are_planned(tmp_path, monkeypatch):
     from npukit.memory import graph
+    from tests.targets._models import shape_computed_flatten
 
     path = tmp_path / "paddle.onnx"
-    onnx.save(_paddle_flatten(), str(path))
+    onnx.save(shape_computed_flatten(opset=11), str(path))
     result, _ = plan_memory(path, runtime_graph=False)
     assert result.lower_bound > 0
     monkeypatch.setattr(graph, "_constants_folded", lambda model: model)  # without folding: the size stays open

@@ -36,3 +36,23 @@ def conv_relu_erf_conv(batch="N") -> onnx.ModelProto:
              helper.make_node("Erf", ["a"], ["b"], name="erf"),
              helper.make_node("Conv", ["b", "w2"], ["y"], name="conv2")]
     return make(nodes, [vi("x", [batch, 3, 8, 8])], [vi("y", None)], [w1, w2])
+
+
+def shape_computed_flatten(batch: int | str = 1, *, opset: int = 13) -> onnx.ModelProto:
+    """A Paddle export's flatten (PP-OCR's classifier; a detector head's anchor grid has the same form): Reshape to
+    [Slice(Cast(Shape(p), int32), 0, 1), -1], the two parts joined by a Concat on axis -1, which ORT's symbolic
+    inference refuses and ONNX's does not follow: y's size is known only once the constants are folded."""
+    def constant(name: str, value: int) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array([value], np.int32)))
+
+    nodes = [constant("zero", 0), constant("one", 1), constant("axis0", 0), constant("minus1_32", -1),
+             helper.make_node("Relu", ["x"], ["p"]),
+             helper.make_node("Shape", ["p"], ["s"]),
+             helper.make_node("Cast", ["s"], ["s32"], to=TensorProto.INT32),
+             helper.make_node("Slice", ["s32", "zero", "one", "axis0"], ["n32"]),
+             helper.make_node("Cast", ["n32"], ["n"], to=TensorProto.INT64),
+             helper.make_node("Cast", ["minus1_32"], ["minus1"], to=TensorProto.INT64),
+             helper.make_node("Concat", ["n", "minus1"], ["target"], axis=-1),
+             helper.make_node("Reshape", ["p", "target"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [vi("x", [batch, 3, 4, 4])], [vi("y", [batch, "k"])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])

@@ -217,22 +217,9 @@ def test_sizes_computed_from_the_fixed_shape_are_folded_for_a_static_shape_targe
     """A detector head's form: a Reshape whose target is computed from the feature map's Shape (through int32
     Casts and a Concat on axis -1, which shape inference does not follow). With the input shape fixed the analysis
     used to ask for fix_input_shape again; now it names fold_constants and --fix applies it (checked)."""
-    def constant(name: str, value: int) -> onnx.NodeProto:
-        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array([value], np.int32)))
+    from tests.targets._models import shape_computed_flatten
 
-    nodes = [constant("zero", 0), constant("one", 1), constant("axis0", 0), constant("minus1_32", -1),
-             helper.make_node("Relu", ["x"], ["p"]),
-             helper.make_node("Shape", ["p"], ["s"]),
-             helper.make_node("Cast", ["s"], ["s32"], to=TensorProto.INT32),
-             helper.make_node("Slice", ["s32", "zero", "one", "axis0"], ["n32"]),
-             helper.make_node("Cast", ["n32"], ["n"], to=TensorProto.INT64),
-             helper.make_node("Cast", ["minus1_32"], ["minus1"], to=TensorProto.INT64),
-             helper.make_node("Concat", ["n", "minus1"], ["target"], axis=-1),
-             helper.make_node("Reshape", ["p", "target"], ["flat"]),
-             helper.make_node("Sigmoid", ["flat"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 4, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "k"])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = shape_computed_flatten("N")
     nnapi = get_target("nnapi")
     as_given = analyze(model, nnapi, input_shape=(1, 3, 4, 4))
     fixes = {v.fix for v in as_given.unsupported if any("static shapes" in r for r in v.reasons)}

@@ -105,23 +105,25 @@ def test_validation_keeps_the_start_when_training_only_hurts(tmp_path):
         torch.testing.assert_close(value, start[name], msg=name)
 
 
-def test_a_classifier_that_ends_in_softmax_is_distilled_on_its_logits(tmp_path):
-    """Softened probabilities of probabilities are near uniform; the log of a Softmax output is its logits less a
-    constant per row, so the loss on a Softmax model equals the loss on the same model without it."""
+def _with_softmax(model):
+    """``model`` with a Softmax after its first output (named "p")."""
     import onnx
     from onnx import helper
 
-    def with_softmax(model: onnx.ModelProto) -> onnx.ModelProto:
-        out = onnx.ModelProto()
-        out.CopyFrom(model)
-        out.graph.output[0].name = "p"
-        out.graph.node.append(helper.make_node("Softmax", ["y"], ["p"], name="softmax", axis=-1))
-        return out
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    out.graph.output[0].name = "p"
+    out.graph.node.append(helper.make_node("Softmax", ["y"], ["p"], name="softmax", axis=-1))
+    return out
 
+
+def test_a_classifier_that_ends_in_softmax_is_distilled_on_its_logits(tmp_path):
+    """Softened probabilities of probabilities are near uniform; the log of a Softmax output is its logits less a
+    constant per row, so the loss on a Softmax model equals the loss on the same model without it."""
     x = np.concatenate([s["x"] for s in make_samples(16, seed=3)])
     config = QatConfig(epochs=1, batch_size=8, augment=False, logit_weight=0.0)
     losses = {}
-    for kind, wrap in (("logits", lambda m: m), ("probabilities", with_softmax)):
+    for kind, wrap in (("logits", lambda m: m), ("probabilities", _with_softmax)):
         teacher, student = OnnxProgram(wrap(tiny_cnn(seed=0))), OnnxProgram(wrap(tiny_cnn(seed=1)))
         trainer = Trainer(student, teacher, {"x": x}, None, config, classify_output=0, checkpoint=None,
                           fingerprint="a")
@@ -135,19 +137,9 @@ def test_a_classifier_that_ends_in_softmax_is_distilled_on_its_logits(tmp_path):
 def test_a_softmax_output_s_squared_error_is_scaled_by_its_log_s_spread(tmp_path):
     """The squared error on a Softmax model's class scores is taken on log p, and was divided by the spread of p:
     on PP-OCR's classifier that made the loss 180x too large (242 against 0.7 once scaled by log p's spread)."""
-    import onnx
-    from onnx import helper
-
-    def with_softmax(model: onnx.ModelProto) -> onnx.ModelProto:
-        out = onnx.ModelProto()
-        out.CopyFrom(model)
-        out.graph.output[0].name = "p"
-        out.graph.node.append(helper.make_node("Softmax", ["y"], ["p"], name="softmax", axis=-1))
-        return out
-
     x = np.concatenate([s["x"] for s in make_samples(16, seed=3)])
     config = QatConfig(epochs=1, batch_size=8, augment=False, logit_weight=1.0)
-    teacher, student = OnnxProgram(with_softmax(tiny_cnn(seed=0))), OnnxProgram(with_softmax(tiny_cnn(seed=1)))
+    teacher, student = OnnxProgram(_with_softmax(tiny_cnn(seed=0))), OnnxProgram(_with_softmax(tiny_cnn(seed=1)))
     trainer = Trainer(student, teacher, {"x": x}, None, config, classify_output=0, checkpoint=None, fingerprint="a")
     with torch.no_grad():
         p = teacher({"x": torch.from_numpy(x)})[0].double()
