@@ -10,7 +10,8 @@ from npukit.quant.algorithms.adaround import adaround
 from npukit.quant.calibration.calibrate import calibrate
 from npukit.quant.config import AdaRound, CpuKernels, QuantConfig, Recipe, Scheme
 from npukit.quant.layer_sqnr import sqnr_db
-from npukit.quant.qdq import effective_ranges, integer_kernel_report, preprocess, quantize
+from npukit.quant.plan import TensorSpec
+from npukit.quant.qdq import integer_kernel_report, plan_for, preprocess, quantize
 from tests.quant.conftest import make_samples, outputs, tiny_cnn
 
 ITERATIONS = 300
@@ -27,9 +28,9 @@ def setup():
     # channels not paired: quantize must reproduce the very weights of ``result``, in their order
     config = QuantConfig(recipe=Recipe(adaround=AdaRound(iterations=ITERATIONS)),
                          cpu=CpuKernels(reduce_range=True, pair_channels=False))
-    ranges = effective_ranges(model, calibrate(model, samples, config=config).ranges, config)
-    result = adaround(model, samples, config=config, ranges=ranges)
-    return model, samples, config, ranges, result
+    plan = plan_for(model, config, calibrate(model, samples, config=config).ranges)
+    result = adaround(model, samples, plan=plan, iterations=ITERATIONS)
+    return model, samples, config, plan, result
 
 
 def test_learned_rounding_reconstructs_each_layer_at_least_as_well_as_nearest(setup) -> None:
@@ -111,7 +112,7 @@ def test_activation_aware_rounding_ignores_what_the_activation_cuts() -> None:
     x = rng.standard_normal((2048, 1, 16)).astype(np.float32)
     xq = x + rng.standard_normal(x.shape).astype(np.float32) * 0.05  # input quantization noise
     bias = np.zeros((1, 1), np.float32)
-    grid = weight_grid(w, per_channel=True, reduce_range=True)
+    grid = weight_grid(w, TensorSpec("int8", symmetric=True, axis=0, quant_min=-64, quant_max=64))
 
     def after_relu_mse(q: np.ndarray) -> float:
         ref = np.maximum(np.einsum("ngk,gok->ngo", x, w), 0)

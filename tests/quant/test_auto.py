@@ -177,20 +177,20 @@ def test_auto_scores_candidates_bias_corrected_when_the_final_model_is(monkeypat
     real_each, real = qdq_module.correct_bias_each, qdq_module.correct_bias
     made: dict[str, onnx.ModelProto] = {}
 
-    def counting_each(model, samples, *, config, ranges, **kwargs):
-        calls.append((config.calibration.samples, len(ranges)))
-        out = real_each(model, samples, config=config, ranges=ranges, **kwargs)
-        for key, one in ranges.items():  # the shared pass against each set alone
-            alone = real(model, samples, config=config, ranges=one, **kwargs)
+    def counting_each(model, samples, *, plans, limit, **kwargs):
+        calls.append((limit, len(plans)))
+        out = real_each(model, samples, plans=plans, limit=limit, **kwargs)
+        for key, one in plans.items():  # the shared pass against each plan alone
+            alone = real(model, samples, plan=one, limit=limit, **kwargs)
             assert set(alone.shifts) == set(out[key].shifts)
             for node, shift in alone.shifts.items():
                 np.testing.assert_array_equal(out[key].shifts[node], shift)
             made[key] = out[key].model
         return out
 
-    def counting(model, samples, *, config, **kwargs):
-        calls.append((config.calibration.samples, 1))
-        return real(model, samples, config=config, **kwargs)
+    def counting(model, samples, *, plan, limit, **kwargs):
+        calls.append((limit, 1))
+        return real(model, samples, plan=plan, limit=limit, **kwargs)
 
     monkeypatch.setattr(qdq_module, "correct_bias_each", counting_each)
     monkeypatch.setattr(qdq_module, "correct_bias", counting)

@@ -173,3 +173,15 @@ def test_nodes_preprocessing_adds_are_named_and_can_be_kept_in_float() -> None:
     assert rows[added[-1]]["excluded"] and not rows[added[-1]]["quantized"]
     with pytest.raises(InputError, match="not in the model"):
         quantize(model, make_samples(8), config=QuantConfig(scheme=Scheme(exclude=("nowhere",))))
+
+
+def test_per_channel_weights_need_opset_13() -> None:
+    """ORT's quantizer writes per-channel DequantizeLinear nodes (an axis attribute) into an opset-11 model as it is,
+    a model ORT then refuses to load: quantize refuses it in one line instead; per tensor it is quantized and loads."""
+    import onnxruntime as ort
+
+    model, samples = tiny_cnn(opset=11), make_samples(4)
+    with pytest.raises(InputError, match="opset 11; per-channel Q/DQ needs opset 13"):
+        quantize(model, samples, config=QuantConfig())
+    result = quantize(model, samples, config=QuantConfig(scheme=Scheme(per_channel=False)))
+    ort.InferenceSession(result.model.SerializeToString())

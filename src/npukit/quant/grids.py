@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 
 from npukit.quant.nodes import node_attr
+from npukit.quant.plan import TensorSpec
 
 Range = tuple[float, float]
 
@@ -18,6 +19,39 @@ def weight_axis(node: onnx.NodeProto, *, per_channel: bool) -> int | None:
     if node.op_type == "Gemm":
         return 0 if node_attr(node, "transB", 0) else 1
     return 0
+
+
+def fake_quantize(w: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    """Q(w) on a weight's grid: its fixed scales and zero points where ``spec`` has them (one per channel along
+    ``spec.axis``, or one), else the grid ONNX Runtime derives from ``w``'s range on the spec's levels
+    [quant_min, quant_max], per channel along ``spec.axis`` or per tensor, symmetric or not."""
+    w = np.asarray(w, dtype=np.float32)
+    qmin, qmax = spec.quant_min, spec.quant_max
+    if spec.scale is not None:
+        shape = [1] * w.ndim
+        if spec.axis is not None:
+            shape[spec.axis] = -1
+        scale = np.asarray(spec.scale, np.float32).reshape(shape)
+        zero = np.asarray(spec.zero_point or (0,) * len(spec.scale), np.float32).reshape(shape)
+        return ((np.clip(np.rint(w / scale) + zero, qmin, qmax) - zero) * scale).astype(np.float32)
+    reduce = tuple(a for a in range(w.ndim) if a != spec.axis) if spec.axis is not None else None
+    lo = np.minimum(w.min(axis=reduce, keepdims=True), 0.0).astype(np.float64)
+    hi = np.maximum(w.max(axis=reduce, keepdims=True), 0.0).astype(np.float64)
+    if spec.symmetric:
+        scale = 2.0 * np.maximum(-lo, hi) / (qmax - qmin)
+        zero = np.zeros_like(scale)
+    else:
+        scale = (hi - lo) / (qmax - qmin)
+        zero = np.round(qmin - lo / np.where(scale > 0, scale, 1.0))
+    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    q = np.clip(np.round(w / scale) + zero, qmin, qmax)
+    return ((q - zero) * scale).astype(np.float32)
+
+
+def spec_qparams(spec: TensorSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(scale, zero point) of an 8-bit activation spec with a range, as ONNX Runtime computes them."""
+    assert spec.range is not None and spec.bits == 8, spec
+    return activation_qparams(*spec.range, signed=spec.dtype == "int8", symmetric=spec.symmetric)
 
 
 def activation_qparams(lo: float, hi: float, *, signed: bool, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:

@@ -225,6 +225,24 @@ class QuantPlan:
     def spec(self, tensor: str) -> TensorSpec | None:
         return self.tensors.get(tensor)
 
+    def weight_spec(self, tensor: str, axis: int | None) -> TensorSpec:
+        """The grid of a weight: the plan's spec for it, else the scheme's, on the levels ONNX Runtime's quantizer
+        gives the scheme (7 bits [-64, 64] under ``reduce_range``; symmetric: [-127, 127]; else the dtype's),
+        per channel along ``axis`` (the caller's: the node knows its output-channel axis) or per tensor."""
+        if tensor in self.tensors:
+            return self.tensors[tensor]
+        lo, hi = DTYPES[self.weight_dtype]
+        if self.reduce_range and self.weight_dtype == "int8":
+            lo, hi = -64, 64
+        elif self.symmetric_weights and lo < 0:
+            lo = -hi
+        return TensorSpec(self.weight_dtype, symmetric=self.symmetric_weights,
+                          axis=axis if self.per_channel else None, quant_min=lo, quant_max=hi)
+
+    def activation_grids(self, bits: int = 8) -> dict[str, TensorSpec]:
+        """The quantized activations on ``bits``-bit integers whose range is known, tensor -> spec."""
+        return {t: s for t, s in self.tensors.items() if s.range is not None and not s.is_float and s.bits == bits}
+
     def ranges(self) -> dict[str, tuple[float, float]]:
         """Tensor -> its real range, for every tensor whose range is known."""
         return {t: s.range for t, s in self.tensors.items() if s.range is not None}

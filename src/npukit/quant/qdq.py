@@ -44,7 +44,7 @@ from npukit.quant.config import QuantConfig, Recipe
 from npukit.quant.cpu.conv_kernel import choose_conv_kernels, require_exact_move
 from npukit.quant.cpu.float_head import HeadChoice, choose_float_head
 from npukit.quant.cpu.pair_channels import pair_channels, pairing_pays
-from npukit.quant.cpu.schemes import (STEM_MAX_K, pair_bounded, pair_bounded_scale, reduced_weight_range, stem_convs,
+from npukit.quant.cpu.schemes import (PAIR_BOUNDED, STEM_MAX_K, pair_bounded, pair_bounded_scale, reduced_weight_range, stem_convs,
                                       weight_rows)
 from npukit.quant.emit.ort_float import FLOAT_INPUT, TAKEN_OPS, taken_by_ort
 from npukit.quant.emit.ort_qdq import emit_qdq, resolve_grids
@@ -231,8 +231,7 @@ def _weight_grids(model: onnx.ModelProto, config: QuantConfig) -> tuple[dict[str
             specs[node.input[1]] = TensorSpec.fixed_weight(
                 pair_bounded_scale(rows, per_channel=config.scheme.per_channel),
                 axis=weight_axis(node, per_channel=config.scheme.per_channel))
-            reasons[node.input[1]] = Decision("cpu_scheme", "pair-bounded: each pair of input channels' products "
-                                                            "stays within 128 levels (no 16-bit saturation)")
+            reasons[node.input[1]] = PAIR_BOUNDED
         elif not reduced_weight_range(node, shape, config):
             specs[node.input[1]] = TensorSpec("int8", symmetric=config.scheme.symmetric_weights,
                                               axis=0 if config.scheme.per_channel else None,
@@ -384,6 +383,7 @@ class _Build:
     def begin(cls, model: onnx.ModelProto, samples: Iterable[object], config: QuantConfig,
               why: Mapping[str, Decision] | None) -> _Build:
         """Checks that fail before any long step, then ORT's pre-processing (``preprocess``)."""
+        _require_opset(model, config)
         model = named_nodes(model)  # unnamed nodes would all match an exclusion of the name ""
         samples = _Reiterable(samples)
         first = next(iter_samples(model, samples, limit=config.calibration.samples))  # validates before any work
@@ -449,11 +449,16 @@ class _Build:
             self.probe = one_sample_ranges(self.work, self.first, self.config)
         return self.probe
 
-    def emit(self) -> None:
-        """The decided plan completed by the scheme (``plan_for``), and the QDQ model ORT places for it."""
+    def planned(self) -> QuantPlan:
+        """The decided plan completed by the scheme (``plan_for``): what the model would be emitted with now, and
+        what the steps that measure quantization (AdaRound, bias correction) read."""
         ranges = self.ranges
-        self.plan = plan_for(self.work, self.config, ranges, self.decided.set_by("adaround"), why=self.reasons(),
-                             range_why={t: self.decided.provenance(t)[-1] for t in ranges})
+        return plan_for(self.work, self.config, ranges, self.decided.set_by("adaround"), why=self.reasons(),
+                        range_why={t: self.decided.provenance(t)[-1] for t in ranges})
+
+    def emit(self) -> None:
+        """The plan as decided (``planned``), and the QDQ model ORT places for it."""
+        self.plan = self.planned()
         self.qdq = emit_qdq(self.work, self.first, self.plan)
 
     def result(self, seconds: float) -> QuantResult:
@@ -464,6 +469,20 @@ class _Build:
         return QuantResult(model=self.qdq, reference=self.reference, ranges=self.ranges, plan=plan, source=self.work,
                            per_layer=_per_layer(self.work, self.qdq, self.ranges, self.config), seconds=seconds,
                            steps=self.steps)
+
+
+def _require_opset(model: onnx.ModelProto, config: QuantConfig) -> None:
+    """Refuse per-channel weights on a model below opset 13: ORT's quantizer writes DequantizeLinear nodes with an
+    axis that the model's opset lacks, a model no runtime loads (16-bit activations below opset 21 are written as
+    com.microsoft Q/DQ, which ORT runs)."""
+    from npukit.frontend.opset import PER_CHANNEL_QDQ_OPSET, onnx_opset
+
+    if config.scheme.per_channel and onnx_opset(model) < PER_CHANNEL_QDQ_OPSET:
+        raise InputError(f"the model is at opset {onnx_opset(model)}; per-channel Q/DQ needs opset "
+                         f"{PER_CHANNEL_QDQ_OPSET}",
+                         hint=f"convert it first: npukit.frontend.opset.ensure_opset(model, {PER_CHANNEL_QDQ_OPSET}, "
+                              "reason=...) (npukit quantize does this and verifies the conversion), or quantize "
+                              "per tensor")
 
 
 def _float_head(b: _Build) -> None:
@@ -636,15 +655,15 @@ def _held_out(b: _Build, progress: Progress | None) -> None:
     first_part = calibration.result()
     method = config.calibration.method
     candidates = first_part.candidates if method == "auto" else {method: first_part.ranges}
-    held_back = config.with_calibration(samples=split.calibration)
 
     def build(distinct: dict[str, dict[str, tuple[float, float]]]) -> dict[str, onnx.ModelProto]:
         # scored as they will be built: with bias correction (AdaRound's stand-in: both remove the mean error, which
         # the methods' clipping and rounding shift differently) measured on the calibration part only
         bases = dict.fromkeys(distinct, work)
         if config.recipe.bias_correction or config.recipe.adaround:
-            bases = {m: r.model for m, r in correct_bias_each(work, b.samples, config=held_back,
-                                                              ranges=distinct).items()}
+            plans = {m: plan_for(work, config, ranges) for m, ranges in distinct.items()}
+            bases = {m: r.model for m, r in correct_bias_each(work, b.samples, plans=plans,
+                                                              limit=split.calibration).items()}
         return {m: build_qdq(bases[m], b.first, config, ranges, {}) for m, ranges in distinct.items()}
 
     chosen, summary = choose_method(work, candidates, b.samples, split=split, build=build,
@@ -725,9 +744,8 @@ def _adaround(b: _Build) -> None:
     """Learned weight rounding for the 8-bit tensors; its grids go into the plan as fixed specs."""
     if not b.config.recipe.adaround:
         return
-    wide = sixteen_bit_tensors(b.work, b.config)
-    eight_bit = {t: r for t, r in effective_ranges(b.work, b.ranges, b.config).items() if t not in wide}
-    ar = adaround(b.work, b.samples, config=b.config, ranges=eight_bit)
+    ar = adaround(b.work, b.samples, plan=b.planned(), iterations=b.config.recipe.adaround.iterations,
+                  limit=b.config.calibration.samples)
     b.before_rounding = {i.name: numpy_helper.to_array(i) for i in b.work.graph.initializer
                          if i.name in ar.weight_specs}
     b.work = ar.model
@@ -739,7 +757,8 @@ def _adaround(b: _Build) -> None:
 def _bias_correction(b: _Build) -> None:
     if not b.config.recipe.bias_correction:
         return
-    bc = correct_bias(b.work, b.samples, config=b.config, ranges=b.ranges, reference_weights=b.before_rounding)
+    bc = correct_bias(b.work, b.samples, plan=b.planned(), limit=b.config.calibration.samples,
+                      reference_weights=b.before_rounding)
     b.work = bc.model
     b.steps.bias_correction = {
         "nodes": len(bc.shifts), "samples": bc.samples,
@@ -756,9 +775,10 @@ def _range_search(b: _Build) -> None:
     if not b.config.recipe.range_search:
         return
     assert b.reference is not None and b.qdq is not None
-    search = search_ranges(b.reference, b.qdq, b.samples, ranges=effective_ranges(b.work, b.ranges, b.config),
+    assert b.plan is not None
+    search = search_ranges(b.reference, b.qdq, b.samples, ranges=b.plan.ranges(),
                            limit=b.config.calibration.samples, passes=b.config.recipe.range_search.passes,
-                           symmetric=b.config.scheme.symmetric_activations, threads=0,
+                           symmetric=b.plan.symmetric_activations, threads=0,
                            fixed=bounded_outputs(b.work, b.config), score_on=b.config.recipe.score_on)
     b.steps.range_search = search.summary()
     b.decided = b.decided.with_ranges(search.ranges, Decision("range_search", "moved where that raised the output "

@@ -47,11 +47,10 @@ from npukit._threads import torch_threads
 from npukit.errors import InputError
 from npukit.frontend.graph_index import GraphIndex
 from npukit.quant.calibration.calibrate import iter_samples, with_outputs
-from npukit.quant.config import QuantConfig
-from npukit.quant.cpu.schemes import pair_bounded, pair_bounded_scale, reduced_weight_range
-from npukit.quant.grids import activation_qparams, weight_axis
+from npukit.quant.cpu.schemes import PAIR_BOUNDED, pair_bounded_scale
+from npukit.quant.grids import spec_qparams, weight_axis
 from npukit.quant.nodes import node_attr
-from npukit.quant.plan import TensorSpec
+from npukit.quant.plan import QuantPlan, TensorSpec
 from npukit.runtime.ort import make_session
 
 ZETA, GAMMA = 1.1, -0.1  # stretch of the rectified sigmoid
@@ -105,13 +104,15 @@ def _ungrouped(node: onnx.NodeProto, wg: np.ndarray, shape: tuple[int, ...]) -> 
     return wg.reshape(shape)
 
 
-def weight_grid(wg: np.ndarray, *, per_channel: bool, reduce_range: bool, pairs: bool = False) -> WeightGrid:
-    """ONNX Runtime's symmetric int8 grid for a (g, o, k) weight: scale = 2 max|w| / (qmax - qmin), zero point 0;
-    ``pairs``: the pair-bounded grid of ``npukit.quant.cpu.schemes`` (room for floor-or-ceil rounding of both weights)."""
+def weight_grid(wg: np.ndarray, spec: TensorSpec, *, pairs: bool = False) -> WeightGrid:
+    """ONNX Runtime's symmetric grid for a (g, o, k) weight on the levels of its ``spec``, per channel when the spec
+    has an axis: scale = 2 max|w| / (qmax - qmin), zero point 0; ``pairs``: the pair-bounded grid of
+    ``npukit.quant.cpu.schemes`` (room for floor-or-ceil rounding of both weights)."""
+    per_channel = spec.axis is not None
     if pairs:
         scale = pair_bounded_scale(wg, per_channel=per_channel, headroom=2)[..., None]
         return WeightGrid(scale=scale, qmin=-127, qmax=127)
-    qmin, qmax = (-64, 64) if reduce_range else (-127, 127)
+    qmin, qmax = spec.quant_min, spec.quant_max
     absmax = np.abs(wg).max(axis=2, keepdims=True) if per_channel else np.abs(wg).max(keepdims=True)
     scale = (2.0 * absmax.astype(np.float64) / (qmax - qmin)).astype(np.float32)
     scale = np.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)
@@ -154,17 +155,16 @@ def _positions(node: onnx.NodeProto, x_shape: tuple[int, ...], per_sample: int, 
     return np.sort(rng.choice(count, size=min(count, per_sample), replace=False))
 
 
-def fake_quantized_model(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]], *, config: QuantConfig
-                         ) -> tuple[onnx.ModelProto, dict[str, str]]:
-    """A copy of ``model`` in which each tensor of ``ranges`` goes through QuantizeLinear -> DequantizeLinear with
-    its 8-bit activation parameters before any node reads it; returns it and tensor -> its fake-quantized name."""
+def fake_quantized_model(model: onnx.ModelProto, plan: QuantPlan) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """A copy of ``model`` in which each activation the plan puts on an 8-bit grid goes through QuantizeLinear ->
+    DequantizeLinear with that grid's parameters before any node reads it; returns it and tensor -> its
+    fake-quantized name."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     renamed: dict[str, str] = {}
     extra_nodes, extra_inits = [], []
-    for k, (name, (lo, hi)) in enumerate(ranges.items()):
-        scale, zero = activation_qparams(lo, hi, signed=config.scheme.activation_signed,
-                                         symmetric=config.scheme.symmetric_activations)
+    for k, (name, spec) in enumerate(plan.activation_grids(bits=8).items()):
+        scale, zero = spec_qparams(spec)
         extra_inits += [numpy_helper.from_array(scale, f"npukit_ar_s{k}"), numpy_helper.from_array(zero, f"npukit_ar_z{k}")]
         extra_nodes += [helper.make_node("QuantizeLinear", [name, f"npukit_ar_s{k}", f"npukit_ar_z{k}"], [f"npukit_ar_q{k}"]),
                         helper.make_node("DequantizeLinear", [f"npukit_ar_q{k}", f"npukit_ar_s{k}", f"npukit_ar_z{k}"],
@@ -292,30 +292,30 @@ def _learn(w: np.ndarray, grid: WeightGrid, xf: np.ndarray, xq: np.ndarray, bias
     return q.numpy().astype(np.int64), stats
 
 
-def adaround(model: onnx.ModelProto, samples: Iterable[object], *, config: QuantConfig,
-             ranges: dict[str, tuple[float, float]], iterations: int | None = None, rows: int = 8192,
-             batch_rows: int = 512, learning_rate: float = 1e-2, seed: int = 0) -> AdaRoundResult:
-    """Learned rounding for every Conv/Gemm of ``model`` with an initializer weight, in graph order.
+def adaround(model: onnx.ModelProto, samples: Iterable[object], *, plan: QuantPlan, iterations: int = 300,
+             limit: int | None = None, rows: int = 8192, batch_rows: int = 512, learning_rate: float = 1e-2,
+             seed: int = 0) -> AdaRoundResult:
+    """Learned rounding for every Conv/Gemm of ``model`` with an initializer weight that ``plan`` quantizes, in graph
+    order, over the first ``limit`` samples (all when None).
 
-    ``ranges``: the 8-bit activation ranges the quantized model will use (tensor -> (lo, hi)), for the
-    fake-quantized inputs x~; ``iterations``: per layer (default ``config.recipe.adaround.iterations``); ``rows``:
-    input rows kept per layer over all samples; ``batch_rows``: rows per Adam step; ``learning_rate``: Adam's.
+    The plan gives each weight its grid (``QuantPlan.weight_spec``; a weight it bounds pair by pair,
+    ``PAIR_BOUNDED``, takes the pair-bounded grid with room for rounding up) and the activations' 8-bit grids, for
+    the fake-quantized inputs x~; ``iterations``: per layer; ``rows``: input rows kept per layer over all samples;
+    ``batch_rows``: rows per Adam step; ``learning_rate``: Adam's.
     """
-    if not config.scheme.symmetric_weights:
+    if not plan.symmetric_weights:
         raise InputError("AdaRound needs symmetric weights", hint="drop symmetric_weights=False or adaround")
-    iterations = config.recipe.adaround.iterations if iterations is None else iterations
     if iterations < 1 or rows < 1 or batch_rows < 1:
         raise InputError("AdaRound iterations, rows and batch_rows must be at least 1")
     start = time.perf_counter()
-    samples = list(iter_samples(model, samples, limit=config.calibration.samples))
+    samples = list(iter_samples(model, samples, limit=limit))
     with torch_threads(1):  # small matrices: one thread is several times faster than two on a busy machine
-        return _adaround(model, samples, config=config, ranges=ranges, iterations=iterations, rows=rows,
-                         batch_rows=batch_rows, learning_rate=learning_rate, seed=seed, start=start)
+        return _adaround(model, samples, plan=plan, iterations=iterations, rows=rows, batch_rows=batch_rows,
+                         learning_rate=learning_rate, seed=seed, start=start)
 
 
-def _adaround(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], *, config: QuantConfig,
-              ranges: dict[str, tuple[float, float]], iterations: int, rows: int, batch_rows: int,
-              learning_rate: float, seed: int, start: float) -> AdaRoundResult:
+def _adaround(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], *, plan: QuantPlan, iterations: int,
+              rows: int, batch_rows: int, learning_rate: float, seed: int, start: float) -> AdaRoundResult:
     work = onnx.ModelProto()
     work.CopyFrom(model)
     inits = {i.name: i for i in work.graph.initializer}
@@ -327,7 +327,7 @@ def _adaround(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], *, c
     for node in work.graph.node:
         if node.op_type not in ("Conv", "Gemm"):
             continue
-        if node.name in config.scheme.exclude:
+        if node.name in plan.float_nodes:
             skipped.append({"node": node.name, "reason": "excluded from quantization"})
         elif len(node.input) < 2 or node.input[1] not in inits or uses.get(node.input[1], 0) != 1:
             skipped.append({"node": node.name, "reason": "weight is not an initializer of this node alone"})
@@ -335,7 +335,7 @@ def _adaround(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], *, c
             skipped.append({"node": node.name, "reason": "only 2-D convolutions are supported"})
         else:
             targets.append(node)
-    fq, renamed = fake_quantized_model(work, ranges, config=config)
+    fq, renamed = fake_quantized_model(work, plan)
     fq_inits = {i.name: i for i in fq.graph.initializer}
     rng = np.random.default_rng(seed)
     overrides: dict[str, TensorSpec] = {}
@@ -367,16 +367,16 @@ def _adaround(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], *, c
             if node.op_type == "Gemm":
                 b = b * node_attr(node, "beta", 1.0)
             bias = np.broadcast_to(b.reshape(-1), (wg.shape[0] * wg.shape[1],)).reshape(wg.shape[:2])
-        per_channel = config.scheme.per_channel
-        grid = weight_grid(wg, per_channel=per_channel, reduce_range=reduced_weight_range(node, w.shape, config),
-                           pairs=pair_bounded(node, w.shape, config))
+        spec = plan.weight_spec(node.input[1], weight_axis(node, per_channel=True))
+        per_channel = spec.axis is not None
+        grid = weight_grid(wg, spec, pairs=PAIR_BOUNDED in plan.provenance(node.input[1]))
         q, stats = _learn(wg, grid, xf_rows, xq_rows, bias, per_channel=per_channel, iterations=iterations,
                           batch_rows=batch_rows, learning_rate=learning_rate,
                           seed=seed + index, clip=_following_clip(work, node))
         new_w = _ungrouped(node, (q * grid.scale).astype(np.float32), w.shape)
         inits[node.input[1]].CopyFrom(numpy_helper.from_array(new_w, node.input[1]))
         fq_inits[node.input[1]].CopyFrom(numpy_helper.from_array(new_w, node.input[1]))
-        overrides[node.input[1]] = TensorSpec.fixed_weight(grid.scale, axis=weight_axis(node, per_channel=per_channel))
+        overrides[node.input[1]] = TensorSpec.fixed_weight(grid.scale, axis=spec.axis)
         layers.append({"node": node.name, "rows": int(xf_rows.shape[0]), "iterations": iterations, **stats,
                        "seconds": round(time.perf_counter() - t0, 2)})
     return AdaRoundResult(model=work, weight_specs=overrides, layers=layers, skipped=skipped,

@@ -2,11 +2,13 @@
 
 For a node y = W x + b whose weights will be quantized to Q(W), the shift E[Q(W) x] - E[W x] is measured per output
 channel on calibration data (twin nodes without bias run beside the original, fed by the same float activations)
-and subtracted from b; a zero bias is added where there is none. Given the calibrated activation ranges, the twin
-also sees its input as the quantized model will, x_q = DQ(Q(x)), and the shift removed is E[Q(W) x_q] - E[W x]:
-the mean error of the layer's weight and input quantization (rounding and clipping), one layer at a time, so
-corrections do not compound. Q mirrors ONNX Runtime's int8 weight quantization (symmetric: [-127, 127];
-asymmetric: [-128, 127]; reduced range: [-64, 64]) and its 8-bit activation scale / zero point.
+and subtracted from b; a zero bias is added where there is none. The step reads the quantization plan
+(``npukit.quant.plan``): where it gives a node's input an 8-bit grid, the twin also sees its input as the quantized
+model will, x_q = DQ(Q(x)), and the shift removed is E[Q(W) x_q] - E[W x]: the mean error of the layer's weight and
+input quantization (rounding and clipping), one layer at a time, so corrections do not compound. Q is the weight's
+grid in the plan: its fixed scales where a step set them (pair-bounded, AdaRound's), else ONNX Runtime's int8 weight
+quantization on the scheme's levels (symmetric: [-127, 127]; asymmetric: [-128, 127]; reduced range: [-64, 64]);
+the input's grid is ORT's 8-bit activation scale / zero point for the plan's range.
 """
 
 from __future__ import annotations
@@ -18,48 +20,16 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from npukit.quant.calibration.calibrate import observe, sixteen_bit_tensors
-from npukit.quant.config import QuantConfig
-from npukit.quant.cpu.schemes import pair_bounded, pair_bounded_scale, reduced_weight_range, weight_rows
-from npukit.quant.grids import activation_qparams, weight_axis
+from npukit.quant.calibration.calibrate import observe
+from npukit.quant.grids import fake_quantize, spec_qparams, weight_axis
 from npukit.quant.nodes import node_attr
+from npukit.quant.plan import QuantPlan
 
 
-def fake_quantize_weight(w: np.ndarray, *, axis: int | None, symmetric: bool, reduce_range: bool = False
-                         ) -> np.ndarray:
-    """Q(w) as ONNX Runtime computes it for int8 weights: per channel along ``axis`` (or per tensor when None);
-    ``reduce_range``: 7-bit weights on [-64, 64]."""
-    w = np.asarray(w, dtype=np.float32)
-    reduce = tuple(a for a in range(w.ndim) if a != axis) if axis is not None else None
-    lo = np.minimum(w.min(axis=reduce, keepdims=True), 0.0).astype(np.float64)
-    hi = np.maximum(w.max(axis=reduce, keepdims=True), 0.0).astype(np.float64)
-    if symmetric:
-        qmin, qmax = (-64, 64) if reduce_range else (-127, 127)
-        absmax = np.maximum(-lo, hi)
-        scale = 2.0 * absmax / (qmax - qmin)
-        zero = np.zeros_like(scale)
-    else:
-        qmin, qmax = (-64, 64) if reduce_range else (-128, 127)
-        scale = (hi - lo) / (qmax - qmin)
-        safe = np.where(scale > 0, scale, 1.0)
-        zero = np.round(qmin - lo / safe)
-    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
-    q = np.clip(np.round(w / scale) + zero, qmin, qmax)
-    return ((q - zero) * scale).astype(np.float32)
-
-
-def quantize_node_weight(node: onnx.NodeProto, w: np.ndarray, config: QuantConfig) -> np.ndarray:
-    """Q(w) for ``node``'s weight on the grid ``quantize`` gives ORT: pair-bounded scales where
-    ``npukit.quant.cpu.schemes.pair_bounded`` says so, else ``fake_quantize_weight``."""
-    axis = weight_axis(node, per_channel=config.scheme.per_channel)
-    if pair_bounded(node, w.shape, config):
-        shape = [1] * w.ndim
-        if axis is not None:
-            shape[axis] = -1
-        scale = pair_bounded_scale(weight_rows(node, w), per_channel=config.scheme.per_channel).reshape(shape)
-        return (np.clip(np.rint(w / scale), -127, 127) * scale).astype(np.float32)
-    return fake_quantize_weight(w, axis=axis, symmetric=config.scheme.symmetric_weights,
-                                reduce_range=reduced_weight_range(node, w.shape, config))
+def quantize_node_weight(node: onnx.NodeProto, w: np.ndarray, plan: QuantPlan) -> np.ndarray:
+    """Q(w) for ``node``'s weight on the grid ``plan`` gives it (``QuantPlan.weight_spec``: the plan's fixed scales
+    where a step set them, a pair-bounded or AdaRound grid, else the scheme's levels)."""
+    return fake_quantize(w, plan.weight_spec(node.input[1], weight_axis(node, per_channel=True)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,39 +39,43 @@ class BiasCorrectionResult:
     samples: int
 
 
-def correct_bias(model: onnx.ModelProto, samples: Iterable[object], *, config: QuantConfig,
-                 ranges: dict[str, tuple[float, float]] | None = None,
+def correct_bias(model: onnx.ModelProto, samples: Iterable[object], *, plan: QuantPlan, limit: int | None = None,
                  reference_weights: Mapping[str, np.ndarray] | None = None) -> BiasCorrectionResult:
-    """A copy of ``model`` with each quantizable Conv/Gemm bias corrected for its measured quantization shift.
+    """A copy of ``model`` with each Conv/Gemm bias that ``plan`` quantizes corrected for its measured quantization
+    shift, over the first ``limit`` samples (all when None).
 
-    Without ``ranges`` only weight rounding is accounted for; with them (tensor -> calibrated range), also the
-    8-bit quantization of each node's input (16-bit inputs are left in float).
+    Each weight is rounded on the grid the plan gives it (``quantize_node_weight``); a node's input is quantized
+    where the plan gives it an 8-bit grid with a range (16-bit inputs are left in float), so a plan without ranges
+    (``QuantPlan()`` or a scheme's empty plan) accounts for weight rounding only.
     ``reference_weights`` (weight name -> float weight) are the weights the shift is measured against when
     ``model``'s own are already rounded (after AdaRound, whose rounding already compensates part of the input
     quantization's mean error): the shift removed is then E[Q(W~) x_q] - E[W x], the layer's whole remaining mean
     error, and nothing is corrected twice.
     """
-    return correct_bias_each(model, samples, config=config, ranges={"": ranges},
-                             reference_weights=reference_weights)[""]
+    return correct_bias_each(model, samples, plans={"": plan}, limit=limit, reference_weights=reference_weights)[""]
 
 
-def correct_bias_each(model: onnx.ModelProto, samples: Iterable[object], *, config: QuantConfig,
-                      ranges: Mapping[str, dict[str, tuple[float, float]] | None],
-                      reference_weights: Mapping[str, np.ndarray] | None = None) -> dict[str, BiasCorrectionResult]:
-    """``correct_bias`` under each of several sets of activation ``ranges`` (key -> ranges or None), measured in one
-    pass over ``samples``: the float twins, and a quantized twin whose input grid two sets share, run once. Each
-    result is the one ``correct_bias`` gives with that set alone."""
+def correct_bias_each(model: onnx.ModelProto, samples: Iterable[object], *, plans: Mapping[str, QuantPlan],
+                      limit: int | None = None, reference_weights: Mapping[str, np.ndarray] | None = None
+                      ) -> dict[str, BiasCorrectionResult]:
+    """``correct_bias`` under each of several ``plans`` (key -> plan) that differ in their activation ranges only
+    (the same float nodes and weight grids), measured in one pass over ``samples``: the float twins, and a quantized
+    twin whose input grid two plans share, run once. Each result is the one ``correct_bias`` gives with that plan
+    alone."""
+    first = next(iter(plans.values()))
+    if any(set(p.float_nodes) != set(first.float_nodes) for p in plans.values()):
+        raise ValueError("correct_bias_each: the plans must leave the same nodes in float")
     inits = {i.name: i for i in model.graph.initializer}
     targets = [n for n in model.graph.node
-               if n.op_type in ("Conv", "Gemm") and n.name not in config.scheme.exclude and len(n.input) > 1
+               if n.op_type in ("Conv", "Gemm") and n.name not in first.float_nodes and len(n.input) > 1
                and n.input[1] in inits]
     if not targets:
-        return {key: BiasCorrectionResult(model=model, shifts={}, samples=0) for key in ranges}
-    probe, shift_names = _shift_probe(model, targets, config, ranges, reference_weights)
+        return {key: BiasCorrectionResult(model=model, shifts={}, samples=0) for key in plans}
+    probe, shift_names = _shift_probe(model, targets, plans, reference_weights)
     wanted = list(dict.fromkeys(t for names in shift_names.values() for t in names.values()))
     sums: dict[str, np.ndarray] = {}
     count = 0
-    for values in observe(probe, wanted, samples, limit=config.calibration.samples):
+    for values in observe(probe, wanted, samples, limit=limit):
         count += 1
         for name, value in values.items():
             v = np.moveaxis(np.asarray(value, dtype=np.float64), 1, 0)
@@ -115,19 +89,19 @@ def correct_bias_each(model: onnx.ModelProto, samples: Iterable[object], *, conf
     return results
 
 
-def _shift_probe(model: onnx.ModelProto, targets: list[onnx.NodeProto], config: QuantConfig,
-                 ranges: Mapping[str, dict[str, tuple[float, float]] | None],
+def _shift_probe(model: onnx.ModelProto, targets: list[onnx.NodeProto], plans: Mapping[str, QuantPlan],
                  reference_weights: Mapping[str, np.ndarray] | None
                  ) -> tuple[onnx.ModelProto, dict[str, dict[str, str]]]:
-    """A copy of ``model`` that also computes, per target node and per set of ``ranges``, its output shift: a twin
-    of the node with the quantized weights (on the quantized input, where its range is given and 8-bit) minus one
-    with the float weights on the float input; key -> node name -> the tensor holding its shift. Twins that two
-    keys would build alike (the float one, a quantized one on the same input grid) are built once."""
-    wide = sixteen_bit_tensors(model, config)
+    """A copy of ``model`` that also computes, per target node and per plan, its output shift: a twin of the node
+    with the quantized weights (on the quantized input, where the plan gives it an 8-bit grid) minus one with the
+    float weights on the float input; key -> node name -> the tensor holding its shift. Twins that two plans would
+    build alike (the float one, a quantized one on the same input grid) are built once."""
+    grids = {key: plan.activation_grids(bits=8) for key, plan in plans.items()}
+    first = next(iter(plans.values()))
     inits = {i.name: i for i in model.graph.initializer}
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
-    shift_names: dict[str, dict[str, str]] = {key: {} for key in ranges}
+    shift_names: dict[str, dict[str, str]] = {key: {} for key in plans}
 
     def twin(node: onnx.NodeProto, source: str, weight: np.ndarray, name: str) -> str:
         probe.graph.initializer.append(numpy_helper.from_array(weight.astype(np.float32), f"{name}_w"))
@@ -138,17 +112,16 @@ def _shift_probe(model: onnx.ModelProto, targets: list[onnx.NodeProto], config: 
 
     for k, node in enumerate(targets):
         own = numpy_helper.to_array(inits[node.input[1]])
-        wq = quantize_node_weight(node, own, config)
+        wq = quantize_node_weight(node, own, first)
         w = own
         if reference_weights is not None and node.input[1] in reference_weights:
             w = np.asarray(reference_weights[node.input[1]], dtype=np.float32)
         x = node.input[0]
         float_twin: str | None = None
         by_grid: dict[tuple[bytes, bytes] | None, str] = {}
-        for key, key_ranges in ranges.items():
-            if key_ranges is not None and x in key_ranges and x not in wide:
-                scale, zero = activation_qparams(*key_ranges[x], signed=config.scheme.activation_signed,
-                                                 symmetric=config.scheme.symmetric_activations)
+        for key, key_grids in grids.items():
+            if x in key_grids:
+                scale, zero = spec_qparams(key_grids[x])
                 grid: tuple[bytes, bytes] | None = (np.asarray(scale).tobytes(), np.asarray(zero).tobytes())
             else:
                 grid = None

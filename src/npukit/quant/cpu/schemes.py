@@ -57,6 +57,7 @@ import onnx
 
 from npukit.quant.config import FloatHead, QuantConfig
 from npukit.quant.nodes import node_attr
+from npukit.quant.plan import Decision
 from npukit.runtime.devices import CpuInfo
 
 X86_32BIT_ACCUMULATE = ("avx512_vnni", "avx_vnni", "amx_int8")
@@ -133,6 +134,10 @@ def reduced_weight_range(node: onnx.NodeProto, weight_shape: Sequence[int], conf
 
 
 PAIR_LIMIT = 128  # |q_2j| + |q_2j+1| at most this: 255 * 128 fits vpmaddubsw's int16 lane
+# The plan's record of a pair-bounded weight: the steps that round weights themselves (AdaRound) read it to keep the
+# bound with room for their rounding.
+PAIR_BOUNDED = Decision("cpu_scheme", "pair-bounded: each pair of input channels' products stays within 128 levels "
+                                      "(no 16-bit saturation)")
 
 
 def pair_bounded(node: onnx.NodeProto, weight_shape: Sequence[int], config: QuantConfig) -> bool:
