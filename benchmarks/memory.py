@@ -126,7 +126,7 @@ def measure_model(name: str, side: int, work: Path) -> Row:
     unfused = lifetimes_of(exported)
     plans = all_plans(unfused)
     start = time.perf_counter()
-    cpu, _ = plan_memory(path, target="cpu")
+    cpu = plan_memory(path, target="cpu")
     plan_seconds = time.perf_counter() - start
     planned = {view: best_plan(lifetimes_of(apply_view(exported, VIEWS[view]))).arena_bytes
                for view in ("cpu", "cpu-int8", "qnn-htp")}
@@ -192,12 +192,12 @@ def measure_tiling(name: str, side: int, work: Path) -> TilingRow:
     tiled_path = work / f"{name}_tiled.onnx"
     start = time.perf_counter()
     try:
-        done, _ = optimize_for_memory(path, tiled_path, budget_bytes=row.budget)
+        done = optimize_for_memory(path, tiled_path, budget_bytes=row.budget)
     except BudgetUnreachable as exc:  # measure the smallest peak that is reachable instead
         row.unreachable = exc.one_line()
         if exc.smallest_peak is None or exc.smallest_peak >= before:
             return row
-        done, _ = optimize_for_memory(path, tiled_path, budget_bytes=exc.smallest_peak)
+        done = optimize_for_memory(path, tiled_path, budget_bytes=exc.smallest_peak)
     except InputError as exc:
         row.unreachable = exc.one_line()
         return row

@@ -5,6 +5,7 @@ import pytest
 
 from npukit.errors import InputError
 from npukit.memory.plan import plan_memory
+from npukit.report.memory import memory_report
 
 from .tiny import conv_relu_add, two_branches
 
@@ -12,7 +13,8 @@ from .tiny import conv_relu_add, two_branches
 def test_plan_memory_report_has_planners_layers_and_a_timeline(tmp_path):
     path = tmp_path / "tiny.onnx"
     onnx.save(conv_relu_add(), str(path))
-    result, report = plan_memory(path, target="cpu", runtime_graph=False)  # the rule-based view
+    result = plan_memory(path, target="cpu", runtime_graph=False)  # the rule-based view
+    report = memory_report(result)
     assert result.runtime_peak is None
     assert result.lower_bound == 352 and result.unfused_lower_bound == 416
     assert result.best.arena_bytes >= result.lower_bound
@@ -31,8 +33,8 @@ def test_plan_memory_report_has_planners_layers_and_a_timeline(tmp_path):
 def test_plan_memory_keeps_a_better_order(tmp_path):
     path = tmp_path / "branches.onnx"
     onnx.save(two_branches(), str(path))
-    searched, _ = plan_memory(path, target="unfused")
-    plain, _ = plan_memory(path, target="unfused", order_search=False)
+    searched = plan_memory(path, target="unfused")
+    plain = plan_memory(path, target="unfused", order_search=False)
     assert plain.order is None and plain.lower_bound == 8448
     assert searched.lower_bound == 4608 and searched.lifetimes.order == searched.order.order
 
@@ -45,16 +47,17 @@ def test_bad_target_and_unresolved_shapes(tmp_path):
     with pytest.raises(InputError) as info:
         plan_memory(path)
     assert "--input-shape" in info.value.hint
-    result, _ = plan_memory(path, input_shape="1,2,4,4", runtime_graph=False)
+    result = plan_memory(path, input_shape="1,2,4,4", runtime_graph=False)
     assert result.lower_bound == 352
-    result, _ = plan_memory(path, input_shape="1,2,4,4")  # ORT's graph, with the shape given
+    result = plan_memory(path, input_shape="1,2,4,4")  # ORT's graph, with the shape given
     assert result.runtime_peak is not None and result.runtime_peak > 0
 
 
 def test_plan_memory_on_the_graph_ort_runs_states_ort_peak(tmp_path):
     path = tmp_path / "tiny.onnx"
     onnx.save(conv_relu_add(), str(path))
-    result, report = plan_memory(path, target="cpu")
+    result = plan_memory(path, target="cpu")
+    report = memory_report(result)
     ops = {step.op for step in result.lifetimes.steps}
     assert "Reshape" in ops and "MaxPool" in ops or "nchwc:MaxPool" in ops
     assert result.runtime_peak >= result.best.arena_bytes - 128  # ORT's own placement is never better (input aside)
@@ -69,7 +72,7 @@ def test_sizes_known_only_once_constants_are_folded_are_planned(tmp_path, monkey
 
     path = tmp_path / "paddle.onnx"
     onnx.save(shape_computed_flatten(opset=11), str(path))
-    result, _ = plan_memory(path, runtime_graph=False)
+    result = plan_memory(path, runtime_graph=False)
     assert result.lower_bound > 0
     monkeypatch.setattr(graph, "_constants_folded", lambda model: model)  # without folding: the size stays open
     with pytest.raises(InputError) as info:

@@ -21,6 +21,8 @@ from npukit.memory.tiling import (
     planned_peak,
     tile_model,
 )
+from npukit.report.core import Report
+from npukit.report.memory import add_memory_restructure
 
 
 class _Net:
@@ -234,13 +236,16 @@ def test_optimize_for_memory_writes_model_and_report(tmp_path) -> None:
     source = tmp_path / "stem.onnx"
     onnx.save(_stem_model(), source)
     budget = planned_peak(_stem_model(), target="qnn-htp") * 2 // 3
-    done, report = optimize_for_memory(source, tmp_path / "tiled.onnx", budget_bytes=budget,
-                                       input_shape="1,3,64,64", target="qnn-htp")
+    done = optimize_for_memory(source, tmp_path / "tiled.onnx", budget_bytes=budget, input_shape="1,3,64,64",
+                               target="qnn-htp")
+    report = Report("optimize-graph")
+    add_memory_restructure(report, done)
     written = onnx.load(tmp_path / "tiled.onnx")
     onnx.checker.check_model(written)
     assert max_rel_error(_stem_model(), written) <= REL_TOLERANCE
     assert done.layout is None and done.tiling is not None and done.peak_after <= budget
     restructure = json.loads(report.to_json())["results"]["memory_restructure"]
+    assert restructure["budget_bytes"] == budget
     assert restructure["max_rel_error"] <= REL_TOLERANCE and restructure["peak_after"] == done.peak_after
     assert restructure["tiling"]["planned_peak_after"] == done.peak_after
     assert report.tables[0].columns == ["step", "peak before", "peak after", "MAC overhead"]
@@ -252,7 +257,7 @@ def test_optimize_for_memory_on_ort_cpu_uses_its_replayed_peak(tmp_path) -> None
     source = tmp_path / "stem.onnx"
     onnx.save(_stem_model(), source)
     before = ort_predicted_peak(source)
-    done, _ = optimize_for_memory(source, tmp_path / "tiled.onnx", budget_bytes=before * 2 // 3)
+    done = optimize_for_memory(source, tmp_path / "tiled.onnx", budget_bytes=before * 2 // 3)
     assert done.peak_before == before and done.tiling is not None
     assert done.peak_after <= before * 2 // 3
     # ORT's graph optimizers do not always order the nodes alike from one session to the next (measured on this

@@ -6,7 +6,9 @@ import onnx
 import pytest
 
 from npukit.errors import InputError
+from npukit.report.analyze import analyze_report
 from npukit.targets import analyze_model, get_target
+from npukit.verbs.analyze import analyze as analyze_verb
 from tests.targets._models import conv_relu_erf_conv, single
 
 
@@ -31,20 +33,31 @@ def test_unknown_target_lists_the_valid_names():
 def test_analyze_model_builds_a_report(tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(conv_relu_erf_conv(), path)
-    analyses, report = analyze_model(path, ["qnn-htp", "cpu"], input_shape=(1, 3, 8, 8))
-    assert [a.target for a in analyses] == ["qnn-htp", "cpu"]
+    outcome = analyze_model(path, ["qnn-htp", "cpu"], input_shape=(1, 3, 8, 8))
+    assert [a.target for a in outcome.analyses] == ["qnn-htp", "cpu"] and not outcome.fixes
+    report = analyze_report(outcome, {})
     titles = [t.title for t in report.tables]
     assert titles[:2] == ["Operator support by target", "Delegation by target"]
     assert "Nodes left to the CPU on qnn-htp" in titles
     assert report.figures[0].data == {"labels": ["qnn-htp", "cpu"], "values": [100.0, 100.0]}
+    assert report.config["input_shape"] == [1, 3, 8, 8]
     json.loads(report.to_json())
 
 
-def test_analyze_model_with_fix_writes_the_fixed_model(tmp_path):
-    model = single("HardSigmoid", shape=("N", 3, 8, 8))
+def _saved(model: onnx.ModelProto, tmp_path) -> str:
+    path = tmp_path / "in" / "model.onnx"
+    path.parent.mkdir(exist_ok=True)
+    onnx.save(model, path)
+    return str(path)
+
+
+def test_analyze_with_fix_writes_the_fixed_model(tmp_path):
+    model = _saved(single("HardSigmoid", shape=("N", 3, 8, 8)), tmp_path)
     out = tmp_path / "fixed.onnx"
-    analyses, report = analyze_model(model, ["litert"], input_shape=(1, 3, 8, 8), fix=True, output=out)
-    assert analyses[0].delegated_nodes == 3 and out.exists()
+    outcome = analyze_model(model, ["litert"], input_shape=(1, 3, 8, 8), fix=True)
+    assert outcome.analyses[0].delegated_nodes == 3 and not out.exists()  # the stage writes nothing
+    report = analyze_verb(model, targets=["litert"], input_shape="1,3,8,8", fix=True, output=out).report
+    assert out.exists()
     assert report.sections["fixes"]["litert"]["applied"][1]["fix"] == "hardsigmoid_to_clip"
     assert report.verdict.startswith("PASS analyze --fix: fixed for litert, every fixed model within")
     table = next(t for t in report.tables if t.title.startswith("Fixes applied (--fix)"))
@@ -53,12 +66,21 @@ def test_analyze_model_with_fix_writes_the_fixed_model(tmp_path):
 
 def test_with_several_targets_only_the_models_a_fix_changed_are_written(tmp_path):
     """cpu needs nothing here: no byte-identical copy for it beside litert's fixed model."""
-    model = single("HardSigmoid", shape=(1, 3, 8, 8))
-    out = tmp_path / "fixed.onnx"
-    _, report = analyze_model(model, ["litert", "cpu"], fix=True, output=out)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["fixed.litert.onnx"]
+    model = _saved(single("HardSigmoid", shape=(1, 3, 8, 8)), tmp_path)
+    out = tmp_path / "out" / "fixed.onnx"
+    report = analyze_verb(model, targets=["litert", "cpu"], fix=True, output=out).report
+    assert sorted(p.name for p in out.parent.iterdir()) == ["fixed.litert.onnx", "fixed.report.json"]
     rows = {r[0]: r for r in next(t for t in report.tables if t.title.startswith("Fixes applied")).rows}
     assert rows["cpu"][1:] == ["nothing to fix", "-", "not written"]
+
+
+def test_a_fix_no_target_can_use_writes_nothing(tmp_path):
+    """Every target refusing the model is an error: no fixed model is left behind (it was written first)."""
+    model = _saved(single("Relu"), tmp_path)
+    out = tmp_path / "out" / "fixed.onnx"
+    with pytest.raises(InputError, match="takes none"):
+        analyze_verb(model, targets=["xnnpack"], fix=True, output=out)
+    assert not out.exists()
 
 
 def test_model_no_target_can_take_says_which_ops_and_what_to_do():

@@ -1,5 +1,6 @@
 """plan-memory: lifetimes on the graph a target executes, a better order where one lowers the peak, every planner's
-offsets (each checked), and the report: planners against the lower bound, live bytes per layer, a memory timeline.
+offsets (each checked), as one ``MemoryResult`` (``npukit.report.memory`` presents it: planners against the lower
+bound, live bytes per layer, a memory timeline).
 
 For target "cpu" the graph is the one ONNX Runtime CPU really executes, read back from ORT (its NCHWc layout, fused
 kernels, padded channels; :mod:`npukit.memory.ort_cpu`), and ORT's own allocation planner is replayed on it: its peak
@@ -17,7 +18,6 @@ from npukit.memory.lifetimes import Lifetimes, lifetimes_of
 from npukit.memory.order import OrderResult, search_order
 from npukit.memory.planners import MemoryPlan, all_plans, best_plan
 from npukit.memory.runtime_view import apply_view, get_view
-from npukit.report.core import Report
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +36,8 @@ class MemoryResult:
     order: OrderResult | None
     runtime_peak: int | None = None
     runtime_allocator: str = ""
+    description: str = ""  # the graph planned, in words (the view's, or the graph ORT executes)
+    input_shape: dict[str, Any] | None = None  # the shapes fixed into the model first (InputSpec.as_dict)
 
     @property
     def naive_bytes(self) -> int:
@@ -64,7 +66,7 @@ def plan_memory(
     input_shape: str | Sequence[int] | None = None,
     order_search: bool = True,
     runtime_graph: bool = True,
-) -> tuple[MemoryResult, Report]:
+) -> MemoryResult:
     """Plan the activation memory of the ONNX model at ``model_path`` as ``target`` executes it.
 
     ``input_shape`` (``InputSpec`` forms) is fixed into the model first; a model left with symbolic dimensions other
@@ -99,39 +101,7 @@ def plan_memory(
         model=str(model_path), target=execution.name, lifetimes=lifetimes, plans=plans,
         best=best_plan(lifetimes, plans.values()), lower_bound=lifetimes.peak_bytes,
         unfused_lower_bound=lifetimes_of(exported).peak_bytes, order=order,
-        runtime_peak=runtime_peak, runtime_allocator=allocator,
+        runtime_peak=runtime_peak, runtime_allocator=allocator, description=description,
+        input_shape=None if spec is None else spec.as_dict(),
     )
-    return result, _report(result, description, spec)
-
-
-def _report(result: MemoryResult, description: str, spec: Any) -> Report:
-    report = Report("plan-memory", config={"model": result.model, "target": result.target,
-                                           "input_shape": None if spec is None else spec.as_dict(),
-                                           "order_search": result.order is not None})
-    report.add("memory", result.as_dict())
-    bound = result.lower_bound
-    report.add_table(
-        f"Memory plans ({result.target}: {description})",
-        ["planner", "arena_bytes", "vs lower bound"],
-        [*([name, plan.arena_bytes, f"{plan.arena_bytes / bound:.3f}x" if bound else "—"]
-           for name, plan in result.plans.items()),
-         ["lower bound (target view)", bound, "1.000x"],
-         ["lower bound (exported graph, unfused)", result.unfused_lower_bound,
-          f"{result.unfused_lower_bound / bound:.3f}x" if bound else "—"],
-         *([[result.runtime_allocator, result.runtime_peak,
-             f"{result.runtime_peak / bound:.3f}x" if bound else "—"]] if result.runtime_peak is not None else [])],
-    )
-    if result.runtime_peak is not None:
-        report.add("device_peak_bytes", result.runtime_peak)
-    if result.order is not None:
-        report.add_table("Execution order", ["order", "peak_bytes", "exact regions", "heuristic regions"],
-                         [["graph order", result.order.original_peak_bytes, "", ""],
-                          ["kept" + (" (searched, lower)" if result.order.improved else " (graph order)"),
-                           result.order.peak_bytes, result.order.exact_regions, result.order.heuristic_regions]])
-    report.add_table("Live bytes per layer", ["step", "node", "op", "live_bytes", "new_bytes"],
-                     [[s.step, s.node, s.op, s.live_bytes, s.new_bytes] for s in result.lifetimes.steps])
-    items = [{"label": t.name, "start": t.start, "end": t.end, "offset": result.best.offsets[t.name], "size": t.size}
-             for t in result.lifetimes.tensors if t.size]
-    report.add_figure(f"Memory timeline ({result.best.algorithm}, {result.target})", "timeline",
-                      {"items": items, "peak": result.best.arena_bytes}, x_label="step", y_label="offset")
-    return report
+    return result

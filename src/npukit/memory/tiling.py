@@ -44,7 +44,6 @@ from npukit.frontend.graph_index import GraphIndex
 from npukit.frontend.opset import onnx_opset
 from npukit.errors import InputError, NumericCheckError
 from npukit.measure.summary import infer_with_fixed_inputs, static_dims, value_types, summarize
-from npukit.report.core import Report
 
 Box = tuple[tuple[int, int], tuple[int, int]]  # ((h_lo, h_hi), (w_lo, w_hi)), half-open
 Tiles = tuple[int, int]
@@ -673,9 +672,12 @@ class MemoryRestructure:
     predictor: str
     peak_before: int
     peak_after: int
+    budget_bytes: int = 0
+    max_rel_error: float = 0.0  # the rewritten model's outputs against the original's, relative
 
     def as_dict(self) -> dict[str, Any]:
         return {"predictor": self.predictor, "peak_before": self.peak_before, "peak_after": self.peak_after,
+                "budget_bytes": self.budget_bytes, "max_rel_error": self.max_rel_error,
                 "layout": None if self.layout is None else self.layout.as_dict(),
                 "tiling": None if self.tiling is None else self.tiling.as_dict()}
 
@@ -687,7 +689,7 @@ def optimize_for_memory(
     budget_bytes: int,
     input_shape: str | Sequence[int] | None = None,
     target: str = "cpu",
-) -> tuple[MemoryRestructure, Report]:
+) -> MemoryRestructure:
     """Restructure ``model_path`` so its peak activation memory on ``target`` fits ``budget_bytes``, check the outputs
     against the original (NumericCheckError past 1e-5 relative error) and write the result to ``output`` atomically.
 
@@ -726,31 +728,12 @@ def optimize_for_memory(
     if peak > budget_bytes:
         tiling = choose_tiling(current, budget_bytes=budget_bytes, target=target, input_shape=shape, peak_of=peak_of)
         current, peak = tiling.result.model, tiling.planned_peak_after
-    done = MemoryRestructure(model=current, layout=layout, tiling=tiling, predictor=predictor, peak_before=before,
-                             peak_after=peak)
     error = max_rel_error(original, current, input_shape=shape)
-    report = Report("optimize-graph", config={"model": str(model_path), "memory_budget_bytes": budget_bytes,
-                                              "target": target, "input_shape": None if shape is None else list(shape)})
-    report.add("memory_restructure", {**done.as_dict(), "max_rel_error": error})
-    steps = []
-    if layout is not None:
-        steps.append(["layout: keep plain " + ", ".join(layout.planar), layout.predicted_peak_before,
-                      layout.predicted_peak_after, "0.0%"])
-    if tiling is not None:
-        steps.append([f"tiling: {tiling.tiles[0]}x{tiling.tiles[1]} tiles, cut {tiling.cut}",
-                      tiling.planned_peak_before, tiling.planned_peak_after, f"{tiling.mac_overhead:.1%}"])
-    if not steps:
-        steps.append(["none needed: the model already fits", before, peak, "0.0%"])
-    report.add_table(f"Restructuring for memory (budget {budget_bytes} bytes; peaks: {predictor}; "
-                     f"max rel error {error:.2g})", ["step", "peak before", "peak after", "MAC overhead"], steps)
-    if tiling is not None:
-        report.add_table("Tiling candidates planned", ["cut", "tiles", "peak", "MAC overhead"],
-                         [[c.cut, f"{c.tiles[0]}x{c.tiles[1]}", c.planned_peak_bytes, f"{c.mac_overhead:.1%}"]
-                          for c in tiling.candidates])
+    done = MemoryRestructure(model=current, layout=layout, tiling=tiling, predictor=predictor, peak_before=before,
+                             peak_after=peak, budget_bytes=budget_bytes, max_rel_error=error)
     if not error <= REL_TOLERANCE:
         raise NumericCheckError(f"the restructured model differs from the original by {error:.3g} (relative, "
                                 f"tolerance {REL_TOLERANCE}); nothing was written to {output}",
                                 hint="report the model; these rewrites are exact")
     save_onnx(current, output)
-    report.add_artifact("model", output)
-    return done, report
+    return done

@@ -36,6 +36,7 @@ def analyze(
     mobile profiles (executorch-xnnpack, litert, litert-xnnpack) were checked against the real partitioners on such
     exports."""
     from npukit.frontend.shapes import InputSpec, load_with_inputs
+    from npukit.report.analyze import analyze_report
     from npukit.targets.api import analyze_model
 
     if output is not None:
@@ -55,14 +56,32 @@ def analyze(
         spec = None
         source, exported = _exported(model, weights, input_shape)
         first = None  # exported at that shape
-    analyses, report = analyze_model(source, list(targets), input_shape=first, fix=fix, output=output)
+    outcome = analyze_model(source, list(targets), input_shape=first, fix=fix)
+    report = analyze_report(outcome, _write_fixed(outcome, output) if fix and output is not None else {})
     if spec is not None:
         report.config["input_shape"] = spec.as_dict()
     if exported is not None:
         report.config["input_shape"] = exported["input_shape"]
         report.add("export", exported)
     json_path = Path(report_path) if report_path else (report_path_for(output) if output else None)
-    return finish(report, None, html=html, json_path=json_path, result=analyses, source=model)
+    return finish(report, None, html=html, json_path=json_path, result=list(outcome.analyses), source=model)
+
+
+def _write_fixed(outcome: Any, output: str | Path) -> dict[str, Path]:
+    """Each target's fixed model, target -> where it went: ``output`` for one target; with several, those a fix
+    changed, at ``<stem>.<target><suffix>`` beside it."""
+    from npukit.frontend.onnx_io import save_onnx
+
+    several = len(outcome.profiles) > 1
+    written: dict[str, Path] = {}
+    for name, result in outcome.fixes.items():
+        if several and not result.changed:
+            continue
+        path = Path(output)
+        if several:
+            path = path.with_name(f"{path.stem}.{name.replace('@', '_')}{path.suffix or '.onnx'}")
+        written[name] = save_onnx(result.model, path)
+    return written
 
 
 def _is_onnx(model: str | Path) -> bool:

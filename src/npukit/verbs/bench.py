@@ -231,7 +231,7 @@ def _bench_memory(report: Report, model: str | Path) -> None:
     from npukit.memory.planners import best_plan
 
     with step("measuring ORT's peak activation memory (fresh processes)", timings=report.timings, key="memory"):
-        planned, _ = _plan(model, target="cpu")
+        planned = _plan(model, target="cpu")
         off = measure_ort_peak(model, arena=False)
         on = measure_ort_peak(model, arena=True)
     placed = best_plan(without_graph_inputs(planned.lifetimes)).arena_bytes

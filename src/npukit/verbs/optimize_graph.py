@@ -11,6 +11,7 @@ from npukit.config import OptimizeConfig, to_dict
 from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
 from npukit.report.graph import add_optimize, verification_share
+from npukit.report.memory import add_memory_restructure
 from npukit.report.progress import step
 from npukit.verbs.common import check_output, summary_of
 
@@ -55,7 +56,7 @@ def optimize_graph(
     if verify:
         with step("verifying against the original", timings=report.timings, key="verify"):
             errors = verify_equivalent(original, optimized, rtol=rtol, seed=config.seed)
-    tiling = restructured = None
+    restructured = None
     if memory_budget is None:
         save_onnx(optimized, output)
     else:  # restructure from a staged copy, so a budget nothing reaches leaves no output behind
@@ -67,8 +68,7 @@ def optimize_graph(
         with tempfile.TemporaryDirectory(prefix=".npukit-", dir=output.parent) as tmp, \
                 step(f"restructuring to fit {memory_budget:,} bytes", timings=report.timings, key="tiling"):
             staged = save_onnx(optimized, Path(tmp) / "optimized.onnx")
-            restructured, tiling = optimize_for_memory(staged, output, budget_bytes=memory_budget,
-                                                       input_shape=shape)
+            restructured = optimize_for_memory(staged, output, budget_bytes=memory_budget, input_shape=shape)
     before = summary_of(original, input_shape=shape)
     # the tables and the headline describe the model written: the restructured one under a budget
     after = summary_of(optimized if restructured is None else restructured.model, input_shape=shape)
@@ -88,8 +88,7 @@ def optimize_graph(
                            f"(max abs error {errors.max_abs:.3g}, worst output at {share or 0:.2f} of its allowance"
                            + ("; the allowance includes ORT's own deviation on the unmodified model"
                               if errors.runtime_allowance else "") + ")", passed=True)
-    if tiling is not None:
-        report.add("tiling", tiling.sections)
-        report.tables.extend(tiling.tables)
+    if restructured is not None:
+        add_memory_restructure(report, restructured)
         report.config["memory_budget"] = memory_budget
     return finish(report, output, html=html, result=pipeline)

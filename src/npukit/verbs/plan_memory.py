@@ -23,8 +23,10 @@ def plan_memory(
     For target "cpu" that graph is read from ORT and ORT's own allocation is replayed on it, unless
     ``runtime_graph`` is False (the rule-based view of the exported graph)."""
     from npukit.memory.plan import plan_memory as _plan
+    from npukit.report.memory import memory_report
 
-    result, report = _plan(model, target=target, input_shape=input_shape, order_search=order_search,
-                           runtime_graph=runtime_graph)
+    result = _plan(model, target=target, input_shape=input_shape, order_search=order_search,
+                   runtime_graph=runtime_graph)
+    report = memory_report(result)
     json_path = Path(report_path) if report_path else None
     return finish(report, None, html=html, json_path=json_path, result=result, source=model)

@@ -1,0 +1,63 @@
+"""analyze's report: operator support and delegation per target, the nodes each leaves to the CPU or computes
+wrongly, the share of MACs delegated, and with --fix what each target's fixes did and where the fixed models went."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from npukit.report.core import Report
+
+
+def analyze_report(outcome: Any, written: Mapping[str, Path]) -> Report:
+    """The report of a ``npukit.targets.api.ModelAnalysis``; ``written``: target -> the fixed model written for it."""
+    from npukit.targets.partition import tables
+
+    analyses = list(outcome.analyses)
+    report = Report("analyze", config={"targets": [p.name for p in outcome.profiles], "fix": outcome.fix,
+                                       "input_shape": list(outcome.input_shape) if outcome.input_shape else None})
+    for target, path in written.items():
+        report.add_artifact(f"fixed_model[{target}]", path)
+    for table in tables(analyses):
+        report.tables.append(table)
+    for a in analyses:
+        rows = [[v.name, v.op_type, "; ".join(v.reasons) or "-", v.fix or "-"] for v in a.unsupported]
+        if rows:
+            report.add_table(f"Nodes left to the CPU on {a.target}", ["node", "op", "why", "fix"], rows)
+        wrong = [[v.name, v.op_type, "; ".join(v.warnings), v.fix or "-"] for v in a.inaccurate]
+        if wrong:
+            report.add_table(f"Nodes {a.target} takes but computes wrongly", ["node", "op", "why", "fix"], wrong)
+        if a.problem():
+            report.add(f"problem[{a.target}]", {"message": a.problem(), "hint": a.hint()})
+    report.add_figure("Share of MACs delegated", "bar",
+                      {"labels": [a.target for a in analyses],
+                       "values": [round(100 * (a.mac_share or 0.0), 2) for a in analyses]},
+                      x_label="target", y_label="% of MACs")
+    report.add("profiles", [p.as_dict() for p in outcome.profiles])
+    report.add("analyses", [a.as_dict() for a in analyses])
+    if outcome.fix:
+        report.add("fixes", {name: r.as_dict() for name, r in outcome.fixes.items()})
+        _add_fixes(report, outcome.fixes, written)
+    return report
+
+
+def _add_fixes(report: Report, fixes: Mapping[str, Any], written: Mapping[str, Path]) -> None:
+    """What --fix did per target, its check, and where each fixed model went; the verdict says it first."""
+    rows = []
+    for target, result in fixes.items():
+        done = [f"{a['fix']} x{a['rewrites']}" for a in result.applied if a["rewrites"]]
+        check = "-" if result.errors is None else f"max abs error {result.errors.max_abs:.3g}, within tolerance"
+        rows.append([target, ", ".join(done) or "nothing to fix", check, str(written.get(target, "not written"))])
+    report.add_table("Fixes applied (--fix), each fixed model checked against the original on the same inputs",
+                     ["target", "fixes", "check", "written to"], rows)
+    changed = [t for t, r in fixes.items() if r.changed]
+    checked = [fixes[t].errors.max_abs for t in changed if fixes[t].errors is not None]
+    if changed:
+        check = (f"every fixed model within its tolerance of the original (max abs error {max(checked):.3g})"
+                 if checked else "no rewrite changed the model")
+        report.set_verdict(f"PASS analyze --fix: fixed for {', '.join(changed)}, {check}", passed=True)
+    else:
+        copies = [str(p) for p in written.values()]
+        report.set_verdict(f"INFO analyze --fix: nothing to fix for {', '.join(fixes)}; the analysis only"
+                           + (f" ({', '.join(copies)}: the model as given)" if copies else ""), passed=True)
