@@ -45,6 +45,15 @@ def write_text_atomic(target: str | os.PathLike[str], text: str) -> Path:
     return write_bytes_atomic(target, text.encode("utf-8"))
 
 
+def path_exists(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` names something on disk; a string no file system can hold as a name (a factory spec
+    longer than NAME_MAX) names nothing, where ``Path.exists`` raises OSError."""
+    try:
+        return Path(path).exists()
+    except OSError:
+        return False
+
+
 FOLDER_ARTIFACTS = (".mlpackage",)  # artifacts that are folders (Core ML), replaced whole when written again
 
 
@@ -54,7 +63,7 @@ def check_writes(outputs: Sequence[str | Path], inputs: Sequence[str | Path | No
     data), and the nearest folder above it that exists must be a folder this process can create files in."""
     read = {}
     for given in inputs:
-        if given is not None and Path(str(given)).exists():
+        if given is not None and path_exists(str(given)):
             read[Path(str(given)).resolve()] = str(given)
     for given in outputs:
         path = Path(str(given))

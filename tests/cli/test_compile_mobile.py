@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from npukit.cli import main
+from npukit.errors import InputError
 
 pytest.importorskip("executorch", reason="the executorch extra is not installed (scripts/setup.sh installs it)")
 
@@ -245,3 +246,20 @@ def test_a_module_without_a_known_shape_is_pointed_at_its_data_s_shape(tmp_path,
                  str(out)]) == 2
     err = capsys.readouterr().err
     assert "--input-shape 1,3,48,48 (one sample of crops.npy)" in err and not out.exists()
+
+
+def test_a_module_object_compiles_as_a_spec_does(tmp_path, capsys):
+    """npukit.export takes a torch.nn.Module; compile crashed on one (``Path(module)``: a file name too long), and a
+    factory spec longer than a file name could be was an internal error."""
+    import tinynet
+
+    from npukit.api import compile as compile_model
+
+    out = tmp_path / "tiny.pte"
+    result = compile_model(tinynet.tiny(), out, target="executorch-xnnpack", input_shape="1,3,32,32")
+    assert result.report.passed and out.is_file() and result.report.config["model"] == "TinyNet"
+    with pytest.raises(InputError, match="the HTP compiles an ONNX model, not a TinyNet"):
+        compile_model(tinynet.tiny(), tmp_path / "t.onnx", target="qnn-htp", soc="SM8650")
+    long_spec = "tinynet:tiny(" + " " * 300 + ")"
+    assert main(["compile", long_spec, "--target", "executorch-xnnpack", "-o", str(tmp_path / "long.pte"),
+                 *SHAPE]) == 0

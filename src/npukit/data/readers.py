@@ -123,6 +123,11 @@ class Dataset(abc.ABC):
             raise InputError(f"data {self.source} has no array for model input {missing[0]!r} "
                              f"(it has {', '.join(map(repr, self.input_names))})",
                              hint="name the arrays of the .npz after the model's inputs")
+        extra = [name for name in self.sample_shapes if name not in expected]
+        if isinstance(input_shape, Mapping) and extra:  # ORT refuses a feed the model has no input for
+            raise InputError(f"data {self.source} has array(s) {', '.join(map(repr, extra))} that no input of the "
+                             f"model takes (its inputs: {', '.join(map(repr, expected))})",
+                             hint="keep one array per model input (and 'labels' for labels) in the .npz")
         stacked = set()
         for name, model_shape in expected.items():
             got = self.sample_shapes[name]

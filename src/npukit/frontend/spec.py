@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import torch
 
+from npukit._atomic import path_exists
 from npukit.errors import InputError
 from npukit.frontend._messages import first_line
 from npukit.frontend.checkpoint import (NeedsCode, cwd_on_path, describe, is_optimizer_state, is_state_dict,
@@ -53,6 +54,24 @@ class ModelSource:
     random_weights: bool = False  # a torchvision architecture built without --weights: untrained
 
 
+def source_of(model: Any, *, weights: str | None = None) -> ModelSource:
+    """A ModelSource for a spec or file (``resolve_model``) or a torch.nn.Module given in Python (evaluated as it is,
+    ``weights`` loaded into it first); anything else is an InputError."""
+    if isinstance(model, (str, Path)):
+        return resolve_model(str(model), weights=weights)
+    if not isinstance(model, torch.nn.Module):
+        raise InputError(f"cannot take a {type(model).__name__} as a model",
+                         hint=f"pass a torch.nn.Module or one of: {_SPEC_FORMS}")
+    notes = load_weights(model, weights) if weights else ()
+    return ModelSource(kind="torch", spec=type(model).__name__, module=model.eval(), onnx_path=None,
+                       default_input_shape=None, description=f"torch module {type(model).__name__}", notes=notes)
+
+
+def model_label(model: Any) -> str:
+    """How messages and reports name ``model``: a spec or path as given, a module by its class."""
+    return str(model) if isinstance(model, (str, Path)) else type(model).__name__
+
+
 def resolve_model(spec: str, *, weights: str | None = None) -> ModelSource:
     """Turn ``spec`` into a ModelSource; ``weights`` is a state-dict file for the architectures built in Python
     (torchvision, factory, pickled nn.Module). A model file is told by its content, whatever its suffix."""
@@ -60,7 +79,7 @@ def resolve_model(spec: str, *, weights: str | None = None) -> ModelSource:
     if spec.startswith("torchvision:"):
         return _from_torchvision(spec, spec.split(":", 1)[1], weights)
     path = Path(spec)
-    if path.exists():
+    if path_exists(path):
         return _from_file(path, weights)
     if _FACTORY_HEAD.match(spec):
         return _from_factory(spec, weights)

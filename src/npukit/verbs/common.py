@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from npukit._atomic import path_exists
 from npukit.config import BenchConfig, PreprocessConfig
 from npukit.errors import InputError
 from npukit.report.core import Report
@@ -26,20 +27,23 @@ def check_output(output: str | Path, *, source: str | Path | None = None, suffix
         raise InputError(f"output {output} must end in {suffix}", hint=f"name the output like model{suffix}")
     if output.is_dir():
         raise InputError(f"output {output} is a directory", hint=f"give a file name ending in {suffix}")
-    if source is not None and Path(source).exists() and output.exists() and output.resolve() == Path(source).resolve():
+    if isinstance(source, (str, Path)) and path_exists(source) and output.exists() \
+            and output.resolve() == Path(source).resolve():
         raise InputError(f"output {output} is the input file", hint="write the result to a new file")
     return output
 
 
-def torch_source(model: str | Path, weights: str | Path | None, input_shape: Any, *, needs: str,
+def torch_source(model: Any, weights: str | Path | None, input_shape: Any, *, needs: str,
                  otherwise: str, data: str | Path | None = None) -> tuple[Any, tuple[int, ...]]:
-    """(the resolved PyTorch model, its input shape) for a verb that ``needs`` a torch program; an ONNX model or an
+    """(the resolved PyTorch model, its input shape) for a verb that ``needs`` a torch program (``model``: a spec, a
+    file or a torch.nn.Module); an ONNX model or an
     unknown shape is an InputError saying what to give (``otherwise``: what to do with the ONNX model; ``data``: the
     verb's .npy samples, whose one sample's shape the hint suggests)."""
     from npukit.frontend.shapes import InputSpec
-    from npukit.frontend.spec import resolve_model
+    from npukit.frontend.spec import model_label, source_of
 
-    source = resolve_model(str(model), weights=str(weights) if weights else None)
+    source = source_of(model, weights=str(weights) if weights else None)
+    model = model_label(model)
     if source.kind == "onnx" or source.module is None:
         raise InputError(f"{model} is an ONNX model; {needs}",
                          hint="give the PyTorch model (torchvision:NAME, module:factory, .pt2, TorchScript or a "

@@ -68,6 +68,9 @@ def compile(  # noqa: A001 - the verb's name
         _refuse_htp_options(target, weight_bits=weight_bits, mixed_precision=mixed_precision, soc=soc)
         return compile_mobile(model, output, target=target.strip().lower(), calib=calib, input_shape=input_shape,
                               preprocess=preprocess, html=html, task=task, gate=gate, weights=weights)
+    if not isinstance(model, (str, Path)):
+        raise InputError(f"the HTP compiles an ONNX model, not a {type(model).__name__}",
+                         hint="export it first: npukit.export(module, 'model.onnx', input_shape=...)")
     if weights is not None:
         raise InputError("--weights is for a PyTorch MODEL (--target executorch-xnnpack, litert or coreml)",
                          hint="give the HTP an .onnx model with its weights in it")

@@ -99,6 +99,7 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
     eager torch: fp32 within ``FP32_TOLERANCE`` of the output range, INT8 with the model's task under ``gate``;
     latency beside eager torch and ORT, 1 thread, interleaved."""
     from npukit.frontend.onnx_io import graph_inputs
+    from npukit.frontend.spec import model_label
     from npukit.runtime.tensors import plain_tensor
 
     mobile = MOBILE_TARGETS[target]
@@ -113,7 +114,7 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
     source, shape = torch_source(model, weights, input_shape, needs=f"--target {mobile.name} converts PyTorch "
                                  "programs", otherwise="compile the ONNX model with --target qnn-htp", data=calib)
     int8 = calib is not None
-    report = Report("compile", config={"model": str(model), "target": mobile.name,
+    report = Report("compile", config={"model": model_label(model), "target": mobile.name,
                                        "precision": "int8" if int8 else "fp32",
                                        "calib": str(calib) if calib else None, "input_shape": list(shape),
                                        "quant": XNNPACK_INT8.as_dict() if int8 else None, "threads": threads})

@@ -36,28 +36,16 @@ def export(
     through gets the shape of one of its inputs fixed (its first, or the one named)."""
     from npukit.frontend.export import export_model
     from npukit.frontend.shapes import InputSpec
-    from npukit.frontend.spec import ModelSource, resolve_model
+    from npukit.frontend.spec import source_of
     from npukit.measure.summary import summarize
 
     spec = InputSpec.parse(input_shape)
     config = ExportConfig(input_shape=spec.first if spec else None, dynamic_batch=dynamic_batch, opset=opset,
                           exporter=exporter, rtol=rtol)
     output = check_output(output, source=model if isinstance(model, (str, Path)) else None)
-    if isinstance(model, (str, Path)):
-        source = resolve_model(str(model), weights=str(weights) if weights else None)
-    else:
-        import torch
-
-        if not isinstance(model, torch.nn.Module):
-            raise InputError(f"cannot export a {type(model).__name__}", hint="pass a torch.nn.Module or a model spec")
-        if config.input_shape is None:
-            raise InputError("exporting a torch module needs an input shape", hint="pass input_shape=(1, 3, 224, 224)")
-        from npukit.frontend.checkpoint import load_weights
-
-        notes = load_weights(model, weights) if weights else ()
-        source = ModelSource(kind="torch", spec=type(model).__name__, module=model.eval(), onnx_path=None,
-                             default_input_shape=None, description=f"torch module {type(model).__name__}",
-                             notes=notes)
+    if not isinstance(model, (str, Path)) and config.input_shape is None:
+        raise InputError("exporting a torch module needs an input shape", hint="pass input_shape=(1, 3, 224, 224)")
+    source = source_of(model, weights=str(weights) if weights else None)
     if spec is not None and spec.first is None:
         name, shape = _export_input_shape(spec, source)
         config = dataclasses.replace(config, input_shape=shape, **({"input_name": name} if name else {}))
