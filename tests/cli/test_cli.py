@@ -344,6 +344,26 @@ def test_a_task_the_outputs_cannot_carry_is_refused_before_any_work(exported, tm
     assert _files(tmp_path) == before
 
 
+def test_excluding_every_compute_node_is_refused_before_any_work(exported, tmp_path, capsys, monkeypatch):
+    """--exclude of every conv/matmul wrote the float model as the "INT8" one, checked against itself: PASS, exit 0."""
+    import onnx
+
+    import npukit.quant.qdq
+
+    def never(*args, **kwargs):
+        raise AssertionError("quantized although nothing was left to quantize")
+
+    compute = [n.name for n in onnx.load(str(exported)).graph.node if n.op_type in ("Conv", "Gemm", "MatMul")]
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(1).standard_normal((4, 3, 32, 32)).astype(np.float32))
+    monkeypatch.setattr(npukit.quant.qdq, "quantize", never)
+    before = _files(tmp_path)
+    assert main(["quantize", str(exported), "--calib", str(calib), "-o", str(tmp_path / "q.onnx"),
+                 "--exclude", *compute]) == 2
+    assert f"--exclude names every conv/matmul node of the model ({len(compute)})" in capsys.readouterr().err
+    assert _files(tmp_path) == before
+
+
 def test_a_verb_that_fails_after_writing_its_artifact_leaves_nothing_new(exported, tmp_path, capsys, monkeypatch):
     """An artifact written before a later step refused (exit 2) or broke (exit 1) is removed with its report; a
     file that was there before the run is left alone."""

@@ -142,8 +142,9 @@ def quantize(
     The result is checked with the model's task (``task``: classify, detect, segment, text-detect, text-recognize,
     generic; None detects it from the outputs) against the float model on ``data`` (else on up to
     ``CHECK_SAMPLES`` calibration samples, which the report says is optimistic): the task metric and every output
-    the task does not decode are held to ``gate``'s floors, and a model that runs no integer kernel fails unless
-    every node was excluded on purpose. The report's verdict says which; a failed check makes the CLI exit 1.
+    the task does not decode are held to ``gate``'s floors, and a model that runs no integer kernel fails (an
+    ``exclude`` naming every conv/matmul node is refused before any work: an ``InputError``). The report's verdict
+    says which; a failed check makes the CLI exit 1.
 
     ``mixed_precision`` chooses each quantized node's precision (int8, 16-bit activations or float32) so that the
     model passes ``gate`` on the calibration samples with the least latency added, each option's gain and cost
@@ -178,6 +179,7 @@ def quantize(
     samples = open_data(calib, proto, preprocess) if isinstance(calib, (str, Path)) else list(calib)
     evaluation = open_data(data, proto, preprocess) if data is not None else None
     check_task(proto, samples, task)  # a --task the outputs cannot carry fails here, before any work
+    _refuse_nothing_left(proto, exclude)
     report = Report("quantize", config={"quant": config.as_dict(), "cpu_scheme": scheme, "model": str(model),
                                         "calib": str(calib) if isinstance(calib, (str, Path)) else
                                         f"{len(samples)} samples given in memory",
@@ -217,6 +219,20 @@ def quantize(
     if evaluation is not None and choice.name == "classify":  # the task check's agreement on the held-out data
         report.add("agreement", checked.metrics)
     return finish(report, output, html=html, result=result)
+
+
+def _refuse_nothing_left(proto: Any, exclude: Sequence[str]) -> None:
+    """--exclude naming every conv/matmul node leaves nothing for integer kernels: the "INT8" model would be the
+    float one, checked against itself (it passed with SQNR inf). Refused before any work, nothing written."""
+    from npukit.errors import InputError
+    from npukit.quant.qdq import FLOAT_COMPUTE_OPS
+
+    compute = [n.name for n in proto.graph.node if n.op_type in FLOAT_COMPUTE_OPS]
+    if exclude and compute and set(compute) <= set(exclude):
+        raise InputError(f"--exclude names every conv/matmul node of the model ({len(compute)}): nothing would be "
+                         "quantized, and the model written would be the float one",
+                         hint="exclude fewer nodes (npukit quantize --mixed-precision keeps in float only the layers "
+                              "the task check needs)")
 
 
 def _measure(report: Report, result: Any, samples: Any, timed: dict[str, Any], files: dict[str, Any], *,
