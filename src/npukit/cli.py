@@ -148,7 +148,9 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
                                      ".safetensors) for torchvision:NAME, module:factory or a pickled nn.Module")
     _add_shape(p, "input shape, e.g. 1,3,224,224 (default: the model's usual one)")
     p.add_argument("--dynamic-batch", action="store_true", help="make the batch dimension symbolic")
-    p.add_argument("--opset", type=int, default=18, help="ONNX opset (17-23, default 18)")
+    p.add_argument("--opset", type=int, default=None,
+                   help="ONNX opset (17-23; default 18 for a PyTorch model; an .onnx file keeps its own unless "
+                        "given, then it is converted up and verified)")
     p.add_argument("--exporter", choices=("auto", "dynamo", "torchscript"), default="auto",
                    help="auto: torch.export-based exporter, falling back to the TorchScript one")
     p.add_argument("--rtol", type=float, default=1e-4, help="max error relative to the output range (default 1e-4)")

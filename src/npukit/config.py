@@ -51,7 +51,8 @@ class ExportConfig:
 
     input_shape: tuple[int, ...] | None = None  # None: the model's known default
     dynamic_batch: bool = False
-    opset: int = 18
+    opset: int | None = None  # None: 18 for a torch model, an .onnx file keeps its own; a number: that opset (an
+    # .onnx file converted up to it, verified)
     exporter: Exporter = "auto"  # auto: dynamo, falling back to the TorchScript exporter
     rtol: float = 1e-4  # max |onnx - torch| / max |torch|, per output
     verify_samples: int = 2
@@ -62,7 +63,8 @@ class ExportConfig:
         object.__setattr__(self, "input_shape", parse_shape(self.input_shape))
         _require(bool(self.input_name) and self.input_name.strip() == self.input_name,
                  f"input name {self.input_name!r} must be non-empty without surrounding spaces", "e.g. input")
-        _require(17 <= self.opset <= 23, f"opset {self.opset} is not supported", "use an opset from 17 to 23")
+        _require(self.opset is None or 17 <= self.opset <= 23, f"opset {self.opset} is not supported",
+                 "use an opset from 17 to 23")
         _require(self.exporter in typing.get_args(Exporter), f"unknown exporter {self.exporter!r}",
                  "use auto, dynamo or torchscript")
         _require(self.rtol > 0, "rtol must be positive")

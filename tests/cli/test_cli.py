@@ -44,6 +44,23 @@ def test_export_writes_verified_model_and_reports(exported):
     assert not [p for p in exported.parent.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_an_onnx_file_passed_through_says_what_was_checked(exported, tmp_path, capsys):
+    """An .onnx file has no torch model: the verdict said its outputs were checked "against torch's" (n/a); --opset
+    was ignored (the file kept its own) and --exporter too."""
+    out = tmp_path / "copy.onnx"
+    assert main(["export", str(exported), "-o", str(out)]) == 0
+    verdict = json.loads(out.with_name("copy.report.json").read_text())["verdict"]
+    assert "outputs not compared (the file as given, the ONNX checker passed)" in verdict and "torch" not in verdict
+    assert main(["export", str(exported), "-o", str(out), "--input-shape", "1,3,32,32", "--opset", "21"]) == 0
+    verdict = json.loads(out.with_name("copy.report.json").read_text())["verdict"]
+    assert "converted to opset 21 (verified), outputs against the file as given on seeded inputs" in verdict
+    assert onnx.load(str(out)).opset_import[0].version == 21
+    capsys.readouterr()
+    assert main(["export", str(exported), "-o", str(tmp_path / "t.onnx"), "--exporter", "torchscript"]) == 2
+    assert "--exporter torchscript chooses how a PyTorch model is exported" in capsys.readouterr().err
+    assert not (tmp_path / "t.onnx").exists()
+
+
 def test_optimize_graph_removes_bn_dropout_and_verifies(exported, tmp_path, capsys):
     out = tmp_path / "tiny.opt.onnx"
     assert main(["optimize-graph", str(exported), "-o", str(out)]) == 0

@@ -128,6 +128,35 @@ def test_onnx_passthrough(matmul_onnx: Path, tmp_path: Path) -> None:
     assert fixed.max_rel_error == 0.0 and fixed.passed and fixed.input_shape == (6, 4)
     dims = onnx.load(tmp_path / "fixed.onnx").graph.input[0].type.tensor_type.shape.dim
     assert [d.dim_value for d in dims] == [6, 4]
+    # --opset converts the file up (it was ignored: the file stayed at its own opset), never down
+    later = export_model(source, tmp_path / "21.onnx", config=ExportConfig(input_shape=(6, 4), opset=21))
+    assert later.opset == 21 and later.passed
+    with pytest.raises(InputError, match="would convert it down"):
+        export_model(source, tmp_path / "17.onnx", config=ExportConfig(opset=17))
+
+
+def test_onnx_passthrough_with_a_dynamic_batch_runs_two_samples_at_once(tmp_path: Path) -> None:
+    """A graph that keeps a batch of 1 inside (YOLOX's and PicoDet's exports: a Reshape to [1, -1, C]) ran at batch
+    2 folding the second sample into another axis, and export said PASS; a size of -1 (Paddle's dynamic size) took
+    no comparison at all."""
+    from onnx import TensorProto, helper
+
+    def model(first: int, shape: list[int]) -> Path:
+        nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "s"], ["y"])]
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [first, 4, 3])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b", "c"])],
+                                  [helper.make_tensor("s", TensorProto.INT64, [len(shape)], shape)])
+        path = tmp_path / f"m{first}_{len(shape)}.onnx"
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+        return path
+
+    baked = resolve_model(str(model(1, [1, -1, 3])))  # batch 1 baked in
+    with pytest.raises(InputError, match="shape \\[1, 8, 3\\], not one row per sample \\(\\[2, 4, 3\\]\\)"):
+        export_model(baked, tmp_path / "b.onnx", config=ExportConfig(input_shape=(1, 4, 3), dynamic_batch=True))
+    assert not (tmp_path / "b.onnx").exists()
+    follows = resolve_model(str(model(-1, [-1, 4, 3])))  # the batch follows the input; declared as Paddle does
+    result = export_model(follows, tmp_path / "f.onnx", config=ExportConfig(input_shape=(1, 4, 3), dynamic_batch=True))
+    assert result.passed and result.max_abs_error == 0.0
 
 
 def test_bad_inputs_leave_no_file(factories: str, tmp_path: Path) -> None:

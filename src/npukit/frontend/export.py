@@ -24,6 +24,7 @@ from npukit.config import ExportConfig
 from npukit.errors import InputError, NpukitError, NumericCheckError
 from npukit.frontend._messages import first_line
 from npukit.frontend.onnx_io import graph_inputs, load_onnx, mark_untrained, save_onnx, static_input_shape
+from npukit.frontend.opset import ensure_opset, onnx_opset
 from npukit.frontend.shapes import fix_input_shape
 from npukit.frontend.spec import ModelSource
 from npukit.frontend.verify import flatten_outputs, seeded_samples, stack_samples, verify_against_torch
@@ -34,6 +35,7 @@ ExporterName = Literal["dynamo", "torchscript", "passthrough"]
 
 # The TorchScript-based exporter stops at this opset (torch.onnx._constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET).
 TORCHSCRIPT_MAX_OPSET = 20
+DEFAULT_OPSET = 18  # what a torch model is exported at unless --opset says otherwise
 _REASON_MAX_CHARS = 300
 
 
@@ -210,7 +212,7 @@ def _run_dynamo(module: torch.nn.Module, example: tuple[torch.Tensor, ...], inpu
     dynamic_shapes = tuple({0: "batch"} for _ in example) if config.dynamic_batch else None
     with _quiet():
         program = torch.onnx.export(
-            module, example, dynamo=True, external_data=False, opset_version=config.opset, optimize=True,
+            module, example, dynamo=True, external_data=False, opset_version=config.opset or DEFAULT_OPSET, optimize=True,
             input_names=input_names, output_names=output_names, dynamic_shapes=dynamic_shapes,
         )
     return program.model
@@ -222,7 +224,7 @@ def _run_torchscript(module: torch.nn.Module, example: tuple[torch.Tensor, ...],
     path = work / "torchscript.onnx"
     with _quiet():
         torch.onnx.export(
-            module, example, str(path), dynamo=False, opset_version=min(config.opset, TORCHSCRIPT_MAX_OPSET),
+            module, example, str(path), dynamo=False, opset_version=min(config.opset or DEFAULT_OPSET, TORCHSCRIPT_MAX_OPSET),
             input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes, do_constant_folding=True,
         )
     return onnx.load_model(str(path))
@@ -284,6 +286,9 @@ def _quiet() -> Iterator[None]:
 def _passthrough(source: ModelSource, staged: Path, *, config: ExportConfig) -> dict[str, Any]:
     assert source.onnx_path is not None, "an onnx ModelSource carries its path"
     original = load_onnx(source.onnx_path)
+    if config.opset is not None and onnx_opset(original) > config.opset:
+        raise InputError(f"the model is at opset {onnx_opset(original)}; --opset {config.opset} would convert it down",
+                         hint="drop --opset to keep the model's own, or ask for a later one")
     shape = config.input_shape or (source.default_input_shape if config.dynamic_batch else None)
     model = original
     errors: OutputErrors | None = None
@@ -296,6 +301,11 @@ def _passthrough(source: ModelSource, staged: Path, *, config: ExportConfig) -> 
                              hint="pass the shape the model was made for with --input-shape") from exc
         if _accepts(original, shape):
             errors = _compare_onnx(original, model, shape, config=config)
+        if config.dynamic_batch:
+            _check_batch(model, shape, config=config)
+    if config.opset is not None:  # asked for: converted up by onnx's converter, verified on seeded inputs
+        model, _ = ensure_opset(model, config.opset, reason=f"--opset {config.opset}",
+                                alternative="drop --opset to keep the model's own")
     save_onnx(model, staged)
     return {
         "exporter": "passthrough",
@@ -307,10 +317,42 @@ def _passthrough(source: ModelSource, staged: Path, *, config: ExportConfig) -> 
     }
 
 
+def _check_batch(model: onnx.ModelProto, shape: tuple[int, ...], *, config: ExportConfig) -> None:
+    """With --dynamic-batch: the model run on two samples at once must give each what it gives it alone. A graph
+    that keeps a batch of 1 inside (a Reshape to a constant [1, -1, C], as YOLOX and PicoDet exports have) runs at
+    batch 2 but folds the second sample into another axis: an InputError, as the torch path refuses such a model."""
+    session = make_session(model)
+    inputs = session.get_inputs()
+    if len(inputs) != 1:
+        return  # only the first input is made batch-dynamic; the others' batch is the model's own
+    name, one = inputs[0].name, (1, *shape[1:])
+    singles = [random_feeds(session, seed=config.seed + i, shapes={name: one}) for i in range(2)]
+    alone = [run(session, feeds) for feeds in singles]
+    what = "--dynamic-batch: the model run on 2 samples at once"
+    hint = ("export it without --dynamic-batch (batch 1), or re-export it from its source with a dynamic batch "
+            "(its graph fixes a batch of 1 inside)")
+    try:
+        together = run(session, {name: np.concatenate([feeds[name] for feeds in singles])})
+    except Exception as exc:  # noqa: BLE001 - ORT's refusal is the model's, said in one line
+        raise InputError(f"{what} fails in ONNX Runtime: {first_line(exc)}", hint=hint) from exc
+    for k, out in enumerate(session.get_outputs()):
+        want = np.concatenate([np.asarray(a[k]) for a in alone])
+        got = np.asarray(together[k])
+        if got.shape != want.shape:
+            raise InputError(f"{what} gives output {out.name!r} of shape {list(got.shape)}, not one row per sample "
+                             f"({list(want.shape)})", hint=hint)
+    errors = compare_outputs([np.concatenate([np.asarray(a[k]).reshape(-1) for a in alone])
+                              for k in range(len(alone[0]))], [np.asarray(t).reshape(-1) for t in together])
+    if not errors.within(config.rtol):
+        raise InputError(f"{what} does not give each sample what it gives it alone (max abs error "
+                         f"{errors.max_abs:.3g})", hint=hint)
+
+
 def _accepts(model: onnx.ModelProto, shape: tuple[int, ...]) -> bool:
-    """Whether the model's first input, as declared, takes ``shape`` (symbolic dims take any size)."""
+    """Whether the model's first input, as declared, takes ``shape`` (symbolic dims take any size, and so does a
+    size of -1 or 0, Paddle's way of writing a dynamic one)."""
     dims = graph_inputs(model)[0].type.tensor_type.shape.dim
-    return len(dims) == len(shape) and all(not d.HasField("dim_value") or d.dim_value == s
+    return len(dims) == len(shape) and all(not d.HasField("dim_value") or d.dim_value <= 0 or d.dim_value == s
                                            for d, s in zip(dims, shape))
 
 
