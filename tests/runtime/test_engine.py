@@ -73,6 +73,45 @@ def test_a_fixed_batch_axis_turns_batching_off_and_says_why() -> None:
         np.testing.assert_array_equal(rt.run(_requests(1)[0])[0], _plain(_model(batch=1), _requests(1)[0]))
 
 
+def _baked_batch() -> onnx.ModelProto:
+    """x[n, 3, 4] -> Relu -> Reshape to the constant [1, -1, 4]: a symbolic batch whose graph keeps a batch of 1
+    inside, as YOLOX's and PicoDet's exports do (their --dynamic-batch copies)."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "s"], ["y"])]
+    graph = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "k", 4])],
+                              [numpy_helper.from_array(np.array([1, -1, 4], np.int64), "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_outputs_that_do_not_follow_the_batch_turn_batching_off() -> None:
+    """Four such requests batched gave one request all four results and the others empty arrays, no error."""
+    model = _baked_batch()
+    rng = np.random.default_rng(2)
+    requests = [{"x": rng.standard_normal((1, 3, 4)).astype(np.float32)} for _ in range(6)]
+    with Runtime(model, device="cpu", workers=1, threads=1, max_batch=4, max_wait_ms=100.0) as rt:
+        assert rt.config.max_batch == 1 and "keeps a batch of 1 inside" in rt.batching_note
+        for r, f in zip(requests, [rt.submit(r) for r in requests]):
+            np.testing.assert_array_equal(f.result()[0], _plain(model, r))
+
+
+def test_a_batch_whose_outputs_do_not_have_one_row_per_request_is_run_one_at_a_time(monkeypatch) -> None:
+    """Where the start-up probe cannot tell (outputs whose row count depends on the data), a batch whose outputs
+    lack one row per request is answered request by request, never sliced into empty or merged results."""
+    import npukit.runtime.engine as engine
+
+    monkeypatch.setattr(engine, "batch_mismatch", lambda *args, **kwargs: "")
+    model = _baked_batch()
+    rng = np.random.default_rng(3)
+    requests = [{"x": rng.standard_normal((1, 3, 4)).astype(np.float32)} for _ in range(6)]
+    with Runtime(model, device="cpu", workers=1, threads=1, max_batch=4, max_wait_ms=200.0) as rt:
+        results = [f.result()[0] for f in [rt.submit(r) for r in requests]]
+        assert max(rt.batch_sizes) > 1
+    for r, y in zip(requests, results):
+        np.testing.assert_array_equal(y, _plain(model, r))
+
+
 def test_a_bad_request_fails_alone_and_the_runtime_keeps_serving() -> None:
     good = _requests(1)[0]
     with Runtime(_model(), device="cpu", workers=1) as rt:

@@ -38,6 +38,7 @@ import numpy as np
 import onnx
 
 from npukit.errors import InputError
+from npukit.frontend._messages import first_line
 from npukit.runtime.ort import ModelLike, make_session
 from npukit.runtime.pool import BoundBuffers, InputSignature, signatures
 from npukit.runtime.split import PREFERS
@@ -228,6 +229,38 @@ def batching_off(inputs: Sequence[InputSignature], max_batch: int) -> str:
     return ""
 
 
+def batch_mismatch(session: Any, inputs: Sequence[InputSignature], rtol: float = 1e-4) -> str:
+    """Why requests stacked along the batch axis would not get their own results, or "": two seeded requests run
+    together must give each what it gives alone. A graph that keeps a batch of 1 inside (a Reshape to a constant
+    [1, -1, C], as YOLOX and PicoDet exports have) runs at batch 2 but folds the second request into another axis:
+    the runtime handed one request both results and the other an empty array."""
+    from npukit.measure.compare import compare_outputs
+    from npukit.runtime.ort import random_feeds
+
+    one = {s.name: (1, *s.shape[1:]) for s in inputs}
+    try:
+        singles = [random_feeds(session, seed=i, shapes=one) for i in range(2)]
+    except InputError:
+        return ""  # not fed seeded inputs here (a symbolic size): the shapes are checked on every request
+    names = [o.name for o in session.get_outputs()]
+    alone = [[np.asarray(o) for o in session.run(names, feeds)] for feeds in singles]
+    try:
+        together = session.run(names, {k: np.concatenate([f[k] for f in singles]) for k in singles[0]})
+    except Exception as exc:  # noqa: BLE001 - the model does not run two requests at once
+        return f"batching off: the model fails on two requests at once ({first_line(exc)})"
+    for name, pair, got in zip(names, zip(*alone), together):
+        want = np.concatenate(pair)
+        if np.shape(got) != want.shape:
+            return (f"batching off: output {name!r} is {list(np.shape(got))} for two requests, not one row each "
+                    f"({list(want.shape)}): the graph keeps a batch of 1 inside")
+    errors = compare_outputs([np.concatenate([a[k].reshape(-1) for a in alone]) for k in range(len(names))],
+                             [np.asarray(t).reshape(-1) for t in together])
+    if not errors.within(rtol):
+        return ("batching off: two requests run together do not get what each gets alone (max abs error "
+                f"{errors.max_abs:.3g})")
+    return ""
+
+
 class Runtime:
     """See the module docstring. Use as a context manager, or call ``close``."""
 
@@ -257,7 +290,8 @@ class Runtime:
         if fixed:
             raise InputError(f"input {fixed[0].name!r} has symbolic dimensions besides the batch: "
                              f"{list(fixed[0].shape)}", hint="fix them first, e.g. npukit optimize-graph --input-shape")
-        self.batching_note = batching_off(self.signatures, config.max_batch)
+        self.batching_note = batching_off(self.signatures, config.max_batch) or (
+            batch_mismatch(self.session, self.signatures) if config.max_batch > 1 else "")
         max_batch = 1 if self.batching_note else config.max_batch
         self.config = dataclasses.replace(config, workers=workers, threads=threads, max_batch=max_batch)
         self._request_shapes = self._shapes(1)  # what one request holds, checked on every submit
@@ -424,6 +458,10 @@ class Runtime:
                 r.started = start
             try:
                 outputs = self._run(slot, live)
+                each = None
+                if len(live) > 1 and any(np.shape(o)[:1] != (len(live),) for o in outputs):
+                    # outputs that do not follow the batch (a count that depends on the data): one at a time
+                    each = [[np.array(o) for o in self._run(slot, [r])] for r in live]
             except Exception as exc:  # the batch fails together; the runtime keeps serving
                 for r in live:
                     r.future.set_exception(exc)
@@ -433,7 +471,7 @@ class Runtime:
                 self.queue_waits_ms.extend((start - r.submitted) * 1000.0 for r in live)
             for i, r in enumerate(live):
                 # a request of its own takes whole outputs (a fixed batch axis may hold more than one row)
-                mine = outputs if len(live) == 1 else [o[i:i + 1] for o in outputs]
+                mine = outputs if len(live) == 1 else each[i] if each else [o[i:i + 1] for o in outputs]
                 if r.out is not None:
                     for dst, src in zip(r.out, mine):
                         np.copyto(dst, src)
