@@ -3,7 +3,7 @@
 Every CLI verb is a function here (``optimize-graph`` as ``optimize_graph``, ...) taking the flags as keyword
 arguments, most named as the flags with underscores; many are not, so read each function's signature
 (``help(npukit.quantize)``). Among them: ``eval_data`` for ``--eval``, ``timeout_s`` for ``--time-budget``,
-``rules`` for ``--rule``, ``targets`` for analyze's ``--target``, ``report_path`` for ``--report``, ``skip_passes`` /
+``rules`` for ``--rule``, ``targets`` for analyze's ``--target``, ``report_path`` for ``--report`` (and inspect's ``--json``), ``skip_passes`` /
 ``verify`` for ``--skip-pass`` / ``--no-verify``, ``gate=QualityGate(...)`` for ``--min-task-metric`` /
 ``--min-sqnr`` / ``--accept-degraded``, ``preprocess=`` for ``--size`` / ``--mean`` / ``--std``, budgets as
 fractions (``budget=0.01`` for ``--budget 1%``). Each returns a ``CommandResult`` (the report, the artifact and

@@ -511,12 +511,7 @@ def _optimize_graph(api, args):
 
 
 def _inspect(api, args):
-    from pathlib import Path
-
-    from npukit.report.finish import finish
-
-    out = api.inspect(args.model, input_shape=args.input_shape, top_layers=args.top)
-    return finish(out.report, None, html=False, json_path=Path(args.json), result=out.result) if args.json else out
+    return api.inspect(args.model, input_shape=args.input_shape, top_layers=args.top, report_path=args.json)
 
 
 def _quantize(api, args):

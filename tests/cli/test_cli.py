@@ -12,6 +12,7 @@ import onnx
 import pytest
 
 from npukit.cli import build_parser, main
+from npukit.errors import InputError
 
 HERE = Path(__file__).parent
 
@@ -359,6 +360,29 @@ def test_a_task_the_outputs_cannot_carry_is_refused_before_any_work(exported, tm
     assert main(["quantize", str(exported), "--calib", str(calib), "-o", str(out), "--task", "detect"]) == 2
     assert "--task detect but no output has a detector's layout" in capsys.readouterr().err
     assert _files(tmp_path) == before
+
+
+def test_inspect_from_python_writes_its_json_where_asked(exported, tmp_path):
+    from npukit.api import inspect
+
+    out = inspect(str(exported), report_path=tmp_path / "s.json")
+    assert out.report_path == tmp_path / "s.json"
+    assert json.loads((tmp_path / "s.json").read_text())["results"]["summary"]["nodes"] == out.result.nodes
+
+
+def test_an_array_given_in_python_calibrates_as_its_npy_file_does(exported, tmp_path):
+    """npukit.quantize(calib=array) iterated the array as samples without their batch axis ([3, 32, 32] for an
+    input of [1, 3, 32, 32]) while the same array saved as .npy worked."""
+    from npukit.api import quantize
+
+    calib = np.random.default_rng(1).standard_normal((4, 3, 32, 32)).astype(np.float32)
+    np.save(tmp_path / "calib.npy", calib)
+    common = dict(method="minmax", runs=2, max_samples=4)
+    in_memory = quantize(str(exported), tmp_path / "a.onnx", calib=calib, data=calib, **common)
+    from_file = quantize(str(exported), tmp_path / "f.onnx", calib=tmp_path / "calib.npy", **common)
+    assert in_memory.report.passed and from_file.report.passed and (tmp_path / "a.onnx").read_bytes() == (tmp_path / "f.onnx").read_bytes()
+    with pytest.raises(InputError, match="does not fit input"):
+        quantize(str(exported), tmp_path / "b.onnx", calib=calib[:, :1], **common)
 
 
 def test_excluding_every_compute_node_is_refused_before_any_work(exported, tmp_path, capsys, monkeypatch):

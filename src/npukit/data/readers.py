@@ -261,10 +261,15 @@ class ArrayDataset(Dataset):
         return feeds
 
 
-def open_dataset(path: str | Path, *, preprocess: PreprocessConfig, input_name: str | None = None) -> Dataset:
-    """Open a folder of images, one image, a .npy or a .npz (see the module docstring) as a lazily read Dataset."""
-    path = Path(path)
+def open_dataset(path: str | Path | np.ndarray, *, preprocess: PreprocessConfig, input_name: str | None = None
+                 ) -> Dataset:
+    """Open a folder of images, one image, a .npy or a .npz (see the module docstring) as a lazily read Dataset; an
+    array given in Python is read as a .npy file's would be (samples along axis 0, or stacked)."""
     name = input_name or DEFAULT_INPUT_NAME
+    if isinstance(path, np.ndarray):
+        _check_array(path, IN_MEMORY, name)
+        return ArrayDataset(IN_MEMORY, "npy", {name: path}, None)
+    path = Path(path)
     if not path.exists():
         raise InputError(f"data path {path} does not exist",
                          hint="pass a folder of images, an image, a .npy or a .npz file")
@@ -279,6 +284,9 @@ def open_dataset(path: str | Path, *, preprocess: PreprocessConfig, input_name: 
         return _open_npz(path, input_name=input_name)
     raise InputError(f"data file {path} is not a folder, an image, a .npy or a .npz",
                      hint=f"image files end in {', '.join(IMAGE_SUFFIXES)}")
+
+
+IN_MEMORY = Path("(the array given)")  # how messages name an array passed in Python
 
 
 def _open_image_folder(folder: Path, *, preprocess: PreprocessConfig, input_name: str) -> ImageDataset:

@@ -292,11 +292,29 @@ def is_qdq(model: onnx.ModelProto) -> bool:
     return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
 
 
-def open_data(data: str | Path, proto: onnx.ModelProto, preprocess: PreprocessConfig):
+def _check_dataset(dataset: Any, inputs: Sequence[Any]) -> None:
+    """The dataset's arrays against the model's inputs (names, shapes, types), and its values (finite)."""
+    dataset.check_against({i.name: tuple(d.dim_value if d.HasField("dim_value") else None
+                                         for d in i.type.tensor_type.shape.dim) for i in inputs},
+                          dtypes={i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
+                                  for i in inputs if i.type.tensor_type.elem_type})
+    dataset.validate()
+
+
+def open_data(data: str | Path | np.ndarray, proto: onnx.ModelProto, preprocess: PreprocessConfig):
+    """The dataset at ``data`` (a folder of images, an image, a .npy or .npz, or an array given in Python, read as a
+    .npy's), checked against ``proto``'s inputs."""
     from npukit.data.readers import open_dataset
     from npukit.frontend.onnx_io import graph_inputs
 
     inputs = graph_inputs(proto)
+    if isinstance(data, np.ndarray):
+        if len(inputs) != 1:
+            raise InputError(f"the model has {len(inputs)} inputs; one array feeds only one",
+                             hint="pass a list of feed dicts, or a .npz file with one array per input name")
+        dataset = open_dataset(data, preprocess=preprocess, input_name=inputs[0].name)
+        _check_dataset(dataset, inputs)
+        return dataset
     if len(inputs) != 1 and Path(data).suffix != ".npz":
         raise InputError(f"the model has {len(inputs)} inputs; an image folder or .npy feeds only one",
                          hint="pass a .npz file with one array per input name")
@@ -308,11 +326,7 @@ def open_data(data: str | Path, proto: onnx.ModelProto, preprocess: PreprocessCo
     if len(dims) == 4 and dims[1] == 1 and preprocess.channels != 1:
         preprocess = dataclasses.replace(preprocess, channels=1, mean=(preprocess.mean[0],), std=(preprocess.std[0],))
     dataset = open_dataset(data, preprocess=preprocess, input_name=first.name if len(inputs) == 1 else None)
-    dataset.check_against({i.name: tuple(d.dim_value if d.HasField("dim_value") else None
-                                         for d in i.type.tensor_type.shape.dim) for i in inputs},
-                          dtypes={i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
-                                  for i in inputs if i.type.tensor_type.elem_type})
-    dataset.validate()
+    _check_dataset(dataset, inputs)
     if getattr(dataset, "kind", None) == "images":  # say how, so that a model not trained on ImageNet's is not
         p = dataset.preprocess                        # silently fed ImageNet's normalization
         with warnings.catch_warnings():

@@ -10,8 +10,10 @@ from npukit.report.finish import CommandResult, finish
 from npukit.report.graph import add_summary, macs_shown
 
 
-def inspect(model: str | Path, *, input_shape: str | Sequence[int] | None = None, top_layers: int = 15) -> CommandResult:
-    """Summarize an ONNX model: ops by type, parameters, MACs per layer and in total, the largest tensors.
+def inspect(model: str | Path, *, input_shape: str | Sequence[int] | None = None, top_layers: int = 15,
+            report_path: str | Path | None = None) -> CommandResult:
+    """Summarize an ONNX model: ops by type, parameters, MACs per layer and in total, the largest tensors; with
+    ``report_path`` (the CLI's ``--json``) the summary is also written there as a JSON report.
 
     ``input_shape`` (``InputSpec`` forms) is fixed into the model first. A symbolic batch counts as 1; when other
     symbolic dimensions leave conv/matmul layers without shapes, the total is shown as unknown (the JSON keeps the
@@ -28,4 +30,5 @@ def inspect(model: str | Path, *, input_shape: str | Sequence[int] | None = None
     macs = macs_shown(summary)
     report.set_verdict(f"INFO inspect: {summary.nodes} nodes, {summary.parameters:,} parameters, "
                        f"{macs if isinstance(macs, str) else f'{macs:,}'} MACs; nothing was checked", passed=True)
-    return finish(report, None, html=False, result=summary)
+    return finish(report, None, html=False, json_path=Path(report_path) if report_path else None, result=summary,
+                  source=model)

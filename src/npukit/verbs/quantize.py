@@ -88,7 +88,7 @@ def quantize(
     model: str | Path,
     output: str | Path,
     *,
-    calib: str | Path | Sequence[dict[str, np.ndarray]],
+    calib: str | Path | np.ndarray | Sequence[dict[str, np.ndarray]],
     per_tensor: bool = False,
     method: str = "auto",
     recipe: str = "plain",
@@ -124,7 +124,8 @@ def quantize(
     cost: per-layer SQNR, size, latency against the float model, where the time goes (kernel time by kind: which
     kernels the integer arithmetic speeds up on this CPU) and, with ``data``, agreement on held-out data.
 
-    ``calib`` is an image folder / .npy / .npz, or a sequence of feed dicts. ``activation_dtype=None``,
+    ``calib`` is an image folder / .npy / .npz, an array (read as a .npy's: samples along axis 0), or a sequence of
+    feed dicts. ``activation_dtype=None``,
     ``reduce_range=None`` and ``float_stem=None`` take what this CPU runs accurately and fast (e.g. 7-bit weights
     on x86 CPUs without VNNI, where ORT's u8s8 kernels saturate, and a 3x3 RGB stem left in float on x86 CPUs,
     where it runs faster, with the convs chained after it as far as that is timed fastest); ``gemm_convs=None``
@@ -176,14 +177,14 @@ def quantize(
                                 cpu=CpuKernels(pair_channels=pair_channels)),
                     scheme, activation_dtype=activation_dtype, reduce_range=reduce_range, float_stem=float_stem,
                     gemm_convs=gemm_convs)
-    samples = open_data(calib, proto, preprocess) if isinstance(calib, (str, Path)) else list(calib)
+    samples = open_data(calib, proto, preprocess) if isinstance(calib, (str, Path, np.ndarray)) else list(calib)
     evaluation = open_data(data, proto, preprocess) if data is not None else None
     check_task(proto, samples, task)  # a --task the outputs cannot carry fails here, before any work
     _refuse_nothing_left(proto, exclude)
     report = Report("quantize", config={"quant": config.as_dict(), "cpu_scheme": scheme, "model": str(model),
-                                        "calib": str(calib) if isinstance(calib, (str, Path)) else
-                                        f"{len(samples)} samples given in memory",
-                                        "data": str(data) if data else None, "preprocess": to_dict(preprocess),
+                                        "calib": _named(calib, samples),
+                                        "data": None if data is None else _named(data, evaluation),
+                                        "preprocess": to_dict(preprocess),
                                         "task": task or "auto", "gate": (gate or QualityGate()).as_dict(),
                                         "input_shape": spec.as_dict() if spec else None})
     proto = quant_opset(report, proto, config, samples, sixteen_bit=mixed_precision)
@@ -204,7 +205,8 @@ def quantize(
     with step("task check against the float model", timings=report.timings, key="task_check"):
         check = evaluation if evaluation is not None else samples
         limit = (max_samples or len(check)) if evaluation is not None else CHECK_SAMPLES
-        where = (f"held-out data {Path(str(data)).name}" if evaluation is not None else
+        where = (f"held-out data {Path(str(data)).name if isinstance(data, (str, Path)) else '(given in memory)'}"
+                 if evaluation is not None else
                  "calibration samples (no --data given: optimistic, the model was fitted to them)")
         choice, checked, _ = task_check(report, proto, result.model, check_samples(check, limit), task=task,
                                    gate=gate or QualityGate(), what="quantize", where=where, threads=threads,
@@ -219,6 +221,11 @@ def quantize(
     if evaluation is not None and choice.name == "classify":  # the task check's agreement on the held-out data
         report.add("agreement", checked.metrics)
     return finish(report, output, html=html, result=result)
+
+
+def _named(given: Any, samples: Any) -> str:
+    """How the report names data: its path, or how many samples were given in memory."""
+    return str(given) if isinstance(given, (str, Path)) else f"{len(samples)} samples given in memory"
 
 
 def _refuse_nothing_left(proto: Any, exclude: Sequence[str]) -> None:
