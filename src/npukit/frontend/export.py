@@ -118,7 +118,9 @@ def _export_torch(source: ModelSource, staged: Path, work: Path, *, config: Expo
         extra = _non_tensor_arguments(module)
         if extra:  # a shape would not help: say what would
             raise _takes_more_than_a_tensor(extra)
-        raise InputError(f"no input shape is known for {source.spec}", hint="pass one with --input-shape 1,3,224,224")
+        raise InputError(f"no input shape is known for {source.spec}",
+                         hint="pass the shape the model takes with --input-shape (e.g. 1,3,224,224 for an image "
+                              "model)")
     outputs = _check_shape_fits(module, shape)
     input_names = [config.input_name]
     output_names = ["output"] if len(outputs) == 1 else [f"output_{i}" for i in range(len(outputs))]

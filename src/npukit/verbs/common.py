@@ -71,7 +71,7 @@ def _shape_hint(data: str | Path | None) -> str:
         if len(shape) >= 2:
             one = ",".join(map(str, (1, *shape[1:])))
             return f"pass it with --input-shape, e.g. --input-shape {one} (one sample of {Path(str(data)).name})"
-    return "pass one with --input-shape 1,3,224,224"
+    return "pass the shape the model takes with --input-shape (e.g. 1,3,224,224 for an image model)"
 
 
 def note_untrained(report: Report, source: Any) -> None:
