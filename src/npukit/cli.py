@@ -837,6 +837,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # -h, --version (0) or the parser's one-line refusal (2): an exit code, as below
         return exc.code if isinstance(exc.code, int) else 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # torch's C++ warnings printed before the one-line error
+    os.environ.setdefault("TORCH_LOGS", "-export")  # torch.export's "dimension ... specialized" lines: npukit's shapes
     _quiet_onnxruntime()
     from npukit.errors import NpukitError
     from npukit.report.terminal import print_error
