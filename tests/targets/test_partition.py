@@ -3,7 +3,8 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from npukit.targets import analyze, compare_targets, get_target
+from npukit.report.analyze import target_tables
+from npukit.targets import analyze, get_target
 from tests.targets._models import conv_relu_erf_conv, make, vi
 
 
@@ -74,8 +75,9 @@ def test_graph_input_quantization_and_output_dequantization_stay_on_the_cpu():
     assert not get_target("nnapi").graph_io_qdq_on_cpu
 
 
-def test_compare_targets_tables():
-    tables = compare_targets(conv_relu_erf_conv(batch=1), [get_target("qnn-htp"), get_target("coreml")])
+def test_side_by_side_target_tables():
+    model = conv_relu_erf_conv(batch=1)
+    tables = target_tables([analyze(model, get_target(t)) for t in ("qnn-htp", "coreml")])
     ops, summary = tables
     assert ops.columns == ["op", "count", "qnn-htp", "coreml"]
     rows = {r[0]: r for r in ops.rows}

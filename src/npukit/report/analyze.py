@@ -3,23 +3,22 @@ wrongly, the share of MACs delegated, and with --fix what each target's fixes di
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import collections
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from npukit.report.core import Report
+from npukit.report.core import Report, Table
 
 
 def analyze_report(outcome: Any, written: Mapping[str, Path]) -> Report:
     """The report of a ``npukit.targets.api.ModelAnalysis``; ``written``: target -> the fixed model written for it."""
-    from npukit.targets.partition import tables
-
     analyses = list(outcome.analyses)
     report = Report("analyze", config={"targets": [p.name for p in outcome.profiles], "fix": outcome.fix,
                                        "input_shape": list(outcome.input_shape) if outcome.input_shape else None})
     for target, path in written.items():
         report.add_artifact(f"fixed_model[{target}]", path)
-    for table in tables(analyses):
+    for table in target_tables(analyses):
         report.tables.append(table)
     for a in analyses:
         rows = [[v.name, v.op_type, "; ".join(v.reasons) or "-", v.fix or "-"] for v in a.unsupported]
@@ -61,3 +60,54 @@ def _add_fixes(report: Report, fixes: Mapping[str, Any], written: Mapping[str, P
         copies = [str(p) for p in written.values()]
         report.set_verdict(f"INFO analyze --fix: nothing to fix for {', '.join(fixes)}; the analysis only"
                            + (f" ({', '.join(copies)}: the model as given)" if copies else ""), passed=True)
+
+
+def _cell(verdicts: list[Any], needs_quant: bool) -> str:
+    taken = sum(1 for v in verdicts if v.partition is not None)
+    if taken == len(verdicts):
+        text = "yes"
+    else:
+        first = next((v.reasons[0] for v in verdicts if v.partition is None and v.reasons), "")
+        fix = next((v.fix for v in verdicts if v.fix), None)
+        text = ("no" if taken == 0 else f"{taken}/{len(verdicts)}") + (f": {first}" if first else "")
+        if fix:
+            text += f" [fix: {fix}]"
+    wrong = [v for v in verdicts if v.warnings]
+    if wrong:
+        fixes = ", ".join(sorted({v.fix for v in wrong if v.fix}))
+        text += f"; {len(wrong)} computed wrongly" + (f" [fix: {fixes}]" if fixes else "")
+    return text + (" (after quantization)" if needs_quant and taken else "")
+
+
+def target_tables(analyses: Sequence[Any]) -> list[Table]:
+    """Side-by-side tables for analyses of one model: op support per target, and a delegation summary."""
+    if not analyses:
+        return []
+    # Grouped by op type per analysis: a target whose runtime optimizes the graph first (ORT's basic level) sees
+    # fewer nodes, numbered afresh, than one that takes the model as given.
+    counts: dict[str, int] = {}
+    for a in analyses:
+        for op, n in collections.Counter(v.op_type for v in a.nodes).items():
+            counts[op] = max(counts.get(op, 0), n)
+    op_rows = []
+    for op, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        row: list[Any] = [op, count]
+        for a in analyses:
+            verdicts = [v for v in a.nodes if v.op_type == op]
+            row.append(_cell(verdicts, a.needs_quantization) if verdicts else
+                       "removed by the runtime's graph optimizations")
+        op_rows.append(row)
+    summary_rows = []
+    for a in analyses:
+        share = a.mac_share
+        summary_rows.append([
+            a.target, f"{a.delegated_nodes}/{len(a.nodes)}", len(a.partitions), a.transitions,
+            "n/a" if share is None else f"{100 * share:.1f}%",
+            "yes" if a.needs_quantization else "no",
+            ", ".join(sorted({v.fix for v in a.nodes if v.fix})) or "-",
+        ])
+    return [
+        Table("Operator support by target", ["op", "count", *[a.target for a in analyses]], op_rows),
+        Table("Delegation by target", ["target", "nodes delegated", "partitions", "delegate<->fallback transitions",
+                                       "MACs delegated", "needs quantization", "fixes available"], summary_rows),
+    ]

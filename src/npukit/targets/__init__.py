@@ -2,9 +2,9 @@
 
 from npukit.targets.api import analyze_model
 from npukit.targets.fix import FIXES, FixResult, apply_fixes
-from npukit.targets.partition import Analysis, analyze, compare_targets, tables
+from npukit.targets.partition import Analysis, analyze
 from npukit.targets.profile import OpRule, TargetProfile
 from npukit.targets.registry import TARGETS, get_target
 
 __all__ = ["FIXES", "TARGETS", "Analysis", "FixResult", "OpRule", "TargetProfile", "analyze", "analyze_model",
-           "apply_fixes", "compare_targets", "get_target", "tables"]
+           "apply_fixes", "get_target"]

@@ -27,7 +27,6 @@ import onnxruntime as ort
 from npukit.errors import InputError
 from npukit.frontend.graph_index import GraphIndex
 from npukit.measure.summary import summarize
-from npukit.report.core import Table
 from npukit.targets.fix import fix_for
 from npukit.targets.graph_match import node_attrs, step_matches, tensor_infos
 from npukit.targets.profile import FLOAT_DTYPES, Fusion, NodeInfo, PatternStep, TargetProfile, TensorInfo
@@ -704,64 +703,3 @@ def _transitions(index: GraphIndex, node_partition: dict[int, int], cancelled: s
     return sum(1 for i, n in enumerate(graph.node) for x in n.input
                if x in producer and place[producer[x]] != place[i] and i not in cancelled
                and producer[x] not in cancelled and graph.node[producer[x]].op_type != "Constant")
-
-
-def _cell(verdicts: list[NodeVerdict], needs_quant: bool) -> str:
-    taken = sum(1 for v in verdicts if v.partition is not None)
-    if taken == len(verdicts):
-        text = "yes"
-    else:
-        first = next((v.reasons[0] for v in verdicts if v.partition is None and v.reasons), "")
-        fix = next((v.fix for v in verdicts if v.fix), None)
-        text = ("no" if taken == 0 else f"{taken}/{len(verdicts)}") + (f": {first}" if first else "")
-        if fix:
-            text += f" [fix: {fix}]"
-    wrong = [v for v in verdicts if v.warnings]
-    if wrong:
-        fixes = ", ".join(sorted({v.fix for v in wrong if v.fix}))
-        text += f"; {len(wrong)} computed wrongly" + (f" [fix: {fixes}]" if fixes else "")
-    return text + (" (after quantization)" if needs_quant and taken else "")
-
-
-def tables(analyses: list[Analysis]) -> list[Table]:
-    """Side-by-side tables for analyses of one model: op support per target, and a delegation summary."""
-    if not analyses:
-        return []
-    # Grouped by op type per analysis: a target whose runtime optimizes the graph first (ORT's basic level) sees
-    # fewer nodes, numbered afresh, than one that takes the model as given.
-    counts: dict[str, int] = {}
-    for a in analyses:
-        for op, n in collections.Counter(v.op_type for v in a.nodes).items():
-            counts[op] = max(counts.get(op, 0), n)
-    op_rows = []
-    for op, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
-        row: list[Any] = [op, count]
-        for a in analyses:
-            verdicts = [v for v in a.nodes if v.op_type == op]
-            row.append(_cell(verdicts, a.needs_quantization) if verdicts else
-                       "removed by the runtime's graph optimizations")
-        op_rows.append(row)
-    summary_rows = []
-    for a in analyses:
-        share = a.mac_share
-        summary_rows.append([
-            a.target, f"{a.delegated_nodes}/{len(a.nodes)}", len(a.partitions), a.transitions,
-            "n/a" if share is None else f"{100 * share:.1f}%",
-            "yes" if a.needs_quantization else "no",
-            ", ".join(sorted({v.fix for v in a.nodes if v.fix})) or "-",
-        ])
-    return [
-        Table("Operator support by target", ["op", "count", *[a.target for a in analyses]], op_rows),
-        Table("Delegation by target", ["target", "nodes delegated", "partitions", "delegate<->fallback transitions",
-                                       "MACs delegated", "needs quantization", "fixes available"], summary_rows),
-    ]
-
-
-def compare_targets(
-    model: onnx.ModelProto,
-    targets: list[TargetProfile],
-    *,
-    input_shape: tuple[int, ...] | None = None,
-) -> list[Table]:
-    """Analyze ``model`` for each target and return the side-by-side tables (see ``tables``)."""
-    return tables([analyze(model, t, input_shape=input_shape) for t in targets])
