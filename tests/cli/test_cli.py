@@ -403,6 +403,19 @@ def test_excluding_every_compute_node_is_refused_before_any_work(exported, tmp_p
                  "--exclude", *compute]) == 2
     assert f"--exclude names every conv/matmul node of the model ({len(compute)})" in capsys.readouterr().err
     assert _files(tmp_path) == before
+    # a model whose nodes have no names (CenterFace): excluded by the names quantize and inspect give them
+    from npukit.frontend.onnx_io import named_nodes
+
+    unnamed = onnx.load(str(exported))
+    for node in unnamed.graph.node:
+        node.name = ""
+    onnx.save(unnamed, tmp_path / "unnamed.onnx")
+    given = [n.name for n in named_nodes(unnamed).graph.node if n.op_type in ("Conv", "Gemm", "MatMul")]
+    before = _files(tmp_path)
+    assert main(["quantize", str(tmp_path / "unnamed.onnx"), "--calib", str(calib), "-o", str(tmp_path / "u.onnx"),
+                 "--exclude", *given]) == 2
+    assert "--exclude names every conv/matmul node" in capsys.readouterr().err
+    assert _files(tmp_path) == before
 
 
 def test_a_verb_that_fails_after_writing_its_artifact_leaves_nothing_new(exported, tmp_path, capsys, monkeypatch):

@@ -154,6 +154,12 @@ def test_onnx_passthrough_with_a_dynamic_batch_runs_two_samples_at_once(tmp_path
     with pytest.raises(InputError, match="shape \\[1, 8, 3\\], not one row per sample \\(\\[2, 4, 3\\]\\)"):
         export_model(baked, tmp_path / "b.onnx", config=ExportConfig(input_shape=(1, 4, 3), dynamic_batch=True))
     assert not (tmp_path / "b.onnx").exists()
+    symbolic = onnx.load(model(1, [1, -1, 3]))
+    symbolic.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "h"  # a size besides the batch open
+    onnx.save(symbolic, tmp_path / "open.onnx")
+    with pytest.raises(InputError, match="symbolic sizes besides the batch needs --input-shape"):
+        export_model(resolve_model(str(tmp_path / "open.onnx")), tmp_path / "o.onnx",
+                     config=ExportConfig(dynamic_batch=True))  # was PASS, nothing compared
     follows = resolve_model(str(model(-1, [-1, 4, 3])))  # the batch follows the input; declared as Paddle does
     result = export_model(follows, tmp_path / "f.onnx", config=ExportConfig(input_shape=(1, 4, 3), dynamic_batch=True))
     assert result.passed and result.max_abs_error == 0.0

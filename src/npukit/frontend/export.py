@@ -292,6 +292,10 @@ def _passthrough(source: ModelSource, staged: Path, *, config: ExportConfig) -> 
         raise InputError(f"the model is at opset {onnx_opset(original)}; --opset {config.opset} would convert it down",
                          hint="drop --opset to keep the model's own, or ask for a later one")
     shape = config.input_shape or (source.default_input_shape if config.dynamic_batch else None)
+    if config.dynamic_batch and shape is None:  # the two-sample check needs sizes to feed
+        raise InputError("--dynamic-batch on a model with symbolic sizes besides the batch needs --input-shape: the "
+                         "model is run on two samples at once to check it batches",
+                         hint="pass the shape of one sample, e.g. --input-shape 1,3,640,640")
     model = original
     errors: OutputErrors | None = None
     if shape is not None:
@@ -325,8 +329,11 @@ def _check_batch(model: onnx.ModelProto, shape: tuple[int, ...], *, config: Expo
     batch 2 but folds the second sample into another axis: an InputError, as the torch path refuses such a model."""
     session = make_session(model)
     inputs = session.get_inputs()
-    if len(inputs) != 1:
-        return  # only the first input is made batch-dynamic; the others' batch is the model's own
+    if len(inputs) != 1:  # only the first input is made batch-dynamic: the others' batch stays the model's own
+        raise InputError(f"--dynamic-batch makes an .onnx file's first input batch-dynamic; this model has "
+                         f"{len(inputs)} inputs, whose batches cannot be checked together that way",
+                         hint="export it without --dynamic-batch, or re-export it from its source with a dynamic "
+                              "batch")
     name, one = inputs[0].name, (1, *shape[1:])
     singles = [random_feeds(session, seed=config.seed + i, shapes={name: one}) for i in range(2)]
     alone = [run(session, feeds) for feeds in singles]

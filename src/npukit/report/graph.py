@@ -49,7 +49,8 @@ def add_export(report: Report, source: Any, result: Any, summary: Any) -> None:
     report.add_table("Export", ["model", "exporter", "opset", "input shape", "nodes", "max abs err", "max rel err",
                                 "verified"],
                      [[source.description, result.exporter, result.opset, "x".join(map(str, result.input_shape or ())),
-                       result.node_count, result.max_abs_error, result.max_rel_error, result.passed]])
+                       result.node_count, result.max_abs_error, result.max_rel_error,
+                       "not compared" if result.max_abs_error is None else result.passed]])
     if source.notes:
         report.add_table("Model loading", ["note"], [[note] for note in source.notes])
     if result.fallback_reason:

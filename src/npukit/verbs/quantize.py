@@ -232,9 +232,11 @@ def _refuse_nothing_left(proto: Any, exclude: Sequence[str]) -> None:
     """--exclude naming every conv/matmul node leaves nothing for integer kernels: the "INT8" model would be the
     float one, checked against itself (it passed with SQNR inf). Refused before any work, nothing written."""
     from npukit.errors import InputError
+    from npukit.frontend.onnx_io import named_nodes
     from npukit.quant.qdq import FLOAT_COMPUTE_OPS
 
-    compute = [n.name for n in proto.graph.node if n.op_type in FLOAT_COMPUTE_OPS]
+    # by the names quantize gives unnamed nodes (``<op_type>_<index>``, as inspect shows them): CenterFace has none
+    compute = [n.name for n in named_nodes(proto).graph.node if n.op_type in FLOAT_COMPUTE_OPS]
     if exclude and compute and set(compute) <= set(exclude):
         raise InputError(f"--exclude names every conv/matmul node of the model ({len(compute)}): nothing would be "
                          "quantized, and the model written would be the float one",
