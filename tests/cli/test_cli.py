@@ -56,6 +56,8 @@ def test_an_onnx_file_passed_through_says_what_was_checked(exported, tmp_path, c
     verdict = json.loads(out.with_name("copy.report.json").read_text())["verdict"]
     assert "converted to opset 21 (verified), outputs against the file as given on seeded inputs" in verdict
     assert onnx.load(str(out)).opset_import[0].version == 21
+    upgrade = json.loads(out.with_name("copy.report.json").read_text())["results"]["opset_upgrade"]
+    assert (upgrade["from_opset"], upgrade["to_opset"]) == (18, 21) and upgrade["max_abs_error"] is not None
     capsys.readouterr()
     assert main(["export", str(exported), "-o", str(tmp_path / "t.onnx"), "--exporter", "torchscript"]) == 2
     assert "--exporter torchscript chooses how a PyTorch model is exported" in capsys.readouterr().err

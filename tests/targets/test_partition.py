@@ -94,3 +94,17 @@ def test_unsupported_node_gets_its_fix():
     assert a.nodes[0].fix == "hardsigmoid_to_clip"
     assert TensorProto.FLOAT  # model stays float: litert accepts float
     assert not a.needs_quantization
+
+
+def test_a_weight_read_through_identity_is_a_constant():
+    """RetinaFace's exporter shares its SSH weights through Identity nodes, which ORT removes before any EP
+    partitions: CoreML's profile left those convs to the CPU ("weight must be constant")."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b")]
+    nodes = [helper.make_node("Identity", ["w"], ["w_shared"]), helper.make_node("Identity", ["b"], ["b_shared"]),
+             helper.make_node("Conv", ["x", "w_shared", "b_shared"], ["y"], name="conv", pads=[1, 1, 1, 1])]
+    model = make(nodes, [vi("x", (1, 3, 8, 8))], [vi("y", (1, 4, 8, 8))], inits)
+    for target in ("coreml", "qnn-htp"):
+        a = analyze(model, get_target(target))
+        assert "conv" not in {v.name for v in a.unsupported} and a.mac_share == 1.0, target

@@ -95,3 +95,16 @@ def test_model_no_target_can_take_says_which_ops_and_what_to_do():
 def test_no_targets():
     with pytest.raises(InputError, match="no target"):
         analyze_model(single("Relu"), [])
+
+
+def test_fix_says_what_needs_the_input_shape():
+    """--fix with nothing to fix said so, though a target was waiting on the input shape; a fix that needs sizes to
+    check itself did not say --fix was what needed them (the analysis alone runs without)."""
+    outcome = analyze_model(conv_relu_erf_conv(), ["qnn-htp", "coreml"], fix=True)
+    assert analyze_report(outcome, {}).verdict.endswith(
+        "qnn-htp would take more with the input shape fixed: pass --input-shape")
+    with pytest.raises(InputError, match="--fix for litert checks the fixed model on seeded inputs: input 'x' has "
+                                         "a symbolic dimension 'H'"):
+        analyze_model(single("HardSigmoid", shape=(1, 3, "H", 8)), ["litert"], fix=True)
+    with pytest.raises(InputError, match="takes none of the model's 1 nodes"):  # the analysis alone: no shape asked
+        analyze_model(single("HardSigmoid", shape=(1, 3, "H", 8)), ["litert"])

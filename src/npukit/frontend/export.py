@@ -56,6 +56,7 @@ class ExportResult:
     passed: bool
     seconds: float
     node_count: int
+    opset_upgrade: Any = None  # frontend.opset.OpsetUpgrade: an .onnx file converted for --opset, and its check
 
     def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -309,11 +310,13 @@ def _passthrough(source: ModelSource, staged: Path, *, config: ExportConfig) -> 
             errors = _compare_onnx(original, model, shape, config=config)
         if config.dynamic_batch:
             _check_batch(model, shape, config=config)
+    upgrade = None
     if config.opset is not None:  # asked for: converted up by onnx's converter, verified on seeded inputs
-        model, _ = ensure_opset(model, config.opset, reason=f"--opset {config.opset}",
-                                alternative="drop --opset to keep the model's own")
+        model, upgrade = ensure_opset(model, config.opset, reason=f"--opset {config.opset}",
+                                      alternative="drop --opset to keep the model's own")
     save_onnx(model, staged)
     return {
+        "opset_upgrade": upgrade,
         "exporter": "passthrough",
         "fallback_reason": None,
         "input_shape": tuple(shape) if shape is not None else static_input_shape(original),

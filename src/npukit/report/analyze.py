@@ -37,11 +37,14 @@ def analyze_report(outcome: Any, written: Mapping[str, Path]) -> Report:
     report.add("analyses", [a.as_dict() for a in analyses])
     if outcome.fix:
         report.add("fixes", {name: r.as_dict() for name, r in outcome.fixes.items()})
-        _add_fixes(report, outcome.fixes, written)
+        waiting = [a.target for a in analyses if not outcome.fixes[a.target].changed
+                   and any(v.fix == "fix_input_shape" for v in a.nodes)]
+        _add_fixes(report, outcome.fixes, written, waiting=waiting)
     return report
 
 
-def _add_fixes(report: Report, fixes: Mapping[str, Any], written: Mapping[str, Path]) -> None:
+def _add_fixes(report: Report, fixes: Mapping[str, Any], written: Mapping[str, Path], *,
+               waiting: Sequence[str] = ()) -> None:
     """What --fix did per target, its check, and where each fixed model went; the verdict says it first."""
     rows = []
     for target, result in fixes.items():
@@ -59,7 +62,9 @@ def _add_fixes(report: Report, fixes: Mapping[str, Any], written: Mapping[str, P
     else:
         copies = [str(p) for p in written.values()]
         report.set_verdict(f"INFO analyze --fix: nothing to fix for {', '.join(fixes)}; the analysis only"
-                           + (f" ({', '.join(copies)}: the model as given)" if copies else ""), passed=True)
+                           + (f" ({', '.join(copies)}: the model as given)" if copies else "")
+                           + (f"; {', '.join(waiting)} would take more with the input shape fixed: pass --input-shape"
+                              if waiting else ""), passed=True)
 
 
 def _cell(verdicts: list[Any], needs_quant: bool) -> str:

@@ -51,7 +51,11 @@ def analyze_model(
     for profile in profiles:
         candidate = model
         if fix:
-            fixes[profile.name] = apply_fixes(model, profile, input_shape=input_shape)
+            try:
+                fixes[profile.name] = apply_fixes(model, profile, input_shape=input_shape)
+            except InputError as exc:  # say that --fix is what needs it (the analysis alone runs without)
+                raise InputError(f"--fix for {profile.name} checks the fixed model on seeded inputs: {exc.message}",
+                                 hint=exc.hint) from exc
             candidate = fixes[profile.name].model
         shape = input_shape if not fix else None  # a fixed model already carries the input shape
         analyses.append(analyze(candidate, profile, input_shape=shape))

@@ -43,6 +43,10 @@ def tensor_infos(graph: onnx.GraphProto) -> dict[str, TensorInfo]:
                 dtype_name(tensor.data_type) if tensor is not None else (old.dtype if old else None),
                 tuple(tensor.dims) if tensor is not None else (old.shape if old else None), constant=True,
                 values=_small_values(tensor) if tensor is not None else None)
+    for node in graph.node:  # an Identity of a constant is that constant: ORT removes it before any EP partitions
+        source = infos.get(node.input[0]) if node.op_type == "Identity" and node.input and node.output else None
+        if source is not None and source.constant:  # (RetinaFace's exporter shares its SSH weights through them)
+            infos[node.output[0]] = source
     return infos
 
 

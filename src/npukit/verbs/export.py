@@ -13,7 +13,7 @@ from npukit.config import ExportConfig, to_dict
 from npukit.errors import InputError
 from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
-from npukit.report.graph import add_export
+from npukit.report.graph import add_export, add_opset_upgrade
 from npukit.report.progress import step
 from npukit.verbs.common import check_output, note_untrained, short_number
 
@@ -59,6 +59,8 @@ def export(
     with step(f"exporting {source.description}", timings=report.timings, key="export"):
         result = export_model(source, output, config=config)
     add_export(report, source, result, summarize(onnx.load(str(output)), input_shape=result.input_shape))
+    if result.opset_upgrade is not None:
+        add_opset_upgrade(report, result.opset_upgrade)
     if source.kind == "onnx":  # no torch model: the file as reshaped against the file as given, where it was
         converted = f"converted to opset {result.opset} (verified), " if config.opset is not None else ""
         checked = converted + ("outputs not compared (the file as given, the ONNX checker passed)" if result.max_abs_error is None
