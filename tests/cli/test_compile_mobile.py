@@ -265,3 +265,16 @@ def test_a_module_object_compiles_as_a_spec_does(tmp_path, capsys):
     long_spec = "tinynet:tiny(" + " " * 300 + ")"
     assert main(["compile", long_spec, "--target", "executorch-xnnpack", "-o", str(tmp_path / "long.pte"),
                  *SHAPE]) == 0
+
+
+def test_int8_linear_over_a_sequence_carries_its_weights(target, tmp_path):
+    """A Linear over a (B, T, C) tensor (CRNN heads): ORT fuses it into Reshape -> Gemm -> Reshape, and the plan was
+    refused as not carried (exit 2) for every mobile target; now the Gemm's grid is found through the views."""
+    suffix, _ = TARGETS[target]
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(0).normal(size=(12, 3, 16, 32)).astype(np.float32))
+    out = tmp_path / f"seq{suffix}"
+    assert main(["compile", "tinynet:tinyseq", "--target", target, "--calib", str(calib), "-o", str(out),
+                 "--input-shape", "1,3,16,32", "--task", "generic"]) == 0
+    results = json.loads(out.with_name(out.name + ".report.json").read_text())["results"]
+    assert results["carried_plan"]["unmatched"] == [] and results["carried_plan"]["weights"] == 3

@@ -100,3 +100,22 @@ def _with_statistics(model: nn.Module) -> nn.Module:
                 m.running_mean.uniform_(-0.5, 0.5)
                 m.running_var.uniform_(0.5, 2.0)
     return model.eval()
+
+
+class TinySeq(nn.Module):
+    """An OCR recognizer's shape: convs, the width as a sequence, and a Linear over the (B, T, C) sequence (which ORT
+    fuses into Reshape -> Gemm -> Reshape)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cnn = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                                 nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d((1, 8)))
+        self.fc = nn.Linear(16, 12)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.cnn(x).squeeze(2).permute(0, 2, 1))
+
+
+def tinyseq() -> nn.Module:
+    torch.manual_seed(0)
+    return TinySeq()

@@ -257,8 +257,8 @@ def _quantize(report: Report, module: Any, float_onnx: onnx.ModelProto, samples:
     if carried.unmatched:
         raise InputError(f"npukit cannot yet carry its INT8 plan onto {len(carried.unmatched)} tensor(s) of this "
                          f"model's torch program: an npukit limitation, not a fault of the "
-                         f"model (not matched to the ONNX export the plan was made on, e.g. a Linear over a 3-D "
-                         f"input that ORT fuses into a Gemm: {', '.join(carried.unmatched[:5])})",
+                         f"model (not matched to the ONNX export the plan was made on: "
+                         f"{', '.join(carried.unmatched[:5])})",
                          hint="compile without --calib for an fp32 artifact, or quantize the ONNX export with "
                               "`npukit quantize`")
     add_carried_plan(report, carried)

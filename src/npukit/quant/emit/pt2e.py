@@ -47,6 +47,7 @@ _CONCATS = ("cat.default", "concat.default")
 _PASSING = ("upsample_nearest2d.vec", "upsample_nearest2d.default", "max_pool2d.default", "permute.default",
             "transpose.int")
 _WEIGHTED = {"conv2d.default": ("Conv",), "conv1d.default": ("Conv",), "linear.default": ("Gemm", "MatMul")}
+_ONNX_VIEWS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")  # what ORT puts around a fused Gemm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +109,18 @@ class _OnnxSide:
 
     def producer_op(self, node: str) -> str:
         return next((n.op_type for n in self.producer.values() if n.name == node), "?")
+
+    def weighted_producer(self, tensor: str, kinds: Sequence[str]) -> onnx.NodeProto | None:
+        """The node of ``kinds`` (Conv, Gemm, MatMul) that writes ``tensor``, through the views after it: ORT fuses
+        a Linear over a 3-D input (CRNN and transformer heads) into Reshape -> Gemm -> Reshape, so the tensor equal
+        to torch's linear output is the last Reshape's. Else the node that writes ``tensor``."""
+        node = self.producer.get(tensor)
+        first = node
+        for _ in range(4):
+            if node is None or node.op_type in kinds or node.op_type not in _ONNX_VIEWS:
+                break
+            node = self.producer.get(node.input[0])
+        return node if node is not None and node.op_type in kinds else first
 
 
 def _onnx_side(reference: onnx.ModelProto, qdq: onnx.ModelProto, plan: QuantPlan,
@@ -212,9 +225,13 @@ class _Annotation:
         return self.onnx_side.specs.get(name) if name is not None else None
 
     def twin(self, node: torch.fx.Node) -> onnx.NodeProto | None:
-        """The ONNX node that writes ``node``'s twin tensor, if matched."""
+        """The ONNX node that writes ``node``'s twin tensor, if matched (for a conv or linear, its Conv/Gemm/MatMul
+        through the views ORT put after it)."""
         name = self.match.get(node)
-        return self.onnx_side.producer.get(name) if name is not None else None
+        if name is None:
+            return None
+        kinds = _WEIGHTED.get(_op_name(node))
+        return self.onnx_side.weighted_producer(name, kinds) if kinds else self.onnx_side.producer.get(name)
 
     def in_float(self, node: torch.fx.Node) -> bool:
         twin = self.twin(node)
@@ -531,7 +548,7 @@ def _carry_weights(model: torch.fx.GraphModule, match: Mapping[torch.fx.Node, st
     done: set[str] = set()
     for node, name in match.items():
         kinds = _WEIGHTED.get(_op_name(node))
-        twin = onnx_side.producer.get(name)
+        twin = onnx_side.weighted_producer(name, kinds) if kinds else None
         if kinds is None or twin is None or twin.op_type not in kinds or twin.name not in onnx_side.weights:
             continue
         weight, _, bias = onnx_side.weights[twin.name]
