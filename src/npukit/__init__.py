@@ -3,12 +3,12 @@
 Every CLI verb is a function here (``optimize-graph`` as ``optimize_graph``, ...) taking the flags as keyword
 arguments, most named as the flags with underscores; many are not, so read each function's signature
 (``help(npukit.quantize)``). Among them: ``eval_data`` for ``--eval``, ``timeout_s`` for ``--time-budget``,
-``rules`` for ``--rule``, ``targets`` for analyze's ``--target``, ``report_path`` for ``--report`` (and inspect's ``--json``), ``skip_passes`` /
-``verify`` for ``--skip-pass`` / ``--no-verify``, ``gate=QualityGate(...)`` for ``--min-task-metric`` /
-``--min-sqnr`` / ``--accept-degraded``, ``preprocess=`` for ``--size`` / ``--mean`` / ``--std``, budgets as
-fractions (``budget=0.01`` for ``--budget 1%``). Each returns a ``CommandResult`` (the report, the artifact and
-report paths, and the verb's typed result object). ``result.report.passed`` is False where the CLI
-would exit 1, and ``result.report.verdict`` is the report's one-line verdict.
+``rules`` for ``--rule``, ``targets`` for analyze's ``--target``, ``report_path`` for ``--report`` (and inspect's
+``--json``), ``skip_passes`` / ``verify`` for ``--skip-pass`` / ``--no-verify``, ``gate=QualityGate(...)`` for
+``--min-task-metric`` / ``--min-sqnr`` / ``--accept-degraded``, ``preprocess=`` for ``--size`` / ``--mean`` /
+``--std``, budgets as fractions (``budget=0.01`` for ``--budget 1%``). Each returns a ``CommandResult`` (the
+report, the artifact and report paths, and the verb's typed result object). ``result.report.passed`` is False
+where the CLI would exit 1, and ``result.report.verdict`` is the report's one-line verdict.
 """
 
 __version__ = "0.1.0"

@@ -33,6 +33,20 @@ def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file())
 
 
+def _normal(samples: int, height: int, width: int) -> np.ndarray:
+    return np.random.default_rng(0).normal(size=(samples, 3, height, width)).astype(np.float32)
+
+
+def _compile_int8(tmp_path: Path, model: str, target: str, calib: np.ndarray, name: str, *args: str) -> dict:
+    """``model`` compiled to INT8 for ``target`` on ``calib`` (saved as a .npy) into ``name`` + the target's suffix,
+    exit 0; its report."""
+    np.save(tmp_path / "calib.npy", calib)
+    out = tmp_path / f"{name}{TARGETS[target][0]}"
+    assert main(["compile", model, "--target", target, "--calib", str(tmp_path / "calib.npy"), "-o", str(out),
+                 *args]) == 0
+    return json.loads(out.with_name(out.name + ".report.json").read_text())
+
+
 def test_a_torchvision_model_without_weights_is_known_untrained():
     from npukit.frontend.spec import resolve_model
 
@@ -82,12 +96,7 @@ def test_fp32_artifact_matches_eager_torch(target, tmp_path):
 
 
 def test_int8_artifact_from_npukits_plan(target, tmp_path):
-    suffix, _ = TARGETS[target]
-    calib = tmp_path / "calib.npy"
-    np.save(calib, np.random.default_rng(0).normal(size=(12, 3, 32, 32)).astype(np.float32))
-    out = tmp_path / f"tiny_int8{suffix}"
-    assert main(["compile", "tinynet:tiny", "--target", target, "--calib", str(calib), "-o", str(out), *SHAPE]) == 0
-    report = json.loads(out.with_name(out.name + ".report.json").read_text())
+    report = _compile_int8(tmp_path, "tinynet:tiny", target, _normal(12, 32, 32), "tiny_int8", *SHAPE)
     results = report["results"]
     assert report["verdict"].endswith("(checked on the calibration samples: optimistic, the grids were fitted to them)")
     assert results["carried_plan"]["unmatched"] == [] and results["carried_plan"]["weights"] == 4
@@ -98,7 +107,7 @@ def test_int8_artifact_from_npukits_plan(target, tmp_path):
     else:  # int8 input and output tensors, quantized and dequantized for the caller by the runner
         assert results["lowered"]["int8_io"]
         assert results["lowered"]["delegated_ops"] >= 6
-    assert out.stat().st_size < 20_000  # int8 weights (the fp32 file of this net is larger)
+    assert (tmp_path / f"tiny_int8{TARGETS[target][0]}").stat().st_size < 20_000  # int8 weights (fp32's: larger)
 
 
 @pytest.mark.parametrize("form", ["pt2", "torchscript"])
@@ -130,12 +139,9 @@ def test_int8_segmenter_with_a_concatenated_skip(target, tmp_path):
     block that also feeds the next conv): ExecuTorch's own sharing put both on the ReLU's grid (negative values
     clipped: 1.5 dB, mIoU 0.22) and LiteRT's converter refused the requantized edge (exit 2); both now hold the task
     check near the ONNX plan's 33 dB."""
-    calib = tmp_path / "calib.npy"
-    np.save(calib, np.random.default_rng(0).uniform(size=(16, 3, 64, 64)).astype(np.float32))
-    out = tmp_path / f"seg{TARGETS[target][0]}"
-    assert main(["compile", "tinynet:tinyseg", "--target", target, "--calib", str(calib), "-o", str(out),
-                 "--input-shape", "1,3,64,64", "--task", "segment"]) == 0
-    results = json.loads(out.with_name(out.name + ".report.json").read_text())["results"]
+    calib = np.random.default_rng(0).uniform(size=(16, 3, 64, 64)).astype(np.float32)
+    results = _compile_int8(tmp_path, "tinynet:tinyseg", target, calib, "seg", "--input-shape", "1,3,64,64",
+                            "--task", "segment")["results"]
     assert results["task_check"]["result"]["metrics"]["miou"] > 0.9
     assert min(o["sqnr_db"] for o in results["task_check"]["result"]["outputs"]) > 25
 
@@ -143,12 +149,7 @@ def test_int8_segmenter_with_a_concatenated_skip(target, tmp_path):
 def test_int8_dense_block_whose_features_feed_every_later_concatenation(target, tmp_path):
     """DenseNet's pattern (LiteRT's converter refused it: a feature widened for one concatenation was set again by
     the next): one grid per block, checked."""
-    calib = tmp_path / "calib.npy"
-    np.save(calib, np.random.default_rng(0).normal(size=(16, 3, 32, 32)).astype(np.float32))
-    out = tmp_path / f"dense{TARGETS[target][0]}"
-    assert main(["compile", "tinynet:tinydense", "--target", target, "--calib", str(calib), "-o", str(out),
-                 *SHAPE]) == 0
-    results = json.loads(out.with_name(out.name + ".report.json").read_text())["results"]
+    results = _compile_int8(tmp_path, "tinynet:tinydense", target, _normal(16, 32, 32), "dense", *SHAPE)["results"]
     assert min(o["sqnr_db"] for o in results["task_check"]["result"]["outputs"]) > 25
 
 
@@ -270,11 +271,6 @@ def test_a_module_object_compiles_as_a_spec_does(tmp_path, capsys):
 def test_int8_linear_over_a_sequence_carries_its_weights(target, tmp_path):
     """A Linear over a (B, T, C) tensor (CRNN heads): ORT fuses it into Reshape -> Gemm -> Reshape, and the plan was
     refused as not carried (exit 2) for every mobile target; now the Gemm's grid is found through the views."""
-    suffix, _ = TARGETS[target]
-    calib = tmp_path / "calib.npy"
-    np.save(calib, np.random.default_rng(0).normal(size=(12, 3, 16, 32)).astype(np.float32))
-    out = tmp_path / f"seq{suffix}"
-    assert main(["compile", "tinynet:tinyseq", "--target", target, "--calib", str(calib), "-o", str(out),
-                 "--input-shape", "1,3,16,32", "--task", "generic"]) == 0
-    results = json.loads(out.with_name(out.name + ".report.json").read_text())["results"]
+    results = _compile_int8(tmp_path, "tinynet:tinyseq", target, _normal(12, 16, 32), "seq",
+                            "--input-shape", "1,3,16,32", "--task", "generic")["results"]
     assert results["carried_plan"]["unmatched"] == [] and results["carried_plan"]["weights"] == 3

@@ -129,7 +129,7 @@ def test_reference_weights_make_the_shift_the_whole_remaining_error() -> None:
     result = correct_bias(rounded, samples, plan=scheme_plan(config), reference_weights=original)
     expected = _channel_means(rounded, "c1", samples) - _channel_means(model, "c1", samples)
     np.testing.assert_allclose(result.shifts["conv1"], expected, rtol=1e-3, atol=1e-5)
-    plain = correct_bias(rounded, samples, plan=scheme_plan(config))  # against its own weights: only re-rounding is left
+    plain = correct_bias(rounded, samples, plan=scheme_plan(config))  # against its own weights: re-rounding alone
     assert np.abs(plain.shifts["conv1"]).max() < 1e-5 < np.abs(expected).max()
 
 

@@ -29,7 +29,7 @@ from npukit.frontend.shapes import fix_input_shape
 from npukit.frontend.spec import ModelSource
 from npukit.frontend.verify import flatten_outputs, seeded_samples, stack_samples, verify_against_torch
 from npukit.measure.compare import OutputErrors, compare_outputs
-from npukit.runtime.ort import make_session, random_feeds, run
+from npukit.runtime.ort import batch_problem, make_session, random_feeds, run
 
 ExporterName = Literal["dynamo", "torchscript", "passthrough"]
 
@@ -215,8 +215,8 @@ def _run_dynamo(module: torch.nn.Module, example: tuple[torch.Tensor, ...], inpu
     dynamic_shapes = tuple({0: "batch"} for _ in example) if config.dynamic_batch else None
     with _quiet():
         program = torch.onnx.export(
-            module, example, dynamo=True, external_data=False, opset_version=config.opset or DEFAULT_OPSET, optimize=True,
-            input_names=input_names, output_names=output_names, dynamic_shapes=dynamic_shapes,
+            module, example, dynamo=True, external_data=False, opset_version=config.opset or DEFAULT_OPSET,
+            optimize=True, input_names=input_names, output_names=output_names, dynamic_shapes=dynamic_shapes,
         )
     return program.model
 
@@ -227,8 +227,9 @@ def _run_torchscript(module: torch.nn.Module, example: tuple[torch.Tensor, ...],
     path = work / "torchscript.onnx"
     with _quiet():
         torch.onnx.export(
-            module, example, str(path), dynamo=False, opset_version=min(config.opset or DEFAULT_OPSET, TORCHSCRIPT_MAX_OPSET),
-            input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes, do_constant_folding=True,
+            module, example, str(path), dynamo=False,
+            opset_version=min(config.opset or DEFAULT_OPSET, TORCHSCRIPT_MAX_OPSET), input_names=input_names,
+            output_names=output_names, dynamic_axes=dynamic_axes, do_constant_folding=True,
         )
     return onnx.load_model(str(path))
 
@@ -327,9 +328,8 @@ def _passthrough(source: ModelSource, staged: Path, *, config: ExportConfig) -> 
 
 
 def _check_batch(model: onnx.ModelProto, shape: tuple[int, ...], *, config: ExportConfig) -> None:
-    """With --dynamic-batch: the model run on two samples at once must give each what it gives it alone. A graph
-    that keeps a batch of 1 inside (a Reshape to a constant [1, -1, C], as YOLOX and PicoDet exports have) runs at
-    batch 2 but folds the second sample into another axis: an InputError, as the torch path refuses such a model."""
+    """With --dynamic-batch: the model run on two samples at once must give each what it gives it alone
+    (``runtime.ort.batch_problem``): one that does not is an InputError, as the torch path refuses such a model."""
     session = make_session(model)
     inputs = session.get_inputs()
     if len(inputs) != 1:  # only the first input is made batch-dynamic: the others' batch stays the model's own
@@ -337,27 +337,11 @@ def _check_batch(model: onnx.ModelProto, shape: tuple[int, ...], *, config: Expo
                          f"{len(inputs)} inputs, whose batches cannot be checked together that way",
                          hint="export it without --dynamic-batch, or re-export it from its source with a dynamic "
                               "batch")
-    name, one = inputs[0].name, (1, *shape[1:])
-    singles = [random_feeds(session, seed=config.seed + i, shapes={name: one}) for i in range(2)]
-    alone = [run(session, feeds) for feeds in singles]
-    what = "--dynamic-batch: the model run on 2 samples at once"
-    hint = ("export it without --dynamic-batch (batch 1), or re-export it from its source with a dynamic batch "
-            "(its graph fixes a batch of 1 inside)")
-    try:
-        together = run(session, {name: np.concatenate([feeds[name] for feeds in singles])})
-    except Exception as exc:  # noqa: BLE001 - ORT's refusal is the model's, said in one line
-        raise InputError(f"{what} fails in ONNX Runtime: {first_line(exc)}", hint=hint) from exc
-    for k, out in enumerate(session.get_outputs()):
-        want = np.concatenate([np.asarray(a[k]) for a in alone])
-        got = np.asarray(together[k])
-        if got.shape != want.shape:
-            raise InputError(f"{what} gives output {out.name!r} of shape {list(got.shape)}, not one row per sample "
-                             f"({list(want.shape)})", hint=hint)
-    errors = compare_outputs([np.concatenate([np.asarray(a[k]).reshape(-1) for a in alone])
-                              for k in range(len(alone[0]))], [np.asarray(t).reshape(-1) for t in together])
-    if not errors.within(config.rtol):
-        raise InputError(f"{what} does not give each sample what it gives it alone (max abs error "
-                         f"{errors.max_abs:.3g})", hint=hint)
+    problem = batch_problem(session, {inputs[0].name: (1, *shape[1:])}, seed=config.seed, rtol=config.rtol)
+    if problem:
+        raise InputError(f"--dynamic-batch: {problem}",
+                         hint="export it without --dynamic-batch (batch 1), or re-export it from its source with a "
+                              "dynamic batch")
 
 
 def _accepts(model: onnx.ModelProto, shape: tuple[int, ...]) -> bool:

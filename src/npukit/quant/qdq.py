@@ -44,8 +44,8 @@ from npukit.quant.config import QuantConfig, Recipe
 from npukit.quant.cpu.conv_kernel import choose_conv_kernels, require_exact_move
 from npukit.quant.cpu.float_head import HeadChoice, choose_float_head
 from npukit.quant.cpu.pair_channels import pair_channels, pairing_pays
-from npukit.quant.cpu.schemes import (PAIR_BOUNDED, STEM_MAX_K, pair_bounded, pair_bounded_scale, reduced_weight_range, stem_convs,
-                                      weight_rows)
+from npukit.quant.cpu.schemes import (PAIR_BOUNDED, STEM_MAX_K, pair_bounded, pair_bounded_scale, reduced_weight_range,
+                                      stem_convs, weight_rows)
 from npukit.quant.emit.ort_float import FLOAT_INPUT, TAKEN_OPS, taken_by_ort
 from npukit.quant.emit.ort_qdq import emit_qdq, resolve_grids
 from npukit.quant.grids import weight_axis

@@ -38,7 +38,6 @@ import numpy as np
 import onnx
 
 from npukit.errors import InputError
-from npukit.frontend._messages import first_line
 from npukit.runtime.ort import ModelLike, make_session
 from npukit.runtime.pool import BoundBuffers, InputSignature, signatures
 from npukit.runtime.split import PREFERS
@@ -230,35 +229,15 @@ def batching_off(inputs: Sequence[InputSignature], max_batch: int) -> str:
 
 
 def batch_mismatch(session: Any, inputs: Sequence[InputSignature], rtol: float = 1e-4) -> str:
-    """Why requests stacked along the batch axis would not get their own results, or "": two seeded requests run
-    together must give each what it gives alone. A graph that keeps a batch of 1 inside (a Reshape to a constant
-    [1, -1, C], as YOLOX and PicoDet exports have) runs at batch 2 but folds the second request into another axis:
-    the runtime handed one request both results and the other an empty array."""
-    from npukit.measure.compare import compare_outputs
-    from npukit.runtime.ort import random_feeds
+    """Why requests stacked along the batch axis would not get their own results (``runtime.ort.batch_problem``:
+    the runtime handed one request both results of such a model and the other an empty array), or ""."""
+    from npukit.runtime.ort import batch_problem
 
-    one = {s.name: (1, *s.shape[1:]) for s in inputs}
     try:
-        singles = [random_feeds(session, seed=i, shapes=one) for i in range(2)]
+        problem = batch_problem(session, {s.name: (1, *s.shape[1:]) for s in inputs}, rtol=rtol)
     except InputError:
         return ""  # not fed seeded inputs here (a symbolic size): the shapes are checked on every request
-    names = [o.name for o in session.get_outputs()]
-    alone = [[np.asarray(o) for o in session.run(names, feeds)] for feeds in singles]
-    try:
-        together = session.run(names, {k: np.concatenate([f[k] for f in singles]) for k in singles[0]})
-    except Exception as exc:  # noqa: BLE001 - the model does not run two requests at once
-        return f"batching off: the model fails on two requests at once ({first_line(exc)})"
-    for name, pair, got in zip(names, zip(*alone), together):
-        want = np.concatenate(pair)
-        if np.shape(got) != want.shape:
-            return (f"batching off: output {name!r} is {list(np.shape(got))} for two requests, not one row each "
-                    f"({list(want.shape)}): the graph keeps a batch of 1 inside")
-    errors = compare_outputs([np.concatenate([a[k].reshape(-1) for a in alone]) for k in range(len(names))],
-                             [np.asarray(t).reshape(-1) for t in together])
-    if not errors.within(rtol):
-        return ("batching off: two requests run together do not get what each gets alone (max abs error "
-                f"{errors.max_abs:.3g})")
-    return ""
+    return f"batching off: {problem}" if problem else ""
 
 
 class Runtime:

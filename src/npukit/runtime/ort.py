@@ -126,6 +126,33 @@ def run(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]) -> list[
     return [np.asarray(o) for o in session.run(None, dict(feeds))]
 
 
+def batch_problem(session: ort.InferenceSession, one: Mapping[str, Sequence[int]], *, seed: int = 0,
+                  rtol: float = 1e-4) -> str:
+    """Why two samples stacked along the batch axis do not each get what they get alone, or "": two seeded samples
+    (``one``: each input's shape for one sample) run together and one at a time. A graph that keeps a batch of 1
+    inside (a Reshape to a constant [1, -1, C], as YOLOX and PicoDet exports have) runs at batch 2 but folds the
+    second sample into another axis. A size ``one`` leaves open is an InputError (``random_feeds``'s)."""
+    from npukit.frontend._messages import first_line
+    from npukit.measure.compare import compare_outputs
+
+    singles = [random_feeds(session, seed=seed + i, shapes=one) for i in range(2)]
+    alone = [run(session, feeds) for feeds in singles]
+    try:
+        together = run(session, {k: np.concatenate([f[k] for f in singles]) for k in singles[0]})
+    except Exception as exc:  # noqa: BLE001 - ORT's refusal is the model's, said in one line
+        return f"the model fails on two samples at once ({first_line(exc)})"
+    for out, pair, got in zip(session.get_outputs(), zip(*alone), together):
+        want = np.concatenate(pair)
+        if got.shape != want.shape:
+            return (f"the model run on 2 samples at once gives output {out.name!r} of shape {list(got.shape)}, not "
+                    f"one row per sample ({list(want.shape)}): the graph keeps a batch of 1 inside")
+    errors = compare_outputs([np.concatenate([a[k].reshape(-1) for a in alone]) for k in range(len(together))],
+                             [t.reshape(-1) for t in together])
+    if not errors.within(rtol):
+        return f"two samples run at once do not get what each gets alone (max abs error {errors.max_abs:.3g})"
+    return ""
+
+
 def every_output(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], *,
                  save_to: Path | None = None) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """(shape, dtype) of every node output, and of each feed, as ONNX Runtime computes them on ``feeds``, with no

@@ -40,16 +40,15 @@ def export(
     from npukit.measure.summary import summarize
 
     spec = InputSpec.parse(input_shape)
-    onnx_file = isinstance(model, (str, Path)) and str(model).strip().lower().endswith(".onnx")
-    if onnx_file and exporter != "auto":
-        raise InputError(f"--exporter {exporter} chooses how a PyTorch model is exported; an .onnx file is passed "
-                         "through as it is", hint="drop --exporter (--opset converts the file, verified)")
     config = ExportConfig(input_shape=spec.first if spec else None, dynamic_batch=dynamic_batch,
                           opset=opset, exporter=exporter, rtol=rtol)
     output = check_output(output, source=model if isinstance(model, (str, Path)) else None)
     if not isinstance(model, (str, Path)) and config.input_shape is None:
         raise InputError("exporting a torch module needs an input shape", hint="pass input_shape=(1, 3, 224, 224)")
     source = source_of(model, weights=str(weights) if weights else None)
+    if source.kind == "onnx" and exporter != "auto":  # an ONNX model, told by its content as the spec is
+        raise InputError(f"--exporter {exporter} chooses how a PyTorch model is exported; an .onnx file is passed "
+                         "through as it is", hint="drop --exporter (--opset converts the file, verified)")
     if spec is not None and spec.first is None:
         name, shape = _export_input_shape(spec, source)
         config = dataclasses.replace(config, input_shape=shape, **({"input_name": name} if name else {}))
@@ -63,9 +62,10 @@ def export(
         add_opset_upgrade(report, result.opset_upgrade)
     if source.kind == "onnx":  # no torch model: the file as reshaped against the file as given, where it was
         converted = f"converted to opset {result.opset} (verified), " if config.opset is not None else ""
-        checked = converted + ("outputs not compared (the file as given, the ONNX checker passed)" if result.max_abs_error is None
-                   else "outputs against the file as given on seeded inputs (ONNX Runtime): max abs error "
-                        f"{short_number(result.max_abs_error)}, rel {short_number(result.max_rel_error)}")
+        checked = converted + (
+            "outputs not compared (the file as given, the ONNX checker passed)" if result.max_abs_error is None
+            else "outputs against the file as given on seeded inputs (ONNX Runtime): max abs error "
+                 f"{short_number(result.max_abs_error)}, rel {short_number(result.max_rel_error)}")
     else:
         checked = (f"outputs against torch's on seeded inputs: max abs error {short_number(result.max_abs_error)}, "
                    f"rel {short_number(result.max_rel_error)}")
