@@ -220,3 +220,13 @@ def test_one_npz_array_keyed_otherwise_feeds_the_one_input_and_says_so(tmp_path:
     with warnings.catch_warnings():
         warnings.simplefilter("error", readers.DataMapping)  # the same name: nothing to say
         open_dataset(tmp_path / "same.npz", preprocess=CFG, input_name="x")
+
+
+def test_a_file_that_is_not_npy_or_holds_objects_is_named_so(tmp_path: Path) -> None:
+    # numpy calls any file without its header "pickled (object) data" and points at allow_pickle, which the CLI has not
+    (tmp_path / "garbage.npy").write_text("not numpy")
+    with pytest.raises(InputError, match=r"garbage.npy is not a .npy file \(it has no NumPy header\)"):
+        open_dataset(tmp_path / "garbage.npy", preprocess=CFG, input_name="x")
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(InputError, match="objects.npy as a numeric array: it holds Python objects, not numbers"):
+        open_dataset(tmp_path / "objects.npy", preprocess=CFG, input_name="x")

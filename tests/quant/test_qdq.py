@@ -185,3 +185,22 @@ def test_per_channel_weights_need_opset_13() -> None:
         quantize(model, samples, config=QuantConfig())
     result = quantize(model, samples, config=QuantConfig(scheme=Scheme(per_channel=False)))
     ort.InferenceSession(result.model.SerializeToString())
+
+
+def test_elementwise_integer_kernels_do_not_make_float_convs_pass():
+    # a QAT model with 4-bit weights: ORT runs QLinearAdd/QLinearMul but computes every conv in float; the report
+    # once counted the elementwise kernels as "integer kernels" and the rule let such a model pass
+    from types import SimpleNamespace
+
+    from npukit.quant.qdq import integer_failures
+
+    float_convs = {"integer_ops": {"QLinearAdd": 7, "QLinearMul": 26}, "integer_compute": 0,
+                   "float_compute_after_dq": {"Conv": 52, "Gemm": 1}, "float_compute": {"Conv": 52, "Gemm": 1},
+                   "integer_fraction": 0.0}
+    result = SimpleNamespace(steps=SimpleNamespace(float_head_nodes=[]))
+    assert integer_failures(float_convs, result) == [
+        "no integer kernels: ORT runs all 53 conv/matmul nodes in float (try --per-tensor, or check the model's ops "
+        "with npukit analyze --target cpu)"]
+    integer_convs = dict(float_convs, integer_compute=52, integer_fraction=52 / 53)
+    assert integer_failures(integer_convs, result) == []
+    assert integer_failures(dict(float_convs, float_compute={}, float_compute_after_dq={}), result) == []

@@ -355,10 +355,16 @@ class DataMapping(UserWarning):
 
 
 def _open_npy(path: Path, *, input_name: str) -> ArrayDataset:
+    with open(path, "rb") as stream:
+        if stream.read(6) != b"\x93NUMPY":  # numpy would call any other file pickled data
+            raise InputError(f"{path} is not a .npy file (it has no NumPy header)",
+                             hint="save the samples with numpy.save, or give a folder of images")
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except ValueError as exc:
-        raise InputError(f"cannot read {path} as a numeric array: {exc}",
+        why = ("it holds Python objects, not numbers" if "pickled" in str(exc) or "Python objects" in str(exc)
+               else str(exc))
+        raise InputError(f"cannot read {path} as a numeric array: {why}",
                          hint="save a numeric array with numpy.save") from None
     _check_array(arr, path, input_name)
     return ArrayDataset(path, "npy", {input_name: arr}, None)

@@ -60,7 +60,7 @@ from npukit.quant.precision.tensor_precision import (TensorPlan, activation_pair
                                                      tied_groups)
 from npukit.quant.scoring import session_for
 from npukit.quant.steps import FloatConvsRecord, QuantSteps
-from npukit.runtime.ort import INTEGER_KERNELS, make_session
+from npukit.runtime.ort import INTEGER_COMPUTE_KERNELS, INTEGER_KERNELS, make_session
 
 FLOAT_COMPUTE_OPS = ("Conv", "FusedConv", "MatMul", "FusedMatMul", "Gemm", "FusedGemm")
 FLOAT_NEIGHBOUR = {AFTER: Decision("float_neighbour", "elementwise on float nodes' outputs only: quantized once, after "
@@ -849,8 +849,10 @@ def keep_decided_floats(config: QuantConfig, result: QuantResult) -> QuantConfig
 def integer_kernel_report(model: onnx.ModelProto) -> dict:
     """What ORT CPU actually runs after its optimizations: integer kernels vs float compute fed by DequantizeLinear.
 
-    Returns {"integer_ops": {op: count}, "float_compute_after_dq": {op: count}, "float_compute": {op: count},
-    "integer_fraction": integer kernels / (integer kernels + float Conv/MatMul/Gemm)}.
+    Returns {"integer_ops": {op: count}, "integer_compute": the conv/matmul kernels among them, "float_compute_after_dq":
+    {op: count}, "float_compute": {op: count}, "integer_fraction": integer conv/matmul kernels / (those + float
+    Conv/MatMul/Gemm)}. An elementwise integer kernel (QLinearAdd, QLinearMul, ...) beside convs computed in float
+    leaves the fraction at 0: the compute is float.
     """
     with tempfile.TemporaryDirectory(prefix="npukit-quant-") as tmp:
         path = Path(tmp) / "optimized.onnx"
@@ -861,28 +863,28 @@ def integer_kernel_report(model: onnx.ModelProto) -> dict:
     float_ops = [n for n in optimized.graph.node if n.op_type in FLOAT_COMPUTE_OPS]
     after_dq = collections.Counter(n.op_type for n in float_ops
                                    if any(index.producer_op(t) == "DequantizeLinear" for t in n.input))
-    heavy_integer = sum(v for k, v in integer.items() if k in ("QLinearConv", "ConvInteger", "QLinearMatMul",
-                                                               "MatMulInteger", "QGemm", "MatMulIntegerToFloat"))
+    heavy_integer = sum(v for k, v in integer.items() if k in INTEGER_COMPUTE_KERNELS)
     total = heavy_integer + len(float_ops)
     return {
         "integer_ops": dict(integer),
+        "integer_compute": heavy_integer,
         "float_compute_after_dq": dict(after_dq),
         "float_compute": dict(collections.Counter(n.op_type for n in float_ops)),
         "integer_fraction": heavy_integer / total if total else 0.0,
     }
 
 
-def integer_failures(kernels: dict, result: QuantResult, config: QuantConfig) -> list[str]:
-    """A quantized model that runs no integer kernel at all is a failure unless every node was excluded on
-    purpose; the float head's part in it is named."""
-    if kernels["integer_fraction"] > 0 or sum(kernels["integer_ops"].values()):
+def integer_failures(kernels: dict, result: QuantResult) -> list[str]:
+    """A quantized model whose convolutions and matrix products all run in float (elementwise integer kernels
+    beside them do not count) is a failure; the float head's part in it is named."""
+    if kernels["integer_compute"]:
         return []
     head = result.steps.float_head_nodes
-    floats = sum(kernels["float_compute_after_dq"].values()) + sum(kernels["float_compute"].values())
+    floats = sum(kernels["float_compute"].values())  # those fed by DequantizeLinear among them
     if not floats:
         return []  # nothing to run on integer kernels (no Conv, MatMul or Gemm)
-    if config.scheme.exclude and not head:
-        return []  # asked for: the user excluded the compute nodes
+    # (excluding every conv/matmul is refused before quantizing; a partial --exclude leaves the others to the
+    # integer kernels, so it excuses nothing here)
     why = f" (the float head left {len(head)} conv(s) in float: {', '.join(head)}; try --float-stem off)" if head \
         else " (try --per-tensor, or check the model's ops with npukit analyze --target cpu)"
     return [f"no integer kernels: ORT runs all {floats} conv/matmul nodes in float{why}"]

@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from npukit.report.core import Report
+from npukit.report.quantize import KERNEL_COLUMNS, kernel_row
 
 
 def rounded(value: Any, digits: int = 4) -> Any:
@@ -82,13 +83,10 @@ def add_comparison(report: Report, rows: dict[str, Any], latency: dict[str, Any]
     report.add_table(f"PTQ and QAT on the held-out samples ({metric} against the float model; ORT CPU latency, "
                      "interleaved medians)", ["model", metric, "worst output SQNR dB", "median ms", "x float",
                                               "bytes", "bytes deflated (zip)"], table)
-    integer = sum(kernels["integer_ops"].values())
-    note = ("" if integer else "no integer kernels: ORT CPU dequantizes these weights and computes in float "
-            "(smaller, not faster)")
-    report.add_table("What ORT runs (the QAT model)", ["integer kernels", "float compute fed by DequantizeLinear",
-                                                       "integer fraction", "note"],
-                     [[integer, sum(kernels["float_compute_after_dq"].values()),
-                       rounded(kernels["integer_fraction"], 3), note]])
+    compute = kernels["integer_compute"]
+    note = ("" if compute else "no integer conv/matmul kernel: ORT CPU dequantizes these weights and computes in "
+            "float (smaller, not faster)")
+    report.add_table("What ORT runs (the QAT model)", KERNEL_COLUMNS + ["note"], [kernel_row(kernels) + [note]])
 
 
 def add_sparsity_kept(report: Report, masks: dict[str, Any]) -> None:

@@ -109,10 +109,19 @@ def add_size_and_speed(report: Report, sizes: dict[str, int], latency: dict[str,
     rows = [[k, sizes[k], latency[k].median_ms, latency[k].median_ms / latency["float"].median_ms] for k in latency]
     report.add_table(f"Size and latency (ORT CPU, {threads} thread(s), interleaved medians of {runs})",
                      ["model", "size_bytes", "median ms", "latency vs float"], rows)
-    report.add_table("What ORT runs", ["integer kernels", "float compute fed by DequantizeLinear",
-                                       "integer fraction"],
-                     [[sum(kernels["integer_ops"].values()), sum(kernels["float_compute_after_dq"].values()),
-                       kernels["integer_fraction"]]])
+    report.add_table("What ORT runs", KERNEL_COLUMNS, [kernel_row(kernels)])
+
+
+KERNEL_COLUMNS = ["integer conv/matmul kernels", "other integer kernels", "float conv/matmul (fed by DequantizeLinear)",
+                  "integer fraction of conv/matmul"]
+
+
+def kernel_row(kernels: dict) -> list[Any]:
+    """One row of KERNEL_COLUMNS from ``npukit.quant.qdq.integer_kernel_report``."""
+    compute = kernels["integer_compute"]
+    floats = sum(kernels["float_compute"].values())
+    return [compute, sum(kernels["integer_ops"].values()) - compute,
+            f"{floats} ({sum(kernels['float_compute_after_dq'].values())})", round(kernels["integer_fraction"], 3)]
 
 
 def add_kernel_profile(report: Report, profiles: dict[str, Any], *, threads: int) -> None:

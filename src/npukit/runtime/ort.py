@@ -17,6 +17,9 @@ INTEGER_KERNELS = frozenset({"QLinearConv", "ConvInteger", "QLinearMatMul", "Mat
                              "QLinearMul", "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearConcat",
                              "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax", "MatMulIntegerToFloat",
                              "DynamicQuantizeMatMul"})
+# the integer kernels of the compute (convolutions and matrix products), where a quantized model's speed is
+INTEGER_COMPUTE_KERNELS = frozenset({"QLinearConv", "ConvInteger", "QLinearMatMul", "MatMulInteger", "QGemm",
+                                     "MatMulIntegerToFloat", "DynamicQuantizeMatMul"})
 
 _ORT_TO_NUMPY = {
     "tensor(float)": np.float32,

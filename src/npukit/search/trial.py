@@ -182,7 +182,7 @@ class TrialBuilder:
         model = result.model
         kernels = integer_kernel_report(model)
         outcome = self.compare(session_runner(make_session(model, threads=self.threads)))
-        failures = list(integer_failures(kernels, result, config))
+        failures = list(integer_failures(kernels, result))
         if not failures and kernels["integer_fraction"] == 0.0:
             failures.append("runs no integer kernel: nothing gained over the float model")
         verdict = judge(outcome, self.gate, what="trial", extra_failures=failures)

@@ -54,8 +54,13 @@ class Distillation:
                   "train": self.config.as_dict(), "data": self.samples.fingerprint()}
         fingerprint = hashlib.sha256(json.dumps(digest, sort_keys=True, default=str).encode()).hexdigest()
         classify = choice.name == "classify"
-        student = OnnxProgram(with_logits(trained_model, choice.output) if classify else trained_model)
-        teacher = OnnxProgram(with_logits(reference, choice.output) if classify else reference)
+        student_model, teacher_model = trained_model, reference
+        if classify:  # both on logits, or (where one's Softmax is not found) both on probabilities
+            student_model, teacher_model = with_logits(trained_model, choice.output), with_logits(reference,
+                                                                                                  choice.output)
+            if (student_model is trained_model) != (teacher_model is reference):
+                student_model, teacher_model = trained_model, reference
+        student, teacher = OnnxProgram(student_model), OnnxProgram(teacher_model)
         trainer = Trainer(student, teacher, self.samples.train, self.samples.labels, self.config,
                           classify_output=choice.output if classify else None,
                           checkpoint=checkpoint, fingerprint=fingerprint, validation=self.samples.validation,

@@ -338,8 +338,8 @@ class _Run:
         add_comparison(report, rows, latency, sizes, deflated, kernels, bits=self.config.weight_bits)
         failures = [] if export.exact else [f"the exported model differs from the training simulation by up to "
                                              f"{export.max_steps:.1f} steps at {export.worst_tensor} (layer by layer)"]
-        if self.config.weight_bits == 8 and not sum(kernels["integer_ops"].values()):
-            failures.append("no node runs on an integer kernel (ORT computes the whole model in float)")
+        if self.config.weight_bits == 8 and not kernels["integer_compute"]:
+            failures.append("no conv or matmul runs on an integer kernel (ORT computes them all in float)")
         verdict = judge(rows["QAT"], self.gate, what="qat", extra_failures=failures,
                         hint="train longer (--epochs), try --learn-scales, or 8-bit weights (--bits w8a8)")
         add_task_check(report, choice, rows["QAT"], self.gate, verdict, where=self.samples.held_from)

@@ -210,7 +210,7 @@ def quantize(
                  "calibration samples (no --data given: optimistic, the model was fitted to them)")
         choice, checked, _ = task_check(report, proto, result.model, check_samples(check, limit), task=task,
                                    gate=gate or QualityGate(), what="quantize", where=where, threads=threads,
-                                   extra_failures=integer_failures(kernels, result, config),
+                                   extra_failures=integer_failures(kernels, result),
                                    hint=_recipe_hint(config, result.steps.recipe) + slower)
     if slower and report.passed:  # a passing model that is not faster than the float one says so too
         report.set_verdict(report.verdict + slower, passed=True)

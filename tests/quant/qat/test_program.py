@@ -149,3 +149,23 @@ def test_with_logits_distills_on_what_a_last_axis_softmax_reads(axis, replaced):
         probs = OnnxProgram(model)({"x": torch.from_numpy(x)})[0]
         torch.testing.assert_close(torch.softmax(logits, -1), probs)
     assert with_logits(tiny_cnn(), 0) is not None and with_logits(tiny_cnn(), 0).graph.output[0].name == "y"
+
+
+@pytest.mark.parametrize("opset", [11, 14])
+def test_with_logits_finds_a_softmax_behind_shape_ops(opset):
+    # opset conversion writes an opset-11 Softmax as Flatten -> Softmax -> Reshape, Paddle ends in Identity: a
+    # substituted model and its original must both distill on the logits (one on probabilities, one on logits, and
+    # training pulled an exact substitute 100 dB away from the original)
+    model = tiny_cnn()
+    del model.opset_import[:]
+    model.opset_import.append(helper.make_opsetid("", opset))
+    model.graph.output[0].name = "out"
+    model.graph.initializer.append(numpy_helper.from_array(np.array([1, 5], np.int64), "shape"))
+    model.graph.node.extend([helper.make_node("Flatten", ["y"], ["flat"], axis=1),
+                             helper.make_node("Softmax", ["flat"], ["p"], axis=1 if opset < 13 else -1),
+                             helper.make_node("Reshape", ["p", "shape"], ["p2"]),
+                             helper.make_node("Identity", ["p2"], ["out"])])
+    out = with_logits(model, 0)
+    assert out is not model and out.graph.output[0].name == "flat"
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((1, 4, 8, 8)).astype(np.float32))
+    torch.testing.assert_close(torch.softmax(OnnxProgram(out)({"x": x})[0], -1), OnnxProgram(model)({"x": x})[0])

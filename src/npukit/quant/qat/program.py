@@ -161,19 +161,47 @@ def with_trained_weights(model: onnx.ModelProto, program: OnnxProgram) -> onnx.M
     return out
 
 
+_VIEWS = ("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze")  # the same values in another shape
+
+
 def with_logits(model: onnx.ModelProto, output: int) -> onnx.ModelProto:
-    """``model`` with graph output ``output`` replaced by the logits its Softmax (over the last axis) reads, when
-    that output is a Softmax's; else ``model`` itself. Distillation on the logits keeps its gradients where a
-    confident Softmax rounds its probabilities to 0 (and the softened targets are what they should be)."""
-    name = model.graph.output[output].name
-    node = next((n for n in model.graph.node if name in n.output), None)
+    """``model`` with graph output ``output`` replaced by the logits its Softmax (over the last axis, or per sample)
+    reads, when that output is a Softmax's, directly or through ops that only change its shape (opset conversion
+    writes an opset-11 Softmax as Flatten -> Softmax -> Reshape, a Paddle export ends in Identity); else ``model``
+    itself. Distillation on the logits keeps its gradients where a confident Softmax rounds its probabilities to 0
+    (and the softened targets are what they should be)."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    node = producers.get(model.graph.output[output].name)
+    while node is not None and node.op_type in _VIEWS and node.domain in ("", "ai.onnx"):
+        node = producers.get(node.input[0])
     if node is None or node.op_type != "Softmax" or node.domain not in ("", "ai.onnx"):
         return model
-    axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
-    rank = len(model.graph.output[output].type.tensor_type.shape.dim)
-    if axis not in (-1, rank - 1) or not rank:
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    axis = next((a.i for a in node.attribute if a.name == "axis"), -1 if opset >= 13 else 1)
+    rank = _rank(model, node.input[0])
+    per_sample = opset < 13 and axis == 1  # before opset 13: a softmax over everything after the batch axis
+    if not per_sample and (rank is None or axis not in (-1, rank - 1)):
         return model
     out = onnx.ModelProto()
     out.CopyFrom(model)
     out.graph.output[output].CopyFrom(helper.make_tensor_value_info(node.input[0], onnx.TensorProto.FLOAT, None))
     return out
+
+
+def _rank(model: onnx.ModelProto, name: str) -> int | None:
+    """The rank of tensor ``name`` as declared or as ONNX shape inference finds it (None: unknown)."""
+    def declared(infos: Any) -> int | None:
+        info = next((v for v in infos if v.name == name), None)
+        if info is None or not info.type.tensor_type.HasField("shape"):
+            return None
+        return len(info.type.tensor_type.shape.dim)
+
+    graph = model.graph
+    found = declared([*graph.input, *graph.output, *graph.value_info])
+    if found is None:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model).graph
+        except Exception:  # noqa: BLE001 - a model inference cannot follow: the rank stays unknown
+            return None
+        found = declared(inferred.value_info)
+    return found

@@ -84,7 +84,8 @@ class QatConfig:
         require(all(4 <= b <= 8 for b in schedule) and list(schedule) == sorted(schedule, reverse=True)
                 and schedule[-1] == self.weight_bits,
                 f"bit schedule {list(schedule)} must go down from at most 8 and end at {self.weight_bits}",
-                "e.g. 8,6,4 for 4-bit weights")
+                "e.g. 8,6,4 for 4-bit weights" if self.weight_bits == 4
+                else "8-bit weights train at 8 bits throughout: leave the schedule out")
         object.__setattr__(self, "schedule", schedule)
         require(self.epochs >= 1, f"epochs {self.epochs} must be at least 1", "3 is the default")
         require(self.batch_size >= 1, f"batch size {self.batch_size} must be at least 1", "16 is the default")
