@@ -200,3 +200,14 @@ def test_torchvision_mobilenet_v3_small(tmp_path: Path) -> None:
     assert result.exporter == "dynamo" and result.passed
     assert result.max_rel_error is not None and result.max_rel_error <= 1e-4
     assert result.input_shape == (1, 3, 224, 224) and result.output_names == ("output",)
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_a_torch_model_that_mixes_its_batch_fails_dynamic_batch(factories: str, tmp_path: Path, exporter: str) -> None:
+    # the export was checked at batch 1 only: a model whose samples depend on each other passed --dynamic-batch
+    out = tmp_path / "mix.onnx"
+    with pytest.raises(InputError, match="--dynamic-batch: ") as caught:
+        export_model(resolve_model(f"{factories}:BatchMixer"), out,
+                     config=ExportConfig(exporter=exporter, dynamic_batch=True))
+    assert "x.flatten(1)" in caught.value.hint and not out.exists() and list(tmp_path.iterdir()) == []
+    assert export_model(resolve_model(f"{factories}:BatchMixer"), out, config=ExportConfig(exporter=exporter)).passed

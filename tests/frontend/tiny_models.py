@@ -50,6 +50,20 @@ class SignBranch(torch.nn.Module):
         return y - 1.0
 
 
+class BatchMixer(torch.nn.Module):
+    """Each sample's output depends on the others in its batch (a batch statistic): traces at any batch size, and
+    a batch of two does not give what each sample gives alone."""
+
+    example_input_shape = (1, 6)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x - x.mean(0, keepdim=True))
+
+
 def tiny_cnn() -> TinyCNN:
     torch.manual_seed(0)
     return TinyCNN()

@@ -158,6 +158,10 @@ def _export_torch(source: ModelSource, staged: Path, work: Path, *, config: Expo
                                                            samples=config.verify_samples, seed=config.seed)
     except NumericCheckError:
         errors = None
+    if config.dynamic_batch:  # a trace may still bake the batch into a Reshape: run two samples at once
+        _check_batch(onnx.load(str(staged)), tuple(shape), config=config,
+                     hint="the model's forward fixes its batch (e.g. x.view(1, -1)): write x.flatten(1) or "
+                          "x.view(x.size(0), -1), or export without --dynamic-batch")
     return {
         "exporter": exporter,
         "fallback_reason": fallback_reason,
@@ -327,9 +331,11 @@ def _passthrough(source: ModelSource, staged: Path, *, config: ExportConfig) -> 
     }
 
 
-def _check_batch(model: onnx.ModelProto, shape: tuple[int, ...], *, config: ExportConfig) -> None:
+def _check_batch(model: onnx.ModelProto, shape: tuple[int, ...], *, config: ExportConfig,
+                 hint: str = "export it without --dynamic-batch (batch 1), or re-export it from its source with a "
+                             "dynamic batch") -> None:
     """With --dynamic-batch: the model run on two samples at once must give each what it gives it alone
-    (``runtime.ort.batch_problem``): one that does not is an InputError, as the torch path refuses such a model."""
+    (``runtime.ort.batch_problem``): one that does not is an InputError (exit 2, nothing written)."""
     session = make_session(model)
     inputs = session.get_inputs()
     if len(inputs) != 1:  # only the first input is made batch-dynamic: the others' batch stays the model's own
@@ -339,9 +345,7 @@ def _check_batch(model: onnx.ModelProto, shape: tuple[int, ...], *, config: Expo
                               "batch")
     problem = batch_problem(session, {inputs[0].name: (1, *shape[1:])}, seed=config.seed, rtol=config.rtol)
     if problem:
-        raise InputError(f"--dynamic-batch: {problem}",
-                         hint="export it without --dynamic-batch (batch 1), or re-export it from its source with a "
-                              "dynamic batch")
+        raise InputError(f"--dynamic-batch: {problem}", hint=hint)
 
 
 def _accepts(model: onnx.ModelProto, shape: tuple[int, ...]) -> bool:

@@ -69,6 +69,8 @@ def export(
     else:
         checked = (f"outputs against torch's on seeded inputs: max abs error {short_number(result.max_abs_error)}, "
                    f"rel {short_number(result.max_rel_error)}")
+    if config.dynamic_batch:
+        checked += "; batch dynamic: two samples at once give what each gives alone"
     report.set_verdict(f"{'PASS' if result.passed else 'FAIL'} export: {source.description} with the "
                        f"{result.exporter} exporter, {checked} (rtol {config.rtol:g})", passed=result.passed)
     note_untrained(report, source)
