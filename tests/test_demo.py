@@ -49,3 +49,15 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     for name in ("mobilenet_v2.onnx", "mobilenet_v2.opt.onnx", "mobilenet_v2.int8.onnx"):
         onnx.checker.check_model(onnx.load(str(tmp_path / name)))
     assert "What the INT8 model sees" in capsys.readouterr().out
+
+
+def test_demo_into_a_file_or_an_unwritable_place_is_refused(tmp_path, capsys):
+    # was "internal error: FileExistsError", exit 1
+    afile = tmp_path / "afile"
+    afile.write_text("hi")
+    assert main(["demo", "-o", str(afile), "--runs", "2", "--no-html"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "afile is a file: the demo writes its models and report into a folder" in err and "\n" not in err
+    assert main(["demo", "-o", str(afile / "sub"), "--runs", "2", "--no-html"]) == 2
+    assert "afile is a file, not a folder" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"] and afile.read_text() == "hi"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from npukit.errors import InputError
 from npukit.report.core import Report
 from npukit.report.demo import add_models, add_predictions, add_stage
 from npukit.report.finish import finish
@@ -38,7 +39,13 @@ def run_demo(output_dir: Path, *, threads: int = 1, runs: int = 50, html: bool =
     from npukit.data.embedded import calibration_and_evaluation_sets, default_model_weights
     from npukit.measure.size import model_size
 
+    from npukit._atomic import check_writes
+
     output_dir = Path(output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise InputError(f"{output_dir} is a file: the demo writes its models and report into a folder",
+                         hint="name a folder with -o (a new one is made)")
+    check_writes([output_dir / "demo.report.json"], [])  # a folder this process can create files in
     output_dir.mkdir(parents=True, exist_ok=True)
     weights = default_model_weights()
     report = Report("demo", title="npukit demo: MobileNetV2 (official ImageNet weights) on real photos",

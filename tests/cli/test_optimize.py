@@ -92,6 +92,19 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tiny, tmp_path, capsys
     assert _files(tmp_path) == []
 
 
+def test_calibration_data_given_again_as_held_out_data_is_refused(tiny, tmp_path, capsys) -> None:
+    # the search judged every recipe on the samples it calibrated on and called them held-out
+    data = tiny.with_name("data.npy")
+    copy = tmp_path / "copy.npy"
+    copy.write_bytes(data.read_bytes())  # another name, the same bytes
+    for calib in (data, copy):
+        assert main(["optimize", str(tiny), "-o", str(tmp_path / "b.onnx"), "--data", str(data), "--calib",
+                     str(calib)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "are the same data" in err and "leave --calib out" in err and "\n" not in err
+    assert _files(tmp_path) == ["copy.npy"]
+
+
 def test_an_output_folder_is_made_as_for_every_verb(tiny, tmp_path) -> None:
     out = tmp_path / "new" / "best.onnx"
     assert main(["optimize", str(tiny), "-o", str(out), "--data", str(tiny.with_name("data.npy")), "--trials", "1",

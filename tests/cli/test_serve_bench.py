@@ -138,6 +138,9 @@ def test_serve_bench_fixes_a_given_input_shape_and_asks_for_one_it_needs(tmp_pat
                  "--max-workers", "1", "--report", str(report)]) == 0
     data = json.loads(report.read_text())
     assert data["config"]["input_shape"] and data["results"]["serving"]["single"]["pool"]["completed"] > 0
+    # the model's symbolic batch stays symbolic: the sizes given are one request's (the batch was fixed to 1 and the
+    # report said "export it with --dynamic-batch")
+    assert not data["results"]["serving"]["batching"]["note"]
     assert main(["serve-bench", str(tmp_path / "nope.onnx")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["serve-bench", str(path), "--input-shape", "1,3,8,8", "--bucket", "1,3,8,8"]) == 2

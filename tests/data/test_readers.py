@@ -230,3 +230,16 @@ def test_a_file_that_is_not_npy_or_holds_objects_is_named_so(tmp_path: Path) -> 
     np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
     with pytest.raises(InputError, match="objects.npy as a numeric array: it holds Python objects, not numbers"):
         open_dataset(tmp_path / "objects.npy", preprocess=CFG, input_name="x")
+
+
+def test_same_data_by_path_or_by_bytes(tmp_path: Path) -> None:
+    from npukit.data.readers import same_data
+
+    np.save(tmp_path / "a.npy", np.zeros((2, 3), np.float32))
+    (tmp_path / "b.npy").write_bytes((tmp_path / "a.npy").read_bytes())
+    np.save(tmp_path / "c.npy", np.ones((2, 3), np.float32))
+    assert same_data(tmp_path / "a.npy", str(tmp_path / "a.npy")) and same_data(tmp_path / "a.npy", tmp_path / "b.npy")
+    assert not same_data(tmp_path / "a.npy", tmp_path / "c.npy") and not same_data(tmp_path / "a.npy", None)
+    assert not same_data(tmp_path / "a.npy", tmp_path / "missing.npy") and same_data(tmp_path, tmp_path)
+    array = np.zeros(3)
+    assert same_data(array, array) and not same_data(array, np.zeros(3))

@@ -289,6 +289,27 @@ def open_dataset(path: str | Path | np.ndarray, *, preprocess: PreprocessConfig,
 IN_MEMORY = Path("(the array given)")  # how messages name an array passed in Python
 
 
+def same_data(a: str | Path | np.ndarray | None, b: str | Path | np.ndarray | None) -> bool:
+    """Whether two data arguments name the same data: the same path, or two files with the same bytes (the
+    calibration file given again as held-out data makes a check optimistic, whatever it is called)."""
+    if a is None or b is None or isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return a is not None and a is b
+    pa, pb = Path(str(a)), Path(str(b))
+    if not (pa.exists() and pb.exists()):
+        return False
+    if pa.resolve() == pb.resolve():
+        return True
+    if not (pa.is_file() and pb.is_file()) or pa.stat().st_size != pb.stat().st_size:
+        return False
+    import hashlib
+
+    def digest(path: Path) -> str:
+        with open(path, "rb") as stream:
+            return hashlib.file_digest(stream, "sha256").hexdigest()
+
+    return digest(pa) == digest(pb)
+
+
 def _open_image_folder(folder: Path, *, preprocess: PreprocessConfig, input_name: str) -> ImageDataset:
     found = [p for p in folder.rglob("*")
              if p.suffix.lower() in IMAGE_SUFFIXES and not _hidden(p.relative_to(folder)) and p.is_file()]

@@ -367,12 +367,22 @@ def fixed_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
 
 
 def load_with_inputs(path: Any, spec: InputSpec | str | Sequence[Any] | Mapping[str, Any] | None, *,
-                     needs: str | None = None, allow_batch: bool = True) -> onnx.ModelProto:
+                     needs: str | None = None, allow_batch: bool = True,
+                     keep_batch: bool = False) -> onnx.ModelProto:
     """Load the ONNX model at ``path`` with ``spec``'s shapes fixed into it first; with ``needs`` (what needs static
-    shapes, for the message) a model left with symbolic dimensions is an InputError naming them and the flag."""
+    shapes, for the message) a model left with symbolic dimensions is an InputError naming them and the flag.
+    ``keep_batch``: where every input the spec sizes has a symbolic batch (axis 0), it stays symbolic (a server
+    batches requests on it); the spec fixes the other dimensions."""
     from npukit.frontend.onnx_io import load_onnx
 
-    model = apply_input_spec(load_onnx(path), InputSpec.parse(spec))
+    model = load_onnx(path)
+    parsed = InputSpec.parse(spec)
+    symbolic = False
+    if keep_batch and parsed is not None:
+        declared = input_dims(model)
+        given = parsed.resolve(model, override_static=True)
+        symbolic = bool(given) and all(declared.get(name) and isinstance(declared[name][0], str) for name in given)
+    model = apply_input_spec(model, parsed, dynamic_batch=symbolic)
     if needs:
         require_static(model, needs=needs, allow_batch=allow_batch)
     return model

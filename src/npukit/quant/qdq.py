@@ -850,9 +850,9 @@ def integer_kernel_report(model: onnx.ModelProto) -> dict:
     """What ORT CPU actually runs after its optimizations: integer kernels vs float compute fed by DequantizeLinear.
 
     Returns {"integer_ops": {op: count}, "integer_compute": the conv/matmul kernels among them, "float_compute_after_dq":
-    {op: count}, "float_compute": {op: count}, "integer_fraction": integer conv/matmul kernels / (those + float
-    Conv/MatMul/Gemm)}. An elementwise integer kernel (QLinearAdd, QLinearMul, ...) beside convs computed in float
-    leaves the fraction at 0: the compute is float.
+    {op: count}, "float_compute": {op: count}, "float_compute_16bit": the float ones fed by or quantized onto a
+    16-bit grid, "integer_fraction": integer conv/matmul kernels / (those + float Conv/MatMul/Gemm)}. An elementwise
+    integer kernel (QLinearAdd, QLinearMul, ...) beside convs computed in float leaves the fraction at 0.
     """
     with tempfile.TemporaryDirectory(prefix="npukit-quant-") as tmp:
         path = Path(tmp) / "optimized.onnx"
@@ -863,6 +863,8 @@ def integer_kernel_report(model: onnx.ModelProto) -> dict:
     float_ops = [n for n in optimized.graph.node if n.op_type in FLOAT_COMPUTE_OPS]
     after_dq = collections.Counter(n.op_type for n in float_ops
                                    if any(index.producer_op(t) == "DequantizeLinear" for t in n.input))
+    wide = sum(1 for n in float_ops if any(_dequantizes_16_bit(index, t) for t in n.input)
+               or any(_quantizes_16_bit(index, c) for o in n.output for c in index.consumer_nodes(o)))
     heavy_integer = sum(v for k, v in integer.items() if k in INTEGER_COMPUTE_KERNELS)
     total = heavy_integer + len(float_ops)
     return {
@@ -870,19 +872,44 @@ def integer_kernel_report(model: onnx.ModelProto) -> dict:
         "integer_compute": heavy_integer,
         "float_compute_after_dq": dict(after_dq),
         "float_compute": dict(collections.Counter(n.op_type for n in float_ops)),
+        "float_compute_16bit": wide,  # fed by or quantized onto a 16-bit grid
         "integer_fraction": heavy_integer / total if total else 0.0,
     }
 
 
+def _dequantizes_16_bit(index: GraphIndex, tensor: str) -> bool:
+    """Whether ``tensor`` is a DequantizeLinear's output from a 16-bit grid (its zero point's type): a conv fed so
+    computes in float by the plan's choice (ORT has no 16-bit integer conv)."""
+    node = index.producer_node(tensor)
+    if node is None or node.op_type != "DequantizeLinear" or len(node.input) < 3:
+        return False
+    return _zero_point_16_bit(index, node)
+
+
+def _quantizes_16_bit(index: GraphIndex, node: onnx.NodeProto) -> bool:
+    """Whether ``node`` is a QuantizeLinear onto a 16-bit grid (a conv whose output is quantized so has no 8-bit
+    integer kernel either)."""
+    return node.op_type == "QuantizeLinear" and len(node.input) >= 3 and _zero_point_16_bit(index, node)
+
+
+def _zero_point_16_bit(index: GraphIndex, node: onnx.NodeProto) -> bool:
+    zero = index.initializers.get(node.input[2])
+    return zero is not None and zero.data_type in (onnx.TensorProto.UINT16, onnx.TensorProto.INT16)
+
+
 def integer_failures(kernels: dict, result: QuantResult) -> list[str]:
     """A quantized model whose convolutions and matrix products all run in float (elementwise integer kernels
-    beside them do not count) is a failure; the float head's part in it is named."""
+    beside them do not count) is a failure, unless 16-bit activations the plan chose account for them (with the
+    float head); the float head's part in it is named."""
     if kernels["integer_compute"]:
         return []
     head = result.steps.float_head_nodes
     floats = sum(kernels["float_compute"].values())  # those fed by DequantizeLinear among them
     if not floats:
         return []  # nothing to run on integer kernels (no Conv, MatMul or Gemm)
+    wide = kernels.get("float_compute_16bit", 0)
+    if wide and wide + len(head) >= floats:
+        return []  # 16-bit activations where the plan (an int16 budget, mixed precision) asked for them
     # (excluding every conv/matmul is refused before quantizing; a partial --exclude leaves the others to the
     # integer kernels, so it excuses nothing here)
     why = f" (the float head left {len(head)} conv(s) in float: {', '.join(head)}; try --float-stem off)" if head \

@@ -141,6 +141,13 @@ class _Inputs:
     def open(cls, model: str | Path, data: str | Path, calib: str | Path | None, input_shape: Any,
              preprocess: PreprocessConfig, max_samples: int | None, *, torch_program: bool = False,
              weights: str | Path | None = None) -> _Inputs:
+        from npukit.data.readers import same_data
+
+        if same_data(calib, data):
+            raise InputError(f"--calib {calib} and --data {data} are the same data: every recipe would be judged on "
+                             "the samples it was calibrated on, and the budget check would be optimistic",
+                             hint="give held-out samples in --data, or leave --calib out (the first half of --data "
+                                  "calibrates, the second half judges)")
         source = None
         if torch_program:
             source, proto, spec = _torch_program(model, input_shape, weights, data)

@@ -198,6 +198,7 @@ def quantize(
     add_steps(report, result.steps)
     kernels, latency = _measure(report, result, samples, {"float": timed_float, "int8": str(output)},
                                 {"float": model, "int8": output}, threads=threads, runs=runs)
+    from npukit.data.readers import same_data
     from npukit.measure.task_fidelity import check_samples
     from npukit.quant.qdq import integer_failures
 
@@ -205,9 +206,11 @@ def quantize(
     with step("task check against the float model", timings=report.timings, key="task_check"):
         check = evaluation if evaluation is not None else samples
         limit = (max_samples or len(check)) if evaluation is not None else CHECK_SAMPLES
-        where = (f"held-out data {Path(str(data)).name if isinstance(data, (str, Path)) else '(given in memory)'}"
-                 if evaluation is not None else
-                 "calibration samples (no --data given: optimistic, the model was fitted to them)")
+        where = ("calibration samples (no --data given: optimistic, the model was fitted to them)"
+                 if evaluation is None else
+                 "calibration samples (--data is the --calib data again: optimistic, the model was fitted to them)"
+                 if same_data(data, calib) else
+                 f"held-out data {Path(str(data)).name if isinstance(data, (str, Path)) else '(given in memory)'}")
         choice, checked, _ = task_check(report, proto, result.model, check_samples(check, limit), task=task,
                                    gate=gate or QualityGate(), what="quantize", where=where, threads=threads,
                                    extra_failures=integer_failures(kernels, result),

@@ -60,7 +60,8 @@ def serve_bench(
                            device_concurrency=device_concurrency)
     # a truncated or foreign file is a one-line error, not a decoder's traceback; sizes only the requests' data
     # gives may stay symbolic
-    proto = load_with_inputs(path, spec, needs=None if data is not None else "serving on seeded random requests")
+    proto = load_with_inputs(path, spec, needs=None if data is not None else "serving on seeded random requests",
+                             keep_batch=True)
     requests = _requests(proto, data, samples)
     report = Report("serve-bench", config={"model": str(model), "data": str(data) if data else "seeded random inputs",
                                            "serving": {**config.__dict__, "loads": list(config.loads)},
