@@ -805,18 +805,23 @@ def _new_folders(paths: Sequence[Path]) -> list[Path]:
     return sorted(set(folders), key=lambda f: len(f.parts))
 
 
-def _remove_new(paths: dict[Path, bool]) -> None:
+def _remove_new(paths: dict[Path, bool], *, keep_resume: bool = False) -> None:
     """Delete each path of ``paths`` (path -> whether it existed before the verb ran) that the failed verb created:
-    an artifact written before a later step refused or failed is not one that passed its checks."""
+    an artifact written before a later step refused or failed is not one that passed its checks. ``keep_resume``
+    (an interrupted run): the artifacts and reports go, but a new folder is removed only once nothing else is left
+    in it (the checkpoint or study the same command continues from stays; rmtree took it with the folder)."""
     import shutil
 
-    for path, existed in paths.items():
-        if existed or not path.exists():
-            continue
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
+    new = [path for path, existed in paths.items() if not existed and path.exists()]
+    for path in new:
+        if not (path.is_dir() and not path.is_symlink()):
             path.unlink(missing_ok=True)
+        elif not keep_resume:
+            shutil.rmtree(path, ignore_errors=True)
+    if keep_resume:
+        for folder in sorted((p for p in new if p.is_dir()), key=lambda p: -len(p.parts)):  # innermost first
+            if not any(folder.iterdir()):
+                folder.rmdir()
 
 
 def _quiet_onnxruntime() -> None:
@@ -859,7 +864,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_error(exc.one_line())
         return exc.exit_code
     except KeyboardInterrupt:
-        _remove_new(before)
+        _remove_new(before, keep_resume=True)
         print_error("interrupted; nothing was left half-written." + _resumable(args))
         return 130
     except Exception as exc:  # an npukit bug: say so in one line, with the way to the traceback

@@ -815,3 +815,18 @@ def test_optimize_graph_s_graph_table_gives_the_files_sizes(exported, tmp_path):
     assert report["results"]["file_bytes"] == {"before": exported.stat().st_size, "after": out.stat().st_size}
     graph = next(t for t in report["tables"] if t["title"] == "Graph")
     assert any(row[0] == "file bytes" for row in graph["rows"])
+
+
+def test_an_interrupted_run_keeps_what_it_resumes_from_and_no_empty_new_folder(tmp_path):
+    from npukit.cli import _remove_new
+
+    new, empty = tmp_path / "a" / "b", tmp_path / "c"
+    new.mkdir(parents=True)
+    empty.mkdir()
+    (new / "m.onnx").write_text("artifact")
+    (new / "m.qat.pt").write_text("checkpoint")
+    before = {tmp_path / "a": False, new: False, new / "m.onnx": False, empty: False, tmp_path: True}
+    _remove_new(before, keep_resume=True)
+    assert sorted(p.name for p in new.iterdir()) == ["m.qat.pt"] and not empty.exists()
+    _remove_new(before)  # a failed run takes every new folder whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

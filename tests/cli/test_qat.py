@@ -34,6 +34,7 @@ def tiny(tmp_path_factory) -> Path:
     bad[3, 0, 0, 0] = np.nan
     np.save(folder / "nan.npy", bad)
     np.save(folder / "wrong.npy", x[:, :, :16, :16])
+    np.savez(folder / "badlabels.npz", input=x, labels=np.full(40, 12))  # TinyNet has 10 classes
     return out
 
 
@@ -64,7 +65,7 @@ def test_qat_writes_a_checked_artifact_beside_the_ptq_model(tiny, tmp_path) -> N
 def test_four_bit_weights_are_int4_and_an_interrupted_run_continues(tiny, tmp_path, monkeypatch, capsys) -> None:
     from npukit.quant.qat import train
 
-    out = tmp_path / "w4.onnx"
+    out = tmp_path / "new" / "w4.onnx"  # a folder the run makes: Ctrl-C took it whole, checkpoint and all
     args = ["qat", str(tiny), "-o", str(out), "--data", str(tiny.with_name("held.npy")), "--bits", "w4a8",
             "--epochs", "3", "--runs", "3", "--method", "minmax", "--lr", "1e-3", "--accept-degraded"]
     real_save = train.Trainer.save
@@ -77,7 +78,7 @@ def test_four_bit_weights_are_int4_and_an_interrupted_run_continues(tiny, tmp_pa
     monkeypatch.setattr(train.Trainer, "save", save_then_stop)
     assert main(args) == 130
     assert "run the same command again to continue" in capsys.readouterr().err
-    assert _files(tmp_path) == ["w4.qat.pt"]  # the last finished epoch, nothing else
+    assert _files(tmp_path / "new") == ["w4.qat.pt"]  # the last finished epoch, nothing else
     monkeypatch.setattr(train.Trainer, "save", real_save)
 
     def no_second_ptq(*args, **kwargs):  # the start comes from the checkpoint (a timed float head may differ)
@@ -85,14 +86,14 @@ def test_four_bit_weights_are_int4_and_an_interrupted_run_continues(tiny, tmp_pa
 
     monkeypatch.setattr("npukit.quant.qdq.quantize", no_second_ptq)
     assert main(args) == 0
-    report = json.loads((tmp_path / "w4.report.json").read_text())
+    report = json.loads((tmp_path / "new" / "w4.report.json").read_text())
     assert report["results"]["training"]["resumed_from_epoch"] == 2
     assert "resumed_start" in report["results"]
     assert [e["bits"] for e in report["results"]["training"]["history"]] == [6, 6, 4]  # one step an epoch
     model = onnx.load(str(out))
     assert any(i.data_type == onnx.TensorProto.INT4 for i in model.graph.initializer)
     assert report["results"]["export_check"]["exact"]
-    assert "w4.qat.pt" not in _files(tmp_path)
+    assert "w4.qat.pt" not in _files(tmp_path / "new")
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -101,6 +102,7 @@ def test_four_bit_weights_are_int4_and_an_interrupted_run_continues(tiny, tmp_pa
     (["--data", "{folder}/wrong.npy"], "16"),
     (["--data", "{folder}/held.npy", "--bits-schedule", "4,8"], "schedule"),
     (["--data", "{folder}/held.npy", "--epochs", "0"], "at least 1"),
+    (["--data", "{folder}/badlabels.npz", "--epochs", "1"], "label 12 is not one of the model's 10 classes"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tiny, tmp_path, capsys, extra, message) -> None:
     extra = [e.format(folder=tiny.parent) for e in extra]

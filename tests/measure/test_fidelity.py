@@ -109,3 +109,15 @@ def test_scores_that_are_already_probabilities_are_not_softmaxed_again() -> None
     meter = AgreementMeter()
     meter.update(probs, probs.copy())
     assert meter.result().confident_samples == 2
+
+
+def test_labels_beyond_the_model_s_classes_are_refused() -> None:
+    # bench counted every such sample wrong and passed with 0% accuracy
+    from npukit.errors import InputError
+
+    meter = AgreementMeter()
+    logits = np.eye(3, dtype=np.float32)
+    with pytest.raises(InputError, match="label 5 is not one of the model's 3 classes \\(0 to 2\\)"):
+        meter.update(logits, logits, labels=np.array([0, 5, 1]))
+    meter.update(logits, logits, labels=np.array([0, 1, 2]))
+    assert meter.result().top1_accuracy_candidate == 1.0

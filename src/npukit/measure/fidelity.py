@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from npukit.errors import InputError
+
 CONFIDENT_PROB = 0.5  # the reference's softmax top-1 probability at which a sample counts as confident
 
 
@@ -60,6 +62,10 @@ class AgreementResult:
         return dataclasses.asdict(self)
 
 
+LABELS_HINT = ("give each sample's class as its index in the model's output (class folders sorted by name, or "
+               "numbers in a labels file)")
+
+
 class AgreementMeter:
     """Feed (reference, candidate[, labels]) logits batch by batch with :meth:`update`; read :meth:`result`.
 
@@ -109,6 +115,10 @@ class AgreementMeter:
             if lab.shape[0] != n:
                 raise ValueError(f"{lab.shape[0]} labels for {n} samples")
             lab = lab.astype(np.int64)
+            outside = lab[(lab < 0) | (lab >= self._classes)]
+            if outside.size:
+                raise InputError(f"label {int(outside[0])} is not one of the model's {self._classes} classes "
+                                 f"(0 to {self._classes - 1})", hint=LABELS_HINT)
             self._labeled += n
             self._ref_top1 += int(np.sum(ref_top[:, 0] == lab))
             self._cand_top1 += int(np.sum(cand_top[:, 0] == lab))

@@ -219,6 +219,7 @@ class Trainer:
         self.epoch = 0
         self.bits = 8
         self.spread, self.probabilities = self._spread()
+        self._check_labels()
 
     # ------------------------------------------------------------------------------------------- schedule
     def bits_at(self, step: int) -> int:
@@ -331,6 +332,22 @@ class Trainer:
             module = self.student.quant[key]
             module.rule, module.levels, module.qmin, module.qmax = rule["rule"], rule["levels"], rule["qmin"], \
                 rule["qmax"]
+
+    def _check_labels(self) -> None:
+        """Labels must be class indices of the model's class scores (cross-entropy failed on one beyond them,
+        an internal error after the PTQ start was built)."""
+        if self.classify_output is None:
+            return
+        from npukit.measure.fidelity import LABELS_HINT
+
+        first = {k: v[:1] for k, v in self.inputs.items()}
+        with torch.no_grad():
+            classes = _Batched(self.teacher)(first)[self.classify_output].reshape(1, -1).shape[1]
+        for labels in (self.labels, self.validation_labels):
+            outside = labels[(labels < 0) | (labels >= classes)] if labels is not None else []
+            if len(outside):
+                raise InputError(f"label {int(outside[0])} is not one of the model's {classes} classes (0 to "
+                                 f"{classes - 1})", hint=LABELS_HINT)
 
     def _spread(self) -> tuple[list[float], bool]:
         """Each output's variance under the teacher on the first training samples: the constant its squared error
