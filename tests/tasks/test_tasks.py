@@ -212,6 +212,10 @@ def test_task_detection_from_outputs() -> None:
         choose_task([(1, 10)], image, task="pose")
     with pytest.raises(InputError, match="detector's layout"):
         choose_task([(1, 10)], image, task="detect")
+    # any 3-D output fits CTC by shape: a YOLO head read as text steps gave a meaningless metric
+    with pytest.raises(InputError, match="--task text-recognize but the outputs are a detector's \\(yolo"):
+        choose_task([(1, 7, 100)], image, task="text-recognize", sample=[_yolo([(50, 50, 20, 20)], [0], [0.9])])
+    assert choose_task([(1, 40, 97)], [(1, 3, 48, 320)], task="text-recognize").given  # raw CTC logits
 
 
 def test_the_gate_validates_its_floors() -> None:

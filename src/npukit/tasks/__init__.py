@@ -160,6 +160,11 @@ def choose_task(output_shapes: Sequence[Shape], input_shapes: Sequence[Shape], *
                              "boxes (N, A, 4) with scores (N, A, C))",
                              hint="check the outputs with npukit inspect, or use --task generic")
         return TaskChoice("detect", layout.boxes, "given", layout, given=True)
+    # any (N, A, B) fits CTC by shape; a detector's, its boxes found plausible on the outputs, does not
+    if task == "text-recognize" and found.name == "detect" and sample is not None:
+        raise InputError(f"--task text-recognize but the outputs are a detector's ({found.layout.kind}: "
+                         f"{', '.join(str(list(s)) for s in output_shapes)}), not (N, steps, classes) CTC scores",
+                         hint="leave --task out (the detector's metric is used), or pass --task detect")
     index = {"classify": lambda s: is_class_scores(s), "segment": lambda s: len(s) == 4,
              "text-detect": lambda s: len(s) == 4, "text-recognize": lambda s: len(s) == 3,
              "generic": lambda s: True}[task]
