@@ -193,6 +193,19 @@ def test_load_generators_count_what_happened() -> None:
     refused = open_loop(refusing, requests, rate=200.0, duration_s=0.2, refused=Overloaded)
     assert refused.completed == 0 and refused.refused > 0
 
+    def slow_to_submit(_feeds):  # the generator's own work: it cannot offer 1000/s at 10 ms a request
+        import time
+        from concurrent.futures import Future
+
+        time.sleep(0.01)
+        done: Future = Future()
+        done.set_result(None)
+        return done
+
+    late = open_loop(slow_to_submit, requests, rate=1000.0, duration_s=0.2)
+    assert late.behind_s > 0.5 * late.seconds  # said, so the report can tell the client's limit from the server's
+    assert open_loop(slow_to_submit, requests, rate=5.0, duration_s=0.4).behind_s < 0.05
+
 
 def test_a_cached_optimized_graph_gives_the_same_answers(tmp_path) -> None:
     request = _requests(1)[0]

@@ -3,8 +3,9 @@
 Closed loop: ``clients`` threads each send a request and wait for its answer before sending the next, for
 ``duration_s``: throughput at that concurrency. Open loop: requests arrive on a Poisson process at ``rate`` per
 second regardless of answers (the way independent users arrive), each timed from its scheduled arrival to its answer,
-so queueing delay counts; requests the server refuses (``Overloaded``) are counted, not retried. Both stop by
-themselves and run in-process only.
+so queueing delay counts; requests the server refuses (``Overloaded``) are counted, not retried; ``behind_s`` says
+how late the generator itself fell (submitting is work in this process too: on a tiny model it cannot keep up, and
+the late requests leave as a burst). Both stop by themselves and run in-process only.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class LoadResult:
     failed: int
     seconds: float
     latency_ms: dict[str, float]
+    behind_s: float = 0.0  # open loop: how late the generator sent its latest request (it could not offer the rate)
 
     @property
     def throughput(self) -> float:
@@ -95,11 +97,13 @@ def open_loop(submit: Callable[[Feeds], Future], requests: Sequence[Feeds], *, r
     lock = threading.Lock()
     refusals = 0
     futures: list[Future] = []
+    behind = 0.0
     start = time.perf_counter()
     for i, at in enumerate(arrivals):
         delay = start + at - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
+        behind = max(behind, -delay)  # late requests go out back to back: a burst the rate did not ask for
         scheduled = start + at
         try:
             future = submit(requests[i % len(requests)])
@@ -122,4 +126,5 @@ def open_loop(submit: Callable[[Feeds], Future], requests: Sequence[Feeds], *, r
         except Exception:  # counted by the callback
             pass
     seconds = time.perf_counter() - start
-    return LoadResult("open", rate, len(done), refusals, failed[0], seconds, _percentiles(done))
+    return LoadResult("open", rate, len(done), refusals, failed[0], seconds, _percentiles(done),
+                      behind_s=round(behind, 4))

@@ -6,6 +6,8 @@ from typing import Any
 
 from npukit.report.core import Report
 
+GENERATOR_BEHIND = 0.05  # of a run's seconds: the open loop's generator late by more did not offer the rate
+
 
 def add_serving(report: Report, result: Any) -> None:
     d = result.as_dict()
@@ -58,6 +60,13 @@ def add_serving(report: Report, result: Any) -> None:
             rows.append([label, round(r["level"], 1), r["throughput_per_s"], r["refused"], r["latency_ms"]["p50"],
                          r["latency_ms"]["p99"]])
     note = f"; {batching['note']}" if batching.get("note") else ""
+    late = [r for key in ("plain", "workers", "batched") for r in d["open"].get(key, ())
+            if r.get("behind_s", 0.0) > GENERATOR_BEHIND * r["seconds"]]
+    if late:
+        worst = max(late, key=lambda r: r["behind_s"])
+        note += (f"; the load generator fell up to {worst['behind_s']:.2f} s behind its schedule (at "
+                 f"{worst['level']:.0f}/s): this process could not offer that rate, and its late requests went out "
+                 "in bursts, so refusals there are the client's limit as much as the server's")
     report.add_table(f"Open loop, Poisson arrivals (plain loop's capacity {batching['capacity_per_s']:.1f} "
                      f"requests/s{note})", ["server", "offered/s", "served/s", "refused", "p50 ms", "p99 ms"], rows)
 
