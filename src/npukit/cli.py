@@ -119,6 +119,19 @@ class _Parser(argparse.ArgumentParser):
         print_error(f"{self.prog}: {message}. See `{self.prog} -h` for the arguments.")
         self.exit(2)
 
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        """As argparse's, but an argument no verb knows is named with the verb's usage (argparse reports it from
+        the top-level parser, which pointed at `npukit -h`)."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            verb = getattr(parsed, "verb", None)
+            prog = f"{self.prog} {verb}" if verb else self.prog
+            from npukit.report.terminal import print_error
+
+            print_error(f"{prog}: unrecognized arguments: {' '.join(extras)}. See `{prog} -h` for the arguments.")
+            self.exit(2)
+        return parsed
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(

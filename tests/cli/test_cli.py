@@ -830,3 +830,11 @@ def test_an_interrupted_run_keeps_what_it_resumes_from_and_no_empty_new_folder(t
     assert sorted(p.name for p in new.iterdir()) == ["m.qat.pt"] and not empty.exists()
     _remove_new(before)  # a failed run takes every new folder whole
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_an_unknown_flag_points_at_the_verb_s_help(tmp_path, capsys):
+    assert main(["inspect", str(tmp_path / "m.onnx"), "--bogus", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "npukit inspect: unrecognized arguments: --bogus 1. See `npukit inspect -h`" in err and "\n" not in err
+    assert main(["--bogus"]) == 2  # no verb yet: the top-level usage
+    assert "See `npukit -h`" in capsys.readouterr().err
