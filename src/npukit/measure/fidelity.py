@@ -62,8 +62,14 @@ class AgreementResult:
         return dataclasses.asdict(self)
 
 
-LABELS_HINT = ("give each sample's class as its index in the model's output (class folders sorted by name, or "
-               "numbers in a labels file)")
+def require_class_labels(labels: np.ndarray, classes: int) -> None:
+    """Labels must be class indices of the model's ``classes`` scores: one beyond them is an InputError (counted
+    wrong, a check passed at 0% accuracy; in training, cross-entropy failed on it)."""
+    outside = labels[(labels < 0) | (labels >= classes)]
+    if outside.size:
+        raise InputError(f"label {int(outside[0])} is not one of the model's {classes} classes (0 to {classes - 1})",
+                         hint="give each sample's class as its index in the model's output (class folders sorted "
+                              "by name, or numbers in a labels file)")
 
 
 class AgreementMeter:
@@ -115,10 +121,7 @@ class AgreementMeter:
             if lab.shape[0] != n:
                 raise ValueError(f"{lab.shape[0]} labels for {n} samples")
             lab = lab.astype(np.int64)
-            outside = lab[(lab < 0) | (lab >= self._classes)]
-            if outside.size:
-                raise InputError(f"label {int(outside[0])} is not one of the model's {self._classes} classes "
-                                 f"(0 to {self._classes - 1})", hint=LABELS_HINT)
+            require_class_labels(lab, self._classes)
             self._labeled += n
             self._ref_top1 += int(np.sum(ref_top[:, 0] == lab))
             self._cand_top1 += int(np.sum(cand_top[:, 0] == lab))

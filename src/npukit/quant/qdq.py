@@ -849,9 +849,9 @@ def keep_decided_floats(config: QuantConfig, result: QuantResult) -> QuantConfig
 def integer_kernel_report(model: onnx.ModelProto) -> dict:
     """What ORT CPU actually runs after its optimizations: integer kernels vs float compute fed by DequantizeLinear.
 
-    Returns {"integer_ops": {op: count}, "integer_compute": the conv/matmul kernels among them, "float_compute_after_dq":
-    {op: count}, "float_compute": {op: count}, "float_compute_16bit": the float ones fed by or quantized onto a
-    16-bit grid, "integer_fraction": integer conv/matmul kernels / (those + float Conv/MatMul/Gemm)}. An elementwise
+    Returns {"integer_ops": {op: count}, "integer_compute": the conv/matmul kernels among them,
+    "float_compute_after_dq": {op: count}, "float_compute": {op: count}, "float_compute_16bit": the float ones fed by
+    or quantized onto a 16-bit grid, "integer_fraction": integer conv/matmul kernels / (those + float Conv/MatMul/Gemm)}. An elementwise
     integer kernel (QLinearAdd, QLinearMul, ...) beside convs computed in float leaves the fraction at 0.
     """
     with tempfile.TemporaryDirectory(prefix="npukit-quant-") as tmp:
@@ -881,19 +881,18 @@ def _dequantizes_16_bit(index: GraphIndex, tensor: str) -> bool:
     """Whether ``tensor`` is a DequantizeLinear's output from a 16-bit grid (its zero point's type): a conv fed so
     computes in float by the plan's choice (ORT has no 16-bit integer conv)."""
     node = index.producer_node(tensor)
-    if node is None or node.op_type != "DequantizeLinear" or len(node.input) < 3:
-        return False
-    return _zero_point_16_bit(index, node)
+    return node is not None and node.op_type == "DequantizeLinear" and _zero_point_16_bit(index, node)
 
 
 def _quantizes_16_bit(index: GraphIndex, node: onnx.NodeProto) -> bool:
     """Whether ``node`` is a QuantizeLinear onto a 16-bit grid (a conv whose output is quantized so has no 8-bit
     integer kernel either)."""
-    return node.op_type == "QuantizeLinear" and len(node.input) >= 3 and _zero_point_16_bit(index, node)
+    return node.op_type == "QuantizeLinear" and _zero_point_16_bit(index, node)
 
 
 def _zero_point_16_bit(index: GraphIndex, node: onnx.NodeProto) -> bool:
-    zero = index.initializers.get(node.input[2])
+    """Whether a Q or DQ node's zero point (its grid's type) is 16-bit; none given is 8-bit."""
+    zero = index.initializers.get(node.input[2]) if len(node.input) > 2 else None
     return zero is not None and zero.data_type in (onnx.TensorProto.UINT16, onnx.TensorProto.INT16)
 
 

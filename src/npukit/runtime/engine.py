@@ -268,7 +268,8 @@ class Runtime:
         fixed = [s for s in self.signatures if any(d is None for d in s.shape[1:])]
         if fixed:
             raise InputError(f"input {fixed[0].name!r} has symbolic dimensions besides the batch: "
-                             f"{list(fixed[0].shape)}", hint="give the sizes of one request with --input-shape (e.g. 1,3,640,640)")
+                             f"{list(fixed[0].shape)}",
+                             hint="give the sizes of one request with --input-shape (e.g. 1,3,640,640)")
         self.batching_note = batching_off(self.signatures, config.max_batch) or (
             batch_mismatch(self.session, self.signatures) if config.max_batch > 1 else "")
         max_batch = 1 if self.batching_note else config.max_batch

@@ -18,6 +18,8 @@ from onnx import helper, numpy_helper
 from torch import nn
 
 from npukit.errors import InputError
+from npukit.frontend.graph_index import GraphIndex
+from npukit.measure.summary import value_types
 from npukit.quant.qat.fake_quant import BiasQuant
 from npukit.quant.qat.ops import OPS
 
@@ -170,10 +172,10 @@ def with_logits(model: onnx.ModelProto, output: int) -> onnx.ModelProto:
     writes an opset-11 Softmax as Flatten -> Softmax -> Reshape, a Paddle export ends in Identity); else ``model``
     itself. Distillation on the logits keeps its gradients where a confident Softmax rounds its probabilities to 0
     (and the softened targets are what they should be)."""
-    producers = {o: n for n in model.graph.node for o in n.output}
-    node = producers.get(model.graph.output[output].name)
+    index = GraphIndex(model.graph)
+    node = index.producer_node(model.graph.output[output].name)
     while node is not None and node.op_type in _VIEWS and node.domain in ("", "ai.onnx"):
-        node = producers.get(node.input[0])
+        node = index.producer_node(node.input[0])
     if node is None or node.op_type != "Softmax" or node.domain not in ("", "ai.onnx"):
         return model
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
@@ -190,18 +192,10 @@ def with_logits(model: onnx.ModelProto, output: int) -> onnx.ModelProto:
 
 def _rank(model: onnx.ModelProto, name: str) -> int | None:
     """The rank of tensor ``name`` as declared or as ONNX shape inference finds it (None: unknown)."""
-    def declared(infos: Any) -> int | None:
-        info = next((v for v in infos if v.name == name), None)
-        if info is None or not info.type.tensor_type.HasField("shape"):
-            return None
-        return len(info.type.tensor_type.shape.dim)
-
-    graph = model.graph
-    found = declared([*graph.input, *graph.output, *graph.value_info])
-    if found is None:
+    shape = value_types(model.graph)[0].get(name)
+    if shape is None:
         try:
-            inferred = onnx.shape_inference.infer_shapes(model).graph
+            shape = value_types(onnx.shape_inference.infer_shapes(model).graph)[0].get(name)
         except Exception:  # noqa: BLE001 - a model inference cannot follow: the rank stays unknown
             return None
-        found = declared(inferred.value_info)
-    return found
+    return None if shape is None else len(shape)

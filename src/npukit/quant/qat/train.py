@@ -338,16 +338,14 @@ class Trainer:
         an internal error after the PTQ start was built)."""
         if self.classify_output is None:
             return
-        from npukit.measure.fidelity import LABELS_HINT
+        from npukit.measure.fidelity import require_class_labels
 
         first = {k: v[:1] for k, v in self.inputs.items()}
         with torch.no_grad():
             classes = _Batched(self.teacher)(first)[self.classify_output].reshape(1, -1).shape[1]
         for labels in (self.labels, self.validation_labels):
-            outside = labels[(labels < 0) | (labels >= classes)] if labels is not None else []
-            if len(outside):
-                raise InputError(f"label {int(outside[0])} is not one of the model's {classes} classes (0 to "
-                                 f"{classes - 1})", hint=LABELS_HINT)
+            if labels is not None:
+                require_class_labels(labels.numpy(), classes)
 
     def _spread(self) -> tuple[list[float], bool]:
         """Each output's variance under the teacher on the first training samples: the constant its squared error
