@@ -3,6 +3,7 @@ for long work; timings recorded."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import time
 
@@ -66,6 +67,8 @@ def test_without_a_terminal_long_work_says_now_and_then_how_far_it_got(capfd, mo
             update(done, 3, 0.5 / done, 0.9)
     with step("writing"):
         pass
+    with step("exporting"), contextlib.redirect_stderr(io.StringIO()):  # a library quietened inside the step
+        time.sleep(0.3)
     lines = capfd.readouterr().err.splitlines()
     assert lines[0].startswith("npukit: calibrating: 1/3 (") and "elapsed" in lines[0]
     assert "npukit: calibrating: 3/3" in lines[2]
@@ -75,3 +78,4 @@ def test_without_a_terminal_long_work_says_now_and_then_how_far_it_got(capfd, mo
     assert training and all(line.startswith("npukit: training: step ") for line in training), training
     assert "step 3/3, loss 0.1667, agreement 0.900" in training[-1]
     assert not any("writing" in line for line in lines)  # short work stays silent
+    assert "npukit: exporting: still running" in lines[-2] and "npukit: exporting: done" in lines[-1]

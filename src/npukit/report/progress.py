@@ -68,6 +68,7 @@ class _Heartbeat:
     def __init__(self, description: str) -> None:
         self.description, self.started = description, time.monotonic()
         self.last, self.lines = self.started, 0
+        self.stream = sys.stderr  # as it is now: a library quietened inside the block redirects sys.stderr
 
     def __enter__(self) -> _Heartbeat:
         _OPEN.append(self)
@@ -84,7 +85,7 @@ class _Heartbeat:
         self.last, self.lines = now, self.lines + 1
         detail = f": {text}" if text else ""
         try:
-            print(f"npukit: {self.description}{detail} ({_elapsed(now - self.started)} elapsed)", file=sys.stderr,
+            print(f"npukit: {self.description}{detail} ({_elapsed(now - self.started)} elapsed)", file=self.stream,
                   flush=True)
         except (OSError, ValueError):  # stderr closed under us: progress is not worth failing for
             pass
