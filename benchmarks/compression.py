@@ -108,8 +108,17 @@ def run_one(model: Path, train: Path, held: Path, bits: str, *, epochs: int, out
                        "bytes": res["size"][label]}
     return {"bits": bits, "epochs": epochs, "wall_s": round(wall, 1), "train_s": round(res["training"]["seconds"], 1),
             "history": res["training"]["history"], "export_check": res["export_check"], "ptq": rows["PTQ"],
+            "eight_bit": _eight_bit(res.get("bit_plan")),
             "qat": rows["QAT"], "float_bytes": res["size"]["float"], "verdict": doc["verdict"],
             "options": {k: v for k, v in options.items()}}
+
+
+def _eight_bit(plan: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The w4a8 bit plan in brief: the weights kept at 8 bits and their share of all weights."""
+    if not plan:
+        return None
+    kept = [layer["node"] for layer in plan["layers"] if layer["bits"] == 8]
+    return {"kept": kept, "of": len(plan["layers"]), "kept_share": plan["kept_share"], "share": plan["share"]}
 
 
 def zoo_sweep(names: list[str], verb: str, measure: Any) -> list[dict[str, Any]]:
@@ -198,6 +207,12 @@ def table(doc: dict[str, Any]) -> str:
                              f"{label.upper()} | {_pct(r['top1_agreement'])} | {_pct(r['top1_agreement_confident'])} "
                              f"| {r['logits_sqnr_db']:.2f} | {_pct(r['accuracy'])} | {r['latency_x_float']:.2f} | "
                              f"{r['bytes'] / 1024:.0f} | {run['train_s'] if label == 'qat' else ''} | {check} |")
+    kept = [f"{name} {run['bits']}: {len(run['eight_bit']['kept'])} of {run['eight_bit']['of']} weights "
+            f"({100 * run['eight_bit']['kept_share']:.1f}% of the weights, at most "
+            f"{100 * run['eight_bit']['share']:.0f}%): {', '.join(run['eight_bit']['kept'])}"
+            for name, model in doc["models"].items() for run in model["runs"] if run.get("eight_bit")]
+    if kept:
+        lines += ["", "Weights kept at 8 bits (the most sensitive, each measured alone at 4 bits): " + "; ".join(kept)]
     floats = [f"{n} {m['notes'].get('float_accuracy', 'n/a')} accuracy, {m['runs'][0]['float_bytes'] / 1024:.0f} KiB"
               for n, m in doc["models"].items()]
     if doc.get("zoo"):

@@ -439,6 +439,9 @@ def _qat_arguments(p: argparse.ArgumentParser) -> None:
     _add_training(p, passes="passes over the training samples",
                   lr="Adam learning rate (default 5e-5 for 8-bit weights, 1e-4 for 4)")
     p.add_argument("--learn-scales", action="store_true", help="learn the grids' scales too (LSQ)")
+    p.add_argument("--eight-bit-share", type=float, default=None, metavar="F",
+                   help="w4a8: the fraction of the weights that may keep 8 bits, the most sensitive layers "
+                        "(default 0.05; 0: every weight at 4 bits)")
     p.add_argument("--method", choices=METHODS, default="auto",
                    help="activation range observer of the PTQ start (default auto)")
     p.add_argument("--per-tensor", action="store_true", help="per-tensor weights (default per-channel)")
@@ -619,6 +622,7 @@ def _qat(api, args):
     return api.qat(args.model, args.output, data=args.data, eval_data=args.eval_data, calib=args.calib,
                    bits=args.bits, schedule=schedule, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                    learn_scales=args.learn_scales, augment=not args.no_augment, max_steps=args.max_steps,
+                   eight_bit_share=args.eight_bit_share,
                    method=args.method, per_tensor=args.per_tensor, exclude=args.exclude, restart=args.restart,
                    task=_task(args), gate=_gate(args), seed=args.seed, threads=args.threads, runs=args.runs,
                    max_samples=args.max_samples, input_shape=args.input_shape, html=args.html)

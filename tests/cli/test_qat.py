@@ -67,7 +67,8 @@ def test_four_bit_weights_are_int4_and_an_interrupted_run_continues(tiny, tmp_pa
 
     out = tmp_path / "new" / "w4.onnx"  # a folder the run makes: Ctrl-C took it whole, checkpoint and all
     args = ["qat", str(tiny), "-o", str(out), "--data", str(tiny.with_name("held.npy")), "--bits", "w4a8",
-            "--epochs", "3", "--runs", "3", "--method", "minmax", "--lr", "1e-3", "--accept-degraded"]
+            "--epochs", "3", "--runs", "3", "--method", "minmax", "--lr", "1e-3", "--accept-degraded",
+            "--eight-bit-share", "0.5"]
     real_save = train.Trainer.save
 
     def save_then_stop(self):
@@ -92,6 +93,11 @@ def test_four_bit_weights_are_int4_and_an_interrupted_run_continues(tiny, tmp_pa
     assert [e["bits"] for e in report["results"]["training"]["history"]] == [6, 6, 4]  # one step an epoch
     model = onnx.load(str(out))
     assert any(i.data_type == onnx.TensorProto.INT4 for i in model.graph.initializer)
+    plan = report["results"]["bit_plan"]  # the most sensitive weights kept 8 bits: stored as int8
+    kept = [layer["tensor"].removesuffix("__float") for layer in plan["layers"] if layer["bits"] == 8]
+    assert kept and 0 < plan["kept_share"] <= 0.5 and any(layer["bits"] == 4 for layer in plan["layers"])
+    stored = {i.name: i.data_type for i in model.graph.initializer}
+    assert all(stored[name] == onnx.TensorProto.INT8 for name in kept), kept
     assert report["results"]["export_check"]["exact"]
     assert "w4.qat.pt" not in _files(tmp_path / "new")
 
@@ -102,6 +108,7 @@ def test_four_bit_weights_are_int4_and_an_interrupted_run_continues(tiny, tmp_pa
     (["--data", "{folder}/wrong.npy"], "16"),
     (["--data", "{folder}/held.npy", "--bits-schedule", "4,8"], "schedule"),
     (["--data", "{folder}/held.npy", "--epochs", "0"], "at least 1"),
+    (["--data", "{folder}/held.npy", "--bits", "w4a8", "--eight-bit-share", "1.5"], "8-bit share 1.5"),
     (["--data", "{folder}/badlabels.npz", "--epochs", "1"], "label 12 is not one of the model's 10 classes"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tiny, tmp_path, capsys, extra, message) -> None:

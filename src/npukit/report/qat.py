@@ -51,6 +51,19 @@ def add_training(report: Report, trained: Any, *, bits: bool = True) -> None:
                           x_label="epoch", y_label="loss")
 
 
+def add_bit_plan(report: Report, plan: Any) -> None:
+    """Which weights keep 8 bits (``quant.qat.bit_plan``): every weight, most sensitive first, with the outputs'
+    SQNR when it alone is at the narrower bits."""
+    report.add("bit_plan", plan.as_dict())
+    kept = sorted(plan.eight_bit)
+    rows = [[layer.node, layer.weights, rounded(layer.sqnr_db, 1), layer.bits]
+            for layer in sorted(plan.layers, key=lambda layer: layer.sqnr_db)]
+    report.add_table(f"Weight bits: {len(kept)} of {len(plan.layers)} weights keep 8 bits ({plan.kept_share:.1%} of "
+                     f"the weights, at most {plan.share:.0%}), the most sensitive: the outputs' SQNR with each "
+                     f"alone at {plan.bits} bits, on {plan.samples} calibration samples",
+                     ["node", "weights", f"SQNR dB alone at {plan.bits} bits", "bits"], rows)
+
+
 def add_export_check(report: Report, export: Any) -> None:
     report.add("export_check", export.as_dict())
     report.add_table(f"The exported model (ONNX Runtime) against the training simulation (torch) on {export.samples} "

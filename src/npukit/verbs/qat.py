@@ -28,6 +28,8 @@ MAX_VALIDATION = 256
 CALIB = 64  # training samples (spread evenly) that calibrate the PTQ start when no --calib is given
 EXPORT_CHECK = 4  # held-out samples on which the exported model is compared with the training simulation
 INT4_OPSET = 21
+EIGHT_BIT_SHARE = 0.05  # w4a8: at most this fraction of the weights keeps 8 bits, the most sensitive (bit_plan)
+PLAN_SAMPLES = 16  # calibration samples on which each weight's 4-bit sensitivity is measured
 
 
 def qat(
@@ -45,6 +47,7 @@ def qat(
     learn_scales: bool = False,
     augment: bool = True,
     max_steps: int | None = None,
+    eight_bit_share: float | None = None,
     method: str = "auto",
     per_tensor: bool = False,
     exclude: Sequence[str] = (),
@@ -63,7 +66,9 @@ def qat(
     on ``data`` (its labels used where the data has them), starting from npukit's PTQ model on this CPU's scheme
     (calibrated on ``calib``, else on 64 training samples spread evenly), trained ``epochs`` times over ``data`` by
     distillation from the float model (``npukit.quant.qat.train``), and written back as a QDQ model on the same
-    grids (4-bit weights stored as int4, opset 21). Every tenth training sample is set aside: after each epoch the
+    grids (4-bit weights stored as int4, opset 21). With 4-bit weights, the most sensitive weights keep 8 bits, at
+    most ``eight_bit_share`` of all weights (default 5%; ``npukit.quant.qat.bit_plan``, each weight's sensitivity
+    measured alone on the first 16 calibration samples). Every tenth training sample is set aside: after each epoch the
     student is validated on them, and the best epoch at the final bits is kept (for 8-bit weights the start is a
     candidate too: training never writes a model worse than its start on the validation samples). The report
     shows the PTQ model of the same bits beside the trained one, on ``eval_data`` (else the last fifth of ``data``,
@@ -77,6 +82,10 @@ def qat(
 
     output = check_output(output, source=model)
     weight_bits = _weight_bits(bits)
+    eight_bit_share = EIGHT_BIT_SHARE if eight_bit_share is None else eight_bit_share
+    if not 0 <= eight_bit_share < 1:
+        raise InputError(f"8-bit share {eight_bit_share} must be in [0, 1)",
+                         hint="e.g. --eight-bit-share 0.05 (0: every weight at 4 bits)")
     train_config = QatConfig(weight_bits=weight_bits, schedule=tuple(schedule) if schedule else None,
                              epochs=epochs, batch_size=batch_size, lr=lr, learn_scales=learn_scales, augment=augment,
                              max_steps=max_steps, seed=seed)
@@ -86,7 +95,8 @@ def qat(
     report = Report("qat", config={"model": str(model), "data": str(data), "eval": str(eval_data) if eval_data else
                                    f"last {HOLD_OUT:.0%} of {data}", "calib": str(calib) if calib else
                                    f"{len(samples.calib)} training samples, spread evenly", "bits": bits,
-                                   "train": train_config.as_dict(), "method": method, "per_tensor": per_tensor,
+                                   "train": train_config.as_dict(), "eight_bit_share": eight_bit_share,
+                                   "method": method, "per_tensor": per_tensor,
                                    "exclude": list(exclude), "task": task or "auto",
                                    "gate": (gate or QualityGate()).as_dict(), "seed": seed, "processes": size,
                                    "input_shape": spec.as_dict() if spec else None,
@@ -94,7 +104,7 @@ def qat(
     checkpoint = report_path_for(output, ".qat.pt")
     if restart and rank == 0:
         checkpoint.unlink(missing_ok=True)
-    run = _Run(report, samples, train_config, task, gate or QualityGate(), threads, runs, rank)
+    run = _Run(report, samples, train_config, task, gate or QualityGate(), threads, runs, rank, eight_bit_share)
     return run.run(proto, output, checkpoint, method=method, per_tensor=per_tensor, exclude=tuple(exclude),
                    html=html, source=Path(str(model)))
 
@@ -188,9 +198,9 @@ class _Run:
     """The verb's straight line: PTQ -> twin -> train -> write back -> export check -> PTQ vs QAT -> task check."""
 
     def __init__(self, report: Report, samples: TrainingSamples, config: Any, task: str | None, gate: QualityGate,
-                 threads: int | None, runs: int, rank: int) -> None:
+                 threads: int | None, runs: int, rank: int, eight_bit_share: float) -> None:
         self.report, self.samples, self.config, self.task, self.gate = report, samples, config, task, gate
-        self.threads, self.runs, self.rank = threads, runs, rank
+        self.threads, self.runs, self.rank, self.eight_bit_share = threads, runs, rank, eight_bit_share
 
     def run(self, proto: onnx.ModelProto, output: Path, checkpoint: Path, *, method: str, per_tensor: bool,
             exclude: tuple[str, ...], html: bool, source: Path) -> CommandResult:
@@ -212,6 +222,7 @@ class _Run:
         # built again, it might differ), the student and the optimizer
         fingerprint = hashlib.sha256(json.dumps({"model": hashlib.sha256(proto.SerializeToString()).hexdigest(),
                                                  "quant": quant_config.as_dict(), "train": self.config.as_dict(),
+                                                 "eight_bit_share": self.eight_bit_share,
                                                  "data": self.samples.fingerprint()}, sort_keys=True,
                                                 default=str).encode()).hexdigest()
         result, start = self._ptq(proto, quant_config, read_checkpoint(checkpoint, fingerprint))
@@ -222,12 +233,13 @@ class _Run:
         if masks:
             add_sparsity_kept(report, masks)
         choice = output_task(result.reference, self.samples.held[0].feeds, self.task)
-        ptq_model = self._ptq_at_bits(result.model, twin, student)
+        eight_bit = self._bit_plan(student, teacher)
+        ptq_model = self._ptq_at_bits(result.model, twin, student, eight_bit)
         trainer = Trainer(student, teacher, self.samples.train, self.samples.labels, self.config,
                           classify_output=choice.output if choice.name == "classify" else None,
                           checkpoint=checkpoint, fingerprint=fingerprint, payload={"start": start},
                           validation=self.samples.validation, validation_labels=self.samples.validation_labels,
-                          masks=masks)
+                          masks=masks, eight_bit=eight_bit)
         with step(f"training ({self.config.epochs} epochs x {trainer.steps_per_epoch} steps, batch "
                   f"{self.config.batch_size})", timings=report.timings, key="train"), \
                 training_bar(trainer.total) as bar:
@@ -292,9 +304,27 @@ class _Run:
         add_steps(self.report, QuantSteps.from_dict(steps))
         return _Start(onnx.load_from_string(model), onnx.load_from_string(reference)), (model, reference, steps)
 
-    def _ptq_at_bits(self, qdq: onnx.ModelProto, twin: Any, student: Any) -> onnx.ModelProto:
+    def _bit_plan(self, student: Any, teacher: Any) -> frozenset[str]:
+        """For weights below 8 bits, the most sensitive ones that keep 8 bits (``quant.qat.bit_plan``), measured on
+        the first calibration samples and reported; none for 8-bit weights or a share of 0."""
+        if self.config.weight_bits == 8 or self.eight_bit_share == 0:
+            return frozenset()
+        from npukit.quant.qat.bit_plan import plan_bits
+        from npukit.report.qat import add_bit_plan
+
+        feeds = self.samples.calib[:PLAN_SAMPLES]
+        stacked = {name: np.concatenate([f[name] for f in feeds]) for name in feeds[0]}
+        with step(f"measuring each weight's {self.config.weight_bits}-bit sensitivity on {len(feeds)} samples",
+                  timings=self.report.timings, key="bit_plan"):
+            plan = plan_bits(student, teacher, stacked, bits=self.config.weight_bits, share=self.eight_bit_share)
+        add_bit_plan(self.report, plan)
+        return plan.eight_bit
+
+    def _ptq_at_bits(self, qdq: onnx.ModelProto, twin: Any, student: Any, eight_bit: frozenset[str]
+                     ) -> onnx.ModelProto:
         """The PTQ model at the trained bits: the QDQ model itself for 8-bit weights; for fewer bits its weights
-        rounded to nearest on the narrower grid (no training), as a baseline."""
+        rounded to nearest on the narrower grid (no training; the weights of ``eight_bit`` keep 8 bits), as a
+        baseline."""
         import copy
 
         from npukit.quant.qat.fake_quant import set_weight_bits
@@ -303,7 +333,7 @@ class _Run:
         if self.config.weight_bits == 8:
             return qdq
         probe = copy.deepcopy(student)
-        set_weight_bits(probe, self.config.weight_bits)
+        set_weight_bits(probe, self.config.weight_bits, keep=eight_bit)
         return write_back(qdq, twin, probe)
 
     def _compare(self, reference: onnx.ModelProto, ptq: onnx.ModelProto, trained: onnx.ModelProto, output: Path,

@@ -177,10 +177,11 @@ class BiasQuant(nn.Module):
         return q.numpy().astype(np.int64), scale.numpy().astype(np.float32)
 
 
-def set_weight_bits(program, bits: int) -> None:
-    """Every weight quantizer of ``program`` (an ``OnnxProgram`` with FakeQuant nodes) to ``bits``, each grid
-    re-derived from its current weights (``WeightQuant.set_bits``)."""
+def set_weight_bits(program, bits: int, *, keep: frozenset[str] = frozenset()) -> None:
+    """Every weight quantizer of ``program`` (an ``OnnxProgram`` with FakeQuant nodes) but those keyed in ``keep``
+    (they stay as they are: ``npukit.quant.qat.bit_plan``) to ``bits``, each grid re-derived from its current
+    weights (``WeightQuant.set_bits``)."""
     weights = program.trained_initializers()
     for node in program.nodes:
-        if node.op_type == "FakeQuant" and node.attrs.get("kind") == "weight":
+        if node.op_type == "FakeQuant" and node.attrs.get("kind") == "weight" and node.attrs["key"] not in keep:
             program.quant[node.attrs["key"]].set_bits(bits, weights[node.inputs[0]])

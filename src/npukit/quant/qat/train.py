@@ -12,7 +12,8 @@ teacher's on the first training samples, fixed for the run). Adam on the float w
 with ``learn_scales``), cosine-decayed learning rate.
 
 Bits lowered step by step: ``schedule`` lists the weight bits of equal parts of the training (e.g. 6 then 4); at
-each change the weight grids are re-derived from the weights on the narrower rule.
+each change the weight grids are re-derived from the weights on the narrower rule, but for the weights in
+``eight_bit`` (``npukit.quant.qat.bit_plan``: the most sensitive ones), which keep their 8-bit grids.
 
 BatchNorm is folded into the convolutions before the QDQ model is built (ONNX Runtime's pre-processing), so its
 statistics are frozen from the first step and the folded weights train.
@@ -25,8 +26,8 @@ original ops to their substitutes the same way: candidates only once the substit
 
 Checkpoints: after every epoch the student, the optimizer, the epoch and the loss history go to ``checkpoint``
 atomically (an interrupted run keeps the last one); a run with the same fingerprint starts from it. Under
-``torchrun`` (``WORLD_SIZE`` > 1) each process takes its share of every batch (the global batch stays ``batch_size``) and DistributedDataParallel
-averages the gradients (gloo on CPUs); only rank 0 writes.
+``torchrun`` (``WORLD_SIZE`` > 1) each process takes its share of every batch (the global batch stays
+``batch_size``) and DistributedDataParallel averages the gradients (gloo on CPUs); only rank 0 writes.
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def world() -> tuple[int, int]:
     return dist.get_rank(), size
 
 
-class _Batched(nn.Module):
+class Batched(nn.Module):
     """The program over a batch: each sample runs as the batch-1 graph it was exported as (``torch.vmap``)."""
 
     def __init__(self, program: OnnxProgram) -> None:
@@ -187,8 +188,9 @@ class Trainer:
                  checkpoint: Path | None, fingerprint: str, payload: Mapping[str, Any] | None = None,
                  validation: Mapping[str, np.ndarray] | None = None,
                  validation_labels: np.ndarray | None = None, masks: Mapping[str, np.ndarray] | None = None,
-                 sparsity: Any = None, blend: Any = None) -> None:
+                 sparsity: Any = None, blend: Any = None, eight_bit: frozenset[str] = frozenset()) -> None:
         self.student, self.teacher, self.config = student, teacher, config
+        self.eight_bit = eight_bit  # weight quantizers that keep 8 bits as the others are lowered (bit_plan)
         self.masks: dict[str, np.ndarray] = {}
         self.sparsity, self.blend = sparsity, blend
         self._set_masks(masks or {})
@@ -209,7 +211,7 @@ class Trainer:
         self.images = {k for k, v in inputs.items() if _is_image(v)} if config.augment else set()
         for p in self.teacher.parameters():
             p.requires_grad_(False)
-        self.model = _Batched(student)
+        self.model = Batched(student)
         self.trainable = [p for p in student.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(self.trainable, lr=config.learning_rate)
         per_epoch = math.ceil(self.count / config.batch_size)
@@ -227,7 +229,7 @@ class Trainer:
         return stages[min(len(stages) - 1, step * len(stages) // max(1, self.total))]
 
     def _set_bits(self, bits: int) -> None:
-        set_weight_bits(self.student, bits)
+        set_weight_bits(self.student, bits, keep=self.eight_bit)
         self.bits = bits
 
     def _set_masks(self, masks: Mapping[str, np.ndarray]) -> None:
@@ -296,7 +298,7 @@ class Trainer:
                 part = {k: v[first:first + self.config.batch_size] for k, v in self.validation.items()}
                 labels = (self.validation_labels[first:first + self.config.batch_size]
                           if self.validation_labels is not None else None)
-                loss, agreement = self.loss(self.model(part), _Batched(self.teacher)(part), labels)
+                loss, agreement = self.loss(self.model(part), Batched(self.teacher)(part), labels)
                 size = len(next(iter(part.values())))
                 total_loss += float(loss) * size
                 total_agreement += agreement * size
@@ -342,7 +344,7 @@ class Trainer:
 
         first = {k: v[:1] for k, v in self.inputs.items()}
         with torch.no_grad():
-            classes = _Batched(self.teacher)(first)[self.classify_output].reshape(1, -1).shape[1]
+            classes = Batched(self.teacher)(first)[self.classify_output].reshape(1, -1).shape[1]
         for labels in (self.labels, self.validation_labels):
             if labels is not None:
                 require_class_labels(labels.numpy(), classes)
@@ -355,7 +357,7 @@ class Trainer:
         ending in Softmax: every row non-negative and summing to 1)."""
         first = {k: v[:SPREAD_SAMPLES] for k, v in self.inputs.items()}
         with torch.no_grad():
-            outputs = _Batched(self.teacher)(first)
+            outputs = Batched(self.teacher)(first)
         spread = [max(float(o.double().var()), 1e-12) if o.is_floating_point() and o.numel() > 1 else 1.0
                   for o in outputs]
         probabilities = False
@@ -404,7 +406,7 @@ class Trainer:
                 for k in self.images:
                     feeds[k] = _shifted(feeds[k], generator)
                 with torch.no_grad():
-                    teacher = _Batched(self.teacher)(feeds)
+                    teacher = Batched(self.teacher)(feeds)
                 student = model(feeds)
                 labels = self.labels[index] if self.labels is not None else None
                 loss, agreement = self.loss(student, teacher, labels)
