@@ -101,3 +101,16 @@ def test_sizes_shape_inference_cannot_tell_come_from_one_run() -> None:
     seen = estimate_energy(symbolic, feeds=feeds)
     assert seen.unknown_shapes == 0 and seen.total_pj == pytest.approx(estimate_energy(static).total_pj)
     assert energy_figures({"m": symbolic}, feeds=feeds, measure=False)[0]["m"].unknown_shapes == 0
+
+
+def test_a_model_for_the_htp_is_priced_with_its_activations_at_their_quantized_widths():
+    """compile's QDQ model: ORT CPU would hold a float and an integer copy of its activations (a peak above the float
+    model's); the HTP holds the integers only, and the note says which plan the peak is from."""
+    from tests.memory.tiny import qdq_conv
+
+    model = qdq_conv()
+    estimates, _ = energy_figures({"htp": model, "cpu": model}, measure=False, views={"htp": "qnn-htp"})
+    notes = {role: next(n for n in e.notes if n.startswith("activation peak")) for role, e in estimates.items()}
+    assert "(memory plan, qnn-htp view)" in notes["htp"] and "(ORT CPU's allocation planner)" in notes["cpu"]
+    peak = {role: int(note.split()[2]) for role, note in notes.items()}
+    assert 0 < peak["htp"] < peak["cpu"], peak

@@ -126,10 +126,10 @@ def _float_name(dtype: int | None) -> str:
 
 def estimate_energy(model: onnx.ModelProto, *, peak_bytes: int | None = None,
                     energy_model: EnergyModel | None = None,
-                    feeds: Mapping[str, np.ndarray] | None = None) -> EnergyEstimate:
+                    feeds: Mapping[str, np.ndarray] | None = None, peak_from: str = "memory plan") -> EnergyEstimate:
     """The estimate for one inference of ``model`` (float or QDQ). ``peak_bytes``: the peak of live activations from
-    a memory plan (else the sum of the two largest activations, a lower bound). Tensor sizes come from shape
-    inference; where it cannot tell them and ``feeds`` are given, from one run on ONNX Runtime."""
+    a memory plan (``peak_from`` names it; else the sum of the two largest activations, a lower bound). Tensor sizes
+    come from shape inference; where it cannot tell them and ``feeds`` are given, from one run on ONNX Runtime."""
     from npukit.measure.summary import _node_macs, tensor_nbytes
 
     energy_model = energy_model or EnergyModel()
@@ -144,7 +144,7 @@ def estimate_energy(model: onnx.ModelProto, *, peak_bytes: int | None = None,
     activations_on_chip = peak <= energy_model.on_chip_bytes
     notes = [f"weights {weight_total} B {'fit' if weights_on_chip else 'do not fit'} on chip "
              f"({energy_model.on_chip_bytes} B): read from {'SRAM' if weights_on_chip else 'DRAM'}",
-             f"activation peak {peak} B{' (memory plan)' if peak_bytes is not None else ' (two largest, a bound)'} "
+             f"activation peak {peak} B ({peak_from if peak_bytes is not None else 'two largest, a bound'}) "
              f"{'fits' if activations_on_chip else 'does not fit'} on chip"]
     macs_of = {id(node): _node_macs(node, tensors.shapes) or 0 for node in tensors.nodes}
     ops: list[OpEnergy] = []
@@ -320,13 +320,17 @@ def measure_rapl(call: Any, *, runs: int = 50) -> MeasuredEnergy:
 
 
 def energy_figures(models: Mapping[str, Any], *, threads: int = 1, runs: int = 50, feeds: Any = None,
-                   measure: bool = True) -> tuple[dict[str, EnergyEstimate], dict[str, MeasuredEnergy]]:
+                   measure: bool = True, views: Mapping[str, str] | None = None
+                   ) -> tuple[dict[str, EnergyEstimate], dict[str, MeasuredEnergy]]:
     """Per-operator estimates of ``models`` (role -> path or ModelProto) with ORT CPU's predicted activation peak
-    as the memory plan, and, with ``measure``, each one's energy on ORT CPU from RAPL where the host's counter is
-    readable (else a ``MeasuredEnergy`` that says why not)."""
+    as the memory plan (a role in ``views``: the plan on that execution view of ``npukit.memory.runtime_view``
+    instead, e.g. "qnn-htp" for a model the HTP runs, whose activations keep their quantized widths), and, with
+    ``measure``, each one's energy on ORT CPU from RAPL where the host's counter is readable (else a
+    ``MeasuredEnergy`` that says why not)."""
     from npukit.errors import NpukitError
     from npukit.frontend.shapes import InputSpec, apply_input_spec
     from npukit.memory.layout import ort_predicted_peak
+    from npukit.memory.tiling import planned_peak
     from npukit.runtime.ort import make_session, random_feeds
 
     estimates, measured = {}, {}
@@ -339,11 +343,13 @@ def energy_figures(models: Mapping[str, Any], *, threads: int = 1, runs: int = 5
                 proto = model = apply_input_spec(proto, InputSpec(given)) if given else proto
             except NpukitError:  # sizes it cannot fix: estimated as declared (the run fills in what it can)
                 pass
+        view = (views or {}).get(role)
         try:
-            peak = ort_predicted_peak(model)
+            peak = planned_peak(proto, target=view, inputs=False) if view else ort_predicted_peak(model)
         except (NpukitError, ValueError, RuntimeError):  # e.g. symbolic sizes: the estimate's own bound instead
             peak = None
-        estimates[role] = estimate_energy(proto, peak_bytes=peak, feeds=feeds)
+        estimates[role] = estimate_energy(proto, peak_bytes=peak, feeds=feeds, peak_from=f"memory plan, {view} view"
+                                          if view else "ORT CPU's allocation planner")
         if not measure:
             continue
         counter, why = read_rapl()

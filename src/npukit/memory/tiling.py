@@ -560,13 +560,17 @@ class _Builder:
 
 # ---------------------------------------------------------------------------------------------------------- choice
 
-def planned_peak(model: onnx.ModelProto, *, target: str = "cpu", input_shape: Sequence[int] | None = None) -> int:
-    """The best planner's arena for ``model`` on ``target``'s execution view, in graph order (as ORT runs it)."""
+def planned_peak(model: onnx.ModelProto, *, target: str = "cpu", input_shape: Sequence[int] | None = None,
+                 inputs: bool = True) -> int:
+    """The best planner's arena for ``model`` on ``target``'s execution view, in graph order (as ORT runs it);
+    without ``inputs``, less the graph inputs' buffers (the caller's memory, as ORT CPU's planner counts)."""
     from npukit.memory.lifetimes import lifetimes_of
+    from npukit.memory.ort_cpu import without_graph_inputs
     from npukit.memory.planners import best_plan
     from npukit.memory.runtime_view import build_view
 
-    return best_plan(lifetimes_of(build_view(model, view=target, input_shape=input_shape))).arena_bytes
+    lifetimes = lifetimes_of(build_view(model, view=target, input_shape=input_shape))
+    return best_plan(lifetimes if inputs else without_graph_inputs(lifetimes)).arena_bytes
 
 
 def choose_tiling(

@@ -229,15 +229,17 @@ def _check_on_the_htp(report: Report, output: Path, reference: onnx.ModelProto, 
 
 def _energy(report: Report, compiled: onnx.ModelProto, float_model: onnx.ModelProto | None, *,
             feeds: dict[str, np.ndarray] | None = None) -> None:
-    """The per-operator energy estimate of the compiled model's QDQ graph (and of the float model it came from),
-    sizes shape inference cannot tell filled by one run on ``feeds`` (a calibration sample); the HTP's own energy is
-    not measured here."""
+    """The per-operator energy estimate of the compiled model's QDQ graph, its activation peak planned on the HTP's
+    execution view (and of the float model it came from, on ORT CPU's), sizes shape inference cannot tell filled by
+    one run on ``feeds`` (a calibration sample); the HTP's own energy is not measured here."""
     from npukit.measure.energy import MeasuredEnergy, energy_figures
     from npukit.report.energy import add_energy
 
     with step("energy per operator (estimate)", timings=report.timings, key="energy"):
         roles = {"compiled (its QDQ model)": compiled} | ({"float": float_model} if float_model is not None else {})
-        estimates, _ = energy_figures(roles, measure=False, feeds=feeds)
+        # the compiled model's activations as the HTP holds them (uint16 where its Q/DQ says so), not as ORT CPU
+        # would run its Q/DQ graph (a float and an integer copy of each: a peak above the float model's)
+        estimates, _ = energy_figures(roles, measure=False, feeds=feeds, views={"compiled (its QDQ model)": "qnn-htp"})
     add_energy(report, estimates, measured={"compiled (its QDQ model)": MeasuredEnergy(
         None, 0, "the HTP's energy is not measured: no device here (x86 runs Qualcomm's HTP emulator)")})
 
