@@ -17,7 +17,8 @@ class NpukitError(Exception):
         text = self.message.rstrip(".")
         if self.hint:
             text += f". {self.hint.rstrip('.')}"
-        return " ".join(text.split()) + "."
+        text = " ".join(text.split())
+        return text if text.endswith(("?", "!")) else text + "."  # "did you mean resnet101?" ends as it is
 
 
 class InputError(NpukitError):

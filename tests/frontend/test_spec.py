@@ -115,6 +115,7 @@ def test_torchvision_unknown_and_unsupported() -> None:
     with pytest.raises(InputError, match="torchvision has no model named 'mobilenetv2'") as info:
         resolve_model("torchvision:mobilenetv2")
     assert "mobilenet_v2" in info.value.hint
+    assert info.value.one_line().endswith("?")  # a question ends as one, not "?."
     with pytest.raises(InputError, match="detection model"):
         resolve_model("torchvision:fasterrcnn_mobilenet_v3_large_fpn")
 

@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from npukit.errors import InputError
 from npukit.memory.tiling import (
     REL_TOLERANCE,
+    BudgetUnreachable,
     choose_tiling,
     cut_candidates,
     max_rel_error,
@@ -263,3 +264,18 @@ def test_optimize_for_memory_on_ort_cpu_uses_its_replayed_peak(tmp_path) -> None
     # ORT's graph optimizers do not always order the nodes alike from one session to the next (measured on this
     # model: 116736 or 131072 bytes over six sessions), and the replay follows the order of the session it reads
     assert abs(ort_predicted_peak(tmp_path / "tiled.onnx") - done.peak_after) <= 0.15 * done.peak_after
+
+
+def test_a_model_with_no_tiling_cut_says_its_peak_and_the_budget_it_needs():
+    w = numpy_helper.from_array(np.eye(256, dtype=np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm1"),
+             helper.make_node("MatMul", ["h", "w"], ["y"], name="mm2")]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 256])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    peak = planned_peak(model)
+    with pytest.raises(BudgetUnreachable) as caught:
+        choose_tiling(model, budget_bytes=peak // 2)
+    assert caught.value.smallest_peak == peak
+    assert f"planned peak on cpu is {peak} bytes" in str(caught.value) and f"at least {peak} bytes" in \
+        caught.value.hint

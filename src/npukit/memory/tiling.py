@@ -613,8 +613,10 @@ def choose_tiling(
             after = live[step_of[cut] + 1:]
             tails.append((cut, max(after, default=0)))
     if not tails:
-        raise InputError("no node output of this model can be a tiling cut",
-                         hint="the early stage must hold only Conv, pooling and element-wise ops")
+        raise BudgetUnreachable(before, f"the planned peak on {target} is {before} bytes, over the budget of "
+                                        f"{budget_bytes} bytes, and no node output of this model can be a tiling cut",
+                                hint=f"raise --memory-budget to at least {before} bytes (tiling needs an early stage "
+                                     "of only Conv, pooling and element-wise ops)")
     # a cut before the untiled peak leaves the peak's tensors outside the tiles: only cuts at or after it can lower it
     peak_step = live.index(max(live)) if live else 0
     fitting = [cut for cut, tail in tails if tail <= budget_bytes and step_of[cut] >= peak_step][:max_cuts]
