@@ -46,7 +46,8 @@ def add_carried_plan(report: Report, carried: Any) -> None:
     """How npukit's plan went onto the torch program (``CarriedPlan`` of ``quant.emit.pt2e``)."""
     report.add_table("npukit's plan carried onto the torch program (PT2E, grids fixed from the plan)",
                      ["tensors matched by value", "activation grids", "weights (plan's integers)",
-                      "left in float", "int8 on the plan's range (float in the ONNX model)"],
+                      "layers left in float", "tensors float in the ONNX model, int8 here on their calibrated "
+                                              "range"],
                      [[carried.matched, carried.activations, carried.weights, len(carried.float_nodes),
                        ", ".join(carried.derived) or "none"]])
 

@@ -77,11 +77,12 @@ def add_steps(report: Report, steps: QuantSteps) -> None:
     scored = steps.float_head_scored
     if scored:
         first, last = scored["scored_on_samples"]
+        where = f"sample {first}" if last - first == 1 else f"samples {first}-{last - 1}"
         rows = [[h["stem"], ", ".join(h["chain"][:int(k)]) or "(none: all quantized)", share, h["sqnr_db"][k],
                  "chosen" if int(k) == len(h["nodes"]) else ""]
                 for h in scored["heads"] for k, share in h["mac_share"].items()]
         report.add_table(f"Float head chosen by accuracy (prefixes of the stem's chain within {scored['share']:.0%} of "
-                         f"the MACs, output SQNR on calibration samples {first}-{last - 1}, {scored['score_on']} "
+                         f"the MACs, output SQNR on calibration {where}, {scored['score_on']} "
                          f"arithmetic; the shortest within {TIE_DB} dB of the best)",
                          ["stem", "convs in float", "share of MACs", "SQNR dB", ""],
                          rows or [[", ".join(h["stem"] for h in scored["heads"]) or "-",
