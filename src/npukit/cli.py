@@ -852,6 +852,16 @@ def _quiet_onnxruntime() -> None:
     onnxruntime.set_default_logger_severity(3)
 
 
+def _check_report_names(args: argparse.Namespace) -> None:
+    """A JSON report named by --report / --json must end in .json (a report written as x.onnx looks like a model)."""
+    from npukit.errors import InputError
+
+    for flag in ("report", "json"):
+        path = getattr(args, flag, None)
+        if path and Path(path).suffix.lower() != ".json":
+            raise InputError(f"--{flag} {path} must end in .json", hint=f"name it like {Path(path).stem}.json")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -872,6 +882,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from npukit._atomic import check_writes
 
         check_writes(list(before), [getattr(args, name, None) for name in _READS])
+        _check_report_names(args)  # after: a report named like an input is refused as the overwrite it would be
         with capture_library_messages():
             return run(args)
     except NpukitError as exc:

@@ -227,6 +227,13 @@ def test_a_report_named_like_an_input_is_refused_and_the_input_kept(command, exp
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
+def test_a_report_not_named_json_is_refused(exported, tmp_path, capsys):
+    assert main(["plan-memory", str(exported), "--report", str(tmp_path / "pm" / "x.onnx")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--report" in err and "must end in .json" in err and "x.json" in err and "\n" not in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_analyze_across_targets(exported, tmp_path, capsys):
     report_path = tmp_path / "analyze.json"
     assert main(["analyze", str(exported), "--target", "qnn-htp", "--target", "litert", "--report",
