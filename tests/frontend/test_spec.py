@@ -66,8 +66,14 @@ def test_weights_mismatch(factories: str, tmp_path: Path) -> None:
     state = _perturbed_state(factories)
     state["fc.weight"] = torch.zeros(7, 8)
     torch.save(state, path)
-    with pytest.raises(InputError, match="size mismatch for fc.weight"):
+    with pytest.raises(InputError, match="size mismatch for fc.weight") as info:
         resolve_model(f"{factories}:tiny_cnn", weights=str(path))
+    assert "saved from this architecture" in info.value.hint  # its bias still says the model's class count
+    state["fc.bias"] = torch.zeros(7)  # a head trained for 7 classes
+    torch.save(state, path)
+    with pytest.raises(InputError, match="size mismatch for fc.weight") as info:
+        resolve_model(f"{factories}:tiny_cnn", weights=str(path))
+    assert "fc has 7 outputs" in info.value.hint and "num_classes=7" in info.value.hint
     path.write_text("not a checkpoint")
     with pytest.raises(InputError, match="cannot read weights"):
         resolve_model(f"{factories}:tiny_cnn", weights=str(path))

@@ -314,7 +314,7 @@ def load_weights(module: torch.nn.Module, path: str | Path) -> tuple[str, ...]:
     except Exception as exc:  # size mismatches, and any error a layer's own loader raises
         size = next((ln.strip() for ln in str(exc).splitlines() if "size mismatch" in ln), None)
         detail = size or first_line(exc)
-        hint = "check that the weights were saved from this architecture"
+        hint = _head_hint(state, module.state_dict()) or "check that the weights were saved from this architecture"
         if size is None and getattr(state, "_metadata", None) is None:
             hint += ("; this state dict has no _metadata (per-layer versions): save it with "
                      "torch.save(model.state_dict(), path), not a copy of the dict")
@@ -329,6 +329,23 @@ def load_weights(module: torch.nn.Module, path: str | Path) -> tuple[str, ...]:
         raise InputError(f"weights in {path} do not match the model: {'; '.join(parts)} keys",
                          hint="check that the weights were saved from this architecture")
     return notes
+
+
+def _head_hint(state: Mapping[str, Any], own: Mapping[str, Any]) -> str | None:
+    """When the only mismatch is one layer's output count (a classifier head trained for another number of
+    classes), how to build the model to match; else None."""
+    mismatched = [(key, tuple(value.shape), tuple(own[key].shape)) for key, value in state.items()
+                  if key in own and hasattr(value, "shape") and tuple(value.shape) != tuple(own[key].shape)]
+    layers = {key.rsplit(".", 1)[0] for key, _, _ in mismatched}
+    if not mismatched or len(layers) != 1 or not all(a and b and a[0] != b[0] and a[1:] == b[1:]
+                                                     for _, a, b in mismatched):
+        return None
+    layer = next(iter(layers))
+    if len(mismatched) != sum(1 for key in state if key in own and key.rsplit(".", 1)[0] == layer):
+        return None  # the layer's other tensors (its bias) match: not a head for other classes
+    _, theirs, ours = mismatched[0]
+    return (f"the weights' {layer} has {theirs[0]} outputs where this model has {ours[0]}: build the model "
+            f"for {theirs[0]} classes, e.g. the spec 'torchvision.models:NAME(num_classes={theirs[0]})'")
 
 
 def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
