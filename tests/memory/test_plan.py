@@ -61,6 +61,10 @@ def test_plan_memory_on_the_graph_ort_runs_states_ort_peak(tmp_path):
     ops = {step.op for step in result.lifetimes.steps}
     assert "Reshape" in ops and "MaxPool" in ops or "nchwc:MaxPool" in ops
     assert result.runtime_peak >= result.best.arena_bytes - 128  # ORT's own placement is never better (input aside)
+    # compared on its own basis: the bound less the graph inputs, which ORT's peak leaves out too
+    assert result.runtime_lower_bound < result.lower_bound and result.runtime_peak >= result.runtime_lower_bound
+    row = next(r for r in report.to_dict()["tables"][0]["rows"] if r[0] == result.runtime_allocator)
+    assert row[2].endswith(f"of the bound less the inputs ({result.runtime_lower_bound} B)")
     data = report.to_dict()["results"]
     assert data["device_peak_bytes"] == result.runtime_peak
     assert data["memory"]["runtime_allocator"].startswith("ORT CPU's allocation planner")

@@ -37,6 +37,7 @@ class MemoryResult:
     runtime_peak: int | None = None
     runtime_allocator: str = ""
     description: str = ""  # the graph planned, in words (the view's, or the graph ORT executes)
+    runtime_lower_bound: int | None = None  # the lower bound less the graph inputs, as the runtime's peak counts
     input_shape: dict[str, Any] | None = None  # the shapes fixed into the model first (InputSpec.as_dict)
 
     @property
@@ -50,6 +51,7 @@ class MemoryResult:
             "best_arena_bytes": self.best.arena_bytes,
             "plans": {name: plan.arena_bytes for name, plan in self.plans.items()},
             "runtime_peak_bytes": self.runtime_peak, "runtime_allocator": self.runtime_allocator or None,
+            "runtime_lower_bound_bytes": self.runtime_lower_bound,
             "order_search": None if self.order is None else {
                 "improved": self.order.improved, "peak_bytes": self.order.peak_bytes,
                 "original_peak_bytes": self.order.original_peak_bytes,
@@ -83,7 +85,7 @@ def plan_memory(
     exported = load_tensor_graph(proto)
     runtime_peak, allocator, description = None, "", execution.description
     if execution.name == "cpu" and runtime_graph:
-        from npukit.memory.ort_cpu import ort_allocation, ort_executed_graph
+        from npukit.memory.ort_cpu import ort_allocation, ort_executed_graph, without_graph_inputs
 
         with tempfile.TemporaryDirectory(prefix="npukit-plan-") as tmp:  # ORT reads the model with shapes fixed
             executed = ort_executed_graph(model_path if spec is None else save_onnx(proto, Path(tmp) / "model.onnx"))
@@ -102,6 +104,7 @@ def plan_memory(
         best=best_plan(lifetimes, plans.values()), lower_bound=lifetimes.peak_bytes,
         unfused_lower_bound=lifetimes_of(exported).peak_bytes, order=order,
         runtime_peak=runtime_peak, runtime_allocator=allocator, description=description,
+        runtime_lower_bound=None if runtime_peak is None else without_graph_inputs(lifetimes).peak_bytes,
         input_shape=None if spec is None else spec.as_dict(),
     )
     return result

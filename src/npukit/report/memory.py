@@ -27,7 +27,9 @@ def memory_report(result: Any) -> Report:
          ["lower bound (target view)", bound, "1.000x"],
          ["lower bound (exported graph, unfused)", result.unfused_lower_bound,
           _ratio(result.unfused_lower_bound, bound)],
-         *([[result.runtime_allocator, result.runtime_peak, _ratio(result.runtime_peak, bound)]]
+         *([[result.runtime_allocator, result.runtime_peak,
+             f"{_ratio(result.runtime_peak, result.runtime_lower_bound)} of the bound less the inputs "
+             f"({result.runtime_lower_bound} B)"]]
            if result.runtime_peak is not None else [])],
     )
     if result.runtime_peak is not None:
