@@ -94,8 +94,8 @@ VIEWS: dict[str, ExecutionModel] = {
     "cpu-int8": _ort_cpu("cpu-int8", "ORT CPU running an 8-bit quantized model: as 'cpu' with 1-byte activations", 1),
     "qnn-htp": ExecutionModel(
         "qnn-htp", "Qualcomm HTP: a float model's activations at 8 bits (npukit compile builds 16-bit ones for the "
-                   "HTP: npukit.quantize_for_htp gives that QDQ model to plan), a QDQ model's at the widths it states, "
-                   "activations fused into any producer, element-wise ops in place, reshapes as views",
+                   "HTP: npukit.api.quantize_for_htp gives that QDQ model to plan), a QDQ model's at the widths it "
+                   "states, activations fused into any producer, element-wise ops in place, reshapes as views",
         fusions=(
             *(FuseRule(op, frozenset({ANY})) for op in _HTP_ACTIVATIONS),
             FuseRule("BatchNormalization", frozenset({"Conv"})),
