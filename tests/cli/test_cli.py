@@ -845,3 +845,10 @@ def test_an_unknown_flag_points_at_the_verb_s_help(tmp_path, capsys):
     assert "npukit inspect: unrecognized arguments: --bogus 1. See `npukit inspect -h`" in err and "\n" not in err
     assert main(["--bogus"]) == 2  # no verb yet: the top-level usage
     assert "See `npukit -h`" in capsys.readouterr().err
+
+
+def test_an_output_ending_in_a_slash_is_refused(exported, tmp_path, capsys):
+    assert main(["optimize-graph", str(exported), "-o", str(tmp_path / "out" / "m.onnx") + "/"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "ends in a slash" in err and "\n" not in err, err
+    assert list(tmp_path.iterdir()) == []

@@ -22,6 +22,9 @@ from npukit.tasks import QualityGate
 
 
 def check_output(output: str | Path, *, source: str | Path | None = None, suffix: str = ".onnx") -> Path:
+    if str(output).endswith(("/", "\\")):  # Path() drops the slash: out/m.onnx/ would be written as a file
+        raise InputError(f"output {output} ends in a slash, as a folder would",
+                         hint=f"give a file name ending in {suffix}, without the slash")
     output = Path(output)
     if output.suffix.lower() != suffix:
         raise InputError(f"output {output} must end in {suffix}", hint=f"name the output like model{suffix}")

@@ -85,7 +85,7 @@ def optimize_graph(
     else:
         share = verification_share(errors, rtol)
         report.set_verdict(f"PASS optimize-graph: {nodes}, every output within its tolerance of the original's "
-                           f"(max abs error {errors.max_abs:.3g}, worst output at {share or 0:.2f} of its allowance"
+                           f"(max abs error {errors.max_abs:.3g}, worst output at {share or 0:.2g} of its allowance"
                            + ("; the allowance includes ORT's own deviation on the unmodified model"
                               if errors.runtime_allowance else "") + ")", passed=True)
     if restructured is not None:
