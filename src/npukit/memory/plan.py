@@ -78,6 +78,7 @@ def plan_memory(
     from npukit.frontend.onnx_io import save_onnx
     from npukit.frontend.shapes import InputSpec, load_with_inputs
     from npukit.memory.graph import load_tensor_graph
+    from npukit.memory.ort_cpu import without_graph_inputs
 
     execution = get_view(target)  # an unknown target fails before the model is read
     spec = InputSpec.parse(input_shape)
@@ -85,7 +86,7 @@ def plan_memory(
     exported = load_tensor_graph(proto)
     runtime_peak, allocator, description = None, "", execution.description
     if execution.name == "cpu" and runtime_graph:
-        from npukit.memory.ort_cpu import ort_allocation, ort_executed_graph, without_graph_inputs
+        from npukit.memory.ort_cpu import ort_allocation, ort_executed_graph
 
         with tempfile.TemporaryDirectory(prefix="npukit-plan-") as tmp:  # ORT reads the model with shapes fixed
             executed = ort_executed_graph(model_path if spec is None else save_onnx(proto, Path(tmp) / "model.onnx"))

@@ -28,28 +28,23 @@ T = TypeVar("T")
 HEARTBEAT_S = 60.0  # seconds between plain progress lines without a terminal (none before the first has passed)
 
 
-def _console(enabled: bool) -> Console | None:
-    """A console on stderr when progress should show (enabled and stderr is a terminal), else None."""
-    if not enabled:
-        return None
+def _stderr_is_terminal() -> bool | None:
+    """Whether stderr is a terminal; None when there is no stderr to write to (none, replaced or closed)."""
     stream = sys.stderr
     try:
-        if stream is None or not stream.isatty():
-            return None
+        return None if stream is None else bool(stream.isatty())
     except (AttributeError, ValueError):  # replaced or closed stream
         return None
-    return Console(stderr=True)
+
+
+def _console(enabled: bool) -> Console | None:
+    """A console on stderr when progress should show (enabled and stderr is a terminal), else None."""
+    return Console(stderr=True) if enabled and _stderr_is_terminal() else None
 
 
 def _plain(enabled: bool) -> bool:
     """Whether plain progress lines go to stderr: enabled, and stderr is there but no terminal."""
-    if not enabled:
-        return False
-    stream = sys.stderr
-    try:
-        return stream is not None and not stream.isatty()
-    except (AttributeError, ValueError):
-        return False
+    return enabled and _stderr_is_terminal() is False
 
 
 def _elapsed(seconds: float) -> str:
