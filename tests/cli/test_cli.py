@@ -451,6 +451,18 @@ def test_a_verb_that_fails_after_writing_its_artifact_leaves_nothing_new(exporte
     capsys.readouterr()
 
 
+def test_integer_pixels_for_a_float_model_are_named_in_the_report_and_on_the_terminal(exported, tmp_path, capsys):
+    """uint8 0..255 arrays for a float input are read unscaled (some models take 0..255): the report and the terminal
+    say so, so a user whose model expects 0..1 sees why its calibration and checks read the wrong range."""
+    data = tmp_path / "pixels.npy"
+    np.save(data, np.random.default_rng(0).integers(0, 256, (3, 3, 32, 32), dtype=np.uint8))
+    report = tmp_path / "b.json"
+    assert main(["bench", str(exported), "--data", str(data), "--runs", "1", "--report", str(report)]) == 0
+    note = json.loads(report.read_text())["results"]["data_cast"]
+    assert note.startswith("pixels.npy: array 'input' is uint8 (values 0..255)") and "not scaled" in note
+    assert "integer arrays fed to float inputs" in capsys.readouterr().out
+
+
 def test_quantize_says_how_images_were_read_and_takes_the_normalization(exported, tmp_path):
     """An image folder is resized, cropped and normalized (ImageNet's by default): the report says how, and
     --mean / --std change it (a model not trained on ImageNet's statistics)."""

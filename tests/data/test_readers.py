@@ -222,6 +222,28 @@ def test_one_npz_array_keyed_otherwise_feeds_the_one_input_and_says_so(tmp_path:
         open_dataset(tmp_path / "same.npz", preprocess=CFG, input_name="x")
 
 
+def test_integer_pixels_for_a_float_input_are_fed_unscaled_and_said_so(tmp_path: Path) -> None:
+    """uint8 0..255 saved for a model that may expect 0..1: read as the same numbers (a model may take 0..255), and
+    the note names the array, its range and what to do; an integer widening (int32 -> int64) says nothing."""
+    import warnings
+
+    pixels = np.arange(2 * 3 * 4 * 4, dtype=np.uint8).reshape(2, 3, 4, 4) * 2
+    np.save(tmp_path / "u8.npy", pixels)
+    ds = open_dataset(tmp_path / "u8.npy", preprocess=CFG, input_name="x")
+    with pytest.warns(readers.DataCast, match=r"u8.npy: array 'x' is uint8 \(values 0..190\), fed to the model's "
+                                              r"float32 input 'x' as the same numbers, not scaled"):
+        ds.check_against([1, 3, 4, 4], dtypes={"x": np.float32})
+    sample = ds.sample(1)["x"]
+    assert sample.dtype == np.float32
+    np.testing.assert_array_equal(sample, pixels[1:2].astype(np.float32))
+    np.savez(tmp_path / "sr.npz", sr=np.full(3, 16000, np.int32))
+    ds = open_dataset(tmp_path / "sr.npz", preprocess=CFG)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", readers.DataCast)
+        ds.check_against({"sr": []}, dtypes={"sr": np.int64})
+    assert ds.sample(0)["sr"].dtype == np.int64
+
+
 def test_a_file_that_is_not_npy_or_holds_objects_is_named_so(tmp_path: Path) -> None:
     # numpy calls any file without its header "pickled (object) data" and points at allow_pickle, which the CLI has not
     (tmp_path / "garbage.npy").write_text("not numpy")

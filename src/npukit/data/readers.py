@@ -240,6 +240,14 @@ class ArrayDataset(Dataset):
             if arr.dtype.kind == "f" and want.kind in "biu":
                 raise InputError(f"array {name!r} in {self.source} is {arr.dtype} but the model's input {name!r} "
                                  f"takes {want}", hint=f"save it as {want} (integer values)")
+            if arr.dtype.kind in "biu" and want.kind == "f" and arr.size:
+                low, high = (arr.min(), arr.max()) if arr.dtype.kind != "b" else (0, 1)
+                with warnings.catch_warnings():  # said on every read, not once per process
+                    warnings.simplefilter("always", DataCast)
+                    warnings.warn(f"{self.source.name}: array {name!r} is {arr.dtype} (values {low}..{high}), fed to "
+                                  f"the model's {want} input {name!r} as the same numbers, not scaled or normalized; "
+                                  f"if the model expects scaled inputs (0..1, or minus a mean over a std), save them "
+                                  f"so as {want}", DataCast, stacklevel=2)
             self.dtypes[name] = want
 
     def _read(self, start: int, stop: int) -> dict[str, np.ndarray]:
@@ -375,6 +383,11 @@ class DataMapping(UserWarning):
     the report)."""
 
 
+class DataCast(UserWarning):
+    """Integer arrays read as a float input's numbers as they are (``report.finish`` lists it in the report): pixels
+    0..255 saved as uint8 for a model that expects 0..1 would calibrate and check it on inputs it never sees."""
+
+
 def _open_npy(path: Path, *, input_name: str) -> ArrayDataset:
     with open(path, "rb") as stream:
         if stream.read(6) != b"\x93NUMPY":  # numpy would call any other file pickled data
@@ -404,8 +417,10 @@ def _open_npz(path: Path, *, input_name: str | None) -> ArrayDataset:
     if len(arrays) == 1 and input_name is not None:
         key = next(iter(arrays))
         if key != input_name:  # one array for one input: used whatever its key, and said so
-            warnings.warn(f"{path.name}: its one array {key!r} is fed to the model's input {input_name!r}",
-                          DataMapping, stacklevel=2)
+            with warnings.catch_warnings():  # said on every read, not once per process
+                warnings.simplefilter("always", DataMapping)
+                warnings.warn(f"{path.name}: its one array {key!r} is fed to the model's input {input_name!r}",
+                              DataMapping, stacklevel=2)
         arrays = {input_name: arrays[key]}
     elif input_name is not None and input_name not in arrays:
         raise InputError(f"{path} has no array for model input {input_name!r} (it has {', '.join(arrays)})",

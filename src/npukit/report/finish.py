@@ -51,7 +51,8 @@ NOTES = {"InputShapeOverride": ("input_shape_override",
          "ImagePreprocessing": ("image_preprocessing",
                                 "Images: how they were turned into the model's input (--size, --resize, --mean, "
                                 "--std change it)"),
-         "DataMapping": ("data_mapping", "Data: arrays fed to inputs of another name")}
+         "DataMapping": ("data_mapping", "Data: arrays fed to inputs of another name"),
+         "DataCast": ("data_cast", "Data: integer arrays fed to float inputs (unscaled)")}
 
 
 def finish(report: Report, artifact: Path | None, *, html: bool, json_path: Path | None = None,
