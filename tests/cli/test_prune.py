@@ -104,7 +104,7 @@ def test_bad_input_exits_2_and_writes_nothing(net, tmp_path, capsys, extra, mess
     assert _files(tmp_path) == []
 
 
-def test_two_processes_under_torchrun_write_what_one_process_does(net, tmp_path) -> None:
+def test_two_processes_under_torchrun_write_what_one_process_does(net, tmp_path, tmp_path_factory) -> None:
     """Pruning and fine-tuning under torchrun (DDP, gloo): rank 0 alone writes, the same weights and zeros as one
     process (no random shifts, so the batches are the same)."""
     import os
@@ -118,6 +118,7 @@ def test_two_processes_under_torchrun_write_what_one_process_does(net, tmp_path)
     common = ["prune", str(net), "--data", str(net.with_name("data.npy")), "--macs", "0.75", "--sparsity", "0.5",
               "--epochs", "2", "--runs", "3", "--no-augment", "--accept-degraded"]
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env["TMPDIR"] = str(tmp_path_factory.mktemp("torchrun"))  # its torchelastic_* log folder, not left in /tmp
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                     str(port), "-m", "npukit.cli", *common, "-o", str(tmp_path / "two.onnx")], check=True, env=env,
                    timeout=300, capture_output=True)

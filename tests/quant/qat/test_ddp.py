@@ -19,8 +19,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_reach_the_one_process_result(tmp_path):
+def test_two_processes_reach_the_one_process_result(tmp_path, tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env["TMPDIR"] = str(tmp_path_factory.mktemp("torchrun"))  # its torchelastic_* log folder, not left in /tmp
     subprocess.run([sys.executable, str(WORKER), str(tmp_path / "one.pt")], check=True, env=env, timeout=300)
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                     str(_free_port()), str(WORKER), str(tmp_path / "two.pt")], check=True, env=env, timeout=300)
