@@ -69,8 +69,39 @@ def test_requests_arriving_together_run_as_one_batch_and_each_caller_gets_its_ro
 
 def test_a_fixed_batch_axis_turns_batching_off_and_says_why() -> None:
     with Runtime(_model(batch=1), device="cpu", workers=1, max_batch=4) as rt:
-        assert rt.config.max_batch == 1 and "batch axis is fixed" in rt.batching_note
+        assert rt.config.max_batch == 1 and "not a symbolic batch in 'x' (axis 0 is 1)" in rt.batching_note
         np.testing.assert_array_equal(rt.run(_requests(1)[0])[0], _plain(_model(batch=1), _requests(1)[0]))
+
+
+def test_symbolic_sizes_are_fixed_by_input_shape_and_the_refusal_says_how() -> None:
+    """A detector's [batch, 3, height, width]: refused with the flag and the Python argument to pass; served with
+    input_shape (the batch stays symbolic, so requests still batch); a one-input model takes an array alone, and a
+    request of another kind fails alone with a one-line InputError."""
+    model = _model()
+    model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "height"
+    model.graph.input[0].type.tensor_type.shape.dim[3].dim_param = "width"
+    with pytest.raises(InputError) as info:
+        Runtime(model, device="cpu", workers=1)
+    assert "--input-shape x=1,3,N,N" in info.value.hint and "input_shape='x=1,3,N,N'" in info.value.hint
+    request = _requests(1)[0]
+    with Runtime(model, device="cpu", workers=1, max_batch=2, input_shape="x=1,3,8,8") as rt:
+        assert rt.config.max_batch == 2 and not rt.batching_note
+        np.testing.assert_allclose(rt.run(request["x"])[0], _plain(_model(), request), rtol=1e-5, atol=1e-6)
+        with pytest.raises(InputError, match="a request is a dict of input name -> numpy array .* not a list"):
+            rt.run([request["x"]])
+
+
+def test_batching_off_names_each_input_without_a_batch_axis() -> None:
+    """Silero VAD's inputs: audio [batch, sequence] batches; its state [2, batch, 128] and the scalar rate do not."""
+    from npukit.runtime.engine import batching_off
+    from npukit.runtime.pool import InputSignature
+
+    audio = InputSignature("input", np.dtype(np.float32), (None, None))
+    state = InputSignature("state", np.dtype(np.float32), (2, None, 128))
+    rate = InputSignature("sr", np.dtype(np.int64), ())
+    assert batching_off([audio], 4) == "" and batching_off([audio, state, rate], 1) == ""
+    note = batching_off([audio, state, rate], 4)
+    assert "not a symbolic batch in 'state' (axis 0 is 2), 'sr' (a scalar)" in note and "'input'" not in note
 
 
 def _baked_batch() -> onnx.ModelProto:
@@ -185,13 +216,13 @@ def test_load_generators_count_what_happened() -> None:
         closed = closed_loop(rt.run, requests, clients=2, duration_s=0.3)
         opened = open_loop(rt.submit, requests, rate=200.0, duration_s=0.3)
     assert closed.completed > 0 and closed.failed == 0 and closed.latency_ms["p50"] > 0
-    assert opened.completed > 0 and opened.refused == 0
+    assert opened.completed > 0 and opened.refused == 0 and opened.sent == opened.completed + opened.failed
 
     def refusing(_feeds):
         raise Overloaded("full")
 
     refused = open_loop(refusing, requests, rate=200.0, duration_s=0.2, refused=Overloaded)
-    assert refused.completed == 0 and refused.refused > 0
+    assert refused.completed == 0 and refused.refused > 0 and refused.sent == refused.refused
 
     def slow_to_submit(_feeds):  # the generator's own work: it cannot offer 1000/s at 10 ms a request
         import time

@@ -375,17 +375,23 @@ def load_with_inputs(path: Any, spec: InputSpec | str | Sequence[Any] | Mapping[
     batches requests on it); the spec fixes the other dimensions."""
     from npukit.frontend.onnx_io import load_onnx
 
-    model = load_onnx(path)
+    model = fix_inputs(load_onnx(path), spec, keep_batch=keep_batch)
+    if needs:
+        require_static(model, needs=needs, allow_batch=allow_batch)
+    return model
+
+
+def fix_inputs(model: onnx.ModelProto, spec: InputSpec | str | Sequence[Any] | Mapping[str, Any] | None, *,
+               keep_batch: bool = False) -> onnx.ModelProto:
+    """``model`` with ``spec``'s shapes fixed into it (``load_with_inputs`` for a model in memory; ``keep_batch``
+    as there)."""
     parsed = InputSpec.parse(spec)
     symbolic = False
     if keep_batch and parsed is not None:
         declared = input_dims(model)
         given = parsed.resolve(model, override_static=True)
         symbolic = bool(given) and all(declared.get(name) and isinstance(declared[name][0], str) for name in given)
-    model = apply_input_spec(model, parsed, dynamic_batch=symbolic)
-    if needs:
-        require_static(model, needs=needs, allow_batch=allow_batch)
-    return model
+    return apply_input_spec(model, parsed, dynamic_batch=symbolic)
 
 
 def fix_input_shape(model: onnx.ModelProto, shape: tuple[int, ...], *, dynamic_batch: bool) -> onnx.ModelProto:

@@ -33,6 +33,7 @@ class LoadResult:
     seconds: float
     latency_ms: dict[str, float]
     behind_s: float = 0.0  # open loop: how late the generator sent its latest request (it could not offer the rate)
+    sent: int = 0  # open loop: the requests the Poisson draw put within the duration (a short one holds few)
 
     @property
     def throughput(self) -> float:
@@ -127,4 +128,4 @@ def open_loop(submit: Callable[[Feeds], Future], requests: Sequence[Feeds], *, r
             pass
     seconds = time.perf_counter() - start
     return LoadResult("open", rate, len(done), refusals, failed[0], seconds, _percentiles(done),
-                      behind_s=round(behind, 4))
+                      behind_s=round(behind, 4), sent=len(arrivals))

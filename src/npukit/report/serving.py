@@ -57,8 +57,8 @@ def add_serving(report: Report, result: Any) -> None:
                        ("batched", f"runtime: {batching['workers']} workers, batches up to {batching['max_batch']} "
                                    f"within {batching['max_wait_ms']} ms")):
         for r in d["open"].get(key, ()):  # no batched rows where the model's batch axis is fixed
-            rows.append([label, round(r["level"], 1), r["throughput_per_s"], r["refused"], r["latency_ms"]["p50"],
-                         r["latency_ms"]["p99"]])
+            rows.append([label, round(r["level"], 1), r.get("sent", "-"), r["completed"], r["throughput_per_s"],
+                         r["refused"], r["latency_ms"]["p50"], r["latency_ms"]["p99"]])
     note = f"; {batching['note']}" if batching.get("note") else ""
     late = [r for key in ("plain", "workers", "batched") for r in d["open"].get(key, ())
             if r.get("behind_s", 0.0) > GENERATOR_BEHIND * r["seconds"]]
@@ -68,7 +68,9 @@ def add_serving(report: Report, result: Any) -> None:
                  f"{worst['level']:.0f}/s): this process could not offer that rate, and its late requests went out "
                  "in bursts, so refusals there are the client's limit as much as the server's")
     report.add_table(f"Open loop, Poisson arrivals (plain loop's capacity {batching['capacity_per_s']:.1f} "
-                     f"requests/s{note})", ["server", "offered/s", "served/s", "refused", "p50 ms", "p99 ms"], rows)
+                     f"requests/s{note}; sent: the requests the seeded draw put within the duration; served/s: "
+                     "those answered over the time until the last answer)",
+                     ["server", "rate asked/s", "sent", "served", "served/s", "refused", "p50 ms", "p99 ms"], rows)
 
 
 def add_buckets(report: Report, buckets: dict[str, dict]) -> list[dict]:

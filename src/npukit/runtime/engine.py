@@ -223,9 +223,13 @@ _STOP = object()
 def batching_off(inputs: Sequence[InputSignature], max_batch: int) -> str:
     """Why requests for a model with these ``inputs`` are not batched up to ``max_batch``, or "" where they are: every
     input needs a symbolic batch axis to stack requests along."""
-    if max_batch > 1 and not all(s.batched for s in inputs):
-        return "batching off: the model's batch axis is fixed (export it with --dynamic-batch)"
-    return ""
+    fixed = [s for s in inputs if not s.batched]
+    if max_batch <= 1 or not fixed:
+        return ""
+    why = ", ".join(f"{s.name!r} ({'a scalar' if not s.shape else f'axis 0 is {s.shape[0]}'})" for s in fixed[:4])
+    more = f" and {len(fixed) - 4} more" if len(fixed) > 4 else ""
+    return (f"batching off: requests stack along axis 0 of every input, which is not a symbolic batch in {why}{more} "
+            "(a PyTorch model exported with npukit export --dynamic-batch has one on every input)")
 
 
 def batch_mismatch(session: Any, inputs: Sequence[InputSignature], rtol: float = 1e-4) -> str:
@@ -243,13 +247,18 @@ def batch_mismatch(session: Any, inputs: Sequence[InputSignature], rtol: float =
 class Runtime:
     """See the module docstring. Use as a context manager, or call ``close``."""
 
-    def __init__(self, model: ModelLike | str | os.PathLike[str], config: RuntimeConfig | None = None,
-                 **overrides: Any) -> None:
+    def __init__(self, model: ModelLike | str | os.PathLike[str], config: RuntimeConfig | None = None, *,
+                 input_shape: str | Sequence[Any] | Mapping[str, Any] | None = None, **overrides: Any) -> None:
+        """``input_shape`` (the CLI's ``--input-shape`` forms: "1,3,320,320", "x=1,3,320,320" or {name: shape})
+        fixes a model's symbolic sizes to one request's; a symbolic batch axis stays symbolic for batching."""
         from npukit.frontend.onnx_io import load_onnx
+        from npukit.frontend.shapes import fix_inputs
 
         config = dataclasses.replace(config or RuntimeConfig(), **overrides)
         proto = model if isinstance(model, onnx.ModelProto) else onnx.load_from_string(model) \
             if isinstance(model, bytes) else load_onnx(model)  # a bad path or file: a one-line InputError
+        if input_shape is not None:
+            proto = fix_inputs(proto, input_shape, keep_batch=True)
         cached = self._cached_context(proto, config)  # a previous start's compiled HTP graph: nothing to compile
         self.device = cached[1] if cached else choose_device(config.device)
         cores = os.cpu_count() or 1
@@ -267,9 +276,12 @@ class Runtime:
         self.signatures = signatures(self.session)
         fixed = [s for s in self.signatures if any(d is None for d in s.shape[1:])]
         if fixed:
+            example = f"{fixed[0].name}=" + ",".join("1" if d is None and axis == 0 else "N" if d is None else str(d)
+                                                     for axis, d in enumerate(fixed[0].shape))
             raise InputError(f"input {fixed[0].name!r} has symbolic dimensions besides the batch: "
                              f"{list(fixed[0].shape)}",
-                             hint="give the sizes of one request with --input-shape (e.g. 1,3,640,640)")
+                             hint=f"give the sizes of one request, each N a number: --input-shape {example} on the "
+                                  f"command line, Runtime(model, input_shape={example!r}) from Python")
         self.batching_note = batching_off(self.signatures, config.max_batch) or (
             batch_mismatch(self.session, self.signatures) if config.max_batch > 1 else "")
         max_batch = 1 if self.batching_note else config.max_batch
@@ -365,6 +377,9 @@ class Runtime:
 
     def _check(self, feeds: Mapping[str, np.ndarray]) -> str | None:
         names = {s.name for s in self.signatures}
+        if not isinstance(feeds, Mapping):
+            return (f"a request is a dict of input name -> numpy array (or one array for a one-input model), not a "
+                    f"{type(feeds).__name__}; the model takes {sorted(names)}")
         if set(feeds) != names:
             return f"the request names inputs {sorted(feeds)}, the model takes {sorted(names)}"
         for sig in self.signatures:
@@ -378,10 +393,13 @@ class Runtime:
                 return f"input {sig.name!r} has shape {list(array.shape)}, the model takes {list(want)} per request"
         return None
 
-    def submit(self, feeds: Mapping[str, np.ndarray], *, out: Sequence[np.ndarray] | None = None) -> Future:
-        """Queue one request (batch 1); its future gets the outputs (written into ``out`` when given), or the
+    def submit(self, feeds: Mapping[str, np.ndarray] | np.ndarray, *,
+               out: Sequence[np.ndarray] | None = None) -> Future:
+        """Queue one request (batch 1: {input name: array}, or the array alone for a one-input model); its future gets the outputs (written into ``out`` when given), or the
         request's own error. Raises ``Overloaded`` when the queue is full, RuntimeError after ``close``."""
         future: Future = Future()
+        if isinstance(feeds, np.ndarray) and len(self.signatures) == 1:  # a one-input model's array alone
+            feeds = {self.signatures[0].name: feeds}
         problem = self._check(feeds)
         if problem:
             future.set_exception(InputError(problem, hint="send one sample per request, as the model's inputs say"))
@@ -396,7 +414,8 @@ class Runtime:
                                  "queue_limit") from None
         return future
 
-    def run(self, feeds: Mapping[str, np.ndarray], *, out: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray] | np.ndarray, *,
+            out: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
         return self.submit(feeds, out=out).result()
 
     def map(self, requests: Iterable[Mapping[str, np.ndarray]], *, in_flight: int | None = None
