@@ -395,8 +395,9 @@ class Runtime:
 
     def submit(self, feeds: Mapping[str, np.ndarray] | np.ndarray, *,
                out: Sequence[np.ndarray] | None = None) -> Future:
-        """Queue one request (batch 1: {input name: array}, or the array alone for a one-input model); its future gets the outputs (written into ``out`` when given), or the
-        request's own error. Raises ``Overloaded`` when the queue is full, RuntimeError after ``close``."""
+        """Queue one request (batch 1: {input name: array}, or the array alone for a one-input model); its future
+        gets the outputs (written into ``out`` when given), or the request's own error. Raises ``Overloaded`` when the
+        queue is full, RuntimeError after ``close``."""
         future: Future = Future()
         if isinstance(feeds, np.ndarray) and len(self.signatures) == 1:  # a one-input model's array alone
             feeds = {self.signatures[0].name: feeds}
