@@ -81,3 +81,24 @@ def test_write_html_is_atomic_and_matches_render(tmp_path):
     assert path.read_text(encoding="utf-8") == render_html(report)
     assert [p.name for p in path.parent.iterdir()] == ["report.html"]
     assert json.loads(report.to_json())["results"]["metrics"]["nan"] == "nan"
+
+
+def test_a_run_without_html_removes_the_html_report_an_earlier_run_left_beside_its_json(tmp_path) -> None:
+    """m.report.html from an earlier --html run described the artifact this run replaced: removed when this run
+    writes no HTML; a file of that name npukit did not write is kept."""
+    from npukit.report.finish import finish
+
+    artifact = tmp_path / "m.onnx"
+    artifact.write_bytes(b"model")
+    first = Report("quantize")
+    first.set_verdict("PASS quantize: the first run", passed=True)
+    assert finish(first, artifact, html=True).html_path == tmp_path / "m.report.html"
+    assert "the first run" in (tmp_path / "m.report.html").read_text()
+    second = Report("quantize")
+    second.set_verdict("PASS quantize: the second run", passed=True)
+    finish(second, artifact, html=False)
+    assert not (tmp_path / "m.report.html").exists()
+    assert "the second run" in (tmp_path / "m.report.json").read_text()
+    (tmp_path / "m.report.html").write_text("<!DOCTYPE html>\n<html><title>my notes</title></html>")
+    finish(second, artifact, html=False)
+    assert (tmp_path / "m.report.html").read_text().endswith("my notes</title></html>")

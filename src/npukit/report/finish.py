@@ -98,5 +98,24 @@ def finish(report: Report, artifact: Path | None, *, html: bool, json_path: Path
         report.write_json(json_path)
         if html_path is not None:
             write_html(report, html_path)
+        else:
+            _remove_earlier_html(html_path_for(json_path))
     return CommandResult(report=report, artifact=artifact, report_path=json_path, html_path=html_path,
                          result=result)
+
+
+def _remove_earlier_html(path: Path) -> None:
+    """An earlier run's HTML report at ``path`` (beside the JSON this run wrote without HTML) is removed: it described
+    what this run replaced. Only a report npukit wrote (its head's generator, or the header of reports made before
+    the generator was written) is removed, never another file of that name."""
+    from npukit.report.html import GENERATOR
+
+    try:
+        with open(path, encoding="utf-8", errors="replace") as stream:
+            head = stream.read(4096)
+    except OSError:
+        return
+    ours = f'<meta name="generator" content="{GENERATOR}">' in head or (
+        head.startswith("<!DOCTYPE html>") and "\n<title>npukit " in head)
+    if ours:
+        path.unlink(missing_ok=True)

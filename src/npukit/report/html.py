@@ -99,6 +99,9 @@ def _json_block(summary: str, value: Any) -> str:
     return f"<details><summary>{_e(summary)}</summary><pre>{_e(text)}</pre></details>"
 
 
+GENERATOR = "npukit"  # the head's generator: how a later run knows a report of its own (``report.finish``)
+
+
 def render_html(report: Report) -> str:
     """The whole report as one HTML document: header, artifacts, tables, figures, timings, and collapsible
     blocks with the resolved config, the environment and the raw JSON results."""
@@ -108,6 +111,7 @@ def render_html(report: Report) -> str:
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f'<meta name="generator" content="{GENERATOR}">',
         f"<title>{_e(report.title)}</title>",
         f"<style>{_CSS}</style>",
         "</head><body><main>",
