@@ -134,6 +134,33 @@ def test_ctc_decoding_and_character_agreement() -> None:
     assert result.value == pytest.approx(0.75) and result.metrics["sequence_agreement"] == 0.0
 
 
+def test_a_task_metric_the_data_leaves_undefined_fails_the_check_and_says_what_data_to_give() -> None:
+    """A detector on images where the float model finds nothing (and the quantized one too), a recognizer reading no
+    character: the task check compared nothing, so no PASS, whatever the SQNR (the helper's zoo run: nudenet on
+    black images passed at 23.6 dB); --accept-degraded accepts it as DEGRADED; the generic task never has a metric."""
+    empty = _yolo([], [], [])
+    meter = DetectMeter(["out0"], YOLO)
+    for _ in range(8):
+        meter.update([empty], [empty.copy()])
+    verdict = judge(meter.result(), QualityGate(), what="quantize", hint="--recipe auto")
+    assert not verdict.passed and verdict.line.startswith("FAIL quantize: task detect, map50 undefined (the "
+                                                          "reference detected nothing")
+    assert "so the detect check compared nothing (give data on which the float model finds something, or " \
+           "--task generic" in verdict.line and "--recipe auto" not in verdict.line
+    accepted = judge(meter.result(), QualityGate(accept_degraded=True), what="quantize")
+    assert accepted.passed and accepted.line.startswith("DEGRADED")
+    blank = np.zeros((1, 6, 4), np.float32)
+    blank[..., 0] = 1.0  # every step the CTC blank: no character read
+    reader = TextRecognizeMeter(["probs"])
+    reader.update([blank], [blank.copy()])
+    assert judge(reader.result(), QualityGate(), what="compile").line.startswith("FAIL compile: task text-recognize")
+    generic = GenericMeter(["y"])
+    same = np.ones((1, 4), np.float32)
+    for _ in range(FEW_SAMPLES):
+        generic.update([same], [same])
+    assert judge(generic.result(), QualityGate(), what="quantize").passed
+
+
 def test_a_verdict_on_few_samples_says_it_is_weak() -> None:
     from npukit.tasks import QualityGate, judge
 

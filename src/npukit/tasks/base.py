@@ -25,6 +25,7 @@ DEFAULT_MIN_METRIC = 0.90
 DEFAULT_MIN_SQNR_DB = 20.0
 FEW_SAMPLES = 5  # a verdict on fewer samples says it is a weak check
 FEW_DETECTIONS = 10  # and a detector's on fewer boxes found by the reference
+GENERIC_TASK = "generic"  # no decoding: every output held to the SQNR floor, no task metric by design
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +177,10 @@ def judge(result: TaskResult, gate: QualityGate, *, what: str, default_min_metri
     verdict ends with ``hint`` (what to try)."""
     floor = default_min_metric if gate.min_metric is None else gate.min_metric
     failures = list(extra_failures)
+    unmeasured = result.value is None and result.task != GENERIC_TASK  # the data gave the task metric nothing
+    if unmeasured:
+        failures.insert(0, f"so the {result.task} check compared nothing (give data on which the float model finds "
+                           "something, or --task generic to hold every output to the SQNR floor alone)")
     for name, value in sorted(result.gated().items(), key=lambda kv: kv[1]):
         if not value >= floor:
             failures.append(f"{name} {_fmt(value)} < {floor:g}")
@@ -206,5 +211,6 @@ def judge(result: TaskResult, gate: QualityGate, *, what: str, default_min_metri
     if gate.accept_degraded:
         return Verdict(True, f"DEGRADED (accepted with --accept-degraded) {summary}: {failures[0]}",
                        tuple(failures), degraded=True)
+    hint = "" if unmeasured else hint  # the verb's hint is about the artifact; the data is what falls short
     return Verdict(False, f"FAIL {summary}: {failures[0]}" + (f"; try {hint}" if hint else ""), tuple(failures),
                    degraded=True)
