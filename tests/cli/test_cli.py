@@ -864,3 +864,49 @@ def test_an_output_ending_in_a_slash_is_refused(exported, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "ends in a slash" in err and "\n" not in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+def _tiny_detector(path: Path) -> Path:
+    """x[1, 3, 8, 8] -> YOLOv8's (1, 4 + 2, 64): fixed boxes on the 8x8 grid, class scores Sigmoid(4 * sum of the
+    pixels' channels - 10): a black image scores 0.00005 everywhere (nothing detected), a white one 0.88."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    grid = np.stack(np.meshgrid(np.arange(8) + 0.5, np.arange(8) + 0.5), 0).reshape(2, 64)
+    boxes = np.concatenate([grid, np.full((2, 64), 2.0)], 0)[None].astype(np.float32)
+    inits = [numpy_helper.from_array(np.full((2, 3, 1, 1), 4.0, np.float32), "w"),
+             numpy_helper.from_array(np.full(2, -10.0, np.float32), "b"),
+             numpy_helper.from_array(np.array([1, 2, 64], np.int64), "shape"),
+             numpy_helper.from_array(boxes, "boxes")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Sigmoid", ["c"], ["s"]),
+             helper.make_node("Reshape", ["s", "shape"], ["scores"]),
+             helper.make_node("Concat", ["boxes", "scores"], ["y"], axis=1)]
+    graph = helper.make_graph(nodes, "det", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 64])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_data_on_which_the_float_detector_finds_nothing_is_refused_before_any_work(tmp_path, capsys):
+    """A detector's check on images where the float model detects nothing would compare nothing (it passed on the
+    SQNR floor): quantize and optimize refuse such data in one line, exit 2, nothing written; --task generic takes
+    it (SQNR alone), and data with something to find passes the pre-check."""
+    from npukit.verbs.common import check_task_measurable
+
+    model = _tiny_detector(tmp_path / "det.onnx")
+    black, white = tmp_path / "black.npy", tmp_path / "white.npy"
+    np.save(black, np.zeros((8, 3, 8, 8), np.float32))
+    np.save(white, np.ones((8, 3, 8, 8), np.float32))
+    before = _files(tmp_path)
+    out = tmp_path / "q.onnx"
+    assert main(["quantize", str(model), "--calib", str(white), "--data", str(black), "--task", "detect",
+                 "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "the detect check would compare nothing on held-out data black.npy: the reference detected nothing" in err
+    assert "--task generic" in err and _files(tmp_path) == before
+    assert main(["optimize", str(model), "--data", str(black), "--trials", "1", "-o", str(tmp_path / "o.onnx")]) == 2
+    assert "the detect check would compare nothing on the held-out samples (second half of black.npy)" in \
+        capsys.readouterr().err and _files(tmp_path) == before
+    check_task_measurable(onnx.load(model), [{"x": np.ones((1, 3, 8, 8), np.float32)}], "detect", where="white")
+    check_task_measurable(onnx.load(model), [{"x": np.zeros((1, 3, 8, 8), np.float32)}], "generic", where="black")

@@ -250,6 +250,34 @@ def floor_check(reference: Any, samples: Sequence[Any], *, task: str | None, gat
     return check
 
 
+def check_task_measurable(reference: onnx.ModelProto, samples: Sequence[Any], task: str | None, *, where: str,
+                          threads: int = 1) -> None:
+    """Refuse, before any long step and before anything is written, ``samples`` (the task check's) on which the
+    float model gives the task metric nothing to compare (a detector detecting nothing, a recognizer reading no
+    character): every candidate's check would compare nothing and fail (``tasks.judge``). One float pass over them;
+    the generic task, which has no metric, is never refused."""
+    from npukit.measure.task_fidelity import compare_task, session_runner
+    from npukit.runtime.ort import make_session
+    from npukit.tasks.base import GENERIC_TASK
+
+    session = make_session(reference, threads=threads)
+    run = session_runner(session)
+    last: dict[str, Any] = {}
+
+    def once(feeds: Any) -> Any:  # the float model against itself: run once per sample
+        if last.get("feeds") is not feeds:
+            last.update(feeds=feeds, outputs=run(feeds))
+        return last["outputs"]
+
+    choice, result = compare_task(once, once, samples, output_names=[o.name for o in session.get_outputs()],
+                                  task=task)
+    if result.value is None and choice.name != GENERIC_TASK:
+        raise InputError(f"the {choice.name} check would compare nothing on {where}: {result.note} "
+                         f"({result.samples} samples)",
+                         hint="give data on which the float model finds something (images with the objects or "
+                              "text it finds), or --task generic to hold every output to the SQNR floor alone")
+
+
 def check_task(reference: onnx.ModelProto, data: Any, task: str | None) -> None:
     """Refuse a ``task`` the reference's outputs cannot carry on the first sample of ``data`` (a dataset or feed
     dicts; or None: seeded inputs), before any long step and before anything is written."""

@@ -16,7 +16,8 @@ from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish, report_json_for, report_path_for
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import check_output, float_static_model, note_untrained, open_data, upgrade_opset
+from npukit.verbs.common import (check_output, check_task_measurable, float_static_model, note_untrained, open_data,
+                                 upgrade_opset)
 
 CONFIRM = 4  # the fastest trials within the budget timed again together at the end
 # searched today: ORT CPU (an ONNX model or a PyTorch model's export) and the mobile runtimes that run here (a PyTorch
@@ -110,6 +111,9 @@ def optimize(
     gate = QualityGate(min_metric=config.min_metric, **({} if min_sqnr_db is None else {"min_sqnr_db": min_sqnr_db}))
     inputs = _Inputs.open(model, data, calib, input_shape, preprocess or PreprocessConfig(), max_samples,
                           torch_program=target in MOBILE, weights=weights)
+    half = "second half of " if inputs.split else ""
+    check_task_measurable(inputs.proto, inputs.evaluation, task, threads=threads,  # data with nothing to find
+                          where=f"the held-out samples ({half}{Path(str(data)).name})")
     report = Report("optimize", config={"model": str(model), "target": target, "data": str(data),
                                         "calib": str(calib) if calib else f"first half of {data}",
                                         "search": config.as_dict(), "space": space_.name, "task": task or "auto",

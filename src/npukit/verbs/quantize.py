@@ -17,8 +17,8 @@ from npukit.report.quantize import (add_kernel_profile, add_layer_sqnr, add_mixe
                                      add_size_and_speed, add_steps)
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import (check_output, check_task, float_static_model, floor_check, held_back, open_data,
-                                 quant_opset, task_check)
+from npukit.verbs.common import (check_output, check_task, check_task_measurable, float_static_model, floor_check,
+                                 held_back, open_data, quant_opset, task_check)
 
 
 CHECK_SAMPLES = 32  # calibration samples the task check reads when no held-out data is given
@@ -158,7 +158,9 @@ def quantize(
     than the batch needs it. A model below the opset its Q/DQ needs (per-channel: 13, 16-bit: 21) is converted and
     verified on calibration samples first (``npukit.frontend.opset``); the report records it.
     """
+    from npukit.data.readers import same_data
     from npukit.frontend.onnx_io import save_onnx
+    from npukit.measure.task_fidelity import check_samples
     from npukit.quant.config import CalibrationSpec, CpuKernels, Precision, Scheme
     from npukit.quant.qdq import quantize as _quantize
 
@@ -180,6 +182,13 @@ def quantize(
     samples = open_data(calib, proto, preprocess) if isinstance(calib, (str, Path, np.ndarray)) else list(calib)
     evaluation = open_data(data, proto, preprocess) if data is not None else None
     check_task(proto, samples, task)  # a --task the outputs cannot carry fails here, before any work
+    check = evaluation if evaluation is not None else samples
+    limit = (max_samples or len(check)) if evaluation is not None else CHECK_SAMPLES
+    where = ("calibration samples (no --data given: optimistic, the model was fitted to them)" if evaluation is None
+             else "calibration samples (--data is the --calib data again: optimistic, the model was fitted to them)"
+             if same_data(data, calib) else
+             f"held-out data {Path(str(data)).name if isinstance(data, (str, Path)) else '(given in memory)'}")
+    check_task_measurable(proto, check_samples(check, limit), task, where=where, threads=threads)  # nothing to find?
     _refuse_nothing_left(proto, exclude)
     report = Report("quantize", config={"quant": config.as_dict(), "cpu_scheme": scheme, "model": str(model),
                                         "calib": _named(calib, samples),
@@ -198,19 +207,10 @@ def quantize(
     add_steps(report, result.steps)
     kernels, latency = _measure(report, result, samples, {"float": timed_float, "int8": str(output)},
                                 {"float": model, "int8": output}, threads=threads, runs=runs)
-    from npukit.data.readers import same_data
-    from npukit.measure.task_fidelity import check_samples
     from npukit.quant.qdq import integer_failures
 
     slower = _slower_note(latency["int8"].median_ms / latency["float"].median_ms, threads=threads)
     with step("task check against the float model", timings=report.timings, key="task_check"):
-        check = evaluation if evaluation is not None else samples
-        limit = (max_samples or len(check)) if evaluation is not None else CHECK_SAMPLES
-        where = ("calibration samples (no --data given: optimistic, the model was fitted to them)"
-                 if evaluation is None else
-                 "calibration samples (--data is the --calib data again: optimistic, the model was fitted to them)"
-                 if same_data(data, calib) else
-                 f"held-out data {Path(str(data)).name if isinstance(data, (str, Path)) else '(given in memory)'}")
         choice, checked, _ = task_check(report, proto, result.model, check_samples(check, limit), task=task,
                                    gate=gate or QualityGate(), what="quantize", where=where, threads=threads,
                                    extra_failures=integer_failures(kernels, result),
