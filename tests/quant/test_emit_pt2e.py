@@ -255,24 +255,50 @@ class _Residual(torch.nn.Module):
         return self.head(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
-def test_the_core_ml_package_holds_the_plans_grids(tmp_path):
+class _Residuals(torch.nn.Module):
+    """Two residual blocks, ResNet's way (``out += identity``, then relu): the second Add's second input, whose scale
+    coremltools normalizes the Add by, is the first Add's output, whose grid it wrote in units of another scale."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.first = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.second = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.stem(x))
+        x = torch.relu(self.first(x) + x)
+        x = torch.relu(self.second(x) + x)
+        return self.head(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+@pytest.mark.parametrize("module", [_Residual, _Residuals])
+def test_the_core_ml_package_holds_the_plans_grids(tmp_path, module):
     """Core ML (converts anywhere, runs on macOS only): every int8 weight's integers and scales and every activation
-    grid of the ML Program are the plan's, the residual Add's output grid included once coremltools' scale
-    normalization of a quantized add (the same grid in units of one input's scale) is undone."""
+    grid of the ML Program are the plan's, the residual Adds' output grids included once coremltools' scale
+    normalization of a quantized add (the same grid in units of one input's scale) is undone, through a chain of
+    them (ResNet-18's four foreign grids before)."""
     pytest.importorskip("coremltools", reason="the coreml extra is not installed (scripts/setup.sh installs it)")
     from npukit.runtime import coreml
 
-    result, carried, _, example = _carried_16x16(tmp_path, _Residual, coreml.CARRY)
+    result, carried, _, example = _carried_16x16(tmp_path, module, coreml.CARRY)
     lowered = coreml.lower(carried.program, example)
     quantizes = [op for f in lowered.model._mil_program.functions.values() for op in f.operations
                  if op.op_type == "quantize"]
     assert any(coreml._normalized_by(op) != 1.0 for op in quantizes)  # the Add's output was rewritten
     planned_grids, planned_weights = qdq_grids(result.model)
     grids, weights = coreml.package_grids(lowered)
-    assert len(weights) == len(planned_weights) == 3
+    assert len(weights) == len(planned_weights) == carried.weights
     assert all(same_weight(ints, scales, planned_weights) for ints, scales in weights)
     foreign = unplanned_grids(grids, planned_grids)
     assert len(foreign) <= len(carried.derived) and len(grids) >= 4, (foreign, planned_grids)
+    for op in quantizes:  # each Add's output grid, read back in real units, is the plan's (not only counted)
+        if coreml._normalized_by(op) != 1.0:
+            zero = 0 if op.zero_point is None else int(np.asarray(op.zero_point.val).reshape(-1)[0])
+            zero -= 128 if str(op.output_dtype.val) == "uint8" else 0
+            real = (round(float(np.asarray(op.scale.val).reshape(-1)[0]) * coreml._normalized_by(op), 9), zero)
+            assert unplanned_grids({real}, planned_grids) == [], (op.name, real, planned_grids)
 
 
 class _Projection(torch.nn.Module):

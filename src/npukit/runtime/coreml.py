@@ -159,7 +159,8 @@ def _normalized_by(quantize: Any) -> float:
     """coremltools' ``distributive_quantized_binary_op_scale_normalization`` rewrites q(dq(x; s_x) + dq(y; s_y); s_z)
     as q(dq(x; s_x / s_y) + dq(y; 1); s_z / s_y), the same grid of z in units of s_y, so that its backend fuses one
     scale (add or sub, a relu between allowed): the s_y to multiply ``quantize``'s scale by to read the grid planned
-    for z (1 where nothing was rewritten). s_y is the scale of the quantize that wrote y."""
+    for z (1 where nothing was rewritten). s_y is the real scale of the quantize that wrote y: where that quantize was
+    itself rewritten (ResNet's identity shortcuts: one block's add reads the previous block's), its own s_y too."""
     tail = quantize.input.op
     if tail is not None and tail.op_type == "relu":
         tail = tail.x.op
@@ -170,7 +171,7 @@ def _normalized_by(quantize: Any) -> float:
         if dq is not None and dq.op_type == "dequantize" and np.asarray(dq.scale.val).size == 1 \
                 and float(np.asarray(dq.scale.val).reshape(-1)[0]) == 1.0 and dq.input.op is not None \
                 and dq.input.op.op_type == "quantize":
-            return float(np.asarray(dq.input.op.scale.val).reshape(-1)[0])
+            return float(np.asarray(dq.input.op.scale.val).reshape(-1)[0]) * _normalized_by(dq.input.op)
     return 1.0
 
 
