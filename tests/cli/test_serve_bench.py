@@ -74,8 +74,13 @@ def test_serve_bench_buckets_a_model_with_symbolic_sizes(tmp_path, capsys) -> No
     data = json.loads(report.read_text())
     assert data["verdict"].startswith("INFO serve-bench: 2 bucket(s)")
     buckets = data["results"]["buckets"]
-    assert set(buckets) == {"1x3x8x8", "1x3x12x12"}
-    assert all(b["max_abs_difference"] == 0 and b["latency_ratio_p50"] > 0 for b in buckets.values())
+    assert set(buckets) == {"1x3x8x8", "1x3x12x12", "1x3x6x6", "1x3x10x10"}  # and 85% of each, padded into it
+    exact = [buckets["1x3x8x8"], buckets["1x3x12x12"]]
+    assert all(b["max_abs_difference"] == 0 and b["latency_ratio_p50"] > 0 for b in exact)
+    padded = buckets["1x3x10x10"]  # the global pool averages the padding in: reported, not hidden
+    assert padded["bucket"] == "1x3x12x12" and padded["padding"] == pytest.approx(1 - 100 / 144, abs=1e-4)
+    assert padded["max_abs_difference"] > 0 and padded["latency_ratio_p50"] > 0
+    assert "requests padded into a bucket (1x3x6x6 in 1x3x8x8, 1x3x10x10 in 1x3x12x12" in data["verdict"]
     capsys.readouterr()
     assert main(["serve-bench", str(path), "--bucket", "3,8,8"]) == 2  # not the input's rank
     assert main(["serve-bench", str(path), "--bucket", "1,3,x,8"]) == 2

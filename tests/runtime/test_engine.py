@@ -286,6 +286,46 @@ def test_buckets_match_per_size_sessions_and_pad_what_is_smaller() -> None:
         assert isinstance(exact.submit({"x": np.zeros((1, 3, 6, 6), np.float32)}).exception(), InputError)
 
 
+def _map_model() -> onnx.ModelProto:
+    """x[1, 3, h, w] -> Conv 3x3 (pad 1) -> Relu -> y[1, 4, h, w], and -> MaxPool 2x2 -> z[1, 4, h/2, w/2], and
+    -> GlobalAveragePool -> Flatten -> g[1, 4]: maps at the input's resolution and at half of it, and scores."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"]),
+             helper.make_node("MaxPool", ["y"], ["z"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("GlobalAveragePool", ["y"], ["p"]), helper.make_node("Flatten", ["p"], ["g"])]
+    info = helper.make_tensor_value_info
+    graph = helper.make_graph(nodes, "maps", [info("x", TensorProto.FLOAT, [1, 3, "h", "w"])],
+                              [info("y", TensorProto.FLOAT, [1, 4, "h", "w"]),
+                               info("z", TensorProto.FLOAT, [1, 4, "h2", "w2"]), info("g", TensorProto.FLOAT, [1, 4])],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_padded_request_gets_its_maps_cropped_back_to_its_size() -> None:
+    """A 10x6 request padded into a 16x16 bucket: the full-resolution map comes back 10x6 and the half-resolution
+    one 5x3, equal to a session at 10x6 (a zero-padded conv sees the same zeros); the pooled scores come back as the
+    bucket gives them (averaged over the padding too: what measure_buckets reports); ``out`` buffers stay whole."""
+    from npukit.frontend.shapes import fix_input_shape
+    from npukit.runtime.buckets import BucketedRuntime, crop_maps
+
+    model = _map_model()
+    x = np.random.default_rng(4).standard_normal((1, 3, 10, 6)).astype(np.float32)
+    alone = make_session(fix_input_shape(model, (1, 3, 10, 6), dynamic_batch=False)).run(None, {"x": x})
+    with BucketedRuntime(model, [(1, 3, 16, 16)], device="cpu", workers=1) as rt:
+        y, z, g = rt.run({"x": x})
+        assert y.shape == (1, 4, 10, 6) and z.shape == (1, 4, 5, 3) and g.shape == (1, 4)
+        np.testing.assert_allclose(y, alone[0], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(z, alone[1], rtol=1e-6, atol=1e-6)
+        assert not np.allclose(g, alone[2])
+        out = [np.empty((1, 4, 16, 16), np.float32), np.empty((1, 4, 8, 8), np.float32), np.empty((1, 4), np.float32)]
+        assert rt.run({"x": x}, out=out)[0].shape == (1, 4, 16, 16)
+    assert [o.shape for o in crop_maps([np.zeros((1, 4, 16, 16)), np.zeros((1, 4, 6, 16))], (10, 6), (16, 16))] \
+        == [(1, 4, 10, 6), (1, 4, 6, 16)]  # 16/6 is no integer stride: left whole
+
+
 def test_a_fixed_batch_of_two_comes_back_whole() -> None:
     model = _model(batch=2)
     rng = np.random.default_rng(5)

@@ -16,6 +16,7 @@ axis is symbolic), so the gain of each is seen apart.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tempfile
 import time
@@ -242,10 +243,16 @@ class BucketResult:
         return dict(self.rows)
 
 
+PADDED_SHARE = 0.85  # a padded request's spatial sizes, as a share of its bucket's
+
+
 def measure_buckets(model: str | os.PathLike[str], shapes: Sequence[Sequence[int]], *, input_name: str,
                     duration_s: float, seed: int = 0) -> BucketResult:
     """``model`` (symbolic sizes) served through buckets at ``shapes`` against one session per shape, each given
-    seeded inputs of exactly that shape, one caller, back to back, side by side."""
+    seeded inputs of exactly that shape, one caller, back to back, side by side; then, per bucket of rank 3 or more,
+    requests of ``PADDED_SHARE`` of its last two sizes (where no smaller bucket takes them), padded into it and
+    cropped back (``runtime.buckets``), against a session fixed to the request's own size: the padding share and
+    how far the cropped outputs are from that session's (or why they cannot be compared)."""
     from npukit.frontend.onnx_io import load_onnx
     from npukit.frontend.shapes import fix_input_shape
     from npukit.runtime.buckets import BucketedRuntime
@@ -263,5 +270,54 @@ def measure_buckets(model: str | os.PathLike[str], shapes: Sequence[Sequence[int
             through = closed_loop(bucketed.run, requests, clients=1, duration_s=duration_s)
             rows["x".join(map(str, shape))] = {
                 "per_size_session": per_size.as_dict(), "buckets": through.as_dict(), "max_abs_difference": diff,
-                "latency_ratio_p50": round(through.latency_ms["p50"] / per_size.latency_ms["p50"], 3)}
+                "latency_ratio_p50": round(through.latency_ms["p50"] / per_size.latency_ms["p50"], 3),
+                "padding": 0.0, "bucket": "x".join(map(str, shape))}
+        for shape in shapes:
+            sizes = [max(1, int(d * PADDED_SHARE)) for d in shape[-2:]]  # then multiples a strided model may need
+            candidates = [(*shape[:-2], *(max(m, n // m * m) for n in sizes)) for m in (1, 32, 16, 8)]
+            candidates = [c for c in dict.fromkeys(candidates)
+                          if len(shape) >= 3 and c != tuple(shape) and bucketed.bucket_for(c) == tuple(shape)]
+            if candidates:
+                row = _padded_row(proto, bucketed, input_name, tuple(shape), candidates, rng, duration_s)
+                rows[row.pop("request")] = row
     return BucketResult(rows)
+
+
+def _padded_row(proto: Any, bucketed: Any, input_name: str, bucket: tuple[int, ...],
+                candidates: Sequence[tuple[int, ...]], rng: np.random.Generator, duration_s: float) -> dict:
+    """One padded request size against a session fixed to it (``measure_buckets``): the first of ``candidates``
+    the model runs at on its own (a strided model may need a multiple of 32), else the first, uncompared."""
+    from npukit.frontend.shapes import fix_input_shape
+
+    session, failure = None, ""
+    for request in candidates:
+        requests = [{input_name: rng.standard_normal(request).astype(np.float32)} for _ in range(4)]
+        try:
+            session = make_session(fix_input_shape(proto, request, dynamic_batch=False), threads=1)
+            expected = [session.run(None, r) for r in requests]
+            break
+        except Exception as exc:  # noqa: BLE001 - a model that does not run at this size (strides that must divide
+            session, failure = None, failure or type(exc).__name__  # it): the next candidate
+    if session is None:
+        request = candidates[0]
+        requests = [{input_name: rng.standard_normal(request).astype(np.float32)} for _ in range(4)]
+    through = closed_loop(bucketed.run, requests, clients=1, duration_s=duration_s)
+    row = {"request": "x".join(map(str, request)), "buckets": through.as_dict(), "bucket": "x".join(map(str, bucket)),
+           "padding": round(1.0 - math.prod(request) / math.prod(bucket), 4)}
+    if session is None:
+        tried = ", ".join("x".join(map(str, c[-2:])) for c in candidates)
+        return row | {"note": f"the model runs at none of {tried} itself ({failure}), so the cropped outputs have "
+                              "nothing to be compared with"}
+    got = [bucketed.run(r) for r in requests]
+    pairs = [(np.asarray(a), np.asarray(b)) for e, g in zip(expected, got) for a, b in zip(e, g)]
+    if any(a.shape != b.shape for a, b in pairs):
+        shown = next(f"{list(a.shape)} alone, {list(b.shape)} through the bucket" for a, b in pairs
+                     if a.shape != b.shape)
+        return row | {"note": f"an output's shape differs ({shown}): it is not a map over the input's sizes, so it "
+                              "comes back as the bucket gives it"}
+    per_size = closed_loop(lambda f: session.run(None, dict(f)), requests, clients=1, duration_s=duration_s)
+    diff = max(float(np.max(np.abs(a - b))) for a, b in pairs)
+    scale = max(float(np.max(np.abs(a))) for a, _ in pairs) or 1.0
+    return row | {"per_size_session": per_size.as_dict(), "max_abs_difference": diff,
+                  "max_difference_of_range": round(diff / scale, 4),
+                  "latency_ratio_p50": round(through.latency_ms["p50"] / per_size.latency_ms["p50"], 3)}

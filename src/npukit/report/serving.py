@@ -74,14 +74,28 @@ def add_serving(report: Report, result: Any) -> None:
 
 
 def add_buckets(report: Report, buckets: dict[str, dict]) -> list[dict]:
-    """Input-size buckets against a session fixed to each size: the table, and the rows it shows."""
+    """Input-size buckets against a session fixed to each size, exact and padded requests: the table, and the rows
+    it shows."""
     report.add("buckets", buckets)
-    rows = [{"shape": shape, "per_size_p50_ms": r["per_size_session"]["latency_ms"]["p50"],
-             "buckets_p50_ms": r["buckets"]["latency_ms"]["p50"], "latency_ratio_p50": r["latency_ratio_p50"],
-             "max_abs_difference": r["max_abs_difference"]} for shape, r in buckets.items()]
-    report.add_table("Input-size buckets against a session fixed to each size (one caller, seeded inputs of that "
-                     "size, side by side)", ["input", "per-size session p50 ms", "through buckets p50 ms", "ratio",
-                                             "max abs difference"],
-                     [[r["shape"], r["per_size_p50_ms"], r["buckets_p50_ms"], r["latency_ratio_p50"],
-                       r["max_abs_difference"]] for r in rows])
+    rows = []
+    for shape, r in buckets.items():
+        alone = r.get("per_size_session")
+        rows.append({"shape": shape, "bucket": r.get("bucket", shape), "padding": r.get("padding", 0.0),
+                     "per_size_p50_ms": alone["latency_ms"]["p50"] if alone else None,
+                     "buckets_p50_ms": r["buckets"]["latency_ms"]["p50"],
+                     "latency_ratio_p50": r.get("latency_ratio_p50"),
+                     "max_abs_difference": r.get("max_abs_difference"),
+                     "max_difference_of_range": r.get("max_difference_of_range"), "note": r.get("note", "")})
+    report.add_table("Input-size buckets against a session fixed to each request's size (one caller, seeded inputs; "
+                     "a smaller request zero-padded into its bucket and its maps cropped back)",
+                     ["request", "bucket", "padding", "per-size session p50 ms", "through buckets p50 ms", "ratio",
+                      "max abs difference", "of the output range", "note"],
+                     [[r["shape"], r["bucket"], f"{r['padding']:.0%}", _or_dash(r["per_size_p50_ms"]),
+                       r["buckets_p50_ms"], _or_dash(r["latency_ratio_p50"]), _or_dash(r["max_abs_difference"]),
+                       "-" if r["max_difference_of_range"] is None else f"{r['max_difference_of_range']:.1%}",
+                       r["note"] or "-"] for r in rows])
     return rows
+
+
+def _or_dash(value: Any) -> Any:
+    return "-" if value is None else value

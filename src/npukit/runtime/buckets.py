@@ -7,6 +7,14 @@ bucket (fewest elements) that holds it on every axis; with ``fit="pad"`` a small
 end of each axis (bottom and right of an image: box coordinates stay those of the original frame), with
 ``fit="exact"`` only a request of a bucket's own shape is taken. The padding each request cost (padded elements over
 the bucket's) is recorded. A request no bucket holds fails on its own future.
+
+A padded request's outputs come back at the request's size where they are maps over the input's last two (spatial)
+axes: an output whose last two sizes are the bucket's divided by one integer stride (a segmentation or text map at
+the input's resolution, a feature map at 1/8 of it) is cropped to the request's sizes divided by that stride,
+rounded up. Other outputs (boxes in the frame's coordinates, class scores) come back as the bucket's model gives
+them, and so does every output written into ``out`` buffers (bucket-sized). Near the request's bottom and right
+edges a cropped map may differ from a session run at the request's own size: the model sees the zeros beyond them,
+and strided layers align differently (``measure.serving.measure_buckets`` measures how much).
 """
 
 from __future__ import annotations
@@ -76,14 +84,16 @@ class BucketedRuntime:
                 f"no bucket takes a request with {what} (buckets: {', '.join(str(list(b)) for b in self.runtimes)}, "
                 f"fit {self.fit})", hint=f"send one {self.input!r} array no larger than the largest bucket"))
             return future
-        if array.shape != bucket:
-            padded = np.zeros(bucket, dtype=array.dtype)
-            padded[tuple(slice(0, n) for n in array.shape)] = array
-            self.padding.append(1.0 - array.size / padded.size)
-            array = padded
-        else:
+        if array.shape == bucket:
             self.padding.append(0.0)
-        return self.runtimes[bucket].submit({self.input: array}, out=out)
+            return self.runtimes[bucket].submit({self.input: array}, out=out)
+        padded = np.zeros(bucket, dtype=array.dtype)
+        padded[tuple(slice(0, n) for n in array.shape)] = array
+        self.padding.append(1.0 - array.size / padded.size)
+        future = self.runtimes[bucket].submit({self.input: padded}, out=out)
+        if out is not None or len(bucket) < 3 or array.shape[:-2] != bucket[:-2]:
+            return future
+        return _cropped(future, array.shape[-2:], bucket[-2:])
 
     def run(self, feeds: Mapping[str, np.ndarray], *, out: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
         return self.submit(feeds, out=out).result()
@@ -106,4 +116,37 @@ class BucketedRuntime:
         return {"fit": self.fit, "buckets": {str(list(b)): rt.describe() for b, rt in self.runtimes.items()},
                 "requests": len(self.padding), "padded_share_mean": float(pads.mean()),
                 "padded_requests": int(np.count_nonzero(pads))}
+
+
+def crop_maps(outputs: Sequence[np.ndarray], request: Sequence[int], bucket: Sequence[int]) -> list[np.ndarray]:
+    """``outputs`` of a request of spatial sizes ``request`` (H, W) padded to ``bucket``'s: each output whose last
+    two sizes are the bucket's divided by one integer stride cropped to the request's divided by it (rounded up);
+    the others as they are."""
+    out = []
+    for o in outputs:
+        o = np.asarray(o)
+        if o.ndim >= 3 and all(o.shape[-2:]):
+            strides = {b // n for b, n in zip(bucket, o.shape[-2:]) if b % n == 0}
+            if len(strides) == 1 and all(b % n == 0 for b, n in zip(bucket, o.shape[-2:])):
+                stride = strides.pop()
+                keep = tuple(-(-r // stride) for r in request)
+                o = np.ascontiguousarray(o[..., :keep[0], :keep[1]])
+        out.append(o)
+    return out
+
+
+def _cropped(future: Future, request: Sequence[int], bucket: Sequence[int]) -> Future:
+    """A future of ``future``'s outputs cropped back to the request's sizes (``crop_maps``)."""
+    result: Future = Future()
+
+    def done(f: Future) -> None:
+        if f.cancelled():
+            result.cancel()
+        elif f.exception() is not None:
+            result.set_exception(f.exception())
+        else:
+            result.set_result(crop_maps(f.result(), request, bucket))
+
+    future.add_done_callback(done)
+    return result
 

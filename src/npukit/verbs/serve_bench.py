@@ -144,10 +144,19 @@ def _serve_buckets(path: Path, buckets: Sequence[Sequence[int]], *, duration_s: 
                                            "duration_s": duration_s, "inputs": "seeded random inputs of each size"})
     result = measure_buckets(path, buckets, input_name=inputs[0].name, duration_s=duration_s)
     rows = add_buckets(report, result.as_dict())
-    worst = max(rows, key=lambda r: r["latency_ratio_p50"])
-    report.set_verdict(f"INFO serve-bench: {len(rows)} bucket(s), outputs equal to per-size sessions up to "
-                       f"{max(r['max_abs_difference'] for r in rows):.3g}, p50 latency up to "
-                       f"{worst['latency_ratio_p50']:.2f}x theirs ({worst['shape']}); a measurement, nothing was "
-                       "checked", passed=True)
+    exact = [r for r in rows if not r["padding"]]
+    worst = max(exact, key=lambda r: r["latency_ratio_p50"])
+    padded = [r for r in rows if r["padding"]]
+    compared = [r for r in padded if r["max_abs_difference"] is not None]
+    where = ", ".join(f"{r['shape']} in {r['bucket']}" for r in padded)
+    pads = (f"; requests padded into a bucket ({where}, {max(r['padding'] for r in padded):.0%} padding at most): " + (
+                f"cropped outputs up to {max(r['max_abs_difference'] for r in compared):.3g} from a session at "
+                f"their own size ({max(r['max_difference_of_range'] for r in compared):.1%} of the output range)"
+                if compared else "not comparable with a session at their own size (see the table)")
+            if padded else "")
+    report.set_verdict(f"INFO serve-bench: {len(exact)} bucket(s), outputs at each bucket's size equal to per-size "
+                       f"sessions up to {max(r['max_abs_difference'] for r in exact):.3g}, p50 latency up to "
+                       f"{worst['latency_ratio_p50']:.2f}x theirs ({worst['shape']}){pads}; a measurement, nothing "
+                       "was checked", passed=True)
     json_path = Path(report_path) if report_path else None
     return finish(report, None, html=html, json_path=json_path, result=result, source=path)
