@@ -91,7 +91,10 @@ VIEWS: dict[str, ExecutionModel] = {
     "unfused": ExecutionModel("unfused", "the exported graph as is: every node writes a new buffer"),
     "cpu": _ort_cpu("cpu", "ORT CPU, fp32: activations fused into Conv/Gemm, Conv+Add as FusedConv, element-wise "
                            "ops in place, reshapes as views", None),
-    "cpu-int8": _ort_cpu("cpu-int8", "ORT CPU running an 8-bit quantized model: as 'cpu' with 1-byte activations", 1),
+    "cpu-int8": _ort_cpu("cpu-int8", "ORT CPU running an 8-bit quantized model: as 'cpu' with 1-byte activations; "
+                                     "for a float model every activation at 1 byte, a lower bound: npukit quantize "
+                                     "keeps some layers float on the CPU (its float head, scale joins), so plan the "
+                                     "model it writes for that model's own widths", 1),
     "qnn-htp": ExecutionModel(
         "qnn-htp", "Qualcomm HTP: a float model's activations at 8 bits (npukit compile builds 16-bit ones for the "
                    "HTP: npukit.api.quantize_for_htp gives that QDQ model to plan), a QDQ model's at the widths it "
