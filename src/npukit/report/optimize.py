@@ -34,7 +34,9 @@ def add_search(report: Report, outcome: Any, config: Any, *, space: Any, pruned:
         "min_metric": config.min_metric, "prefer": config.prefer, "chosen": chosen, "front": sorted(front),
         "importance": {k: dict(v) for k, v in outcome.importance.items()},
         "trials": [{"number": n, **m.as_dict()} for n, m in zip(outcome.numbers, outcome.trials)]})
-    columns = ["trial", "recipe", metric, "worst SQNR dB", "latency x float", "ms", "MB", "peak MB",
+    # the ratio is what ranks: each trial timed against the float model in the same rounds; its ms are that round's,
+    # and rounds minutes apart on a busy machine are not comparable (a faster ms beside a worse ratio)
+    columns = ["trial", "recipe", metric, "worst SQNR dB", "latency x float", "ms (its own rounds)", "MB", "peak MB",
                "energy x float (estimate)", "s", "within budget", "first failure"]
     ordered = sorted(zip(outcome.numbers, outcome.trials), key=lambda nm: (nm[0] != chosen, nm[0] not in front,
                                                                          nm[1].latency if nm[1].feasible else 9e9))
