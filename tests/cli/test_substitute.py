@@ -83,7 +83,8 @@ def test_a_result_below_the_floor_exits_1(net, tmp_path) -> None:
 
 @pytest.mark.parametrize("rule, message", [
     ("relu_to_anything", "unknown substitution relu_to_anything"),
-    ("groupnorm_to_instancenorm", "nothing to substitute: the model has no node GroupNormalization"),
+    ("groupnorm_to_instancenorm", "nothing to substitute for groupnorm_to_instancenorm: the model has no node "
+                                  "GroupNormalization"),
 ])
 def test_bad_input_exits_2_and_writes_nothing(net, tmp_path, capsys, rule, message) -> None:
     out = tmp_path / "out.onnx"

@@ -162,8 +162,11 @@ def test_substitute_applies_what_is_asked_and_refuses_what_it_cannot():
         substitute(model, ["nope"])
     with pytest.raises(InputError, match="two substitutions given for HardSwish"):
         substitute(model, ["hardswish_to_relu6", "hardswish_to_clip"])
-    with pytest.raises(InputError, match="nothing to substitute: the model has no node GroupNormalization"):
+    with pytest.raises(InputError, match="nothing to substitute for groupnorm_to_instancenorm: the model has no node "
+                                         "GroupNormalization"):
         substitute(model, ["groupnorm_to_instancenorm"])
+    with pytest.raises(InputError, match="nothing to substitute for groupnorm_to_instancenorm:"):  # beside one that
+        substitute(model, ["hardswish_to_relu6", "groupnorm_to_instancenorm"])  # does rewrite: still said, exit 2
 
 
 def test_substitute_finds_a_hardswish_written_out_below_opset_14():

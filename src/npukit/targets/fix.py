@@ -542,13 +542,18 @@ def substitute(model: onnx.ModelProto, names: Sequence[str], *, rtol: float = 1e
     result = PassManager(passes)(ir.serde.deserialize_model(model))
     applied += [{"fix": r.name, "description": r.description, "rewrites": rec.rewrites, "notes": list(rec.notes),
                  "exact": r.exact} for r, rec in zip(rules, result.records)]
-    if not result.modified:
+    idle = [r for r, rec in zip(rules, result.records) if not rec.rewrites]
+    if idle:  # each rule asked for must rewrite something: a rule that did nothing is a mistake to say
         present = sorted({n.op_type for n in model.graph.node})
-        ops = " or ".join(sorted({o for r in rules for o in r.source_ops}))
-        raise InputError(f"nothing to substitute: the model has no node {ops} that "
-                         f"{', '.join(r.name for r in rules)} could rewrite"
-                         + "".join(f" ({'; '.join(a['notes'])})" for a in applied if a["notes"]),
-                         hint=f"the model's op types: {', '.join(present)}")
+        ops = " or ".join(sorted({o for r in idle for o in r.source_ops}))
+        decomposed = ("; a GroupNorm exported by torch at opset 18 is Reshape -> InstanceNormalization -> Reshape -> "
+                      "Mul -> Add, which is not a GroupNormalization node" if "GroupNormalization" in ops
+                      and "InstanceNormalization" in present else "")
+        raise InputError(f"nothing to substitute for {', '.join(r.name for r in idle)}: the model has no node {ops} "
+                         "that it could rewrite" + decomposed
+                         + "".join(f" ({'; '.join(a['notes'])})" for a in applied if a["notes"] and any(
+                             a["fix"] == r.name for r in idle)),
+                         hint=f"drop that rule; the model's op types: {', '.join(present)}")
     fixed = ir.serde.serialize_model(result.model)
     errors = verify_equivalent(model, fixed, rtol=rtol) if blend or all(r.exact for r in rules) else None
     return FixResult(fixed, applied, errors)
