@@ -232,3 +232,43 @@ def test_sizes_computed_from_the_fixed_shape_are_folded_for_a_static_shape_targe
     assert result.errors is not None and result.errors.max_abs < 1e-6
     after = analyze(result.model, nnapi)
     assert not [v for v in after.unsupported if any("static shapes" in r for r in v.reasons)]
+
+
+def test_groupnorm_to_instancenorm_rewrites_a_groupnorm_written_out_by_torchs_exporter(tmp_path):
+    """torch's exporter writes GroupNorm(2, 8) at opset 18 as Reshape(N, 2, -1) -> InstanceNormalization(ones,
+    zeros) -> Reshape -> Mul -> Add: the three nodes become one InstanceNormalization per channel, which computes what
+    torch's GroupNorm(8, 8) with the same affine computes; nothing of the group statistics is left behind."""
+    import onnxruntime as ort
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+            self.norm = torch.nn.GroupNorm(2, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.norm(self.conv(x))
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    with torch.no_grad():
+        net.norm.weight.uniform_(0.5, 1.5)
+        net.norm.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(1, 3, 6, 6)
+    path = tmp_path / "gn.onnx"
+    torch.onnx.export(net, (x,), str(path), input_names=["x"], dynamo=True, external_data=False, opset_version=18)
+    model = onnx.load(str(path))
+    assert "GroupNormalization" not in {n.op_type for n in model.graph.node}  # written out: what the rule now reads
+    result = substitute(model, ["groupnorm_to_instancenorm"])
+    assert [(a["fix"], a["rewrites"]) for a in result.applied] == [("groupnorm_to_instancenorm", 1)]
+    ops = [n.op_type for n in result.model.graph.node]
+    assert ops.count("InstanceNormalization") == 1 and "Reshape" not in ops
+    used = {i for n in result.model.graph.node for i in n.input}
+    assert all(t.name in used for t in result.model.graph.initializer)
+    per_channel = torch.nn.GroupNorm(8, 8)
+    per_channel.load_state_dict(net.norm.state_dict())
+    with torch.no_grad():
+        want = per_channel(net.conv(x)).numpy()
+    got = ort.InferenceSession(result.model.SerializeToString()).run(None, {"x": x.numpy()})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

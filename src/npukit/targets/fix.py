@@ -241,6 +241,66 @@ class GroupNormToInstanceNormPass(_OpRewritePass):
         return b.op("InstanceNormalization", [x, b.const(scale_c, hint="scale"), b.const(bias_c, hint="bias")],
                     {"epsilon": node.attributes.get_float("epsilon", 1e-5)})
 
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        """GroupNormalization nodes, then GroupNorms written out as torch's exporter writes them at opset 18:
+        Reshape(x, [N, G, -1]) -> InstanceNormalization(ones(G), zeros(G)) -> Reshape back to x's shape (-> Mul ->
+        Add, the affine, kept), whose three nodes become InstanceNormalization(x, ones(C), zeros(C))."""
+        super().call(model)
+        shares = _blend_shares(model.graph) if self.blend else None
+        for back in onnx_nodes(model, "Reshape"):
+            found = _written_out_group_norm(back)
+            if found is None:
+                continue
+            x, channels, eps, norm, grouped = found
+            constants = [v for n in (back, norm, grouped) for v in n.inputs if v is not None and v.is_initializer()]
+            b = _Builder(back, shares)
+            b.finish(b.op("InstanceNormalization", [x, b.const(np.ones(channels), hint="ones"),
+                                                    b.const(np.zeros(channels), hint="zeros")], {"epsilon": eps}))
+            for dead in (norm, grouped):  # the group statistics nothing reads any more (kept where blended)
+                if not any(len(v.uses()) for v in dead.outputs) and dead.graph is not None:
+                    dead.graph.remove(dead, safe=True)
+            for value in constants:  # the shapes, ones and zeros nothing else reads
+                if not value.uses() and model.graph.initializers.get(value.name) is value:
+                    del model.graph.initializers[value.name]
+            self.rewrites += 1
+        return ir.passes.PassResult(model, modified=self.rewrites > 0)
+
+
+def _restores(back: ir.Node, x: ir.Value) -> bool:
+    """Whether the Reshape ``back`` gives ``x``'s shape back: by its output's inferred shape, or by its constant
+    target shape (0 copies a dimension; the batch may be -1)."""
+    if back.outputs[0].shape is not None and all(isinstance(d, int) for d in back.outputs[0].shape):
+        return list(back.outputs[0].shape) == list(x.shape)  # type: ignore[arg-type]
+    target = ir.convenience.get_const_tensor(back.inputs[1]) if len(back.inputs) > 1 else None
+    if target is None:
+        return False
+    dims = [int(d) for d in target.numpy().reshape(-1)]
+    return len(dims) == len(x.shape) and dims[0] in (0, -1, x.shape[0]) and all(  # type: ignore[arg-type]
+        d in (0, want) for d, want in zip(dims[1:], list(x.shape)[1:]))  # type: ignore[arg-type]
+
+
+def _written_out_group_norm(back: ir.Node) -> tuple[ir.Value, int, float, ir.Node, ir.Node] | None:
+    """(x, its channels, epsilon, the InstanceNormalization, the grouping Reshape) where ``back`` ends a GroupNorm
+    written out (``GroupNormToInstanceNormPass.call``) over groups of more than one channel, else None."""
+    norm = back.inputs[0].producer() if back.inputs and back.inputs[0] is not None else None
+    if norm is None or norm.op_type != "InstanceNormalization" or len(norm.outputs[0].uses()) != 1:
+        return None
+    grouped = norm.inputs[0].producer() if norm.inputs[0] is not None else None
+    if grouped is None or grouped.op_type != "Reshape" or len(grouped.outputs[0].uses()) != 1:
+        return None
+    x = grouped.inputs[0]
+    affine = [None if v is None else ir.convenience.get_const_tensor(v) for v in list(norm.inputs)[1:3]]
+    shape = ir.convenience.get_const_tensor(grouped.inputs[1]) if len(grouped.inputs) > 1 else None
+    if x is None or x.shape is None or len(x.shape) < 3 or not all(isinstance(d, int) for d in x.shape[1:]) \
+            or shape is None or any(a is None for a in affine):
+        return None
+    groups, channels = [int(d) for d in shape.numpy().reshape(-1)], int(x.shape[1])
+    scale, bias = (np.asarray(a.numpy()).reshape(-1) for a in affine)  # type: ignore[union-attr]
+    if len(groups) != 3 or not 1 < groups[1] < channels or channels % groups[1] or not np.all(scale == 1) \
+            or not np.all(bias == 0) or not _restores(back, x):
+        return None
+    return x, channels, norm.attributes.get_float("epsilon", 1e-5), norm, grouped
+
 
 class GlobalAveragePoolToReduceMeanPass(_OpRewritePass):
     """GlobalAveragePool(x) -> ReduceMean(x, axes=spatial axes, keepdims=1)."""
@@ -546,8 +606,9 @@ def substitute(model: onnx.ModelProto, names: Sequence[str], *, rtol: float = 1e
     if idle:  # each rule asked for must rewrite something: a rule that did nothing is a mistake to say
         present = sorted({n.op_type for n in model.graph.node})
         ops = " or ".join(sorted({o for r in idle for o in r.source_ops}))
-        decomposed = ("; a GroupNorm exported by torch at opset 18 is Reshape -> InstanceNormalization -> Reshape -> "
-                      "Mul -> Add, which is not a GroupNormalization node" if "GroupNormalization" in ops
+        decomposed = ("; its InstanceNormalization nodes are no GroupNorm written out as torch's exporter writes one "
+                      "(Reshape(N, G, -1) -> InstanceNormalization(ones, zeros) -> Reshape back, static channels), "
+                      "which the rule also reads" if "GroupNormalization" in ops
                       and "InstanceNormalization" in present else "")
         raise InputError(f"nothing to substitute for {', '.join(r.name for r in idle)}: the model has no node {ops} "
                          "that it could rewrite" + decomposed
