@@ -365,3 +365,33 @@ def test_weights_the_plan_quantized_but_no_torch_op_took_are_named(tmp_path):
     carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan)
     assert carried.weights == 1  # the linear's
     assert [u for u in carried.unmatched if "(its Conv weights)" in u], carried.unmatched
+
+
+class _ScaledBoxes(torch.nn.Module):
+    """A detector head's decode: sigmoid box offsets times the input size (a Python scalar: a constant tensor only
+    the torch program holds as one), beside sigmoid scores, concatenated as YOLOv8's (N, 4 + C, A)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU())
+        self.boxes = torch.nn.Conv2d(8, 4, 1)
+        self.scores = torch.nn.Conv2d(8, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.body(x)
+        boxes = torch.sigmoid(self.boxes(f)).flatten(2) * 16
+        return torch.cat([boxes, torch.sigmoid(self.scores(f)).flatten(2)], 1)
+
+
+def test_a_constant_only_the_torch_program_holds_gets_the_grid_of_its_value(tmp_path):
+    """``box * 16``: the plan's ONNX model holds 16 as an initializer, the torch program as a constant tensor no
+    activation matches; it is carried on the grid ORT's quantizer gives such a constant (16 exactly on it), named
+    among the derived grids, and the .pte computes what the QDQ model does (it was refused as unmatched before)."""
+    pytest.importorskip("executorch", reason="the executorch extra is not installed (scripts/setup.sh installs it)")
+    from npukit.runtime import executorch as et
+
+    result, carried, samples, example = _carried_16x16(tmp_path, _ScaledBoxes, et.CARRY)
+    assert carried.unmatched == () and any(name.startswith("_tensor_constant") for name in carried.derived)
+    path = tmp_path / "boxes.pte"
+    et.lower(carried.program, example).write(path)
+    _assert_computes_the_qdq_model(result.model, et.Runner(path), samples[:4], floor_db=25)

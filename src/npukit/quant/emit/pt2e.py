@@ -352,6 +352,10 @@ def _annotate(model: torch.fx.GraphModule, state: _Annotation) -> list[torch.fx.
                 inputs[arg] = state.weight_spec(node, spec)
             elif isinstance(spec, QuantizationSpec):
                 grid = state.grid(arg)
+                if grid is None and arg.op == "get_attr":  # a constant only the torch program holds as a tensor
+                    grid = _constant_grid(model, arg)  # (a detector's box * 64): the ONNX model's initializer
+                    if grid is not None:
+                        derived.append(arg.name)
                 carried += grid is not None
                 if grid is None:
                     unmatched.append(f"{arg.name} (read by {node.name})")
@@ -378,6 +382,21 @@ def _annotate(model: torch.fx.GraphModule, state: _Annotation) -> list[torch.fx.
     state.report.update(activations=carried, unmatched=unmatched, float_nodes=[n.name for n in floats],
                         derived=derived)
     return floats
+
+
+def _constant_grid(model: torch.fx.GraphModule, node: torch.fx.Node) -> Any:
+    """An int8 grid over a constant tensor's values and zero, as ORT's quantizer gives a constant input of a Mul or
+    Add in the QDQ model (asymmetric over [min(0, v), max(0, v)]: a scalar lands exactly on it); None for anything
+    but a float tensor attribute."""
+    value = model
+    for part in str(node.target).split("."):
+        value = getattr(value, part, None)
+    if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.numel() == 0:
+        return None
+    values = value.detach().float()
+    scale, zero = activation_qparams(min(float(values.min()), 0.0), max(float(values.max()), 0.0), signed=True,
+                                     symmetric=False)
+    return _fixed_int8(float(scale), int(zero))
 
 
 def _unshare(model: torch.fx.GraphModule, state: _Annotation, removed: set[torch.fx.Node]) -> None:
