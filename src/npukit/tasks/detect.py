@@ -494,17 +494,21 @@ class DetectMeter:
         return missed
 
     def _operating_point(self, gt: Detections, pred: Detections, threshold: float) -> None:
-        """F1 counts at ``threshold`` with a tolerance ``BAND``: a reference detection clearly above it (>=
-        threshold + BAND) is missed unless the candidate keeps it at the threshold, and a candidate detection
-        clearly above it is false unless the reference has it at the threshold; scores within BAND above the
-        threshold may fall either way."""
+        """F1 counts at ``threshold`` with a tolerance ``BAND`` for a score that moves a little across it: a
+        reference detection at or above the threshold is missed where the candidate does not keep it at the
+        threshold (if the reference's score is BAND or more above it) or within BAND below it (if the reference's
+        score lies within BAND above it); a candidate detection likewise is false against the reference. So 0.52 ->
+        0.48 across 0.5 counts as kept, 0.9 -> 0.45 and 0.30 -> 0.19 across 0.25 as missed."""
         overlap = self._matches(gt, pred)
-        sure_gt, loose_gt = gt.scores >= threshold + BAND, gt.scores >= threshold
-        sure_pred, loose_pred = pred.scores >= threshold + BAND, pred.scores >= threshold
-        missed = self._unmatched(sure_gt, loose_pred, overlap)
-        false = self._unmatched(sure_pred, loose_gt, overlap.T)
+        sure_gt, near_gt = gt.scores >= threshold + BAND, (gt.scores >= threshold) & (gt.scores < threshold + BAND)
+        sure_pred = pred.scores >= threshold + BAND
+        near_pred = (pred.scores >= threshold) & (pred.scores < threshold + BAND)
+        missed = self._unmatched(sure_gt, pred.scores >= threshold, overlap) + self._unmatched(
+            near_gt, pred.scores >= threshold - BAND, overlap)
+        false = self._unmatched(sure_pred, gt.scores >= threshold, overlap.T) + self._unmatched(
+            near_pred, gt.scores >= threshold - BAND, overlap.T)
         counts = self._operating[threshold]
-        counts[0] += int(sure_gt.sum()) - missed
+        counts[0] += int(sure_gt.sum() + near_gt.sum()) - missed
         counts[1] += false
         counts[2] += missed
 
