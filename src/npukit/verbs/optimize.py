@@ -198,6 +198,7 @@ class _Search:
         self.runtime = runtime  # the npukit.runtime module of a mobile target (None: ORT CPU)
         self.models = _Kept()  # recipe -> model, for the trials within the budget measured in this run
         self.proto: Any = None  # the float model at the opset the space needs (set by _baseline)
+        self.unpriced = 0  # operators of the float model the energy estimate could not price (set by _runner)
 
     def run(self, output: Path, html: bool) -> CommandResult:
         from npukit.report.optimize import add_search
@@ -358,7 +359,8 @@ class _Search:
 
         given = self.inputs.proto
         peak = ort_predicted_peak(given)
-        energy = estimate_energy(given, peak_bytes=peak, feeds=calib[0]).total_uj
+        estimate = estimate_energy(given, peak_bytes=peak, feeds=calib[0])
+        energy, self.unpriced = estimate.total_uj, estimate.unknown_shapes  # the verdict says an incomplete one
         common = dict(model=proto, calib=calib, evaluation=self.inputs.evaluation, gate=self.gate, base=base,
                       head=head, ranking=ranking, task=self.task, threads=self.threads)
         if self.runtime is None:
@@ -441,7 +443,9 @@ class _Search:
                 f"{chosen.worst_sqnr_db:.1f} dB >= {self.gate.min_sqnr_db:g} dB)")
         line = (f"PASS optimize: trial {outcome.chosen} ({chosen.recipe.label()}): {held}, latency "
                 f"{chosen.latency:.2f}x, size "
-                f"{chosen.size:.2f}x, peak memory {chosen.memory:.2f}x, energy {chosen.energy:.2f}x (estimates) "
+                f"{chosen.size:.2f}x, peak memory {chosen.memory:.2f}x, energy {chosen.energy:.2f}x (estimates"
+                + (f"; the energy estimate is incomplete, {self.unpriced} operators of the float model unpriced"
+                   if self.unpriced else "") + ") "
                 f"{self._float_name}'s; best on {self.config.prefer} of {within} trials within the budget "
                 f"({len(outcome.trials)} in all)"
                 + (f"; even the fastest within the budget runs slower than {self._float_name} on this CPU: keep "
