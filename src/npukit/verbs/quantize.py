@@ -17,8 +17,8 @@ from npukit.report.quantize import (add_kernel_profile, add_layer_sqnr, add_mixe
                                      add_size_and_speed, add_steps)
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import (check_output, check_task, check_task_measurable, float_static_model, floor_check,
-                                 held_back, open_data, quant_opset, task_check)
+from npukit.verbs.common import (HOLD_BACK_EVERY, check_output, check_task, check_task_measurable, float_static_model,
+                                 floor_check, held_back, open_data, quant_opset, task_check)
 
 
 CHECK_SAMPLES = 32  # calibration samples the task check reads when no held-out data is given
@@ -214,7 +214,7 @@ def quantize(
         choice, checked, _ = task_check(report, proto, result.model, check_samples(check, limit), task=task,
                                    gate=gate or QualityGate(), what="quantize", where=where, threads=threads,
                                    extra_failures=integer_failures(kernels, result),
-                                   hint=_recipe_hint(config, result.steps.recipe) + slower)
+                                   hint=_recipe_hint(config, result.steps.recipe, mixed=mixed_precision) + slower)
     if slower and report.passed:  # a passing model that is not faster than the float one says so too
         report.set_verdict(report.verdict + slower, passed=True)
     untried = (result.steps.recipe or {}).get("skipped") or {}
@@ -312,9 +312,10 @@ def _slower_note(latency_ratio: float, *, threads: int) -> str:
             "the float model may serve better here, or compile for an NPU")
 
 
-def _recipe_hint(config: Any, choice: dict | None = None) -> str:
+def _recipe_hint(config: Any, choice: dict | None = None, *, mixed: bool = False) -> str:
     """What to try when the quantized model fails its check: the recovery steps ``config`` (and the recipe
-    ``choice``, ``QuantSteps.recipe``) did not use."""
+    ``choice``, ``QuantSteps.recipe``) did not use; after ``mixed`` precision (which --int16-budget cannot join),
+    more calibration samples for its own check."""
     tried = []
     if choice and choice["chosen"] == "plain" and "equalized" in choice["candidates"]:
         tried.append("--recipe equalized (it scored lower on the held-out calibration samples)")
@@ -323,7 +324,10 @@ def _recipe_hint(config: Any, choice: dict | None = None) -> str:
     elif not (config.recipe.cle and config.recipe.activation_equalization and config.recipe.bias_correction) \
             and not (choice and choice["chosen"] == "equalized"):
         tried.append("--cle --equalize-activations --bias-correction")
-    if not (config.precision.int16_budget or config.scheme.int16_tensors or config.scheme.int16_nodes):
+    if mixed:
+        tried.append(f"more --calib samples (--mixed-precision judges its plans on every {HOLD_BACK_EVERY}th, held "
+                     "back: a plan that passes a few may fail --data)")
+    elif not (config.precision.int16_budget or config.scheme.int16_tensors or config.scheme.int16_nodes):
         tried.append("--int16-budget 0.1")
     if not config.recipe.adaround:
         tried.append("--adaround")
