@@ -507,6 +507,23 @@ def test_html_without_report_path_lands_beside_the_input(exported, tmp_path):
     assert report["verdict"].startswith("INFO analyze")
 
 
+def test_html_without_report_path_for_a_model_inside_a_package_lands_in_the_current_folder(exported, tmp_path,
+                                                                                             monkeypatch):
+    """A model shipped in a package (site-packages/nudenet/320n.onnx): its reports are not written into the
+    Python installation but into the current folder."""
+    import shutil
+
+    package = tmp_path / "lib" / "site-packages" / "vendor"
+    package.mkdir(parents=True)
+    shutil.copyfile(exported, package / "m.onnx")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert main(["plan-memory", str(package / "m.onnx"), "--html"]) == 0
+    assert _files(package) == ["m.onnx"]
+    assert {"m.plan-memory.report.json", "m.plan-memory.report.html"} <= set(_files(work))
+
+
 def test_bench_fails_a_broken_model_against_its_reference(exported, tmp_path, capsys):
     broken = onnx.load(str(exported))
     logits = broken.graph.output[0].name

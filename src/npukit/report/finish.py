@@ -64,7 +64,7 @@ def finish(report: Report, artifact: Path | None, *, html: bool, json_path: Path
 
     json_path = json_path or (report_json_for(artifact) if artifact else None)
     if json_path is None and html and source is not None and Path(str(source)).is_file():
-        json_path = report_path_for(source, f".{report.command}.report.json")
+        json_path = report_path_for(_report_home(Path(str(source))), f".{report.command}.report.json")
 
     if json_path is not None and source is not None:
         from npukit._atomic import check_writes
@@ -102,6 +102,23 @@ def finish(report: Report, artifact: Path | None, *, html: bool, json_path: Path
             _remove_earlier_html(html_path_for(json_path))
     return CommandResult(report=report, artifact=artifact, report_path=json_path, html_path=html_path,
                          result=result)
+
+
+def _report_home(source: Path) -> Path:
+    """Where a verb without an artifact writes the reports --html asked for: beside its input, or in the current
+    folder (same name) where the input lies inside a Python installation (a model shipped in a package's
+    site-packages folder) or in a folder this user cannot write."""
+    import os
+    import sys
+    import sysconfig
+
+    resolved = source.resolve()
+    installs = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sysconfig.get_paths()["purelib"],
+                                            sysconfig.get_paths()["platlib"])} - {Path("/")}
+    inside = any(resolved.is_relative_to(root) for root in installs) or "site-packages" in resolved.parts
+    if inside or not os.access(resolved.parent, os.W_OK):
+        return Path.cwd() / source.name
+    return source
 
 
 def _remove_earlier_html(path: Path) -> None:
