@@ -496,13 +496,13 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     return values
 
 
-def _floats(text: str, what: str) -> tuple[float, ...]:
+def _floats(text: str, what: str, example: str = "0.5,0.5,0.5") -> tuple[float, ...]:
     from npukit.errors import InputError
 
     try:
         return tuple(float(v) for v in text.split(","))
     except ValueError:
-        raise InputError(f"{what} {text!r} is not a comma-separated list of numbers", hint="e.g. 0.5,0.5,0.5") \
+        raise InputError(f"{what} {text!r} is not a comma-separated list of numbers", hint=f"e.g. {example}") \
             from None
 
 
@@ -653,7 +653,7 @@ def _demo(api, args):
 
 def _serve_bench(api, args):
     return api.serve_bench(args.model, data=args.data, device=args.device, duration_s=args.duration,
-                           max_workers=args.max_workers, loads=_floats(args.loads, "--loads"),
+                           max_workers=args.max_workers, loads=_floats(args.loads, "--loads", "0.8,1.2,1.6"),
                            max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, prefer=args.prefer,
                            device_concurrency=args.device_concurrency, report_path=args.report,
                            html=args.html, buckets=[_ints(b, "--bucket") for b in args.bucket or ()],
