@@ -57,6 +57,38 @@ def test_the_study_starts_from_the_default_and_chooses_within_the_budget(tmp_pat
     assert all(outcome.trial(n).feasible for n in outcome.front)
 
 
+def test_a_knob_that_builds_the_same_artifact_gets_none_of_its_timing_noise() -> None:
+    """Where CLE changes nothing (each recipe builds the same artifact with or without it), the two latencies differ
+    by timing noise alone: the importance counts them at their mean, so CLE gets no share of latency's variance
+    (a helper saw CLE credited 0.26 of latency on a model it left byte for byte the same). Without the digests the
+    same noise is credited to CLE."""
+    import optuna
+
+    from npukit.search.study import importance
+    from npukit.search.trial import OBJECTIVES
+
+    def study(with_digests: bool):
+        made = optuna.create_study(directions=[way for _, way in OBJECTIVES])
+        knobs = {"per_channel": optuna.distributions.CategoricalDistribution([True, False]),
+                 "method": optuna.distributions.CategoricalDistribution(["auto", "minmax"]),
+                 "cle": optuna.distributions.CategoricalDistribution([False, True])}
+        for per_channel, method, cle in ((pc, m, c) for pc in (True, False) for m in ("auto", "minmax")
+                                         for c in (False, True)):
+            recipe = Recipe(per_channel=per_channel, method=method, cle=cle)
+            latency = (0.6 if per_channel else 0.5) + (0.03 if cle else -0.03)  # timing noise that happened
+            # to favour the recipes without CLE, as a busy machine may
+            figures = Measured(recipe, True, metric=0.99 if per_channel else 0.97, latency=latency, size=0.3,
+                               memory=0.5, energy=0.3,
+                               digest=f"{per_channel}{method}" if with_digests else "")
+            made.add_trial(optuna.trial.create_trial(
+                params={"per_channel": per_channel, "method": method, "cle": cle}, distributions=knobs,
+                values=list(figures.objectives()), user_attrs={"measured": figures.as_dict()}))
+        return made
+
+    assert importance(study(True))["latency"].get("cle", 0.0) < 0.01
+    assert importance(study(False))["latency"]["cle"] > 0.05  # the noise, credited to a knob that did nothing
+
+
 def test_a_resumed_study_measures_nothing_twice_and_keeps_its_trials(tmp_path) -> None:
     first = run_study(fake, SPACE, SearchConfig(trials=4, seed=2), name="r", storage=tmp_path / "r.db")
     seen = []

@@ -31,7 +31,7 @@ from npukit.quant.config import FloatHead, Precision, QuantConfig, Scheme
 from npukit.quant.config import Recipe as QuantRecipe
 from npukit.quant.precision.scored_head import MOBILE_SHARE
 from npukit.search.space import Recipe
-from npukit.search.trial import Built, Measured, TrialBuilder, TrialRunner
+from npukit.search.trial import Built, Measured, TrialBuilder, TrialRunner, artifact_digest
 from npukit.tasks import judge
 
 # the runtime's integer scheme (see the module docstring); a recipe sets granularity, method and recovery steps on it.
@@ -178,7 +178,8 @@ class MobileRunner(TrialRunner):
             size_bytes=size, memory=peak / self.floats.peak_bytes if self.floats.peak_bytes else float("nan"),
             peak_bytes=peak, energy=energy / self.floats.energy_uj if self.floats.energy_uj else float("nan"),
             energy_uj=energy, integer_fraction=built.integer_fraction,
-            seconds=built.seconds + time.perf_counter() - start, failures=built.failures)
+            seconds=built.seconds + time.perf_counter() - start, failures=built.failures,
+            digest=artifact_digest(built.artifact))
 
     def close(self) -> None:
         self._fp32_runner = None

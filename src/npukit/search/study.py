@@ -247,7 +247,9 @@ class Batch:
 def importance(study: Any) -> dict[str, dict[str, float]]:
     """Objective -> knob -> its share of the objective's variance over the measured trials (fANOVA, Optuna's
     ``FanovaImportanceEvaluator``, seeded), for the task metric and latency; empty with fewer than 4 measured trials
-    or nothing that varied. A dozen trials give a rough picture, not a ranking to trust to the second digit."""
+    or nothing that varied. Trials whose recipes built the same artifact count with their mean latency, so a knob
+    that changed nothing (CLE on a model without the pairs it equalizes) gets none of their timing noise. A dozen
+    trials give a rough picture, not a ranking to trust to the second digit."""
     import optuna
 
     measured = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and _measured(t) is not None
@@ -255,11 +257,17 @@ def importance(study: Any) -> dict[str, dict[str, float]]:
     if len(measured) < 4:
         return {}
     out: dict[str, dict[str, float]] = {}
+    same: dict[str, list[float]] = {}  # recipes that built one artifact: their latencies differ by timing noise alone
+    for t in measured:
+        if _measured(t).digest:
+            same.setdefault(_measured(t).digest, []).append(t.values[1])
+    latency = {t.number: sum(same[d]) / len(same[d]) for t in measured if (d := _measured(t).digest)}
     evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
     for index, name in ((0, "metric"), (1, "latency")):
         try:
-            values = optuna.importance.get_param_importances(study, evaluator=evaluator,
-                                                             target=lambda t, i=index: t.values[i])
+            values = optuna.importance.get_param_importances(
+                study, evaluator=evaluator,
+                target=lambda t, i=index: latency.get(t.number, t.values[i]) if i == 1 else t.values[i])
         except (RuntimeError, ValueError):  # e.g. no parameter varied among the trials
             continue
         out[name] = {k: round(float(v), 3) for k, v in values.items()}

@@ -55,6 +55,7 @@ class Measured:
     confirmed: bool = False  # latency timed again beside the other best trials with more runs
     failures: tuple[str, ...] = ()
     error: str = ""
+    digest: str = ""  # the artifact's bytes (sha256, 16 hex digits): recipes that built the same artifact share it
 
     def objectives(self) -> tuple[float, ...]:
         return tuple(float(getattr(self, name)) for name, _ in OBJECTIVES)
@@ -268,7 +269,14 @@ class TrialRunner:
             memory=peak / self.floats.peak_bytes if self.floats.peak_bytes else float("nan"), peak_bytes=peak,
             energy=energy / self.floats.energy_uj if self.floats.energy_uj else float("nan"), energy_uj=energy,
             integer_fraction=built.integer_fraction, seconds=built.seconds + time.perf_counter() - start,
-            failures=built.failures)
+            failures=built.failures, digest=artifact_digest(model.SerializeToString()))
+
+
+def artifact_digest(data: bytes) -> str:
+    """``Measured.digest`` of an artifact's bytes."""
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()[:16]
 
 
 def dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[str]) -> bool:
