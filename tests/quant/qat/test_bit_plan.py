@@ -43,3 +43,17 @@ def test_the_most_sensitive_weights_keep_eight_bits_within_the_share():
     set_weight_bits(student, 4, keep=plan.eight_bit)
     assert {key: student.quant[key].qmax == 7 for key in (layer.key for layer in plan.layers)} == \
         {layer.key: layer.key != ranked[0].key for layer in plan.layers}
+
+
+def test_lowering_the_weights_leaves_a_fixed_asymmetric_grid_at_eight_bits():
+    """A Mul / Add constant quantized asymmetrically (a GroupNorm's affine after its InstanceNormalization, in a
+    PyTorch GroupNorm model's export) has no symmetric bit width to lower: w4a8 ended in an internal error on it.
+    It keeps its 8-bit grid; the conv weights go to 4 bits."""
+    student, _ = _twin()
+    keys = [node.attrs["key"] for node in student.nodes if node.op_type == "FakeQuant"
+            and node.attrs.get("kind") == "weight"]
+    fixed = student.quant[keys[0]]
+    fixed.rule, fixed.qmin, fixed.qmax = "fixed", 0, 255  # as the twin makes an asymmetric uint8 weight grid
+    set_weight_bits(student, 4)
+    assert (fixed.rule, fixed.qmin, fixed.qmax) == ("fixed", 0, 255)
+    assert all(student.quant[key].qmax == 7 for key in keys[1:])

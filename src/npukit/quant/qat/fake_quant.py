@@ -180,8 +180,10 @@ class BiasQuant(nn.Module):
 def set_weight_bits(program, bits: int, *, keep: frozenset[str] = frozenset()) -> None:
     """Every weight quantizer of ``program`` (an ``OnnxProgram`` with FakeQuant nodes) but those keyed in ``keep``
     (they stay as they are: ``npukit.quant.qat.bit_plan``) to ``bits``, each grid re-derived from its current
-    weights (``WeightQuant.set_bits``)."""
+    weights (``WeightQuant.set_bits``). A fixed asymmetric grid (the int8 constant of a Mul or Add, such as a
+    GroupNorm's affine after its InstanceNormalization, not a conv or matmul weight) stays at its 8 bits."""
     weights = program.trained_initializers()
     for node in program.nodes:
-        if node.op_type == "FakeQuant" and node.attrs.get("kind") == "weight" and node.attrs["key"] not in keep:
+        if node.op_type == "FakeQuant" and node.attrs.get("kind") == "weight" and node.attrs["key"] not in keep \
+                and getattr(program.quant[node.attrs["key"]], "rule", None) != "fixed":
             program.quant[node.attrs["key"]].set_bits(bits, weights[node.inputs[0]])
