@@ -141,3 +141,20 @@ def test_inputs_without_a_batch_axis_are_refused_before_training() -> None:
         _require_batch_axis({"x": np.zeros((1, 576), np.float32), "sr": np.array(16000)})
     with pytest.raises(InputError, match=r"'state' is shaped \[2, 1, 128\] per sample"):
         _require_batch_axis({"state": np.zeros((2, 1, 128), np.float32)})
+
+
+def test_a_failing_runs_hint_fits_what_happened() -> None:
+    """Training that left the model worse than its PTQ start is not told to train longer, and a w8a8 run is not told
+    to try 8-bit weights (a helper's 9-sample YOLOX run: map50 0.983 -> 0.349, hint 'train longer ... --bits w8a8')."""
+    from types import SimpleNamespace
+
+    from npukit.verbs.qat import _hint
+
+    def rows(ptq: float, qat: float) -> dict:
+        return {"PTQ": SimpleNamespace(value=ptq, metric="map50"), "QAT": SimpleNamespace(value=qat, metric="map50")}
+
+    worse = _hint(rows(0.983, 0.349), SimpleNamespace(weight_bits=8))
+    assert "worse than its PTQ start (map50 0.983 -> 0.349)" in worse and "train longer" not in worse
+    assert "--bits w8a8" not in worse
+    assert _hint(rows(0.5, 0.7), SimpleNamespace(weight_bits=4)).startswith("train longer (--epochs)")
+    assert _hint(rows(0.5, 0.7), SimpleNamespace(weight_bits=4)).endswith("or 8-bit weights (--bits w8a8)")

@@ -370,9 +370,22 @@ class _Run:
                                              f"{export.max_steps:.1f} steps at {export.worst_tensor} (layer by layer)"]
         if self.config.weight_bits == 8 and not kernels["integer_compute"]:
             failures.append("no conv or matmul runs on an integer kernel (ORT computes them all in float)")
-        verdict = judge(rows["QAT"], self.gate, what="qat", extra_failures=failures,
-                        hint="train longer (--epochs), try --learn-scales, or 8-bit weights (--bits w8a8)")
+        verdict = judge(rows["QAT"], self.gate, what="qat", extra_failures=failures, hint=_hint(rows, self.config))
         add_task_check(report, choice, rows["QAT"], self.gate, verdict, where=self.samples.held_from)
+
+
+def _hint(rows: dict[str, Any], config: Any) -> str:
+    """What to try after a failing QAT check: where training left the model worse than its PTQ start on the held-out
+    samples, fewer or gentler steps and more data, not longer training; 8-bit weights only after a 4-bit run."""
+    ptq, qat = rows["PTQ"], rows["QAT"]
+    worse = ptq.value is not None and qat.value is not None and qat.value < ptq.value
+    if worse:
+        hint = (f"more training samples (at least 10 leave every tenth to choose the epoch on), a lower --lr or fewer "
+                f"steps: training left the model worse than its PTQ start ({qat.metric} {ptq.value:.3f} -> "
+                f"{qat.value:.3f}), and the PTQ model itself is `npukit quantize`'s")
+    else:
+        hint = "train longer (--epochs), try --learn-scales"
+    return hint + (", or 8-bit weights (--bits w8a8)" if config.weight_bits < 8 else "")
 
 
 @dataclasses.dataclass(frozen=True)
