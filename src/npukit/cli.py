@@ -6,10 +6,11 @@ Exit codes: 0 success, 1 a numeric check failed (the message says which and what
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -829,11 +830,13 @@ def _remove_new(paths: dict[Path, bool], *, keep_resume: bool = False) -> None:
     in it (the checkpoint or study the same command continues from stays; rmtree took it with the folder)."""
     import shutil
 
+    from npukit._atomic import FOLDER_ARTIFACTS
+
     new = [path for path, existed in paths.items() if not existed and path.exists()]
     for path in new:
         if not (path.is_dir() and not path.is_symlink()):
             path.unlink(missing_ok=True)
-        elif not keep_resume:
+        elif not keep_resume or path.suffix.lower() in FOLDER_ARTIFACTS:  # a Core ML package is an artifact
             shutil.rmtree(path, ignore_errors=True)
     if keep_resume:
         for folder in sorted((p for p in new if p.is_dir()), key=lambda p: -len(p.parts)):  # innermost first
@@ -883,8 +886,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         check_writes(list(before), [getattr(args, name, None) for name in _READS])
         _check_report_names(args)  # after: a report named like an input is refused as the overwrite it would be
-        with capture_library_messages():
-            return run(args)
+        with capture_library_messages(), _interrupts() as interrupted:
+            code = run(args)
+        if interrupted:  # a Ctrl-C a library swallowed (raised inside a __del__: "Exception ignored in ...")
+            raise KeyboardInterrupt
+        return code
     except NpukitError as exc:
         if args.debug:
             raise
@@ -909,5 +915,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+@contextlib.contextmanager
+def _interrupts() -> Iterator[list[bool]]:
+    """Within the block a Ctrl-C raises KeyboardInterrupt as usual and is also recorded in the list yielded, so that
+    one raised where Python ignores exceptions (a finalizer) still ends the run as interrupted; the previous handler
+    comes back after. Off the main thread (where no handler can be set) the list stays empty."""
+    import signal
+    import threading
+
+    seen: list[bool] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        seen.append(True)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def entry() -> NoReturn:
+    """The console script: ``main``, then its output flushed and Ctrl-C ignored while the interpreter shuts down
+    (torch's and ONNX Runtime's teardown takes seconds): a late Ctrl-C killed the finished process by SIGINT, losing
+    its buffered report lines and turning a passing run's exit code into 130."""
+    import signal
+
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    entry()

@@ -866,6 +866,37 @@ def test_an_interrupted_run_keeps_what_it_resumes_from_and_no_empty_new_folder(t
     assert sorted(p.name for p in new.iterdir()) == ["m.qat.pt"] and not empty.exists()
     _remove_new(before)  # a failed run takes every new folder whole
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+    package = tmp_path / "m.mlpackage"  # a Core ML package is a folder, and an artifact: it goes whole
+    (package / "Data").mkdir(parents=True)
+    (package / "Manifest.json").write_text("{}")
+    _remove_new({package: False}, keep_resume=True)
+    assert not package.exists()
+
+
+def test_a_ctrl_c_a_finalizer_swallowed_still_ends_the_run_as_interrupted(exported, tmp_path, monkeypatch, capsys):
+    """Python ignores a KeyboardInterrupt raised inside a __del__ ("Exception ignored in ..."): the run went on and
+    exited 0. The interrupt is recorded where it arrives, and the run ends as interrupted: exit 130, its new
+    artifact and report removed."""
+    import os
+    import signal
+
+    from npukit import cli
+
+    real = cli.run
+
+    def swallowed(args):
+        code = real(args)
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # arrives, and a finalizer would swallow the KeyboardInterrupt
+        except KeyboardInterrupt:
+            pass
+        return code
+
+    monkeypatch.setattr(cli, "run", swallowed)
+    out = tmp_path / "o.onnx"
+    assert main(["optimize-graph", str(exported), "-o", str(out)]) == 130
+    assert "interrupted" in capsys.readouterr().err and not out.exists()
+    assert not out.with_name("o.report.json").exists()
 
 
 def test_an_unknown_flag_points_at_the_verb_s_help(tmp_path, capsys):
