@@ -94,7 +94,8 @@ def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
           names: tuple[Sequence[str], Sequence[str]] | None = None) -> Lowered:
     """``program`` (float, or PT2E-converted with the weights' quantize ops kept) converted to a .tflite model
     (``names`` unused: the converter names the signature's tensors)."""
-    import litert_torch
+    with _quiet():  # importing it starts TensorFlow's runtime, which prints absl and oneDNN notices to stderr
+        import litert_torch
 
     args = tuple(plain_tensor(x) for x in example)
     quant = _static_int8_config() if _has_qdq(program) else None
@@ -247,8 +248,9 @@ def node_placement(program: torch.nn.Module, example: Sequence[torch.Tensor]) ->
     The converter names each operator's output tensor after the program's node it lowers (its location, built by
     litert-torch's debug info hook, set here to the node's ``from_node`` origin for this conversion only); an
     operator writing a graph output carries the signature's name instead and is left out."""
-    import litert_torch
-    from litert_torch.backend import export as backend_export
+    with _quiet():  # as in lower: the import's native notices kept off the terminal
+        import litert_torch
+        from litert_torch.backend import export as backend_export
 
     args = tuple(plain_tensor(x) for x in example)
     exported = torch.export.export(program, args)
