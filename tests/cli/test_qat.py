@@ -158,3 +158,21 @@ def test_a_failing_runs_hint_fits_what_happened() -> None:
     assert "--bits w8a8" not in worse
     assert _hint(rows(0.5, 0.7), SimpleNamespace(weight_bits=4)).startswith("train longer (--epochs)")
     assert _hint(rows(0.5, 0.7), SimpleNamespace(weight_bits=4)).endswith("or 8-bit weights (--bits w8a8)")
+
+
+def test_eval_data_that_is_the_training_data_is_not_called_held_out(tmp_path) -> None:
+    """--eval naming the --data file: the check reads samples the model was trained on, and says so."""
+    import numpy as np
+
+    from npukit.config import PreprocessConfig
+    from npukit.verbs.qat import TrainingSamples
+    from tests.quant.conftest import tiny_cnn
+
+    data = tmp_path / "d.npy"
+    np.save(data, np.random.default_rng(0).standard_normal((12, 4, 8, 8)).astype(np.float32))
+    proto = tiny_cnn(activation="Relu")
+    samples = TrainingSamples.open(proto, data, data, None, PreprocessConfig(), None)
+    assert samples.held_from.startswith("d.npy, the training data again (--eval is --data: optimistic")
+    other = tmp_path / "e.npy"
+    np.save(other, np.random.default_rng(1).standard_normal((4, 4, 8, 8)).astype(np.float32))
+    assert TrainingSamples.open(proto, data, other, None, PreprocessConfig(), None).held_from == "held-out data e.npy"

@@ -142,8 +142,12 @@ class TrainingSamples:
             batches, held = batches[:-held_count], batches[-held_count:]
             held_from = f"the last {held_count} samples of {Path(str(data)).name} (not trained on)"
         else:
+            from npukit.data.readers import same_data
+
             held = list(open_data(eval_data, proto, preprocess).batches(1))
-            held_from = f"held-out data {Path(str(eval_data)).name}"
+            held_from = (f"{Path(str(eval_data)).name}, the training data again (--eval is --data: optimistic, the "
+                         "model was trained on them)" if same_data(eval_data, data)
+                         else f"held-out data {Path(str(eval_data)).name}")
         if max_samples is not None:
             held = held[:max_samples]
         names = list(batches[0].feeds)
