@@ -93,3 +93,14 @@ def test_bad_input_exits_2_and_writes_nothing(net, tmp_path, capsys, rule, messa
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err, err
     assert _files(tmp_path) == []
+
+
+def test_notes_of_nodes_kept_for_one_reason_are_said_once() -> None:
+    """PP-OCRv4's recognizer: ten ReduceMeans kept for one reason were ten copies of one sentence in the table."""
+    from npukit.report.prune import grouped_notes
+
+    notes = [f"ReduceMean 'p2o.ReduceMean.{i}' is kept: input rank unknown" for i in range(10)]
+    assert grouped_notes(notes + ["HardSwish written out made one node"]) == [
+        "ReduceMean x10 ('p2o.ReduceMean.0', 'p2o.ReduceMean.1', ...) kept: input rank unknown",
+        "HardSwish written out made one node"]
+    assert grouped_notes(notes[:1]) == notes[:1]

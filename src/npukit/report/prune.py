@@ -61,4 +61,23 @@ def add_substitutions(report: Report, applied: list[dict[str, Any]]) -> None:
     report.add("substitutions", applied)
     report.add_table("Substitutions applied", ["rule", "what", "exact", "nodes rewritten", "notes"],
                      [[a["fix"], a["description"], "yes" if a["exact"] else "no: changes the function",
-                       a["rewrites"], "; ".join(a["notes"]) or "-"] for a in applied])
+                       a["rewrites"], "; ".join(grouped_notes(a["notes"])) or "-"] for a in applied])
+
+
+def grouped_notes(notes: list[str]) -> list[str]:
+    """A pass's notes with the nodes kept for the same reason said once: "ReduceMean x10 ('a', 'b', ...) kept: why"
+    for ten of "ReduceMean 'a' is kept: why" (the JSON keeps every note)."""
+    import re
+
+    groups: dict[tuple[str, str], list[str]] = {}
+    other = []
+    for note in notes:
+        found = re.fullmatch(r"(\S+) '(.*)' is kept: (.*)", note)
+        if found:
+            groups.setdefault((found[1], found[3]), []).append(found[2])
+        else:
+            other.append(note)
+    said = [f"{op} {names[0]!r} is kept: {why}" if len(names) == 1 else
+            f"{op} x{len(names)} ({', '.join(map(repr, names[:2]))}{', ...' if len(names) > 2 else ''}) kept: {why}"
+            for (op, why), names in groups.items()]
+    return said + other
