@@ -175,13 +175,23 @@ def revision() -> str:
 
 
 def _cpu() -> str:
+    """The CPU's model name and its int8 dot-product features: machines of one name ("AMD EPYC") differ in what
+    decides int8 speed and exactness (AVX2 only, or AVX-512 VNNI; AMX on the Xeons)."""
+    name, flags = "", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            if line.startswith("model name") and not name:
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    name = name or platform.processor() or platform.machine()
+    if not flags:
+        return name
+    features = ("AVX-512 VNNI" if "avx512_vnni" in flags else "AVX-VNNI" if "avx_vnni" in flags
+                else "AVX2, no VNNI" if "avx2" in flags else "no AVX2")
+    return f"{name} ({features}{', AMX' if 'amx_int8' in flags else ''})"
 
 
 def summarize(rows: list[dict]) -> dict:
