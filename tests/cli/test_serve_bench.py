@@ -165,8 +165,8 @@ def test_the_plain_loop_runs_on_the_device_the_runtime_serves_on(tmp_path) -> No
 
 
 def test_seeded_requests_for_an_integer_input_are_said_to_be_arbitrary(tmp_path) -> None:
-    """Without --data an int64 input gets small random values (Silero VAD's sample rate then takes a branch real
-    16 kHz audio never takes): the verdict says so and asks for --data."""
+    """Without --data an int64 input gets small random values (a sample rate or mode flag a model branches on would
+    take a path real data never takes): the verdict says so and asks for --data."""
     from onnx import TensorProto, helper
 
     nodes = [helper.make_node("Cast", ["k"], ["kf"], to=TensorProto.FLOAT), helper.make_node("Add", ["x", "kf"], ["y"])]

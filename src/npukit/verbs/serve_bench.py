@@ -82,7 +82,7 @@ def serve_bench(
     integers = [name for name, value in requests[0].items() if np.asarray(value).dtype.kind in "biu"] \
         if data is None and requests else []
     caveat = (f"; the seeded requests give integer input(s) {', '.join(map(repr, integers))} small random values, "
-              "so a model that branches on one (Silero VAD's sample rate) may be timed on a path real data never "
+              "so a model that branches on one (a sample rate, a mode flag) may be timed on a path real data never "
               "takes: pass --data" if integers else "")
     report.set_verdict(f"INFO serve-bench: plain loop {plain:.1f} requests/s; runtime {curve[best].throughput:.1f} "
                        f"requests/s with {best} workers ({curve[best].throughput / plain:.2f}x); a measurement, "
