@@ -11,16 +11,18 @@ QDQ unit it stays.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+import onnx_ir as ir
+from onnx import helper
 
 from npukit.frontend.graph_index import GraphIndex
+from npukit.passes._rewrite import add_initializer
+from npukit.passes.base import NpukitPass
 from npukit.targets.graph_match import step_matches, tensor_infos
 from npukit.targets.profile import Hazard, HazardSite, PatternStep, TargetProfile, TensorInfo
 
@@ -187,88 +189,94 @@ def find_hazards(model: onnx.ModelProto, target: TargetProfile, *, infos: dict[s
 # Rewrites
 
 
-class _Editor:
-    """Inserts nodes and initializers into a copy of a model with fresh names."""
-
-    def __init__(self, model: onnx.ModelProto) -> None:
-        self.model = onnx.ModelProto()
-        self.model.CopyFrom(model)
-        self.graph = self.model.graph
-        self.names = {n.name for n in self.graph.node} | {o for n in self.graph.node for o in n.output} | {
-            t.name for t in self.graph.initializer} | {i.name for i in self.graph.input}
-        self.inserted: list[tuple[onnx.NodeProto, onnx.NodeProto]] = []  # (new node, node it goes before)
-
-    def fresh(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.names:
-            name, k = f"{base}_{k}", k + 1
-        self.names.add(name)
-        return name
-
-    def initializer(self, array: np.ndarray, base: str) -> str:
-        name = self.fresh(base)
-        self.graph.initializer.append(numpy_helper.from_array(array, name))
-        return name
-
-    def node(self, op_type: str, inputs: list[str], base: str, before: onnx.NodeProto, **attrs: Any) -> str:
-        out = self.fresh(f"{base}_output")
-        self.inserted.append((helper.make_node(op_type, inputs, [out], name=self.fresh(base), **attrs), before))
-        return out
-
-    def finish(self) -> onnx.ModelProto:
-        by_anchor: dict[int, list[onnx.NodeProto]] = collections.defaultdict(list)
-        for new, before in self.inserted:
-            by_anchor[id(before)].append(new)
-        ordered: list[onnx.NodeProto] = []
-        for n in self.graph.node:
-            ordered.extend(by_anchor.get(id(n), []))
-            ordered.append(n)
-        self.graph.ClearField("node")
-        self.graph.node.extend(ordered)
-        return self.model
+def _source(value: ir.Value) -> ir.Value:
+    """``value`` with DQ(Q(.)) pairs peeled off (``_View.source`` on the IR)."""
+    while True:
+        dq = value.producer()
+        q = dq.inputs[0].producer() if dq is not None and dq.op_type == "DequantizeLinear" and dq.inputs[0] else None
+        if q is None or q.op_type != "QuantizeLinear" or q.inputs[0] is None:
+            return value
+        value = q.inputs[0]
 
 
-def _copy_value(editor: _Editor, view: _View, value: str, before: onnx.NodeProto, base: str) -> str:
+def _copy_value(graph: ir.Graph, value: ir.Value, before: ir.Node, base: str) -> ir.Value:
     """A second tensor equal to ``value`` made by ``Mul(value, 1)`` before ``before``; in a QDQ model (``value`` is
     the output of DQ(Q(source))) the copy is quantized with the same parameters, so it holds the same numbers."""
-    dq = view.index.producer_node(value)
-    q = view.index.producer_node(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+    taken = {n.name for n in graph if n.name}
+
+    def node(op_type: str, inputs: list[ir.Value | None], name: str, **attributes: Any) -> ir.Value:
+        fresh, k = name, 1
+        while fresh in taken:
+            fresh, k = f"{name}_{k}", k + 1
+        taken.add(fresh)
+        made = ir.node(op_type, inputs, attributes, name=fresh)
+        made.outputs[0].name = f"{fresh}_output"
+        graph.insert_before(before, made)
+        return made.outputs[0]
+
+    dq = value.producer()
+    q = dq.inputs[0].producer() if dq is not None and dq.op_type == "DequantizeLinear" and dq.inputs[0] else None
     if q is None or q.op_type != "QuantizeLinear":
-        one = editor.initializer(np.array(1.0, np.float32), f"{base}_one")
-        return editor.node("Mul", [value, one], base, before)
-    zp_dtype = np.dtype(np.uint8)
-    if len(dq.input) > 2 and dq.input[2]:
-        zp = next((t for t in editor.graph.initializer if t.name == dq.input[2]), None)
-        if zp is not None:
-            zp_dtype = helper.tensor_dtype_to_np_dtype(zp.data_type)
+        return node("Mul", [value, add_initializer(graph, np.array(1.0, np.float32), name_hint=f"{base}_one")], base)
+    point = dq.inputs[2] if len(dq.inputs) > 2 else None
+    zp_dtype = np.dtype(point.const_value.numpy().dtype) if point is not None and point.const_value is not None \
+        else np.dtype(np.uint8)
     # 1.0 exactly: quantized value 1 with scale 1 and zero point 0 (fits every Q/DQ integer type)
-    one_q = editor.initializer(np.array(1, zp_dtype), f"{base}_one_quantized")
-    one_s = editor.initializer(np.array(1.0, np.float32), f"{base}_one_scale")
-    one_z = editor.initializer(np.array(0, zp_dtype), f"{base}_one_zero_point")
-    one = editor.node("DequantizeLinear", [one_q, one_s, one_z], f"{base}_one_DequantizeLinear", before)
-    product = editor.node("Mul", [value, one], base, before)
-    axis = {a.name: helper.get_attribute_value(a) for a in dq.attribute}
-    params = list(dq.input[1:])
-    quantized = editor.node("QuantizeLinear", [product, *params], f"{base}_QuantizeLinear", before, **axis)
-    return editor.node("DequantizeLinear", [quantized, *params], f"{base}_DequantizeLinear", before, **axis)
+    one = node("DequantizeLinear", [add_initializer(graph, np.array(1, zp_dtype), name_hint=f"{base}_one_quantized"),
+                                    add_initializer(graph, np.array(1.0, np.float32), name_hint=f"{base}_one_scale"),
+                                    add_initializer(graph, np.array(0, zp_dtype), name_hint=f"{base}_one_zero_point")],
+               f"{base}_one_DequantizeLinear")
+    product = node("Mul", [value, one], base)
+    params = list(dq.inputs[1:])
+    axis = {name: attr.value for name, attr in dq.attributes.items()}
+    quantized = node("QuantizeLinear", [product, *params], f"{base}_QuantizeLinear", **axis)
+    return node("DequantizeLinear", [quantized, *params], f"{base}_DequantizeLinear", **axis)
 
 
-def _silu_split_input(editor: _Editor, view: _View, match: HazardMatch) -> str | None:
+def _silu_split_input(graph: ir.Graph, nodes: list[ir.Node], match: HazardMatch) -> str | None:
     """x * Sigmoid(x) -> Mul(x, 1) * Sigmoid(x): the product no longer reads the Sigmoid's own input tensor, so the
     backend does not fuse the pair into its Swish kernel; exact (times one, same quantization)."""
-    mul = editor.graph.node[match.indices[-1]] if match.indices else None
+    mul = nodes[match.indices[-1]] if match.indices else None
     if mul is None or mul.op_type != "Mul":
         return "the Mul of the pattern is not in the model"
-    index = next((i for i, x in enumerate(mul.input) if view.source(x) == match.input), None)
+    index = next((i for i, x in enumerate(mul.inputs) if x is not None and _source(x).name == match.input), None)
     if index is None:
         return "the Mul does not read the pattern input"
-    mul.input[index] = _copy_value(editor, view, mul.input[index], mul, f"{mul.name or 'Mul'}/npukit_unfuse")
+    mul.replace_input_with(index, _copy_value(graph, mul.inputs[index], mul, f"{mul.name or 'Mul'}/npukit_unfuse"))
     return None
 
 
-REWRITES: dict[str, Callable[[_Editor, _View, HazardMatch], str | None]] = {
+REWRITES: dict[str, Callable[[ir.Graph, list[ir.Node], HazardMatch], str | None]] = {
     "silu_split_input": _silu_split_input,
 }
+
+
+class GuardHazardsPass(NpukitPass):
+    """Every hazard of ``target`` found in the model rewritten by its fix (``REWRITES``); ``rewritten`` and ``left``
+    (with why) say what was done. The hazards are found on the model as a proto (``find_hazards``), the rewrites
+    made on the IR at the matched nodes' positions."""
+
+    def __init__(self, target: TargetProfile) -> None:
+        super().__init__()
+        self.target = target
+        self.rewritten: list[HazardMatch] = []
+        self.left: list[tuple[HazardMatch, str]] = []
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        nodes = list(model.graph)
+        for match in find_hazards(ir.serde.serialize_model(model), self.target):
+            rewrite = REWRITES.get(match.hazard.fix or "")
+            if not match.quantized:  # ONNX Runtime's basic optimizations drop Mul(x, 1) from a float graph
+                why = "a float model: the rewrite applies to its QDQ model (npukit compile does it after quantizing)"
+            else:
+                why = "no rewrite is known" if rewrite is None else rewrite(model.graph, nodes, match)
+            if why is None:
+                self.rewritten.append(match)
+            else:
+                self.left.append((match, why))
+                self.note(f"{', '.join(match.nodes)} kept: {why}")
+        self.rewrites = len(self.rewritten)
+        return ir.passes.PassResult(model, modified=bool(self.rewritten))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,21 +293,11 @@ class GuardResult:
 
 
 def guard_hazards(model: onnx.ModelProto, target: TargetProfile) -> GuardResult:
-    """Apply the fix of every hazard of ``target`` found in ``model``; the model is copied, never changed."""
-    matches = find_hazards(model, target)
-    if not matches:
+    """Apply the fix of every hazard of ``target`` found in ``model`` (``GuardHazardsPass``); the model is copied,
+    never changed."""
+    if not find_hazards(model, target):
         return GuardResult(model, (), ())
-    editor = _Editor(model)
-    view = _View(GraphIndex(editor.graph))
-    rewritten, left = [], []
-    for match in matches:
-        rewrite = REWRITES.get(match.hazard.fix or "")
-        if not match.quantized:  # ONNX Runtime's basic optimizations drop Mul(x, 1) from a float graph
-            why = "a float model: the rewrite applies to its QDQ model (npukit compile does it after quantizing)"
-        else:
-            why = "no rewrite is known" if rewrite is None else rewrite(editor, view, match)
-        if why is None:
-            rewritten.append(match)
-        else:
-            left.append((match, why))
-    return GuardResult(editor.finish() if rewritten else model, tuple(rewritten), tuple(left))
+    guard = GuardHazardsPass(target)
+    result = guard(ir.serde.deserialize_model(model))
+    guarded = ir.serde.serialize_model(result.model) if result.modified else model
+    return GuardResult(guarded, tuple(guard.rewritten), tuple(guard.left))
