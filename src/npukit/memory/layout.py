@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
 
 from npukit.errors import InputError
+from npukit.passes._rewrite import add_initializer
+from npukit.passes.base import NpukitPass
 from npukit.measure.summary import infer_with_fixed_inputs, static_dims, value_types
 
 PLANAR_SUFFIX = "_planar"
@@ -52,36 +53,54 @@ class LayoutChoice:
 def keep_resizes_planar(model: onnx.ModelProto, names: Sequence[str], *,
                         input_shape: Sequence[int] | None = None) -> onnx.ModelProto:
     """A copy of ``model`` where each Resize in ``names`` reads its data input through a Reshape to the input's own
-    static shape, so ORT CPU's NCHWc layout ends before it. The function computed is unchanged (ORT's plain and NCHWc
-    upsample kernels round differently in the last bits)."""
+    static shape (``KeepResizesPlanarPass``), so ORT CPU's NCHWc layout ends before it. The function computed is
+    unchanged (ORT's plain and NCHWc upsample kernels round differently in the last bits)."""
+    import onnx_ir as ir
+
     inferred = infer_with_fixed_inputs(model, input_shape)
     shapes, _ = value_types(inferred.graph)
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    nodes = {node.name: node for node in out.graph.node}
+    nodes = {node.name: node for node in model.graph.node}
     missing = [name for name in names if name not in nodes or nodes[name].op_type != "Resize"]
     if missing:
         raise InputError(f"no Resize node named {missing[0]!r} in the model", hint="name Resize nodes of the graph")
-    taken = {t.name for t in out.graph.initializer} | {o for n in out.graph.node for o in n.output}
-    for name in names:
-        node = nodes[name]
-        source = node.input[0]
-        dims = static_dims(shapes.get(source))
-        if dims is None:
-            raise InputError(f"the input of Resize {name!r} has no static shape",
-                             hint="give the input's full shape with --input-shape")
-        base = f"{source}{PLANAR_SUFFIX}"
-        planar, shape_name, k = base, f"{base}_shape", 0
-        while planar in taken or shape_name in taken:
-            k += 1
-            planar, shape_name = f"{base}{k}", f"{base}{k}_shape"
-        taken.update((planar, shape_name))
-        out.graph.initializer.append(numpy_helper.from_array(np.array(dims, np.int64), shape_name))
-        position = list(out.graph.node).index(node)
-        out.graph.node.insert(position, helper.make_node("Reshape", [source, shape_name], [planar],
-                                                         name=f"{name}{PLANAR_SUFFIX}"))
-        node.input[0] = planar
-    return out
+    dims = {name: static_dims(shapes.get(nodes[name].input[0])) for name in names}
+    unknown = [name for name, d in dims.items() if d is None]
+    if unknown:
+        raise InputError(f"the input of Resize {unknown[0]!r} has no static shape",
+                         hint="give the input's full shape with --input-shape")
+    result = KeepResizesPlanarPass(dims)(ir.serde.deserialize_model(model))
+    return ir.serde.serialize_model(result.model)
+
+
+class KeepResizesPlanarPass(NpukitPass):
+    """Each Resize named in ``dims`` (name -> its data input's static shape) reads that input through a Reshape to
+    the same shape, named ``<input>_planar`` (``<Resize>_planar`` the node): exact, no data moves."""
+
+    def __init__(self, dims: Mapping[str, Sequence[int]]) -> None:
+        super().__init__()
+        self.dims = dict(dims)
+
+    def call(self, model: Any) -> Any:
+        import onnx_ir as ir
+
+        graph = model.graph
+        taken = {v.name for n in graph for v in n.outputs} | set(graph.initializers)
+        for node in [n for n in graph if n.name in self.dims and n.op_type == "Resize"]:
+            source = node.inputs[0]
+            base = f"{source.name}{PLANAR_SUFFIX}"
+            planar, k = base, 0
+            while planar in taken or f"{planar}_shape" in taken:
+                k += 1
+                planar = f"{base}{k}"
+            taken.update((planar, f"{planar}_shape"))
+            shape = add_initializer(graph, np.array(self.dims[node.name], np.int64), name_hint=f"{planar}_shape")
+            reshape = ir.node("Reshape", [source, shape], name=f"{node.name}{PLANAR_SUFFIX}")
+            reshape.outputs[0].name = planar
+            reshape.outputs[0].shape, reshape.outputs[0].type = source.shape, source.type
+            graph.insert_before(node, reshape)
+            node.replace_input_with(0, reshape.outputs[0])
+            self.rewrites += 1
+        return ir.passes.PassResult(model, modified=self.rewrites > 0)
 
 
 def ort_predicted_peak(model: onnx.ModelProto | str | Path, *, input_shape: Sequence[int] | None = None) -> int:
