@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
 from npukit.frontend.graph_index import GraphIndex
-from npukit.frontend.opset import onnx_opset
-from npukit.quant.nodes import node_attr
+from npukit.passes._rewrite import add_initializer
+from npukit.passes.base import NpukitPass
 
 TAKEN_OPS = ("Conv", "ConvTranspose", "Gemm")  # the ops ORT's WeightBiasQuantization quantizes
 PER_AXIS_OPSET = 13
@@ -49,15 +50,14 @@ class FloatConvs:
         return {"kept_in_float": list(self.kept), "not_kept": dict(self.not_kept)}
 
 
-def _input_channels(node: onnx.NodeProto, weight: onnx.TensorProto) -> int | None:
-    """The size of axis 1 of ``node``'s first input, from its weight's shape (None where the weight does not say)."""
-    dims = list(weight.dims)
-    if node.op_type == "Conv" and len(dims) >= 3:
-        return dims[1] * int(node_attr(node, "group", 1))
-    if node.op_type == "ConvTranspose" and len(dims) >= 3:
+def _input_channels_of(op_type: str, attrs: dict[str, Any], dims: list[int]) -> int | None:
+    """The size of axis 1 of a node's first input, from its weight's shape ``dims`` (None where it does not say)."""
+    if op_type == "Conv" and len(dims) >= 3:
+        return dims[1] * int(attrs.get("group", 1))
+    if op_type == "ConvTranspose" and len(dims) >= 3:
         return dims[0]
-    if node.op_type == "Gemm" and len(dims) == 2 and not node_attr(node, "transA", 0):
-        return dims[1] if node_attr(node, "transB", 0) else dims[0]
+    if op_type == "Gemm" and len(dims) == 2 and not attrs.get("transA", 0):
+        return dims[1] if attrs.get("transB", 0) else dims[0]
     return None
 
 
@@ -86,45 +86,62 @@ def taken_by_ort(model: onnx.ModelProto, float_nodes: Iterable[str]) -> list[str
 
 def keep_float_convs(model: onnx.ModelProto, float_nodes: Iterable[str]) -> FloatConvs:
     """``model`` (a QDQ model) with every node of ``float_nodes`` that ORT would quantize on its own
-    (``taken_by_ort``) fed by a per-axis DequantizeLinear of its own with the same grid."""
+    (``taken_by_ort``) fed by a per-axis DequantizeLinear of its own with the same grid (``KeepFloatConvsPass``);
+    the model is copied, never changed."""
+    import onnx_ir as ir
+
     wanted = set(float_nodes)
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    graph = out.graph
-    lookup = GraphIndex(graph)
-    inits = lookup.initializers
-    kept: list[str] = []
-    not_kept: dict[str, str] = {}
-    new_nodes: dict[int, onnx.NodeProto] = {}  # index of the float node -> its own DequantizeLinear, put before it
-    for index, node in enumerate(graph.node):
-        dq = _taken(node, lookup) if node.name in wanted else None
-        if dq is None:
-            continue
-        channels = _input_channels(node, inits[node.input[1]])
-        if onnx_opset(out) < PER_AXIS_OPSET:
-            not_kept[node.name] = f"opset {onnx_opset(out)} has no per-axis DequantizeLinear (needs {PER_AXIS_OPSET})"
-            continue
-        if channels is None:
-            not_kept[node.name] = "its input's channel count is not known from its weight"
-            continue
-        stem = f"{node.name}{FLOAT_INPUT}"
-        scale = numpy_helper.to_array(inits[dq.input[1]]).reshape(())
-        graph.initializer.append(numpy_helper.from_array(np.full(channels, scale, np.float32), f"{stem}_scale"))
-        inputs = [dq.input[0], f"{stem}_scale"]
-        if len(dq.input) > 2 and dq.input[2] in inits:
-            zero = numpy_helper.to_array(inits[dq.input[2]]).reshape(())
-            graph.initializer.append(numpy_helper.from_array(np.full(channels, zero, zero.dtype), f"{stem}_zero"))
-            inputs.append(f"{stem}_zero")
-        new_nodes[index] = helper.make_node("DequantizeLinear", inputs, [stem], name=f"{stem}_DequantizeLinear",
-                                            axis=1)
-        node.input[0] = stem
-        kept.append(node.name)
-    if new_nodes:
-        nodes = []
-        for index, node in enumerate(graph.node):
-            if index in new_nodes:
-                nodes.append(new_nodes[index])
-            nodes.append(node)
-        del graph.node[:]
-        graph.node.extend(nodes)
-    return FloatConvs(model=out, kept=tuple(kept), not_kept=not_kept)
+    lookup = GraphIndex(model.graph)
+    taken = [n.name for n in lookup.nodes if n.name in wanted and _taken(n, lookup) is not None]
+    if not taken:
+        return FloatConvs(model=model, kept=(), not_kept={})
+    keep = KeepFloatConvsPass(taken)
+    result = keep(ir.serde.deserialize_model(model))
+    return FloatConvs(model=ir.serde.serialize_model(result.model) if result.modified else model,
+                      kept=tuple(keep.kept), not_kept=dict(keep.not_kept))
+
+
+class KeepFloatConvsPass(NpukitPass):
+    """Each node named in ``nodes`` (ones ORT's weight quantizer would take: ``taken_by_ort``) reads its input through
+    a DequantizeLinear of its own along axis 1, ``<node>_float_input``, whose scales and zero points are its input
+    DequantizeLinear's per-tensor ones repeated per channel: the same values; ``kept`` and ``not_kept`` (why) say
+    which."""
+
+    def __init__(self, nodes: Iterable[str]) -> None:
+        super().__init__()
+        self.nodes = set(nodes)
+        self.kept: list[str] = []
+        self.not_kept: dict[str, str] = {}
+
+    def call(self, model: Any) -> Any:
+        import onnx_ir as ir
+
+        graph = model.graph
+        opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0))
+        for node in [n for n in graph if n.name in self.nodes]:
+            dq = node.inputs[0].producer() if node.inputs and node.inputs[0] is not None else None
+            weight = node.inputs[1].const_value if len(node.inputs) > 1 and node.inputs[1] is not None else None
+            channels = _input_channels_of(node.op_type, {k: a.value for k, a in node.attributes.items()},
+                                          list(weight.shape) if weight is not None else [])
+            if opset < PER_AXIS_OPSET:
+                self.not_kept[node.name] = f"opset {opset} has no per-axis DequantizeLinear (needs {PER_AXIS_OPSET})"
+                continue
+            if dq is None or dq.op_type != "DequantizeLinear" or channels is None:
+                self.not_kept[node.name] = "its input's channel count is not known from its weight"
+                continue
+            stem = f"{node.name}{FLOAT_INPUT}"
+            scale = dq.inputs[1].const_value.numpy().reshape(())
+            inputs = [dq.inputs[0], add_initializer(graph, np.full(channels, scale, np.float32),
+                                                    name_hint=f"{stem}_scale")]
+            point = dq.inputs[2] if len(dq.inputs) > 2 else None
+            if point is not None and point.const_value is not None:
+                zero = point.const_value.numpy().reshape(())
+                inputs.append(add_initializer(graph, np.full(channels, zero, zero.dtype), name_hint=f"{stem}_zero"))
+            own = ir.node("DequantizeLinear", inputs, {"axis": 1}, name=f"{stem}_DequantizeLinear")
+            own.outputs[0].name = stem
+            own.outputs[0].shape, own.outputs[0].type = node.inputs[0].shape, node.inputs[0].type
+            graph.insert_before(node, own)
+            node.replace_input_with(0, own.outputs[0])
+            self.kept.append(node.name)
+        self.rewrites = len(self.kept)
+        return ir.passes.PassResult(model, modified=bool(self.kept))
