@@ -104,3 +104,15 @@ def test_notes_of_nodes_kept_for_one_reason_are_said_once() -> None:
         "ReduceMean x10 ('p2o.ReduceMean.0', 'p2o.ReduceMean.1', ...) kept: input rank unknown",
         "HardSwish written out made one node"]
     assert grouped_notes(notes[:1]) == notes[:1]
+
+
+def test_timing_whose_side_by_side_runs_disagree_is_said_to_be_noisy() -> None:
+    """A helper's prune with --runs 3 on a busy machine: float [21.9, 39.4, 43.3] ms against pruned [19.9, 19.9,
+    45.3]: a 0.51x median ratio that a quiet 15-round timing put at 0.94x. The table says the ratio is noise."""
+    from types import SimpleNamespace
+
+    from npukit.report.qat import noisy_timing
+
+    note = noisy_timing(SimpleNamespace(times_ms=(21.9, 39.4, 43.3)), SimpleNamespace(times_ms=(19.9, 19.9, 45.3)))
+    assert "ratios 0.51-1.05 over 3 runs" in note
+    assert noisy_timing(SimpleNamespace(times_ms=(10.0, 10.5, 9.8)), SimpleNamespace(times_ms=(9.0, 9.4, 9.1))) == ""

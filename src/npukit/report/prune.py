@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from npukit.report.core import Report
-from npukit.report.qat import rounded
+from npukit.report.qat import noisy_timing, rounded
 
 
 def add_channels(report: Report, pruning: Any) -> None:
@@ -52,8 +52,10 @@ def add_comparison(report: Report, rows: dict[str, Any], latency: dict[str, Any]
                       round(ms, 3) if ms else None, round(ms / base, 3) if ms else None, f["bytes"], f["deflated"]])
     report.add_table(f"Float, {label} and fine-tuned on the held-out samples ({metric} against the float model; ORT "
                      f"CPU latency, interleaved medians; the {label} model before fine-tuning has the fine-tuned one's "
-                     "speed)", ["model", metric, "worst output SQNR dB", "MACs", "parameters", "median ms", "x float",
-                                "bytes", "bytes deflated (zip)"], table)
+                     f"speed{noisy_timing(latency['float'], latency[label])})",
+                     ["model", metric, "worst output SQNR dB", "MACs", "parameters", "median ms", "x float",
+                      "bytes", "bytes deflated (zip)"], table)
+
 
 
 def add_substitutions(report: Report, applied: list[dict[str, Any]]) -> None:

@@ -94,8 +94,9 @@ def add_comparison(report: Report, rows: dict[str, Any], latency: dict[str, Any]
                       round(latency[label].median_ms, 3), round(latency[label].median_ms / base, 3), sizes[label],
                       deflated[label]])
     report.add_table(f"PTQ and QAT on the held-out samples ({metric} against the float model; ORT CPU latency, "
-                     "interleaved medians)", ["model", metric, "worst output SQNR dB", "median ms", "x float",
-                                              "bytes", "bytes deflated (zip)"], table)
+                     f"interleaved medians{noisy_timing(latency['float'], latency['QAT'])})",
+                     ["model", metric, "worst output SQNR dB", "median ms", "x float", "bytes",
+                      "bytes deflated (zip)"], table)
     compute = kernels["integer_compute"]
     note = ("" if compute else "no integer conv/matmul kernel: ORT CPU dequantizes these weights and computes in "
             "float (smaller, not faster)")
@@ -109,3 +110,16 @@ def add_sparsity_kept(report: Report, masks: dict[str, Any]) -> None:
     report.add("sparsity_kept", kept)
     report.add_table("Zeros of the pruned float model kept while training (tensors at least half zeros)",
                      ["weight tensors", "zeros", "of weights"], [[kept["tensors"], kept["zeros"], kept["weights"]]])
+
+
+NOISY = 1.5  # paired timing ratios spread wider than this (largest over smallest): the median ratio says little
+
+
+def noisy_timing(reference: Any, candidate: Any) -> str:
+    """A caveat where the runs timed side by side disagree (``NOISY``): a busy machine or too few --runs; "" where
+    they agree. Run i of each model was timed in the same round, so their ratio pairs like with like."""
+    ratios = [c / f for f, c in zip(reference.times_ms, candidate.times_ms) if f > 0]
+    if len(ratios) < 2 or max(ratios) <= NOISY * min(ratios):
+        return ""
+    return (f"; the timing was noisy: the runs timed side by side gave ratios {min(ratios):.2f}-{max(ratios):.2f} "
+            f"over {len(ratios)} runs, so 'x float' says little (more --runs, on a quiet machine)")
