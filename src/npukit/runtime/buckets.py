@@ -125,12 +125,11 @@ def crop_maps(outputs: Sequence[np.ndarray], request: Sequence[int], bucket: Seq
     out = []
     for o in outputs:
         o = np.asarray(o)
-        if o.ndim >= 3 and all(o.shape[-2:]):
-            strides = {b // n for b, n in zip(bucket, o.shape[-2:]) if b % n == 0}
-            if len(strides) == 1 and all(b % n == 0 for b, n in zip(bucket, o.shape[-2:])):
-                stride = strides.pop()
-                keep = tuple(-(-r // stride) for r in request)
-                o = np.ascontiguousarray(o[..., :keep[0], :keep[1]])
+        sizes = list(zip(bucket, o.shape[-2:])) if o.ndim >= 3 and all(o.shape[-2:]) else []
+        if sizes and all(b % n == 0 for b, n in sizes) and len({b // n for b, n in sizes}) == 1:
+            stride = sizes[0][0] // sizes[0][1]
+            keep = tuple(-(-r // stride) for r in request)
+            o = np.ascontiguousarray(o[..., :keep[0], :keep[1]])
         out.append(o)
     return out
 

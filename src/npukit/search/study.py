@@ -257,11 +257,12 @@ def importance(study: Any) -> dict[str, dict[str, float]]:
     if len(measured) < 4:
         return {}
     out: dict[str, dict[str, float]] = {}
+    digests = {t.number: _measured(t).digest for t in measured}
     same: dict[str, list[float]] = {}  # recipes that built one artifact: their latencies differ by timing noise alone
     for t in measured:
-        if _measured(t).digest:
-            same.setdefault(_measured(t).digest, []).append(t.values[1])
-    latency = {t.number: sum(same[d]) / len(same[d]) for t in measured if (d := _measured(t).digest)}
+        if digests[t.number]:
+            same.setdefault(digests[t.number], []).append(t.values[1])
+    latency = {t.number: sum(same[d]) / len(same[d]) for t in measured if (d := digests[t.number])}
     evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
     for index, name in ((0, "metric"), (1, "latency")):
         try:

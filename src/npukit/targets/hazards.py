@@ -253,18 +253,21 @@ REWRITES: dict[str, Callable[[ir.Graph, list[ir.Node], HazardMatch], str | None]
 
 class GuardHazardsPass(NpukitPass):
     """Every hazard of ``target`` found in the model rewritten by its fix (``REWRITES``); ``rewritten`` and ``left``
-    (with why) say what was done. The hazards are found on the model as a proto (``find_hazards``), the rewrites
-    made on the IR at the matched nodes' positions."""
+    (with why) say what was done. The hazards are found on the model as a proto (``find_hazards``; ``matches``:
+    those already found on the proto the IR model was read from), the rewrites made on the IR at the matched
+    nodes' positions."""
 
-    def __init__(self, target: TargetProfile) -> None:
+    def __init__(self, target: TargetProfile, matches: list[HazardMatch] | None = None) -> None:
         super().__init__()
-        self.target = target
+        self.target, self.matches = target, matches
         self.rewritten: list[HazardMatch] = []
         self.left: list[tuple[HazardMatch, str]] = []
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         nodes = list(model.graph)
-        for match in find_hazards(ir.serde.serialize_model(model), self.target):
+        matches = self.matches if self.matches is not None else find_hazards(ir.serde.serialize_model(model),
+                                                                             self.target)
+        for match in matches:
             rewrite = REWRITES.get(match.hazard.fix or "")
             if not match.quantized:  # ONNX Runtime's basic optimizations drop Mul(x, 1) from a float graph
                 why = "a float model: the rewrite applies to its QDQ model (npukit compile does it after quantizing)"
@@ -295,9 +298,10 @@ class GuardResult:
 def guard_hazards(model: onnx.ModelProto, target: TargetProfile) -> GuardResult:
     """Apply the fix of every hazard of ``target`` found in ``model`` (``GuardHazardsPass``); the model is copied,
     never changed."""
-    if not find_hazards(model, target):
+    matches = find_hazards(model, target)
+    if not matches:
         return GuardResult(model, (), ())
-    guard = GuardHazardsPass(target)
+    guard = GuardHazardsPass(target, matches)
     result = guard(ir.serde.deserialize_model(model))
     guarded = ir.serde.serialize_model(result.model) if result.modified else model
     return GuardResult(guarded, tuple(guard.rewritten), tuple(guard.left))

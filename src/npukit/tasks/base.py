@@ -106,6 +106,12 @@ class TaskResult:
     # the gate holds these figures, not the whole output's, to the SQNR floor
     at_detections: tuple[OutputFidelity, ...] = ()
 
+    @property
+    def compared_nothing(self) -> bool:
+        """Whether the task has a metric that these inputs left undefined (the reference found nothing): the task
+        check then compared nothing (the generic task has no metric by design)."""
+        return self.value is None and self.task != GENERIC_TASK
+
     def gated(self) -> dict[str, float]:
         """The metrics the gate holds to its floor: ``checks``, else the headline where it is defined."""
         if self.checks is not None:
@@ -177,7 +183,7 @@ def judge(result: TaskResult, gate: QualityGate, *, what: str, default_min_metri
     verdict ends with ``hint`` (what to try)."""
     floor = default_min_metric if gate.min_metric is None else gate.min_metric
     failures = list(extra_failures)
-    unmeasured = result.value is None and result.task != GENERIC_TASK  # the data gave the task metric nothing
+    unmeasured = result.compared_nothing
     if unmeasured:
         failures.insert(0, f"so the {result.task} check compared nothing (give data on which the float model finds "
                            "something, or --task generic to hold every output to the SQNR floor alone)")

@@ -258,8 +258,6 @@ def check_task_measurable(reference: onnx.ModelProto, samples: Sequence[Any], ta
     the generic task, which has no metric, is never refused."""
     from npukit.measure.task_fidelity import compare_task, session_runner
     from npukit.runtime.ort import make_session
-    from npukit.tasks.base import GENERIC_TASK
-
     session = make_session(reference, threads=threads)
     run = session_runner(session)
     last: dict[str, Any] = {}
@@ -271,7 +269,7 @@ def check_task_measurable(reference: onnx.ModelProto, samples: Sequence[Any], ta
 
     choice, result = compare_task(once, once, samples, output_names=[o.name for o in session.get_outputs()],
                                   task=task)
-    if result.value is None and choice.name != GENERIC_TASK:
+    if result.compared_nothing:
         raise InputError(f"the {choice.name} check would compare nothing on {where}: {result.note} "
                          f"({result.samples} samples)",
                          hint="give data on which the float model finds something (images with the objects or "

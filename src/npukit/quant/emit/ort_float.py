@@ -90,9 +90,7 @@ def keep_float_convs(model: onnx.ModelProto, float_nodes: Iterable[str]) -> Floa
     the model is copied, never changed."""
     import onnx_ir as ir
 
-    wanted = set(float_nodes)
-    lookup = GraphIndex(model.graph)
-    taken = [n.name for n in lookup.nodes if n.name in wanted and _taken(n, lookup) is not None]
+    taken = taken_by_ort(model, float_nodes)
     if not taken:
         return FloatConvs(model=model, kept=(), not_kept={})
     keep = KeepFloatConvsPass(taken)

@@ -388,9 +388,10 @@ def _constant_grid(model: torch.fx.GraphModule, node: torch.fx.Node) -> Any:
     """An int8 grid over a constant tensor's values and zero, as ORT's quantizer gives a constant input of a Mul or
     Add in the QDQ model (asymmetric over [min(0, v), max(0, v)]: a scalar lands exactly on it); None for anything
     but a float tensor attribute."""
-    value = model
-    for part in str(node.target).split("."):
-        value = getattr(value, part, None)
+    try:
+        value = operator.attrgetter(str(node.target))(model)
+    except AttributeError:
+        return None
     if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.numel() == 0:
         return None
     values = value.detach().float()
