@@ -89,7 +89,10 @@ def _add_training(p: argparse.ArgumentParser, *, passes: str, lr: str) -> None:
     p.add_argument("--epochs", type=_positive, default=3, help=f"{passes} (default 3)")
     p.add_argument("--batch-size", type=_positive, default=16, help="samples per step, over all processes (default 16)")
     p.add_argument("--lr", type=float, help=lr)
-    p.add_argument("--no-augment", action="store_true", help="no random shifts of image inputs")
+    p.add_argument("--no-augment", action="store_true", help="no random shifts or blends of image inputs")
+    p.add_argument("--mixup", type=float, default=None, metavar="SHARE",
+                   help="share of each batch's images blended with another of the batch, teacher and student "
+                        "alike (unlabeled data only; default 0: off)")
     p.add_argument("--max-steps", type=_positive, help="steps per epoch at most (default: every sample once)")
 
 
@@ -435,8 +438,8 @@ def _qat_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bits", choices=("w8a8", "w4a8"), default="w8a8",
                    help="weights and activations (default w8a8; w4a8 stores int4 weights, opset 21)")
     p.add_argument("--bits-schedule", metavar="B,B,...", help="weight bits of equal parts of the training, "
-                                                             "lowered step by step (default: 8 for w8a8, 6,4 for "
-                                                             "w4a8)")
+                                                             "lowered step by step, e.g. 6,4 (default: the final "
+                                                             "bits throughout)")
     _add_training(p, passes="passes over the training samples",
                   lr="Adam learning rate (default 5e-5 for 8-bit weights, 1e-4 for 4)")
     p.add_argument("--learn-scales", action="store_true", help="learn the grids' scales too (LSQ)")
@@ -622,8 +625,8 @@ def _qat(api, args):
                              hint="e.g. --bits-schedule 8,6,4") from None
     return api.qat(args.model, args.output, data=args.data, eval_data=args.eval_data, calib=args.calib,
                    bits=args.bits, schedule=schedule, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                   learn_scales=args.learn_scales, augment=not args.no_augment, max_steps=args.max_steps,
-                   eight_bit_share=args.eight_bit_share,
+                   learn_scales=args.learn_scales, augment=not args.no_augment, mixup=args.mixup,
+                   max_steps=args.max_steps, eight_bit_share=args.eight_bit_share,
                    method=args.method, per_tensor=args.per_tensor, exclude=args.exclude, restart=args.restart,
                    task=_task(args), gate=_gate(args), seed=args.seed, threads=args.threads, runs=args.runs,
                    max_samples=args.max_samples, input_shape=args.input_shape, html=args.html)
@@ -632,7 +635,8 @@ def _qat(api, args):
 def _prune(api, args):
     return api.prune(args.model, args.output, data=args.data, macs=args.macs, sparsity=args.sparsity,
                      eval_data=args.eval_data, calib=args.calib, epochs=args.epochs, batch_size=args.batch_size,
-                     lr=args.lr, augment=not args.no_augment, max_steps=args.max_steps, restart=args.restart,
+                     lr=args.lr, augment=not args.no_augment, mixup=args.mixup, max_steps=args.max_steps,
+                     restart=args.restart,
                      task=_task(args), gate=_gate(args), seed=args.seed, threads=args.threads, runs=args.runs,
                      max_samples=args.max_samples, input_shape=args.input_shape, html=args.html)
 
@@ -640,7 +644,7 @@ def _prune(api, args):
 def _substitute(api, args):
     return api.substitute(args.model, args.output, rules=args.rule, data=args.data, eval_data=args.eval_data,
                           epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, ramp=args.ramp,
-                          augment=not args.no_augment,
+                          augment=not args.no_augment, mixup=args.mixup,
                           max_steps=args.max_steps, restart=args.restart, task=_task(args), gate=_gate(args),
                           seed=args.seed, threads=args.threads, runs=args.runs, max_samples=args.max_samples,
                           input_shape=args.input_shape, html=args.html)

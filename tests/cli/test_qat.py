@@ -68,7 +68,7 @@ def test_four_bit_weights_are_int4_and_an_interrupted_run_continues(tiny, tmp_pa
     out = tmp_path / "new" / "w4.onnx"  # a folder the run makes: Ctrl-C took it whole, checkpoint and all
     args = ["qat", str(tiny), "-o", str(out), "--data", str(tiny.with_name("held.npy")), "--bits", "w4a8",
             "--epochs", "3", "--runs", "3", "--method", "minmax", "--lr", "1e-3", "--accept-degraded",
-            "--eight-bit-share", "0.5"]
+            "--eight-bit-share", "0.5", "--bits-schedule", "6,4"]
     real_save = train.Trainer.save
 
     def save_then_stop(self):
@@ -91,6 +91,9 @@ def test_four_bit_weights_are_int4_and_an_interrupted_run_continues(tiny, tmp_pa
     assert report["results"]["training"]["resumed_from_epoch"] == 2
     assert "resumed_start" in report["results"]
     assert [e["bits"] for e in report["results"]["training"]["history"]] == [6, 6, 4]  # one step an epoch
+    # lowered by GPTQ before the first step and at the change (the second across the resume), and for the baseline
+    assert [lowering["bits"] for lowering in report["results"]["training"]["lowered"]] == [6, 4]
+    assert report["results"]["lowering"]["bits"] == 4
     model = onnx.load(str(out))
     assert any(i.data_type == onnx.TensorProto.INT4 for i in model.graph.initializer)
     plan = report["results"]["bit_plan"]  # the most sensitive weights kept 8 bits: stored as int8

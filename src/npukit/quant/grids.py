@@ -109,3 +109,29 @@ def unplanned_grids(grids: set[tuple[float, int]], planned: set[tuple[float, int
     point and a scale within ``rtol`` (a runtime's converter may recompute a scale in float32), sorted."""
     return sorted(g for g in grids if not any(z == g[1] and np.isclose(s, g[0], rtol=rtol, atol=0)
                                               for s, z in planned))
+
+
+CLIP_RATIOS = np.linspace(0.2, 1.0, 81)  # fractions of a channel's largest |w| tried as its grid's edge
+
+
+def clipped_weight_scale(w: np.ndarray, axis: int | None, levels: int, *, ratios: np.ndarray = CLIP_RATIOS,
+                         power: float = 3.0) -> np.ndarray:
+    """The symmetric scale per channel along ``axis`` (one for None) of integers in [-levels, levels] whose rounding
+    error sum |w - Q(w)|^power is least, the grid's edge searched over ``ratios`` of the channel's largest |w|. At 4
+    bits the largest weight is mostly an outlier and an edge at it (scale max|w| / 7) spends the 15 levels on it.
+    The power: LAPQ (Nahshan et al. 2019) found Lp norms above 2 a better proxy of the task loss at low bits;
+    measured on MobileNetV2 (every weight at 4 bits, GPTQ after, 208 held-out crops): top-1 agreement / logits SQNR
+    42.8% / 6.8 dB at power 2, 48.6% / 6.8 dB at 2.4, 49.5% / 7.1 dB at 3 (nearest rounding on max|w| / 7: 13.9% /
+    -0.2 dB). A channel of zeros gets scale 1."""
+    w = np.asarray(w, np.float64)
+    rows = w.reshape(1, -1) if axis is None else np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
+    top = np.abs(rows).max(axis=1)
+    best_scale = np.where(top > 0, top / levels, 1.0)
+    best_error = np.full(len(rows), np.inf)
+    for ratio in ratios:
+        scale = np.where(top > 0, top * ratio / levels, 1.0)
+        error = (np.abs(np.clip(np.rint(rows / scale[:, None]), -levels, levels) * scale[:, None] - rows) ** power
+                 ).sum(axis=1)
+        better = error < best_error
+        best_scale, best_error = np.where(better, scale, best_scale), np.where(better, error, best_error)
+    return best_scale.astype(np.float32)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from npukit.report.core import Report
 from npukit.report.quantize import KERNEL_COLUMNS, kernel_row
 
@@ -21,7 +23,8 @@ def add_training(report: Report, trained: Any, *, bits: bool = True) -> None:
     report.add("training", {"history": [e.as_dict() for e in trained.history], "steps": trained.steps,
                             "resumed_from_epoch": trained.resumed_from, "processes": trained.world_size,
                             "seconds": trained.seconds, "kept_epoch": trained.kept,
-                            "start": trained.start.as_dict() if trained.start else None})
+                            "start": trained.start.as_dict() if trained.start else None,
+                            "lowered": list(trained.lowered)})
     resumed = f"; resumed after epoch {trained.resumed_from}" if trained.resumed_from else ""
     kept = ("the start (no epoch did better on the validation samples)" if trained.kept == 0 else
             f"epoch {trained.kept}" if trained.start is not None else
@@ -62,6 +65,18 @@ def add_bit_plan(report: Report, plan: Any) -> None:
                      f"the weights, at most {plan.share:.0%}), the most sensitive: the outputs' SQNR with each "
                      f"alone at {plan.bits} bits, on {plan.samples} calibration samples",
                      ["node", "weights", f"SQNR dB alone at {plan.bits} bits", "bits"], rows)
+
+
+def add_lowering(report: Report, lowering: Any) -> None:
+    """How the PTQ baseline's weights were lowered below 8 bits (``quant.qat.lower``): the layers GPTQ re-rounded,
+    with the output error each removed against nearest rounding on the clipped grid, and those left nearest."""
+    report.add("lowering", lowering.as_dict())
+    gains = sorted(lowering.gains_db.items(), key=lambda item: -item[1])
+    rows = [[node, rounded(gain, 1)] for node, gain in gains] + [[node, "nearest"] for node in lowering.nearest]
+    median = f", median {float(np.median(list(lowering.gains_db.values()))):.1f} dB" if gains else ""
+    report.add_table(f"Weights lowered to {lowering.bits} bits: clipped grids, {len(gains)} layers re-rounded by "
+                     f"GPTQ on {lowering.samples} calibration samples{median} less output error than nearest "
+                     f"rounding ({lowering.seconds:.0f} s)", ["node", "output error removed, dB"], rows)
 
 
 def add_export_check(report: Report, export: Any) -> None:

@@ -66,6 +66,7 @@ from onnx import helper, numpy_helper
 
 from npukit._threads import torch_threads
 from npukit.frontend.graph_index import GraphIndex
+from npukit.quant.algorithms.gptq import gptq_integers, input_rows, output_error
 from npukit.quant.nodes import dequantized, node_attr
 from npukit.runtime.qnn import HTP_QDQ_RULES, QnnQdqRules, qnn_quant_config
 
@@ -394,7 +395,6 @@ def _int32_bias(node: onnx.NodeProto, index: GraphIndex) -> tuple[onnx.TensorPro
 _SYMMETRIC_RANGE = {onnx.TensorProto.INT8: (-127, 127), onnx.TensorProto.INT4: (-8, 7)}
 GPTQ_POSITIONS = 4096  # input rows (output positions) kept per calibration sample and layer for the Hessian
 GPTQ_ROW_BUDGET = 4_000_000  # input values kept per sample and layer (grouped convs keep fewer positions)
-GPTQ_DAMP = 0.01  # added to the Hessian's diagonal, as a fraction of its mean
 GPTQ_MIN_ROWS_PER_WEIGHT = 2  # fewer input rows than this per weight of an output channel: nearest rounding kept
 
 
@@ -466,56 +466,13 @@ def _input_rows(node: onnx.NodeProto, x: np.ndarray, kernel: tuple[int, ...], gr
                 rng: np.random.Generator, limit: int) -> np.ndarray:
     """The node's input as (groups, positions, K) float32 rows (im2col of a 2-D Conv, at most ``limit`` random
     positions; the rows of a Gemm), K in the weight's flattened order. ValueError for what it cannot lay out."""
-    import torch
-    import torch.nn.functional as F
-
     if node.op_type == "Gemm":
         return np.asarray(x, np.float32).reshape(x.shape[0], -1)[None]
     if len(kernel) != 2 or node_attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
         raise ValueError("2-D convolutions with explicit pads only")
-    pads = list(node_attr(node, "pads", [0, 0, 0, 0]))
-    t = F.pad(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), (pads[1], pads[3], pads[0], pads[2]))
-    cols = F.unfold(t, kernel, dilation=list(node_attr(node, "dilations", [1, 1])),
-                    stride=list(node_attr(node, "strides", [1, 1])))  # (N, C*kh*kw, L)
-    cols = cols.permute(0, 2, 1).reshape(-1, cols.shape[1])  # (N*L, C*kh*kw)
-    if cols.shape[0] > limit:
-        cols = cols[torch.from_numpy(np.sort(rng.choice(cols.shape[0], limit, replace=False)))]
-    k = cols.shape[1] // groups
-    return cols.reshape(cols.shape[0], groups, k).permute(1, 0, 2).numpy()
-
-
-def _gptq(weight: np.ndarray, hessian: np.ndarray, scale: np.ndarray, qmin: int, qmax: int,
-          damp: float = GPTQ_DAMP) -> np.ndarray:
-    """GPTQ (Frantar et al. 2022) on a fixed grid: integers (G, R, K) for weights (G, R, K), per-group Hessians
-    (G, K, K) of the layer's input and scales (G, R). Columns are rounded one at a time and each rounding error is
-    spread over the columns not yet rounded through the inverse Hessian's Cholesky factor, which minimises the
-    layer's output error on the calibration inputs; with one group, columns go in order of decreasing Hessian
-    diagonal (the inputs with the most energy first)."""
-    import torch
-
-    groups, _rows, k = weight.shape
-    w = torch.from_numpy(weight.copy())
-    h = torch.from_numpy(hessian.copy())
-    diag = torch.diagonal(h, dim1=1, dim2=2)
-    diag[diag <= 0] = 1.0  # an input never seen: its column rounds to nearest and passes no error on
-    diag += damp * diag.mean(dim=1, keepdim=True)
-    order = None
-    if groups == 1:
-        order = torch.argsort(torch.diagonal(h[0]), descending=True)
-        w, h = w[:, :, order], h[:, order][:, :, order]
-    u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)  # (G, K, K)
-    s = torch.from_numpy(scale)
-    q = torch.zeros_like(w)
-    for i in range(k):
-        col = w[:, :, i]
-        qi = torch.clamp(torch.round(col / s), qmin, qmax)
-        q[:, :, i] = qi
-        err = (col - qi * s) / u[:, i, i].unsqueeze(1)
-        if i + 1 < k:
-            w[:, :, i + 1:] -= err.unsqueeze(2) * u[:, i, i + 1:].unsqueeze(1)
-    if order is not None:
-        q = q[:, :, torch.argsort(order)]
-    return q.numpy()
+    return input_rows(x, kernel=kernel, pads=list(node_attr(node, "pads", [0, 0, 0, 0])),
+                      strides=list(node_attr(node, "strides", [1, 1])),
+                      dilations=list(node_attr(node, "dilations", [1, 1])), groups=groups, rng=rng, limit=limit)
 
 
 def gptq_weights(
@@ -582,14 +539,11 @@ def gptq_weights(
             if n <= 0 or n < GPTQ_MIN_ROWS_PER_WEIGHT * k:
                 continue
             h = hessians[index] / n
-            q = _gptq(site.weight, h, site.scale, site.qmin, site.qmax)
+            q = gptq_integers(site.weight, h, site.scale, site.qmin, site.qmax)
             nearest = np.clip(np.rint(site.weight / site.scale[:, :, None]), site.qmin, site.qmax)
 
-            def error(ints: np.ndarray, site: _WeightSite = site, h: np.ndarray = h) -> float:
-                e = ints * site.scale[:, :, None] - site.weight
-                return float(np.einsum("grk,gkj,grj->", e, h, e))
-
-            before, after = error(nearest), error(q)
+            before, after = (output_error(nearest, site.weight, site.scale, h),
+                             output_error(q, site.weight, site.scale, h))
             if not after < before:
                 continue
             dtype = ml_dtypes.int4 if site.tensor.data_type == onnx.TensorProto.INT4 else np.int8

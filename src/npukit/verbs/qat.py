@@ -46,6 +46,7 @@ def qat(
     lr: float | None = None,
     learn_scales: bool = False,
     augment: bool = True,
+    mixup: float | None = None,
     max_steps: int | None = None,
     eight_bit_share: float | None = None,
     method: str = "auto",
@@ -68,9 +69,11 @@ def qat(
     distillation from the float model (``npukit.quant.qat.train``), and written back as a QDQ model on the same
     grids (4-bit weights stored as int4, opset 21). With 4-bit weights, the most sensitive weights keep 8 bits, at
     most ``eight_bit_share`` of all weights (default 5%; ``npukit.quant.qat.bit_plan``, each weight's sensitivity
-    measured alone on the first 16 calibration samples). Every tenth training sample is set aside: after each epoch the
-    student is validated on them, and the best epoch at the final bits is kept (for 8-bit weights the start is a
-    candidate too: training never writes a model worse than its start on the validation samples). The report
+    measured alone on the first 16 calibration samples), and the others are lowered onto clipped grids and re-rounded
+    by GPTQ on the calibration samples (``npukit.quant.qat.lower``) before the first step and at each step of
+    ``schedule``. Every tenth training sample is set aside: after each epoch the student is validated on them, and
+    the best epoch at the final bits is kept (a start already at the final bits is a candidate too, as with the
+    default schedule: training never writes a model worse than its start on the validation samples). The report
     shows the PTQ model of the same bits beside the trained one, on ``eval_data`` (else the last fifth of ``data``,
     never trained on), each epoch's loss and agreement, and how far ONNX Runtime's integer model is from the
     training simulation.
@@ -78,7 +81,7 @@ def qat(
     ``<output stem>.qat.pt`` holds the PTQ start and the last finished epoch: an interrupted run continues from it
     when the same command runs again (``restart`` starts over); it is removed once the artifact is written. Under
     ``torchrun`` the processes share every batch (DistributedDataParallel, gloo) and rank 0 writes."""
-    from npukit.quant.qat.train import QatConfig, world
+    from npukit.quant.qat.train import MIXUP, QatConfig, world
 
     output = check_output(output, source=model)
     weight_bits = _weight_bits(bits)
@@ -88,6 +91,7 @@ def qat(
                          hint="e.g. --eight-bit-share 0.05 (0: every weight at 4 bits)")
     train_config = QatConfig(weight_bits=weight_bits, schedule=tuple(schedule) if schedule else None,
                              epochs=epochs, batch_size=batch_size, lr=lr, learn_scales=learn_scales, augment=augment,
+                             mixup=MIXUP if mixup is None else mixup,
                              max_steps=max_steps, seed=seed)
     proto, spec = float_static_model(model, input_shape, verb="qat")
     samples = TrainingSamples.open(proto, data, eval_data, calib, preprocess or PreprocessConfig(), max_samples)
@@ -212,6 +216,7 @@ class _Run:
 
         from npukit.pruning.sparsity import zero_masks
         from npukit.quant.qat.export_check import check_export
+        from npukit.quant.qat.lower import lower_weights
         from npukit.quant.qat.program import OnnxProgram
         from npukit.quant.qat.train import Trainer, read_checkpoint
         from npukit.quant.qat.twin import split, write_back
@@ -238,12 +243,15 @@ class _Run:
             add_sparsity_kept(report, masks)
         choice = output_task(result.reference, self.samples.held[0].feeds, self.task)
         eight_bit = self._bit_plan(student, teacher)
-        ptq_model = self._ptq_at_bits(result.model, twin, student, eight_bit)
+        ptq_model = self._ptq_at_bits(result.model, twin, student, eight_bit, frozenset(masks))
         trainer = Trainer(student, teacher, self.samples.train, self.samples.labels, self.config,
                           classify_output=choice.output if choice.name == "classify" else None,
                           checkpoint=checkpoint, fingerprint=fingerprint, payload={"start": start},
                           validation=self.samples.validation, validation_labels=self.samples.validation_labels,
-                          masks=masks, eight_bit=eight_bit)
+                          masks=masks, eight_bit=eight_bit,
+                          lowering=lambda program, bits, keep: lower_weights(
+                              program, bits, self.samples.calib, keep=keep, sparse=frozenset(masks),
+                              seed=self.config.seed))
         with step(f"training ({self.config.epochs} epochs x {trainer.steps_per_epoch} steps, batch "
                   f"{self.config.batch_size})", timings=report.timings, key="train"), \
                 training_bar(trainer.total) as bar:
@@ -324,20 +332,26 @@ class _Run:
         add_bit_plan(self.report, plan)
         return plan.eight_bit
 
-    def _ptq_at_bits(self, qdq: onnx.ModelProto, twin: Any, student: Any, eight_bit: frozenset[str]
-                     ) -> onnx.ModelProto:
+    def _ptq_at_bits(self, qdq: onnx.ModelProto, twin: Any, student: Any, eight_bit: frozenset[str],
+                     sparse: frozenset[str]) -> onnx.ModelProto:
         """The PTQ model at the trained bits: the QDQ model itself for 8-bit weights; for fewer bits its weights
-        rounded to nearest on the narrower grid (no training; the weights of ``eight_bit`` keep 8 bits), as a
-        baseline."""
+        lowered to them at once (clipped grids, GPTQ on the calibration samples: ``quant.qat.lower``; no training;
+        the weights of ``eight_bit`` keep 8 bits), as a baseline."""
         import copy
 
-        from npukit.quant.qat.fake_quant import set_weight_bits
+        from npukit.quant.qat.lower import lower_weights
         from npukit.quant.qat.twin import write_back
+        from npukit.report.qat import add_lowering
 
         if self.config.weight_bits == 8:
             return qdq
         probe = copy.deepcopy(student)
-        set_weight_bits(probe, self.config.weight_bits, keep=eight_bit)
+        with step(f"lowering the weights to {self.config.weight_bits} bits (clipped grids, GPTQ on "
+                  f"{len(self.samples.calib)} samples) for the PTQ baseline", timings=self.report.timings,
+                  key="lower"):
+            lowered = lower_weights(probe, self.config.weight_bits, self.samples.calib, keep=eight_bit,
+                                    sparse=sparse, seed=self.config.seed)
+        add_lowering(self.report, lowered)
         return write_back(qdq, twin, probe)
 
     def _compare(self, reference: onnx.ModelProto, ptq: onnx.ModelProto, trained: onnx.ModelProto, output: Path,

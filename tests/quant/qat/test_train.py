@@ -3,12 +3,15 @@ same result; a checkpoint of another run is refused."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
 
 from npukit.errors import InputError
 from npukit.quant.config import CalibrationSpec, CpuKernels, QuantConfig
+from npukit.quant.qat.fake_quant import set_weight_bits
 from npukit.quant.qat.program import OnnxProgram
 from npukit.quant.qat.train import QatConfig, Trainer
 from npukit.quant.qat.twin import split
@@ -40,9 +43,9 @@ def _setup(tmp_path, *, bits: int, epochs: int = 4, seed: int = 0, checkpoint: b
 def test_distillation_brings_four_bit_weights_closer_to_the_float_model(tmp_path):
     trainer, student, teacher = _setup(tmp_path, bits=4, epochs=6)
     held = np.concatenate([s["x"] for s in make_samples(32, seed=7)])
-    trainer._set_bits(4)  # the untrained 4-bit start (rounded to nearest on the 4-bit grids)
-    before = _sqnr(student, teacher, held)
-    trainer._set_bits(8)  # back to where the schedule starts
+    probe = copy.deepcopy(student)
+    set_weight_bits(probe, 4)  # the untrained 4-bit start (rounded to nearest on the clipped 4-bit grids)
+    before = _sqnr(probe, teacher, held)
     result = trainer.train()
     after = _sqnr(student, teacher, held)
     assert [e.bits for e in result.history][-1] == 4
@@ -85,7 +88,7 @@ def test_config_refuses_what_it_cannot_train():
         QatConfig(weight_bits=2)
     with pytest.raises(InputError, match="schedule"):
         QatConfig(weight_bits=4, schedule=(4, 6))
-    assert QatConfig(weight_bits=4).schedule == (6, 4)
+    assert QatConfig(weight_bits=4).schedule == (4,)  # the GPTQ-lowered start: no steps between (quant.qat.lower)
 
 
 def test_validation_keeps_the_start_when_training_only_hurts(tmp_path):
@@ -145,3 +148,23 @@ def test_a_softmax_output_s_squared_error_is_scaled_by_its_log_s_spread(tmp_path
         p = teacher({"x": torch.from_numpy(x)})[0].double()
     assert trainer.spread[0] == pytest.approx(float(p.clamp_min(1e-12).log().var()), rel=1e-6)
     assert trainer.spread[0] > 10 * float(p.var())  # the probabilities' own spread is far smaller
+
+
+def test_mixup_blends_the_chosen_share_of_a_batch_alike_in_every_image_input():
+    from npukit.quant.qat.train import _mixed
+
+    x = torch.arange(8, dtype=torch.float32).reshape(8, 1, 1, 1).expand(8, 3, 16, 16).contiguous()
+    feeds = {"a": x.clone(), "b": x.clone() * 2, "n": torch.ones(8, 5)}
+    _mixed(feeds, {"a", "b"}, 0.5, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(feeds["b"], feeds["a"] * 2)  # one blend per sample across the image inputs
+    torch.testing.assert_close(feeds["n"], torch.ones(8, 5))  # not an image: as it was
+    blended = (feeds["a"] != x).flatten(1).any(1)
+    assert 0 < int(blended.sum()) < 8
+    lo = torch.minimum(x, torch.zeros_like(x)).min()
+    assert float(feeds["a"].min()) >= float(lo) and float(feeds["a"].max()) <= 7.0  # convex blends of the batch
+    untouched = {"a": x.clone()}
+    _mixed(untouched, {"a"}, 0.0, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(untouched["a"], x)
+    assert QatConfig(mixup=0.5).mixup == 0.5
+    with pytest.raises(InputError, match="mixup"):
+        QatConfig(mixup=1.5)

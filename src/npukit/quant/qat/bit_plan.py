@@ -76,15 +76,12 @@ def plan_bits(student: OnnxProgram, teacher: OnnxProgram, feeds: Mapping[str, np
         measured = []
         for key, tensor, node in quantizers:
             module = student.quant[key]
-            saved = (module.rule, module.levels, module.qmin, module.qmax,
-                     None if module.scale_ is None else module.scale_.detach().clone())
+            saved = module.grid_state()
             module.set_bits(bits, weights[tensor])
             try:
                 sqnr = _sqnr(Batched(student)(inputs), reference)
             finally:
-                module.rule, module.levels, module.qmin, module.qmax = saved[:4]
-                if saved[4] is not None:
-                    module.scale_.data = saved[4]
+                module.restore_grid(saved)
             measured.append((key, tensor, node, int(weights[tensor].numel()), sqnr))
     budget = share * sum(m[3] for m in measured)
     kept, used = set(), 0

@@ -5,12 +5,14 @@ it is clamped).
 ``ActivationQuant``: a Q -> DQ pair on an activation; its scale and zero point are the model's (fixed), or the scale
 is learned (LSQ: Esser et al. 2020, with its gradient scale 1 / sqrt(elements x levels)).
 
-``WeightQuant``: a weight's grid, symmetric, per channel or per tensor, with one of three rules:
+``WeightQuant``: a weight's grid, symmetric, per channel or per tensor, with one of four rules:
 ``absmax`` (scale = largest |w| of the channel / ``levels``, recomputed from the weights on every step, as the PTQ
-rule that made the grid: 127 levels, 64 for ORT's 7-bit ``reduce_range``, 7 for 4 bits), ``pair`` (the
+rule that made the grid: 127 levels, 64 for ORT's 7-bit ``reduce_range``), ``pair`` (the
 pair-bounded grid of ``npukit.quant.cpu.schemes``: each pair of input channels' integers within 128 levels together,
-so AVX2 kernels without VNNI do not saturate) or ``fixed`` (the model's scales and zero points, e.g. asymmetric
-weights); with ``learn_scale`` the scale is a parameter started from the model's. The rule's integers are what the
+so AVX2 kernels without VNNI do not saturate), ``fixed`` (the model's scales and zero points, e.g. asymmetric
+weights) or ``clipped`` (weights lowered below 8 bits: each channel's scale fixed when the bits are lowered, at the
+edge with the least rounding error, ``npukit.quant.grids.clipped_weight_scale``); with ``learn_scale`` the scale is
+a parameter started from the rule's. The rule's integers are what the
 exported model stores, so the ONNX model computes what training simulated.
 
 ``BiasQuant``: an int32 bias on the grid of (input scale x weight scale), as ORT's quantizer writes it.
@@ -19,6 +21,8 @@ exported model stores, so the ONNX model computes what training simulated.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -84,7 +88,7 @@ class WeightQuant(nn.Module):
     """A weight's grid (see the module docstring). ``rows`` turns the weight into (output channels, K) rows in the
     order the integer GEMM pairs them (the pair rule only)."""
 
-    RULES = ("absmax", "pair", "fixed")
+    RULES = ("absmax", "pair", "fixed", "clipped")
 
     def __init__(self, rule: str, *, levels: int, axis: int | None, scale: np.ndarray, zero_point: np.ndarray,
                  qmin: int, qmax: int, transpose_rows: bool = False, learn_scale: bool = False) -> None:
@@ -99,17 +103,35 @@ class WeightQuant(nn.Module):
         self.register_buffer("zero_point", torch.tensor(np.asarray(zero_point, np.float32).reshape(-1)))
 
     def set_bits(self, bits: int, w: torch.Tensor) -> None:
-        """Lower (or raise) the weights to ``bits`` symmetric bits: levels 2^(bits-1) - 1 on an absmax rule (the
-        8-bit pair and 7-bit rules are what this CPU's int8 kernels need; a narrower grid needs neither). A learned
-        scale restarts from the new rule's."""
+        """Lower the weights to ``bits`` (< 8) symmetric bits: levels 2^(bits-1) - 1 on the clipped rule, the scales
+        searched on ``w`` now (the 8-bit pair and 7-bit rules are what this CPU's int8 kernels need; a narrower grid
+        needs neither). A learned scale restarts from the new rule's."""
+        from npukit.quant.grids import clipped_weight_scale
+
         if self.rule == "fixed":
             raise ValueError("a fixed (asymmetric) weight grid has no bit width to lower")
+        if bits >= 8:
+            raise ValueError(f"weights are lowered below 8 bits, not to {bits}")
         levels = 2 ** (bits - 1) - 1
-        if bits < 8:
-            self.rule, self.levels = "absmax", levels
-            self.qmin, self.qmax = -levels, levels
+        self.rule, self.levels = "clipped", levels
+        self.qmin, self.qmax = -levels, levels
+        scale = clipped_weight_scale(w.detach().numpy(), self.axis, levels)
+        self.fixed_scale = torch.from_numpy(scale)
+        self.zero_point = torch.zeros_like(self.fixed_scale)
         if self.scale_ is not None:
-            self.scale_.data = self._rule_scale(w.detach())
+            self.scale_.data = self.fixed_scale.clone()
+
+    def grid_state(self) -> dict[str, Any]:
+        """What a bit change alters (rule, levels, range, scales), to put back with ``restore_grid``."""
+        return {"rule": self.rule, "levels": self.levels, "qmin": self.qmin, "qmax": self.qmax,
+                "fixed_scale": self.fixed_scale.clone(), "zero_point": self.zero_point.clone(),
+                "learned": None if self.scale_ is None else self.scale_.detach().clone()}
+
+    def restore_grid(self, state: Mapping[str, Any]) -> None:
+        self.rule, self.levels, self.qmin, self.qmax = state["rule"], state["levels"], state["qmin"], state["qmax"]
+        self.fixed_scale, self.zero_point = state["fixed_scale"].clone(), state["zero_point"].clone()
+        if state.get("learned") is not None and self.scale_ is not None:
+            self.scale_.data = state["learned"].clone()
 
     def _rule_scale(self, w: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -132,7 +154,7 @@ class WeightQuant(nn.Module):
             if self.rule == "pair":  # never finer than the pair bound: the kernel would saturate
                 learned = torch.maximum(learned, self._rule_scale(w.detach()))
             return learned
-        if self.rule == "fixed":
+        if self.rule in ("fixed", "clipped"):
             return self.fixed_scale
         return self._rule_scale(w.detach())
 

@@ -12,8 +12,10 @@ teacher's on the first training samples, fixed for the run). Adam on the float w
 with ``learn_scales``), cosine-decayed learning rate.
 
 Bits lowered step by step: ``schedule`` lists the weight bits of equal parts of the training (e.g. 6 then 4); at
-each change the weight grids are re-derived from the weights on the narrower rule, but for the weights in
-``eight_bit`` (``npukit.quant.qat.bit_plan``: the most sensitive ones), which keep their 8-bit grids.
+each change (the first one before any step) the weight grids are re-derived from the weights on the narrower rule,
+and with ``lowering`` (``npukit.quant.qat.lower.lower_weights``) the weights are re-rounded onto them by GPTQ on
+calibration samples, but for the weights in ``eight_bit`` (``npukit.quant.qat.bit_plan``: the most sensitive ones),
+which keep their 8-bit grids. The lowered start is a candidate when it is already at the final bits.
 
 BatchNorm is folded into the convolutions before the QDQ model is built (ONNX Runtime's pre-processing), so its
 statistics are frozen from the first step and the folded weights train.
@@ -52,6 +54,10 @@ from npukit.quant.qat.fake_quant import WeightQuant, set_weight_bits
 from npukit.quant.qat.program import OnnxProgram
 
 BITS = (8, 4)
+# share of each batch's images blended (``_mixed``) by the verbs unless told otherwise: off, as it bought nothing
+# measured (MobileNetV2 w4a8, 10 epochs on the 7 calibration photos' crops, 208 held-out crops: 61.1% top-1
+# agreement / 10.1 dB without, 60.6% / 10.1 dB with half of each batch blended)
+MIXUP = 0.0
 SPREAD_SAMPLES = 32  # training samples whose teacher outputs set each output's loss scale
 PROBABILITY_FLOOR = 1e-12  # a Softmax output's zeros, before its log is taken
 
@@ -71,6 +77,7 @@ class QatConfig:
     label_weight: float = 0.5
     logit_weight: float = 1.0
     augment: bool = True
+    mixup: float = 0.0
     max_steps: int | None = None
     seed: int = 0
 
@@ -81,7 +88,7 @@ class QatConfig:
 
         require(self.weight_bits in BITS, f"weight bits {self.weight_bits} are not trained",
                 f"use {' or '.join(map(str, BITS))}")
-        schedule = tuple(self.schedule) if self.schedule else ((6, 4) if self.weight_bits == 4 else (8,))
+        schedule = tuple(self.schedule) if self.schedule else (self.weight_bits,)
         require(all(4 <= b <= 8 for b in schedule) and list(schedule) == sorted(schedule, reverse=True)
                 and schedule[-1] == self.weight_bits,
                 f"bit schedule {list(schedule)} must go down from at most 8 and end at {self.weight_bits}",
@@ -95,6 +102,7 @@ class QatConfig:
         require(0 <= self.label_weight <= 1, f"label weight {self.label_weight} must be in [0, 1]", "0.5")
         require(self.logit_weight >= 0, f"logit weight {self.logit_weight} must be at least 0", "1 is the default")
         require(self.max_steps is None or self.max_steps >= 1, "max_steps must be at least 1", "or leave it out")
+        require(0 <= self.mixup <= 1, f"mixup share {self.mixup} must be in [0, 1]", "e.g. 0.5")
 
     @property
     def learning_rate(self) -> float:
@@ -134,6 +142,7 @@ class TrainResult:
     seconds: float
     kept: int  # the epoch whose weights the student holds at the end (0: the start; validation chose it)
     start: Epoch | None  # the start on the validation samples (None: no validation samples)
+    lowered: tuple[dict[str, Any], ...] = ()  # each lowering of the weight bits (``Lowering.as_dict``)
 
 
 def world() -> tuple[int, int]:
@@ -174,6 +183,23 @@ def _shifted(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return torch.stack([padded[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(n)])
 
 
+def _mixed(feeds: dict[str, torch.Tensor], names: set[str], share: float, generator: torch.Generator) -> None:
+    """``share`` of the samples (drawn at random) blended with another sample of the batch in every image input
+    ``names``, x' = l x + (1 - l) y, l uniform in [0, 1] (mixup, Zhang et al. 2018, as distillation's function
+    matching uses it: Beyer et al. 2022, "Knowledge distillation: a good teacher is patient and consistent"): teacher
+    and student see the same blend, so every pair of training images gives new inputs to match on."""
+    n = len(next(iter(feeds.values())))
+    if n < 2 or share <= 0 or not names:
+        return
+    chosen = torch.rand(n, generator=generator) < share
+    partner = torch.randint(0, n, (n,), generator=generator)
+    weight = torch.where(chosen, torch.rand(n, generator=generator), torch.ones(n))
+    for name in names:
+        x = feeds[name]
+        w = weight.to(x.dtype).reshape(-1, *[1] * (x.dim() - 1))
+        feeds[name] = w * x + (1 - w) * x[partner]
+
+
 def _is_image(x: np.ndarray) -> bool:
     return x.ndim == 4 and x.shape[1] in (1, 3, 4) and min(x.shape[2:]) >= 16 and x.dtype == np.float32
 
@@ -188,9 +214,12 @@ class Trainer:
                  checkpoint: Path | None, fingerprint: str, payload: Mapping[str, Any] | None = None,
                  validation: Mapping[str, np.ndarray] | None = None,
                  validation_labels: np.ndarray | None = None, masks: Mapping[str, np.ndarray] | None = None,
-                 sparsity: Any = None, blend: Any = None, eight_bit: frozenset[str] = frozenset()) -> None:
+                 sparsity: Any = None, blend: Any = None, eight_bit: frozenset[str] = frozenset(),
+                 lowering: Callable[[OnnxProgram, int, frozenset[str]], Any] | None = None) -> None:
         self.student, self.teacher, self.config = student, teacher, config
         self.eight_bit = eight_bit  # weight quantizers that keep 8 bits as the others are lowered (bit_plan)
+        self.lowering = lowering  # (program, bits, kept) -> a Lowering: the weights re-rounded onto the new grids
+        self.lowered: list[dict[str, Any]] = []
         self.masks: dict[str, np.ndarray] = {}
         self.sparsity, self.blend = sparsity, blend
         self._set_masks(masks or {})
@@ -229,7 +258,10 @@ class Trainer:
         return stages[min(len(stages) - 1, step * len(stages) // max(1, self.total))]
 
     def _set_bits(self, bits: int) -> None:
-        set_weight_bits(self.student, bits, keep=self.eight_bit)
+        if self.lowering is not None:
+            self.lowered.append(self.lowering(self.student, bits, self.eight_bit).as_dict())
+        else:
+            set_weight_bits(self.student, bits, keep=self.eight_bit)
         self.bits = bits
 
     def _set_masks(self, masks: Mapping[str, np.ndarray]) -> None:
@@ -381,7 +413,9 @@ class Trainer:
             self.optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * min(step, self.total) / self.total)))
         for _ in range(self.epoch * self.steps_per_epoch):
             schedule.step()
-        if self.epoch == 0:  # the start, as a candidate where it is already at the final bits (8-bit weights)
+        if self.epoch == 0:  # the start, as a candidate where it is already at the final bits
+            if self.bits_at(0) != self.bits:
+                self._set_bits(self.bits_at(0))
             if self.blend is not None:  # the substituted model as it is
                 self.blend.set_share(self.student, 1.0)
             figures = self._consider(0)
@@ -405,6 +439,8 @@ class Trainer:
                 feeds = {k: v[index] for k, v in self.inputs.items()}
                 for k in self.images:
                     feeds[k] = _shifted(feeds[k], generator)
+                if self.labels is None:  # a blend has no single label
+                    _mixed(feeds, self.images, self.config.mixup, generator)
                 with torch.no_grad():
                     teacher = Batched(self.teacher)(feeds)
                 student = model(feeds)
@@ -427,7 +463,7 @@ class Trainer:
             self.save()
         kept = self._keep_best()
         return TrainResult(tuple(self.history), self.total, resumed, self.world, time.perf_counter() - start, kept,
-                           self.start)
+                           self.start, tuple(self.lowered))
 
     def _share(self) -> float | None:
         return self.blend.share if self.blend is not None else None
@@ -441,7 +477,8 @@ class Trainer:
                 "student": self.student.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "quant": self._rules(), "history": [e.as_dict() for e in self.history], "best": self.best,
                 "start": self.start.as_dict() if self.start else None, "masks": self.masks,
-                "sparsity_stage": self.sparsity.stage if self.sparsity is not None else None}
+                "sparsity_stage": self.sparsity.stage if self.sparsity is not None else None,
+                "lowered": self.lowered}
 
     def save(self) -> None:
         if self.checkpoint is None or self.rank != 0:
@@ -461,6 +498,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.epoch, self.bits = int(state["epoch"]), int(state["bits"])
         self.history = [Epoch(**e) for e in state["history"]]
+        self.lowered = list(state.get("lowered") or [])
         self._set_masks(state.get("masks") or {})
         if self.sparsity is not None:
             self.sparsity.stage = state["sparsity_stage"]
