@@ -64,7 +64,7 @@ def check_export(exported: onnx.ModelProto, program: OnnxProgram, samples: Seque
         if node.op_type == "FakeQuant":
             module = program.quant[node.attrs["key"]]
             if isinstance(module, ActivationQuant):
-                steps[node.outputs[0]] = float(module.scale().min())
+                steps[node.outputs[0]] = float(module.scale().detach().min())
     probe = onnx.ModelProto()
     probe.CopyFrom(exported)
     present = {o.name for o in probe.graph.output}
