@@ -12,7 +12,8 @@ from npukit.report.qat import add_training
 
 def _trained(start, share=None):
     epoch = Epoch(1, 0.5, 0.9, "loss", 8, 1.0, share=share)
-    return SimpleNamespace(history=[epoch], steps=4, resumed_from=0, world_size=1, seconds=1.0, kept=1, start=start)
+    return SimpleNamespace(history=[epoch], steps=4, resumed_from=0, world_size=1, seconds=1.0, kept=1, start=start,
+                           lowered=())
 
 
 def test_the_kept_epoch_says_when_nothing_validated_it() -> None:
