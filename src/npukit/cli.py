@@ -90,7 +90,7 @@ def _add_training(p: argparse.ArgumentParser, *, passes: str, lr: str) -> None:
     p.add_argument("--batch-size", type=_positive, default=16, help="samples per step, over all processes (default 16)")
     p.add_argument("--lr", type=float, help=lr)
     p.add_argument("--no-augment", action="store_true", help="no random shifts or blends of image inputs")
-    p.add_argument("--mixup", type=float, default=None, metavar="SHARE",
+    p.add_argument("--mixup", type=float, default=0.0, metavar="SHARE",
                    help="share of each batch's images blended with another of the batch, teacher and student "
                         "alike (unlabeled data only; default 0: off)")
     p.add_argument("--max-steps", type=_positive, help="steps per epoch at most (default: every sample once)")

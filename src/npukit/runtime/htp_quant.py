@@ -66,7 +66,7 @@ from onnx import helper, numpy_helper
 
 from npukit._threads import torch_threads
 from npukit.frontend.graph_index import GraphIndex
-from npukit.quant.algorithms.gptq import gptq_integers, input_rows, output_error
+from npukit.quant.algorithms.gptq import POSITIONS, input_rows, reround, row_limit
 from npukit.quant.nodes import dequantized, node_attr
 from npukit.runtime.qnn import HTP_QDQ_RULES, QnnQdqRules, qnn_quant_config
 
@@ -393,9 +393,6 @@ def _int32_bias(node: onnx.NodeProto, index: GraphIndex) -> tuple[onnx.TensorPro
 
 # integer type -> ORT's symmetric weight range (get_qmin_qmax_for_qType): int8 drops -128, int4 keeps -8
 _SYMMETRIC_RANGE = {onnx.TensorProto.INT8: (-127, 127), onnx.TensorProto.INT4: (-8, 7)}
-GPTQ_POSITIONS = 4096  # input rows (output positions) kept per calibration sample and layer for the Hessian
-GPTQ_ROW_BUDGET = 4_000_000  # input values kept per sample and layer (grouped convs keep fewer positions)
-GPTQ_MIN_ROWS_PER_WEIGHT = 2  # fewer input rows than this per weight of an output channel: nearest rounding kept
 
 
 @dataclasses.dataclass(frozen=True)
@@ -480,13 +477,13 @@ def gptq_weights(
     qdq: onnx.ModelProto,
     samples: Sequence[dict[str, np.ndarray]],
     *,
-    positions: int = GPTQ_POSITIONS,
+    positions: int = POSITIONS,
     seed: int = 0,
 ) -> tuple[onnx.ModelProto, dict[str, float]]:
     """``qdq`` (built by ORT from ``float_model``) with the int8 (or int4) weights of its Conv and Gemm nodes re-rounded
     by GPTQ on their own scales (the scales, zero points and layout stay as ORT chose them), each node's Hessian
     measured on its float input over ``samples``. A layer is changed only where the re-rounded weight reconstructs its
-    output better than nearest rounding on those inputs; layers with fewer than ``GPTQ_MIN_ROWS_PER_WEIGHT`` input rows
+    output better than nearest rounding on those inputs; layers with fewer than ``gptq.MIN_ROWS_PER_WEIGHT`` input rows
     per weight of an output channel are left alone. Returns the model and, per re-rounded node, the gain in the layer's
     output error (dB) on the calibration inputs."""
     import torch
@@ -520,7 +517,7 @@ def gptq_weights(
                     continue
                 groups, k = site.weight.shape[0], site.weight.shape[2]
                 kernel = tuple(int(d) for d in site.tensor.dims[2:]) if site.node.op_type == "Conv" else ()
-                limit = max(64, min(positions, GPTQ_ROW_BUDGET // (groups * k)))
+                limit = row_limit(groups, k, positions)
                 try:
                     rows = _input_rows(site.node, values[site.node.input[0]], kernel, groups, rng, limit)
                 except (ValueError, KeyError):
@@ -535,20 +532,14 @@ def gptq_weights(
                 counts[index] = counts.get(index, 0) + rows.shape[1]
         gains: dict[str, float] = {}
         for index, site in enumerate(sites):
-            n, k = counts.get(index, 0), site.weight.shape[2]
-            if n <= 0 or n < GPTQ_MIN_ROWS_PER_WEIGHT * k:
+            n = counts.get(index, 0)
+            found = reround(site.weight, hessians[index], n, site.scale, site.qmin, site.qmax) if n > 0 else None
+            if found is None:
                 continue
-            h = hessians[index] / n
-            q = gptq_integers(site.weight, h, site.scale, site.qmin, site.qmax)
-            nearest = np.clip(np.rint(site.weight / site.scale[:, :, None]), site.qmin, site.qmax)
-
-            before, after = (output_error(nearest, site.weight, site.scale, h),
-                             output_error(q, site.weight, site.scale, h))
-            if not after < before:
-                continue
+            q, gain = found
             dtype = ml_dtypes.int4 if site.tensor.data_type == onnx.TensorProto.INT4 else np.int8
             site.tensor.CopyFrom(numpy_helper.from_array(site.layout(q).astype(dtype), site.tensor.name))
-            gains[site.node.name or site.node.output[0]] = 10.0 * float(np.log10(before / max(after, 1e-300)))
+            gains[site.node.name or site.node.output[0]] = gain
     return qdq, gains
 
 

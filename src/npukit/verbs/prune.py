@@ -39,7 +39,7 @@ def prune(
     batch_size: int = 16,
     lr: float | None = None,
     augment: bool = True,
-    mixup: float | None = None,
+    mixup: float = 0.0,
     max_steps: int | None = None,
     restart: bool = False,
     task: str | None = None,
@@ -63,7 +63,7 @@ def prune(
     epoch is kept, the pruned start included), the check reads ``eval_data`` (else the last fifth of ``data``).
     The report shows the model before and after fine-tuning beside the float one: task metric, MACs, parameters,
     ORT CPU latency, file size and deflated size. ``<output stem>.prune.pt`` keeps the last finished epoch."""
-    from npukit.quant.qat.train import MIXUP, QatConfig
+    from npukit.quant.qat.train import QatConfig
 
     if macs is None and sparsity is None:
         raise InputError("nothing to prune", hint="pass --macs 0.7 (channels, to 70% of the MACs) and/or "
@@ -74,7 +74,7 @@ def prune(
         raise InputError(f"sparsity {sparsity} must be between 0 and 1", hint="e.g. --sparsity 0.9")
     output = check_output(output, source=model)
     train_config = QatConfig(weight_bits=8, epochs=epochs, batch_size=batch_size, lr=lr or LEARNING_RATE,
-                             augment=augment, mixup=MIXUP if mixup is None else mixup, max_steps=max_steps, seed=seed)
+                             augment=augment, mixup=mixup, max_steps=max_steps, seed=seed)
     proto, spec = float_static_model(model, input_shape, verb="prune")
     samples = TrainingSamples.open(proto, data, eval_data, calib, preprocess or PreprocessConfig(), max_samples)
     report = Report("prune", config={"model": str(model), "data": str(data), "macs": macs, "sparsity": sparsity,

@@ -46,7 +46,7 @@ def qat(
     lr: float | None = None,
     learn_scales: bool = False,
     augment: bool = True,
-    mixup: float | None = None,
+    mixup: float = 0.0,
     max_steps: int | None = None,
     eight_bit_share: float | None = None,
     method: str = "auto",
@@ -81,7 +81,7 @@ def qat(
     ``<output stem>.qat.pt`` holds the PTQ start and the last finished epoch: an interrupted run continues from it
     when the same command runs again (``restart`` starts over); it is removed once the artifact is written. Under
     ``torchrun`` the processes share every batch (DistributedDataParallel, gloo) and rank 0 writes."""
-    from npukit.quant.qat.train import MIXUP, QatConfig, world
+    from npukit.quant.qat.train import QatConfig, world
 
     output = check_output(output, source=model)
     weight_bits = _weight_bits(bits)
@@ -91,7 +91,7 @@ def qat(
                          hint="e.g. --eight-bit-share 0.05 (0: every weight at 4 bits)")
     train_config = QatConfig(weight_bits=weight_bits, schedule=tuple(schedule) if schedule else None,
                              epochs=epochs, batch_size=batch_size, lr=lr, learn_scales=learn_scales, augment=augment,
-                             mixup=MIXUP if mixup is None else mixup,
+                             mixup=mixup,
                              max_steps=max_steps, seed=seed)
     proto, spec = float_static_model(model, input_shape, verb="qat")
     samples = TrainingSamples.open(proto, data, eval_data, calib, preprocess or PreprocessConfig(), max_samples)

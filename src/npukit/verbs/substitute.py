@@ -36,7 +36,7 @@ def substitute(
     lr: float | None = None,
     ramp: float | None = None,
     augment: bool = True,
-    mixup: float | None = None,
+    mixup: float = 0.0,
     max_steps: int | None = None,
     restart: bool = False,
     task: str | None = None,
@@ -59,7 +59,7 @@ def substitute(
     the substituted model as it is from the first step; only epochs with the substitutes whole are kept. The report
     shows the substituted model before and after fine-tuning beside the original: task metric, worst output SQNR,
     MACs, ORT CPU latency. ``<output stem>.substitute.pt`` keeps the last finished epoch."""
-    from npukit.quant.qat.train import MIXUP, QatConfig
+    from npukit.quant.qat.train import QatConfig
     from npukit.quant.qdq import preprocess as pre_process  # (``preprocess`` is the data's PreprocessConfig here)
     from npukit.targets.fix import substitute as apply_substitutions
 
@@ -70,7 +70,7 @@ def substitute(
         raise InputError(f"ramp {ramp} must be between 0 and 1", hint="e.g. --ramp 0.5 (0: the substitute at once)")
     output = check_output(output, source=model)
     train_config = QatConfig(weight_bits=8, epochs=epochs, batch_size=batch_size, lr=lr or LEARNING_RATE,
-                             augment=augment, mixup=MIXUP if mixup is None else mixup, max_steps=max_steps, seed=seed)
+                             augment=augment, mixup=mixup, max_steps=max_steps, seed=seed)
     proto, spec = float_static_model(model, input_shape, verb="substitute")
     changed = apply_substitutions(proto, list(rules))  # before pre-processing, which inlines HardSwish
     samples = TrainingSamples.open(proto, data, eval_data, None, preprocess or PreprocessConfig(), max_samples)

@@ -15,6 +15,14 @@ from collections.abc import Sequence
 import numpy as np
 
 DAMP = 0.01  # added to the Hessian's diagonal, as a fraction of its mean
+POSITIONS = 4096  # input rows (output positions) kept per calibration sample and layer for the Hessian
+ROW_BUDGET = 4_000_000  # input values kept per sample and layer (grouped convs keep fewer positions)
+MIN_ROWS_PER_WEIGHT = 2  # fewer input rows than this per weight of an output channel: nearest rounding kept
+
+
+def row_limit(groups: int, k: int, positions: int = POSITIONS) -> int:
+    """How many input rows (positions) of one sample a layer of ``groups`` groups and ``k`` inputs per row keeps."""
+    return max(64, min(positions, ROW_BUDGET // (groups * k)))
 
 
 def input_rows(x: np.ndarray, *, kernel: Sequence[int], pads: Sequence[int], strides: Sequence[int],
@@ -64,6 +72,22 @@ def gptq_integers(weight: np.ndarray, hessian: np.ndarray, scale: np.ndarray, qm
     if order is not None:
         q = q[:, :, torch.argsort(order)]
     return q.numpy()
+
+
+def reround(weight: np.ndarray, hessian_sum: np.ndarray, rows: int, scale: np.ndarray, qmin: int, qmax: int
+            ) -> tuple[np.ndarray, float] | None:
+    """GPTQ's integers for ``weight`` (G, R, K) on ``scale`` (G, R) and the output error they remove against nearest
+    rounding (dB), given the sum of x^T x over ``rows`` input rows; None where the rows are too few
+    (``MIN_ROWS_PER_WEIGHT``) or GPTQ does not reconstruct the layer's output better than nearest rounding."""
+    if rows <= 0 or rows < MIN_ROWS_PER_WEIGHT * weight.shape[2]:
+        return None
+    h = hessian_sum / rows
+    ints = gptq_integers(weight, h, scale, qmin, qmax)
+    nearest = np.clip(np.rint(weight / scale[:, :, None]), qmin, qmax)
+    before, after = output_error(nearest, weight, scale, h), output_error(ints, weight, scale, h)
+    if not after < before:
+        return None
+    return ints, 10.0 * float(np.log10(before / max(after, 1e-300)))
 
 
 def output_error(integers: np.ndarray, weight: np.ndarray, scale: np.ndarray, hessian: np.ndarray) -> float:

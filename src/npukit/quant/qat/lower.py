@@ -23,14 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from npukit.quant.algorithms.gptq import gptq_integers, input_rows, output_error
+from npukit.quant.algorithms.gptq import input_rows, reround, row_limit
 from npukit.quant.qat.fake_quant import WeightQuant, set_weight_bits
 from npukit.quant.qat.ops import _spatial_pads
 from npukit.quant.qat.program import OnnxProgram
-
-POSITIONS = 4096  # input rows (output positions) kept per sample and layer for a Hessian
-ROW_BUDGET = 4_000_000  # input values kept per sample and layer (grouped convs keep fewer positions)
-MIN_ROWS_PER_WEIGHT = 2  # fewer input rows per weight of an output channel: nearest rounding kept
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,22 +70,16 @@ def lower_weights(program: OnnxProgram, bits: int, samples: Sequence[Mapping[str
         module = program.quant[site.key]
         w = weights[site.weight].detach()
         rows, layout = _rows_of(site.node, w)
-        n, k = counts.get(site.key, 0), rows.shape[2]
-        if n < MIN_ROWS_PER_WEIGHT * k:
-            nearest.append(site.node.name or site.weight)
-            continue
-        h = hessians[site.key] / n
         scale = np.broadcast_to(module.scale(w).detach().double().numpy().reshape(-1),
                                 (rows.shape[0] * rows.shape[1],)).reshape(rows.shape[:2])
-        ints = gptq_integers(rows, h, scale, module.qmin, module.qmax)
-        plain = np.clip(np.rint(rows / scale[:, :, None]), module.qmin, module.qmax)
-        before, after = output_error(plain, rows, scale, h), output_error(ints, rows, scale, h)
-        if not after < before:
+        found = (reround(rows, hessians[site.key], counts[site.key], scale, module.qmin, module.qmax)
+                 if site.key in counts else None)
+        if found is None:
             nearest.append(site.node.name or site.weight)
             continue
+        ints, gains[site.node.name or site.weight] = found
         with torch.no_grad():
             w.copy_(torch.from_numpy(layout(ints * scale[:, :, None])).to(w.dtype))
-        gains[site.node.name or site.weight] = 10.0 * float(np.log10(before / max(after, 1e-300)))
     return Lowering(bits, len(samples), time.perf_counter() - start, gains, tuple(nearest))
 
 
@@ -100,6 +90,7 @@ def _sites(program: OnnxProgram, keep: frozenset[str], sparse: frozenset[str]) -
     for node in program.nodes:
         for name in node.inputs:
             readers.setdefault(name, node)
+    weights = program.trained_initializers()
     sites, other = [], []
     for node in program.nodes:
         if node.op_type != "FakeQuant" or node.attrs.get("kind") != "weight" or node.attrs["key"] in keep:
@@ -108,7 +99,7 @@ def _sites(program: OnnxProgram, keep: frozenset[str], sparse: frozenset[str]) -
         if not isinstance(module, WeightQuant) or module.rule != "clipped":
             continue
         reader = readers.get(node.outputs[0])
-        weight = program.trained_initializers().get(node.inputs[0])
+        weight = weights.get(node.inputs[0])
         if reader is None or weight is None or node.inputs[0] in sparse or reader.inputs[1:2] != (
                 node.outputs[0],) or not _laid_out(reader, weight, module):
             other.append(node.inputs[0] if reader is None else reader.name or node.inputs[0])
@@ -175,6 +166,5 @@ def _input_rows(node: Any, x: torch.Tensor, w: torch.Tensor, rng: np.random.Gene
     dilations = list(node.attrs.get("dilations", [1, 1]))
     pads = _spatial_pads(node.attrs, x, kernel, strides, dilations)
     k = w.shape[1] * kernel[0] * kernel[1]
-    limit = max(64, min(POSITIONS, ROW_BUDGET // (groups * k)))
     return input_rows(x.numpy(), kernel=kernel, pads=pads, strides=strides, dilations=dilations, groups=groups,
-                      rng=rng, limit=limit)
+                      rng=rng, limit=row_limit(groups, k))

@@ -54,10 +54,6 @@ from npukit.quant.qat.fake_quant import WeightQuant, set_weight_bits
 from npukit.quant.qat.program import OnnxProgram
 
 BITS = (8, 4)
-# share of each batch's images blended (``_mixed``) by the verbs unless told otherwise: off, as it bought nothing
-# measured (MobileNetV2 w4a8, 10 epochs on the 7 calibration photos' crops, 208 held-out crops: 61.1% top-1
-# agreement / 10.1 dB without, 60.6% / 10.1 dB with half of each batch blended)
-MIXUP = 0.0
 SPREAD_SAMPLES = 32  # training samples whose teacher outputs set each output's loss scale
 PROBABILITY_FLOOR = 1e-12  # a Softmax output's zeros, before its log is taken
 
@@ -77,6 +73,9 @@ class QatConfig:
     label_weight: float = 0.5
     logit_weight: float = 1.0
     augment: bool = True
+    # share of each batch's images blended (``_mixed``): off by default, as it bought nothing measured (MobileNetV2
+    # w4a8, 10 epochs on the 7 calibration photos' crops, 208 held-out crops: 61.1% top-1 agreement / 10.1 dB
+    # without, 60.6% / 10.1 dB with half of each batch blended)
     mixup: float = 0.0
     max_steps: int | None = None
     seed: int = 0
