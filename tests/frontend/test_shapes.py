@@ -105,6 +105,9 @@ def test_require_static_names_inputs_dims_and_the_flag() -> None:
     with pytest.raises(InputError) as info:
         require_static(state, needs="quantize")
     assert "--input-shape x=2,1,128" in info.value.one_line()
+    with pytest.raises(InputError) as info:  # Paddle2ONNX's unknown dims: named by axis, never "?" in the flag
+        require_static(_contrib_gelu([1, 3, "?", "width"]), needs="quantize")
+    assert "--input-shape x=1,3,D2,width" in info.value.one_line()
 
 
 def _contrib_gelu(dims: list) -> onnx.ModelProto:

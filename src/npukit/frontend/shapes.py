@@ -169,9 +169,11 @@ def require_static(model: onnx.ModelProto, *, needs: str, allow_batch: bool = Tr
 def _placeholder(dims: tuple[Dim, ...] | None) -> str:
     if dims is None:
         return "N,C,H,W"
+    # a batch axis anywhere (Silero's state [2, batch, 128]): 1; an anonymous dim (Paddle2ONNX's '?'): D<axis>
     return ",".join("1" if not isinstance(d, int) and (axis == 0 or "batch" in str(d).lower()) else
-                    str(d) if isinstance(d, int) else (d if d and len(d) <= 8 else f"D{axis}")
-                    for axis, d in enumerate(dims))  # a batch axis anywhere (Silero's state [2, batch, 128]): 1
+                    str(d) if isinstance(d, int) else
+                    (d if len(d or "") <= 8 and not is_anonymous_dim(d) else f"D{axis}")
+                    for axis, d in enumerate(dims))
 
 
 # ------------------------------------------------------------------------------------------------- fixing shapes

@@ -16,6 +16,7 @@ from npukit.passes.base import NpukitPass, PassManager, PipelineResult
 from npukit.passes.canonicalize_activation import CanonicalizeActivationPass
 from npukit.passes.fold_batch_norm import FoldBatchNormPass
 from npukit.passes.fold_constants import FoldConstantsPass
+from npukit.passes.fold_conv_affine import FoldConvAffinePass
 from npukit.passes.fuse_matmul_add import FuseMatMulAddPass
 from npukit.passes.initializers_as_constants import InitializersAsConstantsPass
 from npukit.passes.remove_dead_code import RemoveDeadCodePass
@@ -27,6 +28,7 @@ PASS_REGISTRY: dict[str, type[NpukitPass]] = {
     "fold_constants": FoldConstantsPass,
     "remove_identity": RemoveIdentityPass,
     "fold_batch_norm": FoldBatchNormPass,
+    "fold_conv_affine": FoldConvAffinePass,
     "fuse_matmul_add": FuseMatMulAddPass,
     "canonicalize_activation": CanonicalizeActivationPass,
     "remove_dead_code": RemoveDeadCodePass,
@@ -40,6 +42,7 @@ DEFAULT_ORDER: tuple[str, ...] = (
     "fold_constants",
     "remove_identity",
     "fold_batch_norm",
+    "fold_conv_affine",
     "fuse_matmul_add",
     "canonicalize_activation",
     "fold_constants",

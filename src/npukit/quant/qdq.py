@@ -1,4 +1,5 @@
-"""INT8 post-training quantization: (CLE) -> (activation equalization) -> (channel pairing) -> calibrate with our
+"""INT8 post-training quantization: constant scales and shifts after convs folded into them -> (CLE) -> (activation
+equalization) -> (channel pairing) -> calibrate with our
 observers -> (choose the method, for "auto") -> (AdaRound) -> (bias correction) -> QDQ -> (range search on that
 model, then QDQ again on the searched ranges) -> (move the convs that ORT runs faster on its general int8 GEMM
 there, ``conv_kernel``).
@@ -59,7 +60,7 @@ from npukit.quant.precision.tensor_precision import (TensorPlan, activation_pair
                                                      plan_int16_tensors, sixteen_bit_activations, stand_in_config,
                                                      tied_groups)
 from npukit.quant.scoring import session_for
-from npukit.quant.steps import FloatConvsRecord, QuantSteps
+from npukit.quant.steps import FloatConvsRecord, FoldedAffinesRecord, QuantSteps
 from npukit.runtime.ort import INTEGER_COMPUTE_KERNELS, INTEGER_KERNELS, make_session
 
 FLOAT_COMPUTE_OPS = ("Conv", "FusedConv", "MatMul", "FusedMatMul", "Gemm", "FusedGemm")
@@ -126,6 +127,22 @@ def preprocess(model: onnx.ModelProto) -> onnx.ModelProto:
                 onnx.save(model, str(source))
                 quant_pre_process(str(source), str(out), skip_symbolic_shape=True)
         return named_nodes(onnx.load(str(out)))
+
+
+def fold_conv_affines(model: onnx.ModelProto, keep: Iterable[str] = ()
+                      ) -> tuple[onnx.ModelProto, FoldedAffinesRecord | None]:
+    """``model`` with the constant scales and shifts after its convs folded into them
+    (``passes.fold_conv_affine``; the affine nodes named in ``keep`` stay), and the record of the folds; ``model``
+    itself and None when there is nothing to fold."""
+    import onnx_ir as ir
+
+    from npukit.passes.fold_conv_affine import FoldConvAffinePass
+
+    fold = FoldConvAffinePass(keep=frozenset(keep))
+    result = fold(ir.serde.deserialize_model(copy.deepcopy(model)))
+    if not fold.folded:
+        return model, None
+    return ir.serde.serialize_model(result.model), {"into": dict(fold.folded)}
 
 
 def effective_ranges(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]], config: QuantConfig
@@ -382,14 +399,15 @@ class _Build:
     @classmethod
     def begin(cls, model: onnx.ModelProto, samples: Iterable[object], config: QuantConfig,
               why: Mapping[str, Decision] | None) -> _Build:
-        """Checks that fail before any long step, then ORT's pre-processing (``preprocess``)."""
+        """Checks that fail before any long step, then ORT's pre-processing (``preprocess``) and the folds of constant
+        scales and shifts into the convs before them (``fold_conv_affines``)."""
         _require_opset(model, config)
         model = named_nodes(model)  # unnamed nodes would all match an exclusion of the name ""
         samples = _Reiterable(samples)
         first = next(iter_samples(model, samples, limit=config.calibration.samples))  # validates before any work
         if config.cpu.gemm_convs:
             require_exact_move()  # refused where ORT's two int8 conv kernels are not both exact
-        work = preprocess(model)
+        work, folded = fold_conv_affines(preprocess(model), keep=config.scheme.exclude)
         # a node of the graph, or one pre-processing added (a plan chosen on the pre-processed graph may name those)
         missing = set(config.scheme.exclude) - {n.name for g in (model, work) for n in g.graph.node}
         if missing:
@@ -400,6 +418,7 @@ class _Build:
         for node in config.scheme.exclude:
             decided = decided.keep_float([node], why.pop(node, USER_EXCLUDE))
         build = cls(model=model, samples=samples, first=first, requested=config, work=work, decided=decided, why=why)
+        build.steps.folded_affines = folded
         if config.scheme.int16_tensors:
             build.probe = one_sample_ranges(work, first, config)
             check_int16_tensors(work, first, config, build.probe)

@@ -12,6 +12,13 @@ import dataclasses
 from typing import Any, TypedDict
 
 
+class FoldedAffinesRecord(TypedDict):
+    """Constant scales and shifts after convs (Mul / Add / Sub / Div) folded into them before anything is
+    calibrated, so each such block has one output grid instead of one per node."""
+
+    into: dict[str, str]  # each affine node folded away -> the conv that took it
+
+
 class FloatHeadRecord(TypedDict):
     """The stem convs (and the chain after them) left in float because they run fastest so on this CPU."""
 
@@ -73,6 +80,7 @@ class FloatConvsRecord(TypedDict):
 class QuantSteps:
     """The records of ``quantize``'s steps, None for a step that did not run (fields in pipeline order)."""
 
+    folded_affines: FoldedAffinesRecord | None = None
     float_stem: FloatHeadRecord | None = None
     float_joins: FloatJoinsRecord | None = None
     float_squares: FloatSquaresRecord | None = None

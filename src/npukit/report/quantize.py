@@ -15,6 +15,15 @@ from npukit.report.plan import add_plan
 
 def add_steps(report: Report, steps: QuantSteps) -> None:
     """``QuantResult.steps`` into ``report``: the JSON section and one table per step that chose something."""
+    folded = steps.folded_affines
+    if folded:
+        by_conv: dict[str, list[str]] = {}
+        for node, conv in folded["into"].items():
+            by_conv.setdefault(conv, []).append(node)
+        report.add_table(f"Constant scales and shifts after convs, folded into them ({len(folded['into'])} nodes into "
+                         f"{len(by_conv)} convs: one output grid each, not one per node)",
+                         ["conv", "folded into it"],
+                         [[conv, ", ".join(nodes)] for conv, nodes in by_conv.items()])
     report.add("steps", steps.as_dict())
     assert steps.plan is not None
     choice = steps.recipe
