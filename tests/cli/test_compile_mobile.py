@@ -153,6 +153,16 @@ def test_int8_dense_block_whose_features_feed_every_later_concatenation(target, 
     assert min(o["sqnr_db"] for o in results["task_check"]["result"]["outputs"]) > 25
 
 
+def test_int8_learnable_affine_blocks_keep_their_ops_and_grids(target, tmp_path):
+    """A conv followed by a constant scale and shift (PP-LCNetV3's learnable affine block): quantize folds it into the
+    conv for ORT, but the torch program keeps both ops, so the plan carried onto it is made unfolded and every
+    tensor of the program finds its grid (folded, the conv's own output had none and the program was refused)."""
+    results = _compile_int8(tmp_path, "tinynet:tinyaffine", target, _normal(16, 32, 32), "affine", *SHAPE)["results"]
+    assert results["carried_plan"]["unmatched"] == []
+    assert "folded_affines" not in results["steps"]
+    assert min(o["sqnr_db"] for o in results["task_check"]["result"]["outputs"]) > 25
+
+
 @pytest.mark.skipif(sys.platform == "darwin", reason="on macOS Core ML runs the package: the runner path is checked")
 @pytest.mark.parametrize("int8", [False, True])
 def test_coreml_package_is_read_back_and_said_not_run(int8, tmp_path, monkeypatch):

@@ -119,3 +119,35 @@ class TinySeq(nn.Module):
 def tinyseq() -> nn.Module:
     torch.manual_seed(0)
     return TinySeq()
+
+
+class LearnableAffine(nn.Module):
+    """PP-LCNetV3's learnable affine block: one learned scale and shift, y = scale * x + bias."""
+
+    def __init__(self, scale: float, bias: float) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor([scale]))
+        self.bias = nn.Parameter(torch.tensor([bias]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x + self.bias
+
+
+class TinyAffine(nn.Module):
+    """Convs each followed by a learnable affine block (and one after its activation), as PP-LCNetV3 has them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, stride=2, padding=1), LearnableAffine(2.1, 1.05), nn.Hardswish(),
+            LearnableAffine(0.18, -0.2), nn.Conv2d(8, 16, 1), LearnableAffine(0.7, 0.3), nn.ReLU())
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.pool(self.features(x)), 1))
+
+
+def tinyaffine() -> nn.Module:
+    torch.manual_seed(0)
+    return TinyAffine().eval()

@@ -60,3 +60,10 @@ def test_quantize_folds_first_and_keeps_an_excluded_affine() -> None:
     kept = quantize(model, samples, config=from_flat(method="minmax", exclude=("scale2",)))
     assert kept.steps.folded_affines == {"into": {"scale1": "conv1", "shift1": "conv1"}}
     assert "scale2" in {n.name for n in kept.model.graph.node}
+
+
+def test_an_affine_on_a_tensor_named_16_bit_stays() -> None:
+    """A 16-bit tensor the user names (the conv output, read by the scale) keeps the nodes that read or write it."""
+    folded, record = fold_conv_affines(_affine_net(), keep_tensors=("c2",))
+    assert record == {"into": {"scale1": "conv1", "shift1": "conv1"}}
+    assert "c2" in {o for n in folded.graph.node for o in n.output}

@@ -39,6 +39,20 @@ def scalar_constant(value: ir.Value | None, *, like: ir.Value | None) -> float |
     return float(array.reshape(()))
 
 
+def per_channel(value: np.ndarray, channels: int, rank: int) -> np.ndarray | None:
+    """``value`` as one float64 value per channel of axis 1 when it broadcasts against a rank-``rank`` NCHW tensor
+    along that axis only (a scalar, (C, 1, ..., 1) or (1, C, 1, ..., 1)); None otherwise (a (C,) vector broadcasts
+    along the last axis, and a broadcast that would change the tensor's shape is none of these)."""
+    if value.ndim > rank:
+        return None
+    if value.size == 1:
+        return np.full(channels, float(value.reshape(())))
+    shape = (1,) * (rank - value.ndim) + value.shape
+    if shape[1] != channels or shape[0] != 1 or any(d != 1 for d in shape[2:]):
+        return None
+    return value.astype(np.float64).reshape(-1)
+
+
 def sole_consumer(value: ir.Value) -> ir.Node | None:
     """The node that is the one and only use of ``value``, when ``value`` is not also a graph output."""
     if value.is_graph_output() or len(value.uses()) != 1:

@@ -15,10 +15,11 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from npukit.passes._rewrite import add_initializer, constant_array, onnx_nodes, replace_with_node, sole_consumer
+from npukit.passes._rewrite import (add_initializer, constant_array, onnx_nodes, per_channel, replace_with_node,
+                                   sole_consumer)
 from npukit.passes.base import NpukitPass
 
-_OPS = ("Mul", "Add", "Sub", "Div")
+AFFINE_OPS = ("Mul", "Add", "Sub", "Div")
 
 
 class FoldConvAffinePass(NpukitPass):
@@ -57,7 +58,7 @@ class FoldConvAffinePass(NpukitPass):
         """None when folded; "" when there is nothing to fold (no note); else why the affine node stays."""
         output = conv.outputs[0]
         node = sole_consumer(output)
-        if node is None or node.op_type not in _OPS or node.domain not in ("", "ai.onnx"):
+        if node is None or node.op_type not in AFFINE_OPS or node.domain not in ("", "ai.onnx"):
             return ""
         if node.name in self.keep:
             return f"{node.op_type} {node.name!r}: asked to keep it"
@@ -78,21 +79,21 @@ class FoldConvAffinePass(NpukitPass):
         if bias_value is not None and bias is None:
             return f"{node.op_type} {node.name!r}: the Conv bias is not constant"
         channels = weight.shape[0]
-        per_channel = _per_channel(operand, channels, weight.ndim)
-        if per_channel is None:
+        vector = per_channel(operand, channels, weight.ndim)
+        if vector is None:
             return f"{node.op_type} {node.name!r}: its constant {operand.shape} is not one value per output channel"
         if operand.dtype.kind != "f":
             return f"{node.op_type} {node.name!r}: its constant is {operand.dtype}, not floating point"
-        if node.op_type == "Div" and not np.all(per_channel):
+        if node.op_type == "Div" and not np.all(vector):
             return f"Div {node.name!r}: a divisor is zero"
         w = weight.astype(np.float64)
         b = np.zeros(channels) if bias is None else bias.astype(np.float64).reshape(-1)
         if node.op_type in ("Mul", "Div"):
-            factor = per_channel if node.op_type == "Mul" else 1.0 / per_channel
+            factor = vector if node.op_type == "Mul" else 1.0 / vector
             w = w * factor.reshape((channels,) + (1,) * (w.ndim - 1))
             b = b * factor
         else:
-            b = b + per_channel if node.op_type == "Add" else b - per_channel
+            b = b + vector if node.op_type == "Add" else b - vector
         graph = conv.graph
         assert isinstance(graph, ir.Graph)
         inputs = [conv.inputs[0]]
@@ -107,15 +108,3 @@ class FoldConvAffinePass(NpukitPass):
                           {name: attr for name, attr in conv.attributes.items()})
         return None
 
-
-def _per_channel(operand: np.ndarray, channels: int, rank: int) -> np.ndarray | None:
-    """``operand`` as one float64 value per output channel, or None when its broadcast against a Conv output of
-    ``rank`` dimensions is not per channel (or would change that output's shape)."""
-    if operand.ndim > rank:
-        return None
-    if operand.size == 1:
-        return np.full(channels, float(operand.reshape(())))
-    shape = (1,) * (rank - operand.ndim) + operand.shape
-    if shape[1] != channels or shape[0] != 1 or any(d != 1 for d in shape[2:]):
-        return None
-    return operand.astype(np.float64).reshape(-1)

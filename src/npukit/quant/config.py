@@ -157,7 +157,9 @@ class Recipe:
     recipe, range search, the float head by accuracy) score candidate models on: "ort-cpu" (ONNX Runtime's integer
     kernels on this CPU, as ``quantize`` ships the model) or "reference" (the Q/DQ graph's own arithmetic, what
     XNNPACK and other runtimes with 32-bit accumulators compute; the plans carried to ExecuTorch and LiteRT use it;
-    see ``npukit.quant.scoring``)."""
+    see ``npukit.quant.scoring``). ``fold_affines``: before every other step, fold a constant scale or shift after a
+    conv into it (``passes.fold_conv_affine``), so the block gets one grid; off for a plan carried onto a torch
+    program, whose conv and affine ops stay separate and each need a grid of the plan."""
 
     cle: bool = False
     activation_equalization: ActivationEqualization | None = None
@@ -166,6 +168,7 @@ class Recipe:
     range_search: RangeSearch | None = None
     choose: RecipeChoice | None = None
     score_on: ScoreOn = "ort-cpu"
+    fold_affines: bool = True
 
     def __post_init__(self) -> None:
         _require(self.score_on in OPTIMIZATION, f"unknown score_on {self.score_on!r}",
@@ -319,6 +322,7 @@ _FLAT = {
     "method": ("calibration", "method"), "percentile": ("calibration", "percentile"),
     "num_bins": ("calibration", "num_bins"), "calib_samples": ("calibration", "samples"),
     "cle": ("recipe", "cle"), "bias_correction": ("recipe", "bias_correction"), "score_on": ("recipe", "score_on"),
+    "fold_affines": ("recipe", "fold_affines"),
     "float_joins": ("precision", "float_joins"), "float_squares": ("precision", "float_squares"),
     "float_fragile": ("precision", "float_fragile"), "int16_budget": ("precision", "int16_budget"),
     "reduce_range": ("cpu", "reduce_range"), "pair_channels": ("cpu", "pair_channels"),

@@ -129,16 +129,19 @@ def preprocess(model: onnx.ModelProto) -> onnx.ModelProto:
         return named_nodes(onnx.load(str(out)))
 
 
-def fold_conv_affines(model: onnx.ModelProto, keep: Iterable[str] = ()
+def fold_conv_affines(model: onnx.ModelProto, keep: Iterable[str] = (), keep_tensors: Iterable[str] = ()
                       ) -> tuple[onnx.ModelProto, FoldedAffinesRecord | None]:
-    """``model`` with the constant scales and shifts after its convs folded into them
-    (``passes.fold_conv_affine``; the affine nodes named in ``keep`` stay), and the record of the folds; ``model``
-    itself and None when there is nothing to fold."""
+    """``model`` with the constant scales and shifts after its convs folded into them (``passes.fold_conv_affine``),
+    and the record of the folds; ``model`` itself and None when there is nothing to fold. The affine nodes named in
+    ``keep``, and those reading or writing a tensor of ``keep_tensors``, stay (a node or tensor the user named)."""
     import onnx_ir as ir
 
-    from npukit.passes.fold_conv_affine import FoldConvAffinePass
+    from npukit.passes.fold_conv_affine import AFFINE_OPS, FoldConvAffinePass
 
-    fold = FoldConvAffinePass(keep=frozenset(keep))
+    tensors = set(keep_tensors)
+    kept = set(keep) | {n.name for n in model.graph.node
+                        if n.op_type in AFFINE_OPS and tensors & {*n.input, *n.output}}
+    fold = FoldConvAffinePass(keep=frozenset(kept))
     result = fold(ir.serde.deserialize_model(copy.deepcopy(model)))
     if not fold.folded:
         return model, None
@@ -407,7 +410,10 @@ class _Build:
         first = next(iter_samples(model, samples, limit=config.calibration.samples))  # validates before any work
         if config.cpu.gemm_convs:
             require_exact_move()  # refused where ORT's two int8 conv kernels are not both exact
-        work, folded = fold_conv_affines(preprocess(model), keep=config.scheme.exclude)
+        scheme, work, folded = config.scheme, preprocess(model), None
+        if config.recipe.fold_affines:
+            work, folded = fold_conv_affines(work, keep=(*scheme.exclude, *scheme.int16_nodes),
+                                             keep_tensors=scheme.int16_tensors)
         # a node of the graph, or one pre-processing added (a plan chosen on the pre-processed graph may name those)
         missing = set(config.scheme.exclude) - {n.name for g in (model, work) for n in g.graph.node}
         if missing:

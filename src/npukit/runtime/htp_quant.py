@@ -66,6 +66,7 @@ from onnx import helper, numpy_helper
 
 from npukit._threads import torch_threads
 from npukit.frontend.graph_index import GraphIndex
+from npukit.passes._rewrite import per_channel
 from npukit.quant.algorithms.gptq import POSITIONS, input_rows, reround, row_limit
 from npukit.quant.nodes import dequantized, node_attr
 from npukit.runtime.qnn import HTP_QDQ_RULES, QnnQdqRules, qnn_quant_config
@@ -154,20 +155,6 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def _per_channel(value: np.ndarray, channels: int, rank: int) -> np.ndarray | None:
-    """``value`` as a (channels,) vector when it broadcasts along axis 1 of a rank-``rank`` NCHW tensor only
-    (shapes (C, 1, ..., 1), (1, C, 1, ..., 1) or a scalar), else None."""
-    if value.size == 1:
-        return np.full(channels, float(value.reshape(-1)[0]), np.float64)
-    shape = list(value.shape)
-    if len(shape) > rank:
-        return None
-    shape = [1] * (rank - len(shape)) + shape
-    if shape[1] != channels or any(d != 1 for i, d in enumerate(shape) if i != 1):
-        return None
-    return value.reshape(-1).astype(np.float64)
-
-
 def _drop_unused(model: onnx.ModelProto) -> None:
     """Remove initializers no node reads (and their graph inputs: a model of IR version 3 or less lists every
     initializer as an input too, which ONNX Runtime would then ask to be fed) and value_info of tensors no node
@@ -214,7 +201,7 @@ def fold_conv_transpose_affine(model: onnx.ModelProto) -> tuple[onnx.ModelProto,
             nxt = index.consumer_nodes(tail)[0]
             if nxt.op_type == "Add" and len(nxt.input) == 2:
                 other = nxt.input[1] if nxt.input[0] == tail else nxt.input[0]
-                vec = _per_channel(numpy_helper.to_array(inits[other]), channels, w.ndim) if other in inits else None
+                vec = per_channel(numpy_helper.to_array(inits[other]), channels, w.ndim) if other in inits else None
                 if vec is None:
                     break
                 bias = bias + vec

@@ -37,7 +37,8 @@ from npukit.tasks import judge
 # the runtime's integer scheme (see the module docstring); a recipe sets granularity, method and recovery steps on it.
 # The float head is chosen once, by accuracy within MOBILE_SHARE of the MACs, as compile's plan chooses it; the
 # recipes keep it or not ("no-head").
-XNNPACK_BASE = QuantConfig(scheme=Scheme(activation_dtype="int8"), recipe=QuantRecipe(score_on="reference"),
+XNNPACK_BASE = QuantConfig(scheme=Scheme(activation_dtype="int8"),
+                           recipe=QuantRecipe(score_on="reference", fold_affines=False),
                            precision=Precision(float_head=FloatHead("accuracy", MOBILE_SHARE)))
 COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 

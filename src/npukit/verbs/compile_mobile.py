@@ -53,7 +53,7 @@ TIMED_RUNS = 30
 # where XNNPACK's int8 stem is slower than its fp32 one; on a phone's int8 dot-product kernels the head costs time).
 XNNPACK_INT8 = QuantConfig(scheme=Scheme(activation_dtype="int8"), calibration=CalibrationSpec(method="auto"),
                            recipe=Recipe(cle=True, activation_equalization=ActivationEqualization(),
-                                         bias_correction=True, score_on="reference"),
+                                         bias_correction=True, score_on="reference", fold_affines=False),
                            precision=Precision(float_head=FloatHead("accuracy", MOBILE_SHARE)))
 
 
