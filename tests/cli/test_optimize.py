@@ -12,6 +12,7 @@ import onnx
 import pytest
 
 from npukit.cli import main
+from npukit.verbs.optimize import shortfall
 
 HERE = Path(__file__).parent
 
@@ -72,7 +73,16 @@ def test_nothing_within_the_budget_is_exit_1_and_no_artifact(tiny, tmp_path, cap
     assert report["verdict"].startswith("FAIL optimize: none of 2 trials") and not report["passed"]
     failures = [t["failures"][0] for t in report["results"]["search"]["trials"]]
     assert any(f"but {f}" in report["verdict"] for f in failures)  # what failed is named, not only the metric that passed
+    assert "e.g. a lower --min-sqnr" in report["verdict"]  # the SQNR floor failed, not the budget
     assert "FAIL optimize" in capsys.readouterr().out
+
+
+def test_a_metric_the_budget_holds_too_asks_for_a_larger_budget() -> None:
+    """A detector's F1 is held to the budget's floor beside its mAP: missing it is the budget's failure."""
+    failed, advice = shortfall("map50", 0.999, ["f1_at_0.5 0.989 < 0.99"], 0.99)
+    assert failed == "map50 0.999 but f1_at_0.5 0.989 < 0.99" and advice.startswith("a larger --budget")
+    assert shortfall("map50", 0.98, ["map50 0.980 < 0.99"], 0.99)[1] == "a larger --budget"
+    assert "lower --min-sqnr" in shortfall("map50", 0.999, ["output 'y' SQNR 9.000 dB < 20 dB"], 0.99)[1]
 
 
 @pytest.mark.parametrize("extra, message", [

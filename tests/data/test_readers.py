@@ -157,6 +157,11 @@ def test_npz_that_fits_no_rule_says_which_rule_failed_and_how(tmp_path: Path) ->
         ds.check_against([])
     assert "a scalar input has no batch axis" in info.value.message
     assert "save a scalar input as an array (N,)" in info.value.hint
+    with pytest.raises(InputError) as info:  # a batch of any size: only the batch rule, one array form
+        ds.check_against(["batch", 3, 48, 320])
+    text = info.value.one_line()
+    assert "stacked" not in text and "(N, N," not in text
+    assert text.endswith("save the input as an array (N, 3, 48, 320): sample i is arr[i:i+1].")
 
 
 def test_missing_empty_and_unknown_paths(tmp_path: Path) -> None:

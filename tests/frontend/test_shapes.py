@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from npukit.errors import InputError
-from npukit.frontend.shapes import (InputSpec, apply_input_spec, fixed_shapes, input_dims, require_static,
+from npukit.frontend.shapes import (InputSpec, apply_input_spec, fix_inputs, fixed_shapes, input_dims, require_static,
                                     symbolic_inputs)
 from npukit.runtime.ort import make_session, run
 
@@ -204,3 +204,13 @@ def _unnamed_add() -> onnx.ModelProto:
     model.graph.initializer.append(numpy_helper.from_array(np.zeros((10, 4, 8, 8), np.float32), "bias"))
     model.graph.node.append(helper.make_node("Add", ["c", "bias"], ["y"]))
     return model
+
+
+@pytest.mark.parametrize("batch", ["batch", "?", None])
+def test_keep_batch_keeps_an_unknown_batch_symbolic(batch) -> None:
+    """Paddle2ONNX's batch is -1 (an unnamed dim): with the other sizes given, a server still batches on it."""
+    fixed = fix_inputs(_contrib_gelu([batch, 3, "?", "?"]), "1,3,8,8", keep_batch=True)
+    dims = input_dims(fixed)["x"]
+    assert not isinstance(dims[0], int) and dims[1:] == (3, 8, 8)
+    assert input_dims(fix_inputs(_contrib_gelu([batch, 3, "?", "?"]), "1,3,8,8"))["x"] == (1, 3, 8, 8)
+

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from npukit.report.core import Report
 from npukit.quant.qat.train import Epoch
-from npukit.report.qat import add_training
+from npukit.report.qat import add_training, validation_unmoved
 
 
 def _trained(start, share=None):
@@ -33,3 +33,19 @@ def test_a_blended_substitution_shows_its_share_per_epoch() -> None:
     table = blended.tables[-1]
     column = table.columns.index("substitute's share")
     assert [row[column] for row in table.rows] == [1.0, 0.5]
+
+
+def test_a_validation_loss_that_never_moved_is_said_and_the_columns_name_the_measure() -> None:
+    """ppocr_cls's two validation crops: their softmax outputs stayed on the same grid points in every epoch, so the
+    start was kept without training being judged; an SQNR measure is not called agreement."""
+    start = Epoch(0, 0.0872, 28.0, "SQNR dB", 8, 0.0, 0.0872, 28.0)
+    flat = SimpleNamespace(history=[Epoch(1, 0.5, 27.0, "SQNR dB", 8, 1.0, 0.0872, 28.0)], steps=4, resumed_from=0,
+                           world_size=1, seconds=1.0, kept=0, start=start, lowered=())
+    report = Report("qat")
+    add_training(report, flat, bits=True)
+    assert "the validation loss did not move at all" in report.tables[-1].title
+    columns = report.tables[-1].columns
+    assert "SQNR dB (validation)" in columns and "agreement (validation)" not in columns
+    assert validation_unmoved(flat) is not None
+    moved = SimpleNamespace(**{**vars(flat), "history": [Epoch(1, 0.5, 27.0, "SQNR dB", 8, 1.0, 0.09, 27.5)]})
+    assert validation_unmoved(moved) is None

@@ -152,7 +152,7 @@ class Dataset(abc.ABC):
         batch_rule = (f"as samples along the input's batch axis 0 each sample would be {_show((1, *got))}, but the "
                       f"input takes {_show(model_shape[1:])} after axis 0"
                       if model_shape else "a scalar input has no batch axis")
-        if self.kind not in ("npy", "npz"):  # images always lie along the batch axis
+        if self.kind not in ("npy", "npz") or _symbolic_batch(model_shape):  # images, or a batch: along axis 0
             return f"{head}: its samples are {_show(got)} each; {batch_rule}"
         stacked_rule = f"as stacked samples each would be {_show(got)}, not the input's whole shape {shown}"
         return f"{head}: its samples are {_show(got)} each; {batch_rule}; {stacked_rule}"
@@ -164,8 +164,15 @@ class Dataset(abc.ABC):
         whole = _show(model_shape)
         if not model_shape:
             return "save a scalar input as an array (N,): sample i is arr[i]"
+        if _symbolic_batch(model_shape):
+            return f"save the input as an array (N, {_show(model_shape[1:])[1:-1]}): sample i is arr[i:i+1]"
         return (f"save the input as an array (N, {whole[1:-1]}) of N stacked samples (sample i is arr[i]), or "
                 f"(N, {_show(model_shape[1:])[1:-1]}) when axis 0 of the input is its batch (sample i is arr[i:i+1])")
+
+
+def _symbolic_batch(model_shape: Sequence[int | str | None]) -> bool:
+    """Whether the input's axis 0 is a batch of any size (symbolic or unknown)."""
+    return bool(model_shape) and (not isinstance(model_shape[0], int) or model_shape[0] <= 0)
 
 
 def _dims_fit(model: Sequence[int | str | None], got: Sequence[int]) -> bool:

@@ -392,7 +392,8 @@ def fix_inputs(model: onnx.ModelProto, spec: InputSpec | str | Sequence[Any] | M
     if keep_batch and parsed is not None:
         declared = input_dims(model)
         given = parsed.resolve(model, override_static=True)
-        symbolic = bool(given) and all(declared.get(name) and isinstance(declared[name][0], str) for name in given)
+        # a batch the model leaves unknown (Paddle's -1, an unnamed dim) is as symbolic as a named one
+        symbolic = bool(given) and all(declared.get(name) and not isinstance(declared[name][0], int) for name in given)
     return apply_input_spec(model, parsed, dynamic_batch=symbolic)
 
 

@@ -164,9 +164,11 @@ def _heartbeats(description: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def training_bar(total: int):
-    """A progress callback (step, total, loss, agreement) drawing a transient bar on stderr when it is a terminal;
-    else writing a line with the same figures every ``HEARTBEAT_S`` seconds."""
+def training_bar(total: int, measure: str = "agreement"):
+    """A progress callback (step, total, loss, value of ``measure``: the training's agreement measure, "top-1
+    agreement" or "SQNR dB") drawing a transient bar on stderr when it is a terminal; else writing a line with the
+    same figures every ``HEARTBEAT_S`` seconds."""
+    label = measure.replace("top-1 agreement", "agreement")
     console = _console(True)
     if console is None:
         if not _plain(True):
@@ -174,7 +176,7 @@ def training_bar(total: int):
             return
         with _Heartbeat("training") as beat:
             def line(done: int, _total: int, loss: float, agreement: float) -> None:
-                beat.tick(f"step {done}/{_total}, loss {loss:.4f}, agreement {agreement:.3f}")
+                beat.tick(f"step {done}/{_total}, loss {loss:.4f}, {label} {agreement:.3f}")
 
             yield line
         return
@@ -186,6 +188,6 @@ def training_bar(total: int):
         task = bar.add_task("training", total=total, figures="")
 
         def update(done: int, _total: int, loss: float, agreement: float) -> None:
-            bar.update(task, completed=done, figures=f"loss {loss:.4f}  agreement {agreement:.3f}")
+            bar.update(task, completed=done, figures=f"loss {loss:.4f}  {label} {agreement:.3f}")
 
         yield update

@@ -26,7 +26,8 @@ def add_training(report: Report, trained: Any, *, bits: bool = True) -> None:
                             "start": trained.start.as_dict() if trained.start else None,
                             "lowered": list(trained.lowered)})
     resumed = f"; resumed after epoch {trained.resumed_from}" if trained.resumed_from else ""
-    kept = ("the start (no epoch did better on the validation samples)" if trained.kept == 0 else
+    kept = (f"the start: {validation_unmoved(trained)}" if validation_unmoved(trained) else
+            "the start (no epoch did better on the validation samples)" if trained.kept == 0 else
             f"epoch {trained.kept}" if trained.start is not None else
             f"epoch {trained.kept}, the last: no validation samples to choose on (every tenth training sample "
             "validates; fewer than 10 were given), so it may be worse than the start")
@@ -36,8 +37,9 @@ def add_training(report: Report, trained: Any, *, bits: bool = True) -> None:
     rows += [[e.epoch, rounded(e.loss), rounded(e.agreement), e.metric, e.bits, rounded(e.seconds, 1),
               rounded(e.validation_loss), rounded(e.validation_agreement), "kept" if e.epoch == trained.kept else ""]
              for e in trained.history]
-    columns = ["epoch", "loss (training)", "agreement (training)", "measure", "weight bits", "s",
-               "loss (validation)", "agreement (validation)", ""]
+    measure = "SQNR dB" if trained.history and all(e.metric == "SQNR dB" for e in trained.history) else "agreement"
+    columns = ["epoch", "loss (training)", f"{measure} (training)", "measure", "weight bits", "s",
+               "loss (validation)", f"{measure} (validation)", ""]
     if not bits:  # float weights: no bits to show
         columns.pop(4)
         rows = [row[:4] + row[5:] for row in rows]
@@ -52,6 +54,17 @@ def add_training(report: Report, trained: Any, *, bits: bool = True) -> None:
                           {"series": {"loss": {"x": [e.epoch for e in trained.history],
                                                "y": [e.loss for e in trained.history]}}},
                           x_label="epoch", y_label="loss")
+
+
+def validation_unmoved(trained: Any) -> str | None:
+    """Why training could not be judged, when the start was kept because the validation loss did not move at all
+    in any epoch (the validation samples' outputs stayed on the same points of their output grid); else None."""
+    if trained.kept != 0 or trained.start is None or not trained.history or any(
+            e.validation_loss != trained.start.validation_loss for e in trained.history):
+        return None
+    return ("the validation loss did not move at all in any epoch (its samples' outputs stayed on the same points "
+            "of their output grid), so training could not be judged; give more training data (every tenth sample "
+            "validates)")
 
 
 def add_bit_plan(report: Report, plan: Any) -> None:

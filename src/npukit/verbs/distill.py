@@ -66,7 +66,7 @@ class Distillation:
                           checkpoint=checkpoint, fingerprint=fingerprint, validation=self.samples.validation,
                           validation_labels=self.samples.validation_labels, sparsity=sparsity, blend=blend)
         with step(f"fine-tuning by distillation ({self.config.epochs} epochs x {trainer.steps_per_epoch} steps)",
-                  timings=report.timings, key="train"), training_bar(trainer.total) as bar:
+                  timings=report.timings, key="train"), training_bar(trainer.total, trainer.measure) as bar:
             trained = trainer.train(progress=bar)
         if trainer.rank != 0:
             report.set_verdict(f"INFO {report.command}: process {trainer.rank} trained its share of every batch; "

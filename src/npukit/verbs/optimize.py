@@ -414,14 +414,11 @@ class _Search:
             if best.error:
                 return None, (f"FAIL optimize: none of {len(outcome.trials)} trials could be built (first: "
                               f"{best.recipe.label()}: {best.error})")
-            short = best.metric < self.config.min_metric or not best.failures
-            failed = (f"{best.metric_name or 'task metric'} {best.metric:.3f}, needed {self.config.min_metric:.3f}"
-                      if short else f"{best.metric_name or 'task metric'} {best.metric:.3f} but {best.failures[0]}")
+            failed, advice = shortfall(best.metric_name or "task metric", best.metric, best.failures,
+                                       self.config.min_metric)
             return None, (f"FAIL optimize: none of {len(outcome.trials)} trials passed the budget's check "
                           f"({self.config.budget:.1%} of the float model's task metric; best: {best.recipe.label()}, "
-                          f"{failed}); try " + ("a larger --budget" if short else
-                                                "what that check says (the budget was met), e.g. a lower --min-sqnr")
-                          + ", more --trials, or --space full")
+                          f"{failed}); try {advice}, more --trials, or --space full")
         chosen = outcome.trial(outcome.chosen)
         if chosen.recipe in self.models:
             artifact = self.models.load(chosen.recipe)
@@ -490,3 +487,17 @@ class _Kept:
 
     def close(self) -> None:
         self._folder.cleanup()
+
+
+def shortfall(name: str, metric: float, failures: Sequence[str], floor: float) -> tuple[str, str]:
+    """What kept the best trial out of the budget, and what to try: a larger --budget when the task metric, or
+    another metric of the task the budget's floor holds too (a detector's F1 beside its mAP), is below the floor;
+    else what its check says, e.g. a lower --min-sqnr."""
+    if metric < floor or not failures:
+        return f"{name} {metric:.3f}, needed {floor:.3f}", "a larger --budget"
+    held = next((f for f in failures if f.endswith(f"< {floor:g}")), None)
+    if held:
+        return f"{name} {metric:.3f} but {held}", "a larger --budget (the budget's floor holds that metric too)"
+    return f"{name} {metric:.3f} but {failures[0]}", ("what that check says (the budget was met), e.g. a lower "
+                                                     "--min-sqnr")
+

@@ -220,7 +220,7 @@ class _Run:
         from npukit.quant.qat.program import OnnxProgram
         from npukit.quant.qat.train import Trainer, read_checkpoint
         from npukit.quant.qat.twin import split, write_back
-        from npukit.report.qat import add_export_check, add_sparsity_kept, add_training
+        from npukit.report.qat import add_export_check, add_sparsity_kept, add_training, validation_unmoved
 
         report = self.report
         if self.threads:
@@ -254,7 +254,7 @@ class _Run:
                               seed=self.config.seed))
         with step(f"training ({self.config.epochs} epochs x {trainer.steps_per_epoch} steps, batch "
                   f"{self.config.batch_size})", timings=report.timings, key="train"), \
-                training_bar(trainer.total) as bar:
+                training_bar(trainer.total, trainer.measure) as bar:
             trained = trainer.train(progress=bar)
         if self.rank != 0:  # rank 0 checks and writes; this process trained its share of every batch
             report.set_verdict(f"INFO qat: process {self.rank} trained its share of every batch; process 0 checks "
@@ -271,6 +271,9 @@ class _Run:
         add_training(report, trained)
         add_export_check(report, export)
         self._compare(result.reference, ptq_model, exported, output, choice, export)
+        if trained.kept == 0 and trained.start is not None:  # the artifact is the PTQ start: the verdict says so
+            why = validation_unmoved(trained) or "no epoch did better on the validation samples"
+            report.set_verdict(f"{report.verdict}; the model is its PTQ start: {why}", passed=report.passed)
         checkpoint.unlink(missing_ok=True)
         report.add("checkpoint", {"path": str(checkpoint), "removed": True, "resumed_from_epoch":
                                   trained.resumed_from})

@@ -470,6 +470,11 @@ class Trainer:
     def _metric(self) -> str:
         return "top-1 agreement" if self.classify_output is not None else "SQNR dB"
 
+    @property
+    def measure(self) -> str:
+        """The agreement measure of training and validation: "top-1 agreement" (a classifier's) or "SQNR dB"."""
+        return self._metric()
+
     # ------------------------------------------------------------------------------------------- checkpoints
     def state(self) -> dict[str, Any]:
         return {"fingerprint": self.fingerprint, "payload": self.payload, "epoch": self.epoch, "bits": self.bits,
