@@ -47,3 +47,13 @@ def test_node_references_are_stable():
     """A node found through the index is the same object each time (ids hold, so steps may key on them)."""
     index = GraphIndex(_graph())
     assert index.producer_node("z") is index.consumer_nodes("y")[0] is index.nodes[2]
+
+
+def test_folded_tensors_are_the_ones_computed_from_constants_alone():
+    """What ORT folds at load: initializers, Constant outputs, and what nodes compute from those only."""
+    graph = _graph()
+    graph.node.insert(1, helper.make_node("Neg", ["k"], ["minus_k"], name="neg"))  # from a constant alone
+    graph.node.insert(2, helper.make_node("Add", ["minus_k", "hi"], ["sum_k"], name="sum"))
+    index = GraphIndex(graph)
+    assert index.folded == {"hi", "k", "minus_k", "sum_k"}
+    assert [n.name for n in index.nodes if index.is_folded(n)] == ["const", "neg", "sum"]

@@ -4,6 +4,7 @@ the steps of quant/, memory/, targets/ and runtime/ that read protos (instead of
 from __future__ import annotations
 
 import collections
+import functools
 
 import onnx
 
@@ -47,3 +48,23 @@ class GraphIndex:
     def consumer_nodes(self, name: str) -> list[onnx.NodeProto]:
         """The nodes reading ``name``, in graph order, once per input slot that names it."""
         return [self.nodes[i] for i in self.consumers.get(name, ())]
+
+    @functools.cached_property
+    def folded(self) -> frozenset[str]:
+        """The tensors known before the graph runs: the initializers, and the outputs of Constant nodes and of nodes
+        whose every input is one of them (ONNX Runtime folds those at load: weights, not activations). Nodes are
+        taken in graph order (topological)."""
+        known = set(self.initializers)
+        for node in self.nodes:
+            if self._folds(node, known):
+                known.update(o for o in node.output if o)
+        return frozenset(known)
+
+    def is_folded(self, node: onnx.NodeProto) -> bool:
+        """Whether ``node`` computes only from constants (see ``folded``): it runs at load, not per inference."""
+        return self._folds(node, self.folded)
+
+    @staticmethod
+    def _folds(node: onnx.NodeProto, known: set[str] | frozenset[str]) -> bool:
+        return node.op_type == "Constant" or all(not name or name in known for name in node.input)
+

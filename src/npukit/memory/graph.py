@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 import onnx
 
 from npukit.errors import InputError
+from npukit.frontend.graph_index import GraphIndex
 from npukit.measure.summary import infer_with_fixed_inputs, tensor_nbytes, value_types
 
 _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
@@ -90,11 +91,11 @@ def load_tensor_graph(model: onnx.ModelProto, *, input_shape: Sequence[int] | No
             inferred, folded = infer_with_fixed_inputs(_constants_folded(bare), None), True
         shapes, dtypes = value_types(inferred.graph)
     graph = inferred.graph
-    constant = {t.name for t in graph.initializer}
+    lookups = GraphIndex(graph)
+    constant = lookups.folded
     nodes: list[OpNode] = []
-    for index, node in enumerate(graph.node):
-        if node.op_type == "Constant" or all(not name or name in constant for name in node.input):
-            constant.update(o for o in node.output if o)  # folded at load time: a weight, not an activation
+    for index, node in enumerate(lookups.nodes):
+        if lookups.is_folded(node):  # folded at load time: a weight, not an activation
             continue
         inputs = tuple(dict.fromkeys(name for name in node.input if name and name not in constant))
         outputs = tuple(name for name in node.output if name)

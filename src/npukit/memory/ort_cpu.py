@@ -35,6 +35,7 @@ import numpy as np
 import onnx
 
 from npukit.errors import InputError
+from npukit.frontend.graph_index import GraphIndex
 from npukit.memory.graph import OpNode, TensorGraph
 from npukit.memory.lifetimes import GRAPH_INPUT, Lifetimes, StepInfo, TensorLife
 from npukit.memory.measure import ORT_LEVELS
@@ -131,12 +132,11 @@ def _run_for_shapes(proto: onnx.ModelProto, optimized: Path, feeds: Mapping[str,
 
 
 def _tensor_graph(proto: onnx.ModelProto, shapes, itemsizes, kernels: OrtKernelTraits) -> TensorGraph:
-    graph = proto.graph
-    constant = {t.name for t in graph.initializer}
+    index_ = GraphIndex(proto.graph)
+    graph, constant = proto.graph, index_.folded
     nodes = []
-    for index, node in enumerate(graph.node):
-        if node.op_type == "Constant" or all(not name or name in constant for name in node.input):
-            constant.update(o for o in node.output if o)
+    for index, node in enumerate(index_.nodes):
+        if index_.is_folded(node):
             continue
         key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
         inputs = tuple(dict.fromkeys(name for name in node.input if name and name not in constant))

@@ -154,10 +154,7 @@ class _Graph:
         graph = model.graph
         index = GraphIndex(graph)
         self.nodes = index.nodes
-        self.constant = {t.name for t in graph.initializer}
-        for node in self.nodes:
-            if node.op_type == "Constant" or all(not n or n in self.constant for n in node.input):
-                self.constant.update(o for o in node.output if o)
+        self.constant = index.folded
         activations = [i.name for i in graph.input if i.name not in self.constant]
         if not activations:
             raise InputError("the model has no activation input to tile", hint="give a model that takes an image")

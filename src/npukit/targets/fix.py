@@ -27,6 +27,7 @@ import onnx
 import onnx_ir as ir
 
 from npukit.errors import InputError
+from npukit.frontend.graph_index import GraphIndex
 from npukit.measure.compare import OutputErrors
 from npukit.passes._rewrite import add_initializer, onnx_nodes
 from npukit.passes.base import NpukitPass, PassManager
@@ -443,10 +444,9 @@ def _unresolved_sizes(model: onnx.ModelProto) -> bool:
 
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     shapes, _ = value_types(inferred.graph)
-    constant = {t.name for t in inferred.graph.initializer}
-    for node in inferred.graph.node:
-        if node.op_type == "Constant" or all(not x or x in constant for x in node.input):
-            constant.update(node.output)
+    index = GraphIndex(inferred.graph)
+    for node in index.nodes:
+        if index.is_folded(node):
             continue
         if any(o and (shapes.get(o) is None or not all(isinstance(d, int) and d > 0 for d in shapes[o]))
                for o in node.output):
