@@ -57,3 +57,11 @@ def test_folded_tensors_are_the_ones_computed_from_constants_alone():
     index = GraphIndex(graph)
     assert index.folded == {"hi", "k", "minus_k", "sum_k"}
     assert [n.name for n in index.nodes if index.is_folded(n)] == ["const", "neg", "sum"]
+
+
+def test_constant_tensors_hold_initializers_and_constant_values_by_name():
+    index = GraphIndex(_graph())
+    tensors = index.constant_tensors
+    assert set(tensors) == {"hi", "k"} and tensors["k"].name == "k"
+    assert numpy_helper.to_array(tensors["k"]) == np.float32(2.0)
+    assert index.nodes[0].attribute[0].t.name == ""  # a copy was renamed, not the node's own attribute

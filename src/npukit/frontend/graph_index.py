@@ -50,6 +50,20 @@ class GraphIndex:
         return [self.nodes[i] for i in self.consumers.get(name, ())]
 
     @functools.cached_property
+    def constant_tensors(self) -> dict[str, onnx.TensorProto]:
+        """The constants' tensors by name: the initializers, and each Constant node's ``value`` tensor (a copy,
+        named after the node's output); a Constant written with another attribute (``value_float``, ...) has none."""
+        tensors = dict(self.initializers)
+        for node in self.nodes:
+            value = next((a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR),
+                         None) if node.op_type == "Constant" and node.output else None
+            if value is not None:
+                tensors[node.output[0]] = tensor = onnx.TensorProto()
+                tensor.CopyFrom(value)
+                tensor.name = node.output[0]
+        return tensors
+
+    @functools.cached_property
     def folded(self) -> frozenset[str]:
         """The tensors known before the graph runs: the initializers, and the outputs of Constant nodes and of nodes
         whose every input is one of them (ONNX Runtime folds those at load: weights, not activations). Nodes are

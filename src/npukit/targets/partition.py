@@ -169,15 +169,7 @@ def _ort_basic(model: onnx.ModelProto, target: TargetProfile) -> tuple[onnx.Mode
     kept = [n for n in graph.node if target.rule_for(n.op_type, n.domain) is not None and _function_op(n, opset)]
     kept_names = {id(n) for n in kept}
     values = {v.name: v for v in [*graph.input, *graph.value_info, *graph.output]}
-    constants = {t.name: t for t in graph.initializer}
-    for n in graph.node:
-        if n.op_type == "Constant" and n.output:
-            value = next((a.t for a in n.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR),
-                         None)
-            if value is not None:
-                constants[n.output[0]] = tensor = onnx.TensorProto()
-                tensor.CopyFrom(value)
-                tensor.name = n.output[0]
+    constants = GraphIndex(graph).constant_tensors
     cut = onnx.ModelProto()
     cut.CopyFrom(model)
     cut.graph.ClearField("node")

@@ -47,11 +47,7 @@ class SquareChain:
 
 
 def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
-    return values
+    return {name: numpy_helper.to_array(t) for name, t in GraphIndex(model.graph).constant_tensors.items()}
 
 
 def _exponent(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> float | None:
