@@ -93,3 +93,15 @@ def test_a_shared_weight_is_not_modified() -> None:
     assert op_types(out) == ["Conv", "Conv"]
     assert {n.name: n.input[1] for n in out.graph.node}["b"] == "w"
     assert_equivalent(model, out, rtol=1e-5)
+
+
+def test_a_conv_left_alone_is_noted_once_whatever_the_sweeps() -> None:
+    """A fold elsewhere makes the pass sweep again; the note on a conv it cannot fold is not repeated."""
+    nodes, inits = _conv()
+    nodes += [helper.make_node("Div", ["k", "c"], ["q"]),  # c / conv: left alone, noted
+              helper.make_node("Conv", ["q", "w2"], ["c2"], name="second"), helper.make_node("Mul", ["c2", "s"], ["y"])]
+    inits += [const("k", 2.0), const("w2", RNG.normal(size=(6, 6, 1, 1))), const("s", 0.5)]
+    model = make_model(nodes, [info("x", [1, 4, 5, 5])], [info("y", [1, 6, 5, 5])], inits)
+    pass_ = FoldConvAffinePass()
+    out = apply(pass_, model)
+    assert op_types(out) == ["Conv", "Div", "Conv"] and len(pass_.notes) == 1

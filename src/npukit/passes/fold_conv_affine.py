@@ -7,7 +7,8 @@ a scalar, exported by paddle2onnx as three nodes) or an un-fused normalization w
 ConvMulFusion / ConvAddFusion do not take them when the constant is the first operand (Mul(c, x)), and a quantizer then
 puts a separate 8-bit grid on each intermediate tensor. Folded, the block is one Conv with one output grid: on
 PP-OCRv4's recognizer, quantized with npukit's defaults, character agreement with the float model went from 0.884 to
-0.948 and the logits' SQNR from 7.5 to 13.7 dB on 30 real text lines (AMD EPYC with AVX-512 VNNI, 2026-12-06).
+0.945 and the logits' SQNR from 7.5 to 13.3 dB on 30 real text lines (AMD EPYC with AVX-512 VNNI, 2026-12-06,
+benchmarks/results/third_party_zoo_quantize_1206_fold.md).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class FoldConvAffinePass(NpukitPass):
                 if why is None:
                     self.rewrites += 1
                     changed = True
-                elif why:
+                elif why and f"Conv {conv.name!r} keeps its {why}" not in self.notes:  # once, whatever the sweeps
                     self.note(f"Conv {conv.name!r} keeps its {why}")
         return ir.passes.PassResult(model, modified=self.rewrites > 0)
 

@@ -1,8 +1,7 @@
 """INT8 post-training quantization: constant scales and shifts after convs folded into them -> (CLE) -> (activation
-equalization) -> (channel pairing) -> calibrate with our
-observers -> (choose the method, for "auto") -> (AdaRound) -> (bias correction) -> QDQ -> (range search on that
-model, then QDQ again on the searched ranges) -> (move the convs that ORT runs faster on its general int8 GEMM
-there, ``conv_kernel``).
+equalization) -> (channel pairing) -> calibrate with our observers -> (choose the method, for "auto") -> (AdaRound)
+-> (bias correction) -> QDQ -> (range search on that model, then QDQ again on the searched ranges) -> (move the convs
+that ORT runs faster on its general int8 GEMM there, ``conv_kernel``).
 
 ONNX Runtime's ``quantize_static`` does the mechanical Q/DQ placement; every activation range it uses is ours, passed
 as ``TensorQuantOverrides`` (rmin/rmax, plus the 16-bit type for ``int16_nodes`` / ``int16_tensors``), so its own
