@@ -105,3 +105,17 @@ def test_a_conv_left_alone_is_noted_once_whatever_the_sweeps() -> None:
     pass_ = FoldConvAffinePass()
     out = apply(pass_, model)
     assert op_types(out) == ["Conv", "Div", "Conv"] and len(pass_.notes) == 1
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_a_conv_transpose_takes_its_scale_and_shift_per_output_channel(group: int) -> None:
+    """ConvTranspose's output channels are axis 1 of its weight, per group."""
+    inits = [const("w", RNG.normal(size=(4, 6 // group, 2, 2))), const("b", RNG.normal(size=6)),
+             const("k", RNG.uniform(0.5, 2.0, size=(1, 6, 1, 1))), const("d", RNG.normal(size=(6, 1, 1)))]
+    nodes = [helper.make_node("ConvTranspose", ["x", "w", "b"], ["c"], name="up", strides=[2, 2], group=group),
+             helper.make_node("Mul", ["c", "k"], ["m"]), helper.make_node("Sub", ["m", "d"], ["y"])]
+    model = make_model(nodes, [info("x", [1, 4, 5, 5])], [info("y", [1, 6, 10, 10])], inits)
+    out = apply(FoldConvAffinePass(), model)
+    assert op_types(out) == ["ConvTranspose"]
+    assert_equivalent(model, out, rtol=1e-5)
+    assert op_types(apply(FoldConvAffinePass(producers=("Conv",)), model)) == ["ConvTranspose", "Mul", "Sub"]

@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from npukit.passes._rewrite import (add_initializer, constant_array, onnx_nodes, per_channel, replace_with_node,
-                                   sole_consumer)
+from npukit.passes._rewrite import constant_array, onnx_nodes, per_channel, sole_consumer
 from npukit.passes.base import NpukitPass
+from npukit.passes.fold_batch_norm import fold_channel_affine
 
 AFFINE_OPS = ("Mul", "Add", "Sub", "Div")
 
@@ -26,16 +26,19 @@ AFFINE_OPS = ("Mul", "Add", "Sub", "Div")
 class FoldConvAffinePass(NpukitPass):
     """Fold ``Conv(x, W, b) op c`` into ``Conv(x, W', b')`` for op in Mul, Add, Sub, Div and a constant ``c`` that
     is one scalar or one value per output channel ((C, 1, ..., 1) or (1, C, 1, ..., 1) against the Conv output's
-    rank; a (C,) constant broadcasts along the last axis and is left alone). Mul: W' = W c, b' = b c; Div: the
-    same with 1 / c; Add: b' = b + c; Sub (Conv output first only): b' = b - c. Repeats, so Conv -> Mul -> Add
-    folds whole. Arithmetic in float64, stored in the weight's dtype; new initializers, so weights shared with
+    rank; a (C,) constant broadcasts along the last axis and is left alone); a ConvTranspose the same (its output
+    channels are axis 1 of its weight, per group). Mul: W' = W c, b' = b c; Div: the same with 1 / c; Add:
+    b' = b + c; Sub (Conv output first only): b' = b - c (``fold_batch_norm.fold_channel_affine``, as a
+    BatchNormalization folds). Repeats, so Conv -> Mul -> Add folds whole. New initializers, so weights shared with
     other nodes stay as they were. The folded Conv keeps its name; the affine node's output keeps its name (a
-    graph output stays one). Affine nodes named in ``keep`` stay.
+    graph output stays one). Affine nodes named in ``keep`` stay; ``producers``: the op types folded into.
     ``folded``: (affine node, conv) of each fold, in order."""
 
-    def __init__(self, keep: frozenset[str] = frozenset()) -> None:
+    def __init__(self, keep: frozenset[str] = frozenset(),
+                 producers: tuple[str, ...] = ("Conv", "ConvTranspose")) -> None:
         super().__init__()
         self.keep = keep
+        self.producers = producers
         self.folded: list[tuple[str, str]] = []
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
@@ -44,7 +47,7 @@ class FoldConvAffinePass(NpukitPass):
         changed = True
         while changed:
             changed = False
-            for conv in onnx_nodes(model, "Conv"):
+            for conv in onnx_nodes(model, self.producers):
                 if conv.graph is None:  # removed by a fold earlier in this sweep
                     continue
                 why = self._try_fold(conv)
@@ -74,12 +77,9 @@ class FoldConvAffinePass(NpukitPass):
             return f"{node.op_type} {node.name!r}: the constant is the first operand"
         weight = constant_array(conv.inputs[1]) if len(conv.inputs) > 1 else None
         if weight is None or weight.dtype.kind != "f" or weight.ndim < 3:
-            return f"{node.op_type} {node.name!r}: the Conv weight is not a constant float tensor"
-        bias_value = conv.inputs[2] if len(conv.inputs) > 2 else None
-        bias = constant_array(bias_value) if bias_value is not None else None
-        if bias_value is not None and bias is None:
-            return f"{node.op_type} {node.name!r}: the Conv bias is not constant"
-        channels = weight.shape[0]
+            return f"{node.op_type} {node.name!r}: the {conv.op_type} weight is not a constant float tensor"
+        group = conv.attributes.get_int("group", 1)
+        channels = weight.shape[0] if conv.op_type == "Conv" else weight.shape[1] * group
         vector = per_channel(operand, channels, weight.ndim)
         if vector is None:
             return f"{node.op_type} {node.name!r}: its constant {operand.shape} is not one value per output channel"
@@ -87,25 +87,14 @@ class FoldConvAffinePass(NpukitPass):
             return f"{node.op_type} {node.name!r}: its constant is {operand.dtype}, not floating point"
         if node.op_type == "Div" and not np.all(vector):
             return f"Div {node.name!r}: a divisor is zero"
-        w = weight.astype(np.float64)
-        b = np.zeros(channels) if bias is None else bias.astype(np.float64).reshape(-1)
+        factor, offset = np.ones(channels), np.zeros(channels)
         if node.op_type in ("Mul", "Div"):
             factor = vector if node.op_type == "Mul" else 1.0 / vector
-            w = w * factor.reshape((channels,) + (1,) * (w.ndim - 1))
-            b = b * factor
         else:
-            b = b + vector if node.op_type == "Add" else b - vector
-        graph = conv.graph
-        assert isinstance(graph, ir.Graph)
-        inputs = [conv.inputs[0]]
-        if node.op_type in ("Mul", "Div"):
-            inputs.append(add_initializer(graph, w.astype(weight.dtype),
-                                          name_hint=f"{conv.inputs[1].name or 'weight'}_affine"))
-        else:
-            inputs.append(conv.inputs[1])
-        inputs.append(add_initializer(graph, b.astype(weight.dtype), name_hint=f"{conv.name or 'conv'}_bias_affine"))
-        self.folded.append((node.name or node.op_type, conv.name or "Conv"))
-        replace_with_node([conv, node], node.outputs[0], "Conv", inputs,
-                          {name: attr for name, attr in conv.attributes.items()})
-        return None
+            offset = vector if node.op_type == "Add" else -vector
+        names = (node.name or node.op_type, conv.name or conv.op_type)
+        why = fold_channel_affine(conv, node, weight, factor, offset, tag="affine")
+        if why is None:
+            self.folded.append(names)
+        return why
 

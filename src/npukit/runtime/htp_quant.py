@@ -66,7 +66,6 @@ from onnx import helper, numpy_helper
 
 from npukit._threads import torch_threads
 from npukit.frontend.graph_index import GraphIndex
-from npukit.passes._rewrite import per_channel
 from npukit.quant.algorithms.gptq import POSITIONS, input_rows, reround, row_limit
 from npukit.quant.nodes import dequantized, node_attr
 from npukit.runtime.qnn import HTP_QDQ_RULES, QnnQdqRules, qnn_quant_config
@@ -172,72 +171,29 @@ def _drop_unused(model: onnx.ModelProto) -> None:
 
 
 def fold_conv_transpose_affine(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
-    """A copy of ``model`` where a constant per-channel Add and an inference BatchNormalization that follow a
-    ConvTranspose (each the sole reader of the tensor before it, which is no graph output) are folded into its
-    weight (per output channel: axis 1 of the weight, per group) and bias; returns the model and the folded nodes'
-    names. Exact in float; a ConvTranspose whose weight or bias is not an initializer of its own is left alone."""
-    out = _copy(model)
-    graph = out.graph
-    index = GraphIndex(graph)
-    inits = index.initializers
+    """A copy of ``model`` where the constant per-channel scales and shifts (Mul, Add, Sub, Div) and the inference
+    BatchNormalizations that follow a ConvTranspose (each the sole reader of the tensor before it, which is no graph
+    output) are folded into its weight (per output channel: axis 1 of the weight, per group) and bias, by the graph
+    passes ``FoldConvAffinePass`` and ``FoldBatchNormPass`` on ConvTransposes only, in turn until neither folds
+    more; returns the model and the folded nodes' names. Exact in float."""
+    import onnx_ir as ir
+
+    from npukit.passes.fold_batch_norm import FoldBatchNormPass
+    from npukit.passes.fold_conv_affine import FoldConvAffinePass
+
+    work = ir.serde.deserialize_model(_copy(model))
     folded: list[str] = []
-    removed: list[onnx.NodeProto] = []
-    for node in index.nodes:
-        if node.op_type != "ConvTranspose" or len(node.input) < 2 or node.input[1] not in inits \
-                or len(index.consumer_nodes(node.input[1])) != 1:
-            continue
-        has_bias = len(node.input) > 2 and bool(node.input[2])
-        if has_bias and (node.input[2] not in inits or len(index.consumer_nodes(node.input[2])) != 1):
-            continue
-        w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float64)
-        group = int(node_attr(node, "group", 1))
-        per_group = w.shape[1]
-        channels = per_group * group
-        bias = numpy_helper.to_array(inits[node.input[2]]).astype(np.float64).reshape(-1) if has_bias \
-            else np.zeros(channels)
-        scale = np.ones(channels)
-        tail, changed = node.output[0], []
-        while tail not in index.outputs and len(index.consumer_nodes(tail)) == 1:
-            nxt = index.consumer_nodes(tail)[0]
-            if nxt.op_type == "Add" and len(nxt.input) == 2:
-                other = nxt.input[1] if nxt.input[0] == tail else nxt.input[0]
-                vec = per_channel(numpy_helper.to_array(inits[other]), channels, w.ndim) if other in inits else None
-                if vec is None:
-                    break
-                bias = bias + vec
-            elif nxt.op_type == "BatchNormalization" and len(nxt.output) == 1 and nxt.input[0] == tail \
-                    and all(t in inits for t in nxt.input[1:5]) and not node_attr(nxt, "training_mode", 0):
-                gamma, beta, mean, var = (numpy_helper.to_array(inits[t]).astype(np.float64).reshape(-1)
-                                          for t in nxt.input[1:5])
-                if gamma.size != channels:
-                    break
-                s = gamma / np.sqrt(var + float(node_attr(nxt, "epsilon", 1e-5)))
-                scale, bias = scale * s, (bias - mean) * s + beta
-            else:
-                break
-            changed.append(nxt)
-            tail = nxt.output[0]
-        if not changed:
-            continue
-        grouped = w.reshape(group, w.shape[0] // group, per_group, *w.shape[2:])
-        grouped = grouped * scale.reshape(group, 1, per_group, *([1] * (w.ndim - 2)))
-        weight_name, bias_name = f"{node.input[1]}_htp_folded", f"{node.name or node.output[0]}_bias_htp_folded"
-        graph.initializer.extend([numpy_helper.from_array(grouped.reshape(w.shape).astype(np.float32), weight_name),
-                                  numpy_helper.from_array(bias.astype(np.float32), bias_name)])
-        node.input[1] = weight_name
-        if has_bias:
-            node.input[2] = bias_name
-        elif len(node.input) > 2:
-            node.input[2] = bias_name
-        else:
-            node.input.append(bias_name)
-        node.output[0] = tail
-        removed.extend(changed)
-        folded.extend(n.name or n.output[0] for n in changed)
-    for node in removed:
-        graph.node.remove(node)
-    if folded:
-        _drop_unused(out)
+    while True:
+        affine, batch_norm = FoldConvAffinePass(producers=("ConvTranspose",)), FoldBatchNormPass(("ConvTranspose",))
+        affine(work)
+        batch_norm(work)
+        if not affine.folded and not batch_norm.folded:
+            break
+        folded += [name for name, _ in affine.folded] + batch_norm.folded
+    if not folded:
+        return _copy(model), []
+    out = ir.serde.serialize_model(work)
+    _drop_unused(out)
     return out, folded
 
 
