@@ -105,6 +105,30 @@ def test_four_bit_weights_are_int4_and_an_interrupted_run_continues(tiny, tmp_pa
     assert "w4.qat.pt" not in _files(tmp_path / "new")
 
 
+def test_the_default_schedule_lowers_the_weights_once_for_the_baseline_and_the_start(tiny, tmp_path,
+                                                                                      monkeypatch) -> None:
+    """Training starts at the final bits: the PTQ baseline's lowering (GPTQ, the longest step before training) is
+    the start's, not computed a second time."""
+    from npukit.quant.qat import lower
+
+    calls = []
+    real = lower.lower_weights
+
+    def counted(*args, **kwargs):
+        calls.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lower, "lower_weights", counted)
+    out = tmp_path / "w4.onnx"
+    assert main(["qat", str(tiny), "-o", str(out), "--data", str(tiny.with_name("held.npy")), "--bits", "w4a8",
+                 "--epochs", "1", "--runs", "3", "--method", "minmax", "--accept-degraded"]) == 0
+    report = json.loads((tmp_path / "w4.report.json").read_text())
+    assert calls == [4]
+    assert [lowering["bits"] for lowering in report["results"]["training"]["lowered"]] == [4]
+    assert report["results"]["lowering"] == report["results"]["training"]["lowered"][0]
+    assert report["results"]["training"]["start"]["bits"] == 4
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--data", "{folder}/none.npy"], "none.npy"),
     (["--data", "{folder}/nan.npy"], "NaN"),

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 from npukit.measure.fidelity import sqnr_db
 from npukit.quant.config import from_flat
 from npukit.quant.qdq import fold_conv_affines, quantize
+from tests.passes.tiny import const, info, make_model
 from tests.quant.conftest import make_samples, outputs
 
 
@@ -17,10 +18,6 @@ def _affine_net() -> onnx.ModelProto:
     """x[1,4,8,8] -> Conv 3x3 (8) -> Mul(scale, .) -> Add(., shift) -> Relu -> Conv 1x1 (4) -> Mul -> Add: written
     with the constant first, as paddle2onnx writes PP-LCNetV3's blocks."""
     rng = np.random.default_rng(3)
-
-    def const(name: str, value: np.ndarray | float) -> onnx.TensorProto:
-        return numpy_helper.from_array(np.asarray(value, dtype=np.float32), name)
-
     inits = [const("w1", rng.standard_normal((8, 4, 3, 3)) * 0.3), const("b1", rng.standard_normal(8) * 0.1),
              const("k1", [2.1]), const("d1", [1.05]),
              const("w2", rng.standard_normal((4, 8, 1, 1)) * 0.3), const("k2", 0.7), const("d2", -0.2)]
@@ -31,11 +28,7 @@ def _affine_net() -> onnx.ModelProto:
              helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2"),
              helper.make_node("Mul", ["k2", "c2"], ["m2"], name="scale2"),
              helper.make_node("Add", ["m2", "d2"], ["y"], name="shift2")]
-    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return make_model(nodes, [info("x", [1, 4, 8, 8])], [info("y", [1, 4, 8, 8])], inits)
 
 
 def test_the_affines_fold_exactly_and_are_recorded() -> None:

@@ -132,11 +132,11 @@ def _run_for_shapes(proto: onnx.ModelProto, optimized: Path, feeds: Mapping[str,
 
 
 def _tensor_graph(proto: onnx.ModelProto, shapes, itemsizes, kernels: OrtKernelTraits) -> TensorGraph:
-    index_ = GraphIndex(proto.graph)
-    graph, constant = proto.graph, index_.folded
+    graph, lookups = proto.graph, GraphIndex(proto.graph)
+    constant = lookups.folded
     nodes = []
-    for index, node in enumerate(index_.nodes):
-        if index_.is_folded(node):
+    for index, node in enumerate(lookups.nodes):
+        if lookups.is_folded(node):
             continue
         key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
         inputs = tuple(dict.fromkeys(name for name in node.input if name and name not in constant))

@@ -26,7 +26,8 @@ def add_training(report: Report, trained: Any, *, bits: bool = True) -> None:
                             "start": trained.start.as_dict() if trained.start else None,
                             "lowered": list(trained.lowered)})
     resumed = f"; resumed after epoch {trained.resumed_from}" if trained.resumed_from else ""
-    kept = (f"the start: {validation_unmoved(trained)}" if validation_unmoved(trained) else
+    unmoved = validation_unmoved(trained)
+    kept = (f"the start: {unmoved}" if unmoved else
             "the start (no epoch did better on the validation samples)" if trained.kept == 0 else
             f"epoch {trained.kept}" if trained.start is not None else
             f"epoch {trained.kept}, the last: no validation samples to choose on (every tenth training sample "

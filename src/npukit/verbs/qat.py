@@ -243,13 +243,14 @@ class _Run:
             add_sparsity_kept(report, masks)
         choice = output_task(result.reference, self.samples.held[0].feeds, self.task)
         eight_bit = self._bit_plan(student, teacher)
-        ptq_model = self._ptq_at_bits(result.model, twin, student, eight_bit, frozenset(masks))
+        ptq_model, done = self._ptq_at_bits(result.model, twin, student, eight_bit, frozenset(masks))
+        ready = {done.bits: done} if done is not None else {}  # the student already holds this lowering
         trainer = Trainer(student, teacher, self.samples.train, self.samples.labels, self.config,
                           classify_output=choice.output if choice.name == "classify" else None,
                           checkpoint=checkpoint, fingerprint=fingerprint, payload={"start": start},
                           validation=self.samples.validation, validation_labels=self.samples.validation_labels,
                           masks=masks, eight_bit=eight_bit,
-                          lowering=lambda program, bits, keep: lower_weights(
+                          lowering=lambda program, bits, keep: ready.pop(bits, None) or lower_weights(
                               program, bits, self.samples.calib, keep=keep, sparse=frozenset(masks),
                               seed=self.config.seed))
         with step(f"training ({self.config.epochs} epochs x {trainer.steps_per_epoch} steps, batch "
@@ -336,10 +337,12 @@ class _Run:
         return plan.eight_bit
 
     def _ptq_at_bits(self, qdq: onnx.ModelProto, twin: Any, student: Any, eight_bit: frozenset[str],
-                     sparse: frozenset[str]) -> onnx.ModelProto:
+                     sparse: frozenset[str]) -> tuple[onnx.ModelProto, Any]:
         """The PTQ model at the trained bits: the QDQ model itself for 8-bit weights; for fewer bits its weights
         lowered to them at once (clipped grids, GPTQ on the calibration samples: ``quant.qat.lower``; no training;
-        the weights of ``eight_bit`` keep 8 bits), as a baseline."""
+        the weights of ``eight_bit`` keep 8 bits), as a baseline. Where training starts at those bits (the default
+        schedule) ``student`` itself is lowered, and the ``Lowering`` is returned for the trainer to start from
+        instead of computing the same one again; else a copy is lowered and None returned."""
         import copy
 
         from npukit.quant.qat.lower import lower_weights
@@ -347,15 +350,16 @@ class _Run:
         from npukit.report.qat import add_lowering
 
         if self.config.weight_bits == 8:
-            return qdq
-        probe = copy.deepcopy(student)
+            return qdq, None
+        at_start = self.config.schedule[0] == self.config.weight_bits
+        probe = student if at_start else copy.deepcopy(student)
         with step(f"lowering the weights to {self.config.weight_bits} bits (clipped grids, GPTQ on "
                   f"{len(self.samples.calib)} samples) for the PTQ baseline", timings=self.report.timings,
                   key="lower"):
             lowered = lower_weights(probe, self.config.weight_bits, self.samples.calib, keep=eight_bit,
                                     sparse=sparse, seed=self.config.seed)
         add_lowering(self.report, lowered)
-        return write_back(qdq, twin, probe)
+        return write_back(qdq, twin, probe), lowered if at_start else None
 
     def _compare(self, reference: onnx.ModelProto, ptq: onnx.ModelProto, trained: onnx.ModelProto, output: Path,
                  choice: Any, export: Any) -> None:

@@ -419,7 +419,7 @@ class Trainer:
                 self.blend.set_share(self.student, 1.0)
             figures = self._consider(0)
             if figures is not None:
-                self.start = Epoch(0, figures[0], figures[1], self._metric(), self.bits, 0.0, *figures,
+                self.start = Epoch(0, figures[0], figures[1], self.measure, self.bits, 0.0, *figures,
                                    share=self._share())
         while self.epoch < self.config.epochs:
             generator.manual_seed(self.config.seed * 1000 + self.epoch)  # the same batches after a resume
@@ -457,7 +457,7 @@ class Trainer:
             seconds = time.perf_counter() - began
             figures = self._consider(self.epoch + 1) or (None, None)
             self.history.append(Epoch(self.epoch + 1, float(np.mean(losses)), float(np.mean(agreements)),
-                                      self._metric(), self.bits, seconds, *figures, share=self._share()))
+                                      self.measure, self.bits, seconds, *figures, share=self._share()))
             self.epoch += 1
             self.save()
         kept = self._keep_best()
@@ -467,13 +467,10 @@ class Trainer:
     def _share(self) -> float | None:
         return self.blend.share if self.blend is not None else None
 
-    def _metric(self) -> str:
-        return "top-1 agreement" if self.classify_output is not None else "SQNR dB"
-
     @property
     def measure(self) -> str:
         """The agreement measure of training and validation: "top-1 agreement" (a classifier's) or "SQNR dB"."""
-        return self._metric()
+        return "top-1 agreement" if self.classify_output is not None else "SQNR dB"
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def state(self) -> dict[str, Any]:
