@@ -284,3 +284,21 @@ def test_int8_linear_over_a_sequence_carries_its_weights(target, tmp_path):
     results = _compile_int8(tmp_path, "tinynet:tinyseq", target, _normal(12, 16, 32), "seq",
                             "--input-shape", "1,3,16,32", "--task", "generic")["results"]
     assert results["carried_plan"]["unmatched"] == [] and results["carried_plan"]["weights"] == 3
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_prelu_after_a_linear_layer_is_lowered_whole(int8, target, tmp_path):
+    """A PReLU on a 2-D tensor (MTCNN's RNet and ONet): ExecuTorch's XNNPACK lowering refused it (exit 2); it is now
+    computed on a 4-D view, every op delegated, fp32 within the tolerance and INT8 on the plan's grids."""
+    if int8:
+        results = _compile_int8(tmp_path, "tinynet:tinyprelu", target, _normal(16, 32, 32), "prelu",
+                                *SHAPE)["results"]
+        assert results["carried_plan"]["unmatched"] == []
+        assert min(o["sqnr_db"] for o in results["task_check"]["result"]["outputs"]) > 20
+    else:
+        out = tmp_path / f"prelu{TARGETS[target][0]}"
+        assert main(["compile", "tinynet:tinyprelu", "--target", target, "-o", str(out), *SHAPE]) == 0
+        results = json.loads(out.with_name(out.name + ".report.json").read_text())["results"]
+        assert results["fp32_error"]["max_abs_over_range"] <= 1e-4
+    if target == "executorch-xnnpack":
+        assert results["lowered"]["portable_ops"] == {} and results["lowered"]["delegate_calls"] == 1

@@ -151,3 +151,29 @@ class TinyAffine(nn.Module):
 def tinyaffine() -> nn.Module:
     torch.manual_seed(0)
     return TinyAffine().eval()
+
+
+class TinyPrelu(nn.Module):
+    """MTCNN's head in small: a PReLU after a Linear layer, on a 2-D tensor (ExecuTorch's XNNPACK lowering refused
+    it: ``npukit.runtime.executorch_prelu``), beside a PReLU after a conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.act = nn.PReLU(8)
+        self.pool = nn.MaxPool2d(8)  # 16x16 -> 2x2, as ONet's pools (XNNPACK takes no adaptive pool to 2x2)
+        self.dense = nn.Linear(32, 16)
+        self.dense_act = nn.PReLU(16)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.dense_act(self.dense(torch.flatten(self.pool(self.act(self.conv(x))), 1))))
+
+
+def tinyprelu() -> nn.Module:
+    torch.manual_seed(0)
+    model = TinyPrelu().eval()
+    with torch.no_grad():  # slopes apart from PReLU's default 0.25, one per channel
+        for act in (model.act, model.dense_act):
+            act.weight.copy_(torch.linspace(0.05, 0.6, act.weight.numel()))
+    return model

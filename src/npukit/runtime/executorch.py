@@ -79,10 +79,13 @@ def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
+    from npukit.runtime.executorch_prelu import transform_passes
+
     exported = torch.export.export(program, tuple(plain_tensor(x) for x in example))
     before = sum(1 for n in exported.graph.nodes if n.op == "call_function")
     try:
-        edge = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()])
+        edge = to_edge_transform_and_lower(exported, transform_passes=transform_passes(),
+                                           partitioner=[XnnpackPartitioner()])
     except Exception as exc:  # noqa: BLE001 - any failure inside ExecuTorch's lowering is the model's, said in one line
         raise InputError(f"ExecuTorch's XNNPACK lowering failed on this model: {_root_cause(exc)}",
                          hint="try --target litert or qnn-htp, or the ONNX export (npukit export) on ORT CPU") from exc
@@ -133,8 +136,11 @@ def node_placement(program: torch.nn.Module, example: Sequence[torch.Tensor]) ->
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
+    from npukit.runtime.executorch_prelu import transform_passes
+
     exported = torch.export.export(program, tuple(plain_tensor(x) for x in example))
-    edge = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()]).exported_program()
+    edge = to_edge_transform_and_lower(exported, transform_passes=transform_passes(),
+                                       partitioner=[XnnpackPartitioner()]).exported_program()
     delegated: collections.Counter[str] = collections.Counter()
     portable: dict[str, list[str]] = collections.defaultdict(list)
     for node in edge.graph.nodes:
