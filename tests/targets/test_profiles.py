@@ -70,6 +70,25 @@ def test_static_shapes_required_by_qnn_but_not_by_cpu():
     assert _verdict(model, "qnn-htp", input_shape=(1, 3, 8, 8)).supported
 
 
+def test_shape_fix_named_only_where_it_removes_every_reason():
+    """A node computing on the data with an op the target lacks stays refused whatever its shapes: no fix is named
+    (analyze used to offer fix_input_shape for ConvInteger and DynamicQuantizeLinear on a dynamic input); a Shape
+    node, which ORT folds away once the shapes are fixed, keeps the shape fix."""
+    from onnx import helper
+
+    from tests.targets._models import make, vi
+
+    data_op = _verdict(single("Erf", shape=("N", 3, 8, 8)), "qnn-htp")
+    assert not data_op.supported and data_op.fix is None, data_op
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape"),
+             helper.make_node("ConstantOfShape", ["s"], ["z"], name="zeros"),
+             helper.make_node("Add", ["x", "z"], ["y"], name="add")]
+    model = make(nodes, [vi("x", ["N", 3])], [vi("y", ["N", 3])])
+    verdicts = {v.name: v for v in analyze(model, get_target("qnn-htp")).nodes}
+    assert not verdicts["shape"].supported and verdicts["shape"].fix == "fix_input_shape", verdicts["shape"]
+    assert verdicts["add"].fix == "fix_input_shape"
+
+
 def test_dtype_rule():
     from onnx import TensorProto
 

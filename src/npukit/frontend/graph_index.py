@@ -74,6 +74,16 @@ class GraphIndex:
                 known.update(o for o in node.output if o)
         return frozenset(known)
 
+    @functools.cached_property
+    def shape_computed(self) -> frozenset[str]:
+        """The tensors known once every input shape is static: ``folded``, the outputs of Shape and Size nodes, and
+        of nodes computing only from those (what ONNX Runtime folds away when the model's shapes are fixed)."""
+        known = set(self.folded)
+        for node in self.nodes:
+            if node.op_type in ("Shape", "Size") or self._folds(node, known):
+                known.update(o for o in node.output if o)
+        return frozenset(known)
+
     def is_folded(self, node: onnx.NodeProto) -> bool:
         """Whether ``node`` computes only from constants (see ``folded``): it runs at load, not per inference."""
         return self._folds(node, self.folded)

@@ -520,7 +520,8 @@ def analyze(
         if node.op_type == "Constant" or i in cancelled:
             continue
         unit_reasons = tuple(reasons[owner[i]])
-        fix = _fix(node, unit_reasons, target, symbolic=bool(symbolic)) if unit_reasons else None
+        fix = _fix(node, unit_reasons, target, symbolic=bool(symbolic),
+                   shape_folded=all(o in index.shape_computed for o in node.output if o)) if unit_reasons else None
         warnings: tuple[str, ...] = ()
         if i in hazard_at and i in node_partition:
             warnings = (hazard_at[i][0],)
@@ -671,11 +672,15 @@ def _partitions(graph: onnx.GraphProto, groups: list[list[int]], units: list[lis
     return partitions, node_partition
 
 
-def _fix(node: onnx.NodeProto, reasons: tuple[str, ...], target: TargetProfile, *, symbolic: bool) -> str | None:
+def _fix(node: onnx.NodeProto, reasons: tuple[str, ...], target: TargetProfile, *, symbolic: bool,
+         shape_folded: bool = False) -> str | None:
     """The substitution that would let the target take ``node`` (refused for ``reasons``): an exact rule of
     ``targets.fix``, else an inexact one (said so), else fixing the input shape (``symbolic``: the model has inputs
     with symbolic dimensions) or, where the inputs are static, folding the constants the open sizes are computed
-    from; None when there is none."""
+    from; None when there is none. A shape fix is named only where it removes every reason: where open shapes are
+    all that is wrong, or where the node computes only from shapes and constants (``shape_folded``: ORT folds it
+    away once the shapes are fixed, whatever its op); fixing the shapes of a node that computes on the data with an
+    op the target lacks, or with attributes it refuses, would leave the node refused."""
     lacks = target.rule_for(node.op_type, node.domain) is None
     rule = fix_for(node.op_type, target) if lacks else None
     inexact = fix_for(node.op_type, target, exact=False) if lacks and rule is None else None
@@ -683,7 +688,8 @@ def _fix(node: onnx.NodeProto, reasons: tuple[str, ...], target: TargetProfile, 
         return rule.name
     if inexact is not None:  # no exact form the target takes: name the one that changes the function
         return f"{inexact.name} (inexact: npukit substitute --rule {inexact.name} recovers by fine-tuning)"
-    if any("static shapes" in r for r in reasons) and "fix_input_shape" in target.substitutions:
+    shapes_only = bool(reasons) and all("static shapes" in r for r in reasons)
+    if (shape_folded or not lacks and shapes_only) and "fix_input_shape" in target.substitutions:
         return "fix_input_shape" if symbolic else "fold_constants"
     return None
 
