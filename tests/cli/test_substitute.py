@@ -1,6 +1,7 @@
 """npukit substitute end to end on a small CNN with a HardSwish: HardSwish -> ReLU6 changes what the model
 computes, distillation fine-tuning from the original wins back part of it (measured before and after on held-out
-samples), a degraded result exits 1, bad input exits 2 and writes nothing."""
+samples), an exact substitution is checked without fine-tuning, a degraded result exits 1, bad input exits 2 and
+writes nothing."""
 
 from __future__ import annotations
 
@@ -53,11 +54,69 @@ def test_hardswish_to_relu6_is_measured_and_recovered_by_fine_tuning(net, tmp_pa
     # blended in over the first half of the steps (--ramp 0.5, the default): the start is judged whole, then the
     # share rises; only epochs with the substitute whole are kept
     training = results["training"]
+    assert "skipped" not in training and "train" in report["timings_s"]  # inexact: fine-tuned
     assert report["config"]["ramp"] == 0.5 and training["start"]["share"] == 1.0
     assert [e["share"] for e in training["history"]] == [0.5, 1.0, 1.0, 1.0]
     assert training["kept_epoch"] in (0, 2, 3, 4)
     table = next(t for t in report["tables"] if t["title"].startswith("Training"))
     assert "substitute's share" in table["columns"]
+
+
+def _no_training(monkeypatch) -> None:
+    from npukit.quant.qat.train import Trainer
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("an exact substitution was fine-tuned")
+
+    monkeypatch.setattr(Trainer, "__init__", refuse)
+
+
+def test_an_exact_substitution_is_checked_without_fine_tuning(net, tmp_path, monkeypatch) -> None:
+    """HardSwish -> x * Clip(x + 3, 0, 6) / 6 computes the same function: nothing to recover, so no training (it
+    cost about 26 s and claimed a recovery); the substituted model is written and the verdict is its own task check
+    on the held-out samples, measured as the fine-tuned model's is."""
+    _no_training(monkeypatch)
+    out = tmp_path / "clip.onnx"
+    assert main(["substitute", str(net), "-o", str(out), "--data", str(net.with_name("data.npy")), "--rule",
+                 "hardswish_to_clip", "--runs", "3", "--html"]) == 0
+    assert _files(tmp_path) == ["clip.onnx", "clip.report.html", "clip.report.json"]  # no checkpoint
+    ops = {n.op_type for n in onnx.load(str(out)).graph.node}
+    assert "HardSwish" not in ops and "Clip" in ops
+    report = json.loads((tmp_path / "clip.report.json").read_text())
+    assert report["passed"]
+    assert report["verdict"].startswith("PASS substitute without fine-tuning (every substitution is exact): task ")
+    results = report["results"]
+    assert [(a["fix"], a["exact"]) for a in results["substitutions"]] == [("hardswish_to_clip", True)]
+    assert results["training"]["skipped"] == "every substitution is exact" and results["training"]["history"] == []
+    assert "train" not in report["timings_s"] and "check_substituted" in report["timings_s"]
+    assert set(results["comparison"]) == {"substituted"}
+    worst = min(o["sqnr_db"] for o in results["comparison"]["substituted"]["outputs"])
+    assert worst > 80, worst  # float rounding alone: 132.9 dB
+    assert results["task_check"]["result"] == results["comparison"]["substituted"]
+    titles = [t["title"] for t in report["tables"]]
+    assert "Training: none (every substitution is exact)" in titles
+    table = next(t for t in report["tables"] if t["title"].startswith("Float and substituted on the held-out"))
+    assert "not fine-tuned: every substitution is exact" in table["title"]
+    assert [row[0] for row in table["rows"]] == ["float", "substituted"]
+    assert table["rows"][1][table["columns"].index("median ms")] is not None  # the substituted model timed
+
+
+def test_an_exact_substitution_below_the_floor_exits_1(net, tmp_path, monkeypatch) -> None:
+    _no_training(monkeypatch)
+    out = tmp_path / "clip.onnx"
+    assert main(["substitute", str(net), "-o", str(out), "--data", str(net.with_name("data.npy")), "--rule",
+                 "hardswish_to_clip", "--runs", "3", "--task", "generic", "--min-sqnr", "300"]) == 1
+    report = json.loads((tmp_path / "clip.report.json").read_text())
+    assert not report["passed"] and report["verdict"].startswith("FAIL substitute without fine-tuning")
+    assert "only float rounding separates the models" in report["verdict"]
+
+
+def test_an_exact_substitution_under_torchrun_is_written_by_process_0_only(net, tmp_path, monkeypatch) -> None:
+    _no_training(monkeypatch)
+    monkeypatch.setenv("RANK", "1")
+    assert main(["substitute", str(net), "-o", str(tmp_path / "clip.onnx"), "--data",
+                 str(net.with_name("data.npy")), "--rule", "hardswish_to_clip", "--runs", "3"]) == 0
+    assert _files(tmp_path) == []
 
 
 def test_ramp_0_fine_tunes_the_substituted_model_from_the_first_step(net, tmp_path) -> None:

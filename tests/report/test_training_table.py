@@ -49,3 +49,20 @@ def test_a_validation_loss_that_never_moved_is_said_and_the_columns_name_the_mea
     assert validation_unmoved(flat) is not None
     moved = SimpleNamespace(**{**vars(flat), "history": [Epoch(1, 0.5, 27.0, "SQNR dB", 8, 1.0, 0.09, 27.5)]})
     assert validation_unmoved(moved) is None
+
+
+def test_a_single_epoch_is_plotted_as_one_marked_point() -> None:
+    """A one-epoch qat, prune or substitute run drew no loss curve in the HTML report (a line needs two points): its
+    one epoch is a marker now."""
+    import xml.etree.ElementTree as ET
+
+    from npukit.report.svg import render_figure
+
+    report = Report("substitute")
+    add_training(report, _trained(None), bits=False)
+    (figure,) = report.figures
+    assert figure.title == "Training loss per epoch"
+    assert figure.data == {"series": {"loss": {"x": [1], "y": [0.5]}}}
+    root = ET.fromstring(render_figure(figure))
+    assert len(root.findall(".//circle")) == 1 and not root.findall(".//path")
+    assert "no data" not in [t.text for t in root.iter("text")]

@@ -33,29 +33,41 @@ def add_sparsity(report: Report, sparse: Any) -> None:
 
 
 def add_comparison(report: Report, rows: dict[str, Any], latency: dict[str, Any], figures: dict[str, dict], *,
-                   label: str = "pruned") -> None:
+                   label: str = "pruned", untuned: str | None = None) -> None:
     """The changed model (``label``: pruned, substituted) before and after fine-tuning on the held-out samples (task
     metric against the float model), and the float and fine-tuned models' MACs, parameters, sizes and ORT CPU
-    latency."""
+    latency; ``untuned`` (why nothing was fine-tuned): the float and changed models alone, the changed one timed."""
     report.add("comparison", {k: v.as_dict() for k, v in rows.items()})
     report.add("latency", {k: v.as_dict() for k, v in latency.items()})
     report.add("figures", figures)
     metric = next(iter(rows.values())).metric
     base = latency["float"].median_ms
+    timed = {"float": "float", label if untuned else "fine-tuned": label}  # the row -> its timing
     table = []
-    for name in ("float", label, "fine-tuned"):
+    for name in ("float", label) if untuned else ("float", label, "fine-tuned"):
         f = figures[name]
         result = rows.get(name)
         worst = min((o.sqnr_db for o in result.outputs), default=None) if result else None
-        ms = latency["float" if name == "float" else label].median_ms if name != label else None
+        ms = latency[timed[name]].median_ms if name in timed else None
         table.append([name, rounded(result.value) if result else None, rounded(worst, 2), f["macs"], f["params"],
                       round(ms, 3) if ms else None, round(ms / base, 3) if ms else None, f["bytes"], f["deflated"]])
-    report.add_table(f"Float, {label} and fine-tuned on the held-out samples ({metric} against the float model; ORT "
-                     f"CPU latency, interleaved medians; the {label} model before fine-tuning has the fine-tuned one's "
-                     f"speed{noisy_timing(latency['float'], latency[label])})",
+    speed = (f"not fine-tuned: {untuned}" if untuned else
+             f"the {label} model before fine-tuning has the fine-tuned one's speed")
+    report.add_table(f"{f'Float and {label}' if untuned else f'Float, {label} and fine-tuned'} on the held-out "
+                     f"samples ({metric} against the float model; ORT CPU latency, interleaved medians; {speed}"
+                     f"{noisy_timing(latency['float'], latency[label])})",
                      ["model", metric, "worst output SQNR dB", "MACs", "parameters", "median ms", "x float",
                       "bytes", "bytes deflated (zip)"], table)
 
+
+def add_no_training(report: Report, why: str) -> None:
+    """The training section of a run that fine-tuned nothing (``why``), with the keys of ``report.qat.add_training``'s
+    that say how much ran, and a table saying so where the training table would be."""
+    report.add("training", {"skipped": why, "history": [], "steps": 0, "seconds": 0.0, "kept_epoch": None,
+                            "start": None})
+    report.add_table(f"Training: none ({why})", ["note"],
+                     [[f"no fine-tuning was run: {why}, so there was nothing to recover; the model is written as "
+                       "it is and held to the task check a fine-tuned one is held to"]])
 
 
 def add_substitutions(report: Report, applied: list[dict[str, Any]]) -> None:

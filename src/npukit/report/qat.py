@@ -50,7 +50,7 @@ def add_training(report: Report, trained: Any, *, bits: bool = True) -> None:
         rows = [[row[0], rounded(share, 2)] + row[1:] for row, share in zip(rows, shares)]
     report.add_table(f"Training ({trained.steps} steps on {trained.world_size} process(es), "
                      f"{trained.seconds:.0f} s in this run{resumed}; kept: {kept})", columns, rows)
-    if len(trained.history) > 1:
+    if trained.history:  # one epoch is one point, which the chart marks (a line needs two)
         report.add_figure("Training loss per epoch", "line",
                           {"series": {"loss": {"x": [e.epoch for e in trained.history],
                                                "y": [e.loss for e in trained.history]}}},

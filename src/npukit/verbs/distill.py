@@ -1,11 +1,13 @@
 """What prune and substitute share after they change a float model: distillation fine-tuning of the changed model
 from the unchanged one, the result written, and both the changed model (before fine-tuning) and the fine-tuned one
-held to the task check against the unchanged model on samples training never saw."""
+held to the task check against the unchanged model on samples training never saw; or, where the change needs no
+recovery (substitutions that are all exact), the changed model written as it is and held to the same check."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -80,10 +82,31 @@ class Distillation:
         checkpoint.unlink(missing_ok=True)
         return finish(report, output, html=html, result=trained, source=source)
 
-    def _compare(self, reference: onnx.ModelProto, changed: onnx.ModelProto, output: Path, choice: Any) -> None:
-        from npukit.measure.latency import measure_latency_interleaved
-        from npukit.measure.size import compressed_bytes, model_size
-        from npukit.measure.summary import summarize
+    def check(self, reference: onnx.ModelProto, changed: onnx.ModelProto, output: Path, *, why: str, hint: str,
+              html: bool, source: Path) -> CommandResult:
+        """Write ``changed`` to ``output`` without fine-tuning it (``why``: the reason, said in the report and its
+        verdict) and hold it to the task check against ``reference`` on the held-out samples, the check ``run``
+        holds the fine-tuned model to; ``hint``: what to try when it fails. Under torchrun only process 0 does."""
+        from npukit.frontend.onnx_io import save_onnx
+        from npukit.report.prune import add_no_training
+
+        report = self.report
+        rank = int(os.environ.get("RANK", "0"))
+        if rank != 0:
+            report.set_verdict(f"INFO {report.command}: process {rank} has nothing to train ({why}); process 0 "
+                               "checks and writes the artifact", passed=True)
+            return CommandResult(report=report)
+        choice = output_task(reference, self.samples.held[0].feeds, self.task)
+        save_onnx(changed, output)
+        add_no_training(report, why)
+        self._compare(reference, changed, output, choice, untuned=why, hint=hint)
+        return finish(report, output, html=html, source=source)
+
+    def _compare(self, reference: onnx.ModelProto, changed: onnx.ModelProto, output: Path, choice: Any, *,
+                 untuned: str | None = None, hint: str | None = None) -> None:
+        """The changed model and the fine-tuned one written to ``output`` against ``reference`` on the held-out
+        samples, the fine-tuned one judged; ``untuned`` (why nothing was fine-tuned): ``output`` is ``changed``,
+        which is judged (failing with ``hint``)."""
         from npukit.measure.task_fidelity import compare_task, session_runner
         from npukit.report.prune import add_comparison
         from npukit.report.task import add_task_check
@@ -94,22 +117,36 @@ class Distillation:
         threads = self.threads or 1
         ref = session_runner(make_session(reference, threads=threads))
         names = [o.name for o in reference.graph.output]
-        models = {"float": reference, label: changed, "fine-tuned": onnx.load(str(output))}
+        models = {"float": reference, label: changed} | ({} if untuned else {"fine-tuned": onnx.load(str(output))})
         rows = {}
-        for name in (label, "fine-tuned"):
+        for name in list(models)[1:]:
             with step(f"task check of the {name} model on {len(held)} held-out samples", timings=report.timings,
                       key=f"check_{name}"):
                 _, rows[name] = compare_task(ref, session_runner(make_session(models[name], threads=threads)),
                                              held, output_names=names,
                                              task=choice.name if choice.given else self.task)
+        latency, figures = self._costs(reference, models, output)
+        add_comparison(report, rows, latency, figures, label=label, untuned=untuned)
+        judged = rows[label if untuned else "fine-tuned"]
+        what = f"{report.command} without fine-tuning ({untuned})" if untuned else report.command
+        verdict = judge(judged, self.gate, what=what, hint=hint or self.hint)
+        add_task_check(report, choice, judged, self.gate, verdict, where=self.samples.held_from)
+
+    def _costs(self, reference: onnx.ModelProto, models: dict[str, onnx.ModelProto],
+               output: Path) -> tuple[dict[str, Any], dict[str, dict]]:
+        """The float model and the one written to ``output`` timed side by side on ORT CPU (the latter under the
+        changed model's label), and each of ``models``' MACs, parameters and sizes."""
+        from npukit.measure.latency import measure_latency_interleaved
+        from npukit.measure.size import compressed_bytes, model_size
+        from npukit.measure.summary import summarize
+
+        report, label, threads = self.report, self.label, self.threads or 1
         with step(f"timing float vs {label}, {threads} thread(s)", timings=report.timings, key="latency"):
             latency = measure_latency_interleaved({"float": reference, label: str(output)}, threads=threads,
-                                                  runs=self.runs, feeds=held[0].feeds)
+                                                  runs=self.runs, feeds=self.samples.held[0].feeds)
         figures = {}
         for name, model in models.items():
             summary = summarize(model)
             figures[name] = {"macs": summary.macs, "params": summary.parameters,
                              "bytes": model_size(model).serialized_bytes, "deflated": compressed_bytes(model)}
-        add_comparison(report, rows, latency, figures, label=label)
-        verdict = judge(rows["fine-tuned"], self.gate, what=report.command, hint=self.hint)
-        add_task_check(report, choice, rows["fine-tuned"], self.gate, verdict, where=self.samples.held_from)
+        return latency, figures

@@ -1,7 +1,8 @@
 """The substitute verb: replace operators by others that compute a different function (HardSwish -> ReLU6,
 GroupNorm -> InstanceNorm: what a target without the original op, or a faster int8 kernel, needs), measure what
 that costs on the task, and recover it by distillation fine-tuning from the unchanged model, held to the task
-check on data it was not trained on."""
+check on data it was not trained on. Substitutions that are all exact (HardSigmoid -> Clip, ...) cost nothing to
+recover: the substituted model is written as it is, held to the same check."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from npukit.verbs.qat import TrainingSamples
 
 RAMP = 0.5  # the share of the training steps an inexact substitution is blended in over (npukit.quant.qat.blend)
 LEARNING_RATE = 1e-4  # Adam, cosine-decayed, as prune: the changed model starts close to the teacher
+EXACT = "every substitution is exact"  # why nothing is fine-tuned when no rule applied changes the function
 
 
 def substitute(
@@ -58,7 +60,10 @@ def substitute(
     outputs and their substitutes' in shares moving from the first to the second; None: ``RAMP``), 0 to fine-tune
     the substituted model as it is from the first step; only epochs with the substitutes whole are kept. The report
     shows the substituted model before and after fine-tuning beside the original: task metric, worst output SQNR,
-    MACs, ORT CPU latency. ``<output stem>.substitute.pt`` keeps the last finished epoch."""
+    MACs, ORT CPU latency. ``<output stem>.substitute.pt`` keeps the last finished epoch.
+
+    Where every substitution applied is exact (``targets.fix.FixRule.exact``), nothing is fine-tuned: the substituted
+    model is written as it is and the verdict is its own task check on the held-out samples."""
     from npukit.quant.qat.train import QatConfig
     from npukit.quant.qdq import preprocess as pre_process  # (``preprocess`` is the data's PreprocessConfig here)
     from npukit.targets.fix import substitute as apply_substitutions
@@ -89,8 +94,12 @@ def substitute(
                             "the CPU beside the target: npukit analyze)")
     with step("pre-processing (BatchNorm folded, shapes inferred)", timings=report.timings, key="preprocess"):
         reference, start = pre_process(proto), pre_process(changed.model)
+    if all(a["exact"] for a in changed.applied):
+        return run.check(reference, start, output, why=EXACT, html=html, source=Path(str(model)),
+                         hint="lower floors (--min-sqnr, --min-task-metric): the substitutes compute the same "
+                              "function, so only float rounding separates the models")
     blended, blend = None, None
-    if ramp and not all(a["exact"] for a in changed.applied):
+    if ramp:
         from npukit.quant.qat.blend import GradualSubstitution, blended_model
 
         with step(f"blending the substitution in over {ramp:.0%} of the steps", timings=report.timings,
