@@ -138,3 +138,19 @@ def test_inner_min_with_other_consumer_is_kept() -> None:
     assert op_types(out) == ["Relu", "Min", "Neg"]  # the Max alone still becomes Relu
     assert any("other consumers" in n for n in pass_.notes)
     assert_equivalent(model, out, rtol=0.0, scale=4.0)
+
+
+def test_forms_limit_the_rewrites_to_those_asked_for() -> None:
+    """substitute forms only the HardSwish it rewrites: a model's Max(x, 0) and spatial ReduceMean stay as written
+    (with every form they become Relu and GlobalAveragePool; on PP-OCRv4 rec that rewrote its LayerNorms' means
+    and said "input rank unknown" for the ones it could not)."""
+    nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=[2, 3], keepdims=1),
+             helper.make_node("HardSigmoid", ["m"], ["h"], alpha=1 / 6, beta=0.5),
+             helper.make_node("Mul", ["m", "h"], ["s"]), helper.make_node("Max", ["s", "zero"], ["y"])]
+    model = _model(nodes, [const("zero", 0.0)], out_shape=[2, 3, 1, 1])
+    only = CanonicalizeActivationPass(forms=("clip", "hardswish"))
+    assert op_types(apply(only, model)) == ["ReduceMean", "HardSwish", "Max"] and only.rewrites == 1
+    every = CanonicalizeActivationPass()
+    assert op_types(apply(every, model)) == ["GlobalAveragePool", "HardSwish", "Relu"] and every.rewrites == 3
+    with pytest.raises(ValueError, match="unknown forms"):
+        CanonicalizeActivationPass(forms=("gelu",))

@@ -59,6 +59,7 @@ class CanonicalizeActivationPass(NpukitPass):
     5. ReduceMean(x, axes=all spatial axes, keepdims=1) -> GlobalAveragePool(x)
 
     Clip bounds become scalar initializers. A partly matching candidate gets a note saying what did not match.
+    ``forms`` (of ``FORMS``) limits the pass to some of them: ``substitute`` forms only the HardSwish it rewrites.
 
     Why not onnxscript's rules (``rules.common`` HardSwishFusion, HardSwishFusionFromHardSigmoid, FuseMaxMinToClip,
     FuseMinMaxToClip; checked with onnxscript 0.7.2 on this pass's test forms): they rewrite 3 of the 9 forms above
@@ -68,20 +69,27 @@ class CanonicalizeActivationPass(NpukitPass):
     tracer records why a match failed but then applies nothing, so the near-miss notes would need a second run.
     """
 
+    FORMS = ("clip", "hardswish", "relu", "global_average_pool")  # rules 1, 2 and 3, 4, 5
+
+    def __init__(self, forms: tuple[str, ...] = FORMS) -> None:
+        super().__init__()
+        unknown = set(forms) - set(self.FORMS)
+        if unknown:
+            raise ValueError(f"unknown forms {sorted(unknown)}: choose among {self.FORMS}")
+        self.forms = forms
+
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         self.rewrites = 0
         self.held_by_opset = 0  # written-out HardSwish matches left as they are because the opset lacks HardSwish
         self.opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0))
-        for node in onnx_nodes(model, ("Min", "Max")):
-            self._attempt(node, self._clip_from_min_max)
-        for node in onnx_nodes(model, ("Mul", "Div")):
-            self._attempt(node, self._hardswish_from_clip)
-        for node in onnx_nodes(model, "Mul"):
-            self._attempt(node, self._hardswish_from_hardsigmoid)
-        for node in onnx_nodes(model, ("Max", "Clip")):
-            self._attempt(node, self._relu)
-        for node in onnx_nodes(model, "ReduceMean"):
-            self._attempt(node, self._global_average_pool)
+        rules: tuple[tuple[str, str | tuple[str, ...], Callable[[ir.Node], bool | str | None]], ...] = (
+            ("clip", ("Min", "Max"), self._clip_from_min_max), ("hardswish", ("Mul", "Div"), self._hardswish_from_clip),
+            ("hardswish", "Mul", self._hardswish_from_hardsigmoid), ("relu", ("Max", "Clip"), self._relu),
+            ("global_average_pool", "ReduceMean", self._global_average_pool))
+        for form, ops, rule in rules:
+            if form in self.forms:
+                for node in onnx_nodes(model, ops):
+                    self._attempt(node, rule)
         return ir.passes.PassResult(model, modified=self.rewrites > 0)
 
     def _attempt(self, node: ir.Node, rule: Callable[[ir.Node], bool | str | None]) -> None:

@@ -545,6 +545,9 @@ def apply_fixes(
     return FixResult(fixed, applied, verify_equivalent(model, fixed, rtol=rtol, feeds=feeds))
 
 
+HARDSWISH_FORMS = ("clip", "hardswish")  # the canonical forms a written-out HardSwish is read through
+
+
 def _written_out_hardswish(model: onnx.ModelProto, rules: Sequence[FixRule]) -> tuple[onnx.ModelProto, list[dict]]:
     """For a rule that rewrites HardSwish, on a model that writes it out (x * Clip(x + 3, 0, 6) / 6, or
     x * HardSigmoid(x), as exporters below opset 14 must): the model with each made one HardSwish node (exact,
@@ -558,7 +561,7 @@ def _written_out_hardswish(model: onnx.ModelProto, rules: Sequence[FixRule]) -> 
         return model, []
     applied = []
     if onnx_opset(model) < HARDSWISH_OPSET:
-        probe = CanonicalizeActivationPass()
+        probe = CanonicalizeActivationPass(forms=HARDSWISH_FORMS)
         PassManager([probe])(ir.serde.deserialize_model(model))  # on a copy: a HardSwish only the opset keeps back?
         if not probe.held_by_opset:
             return model, []
@@ -567,7 +570,7 @@ def _written_out_hardswish(model: onnx.ModelProto, rules: Sequence[FixRule]) -> 
         applied.append({"fix": "opset", "description": f"opset {upgrade.from_opset} -> {upgrade.to_opset} so that "
                         "the written-out HardSwish can be one node (verified)", "rewrites": 1, "notes": [],
                         "exact": True})
-    canonical = CanonicalizeActivationPass()
+    canonical = CanonicalizeActivationPass(forms=HARDSWISH_FORMS)  # not the model's other spellings: not asked for
     result = PassManager([canonical])(ir.serde.deserialize_model(model))
     hardswish = ir.serde.serialize_model(result.model)
     formed = sum(n.op_type == "HardSwish" for n in hardswish.graph.node)
