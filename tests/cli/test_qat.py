@@ -58,6 +58,10 @@ def test_qat_writes_a_checked_artifact_beside_the_ptq_model(tiny, tmp_path) -> N
     assert [e["epoch"] for e in results["training"]["history"]] == [1, 2]
     assert results["export_check"]["exact"] and results["export_check"]["layers"] >= 3
     assert set(results["comparison"]) == {"PTQ", "QAT"}
+    # the same graph on other weights: the PTQ model measured as the file it would be, as the artifact is (the
+    # proto in memory lacks the shape annotations onnx-ir writes: ppocr_cls's PTQ looked 14 KiB smaller)
+    assert results["size"]["QAT"] == out.stat().st_size
+    assert abs(results["size"]["PTQ"] - results["size"]["QAT"]) <= 16, results["size"]
     assert report["config"]["samples"]["held_out"] == 2  # the last fifth of 12 samples, never trained on
     assert {"QuantizeLinear", "DequantizeLinear"} <= {n.op_type for n in onnx.load(str(out)).graph.node}
 
@@ -90,6 +94,11 @@ def test_four_bit_weights_are_int4_and_an_interrupted_run_continues(tiny, tmp_pa
     report = json.loads((tmp_path / "new" / "w4.report.json").read_text())
     assert report["results"]["training"]["resumed_from_epoch"] == 2
     assert "resumed_start" in report["results"]
+    # the opset-18 model was converted for int4 before the start was built: the resumed report says so as well
+    upgrade = report["results"]["opset_upgrade"]
+    assert (upgrade["from_opset"], upgrade["to_opset"], upgrade["reason"]) == (18, 21, "int4 weights")
+    table = next(t for t in report["tables"] if t["title"].startswith("Opset upgrade"))
+    assert table["rows"][0][:3] == [18, 21, "int4 weights"]
     assert [e["bits"] for e in report["results"]["training"]["history"]] == [6, 6, 4]  # one step an epoch
     # lowered by GPTQ before the first step and at the change (the second across the resume), and for the baseline
     assert [lowering["bits"] for lowering in report["results"]["training"]["lowered"]] == [6, 4]
