@@ -87,6 +87,17 @@ def test_shape_fix_named_only_where_it_removes_every_reason():
     verdicts = {v.name: v for v in analyze(model, get_target("qnn-htp")).nodes}
     assert not verdicts["shape"].supported and verdicts["shape"].fix == "fix_input_shape", verdicts["shape"]
     assert verdicts["add"].fix == "fix_input_shape"
+    static = {v.name: v for v in analyze(model, get_target("qnn-htp"), input_shape=(1, 3)).nodes}
+    assert "shape" not in static  # ORT folded it: what the fix said
+    from onnx import TensorProto, numpy_helper
+
+    weight = numpy_helper.from_array(np.arange(6, dtype=np.int8).reshape(2, 3), "w")
+    scale = numpy_helper.from_array(np.array(0.1, np.float32), "s")
+    nodes = [helper.make_node("DequantizeLinear", ["w", "s"], ["wf"], name="dq"),
+             helper.make_node("Add", ["x", "wf"], ["y"], name="add")]
+    dq = make(nodes, [vi("x", ["N", 3])], [vi("y", ["N", 3], TensorProto.FLOAT)], [weight, scale])
+    weights = {v.name: v for v in analyze(dq, get_target("coreml")).nodes}
+    assert "dq" not in weights or weights["dq"].fix is None, weights["dq"]  # a weight's DQ computes on no shape
 
 
 def test_dtype_rule():

@@ -521,7 +521,7 @@ def analyze(
             continue
         unit_reasons = tuple(reasons[owner[i]])
         fix = _fix(node, unit_reasons, target, symbolic=bool(symbolic),
-                   shape_folded=all(o in index.shape_computed for o in node.output if o)) if unit_reasons else None
+                   shape_folded=_from_shapes(index, node)) if unit_reasons else None
         warnings: tuple[str, ...] = ()
         if i in hazard_at and i in node_partition:
             warnings = (hazard_at[i][0],)
@@ -678,9 +678,10 @@ def _fix(node: onnx.NodeProto, reasons: tuple[str, ...], target: TargetProfile, 
     ``targets.fix``, else an inexact one (said so), else fixing the input shape (``symbolic``: the model has inputs
     with symbolic dimensions) or, where the inputs are static, folding the constants the open sizes are computed
     from; None when there is none. A shape fix is named only where it removes every reason: where open shapes are
-    all that is wrong, or where the node computes only from shapes and constants (``shape_folded``: ORT folds it
-    away once the shapes are fixed, whatever its op); fixing the shapes of a node that computes on the data with an
-    op the target lacks, or with attributes it refuses, would leave the node refused."""
+    all that is wrong, or, on a model with symbolic inputs, where the node computes from shapes and constants only
+    (``shape_folded``: ORT folds it away once the shapes are fixed, whatever its op); fixing the shapes of a node
+    that computes on the data with an op the target lacks, or with attributes it refuses, would leave the node
+    refused, and a shape node the runtime kept with the shapes static already has no fix here."""
     lacks = target.rule_for(node.op_type, node.domain) is None
     rule = fix_for(node.op_type, target) if lacks else None
     inexact = fix_for(node.op_type, target, exact=False) if lacks and rule is None else None
@@ -688,10 +689,20 @@ def _fix(node: onnx.NodeProto, reasons: tuple[str, ...], target: TargetProfile, 
         return rule.name
     if inexact is not None:  # no exact form the target takes: name the one that changes the function
         return f"{inexact.name} (inexact: npukit substitute --rule {inexact.name} recovers by fine-tuning)"
-    shapes_only = bool(reasons) and all("static shapes" in r for r in reasons)
-    if (shape_folded or not lacks and shapes_only) and "fix_input_shape" in target.substitutions:
+    if "fix_input_shape" not in target.substitutions:
+        return None
+    if not lacks and reasons and all("static shapes" in r for r in reasons):
         return "fix_input_shape" if symbolic else "fold_constants"
-    return None
+    return "fix_input_shape" if shape_folded and symbolic else None  # static already: the runtime kept it anyway
+
+
+def _from_shapes(index: GraphIndex, node: onnx.NodeProto) -> bool:
+    """Whether ``node`` computes from the inputs' shapes and constants alone, and from a shape (a Shape node's
+    output somewhere above it): what ORT folds once the input shapes are fixed. A node on constants only (a
+    weight's DequantizeLinear) is not: fixing the shapes changes nothing for it."""
+    outputs = [o for o in node.output if o]
+    return bool(outputs) and all(o in index.shape_computed for o in outputs) and not all(
+        o in index.folded for o in outputs)
 
 
 def _transitions(index: GraphIndex, node_partition: dict[int, int], cancelled: set[int]) -> int:
