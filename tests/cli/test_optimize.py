@@ -60,6 +60,12 @@ def test_optimize_writes_the_chosen_artifact_and_resumes(tiny, tmp_path) -> None
     assert [(t["label"], t["metric"], t["size_bytes"]) for t in again["trials"][:3]] == \
         [(t["label"], t["metric"], t["size_bytes"]) for t in search["trials"]]
     assert any(t["confirmed"] for t in again["trials"])
+    # what the first run timed again is kept in the study: still so marked, at that latency, though not built again
+    first_timed = {t["number"]: t["latency"] for t in search["trials"] if t["confirmed"]}
+    assert first_timed and all(t["confirmed"] for t in again["trials"] if t["number"] in first_timed)
+    rebuilt = {0, 3}  # built in this run, so timed again in it: the default recipe (the baseline) and the new trial
+    kept = [t for t in again["trials"] if t["number"] in first_timed and t["number"] not in rebuilt]
+    assert kept and all(t["latency"] == first_timed[t["number"]] for t in kept)
     chosen = next(t for t in again["trials"] if t["number"] == again["chosen"])
     assert chosen["energy"] <= 1.03 * min(t["energy"] for t in again["trials"] if t["feasible"])
 

@@ -154,8 +154,25 @@ def run_study(evaluate: Callable[[Recipe], Measured], space: RecipeSpace, config
             loop.tell(batch, [evaluate(r) for r in batch.to_measure])
     else:
         drive(loop)
-    return outcome_of(_unique(study), config.prefer, measured_now=loop.measured_now, stopped=loop.stopped, name=name,
-                      seconds=time.perf_counter() - loop.start, importance=importance(study))
+    outcome = outcome_of(_unique(study), config.prefer, measured_now=loop.measured_now, stopped=loop.stopped,
+                         name=name, seconds=time.perf_counter() - loop.start, importance=importance(study))
+    confirmed = {int(k): (ms, float_ms) for k, (ms, float_ms) in study.user_attrs.get(CONFIRMED, {}).items()}
+    return confirm_latency(outcome, config.prefer, confirmed) if confirmed else outcome
+
+
+CONFIRMED = "confirmed_latency"  # the study's record of trials timed again together: number -> [ms, float ms]
+
+
+def keep_confirmed(storage: Path, name: str, timed: Mapping[int, tuple[float, float]]) -> None:
+    """Record in the study ``timed`` (trial number -> (ms, float ms), timed again together; ``confirm_latency``),
+    over what earlier runs recorded for the same trials, so that a resumed study's outcome keeps them: a trial an
+    earlier run timed again keeps that latency (and the choice made on it) though this run does not build it."""
+    import optuna
+
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{storage}")
+    kept = dict(study.user_attrs.get(CONFIRMED, {}))
+    kept.update({str(number): [ms, float_ms] for number, (ms, float_ms) in timed.items()})
+    study.set_user_attr(CONFIRMED, kept)
 
 
 class StudyLoop:

@@ -239,7 +239,7 @@ class _Search:
             with self._pool(runner) as pool:
                 outcome = run_study(evaluate, space, self.config, name=name, storage=storage, baseline=baseline,
                                     drive=None if pool is None else self._on(pool, runner, done))
-            outcome = self._confirm(outcome, runner)
+            outcome = self._confirm(outcome, runner, storage)
             report.add_artifact("study", storage)
             artifact, verdict = self._check(outcome, runner)
         finally:
@@ -385,11 +385,11 @@ class _Search:
         """What every ratio is against."""
         return "the float model" if self.runtime is None else f"the fp32 {self.report.config['target']} artifact"
 
-    def _confirm(self, outcome: Any, runner: Any) -> Any:
+    def _confirm(self, outcome: Any, runner: Any, storage: Path) -> Any:
         """The fastest trials within the budget (up to ``CONFIRM``, those built in this run) timed again together
         with the float model, with more runs: one trial's own timing (20 runs) can be off by a fifth on a shared host,
-        and the choice should not rest on it."""
-        from npukit.search.study import confirm_latency
+        and the choice should not rest on it. Kept in the study (``storage``) for a run that resumes it."""
+        from npukit.search.study import confirm_latency, keep_confirmed
 
         feasible = sorted(((n, m) for n, m in zip(outcome.numbers, outcome.trials) if m.feasible),
                           key=lambda nm: nm[1].latency)
@@ -400,8 +400,9 @@ class _Search:
         runs = max(100, 5 * self.runs)
         with step(f"timing the {len(artifacts)} fastest trials within the budget again, {runs} runs each",
                   timings=self.report.timings, key="confirm"):
-            timed = runner.time_again(artifacts, runs=runs)
-        return confirm_latency(outcome, self.config.prefer, {int(k): v for k, v in timed.items()})
+            timed = {int(k): v for k, v in runner.time_again(artifacts, runs=runs).items()}
+        keep_confirmed(storage, outcome.study_name, timed)
+        return confirm_latency(outcome, self.config.prefer, timed)
 
     def _check(self, outcome: Any, runner: Any) -> tuple[Any, str]:
         """The chosen trial's model (this run's, or built again for a trial of an earlier run) checked on the
