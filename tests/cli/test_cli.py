@@ -249,6 +249,14 @@ def test_analyze_unknown_target_lists_valid_ones(exported, capsys):
     assert "qnn-htp" in err and "\n" not in err.strip()
 
 
+def test_analyze_output_without_fix_is_refused(exported, tmp_path, capsys):
+    """-o names the model --fix writes: without --fix analyze wrote the report there and no model, exit 0."""
+    assert main(["analyze", str(exported), "--target", "cpu", "-o", str(tmp_path / "fixed.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "without --fix" in err and "\n" not in err.strip()
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_plan_memory_reports_plans_and_timeline(exported, tmp_path, capsys):
     report_path = tmp_path / "mem.json"
     assert main(["plan-memory", str(exported), "--target", "cpu", "--report", str(report_path), "--html"]) == 0
@@ -958,3 +966,29 @@ def test_data_on_which_the_float_detector_finds_nothing_is_refused_before_any_wo
         capsys.readouterr().err and _files(tmp_path) == before
     check_task_measurable(onnx.load(model), [{"x": np.ones((1, 3, 8, 8), np.float32)}], "detect", where="white")
     check_task_measurable(onnx.load(model), [{"x": np.zeros((1, 3, 8, 8), np.float32)}], "generic", where="black")
+
+
+@pytest.mark.parametrize("verb", ["analyze", "inspect", "optimize-graph", "quantize", "plan-memory", "export",
+                                  "compile"])
+def test_a_compiled_context_model_is_refused_by_the_verbs_that_read_graphs(verb, tmp_path, capsys):
+    """compile's EPContext output (one node holding the HTP's binary, its context bytes not text) given to a verb that
+    reads the graph: analyze crashed on the bytes (internal error, exit 1), inspect said "1 nodes, 0 MACs", export
+    copied it as a PASS; now one line, exit 2, nothing written."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("EPContext", ["x"], ["y"], domain="com.microsoft", source="QNNExecutionProvider",
+                            ep_cache_context=b"\xb8\x00binary", embed_mode=1)
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 3, 8, 8]) for n in ("x", "y")]
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    onnx.save(helper.make_model(helper.make_graph([node], "ctx", io[:1], io[1:]), opset_imports=opsets),
+              str(tmp_path / "m.ctx.onnx"))
+    np.save(tmp_path / "calib.npy", np.zeros((2, 3, 8, 8), np.float32))
+    model, out = str(tmp_path / "m.ctx.onnx"), str(tmp_path / "out.onnx")
+    args = {"analyze": ["--target", "qnn-htp", "-o", out, "--fix"], "inspect": [], "optimize-graph": ["-o", out],
+            "quantize": ["-o", out, "--calib", str(tmp_path / "calib.npy")], "plan-memory": [],
+            "export": ["-o", out], "compile": ["--soc", "SM8650", "-o", out, "--calib", str(tmp_path / "calib.npy")]}
+    assert main([verb, model, *args[verb]]) == 2
+    err = capsys.readouterr().err
+    assert "compiled HTP context model" in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.npy", "m.ctx.onnx"]

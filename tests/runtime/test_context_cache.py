@@ -24,6 +24,9 @@ def test_a_later_start_loads_the_compiled_graph_and_answers_the_same(tmp_path) -
         want = plain.run(_feeds())
         placed = plain.device
     assert plain.cache == "off"
+    from npukit.runtime.engine import EMULATOR_NOTE, htp_emulated
+
+    assert (EMULATOR_NOTE in placed.reason) == htp_emulated()  # x86: the emulator's speed, said where it is placed
     with Runtime(model, device="qnn-htp@SM8650", workers=1, cache_dir=str(cache)) as first:
         assert first.cache == "miss" and first.device == placed
         np.testing.assert_array_equal(first.run(_feeds())[0], want[0])

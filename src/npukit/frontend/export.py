@@ -23,7 +23,8 @@ import torch
 from npukit.config import ExportConfig
 from npukit.errors import InputError, NpukitError, NumericCheckError
 from npukit.frontend._messages import first_line
-from npukit.frontend.onnx_io import graph_inputs, load_onnx, mark_untrained, save_onnx, static_input_shape
+from npukit.frontend.onnx_io import (graph_inputs, load_onnx, mark_untrained, refuse_context_model, save_onnx,
+                                     static_input_shape)
 from npukit.frontend.opset import ensure_opset, onnx_opset
 from npukit.frontend.shapes import fix_input_shape
 from npukit.frontend.spec import ModelSource
@@ -294,6 +295,7 @@ def _quiet() -> Iterator[None]:
 def _passthrough(source: ModelSource, staged: Path, *, config: ExportConfig) -> dict[str, Any]:
     assert source.onnx_path is not None, "an onnx ModelSource carries its path"
     original = load_onnx(source.onnx_path)
+    refuse_context_model(original, source.onnx_path)  # compiled already: nothing to export
     if config.opset is not None and onnx_opset(original) > config.opset:
         raise InputError(f"the model is at opset {onnx_opset(original)}; --opset {config.opset} would convert it down",
                          hint="drop --opset to keep the model's own, or ask for a later one")

@@ -60,6 +60,21 @@ def untrained_note(model: onnx.ModelProto) -> str | None:
     return next((p.value for p in model.metadata_props if p.key == UNTRAINED_KEY), None)
 
 
+def is_context_model(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` holds a compiled EPContext node (it runs only on the execution provider that wrote it)."""
+    return any(n.op_type == "EPContext" for n in model.graph.node)
+
+
+def refuse_context_model(model: onnx.ModelProto, path: str | Path) -> None:
+    """An InputError for a compiled context model (``npukit compile``'s EPContext output): its graph is one opaque
+    node holding a binary for Qualcomm's HTP, which no step reading the ONNX graph can read."""
+    if is_context_model(model):
+        raise InputError(f"{Path(str(path)).name} is a compiled HTP context model (EPContext): its graph is one "
+                         "node holding a context binary for Qualcomm's HTP, which this command cannot read",
+                         hint="give the ONNX model `npukit compile` was given (the QDQ or the float model); "
+                              "`npukit bench MODEL --target qnn-htp` times the compiled one")
+
+
 def load_onnx(path: str | Path) -> onnx.ModelProto:
     """Load and check an ONNX model (with any external data beside it); bad files raise a one-line InputError."""
     given, path = str(path), Path(path)

@@ -370,14 +370,18 @@ def fixed_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
 
 def load_with_inputs(path: Any, spec: InputSpec | str | Sequence[Any] | Mapping[str, Any] | None, *,
                      needs: str | None = None, allow_batch: bool = True,
-                     keep_batch: bool = False) -> onnx.ModelProto:
+                     keep_batch: bool = False, compiled: bool = False) -> onnx.ModelProto:
     """Load the ONNX model at ``path`` with ``spec``'s shapes fixed into it first; with ``needs`` (what needs static
     shapes, for the message) a model left with symbolic dimensions is an InputError naming them and the flag.
     ``keep_batch``: where every input the spec sizes has a symbolic batch (axis 0), it stays symbolic (a server
-    batches requests on it); the spec fixes the other dimensions."""
-    from npukit.frontend.onnx_io import load_onnx
+    batches requests on it); the spec fixes the other dimensions. A compiled HTP context model is refused
+    (``onnx_io.refuse_context_model``) unless ``compiled`` (the caller runs it on the HTP)."""
+    from npukit.frontend.onnx_io import load_onnx, refuse_context_model
 
-    model = fix_inputs(load_onnx(path), spec, keep_batch=keep_batch)
+    loaded = load_onnx(path)
+    if not compiled:
+        refuse_context_model(loaded, path)
+    model = fix_inputs(loaded, spec, keep_batch=keep_batch)
     if needs:
         require_static(model, needs=needs, allow_batch=allow_batch)
     return model

@@ -25,6 +25,7 @@ import onnxruntime as ort
 
 from npukit._atomic import atomic_path
 from npukit.errors import InputError, NumericCheckError
+from npukit.frontend.onnx_io import is_context_model
 from npukit.runtime.ort import ModelLike, make_session, random_feeds, run
 from npukit.runtime.qnn import as_proto, create_session_with_log, qnn_versions, require_static_shapes
 from npukit.targets.qnn_htp import SOCS
@@ -214,11 +215,6 @@ def context_soc(model: onnx.ModelProto) -> str | None:
     """The SoC an EPContext model written by ``compile_qnn_context`` was compiled for (its metadata), or None."""
     props = {p.key: p.value for p in model.metadata_props}
     return props.get(META_SOC) if props.get(META_SOC) in SOCS else None
-
-
-def is_context_model(model: onnx.ModelProto) -> bool:
-    """Whether ``model`` holds a compiled EPContext node (it runs only on the execution provider that wrote it)."""
-    return any(n.op_type == "EPContext" for n in model.graph.node)
 
 
 def prepare_graph(

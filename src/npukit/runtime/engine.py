@@ -180,7 +180,7 @@ def choose_device(requested: str) -> DeviceChoice:
         if not htp_ok:
             why = status.error or (status.backends or {}).get("htp") or "the QNN HTP backend did not load"
             return DeviceChoice("cpu", f"no NPU: {why}")
-        if platform.machine().lower() not in ("aarch64", "arm64"):
+        if htp_emulated():
             return DeviceChoice("cpu", f"the QNN HTP backend here is Qualcomm's emulator on {platform.machine()} "
                                        "(it simulates the NPU, far slower than the CPU runs the model)")
         soc = soc or ""
@@ -188,6 +188,15 @@ def choose_device(requested: str) -> DeviceChoice:
         why = status.error or (status.backends or {}).get("htp") or "the QNN HTP backend did not load"
         raise InputError(f"device {requested} is not available here: {why}", hint="use --device cpu or auto")
     return DeviceChoice(f"qnn-htp@{soc}" if soc else "qnn-htp", "placed when its session is made")
+
+
+def htp_emulated() -> bool:
+    """Whether the QNN HTP backend here is Qualcomm's x86 emulator (the NPU's numerics, not its speed)."""
+    return platform.machine().lower() not in ("aarch64", "arm64")
+
+
+EMULATOR_NOTE = ("on this x86 host the HTP is Qualcomm's emulator: its latency and throughput are the emulator's, "
+                 "not an NPU's")
 
 
 def placed(device: DeviceChoice, model: onnx.ModelProto, session: Any) -> DeviceChoice:
@@ -199,7 +208,9 @@ def placed(device: DeviceChoice, model: onnx.ModelProto, session: Any) -> Device
     assignment = session_assignment(model, session)
     cpu = tuple(assignment.cpu_nodes)
     npu = len(assignment.qnn_nodes)
-    return DeviceChoice(device.device, f"{npu} nodes on the HTP, {len(cpu)} on the CPU EP (fallback)", cpu, npu)
+    emulated = f"; {EMULATOR_NOTE}" if htp_emulated() else ""
+    return DeviceChoice(device.device, f"{npu} nodes on the HTP, {len(cpu)} on the CPU EP (fallback){emulated}", cpu,
+                        npu)
 
 
 def _soc_options(soc: str) -> dict[str, str] | None:
@@ -309,7 +320,7 @@ class Runtime:
     def _cached_context(proto: onnx.ModelProto, config: RuntimeConfig) -> tuple[Any, DeviceChoice] | None:
         """The HTP session from the compiled graph a previous start left in ``cache_dir`` and the placement chosen
         then (``runtime.context_cache``), for a model not yet compiled asked for on the HTP; None otherwise."""
-        from npukit.runtime.compile import is_context_model
+        from npukit.frontend.onnx_io import is_context_model
         from npukit.runtime.context_cache import load_context
 
         base, _, soc = config.device.partition("@")
@@ -334,7 +345,7 @@ class Runtime:
         if self.device.device == "cpu":
             return make_session(proto, threads=threads), "off"
         from npukit.frontend.onnx_io import named_nodes
-        from npukit.runtime.compile import is_context_model
+        from npukit.frontend.onnx_io import is_context_model
         from npukit.runtime.qnn import make_qnn_session
 
         soc = self.device.device.partition("@")[2]

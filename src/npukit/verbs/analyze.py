@@ -39,6 +39,9 @@ def analyze(
     from npukit.report.analyze import analyze_report
     from npukit.targets.api import analyze_model
 
+    if output is not None and not fix:
+        raise InputError("-o names the fixed model --fix writes; without --fix analyze writes no model",
+                         hint="add --fix to write the fixed model there, or --report PATH.json for the report alone")
     if output is not None:
         output = check_output(output, source=model)
     elif fix:
@@ -49,8 +52,8 @@ def analyze(
             raise InputError("--weights is for a PyTorch model; an ONNX model carries its own",
                              hint="drop --weights, or pass the PyTorch model it belongs to")
         spec = InputSpec.parse(input_shape)
-        source: str | Path | onnx.ModelProto = (load_with_inputs(model, spec) if spec is not None
-                                                and spec.first is None else model)
+        source: str | Path | onnx.ModelProto = load_with_inputs(model, spec if spec is not None
+                                                                and spec.first is None else None)
         first = spec.first if spec else None
     else:
         spec = None

@@ -80,8 +80,9 @@ def bench(
 
         soc_info(soc)  # an unknown SoC fails before any work
     spec = InputSpec.parse(input_shape)
-    proto = load_with_inputs(model, spec, needs=None if data is not None else "timing on seeded random inputs")
-    from npukit.runtime.compile import is_context_model
+    proto = load_with_inputs(model, spec, needs=None if data is not None else "timing on seeded random inputs",
+                             compiled=True)
+    from npukit.frontend.onnx_io import is_context_model
 
     if is_context_model(proto):  # a compiled HTP context binary runs only on the QNN EP
         return _bench_context(model, proto, data=data, reference=reference, warmup=warmup, runs=runs,

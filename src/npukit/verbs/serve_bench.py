@@ -84,6 +84,10 @@ def serve_bench(
     caveat = (f"; the seeded requests give integer input(s) {', '.join(map(repr, integers))} small random values, "
               "so a model that branches on one (a sample rate, a mode flag) may be timed on a path real data never "
               "takes: pass --data" if integers else "")
+    from npukit.runtime.engine import EMULATOR_NOTE, htp_emulated
+
+    if str(result.device.get("device", "")).startswith("qnn-htp") and htp_emulated():
+        caveat += f"; {EMULATOR_NOTE}"
     report.set_verdict(f"INFO serve-bench: plain loop {plain:.1f} requests/s; runtime {curve[best].throughput:.1f} "
                        f"requests/s with {best} workers ({curve[best].throughput / plain:.2f}x); a measurement, "
                        f"nothing was checked{caveat}", passed=True)
@@ -97,7 +101,7 @@ def _served_file(model: str | Path) -> Path:
     import onnx
 
     from npukit.errors import InputError
-    from npukit.runtime.compile import is_context_model
+    from npukit.frontend.onnx_io import is_context_model
 
     path = Path(model)
     if not path.exists():
