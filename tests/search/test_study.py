@@ -36,6 +36,12 @@ def test_dominance_and_the_front() -> None:
     assert pareto_front([a, b, c, d]) == [a, b]  # c is dominated by a, d is over the budget
     assert choose([(0, a), (1, b), (2, c), (3, d)], "latency") == 0
     assert choose([(3, d)], "latency") is None
+    # faster by less than the timing's noise: no domination, and the tie goes to the one closer to the float model
+    close = Measured(Recipe(cle=True), True, metric=1.0, latency=0.694, size=0.3, memory=0.5, energy=0.3,
+                     worst_sqnr_db=24.2)
+    sharp = dataclasses.replace(close, recipe=DEFAULT, latency=0.70, worst_sqnr_db=29.4)
+    assert pareto_front([close, sharp]) == [close, sharp] and choose([(0, sharp), (1, close)], "latency") == 0
+    assert pareto_front([dataclasses.replace(close, latency=0.6), sharp]) == [dataclasses.replace(close, latency=0.6)]
 
 
 def test_the_study_starts_from_the_default_and_chooses_within_the_budget(tmp_path) -> None:

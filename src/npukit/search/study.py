@@ -22,7 +22,7 @@ from typing import Any
 
 from npukit.errors import InputError
 from npukit.search.space import DEFAULT, SEEDS, Recipe, RecipeSpace
-from npukit.search.trial import OBJECTIVES, Measured, pareto_front
+from npukit.search.trial import NOISE, OBJECTIVES, Measured, pareto_front
 
 PREFER = ("latency", "size", "memory", "energy")
 SAMPLERS = ("tpe", "nsga2")
@@ -92,8 +92,7 @@ def study_name(parts: Mapping[str, Any]) -> str:
     return "npukit-" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-TIE = 0.03  # two figures of one objective within 3% are a tie: latency ratios of one model move that much between
-# trials on a quiet host (each trial times float and candidate in the same rounds)
+TIE = NOISE["latency"]  # two figures of the objective preferred within 3% are a tie (the timing's noise)
 
 
 def choose(trials: list[tuple[int, Measured]], prefer: str) -> int | None:

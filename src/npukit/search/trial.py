@@ -27,6 +27,10 @@ from npukit.tasks import QualityGate, TaskResult, judge
 # the objectives, in the study's order, and which way is better
 OBJECTIVES: tuple[tuple[str, str], ...] = (("metric", "maximize"), ("latency", "minimize"), ("size", "minimize"),
                                            ("memory", "minimize"), ("energy", "minimize"))
+# how much better a timed figure must be to count as better in the front: the latency ratios of one model move about
+# 3% between trials on a quiet host (each trial times float and candidate in the same rounds); the other figures are
+# counted, not timed
+NOISE: dict[str, float] = {"latency": 0.03}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,21 +283,27 @@ def artifact_digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-def dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[str]) -> bool:
-    """``a`` is at least as good as ``b`` on every objective and better on one."""
+def dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[str],
+              noise: Sequence[float] | None = None) -> bool:
+    """``a`` is at least as good as ``b`` on every objective and better on one; with ``noise`` (a relative margin
+    per objective, for positive figures), better on one by more than its margin."""
     better = False
-    for x, y, way in zip(a, b, directions):
+    for i, (x, y, way) in enumerate(zip(a, b, directions)):
         if way == "maximize":
             x, y = -x, -y
         if x > y:
             return False
-        better = better or x < y
+        margin = noise[i] * abs(y) if noise else 0.0
+        better = better or x < y - margin
     return better
 
 
 def pareto_front(points: Sequence[Measured]) -> list[Measured]:
-    """The feasible points no other feasible point dominates, in the given order (ties kept)."""
+    """The feasible points no other feasible point dominates, in the given order (ties kept); a timed figure better
+    by less than its ``NOISE`` does not dominate (a trial 1% faster by its own timing does not hide one 5 dB closer
+    to the float model)."""
     directions = [way for _, way in OBJECTIVES]
+    noise = [NOISE.get(name, 0.0) for name, _ in OBJECTIVES]
     feasible = [p for p in points if p.feasible]
     return [p for p in feasible
-            if not any(dominates(q.objectives(), p.objectives(), directions) for q in feasible if q is not p)]
+            if not any(dominates(q.objectives(), p.objectives(), directions, noise) for q in feasible if q is not p)]
