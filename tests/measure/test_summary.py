@@ -182,3 +182,22 @@ def test_sizes_the_graph_computes_are_taken_from_one_run():
     assert summary.unknown_mac_layers == 0 and summary.macs == 192 * 5
     broken = summary_of(_computed_reshape(divisor=3))  # does not run on any input: the partial count stays
     assert broken.unknown_mac_layers == 1
+
+
+def test_control_flow_branches_are_counted_apart() -> None:
+    """silero VAD's work is inside an If's branches: inspect said "5 nodes, 0 parameters", as if it were empty; the
+    branches' nodes and parameters (nested ones too) are counted apart, since one branch runs per call."""
+    matmul = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["t"])], "then", [],
+                               [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, 4])], [_init("w", (4, 4))])
+    nested = helper.make_graph([helper.make_node("Relu", ["x"], ["n"])], "nested", [],
+                               [helper.make_tensor_value_info("n", TensorProto.FLOAT, [1, 4])])
+    other = helper.make_graph([helper.make_node("If", ["c"], ["e"], then_branch=nested, else_branch=nested)],
+                              "else", [], [helper.make_tensor_value_info("e", TensorProto.FLOAT, [1, 4])])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=matmul, else_branch=other)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+         helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    summary = summarize(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert (summary.nodes, summary.parameters) == (1, 0)
+    assert (summary.branch_nodes, summary.branch_parameters) == (4, 16)  # MatMul; If, and its two Relu branches

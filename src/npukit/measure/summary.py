@@ -95,10 +95,14 @@ class ModelSummary:
     input_shapes: dict[str, Shape]
     layers: tuple[LayerRow, ...]
     largest_activations: tuple[Activation, ...]
+    # what control flow's subgraphs (If branches, Loop and Scan bodies) hold: counted apart, as only one branch runs
+    branch_nodes: int = 0
+    branch_parameters: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "ops": dict(self.ops), "nodes": self.nodes, "parameters": self.parameters,
+            "branch_nodes": self.branch_nodes, "branch_parameters": self.branch_parameters,
             "serialized_bytes": self.serialized_bytes, "macs": self.macs, "other_flops": self.other_flops,
             "unknown_mac_layers": self.unknown_mac_layers,
             "input_shapes": {k: list(v) for k, v in self.input_shapes.items()},
@@ -151,7 +155,9 @@ def summarize(
             output_bytes=tensor_nbytes(out_shape, dtypes.get(out)),
         ))
 
+    branch_nodes, branch_parameters = _in_branches(graph)
     return ModelSummary(
+        branch_nodes=branch_nodes, branch_parameters=branch_parameters,
         ops=dict(Counter(n.op_type for n in graph.node).most_common()),
         nodes=len(graph.node),
         parameters=sum(_elements(consts[r]) for r in _parameter_names(graph, consts)),
@@ -251,6 +257,20 @@ def _constant_value(node: onnx.NodeProto) -> onnx.TensorProto | None:
         if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
             return attr.t
     return None
+
+
+def _in_branches(graph: onnx.GraphProto) -> tuple[int, int]:
+    """The nodes and parameters (``_parameter_names``' rule, per subgraph) inside ``graph``'s control-flow
+    subgraphs, nested ones included."""
+    nodes = parameters = 0
+    for node in graph.node:
+        for attribute in node.attribute:
+            for sub in (attribute.g,) if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
+                consts = _constant_tensors(sub)
+                inner_nodes, inner_parameters = _in_branches(sub)
+                nodes += len(sub.node) + inner_nodes
+                parameters += sum(_elements(consts[r]) for r in _parameter_names(sub, consts)) + inner_parameters
+    return nodes, parameters
 
 
 def _constant_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:

@@ -28,7 +28,11 @@ def inspect(model: str | Path, *, input_shape: str | Sequence[int] | None = None
     report = Report("inspect", config={"model": str(model), "input_shape": spec.as_dict() if spec else None})
     add_summary(report, summary, top_layers=top_layers)
     macs = macs_shown(summary)
+    branches = (f"; its control flow's branches hold {summary.branch_nodes} more nodes and "
+                f"{summary.branch_parameters:,} parameters, not counted in the MACs (one branch runs per call)"
+                if summary.branch_nodes else "")
     report.set_verdict(f"INFO inspect: {summary.nodes} nodes, {summary.parameters:,} parameters, "
-                       f"{macs if isinstance(macs, str) else f'{macs:,}'} MACs; nothing was checked", passed=True)
+                       f"{macs if isinstance(macs, str) else f'{macs:,}'} MACs{branches}; nothing was checked",
+                       passed=True)
     return finish(report, None, html=False, json_path=Path(report_path) if report_path else None, result=summary,
                   source=model)
