@@ -85,6 +85,14 @@ def test_side_by_side_target_tables():
     assert rows["Erf"][2].startswith("no: Erf: not supported") and rows["Erf"][3] == "yes"
     assert [r[0] for r in summary.rows] == ["qnn-htp", "coreml"]
     assert summary.rows[0][1:4] == ["2/3", 2, 2] and summary.rows[1][1:4] == ["3/3", 1, 0]
+    # each target's own model (--fix): an op one target's model lacks is said to be absent from it, not to be
+    # removed by its runtime; a count that differs is given per target
+    fixed = make([helper.make_node("Conv", ["x", "w"], ["y"], name="c")], [vi("x", [1, 3, 8, 8])], [vi("y", None)],
+                 inits=[numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")])
+    ops, _ = target_tables([analyze(model, get_target("qnn-htp")), analyze(fixed, get_target("coreml"))], fixed=True)
+    rows = {r[0]: r for r in ops.rows}
+    assert rows["Erf"][3].startswith("none in the model analysed for this target")
+    assert rows["Conv"][1:] == [2, "x2: yes", "x1: yes"]
 
 
 def test_unsupported_node_gets_its_fix():

@@ -18,7 +18,7 @@ def analyze_report(outcome: Any, written: Mapping[str, Path]) -> Report:
                                        "input_shape": list(outcome.input_shape) if outcome.input_shape else None})
     for target, path in written.items():
         report.add_artifact(f"fixed_model[{target}]", path)
-    for table in target_tables(analyses):
+    for table in target_tables(analyses, fixed=outcome.fix):
         report.tables.append(table)
     for a in analyses:
         rows = [[v.name, v.op_type, "; ".join(v.reasons) or "-", v.fix or "-"] for v in a.unsupported]
@@ -84,23 +84,29 @@ def _cell(verdicts: list[Any], needs_quant: bool) -> str:
     return text + (" (after quantization)" if needs_quant and taken else "")
 
 
-def target_tables(analyses: Sequence[Any]) -> list[Table]:
-    """Side-by-side tables for analyses of one model: op support per target, and a delegation summary."""
+def target_tables(analyses: Sequence[Any], *, fixed: bool = False) -> list[Table]:
+    """Side-by-side tables for analyses of one model (``fixed``: each after its own target's fixes): op support per
+    target, and a delegation summary."""
     if not analyses:
         return []
     # Grouped by op type per analysis: a target whose runtime optimizes the graph first (ORT's basic level) sees
-    # fewer nodes, numbered afresh, than one that takes the model as given.
+    # fewer nodes, numbered afresh, than one that takes the model as given; with --fix each target's model is its
+    # own. A count that differs between targets is said in each target's cell.
+    per_target = [collections.Counter(v.op_type for v in a.nodes) for a in analyses]
     counts: dict[str, int] = {}
-    for a in analyses:
-        for op, n in collections.Counter(v.op_type for v in a.nodes).items():
+    for counted in per_target:
+        for op, n in counted.items():
             counts[op] = max(counts.get(op, 0), n)
+    absent = ("none in the model analysed for this target (each target's fixes make its own)" if fixed else
+              "none: removed by the runtime's graph optimizations")
     op_rows = []
     for op, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
         row: list[Any] = [op, count]
-        for a in analyses:
+        differs = len({counted.get(op, 0) for counted in per_target}) > 1
+        for a, counted in zip(analyses, per_target):
             verdicts = [v for v in a.nodes if v.op_type == op]
-            row.append(_cell(verdicts, a.needs_quantization) if verdicts else
-                       "removed by the runtime's graph optimizations")
+            cell = _cell(verdicts, a.needs_quantization) if verdicts else absent
+            row.append(f"x{counted[op]}: {cell}" if differs and verdicts else cell)
         op_rows.append(row)
     summary_rows = []
     for a in analyses:
