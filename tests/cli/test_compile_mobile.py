@@ -302,3 +302,12 @@ def test_prelu_after_a_linear_layer_is_lowered_whole(int8, target, tmp_path):
         assert results["fp32_error"]["max_abs_over_range"] <= 1e-4
     if target == "executorch-xnnpack":
         assert results["lowered"]["portable_ops"] == {} and results["lowered"]["delegate_calls"] == 1
+
+
+def test_a_model_with_more_than_ten_outputs_is_compared_output_for_output(target, tmp_path):
+    """LiteRT lists a signature's outputs with their names sorted as text (output_0, output_1, output_10, ...): a
+    model with twelve outputs was compared with the wrong outputs of eager torch (an internal error, exit 1)."""
+    out = tmp_path / f"heads{TARGETS[target][0]}"
+    assert main(["compile", "tinynet:tinyheads", "--target", target, "-o", str(out), *SHAPE, "--task", "generic"]) == 0
+    results = json.loads(out.with_name(out.name + ".report.json").read_text())["results"]
+    assert results["fp32_error"]["max_abs_over_range"] <= 1e-4

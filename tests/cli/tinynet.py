@@ -177,3 +177,22 @@ def tinyprelu() -> nn.Module:
         for act in (model.act, model.dense_act):
             act.weight.copy_(torch.linspace(0.05, 0.6, act.weight.numel()))
     return model
+
+
+class TinyHeads(nn.Module):
+    """Twelve outputs of twelve sizes from one trunk (a detector's per-level heads): more than ten, which LiteRT's
+    interpreter lists with their names sorted as text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU())
+        self.heads = nn.ModuleList([nn.Conv2d(8, i + 1, 1) for i in range(12)])
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        features = self.trunk(x)
+        return tuple(head(features).mean(dim=(2, 3)) for head in self.heads)
+
+
+def tinyheads() -> nn.Module:
+    torch.manual_seed(0)
+    return TinyHeads().eval()

@@ -17,6 +17,7 @@ import dataclasses
 import importlib.util
 import logging
 import os
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -298,11 +299,20 @@ class Runner:
 
 
 def _in_signature_order(interpreter: Any, details: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    """``details`` in the order of the model's signature (the torch program's argument and output order)."""
+    """``details`` in the order of the model's signature (the torch program's argument and output order).
+
+    litert-torch names them ``args_<i>`` and ``output_<i>``, and the interpreter lists a signature's names sorted
+    as text (output_0, output_1, output_10, output_11, output_2, ...): taken in that order, a model with more than
+    ten outputs had its outputs compared with the wrong ones of eager torch (an internal error where their shapes
+    differ, a false FAIL where they do not). The position is the name's number where every name ends in one."""
     signatures = interpreter._get_full_signature_list()
     if len(signatures) != 1:
         return details
-    order = {index: i for i, index in enumerate(next(iter(signatures.values()))[kind].values())}
+    named = next(iter(signatures.values()))[kind]
+    numbers = {name: re.search(r"(\d+)$", name) for name in named}
+    names = (sorted(named, key=lambda n: int(numbers[n].group(1)))  # type: ignore[union-attr]
+             if all(numbers.values()) else list(named))
+    order = {named[name]: i for i, name in enumerate(names)}
     return sorted(details, key=lambda d: order.get(d["index"], len(order)))
 
 
