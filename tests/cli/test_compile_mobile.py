@@ -311,3 +311,13 @@ def test_a_model_with_more_than_ten_outputs_is_compared_output_for_output(target
     assert main(["compile", "tinynet:tinyheads", "--target", target, "-o", str(out), *SHAPE, "--task", "generic"]) == 0
     results = json.loads(out.with_name(out.name + ".report.json").read_text())["results"]
     assert results["fp32_error"]["max_abs_over_range"] <= 1e-4
+
+
+def test_an_integer_output_is_read_as_it_is(target, tmp_path):
+    """An argmax's indices: LiteRT's runner read every integer output as an int8 model's quantized one, on a grid
+    of scale 0, so the indices all became 0 and the fp32 .tflite FAILed against eager torch (4.0 of the range)."""
+    out = tmp_path / f"argmax{TARGETS[target][0]}"
+    assert main(["compile", "tinynet:tinyargmax", "--target", target, "-o", str(out), *SHAPE, "--task",
+                 "generic"]) == 0
+    results = json.loads(out.with_name(out.name + ".report.json").read_text())["results"]
+    assert results["fp32_error"]["max_abs_over_range"] <= 1e-4

@@ -196,3 +196,21 @@ class TinyHeads(nn.Module):
 def tinyheads() -> nn.Module:
     torch.manual_seed(0)
     return TinyHeads().eval()
+
+
+class TinyArgmax(nn.Module):
+    """Scores and their argmax: an integer output beside a float one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = self.fc(torch.relu(self.conv(x)).mean(dim=(2, 3)))
+        return scores, scores.argmax(dim=1)
+
+
+def tinyargmax() -> nn.Module:
+    torch.manual_seed(0)
+    return TinyArgmax().eval()

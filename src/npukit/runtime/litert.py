@@ -293,7 +293,7 @@ class Runner:
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         for detail, value in zip(self.inputs, feeds.values()):
-            self.interpreter.set_tensor(detail["index"], _to_tensor(np.asarray(value, dtype=np.float32), detail))
+            self.interpreter.set_tensor(detail["index"], _to_tensor(np.asarray(value), detail))
         self.interpreter.invoke()
         return [_from_tensor(self.interpreter.get_tensor(d["index"]), d) for d in self.outputs]
 
@@ -316,17 +316,25 @@ def _in_signature_order(interpreter: Any, details: list[dict[str, Any]], kind: s
     return sorted(details, key=lambda d: order.get(d["index"], len(order)))
 
 
+def _quantized(detail: dict[str, Any]) -> bool:
+    """Whether a tensor is an int8 model's quantized input or output (a scale to read it by), not a tensor of
+    integers in its own right (an argmax's indices, a token id), which has none."""
+    return np.dtype(detail["dtype"]).kind in "iu" and bool(detail["quantization"][0])
+
+
 def _to_tensor(value: np.ndarray, detail: dict[str, Any]) -> np.ndarray:
     dtype = np.dtype(detail["dtype"])
-    if dtype == np.float32:
-        return value.reshape(detail["shape"])
+    if not _quantized(detail):
+        return np.asarray(value).astype(dtype, copy=False).reshape(detail["shape"])
     scale, zero = detail["quantization"]
     info = np.iinfo(dtype)
     return np.clip(np.round(value / scale) + zero, info.min, info.max).astype(dtype).reshape(detail["shape"])
 
 
 def _from_tensor(value: np.ndarray, detail: dict[str, Any]) -> np.ndarray:
-    if np.dtype(detail["dtype"]) == np.float32:
+    """An output as eager torch gives it: an int8 model's dequantized on its grid, any other one as it is (integer
+    indices stay integers: read as a grid with scale 0 they all became 0)."""
+    if not _quantized(detail):
         return value.copy()
     scale, zero = detail["quantization"]
     return (value.astype(np.float32) - zero) * np.float32(scale)
