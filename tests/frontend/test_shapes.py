@@ -61,8 +61,10 @@ def test_resolve_checks_names_ranks_and_static_dims() -> None:
     with pytest.raises(InputError, match="no input named 'y'") as info:
         InputSpec.parse(["y=1,3,8,8"]).resolve(model)
     assert "'x', 'skip'" in info.value.hint
-    with pytest.raises(InputError, match="has rank 3 but input 'x' of the model has rank 4"):
+    with pytest.raises(InputError, match="has rank 3 but input 'x' of the model has rank 4") as info:
         InputSpec.parse("1,3,8").resolve(model)
+    # the declared sizes to fill in, not 1,3,1,1 (a shape the model cannot run at)
+    assert info.value.hint.endswith("x=1,3,H,W with H, W the sizes you run it at")
     with pytest.raises(InputError, match="axis 1 is fixed to 3"):
         InputSpec.parse("1,5,8,8").resolve(model, override_static=False)
     assert InputSpec.parse("1,5,8,8").resolve(model) == {"x": (1, 5, 8, 8)}  # ORT decides (apply_input_spec)

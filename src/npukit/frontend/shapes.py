@@ -93,8 +93,8 @@ class InputSpec:
                 raise InputError(f"input shape {shape} has rank {len(shape)} but input {key!r} "
                                  f"of the model has rank {len(dims)} ({show_dims(dims)})",
                                  hint=f"input {key!r} is a scalar: it takes no --input-shape, leave it out"
-                                 if not dims else f"pass --input-shape {key}= with {len(dims)} dimensions, e.g. "
-                                 f"{key}={','.join(str(d) if isinstance(d, int) and d > 0 else '1' for d in dims)}")
+                                 if not dims else f"pass --input-shape {key}= with {len(dims)} dimensions: "
+                                 f"{key}={_shape_template(dims)}")
             for axis, (want, have) in enumerate(zip(shape, dims or ())):
                 if isinstance(have, int) and have != want and not override_static:
                     raise InputError(f"input shape {shape} does not fit input {key!r} of the "
@@ -102,6 +102,16 @@ class InputSpec:
                                      hint="here only symbolic dimensions can be set; keep the others as they are")
             resolved[key] = tuple(shape)
         return resolved
+
+
+def _shape_template(dims: Sequence[int | str | None]) -> str:
+    """The declared ``dims`` as an --input-shape to fill in: static sizes as they are, a symbolic batch (axis 0) as
+    1, every other open size by its name (or N), said to be filled in (a 1 there, as before, would not run)."""
+    names = [str(d) if isinstance(d, int) and d > 0 else "1" if axis == 0 else
+             (d if isinstance(d, str) and d and not is_anonymous_dim(d) else "N") for axis, d in enumerate(dims)]
+    open_sizes = [n for n in names[1:] if not n.isdigit()]
+    return ",".join(names) + (f" with {', '.join(dict.fromkeys(open_sizes))} the sizes you run it at"
+                              if open_sizes else "")
 
 
 def _parse_one(text: str) -> tuple[str | None, tuple[int, ...]]:
