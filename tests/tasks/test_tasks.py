@@ -448,3 +448,20 @@ def test_a_detection_just_above_a_threshold_that_falls_well_below_it_is_missed()
     assert _detect([ref], [kept], YOLO).metrics["f1_at_0.25"] == 1.0
     new = _detect([_yolo([], [], [])], [ref], YOLO)  # a candidate's 0.298 where the reference has nothing
     assert new.metrics["f1_at_0.25"] == 0.0
+
+
+def test_a_reference_that_never_changes_compares_one_answer() -> None:
+    """An untrained googlenet gives its last layer's bias for every input: a candidate matching it passed the check
+    at 47.8 dB, having been compared on one answer. The reference's outputs the same bit for bit on every sample
+    FAIL the check, saying why; one sample, or outputs that differ at all, are judged as before."""
+    from npukit.measure.task_fidelity import compare_task
+
+    constant = lambda feeds: [np.array([[0.1, 2.0, -1.0]], np.float32)]  # noqa: E731
+    echo = lambda feeds: [feeds["x"][:, :3].copy()]  # noqa: E731
+    samples = [{"x": np.full((1, 4), float(i), np.float32)} for i in range(6)]
+    _, result = compare_task(constant, constant, samples, output_names=["logits"])
+    assert result.constant_reference and result.as_dict()["constant_reference"]
+    verdict = judge(result, QualityGate(), what="quantize")
+    assert not verdict.passed and "same outputs for all 6 samples" in verdict.line
+    assert not compare_task(constant, constant, samples[:1], output_names=["logits"])[1].constant_reference
+    assert not compare_task(echo, echo, samples, output_names=["logits"])[1].constant_reference

@@ -105,6 +105,9 @@ class TaskResult:
     # undecoded outputs read only where something is detected (a detector's per-anchor landmarks), measured there:
     # the gate holds these figures, not the whole output's, to the SQNR floor
     at_detections: tuple[OutputFidelity, ...] = ()
+    # the reference gave the same outputs, bit for bit, on every one of two or more samples: whatever the candidate
+    # matches there, the check compared one answer (data all alike, or a model that ignores its input)
+    constant_reference: bool = False
 
     @property
     def compared_nothing(self) -> bool:
@@ -122,7 +125,8 @@ class TaskResult:
         return {"task": self.task, "samples": self.samples, "metric": self.metric, "value": self.value,
                 "metrics": dict(self.metrics), "outputs": [o.as_dict() for o in self.outputs],
                 "decoded": list(self.decoded), "note": self.note, "gated": self.gated(),
-                "at_detections": [o.as_dict() for o in self.at_detections]}
+                "at_detections": [o.as_dict() for o in self.at_detections],
+                "constant_reference": self.constant_reference}
 
 
 class TaskMeter(Protocol):
@@ -187,6 +191,10 @@ def judge(result: TaskResult, gate: QualityGate, *, what: str, default_min_metri
     if unmeasured:
         failures.insert(0, f"so the {result.task} check compared nothing (give data on which the float model finds "
                            "something, or --task generic to hold every output to the SQNR floor alone)")
+    if result.constant_reference:
+        failures.insert(0, f"the reference gave the same outputs for all {result.samples} samples, so the check "
+                           "compared one answer (give varied inputs of the model's kind, preprocessed as it expects; "
+                           "a model whose weights are random or broken may ignore its input)")
     for name, value in sorted(result.gated().items(), key=lambda kv: kv[1]):
         if not value >= floor:
             failures.append(f"{name} {_fmt(value)} < {floor:g}")
