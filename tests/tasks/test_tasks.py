@@ -465,3 +465,18 @@ def test_a_reference_that_never_changes_compares_one_answer() -> None:
     assert not verdict.passed and "same outputs for all 6 samples" in verdict.line
     assert not compare_task(constant, constant, samples[:1], output_names=["logits"])[1].constant_reference
     assert not compare_task(echo, echo, samples, output_names=["logits"])[1].constant_reference
+
+
+def test_the_probability_map_among_several_maps_is_the_segmentation() -> None:
+    """MTCNN's PNet: box offsets (N, 4, H, W) before face probabilities (N, 2, H, W). The offsets were taken for a
+    4-class segmentation (miou 0.855, FAIL) and --task segment could not pick the other; the map whose channels
+    sum to 1 is the one decoded, found or given, the offsets held to the SQNR floor."""
+    rng = np.random.default_rng(0)
+    offsets = rng.normal(size=(1, 4, 27, 27)).astype(np.float32)
+    logits = rng.normal(size=(1, 2, 27, 27))
+    probabilities = (np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)).astype(np.float32)
+    shapes, image = [(1, 4, 27, 27), (1, 2, 27, 27)], [(1, 3, 64, 64)]
+    found = choose_task(shapes, image, sample=[offsets, probabilities])
+    assert (found.name, found.output) == ("segment", 1) and "channels sum to 1" in found.reason
+    assert choose_task(shapes, image, task="segment", sample=[offsets, probabilities]).output == 1
+    assert choose_task(shapes, image).output == 0  # without a sample: the first, as before

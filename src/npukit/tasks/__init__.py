@@ -67,6 +67,16 @@ def _is_softmax_rows(values: np.ndarray) -> bool:
     return v.size > 0 and v.min() >= -1e-4 and np.allclose(v.sum(axis=-1), 1.0, atol=1e-2)
 
 
+def _probability_map(candidates: Sequence[int], sample: Sequence[np.ndarray] | None) -> int:
+    """Of the (N, C, H, W) outputs ``candidates``, the first whose channels sum to 1 at every pixel on ``sample``
+    (class probabilities), else the first."""
+    if sample is not None:
+        for i in candidates:
+            if _is_softmax_rows(np.moveaxis(np.asarray(sample[i]), 1, -1)):
+                return i
+    return candidates[0]
+
+
 def _plausible_yolo(layout: DetectLayout, sample: Sequence[np.ndarray] | None) -> bool:
     """A YOLO-style layout whose values look like boxes and scores: sizes >= 0, scores in [0, 1] (the reference's
     first sample; True without one)."""
@@ -112,19 +122,27 @@ def _detected(shapes: Sequence[Shape], inputs: Sequence[Shape],
                 and _is_softmax_rows(np.asarray(sample[i])):
             return TaskChoice("text-recognize", i, f"output {i} is (N, steps, classes) with each step a "
                                                    "probability distribution: CTC text recognition")
+    maps: list[int] = []  # (N, C >= 2, H, W) outputs near the input's resolution
     for i, shape in enumerate(shapes):
         if len(shape) == 4 and all(isinstance(d, int) for d in shape[1:]) and image is not None:
             h, w = shape[2], shape[3]
             ih, iw = image[2], image[3]
             if not (isinstance(ih, int) and isinstance(iw, int)) or h < 4 or w < 4:
                 continue
-            if shape[1] == 1 and (h, w) == (ih, iw):
+            if shape[1] == 1 and (h, w) == (ih, iw) and not maps:
                 return TaskChoice("text-detect", i, f"output {i} is one probability map at the input's resolution "
                                                     "(a DB-style text detector; pass --task segment for a binary "
                                                     "segmenter)")
             if shape[1] >= 2 and h * 8 >= ih and w * 8 >= iw:
-                return TaskChoice("segment", i, f"output {i} is (N, {shape[1]} classes, H, W) at 1/{ih // h} of the "
-                                                "input's resolution or finer")
+                maps.append(i)
+    if maps:
+        # several such maps (MTCNN's PNet: box offsets beside face probabilities): the one whose channels are a
+        # probability distribution at each pixel is the segmentation; the others are held to the SQNR floor
+        i = _probability_map(maps, sample)
+        ih = image[2]  # type: ignore[index]
+        why = " (its channels sum to 1)" if len(maps) > 1 and i != maps[0] else ""
+        return TaskChoice("segment", i, f"output {i} is (N, {shapes[i][1]} classes, H, W) at 1/{ih // shapes[i][2]} "
+                                        f"of the input's resolution or finer{why}")
     for i, shape in enumerate(shapes):  # channels last: (N, H, W, C) near the input's resolution
         if len(shape) == 4 and all(isinstance(d, int) for d in shape[1:]) and size is not None \
                 and 2 <= shape[3] < min(shape[1], shape[2]) and shape[1] * 8 >= size[0] and shape[2] * 8 >= size[1]:
@@ -168,9 +186,10 @@ def choose_task(output_shapes: Sequence[Shape], input_shapes: Sequence[Shape], *
     index = {"classify": lambda s: is_class_scores(s), "segment": lambda s: len(s) == 4,
              "text-detect": lambda s: len(s) == 4, "text-recognize": lambda s: len(s) == 3,
              "generic": lambda s: True}[task]
-    for i, shape in enumerate(output_shapes):
-        if index(shape):
-            return TaskChoice(task, i, "given", given=True)
+    fitting = [i for i, shape in enumerate(output_shapes) if index(shape)]
+    if fitting:
+        return TaskChoice(task, _probability_map(fitting, sample) if task == "segment" else fitting[0], "given",
+                          given=True)
     raise InputError(f"--task {task} but no output has the shape that task decodes "
                      f"(outputs: {', '.join(str(list(s)) for s in output_shapes)})",
                      hint="check the outputs with npukit inspect, or use --task generic")
