@@ -116,7 +116,7 @@ def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
     dtypes = {d["index"]: d["dtype"] for d in interpreter.get_tensor_details()}
     weighted = [op for op in details if op["op_name"] in WEIGHTED_OPS and len(op["inputs"]) > 1]
     return Lowered(buffer=buffer, ops=dict(ops), delegation=taken,
-                   int8_io=any(i["dtype"] != np.float32 for i in inputs),
+                   int8_io=any(_quantized(d) for d in (*inputs, *interpreter.get_output_details())),
                    float_weighted=sum(dtypes.get(int(op["inputs"][1])) == np.float32 for op in weighted))
 
 
