@@ -325,3 +325,12 @@ def test_an_integer_output_is_read_as_it_is(target, tmp_path):
                  "generic"]) == 0
     results = json.loads(out.with_name(out.name + ".report.json").read_text())["results"]
     assert results["fp32_error"]["max_abs_over_range"] <= 1e-4
+
+
+def test_a_model_that_ignores_its_input_fails_its_check(tmp_path):
+    """Its outputs the same for every input, the check compares one answer: FAIL (it PASSed at 'SQNR inf'), with a
+    hint for an fp32 artifact that does not ask for fp32."""
+    out = tmp_path / "dead.pte"
+    assert main(["compile", "tinynet:tinydead", "--target", "executorch-xnnpack", "-o", str(out), *SHAPE]) == 1
+    verdict = json.loads(out.with_name(out.name + ".report.json").read_text())["verdict"]
+    assert "same outputs for all 4 samples" in verdict and "without --calib" not in verdict

@@ -214,3 +214,24 @@ class TinyArgmax(nn.Module):
 def tinyargmax() -> nn.Module:
     torch.manual_seed(0)
     return TinyArgmax().eval()
+
+
+class TinyDead(nn.Module):
+    """A classifier whose features die at a ReLU for every input (an untrained googlenet's case): its logits are the
+    last layer's bias, whatever the input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.fc = nn.Linear(8, 5)
+        with torch.no_grad():
+            self.conv.weight.zero_()
+            self.conv.bias.fill_(-1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.conv(x)).mean(dim=(2, 3)))
+
+
+def tinydead() -> nn.Module:
+    torch.manual_seed(0)
+    return TinyDead().eval()
