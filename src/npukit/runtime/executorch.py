@@ -98,6 +98,21 @@ def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
                    portable_ops=dict(left))
 
 
+def _on_constants(program: Any) -> set[Any]:
+    """The edge program's call nodes that compute on lifted constants only (the dtype copies of a decomposed
+    hardsigmoid's scalars): left to the portable kernels, they run before the delegate call on no data and do not
+    split the delegated graph, so a placement does not count them as the op's part outside XNNPACK."""
+    users = set(program.graph_signature.user_inputs)
+    known = {n for n in program.graph.nodes if n.op == "get_attr" or (n.op == "placeholder" and n.name not in users)}
+    computed: set[Any] = set()
+    for node in program.graph.nodes:
+        if node.op == "call_function" and node.all_input_nodes and all(i in known for i in node.all_input_nodes) \
+                and "executorch_call_delegate" not in str(node.target):
+            known.add(node)
+            computed.add(node)
+    return computed
+
+
 def _delegated_ops(program: Any) -> int:
     """The ops inside the edge program's XNNPACK delegate calls, counted in the lowered subgraphs themselves (the
     exported program's count less what is left outside went to 0 where the edge dialect decomposes ops, a GRU's),
@@ -156,8 +171,9 @@ def node_placement(program: torch.nn.Module, example: Sequence[torch.Tensor]) ->
                                        partitioner=[XnnpackPartitioner()]).exported_program()
     delegated: collections.Counter[str] = collections.Counter()
     portable: dict[str, list[str]] = collections.defaultdict(list)
+    constant = _on_constants(edge)
     for node in edge.graph.nodes:
-        if node.op != "call_function" or "getitem" in str(node.target):
+        if node.op != "call_function" or "getitem" in str(node.target) or node in constant:
             continue
         if "executorch_call_delegate" in str(node.target):
             lowered = getattr(edge.graph_module, str(node.args[0].target))
