@@ -3,10 +3,11 @@ becomes ``view(prelu(view(x, x.shape + [1, ...]), w), x.shape)``, the same value
 
 XNNPACK's PReLU takes NHWC tensors only, so ExecuTorch's XNNPACK lowering (1.5.1) converts a PReLU's input to NHWC,
 which it cannot do for a tensor that is not 4-D: the lowering fails ("ChannelsLastTaggedReshapePass: Attempting to
-convert non-NHWC compatible node to NHWC") wherever a PReLU follows a Linear layer, as in MTCNN's RNet and ONet. PReLU's slope is per channel along dimension 1, which trailing dimensions of size 1 keep: the rewrite is
-exact. An edge-dialect pass (``ExportPass``), run by ``to_edge_transform_and_lower`` before partitioning, so that the
-views and the PReLU are delegated with the rest; in a quantized program the PReLU between the views runs in fp32 on
-the dequantized input, the function the plan's Q/DQ model computes.
+convert non-NHWC compatible node to NHWC") wherever a PReLU follows a Linear layer, as in MTCNN's RNet and ONet.
+PReLU's slope is per channel along dimension 1, which trailing dimensions of size 1 keep: the rewrite is exact.
+An edge-dialect pass (``ExportPass``), run by ``to_edge_transform_and_lower`` before partitioning, so that the views
+and the PReLU are delegated with the rest (one delegate call on MTCNN ONet, fp32 and INT8; an INT8 artifact is held
+to compile's task check as any other).
 """
 
 from __future__ import annotations
