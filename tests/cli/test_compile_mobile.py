@@ -259,6 +259,11 @@ def test_a_module_without_a_known_shape_is_pointed_at_its_data_s_shape(tmp_path,
                  str(out)]) == 2
     err = capsys.readouterr().err
     assert "--input-shape 1,3,48,48 (one sample of crops.npy)" in err and not out.exists()
+    np.save(calib, np.zeros((4, 48, 48, 3), np.float32))  # channels last: transposed, not passed as 1,48,48,3
+    assert main(["compile", "tinynet:tiny", "--target", "executorch-xnnpack", "--calib", str(calib), "-o",
+                 str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "transpose the data to (N, C, H, W)" in err and "--input-shape 1,3,48,48" in err and not out.exists()
 
 
 def test_a_module_object_compiles_as_a_spec_does(tmp_path, capsys):

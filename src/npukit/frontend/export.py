@@ -150,7 +150,8 @@ def _export_torch(source: ModelSource, staged: Path, work: Path, *, config: Expo
             _reraise_interrupt(exc)
             before = f"the dynamo exporter failed ({fallback_reason}), then " if fallback_reason else ""
             raise NpukitError(f"{before}the TorchScript exporter failed: {_failure_summary(exc)}",
-                              hint="simplify the model's forward, or export it yourself and pass the .onnx") from exc
+                              hint="simplify the model's forward (tensors in and out) until torch.onnx exports "
+                                   "it; the verbs that read ONNX also take a model you export yourself") from exc
     if source.random_weights:
         mark_untrained(model, str(source.spec))
     save_onnx(model, staged)

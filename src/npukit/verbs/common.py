@@ -71,6 +71,11 @@ def _shape_hint(data: str | Path | None) -> str:
             shape = np.load(str(data), mmap_mode="r").shape
         except (OSError, ValueError):
             shape = ()
+        if len(shape) == 4 and shape[3] in (1, 3, 4) and shape[1] > 4 and shape[2] > 4:  # (N, H, W, C) images
+            one = ",".join(map(str, (1, shape[3], shape[1], shape[2])))
+            return (f"{Path(str(data)).name} holds channels-last images {list(shape)}; PyTorch models take them "
+                    f"channels first: transpose the data to (N, C, H, W) (a.transpose(0, 3, 1, 2)) and pass "
+                    f"--input-shape {one}")
         if len(shape) >= 2:
             one = ",".join(map(str, (1, *shape[1:])))
             return f"pass it with --input-shape, e.g. --input-shape {one} (one sample of {Path(str(data)).name})"
