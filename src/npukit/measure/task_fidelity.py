@@ -41,7 +41,7 @@ def compare_task(reference: Runner, candidate: Runner, samples: Iterable[Any], *
     choice = None
     first: list[np.ndarray] = []
     varies = False  # whether the reference's outputs differ between samples
-    compared = 0
+    compared = 0  # calls, not result.samples: a classifier's counts rows, a batch of several in one call
     for count, (feeds, labels) in enumerate(feeds_and_labels(samples)):
         if limit is not None and count >= limit:
             break

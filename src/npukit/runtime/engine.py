@@ -344,8 +344,7 @@ class Runtime:
             return session, cache
         if self.device.device == "cpu":
             return make_session(proto, threads=threads), "off"
-        from npukit.frontend.onnx_io import named_nodes
-        from npukit.frontend.onnx_io import is_context_model
+        from npukit.frontend.onnx_io import is_context_model, named_nodes
         from npukit.runtime.qnn import make_qnn_session
 
         soc = self.device.device.partition("@")[2]

@@ -11,7 +11,7 @@ import collections
 import dataclasses
 import importlib.util
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,15 +76,9 @@ def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
           names: tuple[Sequence[str], Sequence[str]] | None = None) -> Lowered:
     """``program`` exported and lowered with ExecuTorch's XNNPACK partitioner (fp32, or the q/dq of a PT2E-converted
     program as XNNPACK's integer kernels; ``names`` unused: a .pte method takes and returns tensors by position)."""
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
-
-    from npukit.runtime.executorch_prelu import transform_passes
-
     exported = torch.export.export(program, tuple(plain_tensor(x) for x in example))
     try:
-        edge = to_edge_transform_and_lower(exported, transform_passes=transform_passes(),
-                                           partitioner=[XnnpackPartitioner()])
+        edge = _to_edge(exported)
     except Exception as exc:  # noqa: BLE001 - any failure inside ExecuTorch's lowering is the model's, said in one line
         raise InputError(f"ExecuTorch's XNNPACK lowering failed on this model: {_root_cause(exc)}",
                          hint="try --target litert or qnn-htp, or the ONNX export (npukit export) on ORT CPU") from exc
@@ -96,6 +90,28 @@ def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
     buffer = edge.to_executorch().buffer
     return Lowered(buffer=bytes(buffer), delegated_ops=_delegated_ops(program), delegate_calls=calls,
                    portable_ops=dict(left))
+
+
+def _to_edge(exported: torch.export.ExportedProgram) -> Any:
+    """``exported`` lowered as every .pte here is: npukit's edge passes (``executorch_prelu``) before XNNPACK's
+    partitioner."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from npukit.runtime.executorch_prelu import transform_passes
+
+    return to_edge_transform_and_lower(exported, transform_passes=transform_passes(),
+                                       partitioner=[XnnpackPartitioner()])
+
+
+def _delegated_nodes(program: Any) -> Iterator[torch.fx.Node]:
+    """The call nodes inside the edge program's XNNPACK delegate calls, in their lowered subgraphs (getitems left
+    out)."""
+    for node in program.graph.nodes:
+        if node.op == "call_function" and "executorch_call_delegate" in str(node.target):
+            lowered = getattr(program.graph_module, str(node.args[0].target))
+            yield from (n for n in lowered.original_module.graph.nodes
+                        if n.op == "call_function" and "getitem" not in str(n.target))
 
 
 def _on_constants(program: Any) -> set[Any]:
@@ -117,13 +133,7 @@ def _delegated_ops(program: Any) -> int:
     """The ops inside the edge program's XNNPACK delegate calls, counted in the lowered subgraphs themselves (the
     exported program's count less what is left outside went to 0 where the edge dialect decomposes ops, a GRU's),
     quantize and dequantize ops left out (they are the grids between the ops, not ops of the model)."""
-    ops = 0
-    for node in program.graph.nodes:
-        if node.op == "call_function" and "executorch_call_delegate" in str(node.target):
-            lowered = getattr(program.graph_module, str(node.args[0].target))
-            ops += sum(1 for n in lowered.original_module.graph.nodes if n.op == "call_function"
-                       and "getitem" not in str(n.target) and "quantize_per" not in str(n.target))
-    return ops
+    return sum(1 for n in _delegated_nodes(program) if "quantize_per" not in str(n.target))
 
 
 def _root_cause(exc: BaseException) -> str:
@@ -161,24 +171,13 @@ class Runner:
 def node_placement(program: torch.nn.Module, example: Sequence[torch.Tensor]) -> dict[str, Placement]:
     """Lower ``program`` with ExecuTorch's XNNPACK partitioner (fp32, as ``lower`` does) and say, for each call node
     of ``torch.export.export(program, example)``, where its edge nodes ended up (``Placement``)."""
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
-
-    from npukit.runtime.executorch_prelu import transform_passes
-
     exported = torch.export.export(program, tuple(plain_tensor(x) for x in example))
-    edge = to_edge_transform_and_lower(exported, transform_passes=transform_passes(),
-                                       partitioner=[XnnpackPartitioner()]).exported_program()
-    delegated: collections.Counter[str] = collections.Counter()
+    edge = _to_edge(exported).exported_program()
+    delegated = collections.Counter(origin(n) for n in _delegated_nodes(edge))
     portable: dict[str, list[str]] = collections.defaultdict(list)
     constant = _on_constants(edge)
     for node in edge.graph.nodes:
-        if node.op != "call_function" or "getitem" in str(node.target) or node in constant:
-            continue
-        if "executorch_call_delegate" in str(node.target):
-            lowered = getattr(edge.graph_module, str(node.args[0].target))
-            delegated.update(origin(n) for n in lowered.original_module.graph.nodes
-                             if n.op == "call_function" and "getitem" not in str(n.target))
-        else:
+        if node.op == "call_function" and "getitem" not in str(node.target) and node not in constant \
+                and "executorch_call_delegate" not in str(node.target):
             portable[origin(node)].append(getattr(node.target, "__name__", str(node.target)))
     return placements(exported, delegated, portable)
