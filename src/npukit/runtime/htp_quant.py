@@ -501,45 +501,80 @@ def correct_weight_rounding_bias(
     the QDQ model reads its weight as DQ(integer initializer) and its bias as DQ(int32 initializer, zero point 0) or
     a float initializer; the weights' integers are left as they are. Returns the corrected model and, per corrected
     node, the largest shift removed in steps of its bias (int32) or in the bias's units (float)."""
-    from npukit.runtime.ort import make_session
-
     qdq = _copy(qdq)
     q_index = GraphIndex(qdq.graph)
-    q_inits = q_index.initializers
+    probe, shifts = _rounding_shift_probe(float_model, qdq, q_index)
+    if not shifts:
+        return qdq, {}
+    means = _mean_outputs(probe, samples)
+    return qdq, _subtract_shifts(shifts, means, q_index)
+
+
+def _rounding_shift_probe(float_model: onnx.ModelProto, qdq: onnx.ModelProto, q_index: GraphIndex
+                          ) -> tuple[onnx.ModelProto, list[tuple[onnx.NodeProto, str]]]:
+    """``float_model`` with its outputs replaced by one per correctable Conv / ConvTranspose / Gemm (see
+    ``_rounding_error``): the per-channel mean of op(x, DQ(Q(W)) - W) over the batch and positions, x the node's float
+    input, which is what the weight's rounding adds to its output. Returns the probe and, per node, (its node in
+    ``qdq``, the probe's output holding its shift)."""
     match = _qdq_counterparts(float_model, qdq, _WEIGHTED)
     f_inits = {i.name: i for i in float_model.graph.initializer}
     probe = _copy(float_model)
     del probe.graph.output[:]
     new_reduce = next((o.version for o in probe.opset_import if o.domain in ("", "ai.onnx")), 1) >= 18
-    twins: list[tuple[onnx.NodeProto, str]] = []  # (qdq node, probe output holding its per-channel mean shift)
+    shifts: list[tuple[onnx.NodeProto, str]] = []
     for k, node in enumerate(float_model.graph.node):
         target = match.get(k)
-        if target is None or len(node.input) < 2 or node.input[1] not in f_inits:
-            continue
-        if node.op_type == "Gemm" and node_attr(node, "transA", 0):
-            continue
-        wq = _dequantized_weight(target, q_index)
-        w = numpy_helper.to_array(f_inits[node.input[1]]).astype(np.float32)
-        if wq is None or wq.shape != w.shape:
-            continue
-        if _int32_bias(target, q_index) is None and not (
-                len(target.input) > 2 and target.input[2] in q_inits):
-            continue
-        delta, twin_out, mean_out = (f"npukit_htp_bc_{tag}_{k}" for tag in ("delta", "twin", "mean"))
-        probe.graph.initializer.append(numpy_helper.from_array((wq - w).astype(np.float32), delta))
-        twin = helper.make_node(node.op_type, [node.input[0], delta], [twin_out])
-        twin.attribute.extend(a for a in node.attribute if a.name != "beta")
-        axes = [0] if node.op_type == "Gemm" else [0, *range(2, w.ndim)]
-        if new_reduce:
-            probe.graph.initializer.append(numpy_helper.from_array(np.array(axes, np.int64), f"{mean_out}_axes"))
-            reduce = helper.make_node("ReduceMean", [twin_out, f"{mean_out}_axes"], [mean_out], keepdims=0)
-        else:
-            reduce = helper.make_node("ReduceMean", [twin_out], [mean_out], axes=axes, keepdims=0)
-        probe.graph.node.extend([twin, reduce])
-        probe.graph.output.append(helper.make_tensor_value_info(mean_out, onnx.TensorProto.FLOAT, None))
-        twins.append((target, mean_out))
-    if not twins:
-        return qdq, {}
+        delta = None if target is None else _rounding_error(node, target, f_inits, q_index)
+        if delta is not None:
+            shifts.append((target, _add_mean_shift_output(probe, node, delta, k, new_reduce)))
+    return probe, shifts
+
+
+def _rounding_error(node: onnx.NodeProto, target: onnx.NodeProto, f_inits: dict[str, onnx.TensorProto],
+                    q_index: GraphIndex) -> np.ndarray | None:
+    """DQ(Q(W)) - W for the float ``node`` whose counterpart in the QDQ model is ``target``, as float32, where the
+    bias can take the correction: the float weight an initializer, the quantized one DQ(integer initializer) of the
+    same shape, and the bias DQ(int32, zero point 0) or a float initializer; None otherwise, and for a Gemm with
+    transA (left alone)."""
+    if len(node.input) < 2 or node.input[1] not in f_inits:
+        return None
+    if node.op_type == "Gemm" and node_attr(node, "transA", 0):
+        return None
+    wq = _dequantized_weight(target, q_index)
+    w = numpy_helper.to_array(f_inits[node.input[1]]).astype(np.float32)
+    if wq is None or wq.shape != w.shape:
+        return None
+    if _int32_bias(target, q_index) is None and not (
+            len(target.input) > 2 and target.input[2] in q_index.initializers):
+        return None
+    return (wq - w).astype(np.float32)
+
+
+def _add_mean_shift_output(probe: onnx.ModelProto, node: onnx.NodeProto, delta: np.ndarray, k: int,
+                           new_reduce: bool) -> str:
+    """Adds to ``probe`` the float ``node`` (k-th of the graph) run on its input with weight ``delta`` and no bias
+    (a Gemm's beta dropped), then its mean over every axis but the output channel's (ReduceMean's axes an input from
+    opset 18, ``new_reduce``, an attribute before), as a new output; returns that output's name."""
+    delta_name, twin_out, mean_out = (f"npukit_htp_bc_{tag}_{k}" for tag in ("delta", "twin", "mean"))
+    probe.graph.initializer.append(numpy_helper.from_array(delta, delta_name))
+    twin = helper.make_node(node.op_type, [node.input[0], delta_name], [twin_out])
+    twin.attribute.extend(a for a in node.attribute if a.name != "beta")
+    axes = [0] if node.op_type == "Gemm" else [0, *range(2, delta.ndim)]
+    if new_reduce:
+        probe.graph.initializer.append(numpy_helper.from_array(np.array(axes, np.int64), f"{mean_out}_axes"))
+        reduce = helper.make_node("ReduceMean", [twin_out, f"{mean_out}_axes"], [mean_out], keepdims=0)
+    else:
+        reduce = helper.make_node("ReduceMean", [twin_out], [mean_out], axes=axes, keepdims=0)
+    probe.graph.node.extend([twin, reduce])
+    probe.graph.output.append(helper.make_tensor_value_info(mean_out, onnx.TensorProto.FLOAT, None))
+    return mean_out
+
+
+def _mean_outputs(probe: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Each output of ``probe`` averaged over ``samples`` (in float64), run by ONNX Runtime with its graph
+    optimizations off; each sample is fed only the inputs the probe takes."""
+    from npukit.runtime.ort import make_session
+
     session = make_session(probe, optimization="disable")
     names = [o.name for o in session.get_outputs()]
     feeds_names = {i.name for i in session.get_inputs()}
@@ -547,32 +582,52 @@ def correct_weight_rounding_bias(
     for sample in samples:
         for name, value in zip(names, session.run(None, {k: v for k, v in sample.items() if k in feeds_names})):
             sums[name] = sums.get(name, 0.0) + np.asarray(value, np.float64)
+    return {name: total / len(samples) for name, total in sums.items()}
+
+
+def _subtract_shifts(shifts: list[tuple[onnx.NodeProto, str]], means: dict[str, np.ndarray], q_index: GraphIndex
+                     ) -> dict[str, float]:
+    """Subtracts each node's measured output shift (``means`` of its probe output; a Gemm's divided by its beta, which
+    scales its bias) from its bias in place, in its int32 steps or in float; a bias that two nodes share is moved
+    once, by the first, and one whose size is not the shift's is left. Returns, per corrected node, the largest shift
+    removed."""
     corrected: dict[str, float] = {}
     done: set[str] = set()
-    for target, mean_out in twins:
-        shift = sums[mean_out] / len(samples)
+    for target, mean_out in shifts:
+        shift = means[mean_out]
         if target.op_type == "Gemm":
             shift = shift / float(node_attr(target, "beta", 1.0))
         int_bias = _int32_bias(target, q_index)
-        if int_bias is not None:
-            tensor, step = int_bias
-            if step.size != shift.size or tensor.name in done:
-                continue
-            q = numpy_helper.to_array(tensor).astype(np.float64)
-            new = np.clip(np.rint(q.reshape(-1) - shift / step), -(2**31), 2**31 - 1).astype(np.int32)
-            tensor.CopyFrom(numpy_helper.from_array(new.reshape(q.shape), tensor.name))
-            removed = float(np.max(np.abs(shift / step)))
-        else:
-            tensor = q_inits[target.input[2]]
-            bias = numpy_helper.to_array(tensor).astype(np.float64)
-            if bias.size != shift.size or tensor.name in done:
-                continue
-            tensor.CopyFrom(numpy_helper.from_array((bias - shift.reshape(bias.shape)).astype(np.float32),
-                                                    tensor.name))
-            removed = float(np.max(np.abs(shift)))
-        done.add(tensor.name)
-        corrected[target.name or target.output[0]] = removed
-    return qdq, corrected
+        tensor = int_bias[0] if int_bias is not None else q_index.initializers[target.input[2]]
+        if tensor.name in done:
+            continue
+        removed = _subtract_from_float_bias(tensor, shift) if int_bias is None \
+            else _subtract_from_int32_bias(tensor, int_bias[1], shift)
+        if removed is not None:
+            done.add(tensor.name)
+            corrected[target.name or target.output[0]] = removed
+    return corrected
+
+
+def _subtract_from_int32_bias(tensor: onnx.TensorProto, step: np.ndarray, shift: np.ndarray) -> float | None:
+    """Subtracts ``shift`` from the int32 bias ``tensor`` (``step``: its scale per element) in place, rounded to its
+    integers and clipped to int32; returns the largest shift in steps, or None where the sizes differ."""
+    if step.size != shift.size:
+        return None
+    q = numpy_helper.to_array(tensor).astype(np.float64)
+    new = np.clip(np.rint(q.reshape(-1) - shift / step), -(2**31), 2**31 - 1).astype(np.int32)
+    tensor.CopyFrom(numpy_helper.from_array(new.reshape(q.shape), tensor.name))
+    return float(np.max(np.abs(shift / step)))
+
+
+def _subtract_from_float_bias(tensor: onnx.TensorProto, shift: np.ndarray) -> float | None:
+    """Subtracts ``shift`` from the float bias ``tensor`` in place; returns the largest shift in the bias's units, or
+    None where the sizes differ."""
+    bias = numpy_helper.to_array(tensor).astype(np.float64)
+    if bias.size != shift.size:
+        return None
+    tensor.CopyFrom(numpy_helper.from_array((bias - shift.reshape(bias.shape)).astype(np.float32), tensor.name))
+    return float(np.max(np.abs(shift)))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -608,59 +663,105 @@ def widen_activation_grids(
         return qdq, 0
     qdq = _copy(qdq)
     inits = {i.name: i for i in qdq.graph.initializer}
-    f_index = GraphIndex(float_model.graph)
-    f_inits = f_index.initializers
+    ratio = _widen_uint16_grids(qdq, inits, GraphIndex(float_model.graph), factor)
+    _rescale_int32_biases(qdq, inits, ratio)
+    return qdq, len(ratio)
+
+
+def _widen_uint16_grids(qdq: onnx.ModelProto, inits: dict[str, onnx.TensorProto], f_index: GraphIndex,
+                        factor: float) -> dict[str, float]:
+    """Widens in place each calibrated 16-bit activation grid of ``qdq`` (``_calibrated_uint16_grid``) as
+    ``_widened_grid`` allows, each scale initializer once however many QuantizeLinears share it; returns, per scale
+    initializer widened, its new scale over its old, which the int32 biases computed from it must follow."""
     ratio: dict[str, float] = {}  # scale initializer -> new / old
     for node in qdq.graph.node:
-        if node.op_type != "QuantizeLinear" or node.input[0] in inits or len(node.input) < 3:
+        grid = _calibrated_uint16_grid(node, inits)
+        if grid is None or grid[0] in ratio:
             continue
-        scale_name, zero_name = node.input[1], node.input[2]
-        if scale_name in ratio or scale_name not in inits or zero_name not in inits \
-                or not scale_name.endswith("_scale"):
+        scale_name, zero_name, scale, zero = grid
+        s = float(scale.reshape(-1)[0])
+        widened = _widened_grid(scale_name[: -len("_scale")], s, float(zero.reshape(-1)[0]), factor, f_index)
+        if widened is None:
             continue
-        zero, scale = numpy_helper.to_array(inits[zero_name]), numpy_helper.to_array(inits[scale_name])
-        if zero.dtype != np.uint16 or scale.size != 1:
-            continue
-        tensor = scale_name[: -len("_scale")]
-        producer = f_index.producer_node(tensor)
-        if (producer is None and tensor not in f_index.inputs) \
-                or (producer is not None and producer.op_type in _BOUNDED):
-            continue
-        s, z = float(scale.reshape(-1)[0]), float(zero.reshape(-1)[0])
-        lo, hi = min(-z * s * factor, 0.0), max((65535.0 - z) * s * factor, 0.0)
-        if producer is not None and producer.op_type == "Relu":
-            lo = 0.0
-        elif producer is not None and producer.op_type == "Clip":
-            bounds = _clip_bounds(producer, f_inits)
-            if bounds is None:
-                continue
-            lo, hi = min(max(lo, bounds[0]), 0.0), max(min(hi, bounds[1]), 0.0)
-        new_s = (hi - lo) / 65535.0
-        if not new_s > s:
-            continue
-        new_z = int(np.clip(np.rint(-lo / new_s), 0, 65535))
+        new_s, new_z = widened
         inits[scale_name].CopyFrom(numpy_helper.from_array(np.array(new_s, scale.dtype).reshape(scale.shape),
                                                            scale_name))
         inits[zero_name].CopyFrom(numpy_helper.from_array(np.array(new_z, np.uint16).reshape(zero.shape), zero_name))
         ratio[scale_name] = new_s / s
+    return ratio
+
+
+def _calibrated_uint16_grid(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]
+                            ) -> tuple[str, str, np.ndarray, np.ndarray] | None:
+    """(scale name, zero point name, scale, zero point) where ``node`` quantizes an activation (no initializer) onto
+    one uint16 grid per tensor that calibration set (its scale an initializer named ``<tensor>_scale`` by ORT), else
+    None: only those grids stand for a calibrated range that inputs unlike the samples may leave."""
+    if node.op_type != "QuantizeLinear" or node.input[0] in inits or len(node.input) < 3:
+        return None
+    scale_name, zero_name = node.input[1], node.input[2]
+    if scale_name not in inits or zero_name not in inits or not scale_name.endswith("_scale"):
+        return None
+    zero, scale = numpy_helper.to_array(inits[zero_name]), numpy_helper.to_array(inits[scale_name])
+    if zero.dtype != np.uint16 or scale.size != 1:
+        return None
+    return scale_name, zero_name, scale, zero
+
+
+def _widened_grid(tensor: str, s: float, z: float, factor: float, f_index: GraphIndex) -> tuple[float, int] | None:
+    """The scale and zero point of the uint16 grid (``s``, ``z``) of ``tensor`` widened by ``factor`` about zero,
+    kept within what its producer in the float model (``f_index``) can write: a Relu's lower end at 0, a Clip's ends
+    within its constant bounds. None where the grid stays: ``tensor`` unknown to the float model, written by an op
+    bounded by itself (``_BOUNDED``) or by a Clip with computed bounds, or not wider once kept within them."""
+    producer = f_index.producer_node(tensor)
+    if (producer is None and tensor not in f_index.inputs) or (producer is not None and producer.op_type in _BOUNDED):
+        return None
+    lo, hi = min(-z * s * factor, 0.0), max((65535.0 - z) * s * factor, 0.0)
+    if producer is not None and producer.op_type == "Relu":
+        lo = 0.0
+    elif producer is not None and producer.op_type == "Clip":
+        bounds = _clip_bounds(producer, f_index.initializers)
+        if bounds is None:
+            return None
+        lo, hi = min(max(lo, bounds[0]), 0.0), max(min(hi, bounds[1]), 0.0)
+    new_s = (hi - lo) / 65535.0
+    if not new_s > s:
+        return None
+    return new_s, int(np.clip(np.rint(-lo / new_s), 0, 65535))
+
+
+def _rescale_int32_biases(qdq: onnx.ModelProto, inits: dict[str, onnx.TensorProto], ratio: dict[str, float]) -> None:
+    """Rescales in place each int32 bias (once, however many nodes read it) of a Conv / ConvTranspose / Gemm whose
+    input grid widened by ``ratio``: its scale grows by the same ratio, so it stays input_scale x weight_scale as the
+    integer kernels take it, and its integers shrink by it, so its value stays to within rounding."""
     q_index = GraphIndex(qdq.graph)
     done: set[str] = set()
     for node in qdq.graph.node:
-        if node.op_type not in _WEIGHTED or len(node.input) < 3:
+        found = _bias_of_widened_input(node, q_index, inits, ratio)
+        if found is None or found[0].input[0] in done:
             continue
-        x_dq, b_dq = q_index.producer_node(node.input[0]), q_index.producer_node(node.input[2])
-        if x_dq is None or b_dq is None or x_dq.op_type != "DequantizeLinear" or b_dq.op_type != "DequantizeLinear":
-            continue
-        grown = ratio.get(x_dq.input[1])
-        if grown is None or b_dq.input[0] in done or b_dq.input[0] not in inits or b_dq.input[1] not in inits:
-            continue
-        q = inits[b_dq.input[0]]
-        if q.data_type != onnx.TensorProto.INT32:
-            continue
+        b_dq, grown = found
         done.add(b_dq.input[0])
+        q, bias_scale = inits[b_dq.input[0]], inits[b_dq.input[1]]
         ints = numpy_helper.to_array(q).astype(np.float64)
         q.CopyFrom(numpy_helper.from_array(np.clip(np.rint(ints / grown), -(2**31), 2**31 - 1).astype(np.int32),
                                            q.name))
-        bias_scale = numpy_helper.to_array(inits[b_dq.input[1]]).astype(np.float64) * grown
-        inits[b_dq.input[1]].CopyFrom(numpy_helper.from_array(bias_scale.astype(np.float32), b_dq.input[1]))
-    return qdq, len(ratio)
+        scaled = numpy_helper.to_array(bias_scale).astype(np.float64) * grown
+        bias_scale.CopyFrom(numpy_helper.from_array(scaled.astype(np.float32), b_dq.input[1]))
+
+
+def _bias_of_widened_input(node: onnx.NodeProto, q_index: GraphIndex, inits: dict[str, onnx.TensorProto],
+                           ratio: dict[str, float]) -> tuple[onnx.NodeProto, float] | None:
+    """(the DequantizeLinear of its int32 bias, the ratio its input's scale grew by) where ``node`` is a Conv /
+    ConvTranspose / Gemm reading DQ(input) and DQ(int32 bias initializer with an initializer scale) and its input's
+    grid widened; else None."""
+    if node.op_type not in _WEIGHTED or len(node.input) < 3:
+        return None
+    x_dq, b_dq = q_index.producer_node(node.input[0]), q_index.producer_node(node.input[2])
+    if x_dq is None or b_dq is None or x_dq.op_type != "DequantizeLinear" or b_dq.op_type != "DequantizeLinear":
+        return None
+    grown = ratio.get(x_dq.input[1])
+    if grown is None or b_dq.input[0] not in inits or b_dq.input[1] not in inits:
+        return None
+    if inits[b_dq.input[0]].data_type != onnx.TensorProto.INT32:
+        return None
+    return b_dq, grown

@@ -14,7 +14,7 @@ stores (127, or 64 for 7-bit weights).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -72,82 +72,148 @@ def _qrange(arrays: Mapping[str, np.ndarray], inits: Mapping[str, onnx.TensorPro
 
 def split(qdq: onnx.ModelProto, *, reduce_range: bool, learn_scales: bool = False) -> Twin:
     """The training twin of ``qdq`` (see the module docstring)."""
-    graph = qdq.graph
-    lookup = GraphIndex(graph)
-    inits = lookup.initializers
-    arrays = {name: numpy_helper.to_array(t) for name, t in inits.items()}
-    quant: dict[str, torch.nn.Module] = {}
-    slots: dict[str, Slot] = {}
-    replaced: dict[int, onnx.NodeProto | None] = {}  # id(node) -> its replacement (None: dropped)
-    new_inits: dict[str, onnx.TensorProto] = {}
-    activation_keys: dict[str, str] = {}  # DQ output -> its quantizer key
-    biases: list[tuple[onnx.NodeProto, str]] = []
-    config = _RuleConfig(reduce_range)
+    lookup = GraphIndex(qdq.graph)
+    arrays = {name: numpy_helper.to_array(t) for name, t in lookup.initializers.items()}
+    found, biases = _weight_and_activation_quantizers(lookup, arrays, _RuleConfig(reduce_range), learn_scales)
+    found += _bias_quantizers(biases, lookup, arrays, found)
+    return Twin(_twin_model(qdq, found), {q.key: q.module for q in found}, {q.key: q.slot for q in found})
 
-    def fq_node(kind: str, key: str, source: str, output: str) -> onnx.NodeProto:
-        return helper.make_node("FakeQuant", [source], [output], name=f"fq_{key}", domain=DOMAIN, kind=kind, key=key)
 
+@dataclasses.dataclass(frozen=True)
+class _Quantizer:
+    """One quantizer of the twin as ``split`` finds it: its key, its module and slot, the FakeQuant node that takes
+    the place of the DequantizeLinear ``replaces`` (and of the QuantizeLinear ``drops`` before an activation's), and
+    the float initializer the FakeQuant reads (a weight's or bias's dequantized values; None for an activation)."""
+
+    key: str
+    module: torch.nn.Module
+    slot: Slot
+    node: onnx.NodeProto
+    replaces: onnx.NodeProto
+    drops: onnx.NodeProto | None = None
+    initializer: onnx.TensorProto | None = None
+
+
+def _dequantizers(lookup: GraphIndex) -> Iterator[tuple[str, onnx.NodeProto]]:
+    """Each DequantizeLinear of the QDQ model, in graph order, with its quantizer's key (``q<n>``, n its rank among
+    them); a block-quantized one is refused when reached, since ``WeightQuant`` has no per-block grid."""
     for index, dq in enumerate(n for n in lookup.nodes if n.op_type == "DequantizeLinear"):
         if node_attr(dq, "block_size", 0):
             raise InputError("block-quantized weights are not trained yet", hint="quantize per channel")
-        key = f"q{index}"
-        zero = dq.input[2] if len(dq.input) > 2 and dq.input[2] else None
-        axis = int(node_attr(dq, "axis", 1))
-        source = dq.input[0]
-        if source in inits:
-            if inits[source].data_type == onnx.TensorProto.INT32:
-                biases.append((dq, key))
-                continue
-            float_name = f"{source}__float"
-            value = dequantized(dq, arrays)
-            new_inits[float_name] = numpy_helper.from_array(value, float_name)
-            reader = next(iter(lookup.consumer_nodes(dq.output[0])), None)
-            scale = arrays[dq.input[1]]
-            zp = arrays[zero] if zero else np.zeros_like(scale, dtype=np.int64)
-            per_axis = axis % value.ndim if scale.size > 1 else None
-            qmin, qmax = _qrange(arrays, inits, zero, source)
-            quant[key] = config.weight_quant(reader, arrays[source], value, scale, zp, per_axis, qmin, qmax,
-                                             learn_scales)
-            slots[key] = Slot("weight", float_name, source, (dq.input[1],), (zero,) if zero else ())
-            replaced[id(dq)] = fq_node("weight", key, float_name, dq.output[0])
-            continue
-        q = lookup.producer_node(source)
-        if q is None or q.op_type != "QuantizeLinear":
-            raise InputError(f"DequantizeLinear {dq.name} reads {source}, which no QuantizeLinear writes",
-                             hint="train a model written by npukit quantize")
-        scale = arrays[q.input[1]]
-        zp = arrays[q.input[2]] if len(q.input) > 2 and q.input[2] else np.zeros_like(scale, dtype=np.int64)
-        qmin, qmax = _qrange(arrays, inits, q.input[2] if len(q.input) > 2 else None, None)
-        per_axis = axis if scale.size > 1 else None
-        quant[key] = ActivationQuant(scale, zp, qmin, qmax, axis=per_axis, learn_scale=learn_scales)
-        if q.input[0] in inits:  # a float weight quantized in the graph (Q and DQ both there)
-            raise InputError("the model quantizes a float weight at run time; train a model with integer weights",
-                             hint="npukit quantize writes integer weights")
-        slots[key] = Slot("activation", q.input[0], None, (q.input[1], dq.input[1]),
-                          tuple(n for n in (q.input[2] if len(q.input) > 2 else "", zero) if n))
-        replaced[id(dq)] = fq_node("activation", key, q.input[0], dq.output[0])
-        activation_keys[dq.output[0]] = key
-        replaced[id(q)] = None
+        yield f"q{index}", dq
 
-    weight_of = {slots[k].tensor: k for k in slots if slots[k].kind == "weight"}
-    dq_out = {n.output[0]: n for n in graph.node if n.op_type == "DequantizeLinear"}
-    for dq, key in biases:
+
+def _weight_and_activation_quantizers(lookup: GraphIndex, arrays: Mapping[str, np.ndarray], rule: _RuleConfig,
+                                      learn_scales: bool) -> tuple[list[_Quantizer], list[tuple[str, onnx.NodeProto]]]:
+    """The quantizer of each DequantizeLinear of an integer weight or of an activation, in graph order, and the
+    DequantizeLinears of int32 biases with their keys, left for ``_bias_quantizers``: a bias's grid is its input's
+    and weight's, which must all be known first."""
+    found: list[_Quantizer] = []
+    biases: list[tuple[str, onnx.NodeProto]] = []
+    for key, dq in _dequantizers(lookup):
+        source = lookup.initializers.get(dq.input[0])
+        if source is not None and source.data_type == onnx.TensorProto.INT32:
+            biases.append((key, dq))
+        elif source is not None:
+            found.append(_weight_quantizer(key, dq, lookup, arrays, rule, learn_scales))
+        else:
+            found.append(_activation_quantizer(key, dq, lookup, arrays, learn_scales))
+    return found, biases
+
+
+def _fake_quant_node(kind: str, key: str, source: str, output: str) -> onnx.NodeProto:
+    """The FakeQuant node (domain ``npukit.qat``) that computes ``output`` from the float ``source`` on quantizer
+    ``key``'s grid, in the place of the DequantizeLinear that wrote ``output``."""
+    return helper.make_node("FakeQuant", [source], [output], name=f"fq_{key}", domain=DOMAIN, kind=kind, key=key)
+
+
+def _zero_point(node: onnx.NodeProto) -> str | None:
+    """The zero point a QuantizeLinear or DequantizeLinear names (None where it names none: zero)."""
+    return node.input[2] if len(node.input) > 2 and node.input[2] else None
+
+
+def _weight_quantizer(key: str, dq: onnx.NodeProto, lookup: GraphIndex, arrays: Mapping[str, np.ndarray],
+                      rule: _RuleConfig, learn_scales: bool) -> _Quantizer:
+    """The quantizer of an integer weight that ``dq`` dequantizes: the weight becomes a float initializer of its
+    dequantized values (``<integers>__float``), and its grid the rule (``_RuleConfig``) that reproduces it from the
+    values, so that training the float weight keeps it on a grid the model's scheme would have chosen."""
+    source, zero = dq.input[0], _zero_point(dq)
+    float_name = f"{source}__float"
+    value = dequantized(dq, arrays)
+    initializer = numpy_helper.from_array(value, float_name)
+    reader = next(iter(lookup.consumer_nodes(dq.output[0])), None)
+    scale = arrays[dq.input[1]]
+    zp = arrays[zero] if zero else np.zeros_like(scale, dtype=np.int64)
+    per_axis = int(node_attr(dq, "axis", 1)) % value.ndim if scale.size > 1 else None
+    qmin, qmax = _qrange(arrays, lookup.initializers, zero, source)
+    module = rule.weight_quant(reader, arrays[source], value, scale, zp, per_axis, qmin, qmax, learn_scales)
+    slot = Slot("weight", float_name, source, (dq.input[1],), (zero,) if zero else ())
+    return _Quantizer(key, module, slot, _fake_quant_node("weight", key, float_name, dq.output[0]), dq,
+                      initializer=initializer)
+
+
+def _activation_quantizer(key: str, dq: onnx.NodeProto, lookup: GraphIndex, arrays: Mapping[str, np.ndarray],
+                          learn_scales: bool) -> _Quantizer:
+    """The quantizer of an activation's QuantizeLinear -> ``dq`` pair, on the QuantizeLinear's grid: both nodes give
+    way to one FakeQuant reading the float tensor the QuantizeLinear read. A DequantizeLinear no QuantizeLinear feeds,
+    or a float weight quantized at run time, is refused: npukit's quantizer writes neither."""
+    source, zero = dq.input[0], _zero_point(dq)
+    q = lookup.producer_node(source)
+    if q is None or q.op_type != "QuantizeLinear":
+        raise InputError(f"DequantizeLinear {dq.name} reads {source}, which no QuantizeLinear writes",
+                         hint="train a model written by npukit quantize")
+    q_zero = _zero_point(q)
+    scale = arrays[q.input[1]]
+    zp = arrays[q_zero] if q_zero else np.zeros_like(scale, dtype=np.int64)
+    qmin, qmax = _qrange(arrays, lookup.initializers, q_zero, None)
+    per_axis = int(node_attr(dq, "axis", 1)) if scale.size > 1 else None
+    module = ActivationQuant(scale, zp, qmin, qmax, axis=per_axis, learn_scale=learn_scales)
+    if q.input[0] in lookup.initializers:  # a float weight quantized in the graph (Q and DQ both there)
+        raise InputError("the model quantizes a float weight at run time; train a model with integer weights",
+                         hint="npukit quantize writes integer weights")
+    slot = Slot("activation", q.input[0], None, (q.input[1], dq.input[1]), tuple(n for n in (q_zero, zero) if n))
+    return _Quantizer(key, module, slot, _fake_quant_node("activation", key, q.input[0], dq.output[0]), dq, drops=q)
+
+
+def _bias_quantizers(biases: list[tuple[str, onnx.NodeProto]], lookup: GraphIndex,
+                     arrays: Mapping[str, np.ndarray], found: list[_Quantizer]) -> list[_Quantizer]:
+    """The quantizers of the int32 biases (``biases``: key and DequantizeLinear), each on the grid of its Conv's or
+    Gemm's input and weight quantizers among ``found`` (scale input_scale * weight_scale, as the integer kernels
+    need): the bias becomes a float initializer of its dequantized values. A bias whose node has no quantized input
+    or weight to take the grid from is refused."""
+    weight_of = {q.slot.tensor: q.key for q in found if q.slot.kind == "weight"}
+    activation_of = {q.node.output[0]: q.key for q in found if q.slot.kind == "activation"}  # DQ output -> key
+    quantizers = []
+    for key, dq in biases:
         reader = next(iter(lookup.consumer_nodes(dq.output[0])), None)
         if reader is None or len(reader.input) < 3:
             raise InputError(f"int32 tensor {dq.input[0]} is not a Conv/Gemm bias", hint="train a model npukit wrote")
-        x_key = activation_keys.get(reader.input[0])
-        w_dq = dq_out.get(reader.input[1])
-        w_key = weight_of.get(f"{w_dq.input[0]}__float") if w_dq is not None else None
+        w_dq = lookup.producer_node(reader.input[1])
+        w_name = f"{w_dq.input[0]}__float" if w_dq is not None and w_dq.op_type == "DequantizeLinear" else None
+        x_key, w_key = activation_of.get(reader.input[0]), weight_of.get(w_name)
         if x_key is None or w_key is None:
             raise InputError(f"bias {dq.input[0]} of {reader.name} has no quantized input or weight to take its grid "
                              "from", hint="train a model npukit quantize wrote")
         float_name = f"{dq.input[0]}__float"
-        new_inits[float_name] = numpy_helper.from_array(dequantized(dq, arrays), float_name)
-        quant[key] = BiasQuant(x_key, w_key, slots[w_key].tensor)
-        slots[key] = Slot("bias", float_name, dq.input[0], (dq.input[1],),
-                          (dq.input[2],) if len(dq.input) > 2 and dq.input[2] else ())
-        replaced[id(dq)] = fq_node("bias", key, float_name, dq.output[0])
+        initializer = numpy_helper.from_array(dequantized(dq, arrays), float_name)
+        slot = Slot("bias", float_name, dq.input[0], (dq.input[1],), (dq.input[2],) if _zero_point(dq) else ())
+        quantizers.append(_Quantizer(key, BiasQuant(x_key, w_key, w_name), slot,
+                                     _fake_quant_node("bias", key, float_name, dq.output[0]), dq,
+                                     initializer=initializer))
+    return quantizers
 
+
+def _twin_model(qdq: onnx.ModelProto, quantizers: list[_Quantizer]) -> onnx.ModelProto:
+    """A copy of ``qdq`` with each quantizer's FakeQuant node in the place of its DequantizeLinear (an activation's
+    QuantizeLinear dropped), the initializers no node reads any more (the integers, scales and zero points) left out
+    and the float ones the FakeQuant nodes read added, and the ``npukit.qat`` domain imported."""
+    replaced: dict[int, onnx.NodeProto | None] = {}  # id(node) -> its replacement (None: dropped)
+    for quantizer in quantizers:
+        replaced[id(quantizer.replaces)] = quantizer.node
+        if quantizer.drops is not None:
+            replaced[id(quantizer.drops)] = None
+    new_inits = {q.initializer.name: q.initializer for q in quantizers if q.initializer is not None}
+    graph = qdq.graph
     model = onnx.ModelProto()
     model.CopyFrom(qdq)
     del model.graph.node[:]
@@ -161,7 +227,7 @@ def split(qdq: onnx.ModelProto, *, reduce_range: bool, learn_scales: bool = Fals
     model.graph.initializer.extend(kept + list(new_inits.values()))
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
-    return Twin(model, quant, slots)
+    return model
 
 
 @dataclasses.dataclass(frozen=True)
