@@ -195,18 +195,32 @@ def _inspect_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _quantize_arguments(p: argparse.ArgumentParser) -> None:
-    from npukit.quant.calibration.observers import METHODS
-    from npukit.quant.recipe import RECIPES
-
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("--calib", required=True, help="calibration data: image folder, .npy or .npz")
     p.add_argument("-o", "--output", required=True, help="output .onnx path")
     _add_preprocess(p)
     _add_gate(p)
+    _add_quant_scheme(p)
+    _add_quant_recipe(p)
+    _add_quant_precision(p)
+    _add_quant_cpu_kernels(p)
+    _add_quant_check(p)
+
+
+def _add_quant_scheme(p: argparse.ArgumentParser) -> None:
+    """quantize's weight granularity and activation range observer."""
+    from npukit.quant.calibration.observers import METHODS
+
     p.add_argument("--per-tensor", action="store_true", help="per-tensor weights (default per-channel)")
     p.add_argument("--method", choices=METHODS, default="auto",
                    help="activation range observer; auto (default) calibrates once and keeps the method whose "
                         "outputs best match the float model on held-out calibration samples")
+
+
+def _add_quant_recipe(p: argparse.ArgumentParser) -> None:
+    """quantize's recovery recipe and the recovery steps it runs (``verbs.quantize.resolve_recipe``)."""
+    from npukit.quant.recipe import RECIPES
+
     p.add_argument("--recipe", choices=RECIPES, default="plain",
                    help="plain (default): only the recovery flags given below; equalized: adds --cle "
                         "--equalize-activations --bias-correction; auto: tries plain and equalized on held-out "
@@ -223,6 +237,10 @@ def _quantize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--range-search", action="store_true",
                    help="last step: rescale activation ranges where that brings the outputs closer to the float "
                         "model's on the calibration data (minutes)")
+
+
+def _add_quant_precision(p: argparse.ArgumentParser) -> None:
+    """quantize's nodes kept in float or at 16 bits: named, within a latency budget, or chosen per layer."""
     p.add_argument("--exclude", nargs="+", default=[], metavar="NODE", help="nodes to keep in float")
     p.add_argument("--int16", nargs="+", default=[], metavar="NODE", help="nodes with 16-bit activations")
     p.add_argument("--int16-tensors", nargs="+", default=[], metavar="TENSOR",
@@ -238,6 +256,10 @@ def _quantize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mixed-precision-layers", type=_positive, default=24, metavar="N",
                    help="layers whose options are measured per round, the most sensitive first; more are "
                         "measured while no plan meets the floors (default 24)")
+
+
+def _add_quant_cpu_kernels(p: argparse.ArgumentParser) -> None:
+    """quantize's choices for ORT's int8 kernels on this CPU (auto: what this CPU's scheme takes)."""
     p.add_argument("--activations", choices=("auto", "uint8", "int8"), default="auto",
                    help="activation dtype (auto: what this CPU's int8 kernels run accurately)")
     p.add_argument("--reduce-range", choices=("auto", "on", "off"), default="auto",
@@ -246,6 +268,7 @@ def _quantize_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep a 3x3 RGB-style stem conv (reading the float input, <= 32 values per output) in float, "
                         "and the convs chained after it as far as that is timed fastest here; auto: on for x86 CPUs, "
                         "where the stem runs faster in float")
+    # --input-shape sits here in the help; moving it to the model's arguments would reorder the help
     _add_shape(p, "static input shapes for symbolic dimensions, e.g. 1,3,640,640 (needed when the model's are "
                   "symbolic; the calibration data must have them)")
     p.add_argument("--gemm-convs", choices=("auto", "on", "off"), default="auto",
@@ -257,6 +280,10 @@ def _quantize_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep the channel order (by default, per-channel weights on the reduce-range grid without "
                         "bias correction get channels reordered so each large weight shares its kernel pair with a "
                         "small one; exact in float)")
+
+
+def _add_quant_check(p: argparse.ArgumentParser) -> None:
+    """quantize's samples, the held-out data of its check, the timing, the HTML report."""
     p.add_argument("--calib-samples", type=_positive, help="use exactly this many calibration samples")
     p.add_argument("--data", help="held-out data to measure agreement with the float model")
     p.add_argument("--max-samples", type=_positive, help="use at most this many --data samples")

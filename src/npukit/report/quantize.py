@@ -1,101 +1,154 @@
 """The quantize verb's tables and figures: the steps it ran (the plan, 16-bit tensors, moved convs, float joins and
-head), per-layer SQNR, size and speed, where the time goes, agreement with the float model."""
+head), per-layer SQNR, size and speed, where the time goes, agreement with the float model; where its check was
+made and its verdict's notes."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from npukit.quant.precision.scored_head import TIE_DB
-from npukit.quant.steps import QuantSteps
+from npukit.quant.steps import (FloatConvsRecord, FloatFragileRecord, FloatHeadRecord, FloatJoinsRecord,
+                                FloatSquaresRecord, FoldedAffinesRecord, QuantSteps)
 from npukit.report.core import Report
 from npukit.report.plan import add_plan
 
 
 def add_steps(report: Report, steps: QuantSteps) -> None:
     """``QuantResult.steps`` into ``report``: the JSON section and one table per step that chose something."""
-    folded = steps.folded_affines
-    if folded:
-        by_conv: dict[str, list[str]] = {}
-        for node, conv in folded["into"].items():
-            by_conv.setdefault(conv, []).append(node)
-        report.add_table(f"Constant scales and shifts after convs, folded into them ({len(folded['into'])} nodes into "
-                         f"{len(by_conv)} convs: one output grid each, not one per node)",
-                         ["conv", "folded into it"],
-                         [[conv, ", ".join(nodes)] for conv, nodes in by_conv.items()])
+    _add_folded_affines(report, steps.folded_affines)
     report.add("steps", steps.as_dict())
     assert steps.plan is not None
-    choice = steps.recipe
-    if choice:
-        rows = [[name, c["flags"] or "(none)", c["method"], c["held_out_sqnr_db"], c["against_first"], c["seconds"],
-                 "chosen" if name == choice["chosen"] else ""] for name, c in choice["candidates"].items()]
-        rows += [[name, "", "", "", "", "", f"not tried: {why}"] for name, why in choice["skipped"].items()]
-        report.add_table(f"Recipe chosen on {choice['held_out_samples']} held-out calibration samples (output SQNR "
-                         f"against the float model; a later recipe replaces the first only when clearly better, sign "
-                         f"test p <= {choice['alpha']:g}; time budget {choice['budget_s']:g} s)"
-                         + (f"; {choice['note']}" if choice.get("note") else ""),
-                         ["recipe", "flags", "method", "held-out SQNR dB", "against the first", "seconds", ""], rows)
+    _add_recipe_choice(report, steps.recipe)
     add_plan(report, steps.plan)
-    plan = steps.int16_plan
-    if plan:
-        added = {c["tensor"]: c["added_ms"] for c in plan["candidates"]}
-        report.add_table(f"16-bit activations chosen (int8 model {plan['base_ms']:.2f} ms, with them "
-                         f"{plan['plan_ms']:.2f} ms, budget +{plan['budget']:.0%}; output SQNR on "
-                         f"{plan['samples']} calibration samples {plan['base_sqnr_db']:.2f} dB all 8-bit, "
-                         f"{plan['estimated_sqnr_db']:.2f} dB without their rounding)",
-                         ["tensor", "share of the 8-bit output noise", "latency it adds alone (ms)"],
-                         [[t, plan["scanned"][t], added[t]] for t in plan["tensors"]])
-    moves = steps.conv_kernels
-    if moves and moves["moved_to_gemm"]:
-        report.add_table(f"Convs moved from ORT's symmetric int8 conv kernel to its int8 GEMM (whole model "
-                         f"{moves['model_ratio']:.3f}x the time as built; same outputs)",
-                         ["node", "GEMM / symmetric-conv time alone"],
-                         [[n, moves["gemm_over_convsym_alone"][n]] for n in moves["moved_to_gemm"]])
-    joins = steps.float_joins
-    if joins:
-        report.add_table(f"Joins of very different scales left in float, with the nodes after them (each input keeps "
-                         f"its own grid; ratio >= {joins['ratio']:g})",
-                         ["join", "largest |value| per input", "ratio", "nodes after it, in float"],
-                         [[j["node"], ", ".join(f"{k} {v:.4g}" for k, v in j["input_magnitudes"].items()), j["ratio"],
-                           ", ".join(j["after"]) or "-"] for j in joins["joins"]])
-    squares = steps.float_squares
-    if squares:
-        report.add_table("Squares read back by a root, logarithm or division, left in float with the nodes between "
-                         "(one 8-bit grid would round their small values to zero)",
-                         ["square", "read back by", "nodes in float"],
-                         [[c["square"], c["reader"], ", ".join(c["nodes"])] for c in squares["chains"]])
-    fragile = steps.float_fragile
-    if fragile and fragile["convs"]:
-        report.add_table(f"Depthwise convs whose input one 8-bit grid cannot carry, left in float with the conv "
-                         f"writing that input (output SQNR with the input alone rounded < {fragile['threshold_db']:g} "
-                         f"dB, {fragile['samples']} calibration samples)",
-                         ["depthwise conv", "input", "SQNR dB, input rounded", "writer, in float"],
-                         [[c["node"], c["input"], c["sqnr_db"], c["producer"] or "-"] for c in fragile["convs"]])
-    convs = steps.float_convs
-    if convs and (convs["quantized_input_kept_float"] or convs["int8_by_ort"]):
-        report.add_table("Float convs that read a quantized input (ONNX Runtime would quantize their weights per "
-                         "tensor at load; each reads its input through a DequantizeLinear of its own instead)",
-                         ["node", "on ONNX Runtime"],
-                         [[n, "float, as planned"] for n in convs["quantized_input_kept_float"]]
-                         + [[n, "int8 weights, one scale (ORT's own; opset below 13)"] for n in convs["int8_by_ort"]])
-    head = steps.float_stem
-    if head and (head["nodes"] or head.get("dropped")):
-        report.add_table("Float head (the stem and the convs after it that run fastest in float on this CPU)",
-                         ["convs left in float", "note"], [[", ".join(head["nodes"]) or "-", head.get("dropped", "")]])
-    scored = steps.float_head_scored
-    if scored:
-        first, last = scored["scored_on_samples"]
-        where = f"sample {first}" if last - first == 1 else f"samples {first}-{last - 1}"
-        rows = [[h["stem"], ", ".join(h["chain"][:int(k)]) or "(none: all quantized)", share, h["sqnr_db"][k],
-                 "chosen" if int(k) == len(h["nodes"]) else ""]
-                for h in scored["heads"] for k, share in h["mac_share"].items()]
-        report.add_table(f"Float head chosen by accuracy (prefixes of the stem's chain within {scored['share']:.0%} of "
-                         f"the MACs, output SQNR on calibration {where}, {scored['score_on']} "
-                         f"arithmetic; the shortest within {TIE_DB} dB of the best)",
-                         ["stem", "convs in float", "share of MACs", "SQNR dB", ""],
-                         rows or [[", ".join(h["stem"] for h in scored["heads"]) or "-",
-                                   "none within the MAC share", "-", "-", ""]])
+    _add_int16_plan(report, steps.int16_plan)
+    _add_conv_kernels(report, steps.conv_kernels)
+    _add_float_joins(report, steps.float_joins)
+    _add_float_squares(report, steps.float_squares)
+    _add_float_fragile(report, steps.float_fragile)
+    _add_float_convs(report, steps.float_convs)
+    _add_float_head(report, steps.float_stem)
+    _add_scored_head(report, steps.float_head_scored)
+
+
+def _add_folded_affines(report: Report, folded: FoldedAffinesRecord | None) -> None:
+    """The constant scales and shifts folded into the convs before them, grouped by conv."""
+    if not folded:
+        return
+    by_conv: dict[str, list[str]] = {}
+    for node, conv in folded["into"].items():
+        by_conv.setdefault(conv, []).append(node)
+    report.add_table(f"Constant scales and shifts after convs, folded into them ({len(folded['into'])} nodes into "
+                     f"{len(by_conv)} convs: one output grid each, not one per node)",
+                     ["conv", "folded into it"],
+                     [[conv, ", ".join(nodes)] for conv, nodes in by_conv.items()])
+
+
+def _add_recipe_choice(report: Report, choice: dict[str, Any] | None) -> None:
+    """``--recipe auto``'s choice: each candidate recipe's held-out score and time, the one chosen, those not tried."""
+    if not choice:
+        return
+    rows = [[name, c["flags"] or "(none)", c["method"], c["held_out_sqnr_db"], c["against_first"], c["seconds"],
+             "chosen" if name == choice["chosen"] else ""] for name, c in choice["candidates"].items()]
+    rows += [[name, "", "", "", "", "", f"not tried: {why}"] for name, why in choice["skipped"].items()]
+    report.add_table(f"Recipe chosen on {choice['held_out_samples']} held-out calibration samples (output SQNR "
+                     f"against the float model; a later recipe replaces the first only when clearly better, sign "
+                     f"test p <= {choice['alpha']:g}; time budget {choice['budget_s']:g} s)"
+                     + (f"; {choice['note']}" if choice.get("note") else ""),
+                     ["recipe", "flags", "method", "held-out SQNR dB", "against the first", "seconds", ""], rows)
+
+
+def _add_int16_plan(report: Report, plan: dict[str, Any] | None) -> None:
+    """The 16-bit activations the latency budget chose: each one's share of the noise and the latency it adds."""
+    if not plan:
+        return
+    added = {c["tensor"]: c["added_ms"] for c in plan["candidates"]}
+    report.add_table(f"16-bit activations chosen (int8 model {plan['base_ms']:.2f} ms, with them "
+                     f"{plan['plan_ms']:.2f} ms, budget +{plan['budget']:.0%}; output SQNR on "
+                     f"{plan['samples']} calibration samples {plan['base_sqnr_db']:.2f} dB all 8-bit, "
+                     f"{plan['estimated_sqnr_db']:.2f} dB without their rounding)",
+                     ["tensor", "share of the 8-bit output noise", "latency it adds alone (ms)"],
+                     [[t, plan["scanned"][t], added[t]] for t in plan["tensors"]])
+
+
+def _add_conv_kernels(report: Report, moves: dict[str, Any] | None) -> None:
+    """The int8 convs moved from ORT's symmetric conv kernel to its GEMM, where any were."""
+    if not (moves and moves["moved_to_gemm"]):
+        return
+    report.add_table(f"Convs moved from ORT's symmetric int8 conv kernel to its int8 GEMM (whole model "
+                     f"{moves['model_ratio']:.3f}x the time as built; same outputs)",
+                     ["node", "GEMM / symmetric-conv time alone"],
+                     [[n, moves["gemm_over_convsym_alone"][n]] for n in moves["moved_to_gemm"]])
+
+
+def _add_float_joins(report: Report, joins: FloatJoinsRecord | None) -> None:
+    """The joins of very different scales left in float: each input's largest value, the nodes after them."""
+    if not joins:
+        return
+    report.add_table(f"Joins of very different scales left in float, with the nodes after them (each input keeps "
+                     f"its own grid; ratio >= {joins['ratio']:g})",
+                     ["join", "largest |value| per input", "ratio", "nodes after it, in float"],
+                     [[j["node"], ", ".join(f"{k} {v:.4g}" for k, v in j["input_magnitudes"].items()), j["ratio"],
+                       ", ".join(j["after"]) or "-"] for j in joins["joins"]])
+
+
+def _add_float_squares(report: Report, squares: FloatSquaresRecord | None) -> None:
+    """The squares read back by a root, logarithm or division, left in float with the nodes between."""
+    if not squares:
+        return
+    report.add_table("Squares read back by a root, logarithm or division, left in float with the nodes between "
+                     "(one 8-bit grid would round their small values to zero)",
+                     ["square", "read back by", "nodes in float"],
+                     [[c["square"], c["reader"], ", ".join(c["nodes"])] for c in squares["chains"]])
+
+
+def _add_float_fragile(report: Report, fragile: FloatFragileRecord | None) -> None:
+    """The depthwise convs whose input one 8-bit grid cannot carry, left in float with that input's writer."""
+    if not (fragile and fragile["convs"]):
+        return
+    report.add_table(f"Depthwise convs whose input one 8-bit grid cannot carry, left in float with the conv "
+                     f"writing that input (output SQNR with the input alone rounded < {fragile['threshold_db']:g} "
+                     f"dB, {fragile['samples']} calibration samples)",
+                     ["depthwise conv", "input", "SQNR dB, input rounded", "writer, in float"],
+                     [[c["node"], c["input"], c["sqnr_db"], c["producer"] or "-"] for c in fragile["convs"]])
+
+
+def _add_float_convs(report: Report, convs: FloatConvsRecord | None) -> None:
+    """The float convs reading a quantized input, and how ONNX Runtime runs each."""
+    if not (convs and (convs["quantized_input_kept_float"] or convs["int8_by_ort"])):
+        return
+    report.add_table("Float convs that read a quantized input (ONNX Runtime would quantize their weights per "
+                     "tensor at load; each reads its input through a DequantizeLinear of its own instead)",
+                     ["node", "on ONNX Runtime"],
+                     [[n, "float, as planned"] for n in convs["quantized_input_kept_float"]]
+                     + [[n, "int8 weights, one scale (ORT's own; opset below 13)"] for n in convs["int8_by_ort"]])
+
+
+def _add_float_head(report: Report, head: FloatHeadRecord | None) -> None:
+    """The float head timed on this CPU: its convs, or why it was dropped."""
+    if not (head and (head["nodes"] or head.get("dropped"))):
+        return
+    report.add_table("Float head (the stem and the convs after it that run fastest in float on this CPU)",
+                     ["convs left in float", "note"], [[", ".join(head["nodes"]) or "-", head.get("dropped", "")]])
+
+
+def _add_scored_head(report: Report, scored: dict[str, Any] | None) -> None:
+    """The float head chosen by accuracy: each stem's prefixes within the MAC share, their SQNR, the one chosen."""
+    if not scored:
+        return
+    first, last = scored["scored_on_samples"]
+    where = f"sample {first}" if last - first == 1 else f"samples {first}-{last - 1}"
+    rows = [[h["stem"], ", ".join(h["chain"][:int(k)]) or "(none: all quantized)", share, h["sqnr_db"][k],
+             "chosen" if int(k) == len(h["nodes"]) else ""]
+            for h in scored["heads"] for k, share in h["mac_share"].items()]
+    report.add_table(f"Float head chosen by accuracy (prefixes of the stem's chain within {scored['share']:.0%} of "
+                     f"the MACs, output SQNR on calibration {where}, {scored['score_on']} "
+                     f"arithmetic; the shortest within {TIE_DB} dB of the best)",
+                     ["stem", "convs in float", "share of MACs", "SQNR dB", ""],
+                     rows or [[", ".join(h["stem"] for h in scored["heads"]) or "-",
+                               "none within the MAC share", "-", "-", ""]])
 
 
 def add_layer_sqnr(report: Report, layers: list[dict]) -> None:
@@ -194,3 +247,34 @@ def add_htp_mixed_precision(report: Report, plan: dict[str, Any]) -> None:
                      f"{plan.get('checked_on', 'the calibration samples')})",
                      ["layers lifted", "passed", "verdict"],
                      [[t["lifted"], t["passed"], t["line"]] for t in plan["tried"]])
+
+
+def checked_on(data: Any, *, held_out: bool, same_as_calib: bool) -> str:
+    """Where the task check was made, as the verdict and its tables say it: on the calibration samples (optimistic:
+    the model was fitted to them) when no ``data`` was given (``held_out`` False) or it is the calibration data
+    again, else on the held-out ``data`` (by its file name, or as given in memory)."""
+    if not held_out:
+        return "calibration samples (no --data given: optimistic, the model was fitted to them)"
+    if same_as_calib:
+        return "calibration samples (--data is the --calib data again: optimistic, the model was fitted to them)"
+    return f"held-out data {Path(str(data)).name if isinstance(data, (str, Path)) else '(given in memory)'}"
+
+
+def slower_note(latency_ratio: float, *, threads: int) -> str:
+    """Where the quantized model is not faster than the float one here (``latency_ratio``: its median over the
+    float model's), a note for the verdict that says so; otherwise ""."""
+    if latency_ratio < 1.0:
+        return ""
+    return (f"; the INT8 model takes {latency_ratio:.2f}x the float model's time on this CPU ({threads} thread(s)): "
+            "the float model may serve better here, or compile for an NPU")
+
+
+def add_verdict_notes(report: Report, *, slower: str, recipe: dict[str, Any] | None) -> None:
+    """A passing verdict's notes: ``slower`` (``slower_note``) and, where ``--recipe auto`` chose among fewer
+    recipes than it names (``recipe``: ``QuantSteps.recipe``), the ones it did not try and why."""
+    if slower and report.passed:  # a passing model that is not faster than the float one says so too
+        report.set_verdict(report.verdict + slower, passed=True)
+    untried = (recipe or {}).get("skipped") or {}
+    if untried and report.passed:
+        report.set_verdict(f"{report.verdict}; --recipe auto did not try {', '.join(untried)} "
+                           f"({next(iter(untried.values()))}; --recipe-budget gives it more time)", passed=True)

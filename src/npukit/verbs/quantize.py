@@ -13,8 +13,8 @@ from npukit.config import PreprocessConfig, to_dict
 from npukit.quant.config import QuantConfig, Recipe
 from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
-from npukit.report.quantize import (add_kernel_profile, add_layer_sqnr, add_mixed_precision,
-                                     add_size_and_speed, add_steps)
+from npukit.report.quantize import (add_kernel_profile, add_layer_sqnr, add_mixed_precision, add_size_and_speed,
+                                     add_steps, add_verdict_notes, checked_on, slower_note)
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
 from npukit.verbs.common import (HOLD_BACK_EVERY, check_output, check_task, check_task_measurable, float_static_model,
@@ -161,69 +161,78 @@ def quantize(
     from npukit.data.readers import same_data
     from npukit.frontend.onnx_io import save_onnx
     from npukit.measure.task_fidelity import check_samples
-    from npukit.quant.config import CalibrationSpec, CpuKernels, Precision, Scheme
-    from npukit.quant.qdq import quantize as _quantize
+    from npukit.quant.qdq import integer_failures, quantize as _quantize
 
     output = check_output(output, source=model)
     preprocess = preprocess or PreprocessConfig()
+    gate = gate or QualityGate()
     proto, spec = float_static_model(model, input_shape, verb="quantize")
     timed_float = proto if spec else str(model)  # with --input-shape: the float model as fixed (static sizes too)
     scheme = cpu_scheme()
-    steps = resolve_recipe(recipe, cle=cle, activation_equalization=equalize_activations,
+    config = _quant_config(scheme, per_tensor=per_tensor, method=method, calib_samples=calib_samples, recipe=recipe,
+                           recipe_budget_s=recipe_budget_s, cle=cle, equalize_activations=equalize_activations,
                            bias_correction=bias_correction, adaround=adaround, range_search=range_search,
-                           int16_budget=int16_budget, mixed_precision=mixed_precision, budget_s=recipe_budget_s)
-    config = on_cpu(QuantConfig(scheme=Scheme(per_channel=not per_tensor, exclude=tuple(exclude),
-                                              int16_nodes=tuple(int16_nodes), int16_tensors=tuple(int16_tensors)),
-                                calibration=CalibrationSpec(method=method, samples=calib_samples), recipe=steps,
-                                precision=Precision(int16_budget=int16_budget),
-                                cpu=CpuKernels(pair_channels=pair_channels)),
-                    scheme, activation_dtype=activation_dtype, reduce_range=reduce_range, float_stem=float_stem,
-                    gemm_convs=gemm_convs)
+                           exclude=exclude, int16_nodes=int16_nodes, int16_tensors=int16_tensors,
+                           int16_budget=int16_budget, mixed_precision=mixed_precision,
+                           activation_dtype=activation_dtype, reduce_range=reduce_range, float_stem=float_stem,
+                           gemm_convs=gemm_convs, pair_channels=pair_channels)
     samples = open_data(calib, proto, preprocess) if isinstance(calib, (str, Path, np.ndarray)) else list(calib)
     evaluation = open_data(data, proto, preprocess) if data is not None else None
     check_task(proto, samples, task)  # a --task the outputs cannot carry fails here, before any work
     check = evaluation if evaluation is not None else samples
     limit = (max_samples or len(check)) if evaluation is not None else CHECK_SAMPLES
-    where = ("calibration samples (no --data given: optimistic, the model was fitted to them)" if evaluation is None
-             else "calibration samples (--data is the --calib data again: optimistic, the model was fitted to them)"
-             if same_data(data, calib) else
-             f"held-out data {Path(str(data)).name if isinstance(data, (str, Path)) else '(given in memory)'}")
+    where = checked_on(data, held_out=evaluation is not None, same_as_calib=same_data(data, calib))
     check_task_measurable(proto, check_samples(check, limit), task, where=where, threads=threads)  # nothing to find?
     _refuse_nothing_left(proto, exclude)
     report = Report("quantize", config={"quant": config.as_dict(), "cpu_scheme": scheme, "model": str(model),
                                         "calib": _named(calib, samples),
                                         "data": None if data is None else _named(data, evaluation),
                                         "preprocess": to_dict(preprocess),
-                                        "task": task or "auto", "gate": (gate or QualityGate()).as_dict(),
+                                        "task": task or "auto", "gate": gate.as_dict(),
                                         "input_shape": spec.as_dict() if spec else None})
     proto = quant_opset(report, proto, config, samples, sixteen_bit=mixed_precision)
     why = None
     if mixed_precision:
-        config, why = _mixed_precision(report, proto, samples, config, task=task, gate=gate or QualityGate(),
-                                  layers=mixed_precision_layers)
+        config, why = _mixed_precision(report, proto, samples, config, task=task, gate=gate,
+                                       layers=mixed_precision_layers)
     with step("quantizing (calibrate, equalize, correct, insert Q/DQ)", timings=report.timings, key="quantize"):
         result = _quantize(proto, samples, config=config, why=why)
     save_onnx(result.model, output)
     add_steps(report, result.steps)
     kernels, latency = _measure(report, result, samples, {"float": timed_float, "int8": str(output)},
                                 {"float": model, "int8": output}, threads=threads, runs=runs)
-    from npukit.quant.qdq import integer_failures
-
-    slower = _slower_note(latency["int8"].median_ms / latency["float"].median_ms, threads=threads)
+    slower = slower_note(latency["int8"].median_ms / latency["float"].median_ms, threads=threads)
     with step("task check against the float model", timings=report.timings, key="task_check"):
         choice, checked, _ = task_check(report, proto, result.model, check_samples(check, limit), task=task,
-                                   gate=gate or QualityGate(), what="quantize", where=where, threads=threads,
-                                   extra_failures=integer_failures(kernels, result),
-                                   hint=_recipe_hint(config, result.steps.recipe, mixed=mixed_precision) + slower)
-    if slower and report.passed:  # a passing model that is not faster than the float one says so too
-        report.set_verdict(report.verdict + slower, passed=True)
-    untried = (result.steps.recipe or {}).get("skipped") or {}
-    if untried and report.passed:  # --recipe auto chose among fewer recipes than it names: say which it left out
-        report.set_verdict(f"{report.verdict}; --recipe auto did not try {', '.join(untried)} "
-                           f"({next(iter(untried.values()))}; --recipe-budget gives it more time)", passed=True)
+                                        gate=gate, what="quantize", where=where, threads=threads,
+                                        extra_failures=integer_failures(kernels, result),
+                                        hint=_recipe_hint(config, result.steps.recipe, mixed=mixed_precision) + slower)
+    add_verdict_notes(report, slower=slower, recipe=result.steps.recipe)
     if evaluation is not None and choice.name == "classify":  # the task check's agreement on the held-out data
         report.add("agreement", checked.metrics)
     return finish(report, output, html=html, result=result)
+
+
+def _quant_config(scheme: dict, *, per_tensor: bool, method: str, calib_samples: int | None, recipe: str,
+                  recipe_budget_s: float, cle: bool, equalize_activations: bool, bias_correction: bool,
+                  adaround: bool, range_search: bool, exclude: Sequence[str], int16_nodes: Sequence[str],
+                  int16_tensors: Sequence[str], int16_budget: float, mixed_precision: bool,
+                  activation_dtype: str | None, reduce_range: bool | None, float_stem: bool | None,
+                  gemm_convs: bool | None, pair_channels: bool) -> QuantConfig:
+    """``quantize``'s flags as its config: the scheme, calibration, recovery recipe (``resolve_recipe``) and
+    precision they ask for, with what this CPU's ``scheme`` decides wherever a flag is None (``on_cpu``)."""
+    from npukit.quant.config import CalibrationSpec, CpuKernels, Precision, Scheme
+
+    steps = resolve_recipe(recipe, cle=cle, activation_equalization=equalize_activations,
+                           bias_correction=bias_correction, adaround=adaround, range_search=range_search,
+                           int16_budget=int16_budget, mixed_precision=mixed_precision, budget_s=recipe_budget_s)
+    return on_cpu(QuantConfig(scheme=Scheme(per_channel=not per_tensor, exclude=tuple(exclude),
+                                            int16_nodes=tuple(int16_nodes), int16_tensors=tuple(int16_tensors)),
+                              calibration=CalibrationSpec(method=method, samples=calib_samples), recipe=steps,
+                              precision=Precision(int16_budget=int16_budget),
+                              cpu=CpuKernels(pair_channels=pair_channels)),
+                  scheme, activation_dtype=activation_dtype, reduce_range=reduce_range, float_stem=float_stem,
+                  gemm_convs=gemm_convs)
 
 
 def _named(given: Any, samples: Any) -> str:
@@ -301,15 +310,6 @@ def _mixed_precision(report: Report, proto: Any, samples: Any, config: Any, *, t
                          hint="lower --min-task-metric / --min-sqnr, or add --cle --equalize-activations "
                               "--bias-correction")
     return plan.config, plan.why
-
-
-def _slower_note(latency_ratio: float, *, threads: int) -> str:
-    """Where the quantized model is not faster than the float one here (``latency_ratio``: its median over the
-    float model's), a note for the verdict that says so; otherwise ""."""
-    if latency_ratio < 1.0:
-        return ""
-    return (f"; the INT8 model takes {latency_ratio:.2f}x the float model's time on this CPU ({threads} thread(s)): "
-            "the float model may serve better here, or compile for an NPU")
 
 
 def _recipe_hint(config: Any, choice: dict | None = None, *, mixed: bool = False) -> str:
