@@ -1,5 +1,6 @@
 """The bench verb's tables and figures: latency and size on ORT CPU, agreement with the reference, peak memory, and
-the HTP run (the SoC, which nodes the QNN EP took, the HTP's fidelity, a compiled context model's latency)."""
+the HTP run (the SoC, which nodes the QNN EP took, the HTP's fidelity, a compiled context model's latency); the
+verdict of a bench that measures only."""
 
 from __future__ import annotations
 
@@ -101,3 +102,12 @@ def add_context_latency(report: Report, model: str | Path, size: Any, latency: A
                      f"emulation, not the device's latency; median of {runs} runs)",
                      ["file", "size_bytes", "median ms", "p90 ms"],
                      [[Path(str(model)).name, size.file_bytes, latency.median_ms, latency.p90_ms]])
+
+
+def set_measured_verdict(report: Report, model: str | Path, *, with_data: bool, on: str | None = None) -> None:
+    """The verdict of a bench without a task check (``on``: where it ran, when not ORT CPU): measured only, and what
+    was not given for a check."""
+    where = f" on {on}" if on else ""
+    missing = "reference" if with_data else "data and reference"
+    report.set_verdict(f"MEASURED bench: {Path(str(model)).name}{where}, no {missing} given, so no task check",
+                       passed=True)

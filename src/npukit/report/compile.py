@@ -1,6 +1,7 @@
 """The compile verb's tables: what quantizing for the HTP did, the EPContext model it wrote, the hazards rewritten
-before compiling, and what the device needs; for the mobile runtimes, npukit's plan carried onto the torch program,
-the fp32 artifact against eager torch, and the latency beside eager torch and ORT."""
+before compiling, what the device needs and the layers a given QDQ model left float; for the mobile runtimes,
+npukit's plan carried onto the torch program, the fp32 artifact against eager torch, and the latency beside eager
+torch and ORT."""
 
 from __future__ import annotations
 
@@ -40,6 +41,17 @@ def add_context_model(report: Report, result: Any, *, quantized_here: bool) -> N
                          f"{done[0]['reason'].rsplit(' [', 1)[0]}", ["nodes", "input", "rewrite"],
                          [[" + ".join(r["nodes"]), r["where"], r["fix"]] for r in done])
     report.add_table("What the device needs", ["requirement"], [[result.device_requirements]])
+
+
+def add_float_layers(report: Report, left: list[str], *, weighted: int) -> None:
+    """The weighted layers a given QDQ model left float (of its ``weighted`` ones), which the HTP runs in float16;
+    where there are any, a note on the verdict saying how to get the HTP's own scheme."""
+    report.add("float_layers_in_given_model", left)
+    if left and report.verdict:
+        shown = ", ".join(left[:3]) + (f" (+{len(left) - 3} more)" if len(left) > 3 else "")
+        report.set_verdict(f"{report.verdict}; note: {len(left)} of the given QDQ model's {weighted} weighted "
+                           f"layers are float ({shown}), run by the HTP in float16 (a CPU scheme's float layers?): "
+                           "compile the float model with --calib for the HTP's own scheme", passed=report.passed)
 
 
 def add_carried_plan(report: Report, carried: Any) -> None:

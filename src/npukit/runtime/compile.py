@@ -113,56 +113,18 @@ def compile_qnn_context(
     written). A model the QNN EP refuses is an InputError naming the nodes and QNN's reasons from its log.
     """
     chip = soc_info(soc)
-    if backend != "htp":
-        raise InputError(f"compiling a context binary needs the htp backend, not {backend!r}",
-                         hint="leave backend at its default 'htp'")
-    proto = as_proto(model)
-    require_static_shapes(proto)
-    if not any(node.op_type in _QDQ_OPS for node in proto.graph.node):
-        raise InputError("the model has no QuantizeLinear/DequantizeLinear nodes: the HTP needs a quantized (QDQ) model",
-                         hint="quantize it first (npukit quantize --target qnn-htp)")
+    proto = _compilable(model, backend=backend)
     options = soc_provider_options(chip.part)
     output = Path(output)
-    source: ModelLike = model if not isinstance(model, onnx.ModelProto) else proto
-    rewrites: list[dict[str, Any]] = []
-    if guard:
-        guarded, rewrites = guard_for_htp(proto, soc=chip.part, feeds=feeds)
-        if rewrites:
-            source = proto = guarded
-    with tempfile.TemporaryDirectory(prefix="npukit_qnn_ctx_") as work:
-        staged = Path(work) / "model_ctx.onnx"
-        config = {"ep.context_enable": "1", "ep.context_file_path": str(staged), "ep.context_embed_mode": "1"}
-        start = time.perf_counter()
-        _, log = create_session_with_log(source, backend=backend, allow_cpu_fallback=False, provider_options=options,
-                                         profiling=False, session_config=config, verbose=True)
-        compile_seconds = time.perf_counter() - start
-        if not staged.is_file():
-            raise InputError("the QNN EP did not write an EPContext model",
-                             hint="check that the model runs with `npukit bench --target qnn-htp`")
-        compiled = onnx.load_model(str(staged))
-        for key, value in ((META_SOC, chip.part), (META_HTP_ARCH, str(chip.htp_arch)),
-                           (META_SOC_MODEL, str(chip.soc_model))):
-            onnx.helper.set_model_props(compiled, {**{p.key: p.value for p in compiled.metadata_props}, key: value})
-        with atomic_path(output) as tmp:
-            onnx.save_model(compiled, str(tmp))
-    contexts = [n for n in compiled.graph.node if n.op_type == "EPContext"]
-    binary = sum(len(a.s) for n in contexts for a in n.attribute if a.name == "ep_cache_context")
-    reference, _ = create_session_with_log(source, backend=backend, allow_cpu_fallback=False, provider_options=options,
-                                           profiling=False)
-    loaded, _ = create_session_with_log(output, backend=backend, allow_cpu_fallback=False, provider_options=options,
-                                        profiling=False)
-    inputs = dict(feeds) if feeds is not None else random_feeds(reference, seed=0)
-    names = [o.name for o in reference.get_outputs()]
-    expected, again, got = run(reference, inputs), run(reference, inputs), run(loaded, inputs)
-    nondeterministic = {name: _max_diff(a, b) for name, a, b in zip(names, expected, again, strict=True)
-                        if _max_diff(a, b) > 0.0}
-    max_diff = max((_max_diff(e, g) for name, e, g in zip(names, expected, got, strict=True)
-                    if name not in nondeterministic), default=0.0)
+    source, rewrites = _guarded(model, proto, guard=guard, soc=chip.part, feeds=feeds)
+    compiled, compile_seconds, log = _write_context(source, output, chip, backend=backend, options=options)
+    nondeterministic, max_diff = _compare_with_htp(source, output, backend=backend, options=options, feeds=feeds)
+    contexts, binary = _context_nodes(compiled)
     ep_version, sdk_version = qnn_versions()
     backend_build = _BACKEND_VERSION.search(log)
     result = CompileResult(
         output=output, soc=chip.part, soc_name=chip.name, htp_arch=chip.htp_arch, soc_model=chip.soc_model,
-        backend=backend, context_nodes=len(contexts), other_nodes=len(compiled.graph.node) - len(contexts),
+        backend=backend, context_nodes=contexts, other_nodes=len(compiled.graph.node) - contexts,
         context_binary_bytes=binary, model_bytes=output.stat().st_size, compile_seconds=compile_seconds,
         onnxruntime_version=ort.__version__, qnn_ep_version=ep_version, qnn_sdk_version=sdk_version,
         qnn_backend_build=backend_build.group(1) if backend_build else None,
@@ -177,7 +139,89 @@ def compile_qnn_context(
     return result
 
 
+def _compilable(model: ModelLike, *, backend: str) -> onnx.ModelProto:
+    """``model`` as a proto, refused (InputError) unless the HTP can compile it: the htp backend, static shapes,
+    Q/DQ nodes."""
+    if backend != "htp":
+        raise InputError(f"compiling a context binary needs the htp backend, not {backend!r}",
+                         hint="leave backend at its default 'htp'")
+    proto = as_proto(model)
+    require_static_shapes(proto)
+    if not any(node.op_type in _QDQ_OPS for node in proto.graph.node):
+        raise InputError("the model has no QuantizeLinear/DequantizeLinear nodes: the HTP needs a quantized (QDQ) "
+                         "model", hint="quantize it first (npukit quantize --target qnn-htp)")
+    return proto
+
+
+def _guarded(model: ModelLike, proto: onnx.ModelProto, *, guard: bool, soc: str,
+             feeds: Mapping[str, np.ndarray] | None) -> tuple[ModelLike, list[dict[str, Any]]]:
+    """What is compiled, and the rewrites made: ``model`` as given (its file, or ``proto``), or with ``guard`` and
+    patterns the HTP computes wrongly found, ``proto`` with them rewritten (``guard_for_htp``)."""
+    source: ModelLike = model if not isinstance(model, onnx.ModelProto) else proto
+    if not guard:
+        return source, []
+    guarded, rewrites = guard_for_htp(proto, soc=soc, feeds=feeds)
+    return (guarded if rewrites else source), rewrites
+
+
+def _write_context(source: ModelLike, output: Path, chip: Any, *, backend: str,
+                   options: dict[str, str]) -> tuple[onnx.ModelProto, float, str]:
+    """The EPContext model the QNN EP writes for ``source`` (the context binary embedded), tagged with ``chip``
+    (``_tag_soc``) and written at ``output`` in one step; with the seconds the QNN EP took and its verbose log.
+    InputError when the QNN EP writes none."""
+    with tempfile.TemporaryDirectory(prefix="npukit_qnn_ctx_") as work:
+        staged = Path(work) / "model_ctx.onnx"
+        config = {"ep.context_enable": "1", "ep.context_file_path": str(staged), "ep.context_embed_mode": "1"}
+        start = time.perf_counter()
+        _, log = create_session_with_log(source, backend=backend, allow_cpu_fallback=False, provider_options=options,
+                                         profiling=False, session_config=config, verbose=True)
+        compile_seconds = time.perf_counter() - start
+        if not staged.is_file():
+            raise InputError("the QNN EP did not write an EPContext model",
+                             hint="check that the model runs with `npukit bench --target qnn-htp`")
+        compiled = onnx.load_model(str(staged))
+        _tag_soc(compiled, chip)
+        with atomic_path(output) as tmp:
+            onnx.save_model(compiled, str(tmp))
+    return compiled, compile_seconds, log
+
+
+def _tag_soc(compiled: onnx.ModelProto, chip: Any) -> None:
+    """Write the SoC ``compiled`` was compiled for into its metadata (``npukit.qnn.*``), which ``context_soc`` reads
+    back."""
+    for key, value in ((META_SOC, chip.part), (META_HTP_ARCH, str(chip.htp_arch)),
+                       (META_SOC_MODEL, str(chip.soc_model))):
+        onnx.helper.set_model_props(compiled, {**{p.key: p.value for p in compiled.metadata_props}, key: value})
+
+
+def _compare_with_htp(source: ModelLike, output: Path, *, backend: str, options: dict[str, str],
+                      feeds: Mapping[str, np.ndarray] | None) -> tuple[dict[str, float], float]:
+    """The compiled model at ``output`` loaded back on the HTP and run on ``feeds`` (seeded random when None) beside
+    the non-compiled HTP session on ``source``, which runs twice: the outputs that differ between its own two runs
+    (name -> max abs difference), and the compiled model's max abs difference from it on the other outputs."""
+    reference, _ = create_session_with_log(source, backend=backend, allow_cpu_fallback=False, provider_options=options,
+                                           profiling=False)
+    loaded, _ = create_session_with_log(output, backend=backend, allow_cpu_fallback=False, provider_options=options,
+                                        profiling=False)
+    inputs = dict(feeds) if feeds is not None else random_feeds(reference, seed=0)
+    names = [o.name for o in reference.get_outputs()]
+    expected, again, got = run(reference, inputs), run(reference, inputs), run(loaded, inputs)
+    nondeterministic = {name: _max_diff(a, b) for name, a, b in zip(names, expected, again, strict=True)
+                        if _max_diff(a, b) > 0.0}
+    max_diff = max((_max_diff(e, g) for name, e, g in zip(names, expected, got, strict=True)
+                    if name not in nondeterministic), default=0.0)
+    return nondeterministic, max_diff
+
+
+def _context_nodes(compiled: onnx.ModelProto) -> tuple[int, int]:
+    """The EPContext nodes of ``compiled`` (one per QNN partition) and the bytes of the context binaries they
+    embed."""
+    contexts = [n for n in compiled.graph.node if n.op_type == "EPContext"]
+    return len(contexts), sum(len(a.s) for n in contexts for a in n.attribute if a.name == "ep_cache_context")
+
+
 def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
+    """The largest absolute difference between ``a`` and ``b``, in float64 (0 for empty arrays)."""
     if not a.size:
         return 0.0
     return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
@@ -275,6 +319,7 @@ def prepare_graph(
 
 
 def _device_requirements(chip: Any, ep_version: str | None, sdk_version: str | None) -> str:
+    """What a device needs to run the context binary compiled for ``chip`` with these QNN versions, in a sentence."""
     return (f"a {chip.name} ({chip.part}, Hexagon HTP v{chip.htp_arch}) device running ONNX Runtime "
             f"{ort.__version__.rsplit('.', 1)[0]}+ with the QNN execution provider (onnxruntime-qnn "
             f"{ep_version or '?'}), and the QNN SDK {sdk_version or '?'} HTP runtime libraries for that device "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from npukit.report.bench import (
     add_latency,
     add_memory,
     add_qnn_assignment,
+    set_measured_verdict,
 )
 from npukit.report.core import Report
 from npukit.report.energy import add_energy
@@ -67,81 +69,140 @@ def bench(
 
     ``input_shape`` (``InputSpec`` forms) is fixed into the model and the reference first, and they are timed,
     compared and planned with it; without ``data``, a model with symbolic dimensions other than the batch needs it."""
-    from npukit.frontend.shapes import InputSpec, load_with_inputs
-    from npukit.measure.energy import energy_figures
-    from npukit.measure.latency import measure_latency, measure_latency_interleaved
-    from npukit.measure.size import model_size
-    from npukit.measure.task_fidelity import check_samples
+    from npukit.frontend.onnx_io import is_context_model
 
     config = BenchConfig(threads=threads, warmup=warmup, runs=runs, max_samples=max_samples)
     preprocess = preprocess or PreprocessConfig()
+    spec, proto = _load(model, input_shape, target=target, soc=soc, timed_only=data is None)
+    if is_context_model(proto):  # a compiled HTP context binary runs only on the QNN EP
+        return _bench_context(model, proto, data=data, reference=reference, warmup=warmup, runs=runs,
+                              max_samples=max_samples, preprocess=preprocess, target=target, soc=soc,
+                              report_path=report_path, html=html, task=task, gate=gate, spec=spec)
+    models = _Models.load(model, proto, reference, spec)
+    report = _report(models, config, preprocess, data=data)
+    dataset = open_data(data, proto, preprocess) if data is not None else None
+    feeds = dataset.sample(0) if dataset is not None else None
+    _latency(report, models, feeds, config)
+    _energy(report, models, feeds, config)
+    choice = _task_check(report, models, dataset, config, data=data, task=task, gate=gate)
+    _agreement(report, models, dataset, choice, config, data=data)
+    if target != "cpu":
+        _bench_npu(report, proto, models.ref_proto, dataset, target=target, max_samples=max_samples, soc=soc)
+    if memory:
+        _bench_memory(report, models)
+    json_path = Path(report_path) if report_path else None
+    return finish(report, None, html=html, json_path=json_path, result=report.sections, source=model)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Models:
+    """The model benched and its reference (None without one): the paths given, and the protos with ``spec``'s input
+    shapes fixed in."""
+
+    model: str | Path
+    proto: onnx.ModelProto
+    reference: str | Path | None
+    ref_proto: onnx.ModelProto | None
+    spec: Any
+
+    @classmethod
+    def load(cls, model: str | Path, proto: onnx.ModelProto, reference: str | Path | None, spec: Any) -> _Models:
+        """``model`` (``proto``: loaded) with its reference loaded with the same shapes and checked to take its
+        inputs."""
+        ref_proto = _load_reference(reference, spec) if reference is not None else None
+        if ref_proto is not None:
+            _check_reference(proto, ref_proto, reference)
+        return cls(model, proto, reference, ref_proto, spec)
+
+    def timed(self) -> dict[str, Any]:
+        """What is timed per role: the files as given, or with fixed shapes the models as fixed."""
+        timed: dict[str, Any] = {"model": self.proto if self.spec else str(self.model)}
+        if self.reference is not None:
+            timed["reference"] = self.ref_proto if self.spec else str(self.reference)
+        return timed
+
+
+def _load(model: str | Path, input_shape: Any, *, target: str, soc: str,
+          timed_only: bool) -> tuple[Any, onnx.ModelProto]:
+    """The input specification parsed and ``model`` loaded with it fixed in (a compiled context model too), after
+    an HTP target's SoC is checked so that an unknown one fails before any work; ``timed_only``: no data, the model
+    is timed on seeded random inputs."""
+    from npukit.frontend.shapes import InputSpec, load_with_inputs
+
     if target != "cpu":
         from npukit.runtime.compile import soc_info
 
         soc_info(soc)  # an unknown SoC fails before any work
     spec = InputSpec.parse(input_shape)
-    proto = load_with_inputs(model, spec, needs=None if data is not None else "timing on seeded random inputs",
-                             compiled=True)
-    from npukit.frontend.onnx_io import is_context_model
+    return spec, load_with_inputs(model, spec, needs="timing on seeded random inputs" if timed_only else None,
+                                  compiled=True)
 
-    if is_context_model(proto):  # a compiled HTP context binary runs only on the QNN EP
-        return _bench_context(model, proto, data=data, reference=reference, warmup=warmup, runs=runs,
-                              max_samples=max_samples, preprocess=preprocess, target=target, soc=soc,
-                              report_path=report_path, html=html, task=task, gate=gate, spec=spec)
-    ref_proto = _load_reference(reference, spec) if reference is not None else None
-    if ref_proto is not None:
-        _check_reference(proto, ref_proto, reference)
-    report = Report("bench", config={"bench": to_dict(config), "preprocess": to_dict(preprocess),
-                                     "model": str(model), "reference": str(reference) if reference else None,
-                                     "data": str(data) if data else None,
-                                     "input_shape": spec.as_dict() if spec else None})
-    timed: dict[str, Any] = {"model": proto if spec else str(model)}  # with fixed shapes: the models as fixed
-    if reference is not None:
-        timed["reference"] = ref_proto if spec else str(reference)
-    dataset = None
-    if data is not None:
-        dataset = open_data(data, proto, preprocess)
-    sizes = {"model": model_size(model)}
-    if reference is not None:
-        sizes["reference"] = model_size(reference)
 
-    feeds = dataset.sample(0) if dataset is not None else None
+def _report(models: _Models, config: BenchConfig, preprocess: PreprocessConfig, *, data: Any) -> Report:
+    """The bench report, its config: the settings, the files and the input shapes fixed."""
+    reference, spec = models.reference, models.spec
+    return Report("bench", config={"bench": to_dict(config), "preprocess": to_dict(preprocess),
+                                   "model": str(models.model), "reference": str(reference) if reference else None,
+                                   "data": str(data) if data else None,
+                                   "input_shape": spec.as_dict() if spec else None})
+
+
+def _latency(report: Report, models: _Models, feeds: Any, config: BenchConfig) -> None:
+    """The model's latency on ORT CPU (interleaved with the reference's where there is one) on ``feeds`` (seeded
+    random inputs when None), with each file's size."""
+    from npukit.measure.latency import measure_latency, measure_latency_interleaved
+    from npukit.measure.size import model_size
+
+    threads, warmup, runs = config.threads, config.warmup, config.runs
+    timed = models.timed()
+    sizes = {"model": model_size(models.model)}
+    if models.reference is not None:
+        sizes["reference"] = model_size(models.reference)
     with step(f"timing on ORT CPU, {threads} thread(s)", timings=report.timings, key="latency"):
-        if reference is not None:
+        if models.reference is not None:
             lat = measure_latency_interleaved(timed, threads=threads, warmup=warmup, runs=runs, feeds=feeds)
         else:
             lat = {"model": measure_latency(timed["model"], threads=threads, warmup=warmup, runs=runs, feeds=feeds)}
-    add_latency(report, lat, sizes, {"model": model, "reference": reference or ""}, threads=threads, runs=runs)
+    add_latency(report, lat, sizes, {"model": models.model, "reference": models.reference or ""}, threads=threads,
+                runs=runs)
+
+
+def _energy(report: Report, models: _Models, feeds: Any, config: BenchConfig) -> None:
+    """The per-operator energy estimate of each timed model, and RAPL's measurement where it is readable."""
+    from npukit.measure.energy import energy_figures
+
     with step("energy per operator (estimate; RAPL where readable)", timings=report.timings, key="energy"):
-        estimates, measured = energy_figures(timed, threads=threads, runs=runs, feeds=feeds)
+        estimates, measured = energy_figures(models.timed(), threads=config.threads, runs=config.runs,
+                                             feeds=feeds)
         add_energy(report, estimates, measured=measured)
 
-    choice = None
-    if dataset is not None and ref_proto is not None:
-        with step("task check against the reference", timings=report.timings, key="task_check"):
-            total = len(dataset) if max_samples is None else min(max_samples, len(dataset))
-            choice, _, _ = task_check(report, ref_proto, proto, check_samples(dataset, total), task=task,
-                                       gate=gate or QualityGate(), what="bench", threads=threads,
-                                       where=f"{total} samples of {Path(str(data)).name}",
-                                       hint=_REQUANTIZE_HINT, against=f"the reference ({Path(str(reference)).name})")
-    else:
-        report.set_verdict(f"MEASURED bench: {Path(str(model)).name}, no "
-                           f"{'reference' if dataset is not None else 'data and reference'} given, so no task check",
-                           passed=True)
-    if dataset is not None and (choice is None or choice.name == "classify"):
-        agreement = evaluate(proto, ref_proto, dataset, config=config, threads=threads)
-        add_agreement(report, agreement, with_reference=ref_proto is not None, data_name=Path(str(data)).name)
-    if target != "cpu":
-        _bench_npu(report, proto, ref_proto, dataset, target=target, max_samples=max_samples, soc=soc)
-    if memory:
-        import tempfile
 
-        from npukit.frontend.onnx_io import save_onnx
+def _task_check(report: Report, models: _Models, dataset: Any, config: BenchConfig, *, data: Any, task: str | None,
+                gate: QualityGate | None) -> Any:
+    """The model checked against the reference with its task on up to ``config.max_samples`` of ``dataset``, and
+    the verdict; without data or a reference, a measured-only verdict. Returns the task chosen (None: no check)."""
+    from npukit.measure.task_fidelity import check_samples
 
-        with tempfile.TemporaryDirectory(prefix="npukit-bench-") as tmp:  # measured with the shapes fixed
-            _bench_memory(report, model if spec is None else save_onnx(proto, Path(tmp) / "model.onnx"))
-    json_path = Path(report_path) if report_path else None
-    return finish(report, None, html=html, json_path=json_path, result=report.sections, source=model)
+    if dataset is None or models.ref_proto is None:
+        set_measured_verdict(report, models.model, with_data=dataset is not None)
+        return None
+    with step("task check against the reference", timings=report.timings, key="task_check"):
+        total = len(dataset) if config.max_samples is None else min(config.max_samples, len(dataset))
+        choice, _, _ = task_check(report, models.ref_proto, models.proto, check_samples(dataset, total), task=task,
+                                   gate=gate or QualityGate(), what="bench", threads=config.threads,
+                                   where=f"{total} samples of {Path(str(data)).name}", hint=_REQUANTIZE_HINT,
+                                   against=f"the reference ({Path(str(models.reference)).name})")
+    return choice
+
+
+def _agreement(report: Report, models: _Models, dataset: Any, choice: Any, config: BenchConfig, *,
+               data: Any) -> None:
+    """A classifier's top-k agreement with the reference and accuracy against the labels, on ``dataset``; nothing
+    without data or when the task check chose another task than classification."""
+    if dataset is None or (choice is not None and choice.name != "classify"):
+        return
+    agreement = evaluate(models.proto, models.ref_proto, dataset, config=config, threads=config.threads)
+    add_agreement(report, agreement, with_reference=models.ref_proto is not None, data_name=Path(str(data)).name)
 
 
 def _load_reference(reference: str | Path, spec: Any) -> onnx.ModelProto:
@@ -218,23 +279,28 @@ def _bench_context(model: str | Path, proto: onnx.ModelProto, *, data, reference
                         candidate_runner=session_runner(ctx.session),
                         hint=_REQUANTIZE_HINT, against=f"the reference ({Path(str(reference)).name}) on ORT CPU")
     else:
-        report.set_verdict(f"MEASURED bench: {Path(str(model)).name} on the HTP emulator, no "
-                           f"{'reference' if dataset is not None else 'data and reference'} given, so no task check",
-                           passed=True)
+        set_measured_verdict(report, model, with_data=dataset is not None, on="the HTP emulator")
     json_path = Path(report_path) if report_path else None
     return finish(report, None, html=html, json_path=json_path, result=report.sections)
 
 
-def _bench_memory(report: Report, model: str | Path) -> None:
+def _bench_memory(report: Report, models: _Models) -> None:
+    """ORT CPU's peak activation memory measured in fresh processes (arena off and on) beside the planner's
+    prediction and its best plan, on the model as timed (with fixed shapes: written to a temporary file first)."""
+    import tempfile
+
+    from npukit.frontend.onnx_io import save_onnx
     from npukit.memory.measure import measure_ort_peak
     from npukit.memory.ort_cpu import without_graph_inputs
     from npukit.memory.plan import plan_memory as _plan
     from npukit.memory.planners import best_plan
 
-    with step("measuring ORT's peak activation memory (fresh processes)", timings=report.timings, key="memory"):
-        planned = _plan(model, target="cpu")
-        off = measure_ort_peak(model, arena=False)
-        on = measure_ort_peak(model, arena=True)
+    with tempfile.TemporaryDirectory(prefix="npukit-bench-") as tmp:  # measured with the shapes fixed
+        model = models.model if models.spec is None else save_onnx(models.proto, Path(tmp) / "model.onnx")
+        with step("measuring ORT's peak activation memory (fresh processes)", timings=report.timings, key="memory"):
+            planned = _plan(model, target="cpu")
+            off = measure_ort_peak(model, arena=False)
+            on = measure_ort_peak(model, arena=True)
     placed = best_plan(without_graph_inputs(planned.lifetimes)).arena_bytes
     add_memory(report, predicted=planned.runtime_peak, planned=placed, lower_bound=planned.lower_bound, off=off, on=on)
 

@@ -12,7 +12,7 @@ import onnx
 
 from npukit.config import PreprocessConfig
 from npukit.errors import InputError
-from npukit.report.compile import add_context_model, add_htp_quantization
+from npukit.report.compile import add_context_model, add_float_layers, add_htp_quantization
 from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
 from npukit.report.progress import step
@@ -56,10 +56,7 @@ def compile(  # noqa: A001 - the verb's name
     uint16 and lift layers to 16-bit activations or float16 until the floors pass on the HTP
     (``npukit.runtime.htp_precision``). ``weight_bits`` 4: W4A16, int4 symmetric per-channel weights (re-rounded by
     GPTQ and bias-corrected as the int8 ones) with uint16 activations: half the weights' bytes."""
-    from npukit.frontend.shapes import InputSpec, apply_input_spec, fixed_shapes, load_with_inputs, symbolic_inputs
-    from npukit.runtime.compile import compile_qnn_context
-    from npukit.targets.registry import get_target
-
+    from npukit.frontend.shapes import fixed_shapes
     from npukit.verbs.compile_mobile import MOBILE_TARGETS, compile_mobile
 
     if weight_bits not in (8, 4):
@@ -68,6 +65,36 @@ def compile(  # noqa: A001 - the verb's name
         _refuse_htp_options(target, weight_bits=weight_bits, mixed_precision=mixed_precision, soc=soc)
         return compile_mobile(model, output, target=target.strip().lower(), calib=calib, input_shape=input_shape,
                               preprocess=preprocess, html=html, task=task, gate=gate, weights=weights)
+    target, soc = _htp_target(model, target, soc=soc, weights=weights)
+    gate = gate or QualityGate()
+    output = check_output(output, source=model)
+    proto = _load(model, input_shape)
+    report = Report("compile", config={"model": str(model), "target": target, "soc": soc,
+                                       "calib": str(calib) if calib else None, "weight_bits": weight_bits,
+                                       "input_shape": {k: list(v) for k, v in fixed_shapes(proto).items()}})
+    quantized_here, samples = _check_request(model, proto, calib, preprocess, soc=soc, task=task,
+                                             weight_bits=weight_bits, mixed_precision=mixed_precision)
+    reference = proto  # the float model (or the QDQ model given) on ORT CPU: what the HTP's outputs are checked against
+    proto = _prepare(report, proto, samples)
+    if quantized_here:
+        proto = _quantize_for_the_htp(report, proto, samples, soc=soc, weight_bits=weight_bits,
+                                      mixed_precision=mixed_precision, task=task, gate=gate)
+    result = _compile_context(report, proto, output, soc=soc)
+    _check_on_the_htp(report, output, reference, samples, soc=soc, float_model=quantized_here, task=task, gate=gate)
+    add_context_model(report, result, quantized_here=quantized_here)
+    if not quantized_here:
+        _note_float_layers(report, reference)
+    _energy(report, proto, reference if quantized_here else None,
+            feeds=dict(samples.sample(0)) if samples is not None else None)
+    return finish(report, output, html=html, result=result)
+
+
+def _htp_target(model: Any, target: str, *, soc: str | None, weights: Any) -> tuple[str, str]:
+    """The HTP target's name and its SoC, from ``--target`` (``qnn-htp@SOC`` names the SoC as ``--soc`` does) and
+    ``--soc``, after the refusals of what the HTP does not compile: a PyTorch model, --weights, another target, no
+    SoC named."""
+    from npukit.targets.registry import get_target
+
     if not isinstance(model, (str, Path)):
         raise InputError(f"the HTP compiles an ONNX model, not a {type(model).__name__}",
                          hint="export it first: npukit.export(module, 'model.onnx', input_shape=...)")
@@ -86,27 +113,45 @@ def compile(  # noqa: A001 - the verb's name
                               "the QDQ model from `npukit quantize`")
     if soc is None:
         raise InputError("compiling for the HTP needs the Snapdragon SoC", hint="pass --soc, e.g. --soc SM8650")
-    output = check_output(output, source=model)
+    return profile.name, soc
+
+
+def _load(model: str | Path, input_shape: str | Sequence[int] | None) -> onnx.ModelProto:
+    """``model`` loaded with ``input_shape`` fixed in, as the HTP needs static shapes; a symbolic batch alone
+    becomes 1."""
+    from npukit.frontend.shapes import InputSpec, apply_input_spec, fixed_shapes, load_with_inputs, symbolic_inputs
+
     spec = InputSpec.parse(input_shape)
     proto = load_with_inputs(model, spec, needs="the HTP")
     if symbolic_inputs(proto, allow_batch=False):  # a symbolic batch alone becomes 1
         proto = apply_input_spec(proto, InputSpec(tuple(fixed_shapes(proto).items())))
-    report = Report("compile", config={"model": str(model), "target": profile.name, "soc": soc,
-                                       "calib": str(calib) if calib else None, "weight_bits": weight_bits,
-                                       "input_shape": {k: list(v) for k, v in fixed_shapes(proto).items()}})
+    return proto
+
+
+def _check_request(model: str | Path, proto: onnx.ModelProto, calib: str | Path | None,
+                   preprocess: PreprocessConfig | None, *, soc: str, task: str | None, weight_bits: int,
+                   mixed_precision: bool) -> tuple[bool, Any]:
+    """The checks that fail before any work: the SoC known, a model quantized otherwise than QDQ refused, the
+    calibration data read against the model's inputs, the quantization options that apply, the task. Returns
+    whether the model is float (quantized here) and the calibration samples (None without ``calib``)."""
     from npukit.runtime.compile import soc_info
 
     soc_info(soc)  # an unknown SoC fails before any work
     quantized_here = not is_qdq(proto)
     if quantized_here:  # ConvInteger / QLinear* models: nothing for the HTP, and not to be quantized again
         refuse_quantized(proto, model, verb="compile")
-    reference = proto  # the float model (or the QDQ model given) on ORT CPU: what the HTP's outputs are checked against
     samples = None
     if calib is not None:
         samples = open_data(calib, proto, preprocess or PreprocessConfig())
     _check_quantization_request(float_model=quantized_here, calibrated=samples is not None, weight_bits=weight_bits,
                                 mixed_precision=mixed_precision)
     check_task(proto, samples, task)
+    return quantized_here, samples
+
+
+def _prepare(report: Report, proto: onnx.ModelProto, samples: Any) -> onnx.ModelProto:
+    """``proto`` through npukit's graph passes with its shapes fixed (``runtime.compile.prepare_graph``), checked on
+    the first calibration sample where there is one; what they did goes into ``report``."""
     from npukit.runtime.compile import prepare_graph
 
     # With the shapes fixed, Shape/Range subgraphs fold to constants; Constant nodes become initializers (else the
@@ -115,20 +160,18 @@ def compile(  # noqa: A001 - the verb's name
               key="prepare"):
         proto, prepared = prepare_graph(proto, feeds=samples.sample(0) if samples is not None else None)
     report.add("graph_preparation", prepared)
-    if quantized_here:
-        proto = _quantize_for_the_htp(report, proto, samples, soc=soc, weight_bits=weight_bits,
-                                      mixed_precision=mixed_precision, task=task, gate=gate or QualityGate())
+    return proto
+
+
+def _compile_context(report: Report, proto: onnx.ModelProto, output: Path, *, soc: str) -> Any:
+    """The HTP context binary for ``soc`` compiled from the QDQ model ``proto`` into the EPContext model at
+    ``output`` (``runtime.compile.compile_qnn_context``: loaded back and run), its record in ``report``."""
+    from npukit.runtime.compile import compile_qnn_context
+
     with step(f"compiling the HTP context binary for {soc}", timings=report.timings, key="compile"):
         result = compile_qnn_context(proto, output, soc=soc)
     report.add("compile", result.as_dict())
-    _check_on_the_htp(report, output, reference, samples, soc=soc, float_model=quantized_here, task=task,
-                      gate=gate or QualityGate())
-    add_context_model(report, result, quantized_here=quantized_here)
-    if not quantized_here:
-        _note_float_layers(report, reference)
-    _energy(report, proto, reference if quantized_here else None,
-            feeds=dict(samples.sample(0)) if samples is not None else None)
-    return finish(report, output, html=html, result=result)
+    return result
 
 
 _WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
@@ -141,12 +184,7 @@ def _note_float_layers(report: Report, qdq: onnx.ModelProto) -> None:
     dequantized = {o for n in qdq.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
     weighted = [n for n in qdq.graph.node if n.op_type in _WEIGHTED_OPS]
     left = [n.name or n.op_type for n in weighted if len(n.input) > 1 and n.input[1] not in dequantized]
-    report.add("float_layers_in_given_model", left)
-    if left and report.verdict:
-        shown = ", ".join(left[:3]) + (f" (+{len(left) - 3} more)" if len(left) > 3 else "")
-        report.set_verdict(f"{report.verdict}; note: {len(left)} of the given QDQ model's {len(weighted)} weighted "
-                           f"layers are float ({shown}), run by the HTP in float16 (a CPU scheme's float layers?): "
-                           "compile the float model with --calib for the HTP's own scheme", passed=report.passed)
+    add_float_layers(report, left, weighted=len(weighted))
 
 
 def _refuse_htp_options(target: str, *, weight_bits: int, mixed_precision: bool, soc: str | None) -> None:
@@ -216,7 +254,8 @@ def _check_on_the_htp(report: Report, output: Path, reference: onnx.ModelProto, 
         htp = make_qnn_session(output, provider_options=soc_provider_options(soc))
         check = check_samples(samples, COMPILE_CHECK_SAMPLES) if samples is not None else \
             [seeded_feeds(reference)]
-        where = ("one seeded random input (no --calib given: pass it for a task check on real inputs)" if samples is None
+        where = ("one seeded random input (no --calib given: pass it for a task check on real inputs)"
+                 if samples is None
                  else f"{len(check)} calibration samples (optimistic: the grids were fitted to them)" if float_model
                  else f"{len(check)} samples of --calib (the given QDQ model's grids were not fitted to them here)")
         task_check(report, reference, None, check, task=task, gate=gate, what="compile",
