@@ -41,7 +41,7 @@ def torch_source(model: Any, weights: str | Path | None, input_shape: Any, *, ne
     """(the resolved PyTorch model, its input shape) for a verb that ``needs`` a torch program (``model``: a spec, a
     file or a torch.nn.Module); an ONNX model or an
     unknown shape is an InputError saying what to give (``otherwise``: what to do with the ONNX model; ``data``: the
-    verb's .npy samples, whose one sample's shape the hint suggests)."""
+    verb's samples: without ``input_shape`` or a shape the model knows, one sample of a .npy gives it)."""
     from npukit.frontend.shapes import InputSpec
     from npukit.frontend.spec import model_label, source_of
 
@@ -59,26 +59,63 @@ def torch_source(model: Any, weights: str | Path | None, input_shape: Any, *, ne
                              hint="pass one --input-shape, e.g. 1,3,224,224")
         shape = spec.shapes[0][1]
     if shape is None:
+        shape = sample_shape(data)  # one sample of the verb's .npy: the shape the model is run at anyway
+    if shape is None:
         raise InputError(f"no input shape is known for {model}", hint=_shape_hint(data))
     return source, tuple(shape)
 
 
+def shape_origin(source: Any, input_shape: Any, data: str | Path | None) -> str:
+    """Where ``torch_source``'s shape came from, for the report."""
+    if input_shape is not None:
+        return "--input-shape"
+    if source.default_input_shape is not None:
+        return "the model"
+    return f"one sample of {Path(str(data)).name}"
+
+
+def note_shape_from_data(report: Report, origin: str, shape: Sequence[int]) -> None:
+    """Where the input shape was taken from the data (``shape_origin``), the verdict says so: the artifact is fixed
+    at that shape."""
+    if origin.startswith("one sample of") and report.verdict:
+        report.set_verdict(f"{report.verdict}; input shape {','.join(map(str, shape))} taken from {origin} (no "
+                           "--input-shape given)", passed=report.passed)
+
+
+def _npy_shape(data: str | Path | None) -> tuple[int, ...]:
+    """The array shape of ``data`` where it is a readable .npy file (its header only), else ()."""
+    if data is None or not str(data).lower().endswith(".npy") or not Path(str(data)).is_file():
+        return ()
+    try:
+        return tuple(np.load(str(data), mmap_mode="r").shape)
+    except (OSError, ValueError):
+        return ()
+
+
+def _channels_last(shape: Sequence[int]) -> bool:
+    """(N, H, W, C) images: a PyTorch model takes them channels first."""
+    return len(shape) == 4 and shape[3] in (1, 3, 4) and shape[1] > 4 and shape[2] > 4
+
+
+def sample_shape(data: str | Path | None) -> tuple[int, ...] | None:
+    """The input shape one sample of ``data`` gives (batch 1), where ``data`` is a .npy of stacked samples that a
+    PyTorch model takes as they are; None for anything else (an image folder's size is the preprocessing's choice,
+    not the model's; channels-last images need a transpose, which ``_shape_hint`` says)."""
+    shape = _npy_shape(data)
+    if len(shape) < 2 or _channels_last(shape):
+        return None
+    return (1, *shape[1:])
+
+
 def _shape_hint(data: str | Path | None) -> str:
-    """How to give a torch model's input shape: one sample of ``data`` (a .npy of stacked samples) where there is
-    one (MTCNN's ONet takes 48x48 crops: suggesting 224x224 sent the user the wrong way), else an example."""
-    if data is not None and str(data).lower().endswith(".npy") and Path(str(data)).is_file():
-        try:
-            shape = np.load(str(data), mmap_mode="r").shape
-        except (OSError, ValueError):
-            shape = ()
-        if len(shape) == 4 and shape[3] in (1, 3, 4) and shape[1] > 4 and shape[2] > 4:  # (N, H, W, C) images
-            one = ",".join(map(str, (1, shape[3], shape[1], shape[2])))
-            return (f"{Path(str(data)).name} holds channels-last images {list(shape)}; PyTorch models take them "
-                    f"channels first: transpose the data to (N, C, H, W) (a.transpose(0, 3, 1, 2)) and pass "
-                    f"--input-shape {one}")
-        if len(shape) >= 2:
-            one = ",".join(map(str, (1, *shape[1:])))
-            return f"pass it with --input-shape, e.g. --input-shape {one} (one sample of {Path(str(data)).name})"
+    """How to give a torch model's input shape: the transpose channels-last images in ``data`` need, else an
+    example."""
+    shape = _npy_shape(data)
+    if _channels_last(shape):
+        one = ",".join(map(str, (1, shape[3], shape[1], shape[2])))
+        return (f"{Path(str(data)).name} holds channels-last images {list(shape)}; PyTorch models take them "
+                f"channels first: transpose the data to (N, C, H, W) (a.transpose(0, 3, 1, 2)) and pass "
+                f"--input-shape {one}")
     return "pass the shape the model takes with --input-shape (e.g. 1,3,224,224 for an image model)"
 
 
