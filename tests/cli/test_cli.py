@@ -403,6 +403,80 @@ def test_an_array_given_in_python_calibrates_as_its_npy_file_does(exported, tmp_
         quantize(str(exported), tmp_path / "b.onnx", calib=calib[:, :1], **common)
 
 
+def test_feed_dicts_and_dicts_of_arrays_calibrate_as_the_array_does(exported, tmp_path):
+    """A list of feed dicts with --data crashed after all the work (same_data made a path of the list: OSError); a
+    wrong key, a torch tensor, a bare array in the list or a mixed shape reached ORT or numpy as raw errors."""
+    import logging
+
+    import onnx
+    import torch
+
+    from npukit.api import bench, quantize
+
+    name = onnx.load(str(exported)).graph.input[0].name
+    calib = np.random.default_rng(1).standard_normal((4, 3, 32, 32)).astype(np.float32)
+    common = dict(method="minmax", runs=2, max_samples=4)
+    handlers = list(logging.getLogger().handlers)
+    assert quantize(str(exported), tmp_path / "a.onnx", calib=calib, **common).report.passed
+    assert logging.getLogger().handlers == handlers  # ORT's quantizer left no handler on the root logger
+    for form, given in {"batch1": [{name: calib[i:i + 1]} for i in range(4)], "sample": [{name: calib[i]}
+                                                                                         for i in range(4)],
+                        "dict": {name: calib}}.items():
+        result = quantize(str(exported), tmp_path / f"{form}.onnx", calib=given, data=given, **common)
+        assert result.report.passed, form
+        assert (tmp_path / f"{form}.onnx").read_bytes() == (tmp_path / "a.onnx").read_bytes(), form
+        assert "given in memory" in result.report.config["calib"]
+    assert bench(str(tmp_path / "a.onnx"), reference=str(exported), data=calib, runs=2).report.passed
+    before = _files(tmp_path)
+    for given, says in [([{"x": calib[i:i + 1]} for i in range(2)], "has no array for input"),
+                        ([{name: torch.from_numpy(calib[:1])}], "torch.Tensor"),
+                        ([calib[:1], calib[1:2]], "not a feed dict"),
+                        ([{name: calib[:1]}, {name: calib[:2]}], "several shapes"),
+                        ([], "empty")]:
+        with pytest.raises(InputError, match=says):
+            quantize(str(exported), tmp_path / "bad.onnx", calib=given, **common)
+    with pytest.raises(InputError, match="not a ModelProto given in Python"):
+        quantize(onnx.load(str(exported)), tmp_path / "bad.onnx", calib=calib, **common)
+    with pytest.raises(InputError, match="threads must be at least 1"):
+        quantize(str(exported), tmp_path / "bad.onnx", calib=calib, threads=0, **common)
+    assert _files(tmp_path) == before  # refused before anything was written
+
+
+def test_a_reference_with_other_outputs_and_one_target_named_alone(exported, tmp_path):
+    """bench against a reference giving another number of outputs raised a bare ValueError from the task check;
+    analyze(targets="qnn-htp") read the string's letters as targets ("unknown target 'q'")."""
+    import onnx
+
+    from npukit.api import analyze, bench
+
+    two = onnx.load(str(exported))
+    two.graph.node.append(onnx.helper.make_node("Identity", [two.graph.output[0].name], ["again"]))
+    two.graph.output.append(onnx.helper.make_tensor_value_info("again", onnx.TensorProto.FLOAT, [1, 10]))
+    onnx.save(two, str(tmp_path / "two.onnx"))
+    calib = np.random.default_rng(1).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    with pytest.raises(InputError, match="gives 2 output"):
+        bench(str(exported), reference=str(tmp_path / "two.onnx"), data=calib, runs=2)
+    result = analyze(str(exported), targets="qnn-htp")
+    assert list(result.report.config["targets"]) == ["qnn-htp"]
+
+
+def test_a_module_given_in_python_keeps_its_training_modes(tmp_path):
+    """export(module) left the caller's module, and every submodule, in eval mode: exporting in the middle of training
+    turned dropout and BatchNorm's statistics off for the rest of it."""
+    import torch
+
+    from npukit.api import analyze, export
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Dropout(0.5),
+                              torch.nn.Conv2d(4, 2, 1)).train()
+    net[3].eval()  # a submodule the caller froze stays frozen
+    modes = [m.training for m in net.modules()]
+    assert export(net, tmp_path / "net.onnx", input_shape=(1, 3, 16, 16)).report.passed
+    assert [m.training for m in net.modules()] == modes
+    analyze(net, targets=["cpu"], input_shape=(1, 3, 16, 16))
+    assert [m.training for m in net.modules()] == modes
+
+
 def test_excluding_every_compute_node_is_refused_before_any_work(exported, tmp_path, capsys, monkeypatch):
     """--exclude of every conv/matmul wrote the float model as the "INT8" one, checked against itself: PASS, exit 0."""
     import onnx

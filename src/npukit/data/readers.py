@@ -302,12 +302,77 @@ def open_dataset(path: str | Path | np.ndarray, *, preprocess: PreprocessConfig,
 
 
 IN_MEMORY = Path("(the array given)")  # how messages name an array passed in Python
+IN_MEMORY_FEEDS = Path("(the feed dicts given)")  # ... and a list of feed dicts or a dict of arrays
 
 
-def same_data(a: str | Path | np.ndarray | None, b: str | Path | np.ndarray | None) -> bool:
+def is_in_memory(data: object) -> bool:
+    """Whether ``data`` is data given in Python (an array, a dict of arrays, a list of feed dicts), not a path."""
+    return data is not None and not isinstance(data, (str, Path))
+
+
+def feeds_dataset(data: object, input_names: Sequence[str]) -> ArrayDataset:
+    """Data given in Python as a dataset read as a .npz's would be: a dict of arrays (N, ...) keyed by input name,
+    or a list of feed dicts ({input name: array}, one sample each, all of one shape per input) stacked into one
+    array per input. Anything else, feeds naming other inputs than the model's, and samples of several shapes are
+    InputErrors saying what to give."""
+    if isinstance(data, Mapping):
+        arrays = {str(k): _in_memory_array(v, f"array {k!r}") for k, v in data.items()}
+    elif isinstance(data, (list, tuple)):
+        if not data:
+            raise InputError("the list of feed dicts given is empty", hint="give at least one sample")
+        arrays = _stacked_feeds(data, input_names)
+    else:
+        raise InputError(f"cannot read a {type(data).__name__} as data",
+                         hint="give a path (image folder, .npy, .npz), a numpy array (N, ...), a dict of arrays by "
+                              "input name, or a list of feed dicts {input name: array}")
+    for name, arr in arrays.items():
+        _check_array(arr, IN_MEMORY_FEEDS, name)
+    labels = arrays.pop("labels", None) if "labels" not in input_names else None
+    return ArrayDataset(IN_MEMORY_FEEDS, "npz", arrays, None if labels is None else labels.astype(np.int64))
+
+
+def _stacked_feeds(feeds: Sequence[object], input_names: Sequence[str]) -> dict[str, np.ndarray]:
+    """One array per input from a list of feed dicts: sample i's array at index i."""
+    want = list(input_names)
+    for i, feed in enumerate(feeds):
+        if not isinstance(feed, Mapping):
+            raise InputError(f"sample {i} of the list given is a {type(feed).__name__}, not a feed dict",
+                             hint=f"give each sample as {{input name: array}} (the model's inputs: "
+                                  f"{', '.join(map(repr, want))}), or all samples as one array (N, ...)")
+        keys = [str(k) for k in feed]
+        if sorted(keys) != sorted(want):
+            missing = [n for n in want if n not in keys]
+            extra = [k for k in keys if k not in want]
+            raise InputError(f"sample {i} of the feed dicts given "
+                             + (f"has no array for input(s) {', '.join(map(repr, missing))}" if missing else
+                                f"has array(s) {', '.join(map(repr, extra))} that no input of the model takes"),
+                             hint=f"key each sample's arrays by the model's input names: {', '.join(map(repr, want))}")
+    arrays = {}
+    for name in want:
+        parts = [_in_memory_array(feed[name], f"input {name!r} of sample {i}") for i, feed in enumerate(feeds)]
+        shapes = {p.shape for p in parts}
+        if len(shapes) > 1:
+            odd = next(i for i, p in enumerate(parts) if p.shape != parts[0].shape)
+            raise InputError(f"the feed dicts give input {name!r} in several shapes (sample 0 {parts[0].shape}, "
+                             f"sample {odd} {parts[odd].shape})", hint="give every sample of an input in one shape")
+        arrays[name] = np.stack(parts)
+    return arrays
+
+
+def _in_memory_array(value: object, what: str) -> np.ndarray:
+    """``value`` as a numpy array; a torch tensor or anything else is an InputError saying to convert it."""
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, (int, float, np.generic)):
+        return np.asarray(value)
+    raise InputError(f"{what} is a {type(value).__module__}.{type(value).__name__}, not a numpy array",
+                     hint="convert it with np.asarray(...) (a torch tensor: t.detach().cpu().numpy())")
+
+
+def same_data(a: object, b: object) -> bool:
     """Whether two data arguments name the same data: the same path, or two files with the same bytes (the
     calibration file given again as held-out data makes a check optimistic, whatever it is called)."""
-    if a is None or b is None or isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+    if a is None or b is None or is_in_memory(a) or is_in_memory(b):
         return a is not None and a is b
     pa, pb = Path(str(a)), Path(str(b))
     if not (pa.exists() and pb.exists()):

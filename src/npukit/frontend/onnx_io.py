@@ -77,6 +77,10 @@ def refuse_context_model(model: onnx.ModelProto, path: str | Path) -> None:
 
 def load_onnx(path: str | Path) -> onnx.ModelProto:
     """Load and check an ONNX model (with any external data beside it); bad files raise a one-line InputError."""
+    if not isinstance(path, (str, Path)):  # a ModelProto or a torch module given in Python
+        raise InputError(f"this command reads an ONNX model file, not a {type(path).__name__} given in Python",
+                         hint="save an onnx.ModelProto with onnx.save(model, 'model.onnx') and pass the path; export "
+                              "a torch module first with npukit.export(module, 'model.onnx', input_shape=...)")
     given, path = str(path), Path(path)
     if not path.exists():
         if re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*(\(.*\))?", given):  # torchvision:NAME, module:factory

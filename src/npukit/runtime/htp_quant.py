@@ -53,7 +53,6 @@ float weights, ORT's 16-bit grids                50.5 / 28.4 dB   57.0 / 32.8 dB
 from __future__ import annotations
 
 import dataclasses
-import logging
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -64,6 +63,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from npukit._logging import quiet_root_logger
 from npukit._threads import torch_threads
 from npukit.frontend.graph_index import GraphIndex
 from npukit.quant.algorithms.gptq import POSITIONS, input_rows, reround, row_limit
@@ -118,10 +118,7 @@ def quantize_for_htp(
     work, folded = fold_conv_transpose_affine(model)
     work, rewritten = batchnorm_to_mul_add(work)
     work, added = add_zero_biases(work)
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)  # ORT's quantizer warns on the root logger about steps npukit has done
-    try:
+    with quiet_root_logger():  # ORT's quantizer warns on the root logger about steps npukit has done
         with tempfile.TemporaryDirectory(prefix="npukit-htp-") as tmp:
             source, out = Path(tmp) / "float.onnx", Path(tmp) / "qdq.onnx"
             onnx.save(work, str(source))
@@ -129,8 +126,6 @@ def quantize_for_htp(
             config.nodes_to_exclude = list(float_nodes)
             ort_quantize(str(source), str(out), config)
             qdq = onnx.load(str(out))
-    finally:
-        root.setLevel(level)
     rerounded: dict[str, float] = {}
     if rules.gptq and samples:
         qdq, rerounded = gptq_weights(work, qdq, samples)

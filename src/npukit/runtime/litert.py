@@ -5,8 +5,9 @@ LiteRT is an optional extra (``pip install 'npukit[litert]'``, installed by scri
 and only when the litert target is used (``import litert_torch`` alone takes several seconds: it loads jax).
 
 A PT2E-converted program (q/dq ops from ``convert_pt2e(..., fold_quantize=False)``: the weights' quantize ops kept, as
-LiteRT's converter reads them) becomes a fully integer model with int8 input and output tensors; the runner quantizes
-inputs and dequantizes outputs on the model's own grids, so callers feed and read float arrays either way.
+LiteRT's converter reads them) becomes an integer model whose input and output tensors are int8 or float32 as the
+converter leaves each; the runner quantizes int8 inputs and dequantizes int8 outputs on the model's own grids, so
+callers feed and read float arrays either way.
 """
 
 from __future__ import annotations

@@ -10,13 +10,14 @@ import onnx
 
 from npukit.errors import InputError
 from npukit.report.finish import CommandResult, finish, report_path_for
-from npukit.verbs.common import check_output, scratch_export, torch_source
+from npukit.verbs.common import check_output, keeps_module_modes, scratch_export, torch_source
 
 
+@keeps_module_modes
 def analyze(
     model: str | Path,
     *,
-    targets: Sequence[str],
+    targets: str | Sequence[str],
     input_shape: str | Sequence[int] | None = None,
     weights: str | Path | None = None,
     fix: bool = False,
@@ -39,6 +40,7 @@ def analyze(
     from npukit.report.analyze import analyze_report
     from npukit.targets.api import analyze_model
 
+    targets = [targets] if isinstance(targets, str) else list(targets)  # one target named alone, not its letters
     if output is not None and not fix:
         raise InputError("-o names the fixed model --fix writes; without --fix analyze writes no model",
                          hint="add --fix to write the fixed model there, or --report PATH.json for the report alone")

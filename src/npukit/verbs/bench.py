@@ -26,7 +26,7 @@ from npukit.report.energy import add_energy
 from npukit.report.finish import CommandResult, finish
 from npukit.report.progress import progress, step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import evaluate, is_qdq, logits, open_data, task_check
+from npukit.verbs.common import data_label, data_name, evaluate, is_qdq, logits, open_data, task_check
 
 
 # Measured on the onnxruntime-qnn HTP emulator (QNN SDK 2.51), one 3x3 Conv with uint16 activations and int8
@@ -143,7 +143,7 @@ def _report(models: _Models, config: BenchConfig, preprocess: PreprocessConfig, 
     reference, spec = models.reference, models.spec
     return Report("bench", config={"bench": to_dict(config), "preprocess": to_dict(preprocess),
                                    "model": str(models.model), "reference": str(reference) if reference else None,
-                                   "data": str(data) if data else None,
+                                   "data": data_label(data),
                                    "input_shape": spec.as_dict() if spec else None})
 
 
@@ -190,7 +190,7 @@ def _task_check(report: Report, models: _Models, dataset: Any, config: BenchConf
         total = len(dataset) if config.max_samples is None else min(config.max_samples, len(dataset))
         choice, _, _ = task_check(report, models.ref_proto, models.proto, check_samples(dataset, total), task=task,
                                    gate=gate or QualityGate(), what="bench", threads=config.threads,
-                                   where=f"{total} samples of {Path(str(data)).name}", hint=_REQUANTIZE_HINT,
+                                   where=f"{total} samples of {data_name(data)}", hint=_REQUANTIZE_HINT,
                                    against=f"the reference ({Path(str(models.reference)).name})")
     return choice
 
@@ -202,7 +202,7 @@ def _agreement(report: Report, models: _Models, dataset: Any, choice: Any, confi
     if dataset is None or (choice is not None and choice.name != "classify"):
         return
     agreement = evaluate(models.proto, models.ref_proto, dataset, config=config, threads=config.threads)
-    add_agreement(report, agreement, with_reference=models.ref_proto is not None, data_name=Path(str(data)).name)
+    add_agreement(report, agreement, with_reference=models.ref_proto is not None, data_name=data_name(data))
 
 
 def _load_reference(reference: str | Path, spec: Any) -> onnx.ModelProto:
@@ -216,13 +216,18 @@ def _load_reference(reference: str | Path, spec: Any) -> onnx.ModelProto:
 
 
 def _check_reference(model: onnx.ModelProto, reference: onnx.ModelProto, path: str | Path) -> None:
-    """The reference must take the model's inputs: the same names and, where both are fixed, the same sizes."""
+    """The reference must take the model's inputs (the same names and, where both are fixed, the same sizes) and
+    give as many outputs: the check compares them one for one."""
     from npukit.frontend.shapes import input_dims
 
     mine, theirs = input_dims(model), input_dims(reference)
     if set(mine) != set(theirs):
         raise InputError(f"the reference {Path(str(path)).name} takes inputs {sorted(theirs)}, the model "
                          f"{sorted(mine)}", hint="give as --reference the float model this one was made from")
+    outputs, ref_outputs = len(model.graph.output), len(reference.graph.output)
+    if outputs != ref_outputs:
+        raise InputError(f"the reference {Path(str(path)).name} gives {ref_outputs} output(s), the model {outputs}",
+                         hint="give as --reference the float model this one was made from")
     for name, dims in mine.items():
         other = theirs[name]
         if dims is None or other is None:  # a rank unknown: nothing to compare
@@ -254,7 +259,7 @@ def _bench_context(model: str | Path, proto: onnx.ModelProto, *, data, reference
                          f"on {target}", hint="bench it with --target qnn-htp, or bench the QDQ model it was "
                                               "compiled from")
     report = Report("bench", config={"model": str(model), "reference": str(reference) if reference else None,
-                                     "data": str(data) if data else None, "target": target, "soc": soc,
+                                     "data": data_label(data), "target": target, "soc": soc,
                                      "input_shape": spec.as_dict() if spec else None})
     with step("loading the context binary on the HTP", timings=report.timings, key="load"):
         ctx = context_session(model, proto, soc=soc)
@@ -275,7 +280,7 @@ def _bench_context(model: str | Path, proto: onnx.ModelProto, *, data, reference
         with step("task check: the EPContext model on the HTP against the reference on ORT CPU",
                   timings=report.timings, key="task_check"):
             task_check(report, ref_proto, None, check_samples(dataset, total), task=task, gate=gate or QualityGate(),
-                        what="bench", where=f"{total} samples of {Path(str(data)).name}, on the HTP as {chip.part}",
+                        what="bench", where=f"{total} samples of {data_name(data)}, on the HTP as {chip.part}",
                         candidate_runner=session_runner(ctx.session),
                         hint=_REQUANTIZE_HINT, against=f"the reference ({Path(str(reference)).name}) on ORT CPU")
     else:

@@ -4,8 +4,10 @@ upgrades for Q/DQ, the task check, data opening."""
 from __future__ import annotations
 
 import dataclasses
+import functools
+import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,25 @@ def check_output(output: str | Path, *, source: str | Path | None = None, suffix
             and output.resolve() == Path(source).resolve():
         raise InputError(f"output {output} is the input file", hint="write the result to a new file")
     return output
+
+
+def keeps_module_modes(verb: Callable[..., Any]) -> Callable[..., Any]:
+    """``verb`` (whose first argument is the model) leaving a torch.nn.Module given in Python in the modes it came
+    in: the verb evaluates it (``.eval()``, dropout and BatchNorm statistics off), and a caller exporting or
+    compiling in the middle of training found its model, and every submodule, in eval mode afterwards."""
+
+    @functools.wraps(verb)
+    def run(model: Any, *args: Any, **kwargs: Any) -> Any:
+        torch = sys.modules.get("torch")  # not imported: the model cannot be a module
+        modes = ([(m, m.training) for m in model.modules()]
+                 if torch is not None and isinstance(model, torch.nn.Module) else [])
+        try:
+            return verb(model, *args, **kwargs)
+        finally:
+            for module, training in modes:
+                module.training = training
+
+    return run
 
 
 def torch_source(model: Any, weights: str | Path | None, input_shape: Any, *, needs: str,
@@ -71,7 +92,7 @@ def shape_origin(source: Any, input_shape: Any, data: str | Path | None) -> str:
         return "--input-shape"
     if source.default_input_shape is not None:
         return "the model"
-    return f"one sample of {Path(str(data)).name}"
+    return f"one sample of {data_name(data)}"
 
 
 def note_shape_from_data(report: Report, origin: str, shape: Sequence[int]) -> None:
@@ -83,8 +104,10 @@ def note_shape_from_data(report: Report, origin: str, shape: Sequence[int]) -> N
 
 
 def _npy_shape(data: str | Path | None) -> tuple[int, ...]:
-    """The array shape of ``data`` where it is a readable .npy file (its header only), else ()."""
-    if data is None or not str(data).lower().endswith(".npy") or not Path(str(data)).is_file():
+    """The array shape of ``data`` where it is an array or a readable .npy file (its header only), else ()."""
+    if isinstance(data, np.ndarray):
+        return tuple(data.shape)
+    if not isinstance(data, (str, Path)) or not str(data).lower().endswith(".npy") or not Path(str(data)).is_file():
         return ()
     try:
         return tuple(np.load(str(data), mmap_mode="r").shape)
@@ -113,7 +136,7 @@ def _shape_hint(data: str | Path | None) -> str:
     shape = _npy_shape(data)
     if _channels_last(shape):
         one = ",".join(map(str, (1, shape[3], shape[1], shape[2])))
-        return (f"{Path(str(data)).name} holds channels-last images {list(shape)}; PyTorch models take them "
+        return (f"{data_name(data)} holds channels-last images {list(shape)}; PyTorch models take them "
                 f"channels first: transpose the data to (N, C, H, W) (a.transpose(0, 3, 1, 2)) and pass "
                 f"--input-shape {one}")
     return "pass the shape the model takes with --input-shape (e.g. 1,3,224,224 for an image model)"
@@ -377,13 +400,35 @@ def _check_dataset(dataset: Any, inputs: Sequence[Any]) -> None:
     dataset.validate()
 
 
-def open_data(data: str | Path | np.ndarray, proto: onnx.ModelProto, preprocess: PreprocessConfig):
-    """The dataset at ``data`` (a folder of images, an image, a .npy or .npz, or an array given in Python, read as a
-    .npy's), checked against ``proto``'s inputs."""
-    from npukit.data.readers import open_dataset
+def data_label(data: Any) -> str | None:
+    """How a report names data: its path as given, what was given in Python, or None for no data."""
+    if data is None:
+        return None
+    if isinstance(data, (str, Path)):
+        return str(data)
+    if isinstance(data, np.ndarray):
+        return f"an array {tuple(data.shape)} given in memory"
+    if isinstance(data, (list, tuple)):
+        return f"{len(data)} feed dicts given in memory"
+    return f"a {type(data).__name__} given in memory"
+
+
+def data_name(data: Any) -> str:
+    """How a sentence names data: a path's file name, else ``data_label``'s words."""
+    return Path(str(data)).name if isinstance(data, (str, Path)) else str(data_label(data))
+
+
+def open_data(data: Any, proto: onnx.ModelProto, preprocess: PreprocessConfig):
+    """The dataset at ``data`` (a folder of images, an image, a .npy or .npz, or given in Python: an array, read as a
+    .npy's, a dict of arrays or a list of feed dicts, read as a .npz's), checked against ``proto``'s inputs."""
+    from npukit.data.readers import feeds_dataset, is_in_memory, open_dataset
     from npukit.frontend.onnx_io import graph_inputs
 
     inputs = graph_inputs(proto)
+    if is_in_memory(data) and not isinstance(data, np.ndarray):
+        dataset = feeds_dataset(data, [i.name for i in inputs])
+        _check_dataset(dataset, inputs)
+        return dataset
     if isinstance(data, np.ndarray):
         if len(inputs) != 1:
             raise InputError(f"the model has {len(inputs)} inputs; one array feeds only one",

@@ -17,8 +17,9 @@ from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import (check_output, check_task, floor_check, held_back, is_qdq, open_data, refuse_quantized,
-                                 seeded_feeds, task_check, upgrade_opset)
+from npukit.verbs.common import (check_output, check_task, data_label, floor_check, held_back, is_qdq,
+                                 keeps_module_modes, open_data, refuse_quantized, seeded_feeds, task_check,
+                                 upgrade_opset)
 
 
 COMPILE_CHECK_SAMPLES = 8  # the HTP emulator takes about 0.6 s per MobileNetV2 image on x86
@@ -33,6 +34,7 @@ def quantize_for_htp(model: onnx.ModelProto, samples: Sequence[dict[str, np.ndar
     return _quantize_for_htp(model, samples).model
 
 
+@keeps_module_modes
 def compile(  # noqa: A001 - the verb's name
     model: str | Path,
     output: str | Path,
@@ -70,7 +72,7 @@ def compile(  # noqa: A001 - the verb's name
     output = check_output(output, source=model)
     proto = _load(model, input_shape)
     report = Report("compile", config={"model": str(model), "target": target, "soc": soc,
-                                       "calib": str(calib) if calib else None, "weight_bits": weight_bits,
+                                       "calib": data_label(calib), "weight_bits": weight_bits,
                                        "input_shape": {k: list(v) for k, v in fixed_shapes(proto).items()}})
     quantized_here, samples = _check_request(model, proto, calib, preprocess, soc=soc, task=task,
                                              weight_bits=weight_bits, mixed_precision=mixed_precision)

@@ -28,8 +28,8 @@ from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import (check_task, note_shape_from_data, note_untrained, scratch_export, shape_origin,
-                                 torch_source)
+from npukit.verbs.common import (check_task, data_label, note_shape_from_data, note_untrained, scratch_export,
+                                 shape_origin, torch_source)
 
 CHECK_SAMPLES = 32  # calibration samples the task check reads
 FP32_TOLERANCE = 1e-4  # fp32 artifact against eager torch: max abs error over the output's range
@@ -117,7 +117,7 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
     int8 = calib is not None
     report = Report("compile", config={"model": model_label(model), "target": mobile.name,
                                        "precision": "int8" if int8 else "fp32",
-                                       "calib": str(calib) if calib else None, "input_shape": list(shape),
+                                       "calib": data_label(calib), "input_shape": list(shape),
                                        "input_shape_from": shape_origin(source, input_shape, calib),
                                        "quant": XNNPACK_INT8.as_dict() if int8 else None, "threads": threads})
     module = eval_mode(source.module)

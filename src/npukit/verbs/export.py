@@ -15,9 +15,10 @@ from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
 from npukit.report.graph import add_export, add_opset_upgrade
 from npukit.report.progress import step
-from npukit.verbs.common import check_output, note_untrained, short_number
+from npukit.verbs.common import check_output, keeps_module_modes, note_untrained, short_number
 
 
+@keeps_module_modes
 def export(
     model: str | Any,
     output: str | Path,

@@ -16,8 +16,8 @@ from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish, report_json_for, report_path_for
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import (check_output, check_task_measurable, float_static_model, note_untrained, open_data,
-                                 upgrade_opset)
+from npukit.verbs.common import (check_output, check_task_measurable, float_static_model, keeps_module_modes,
+                                 note_untrained, open_data, upgrade_opset)
 
 CONFIRM = 4  # the fastest trials within the budget timed again together at the end
 # searched today: ORT CPU (an ONNX model or a PyTorch model's export) and the mobile runtimes that run here (a PyTorch
@@ -30,6 +30,7 @@ LATER = {"qnn-htp": "npukit compile --soc SOC --calib DATA builds the HTP's reci
                    "measured here)"}
 
 
+@keeps_module_modes
 def optimize(
     model: str | Path,
     output: str | Path,

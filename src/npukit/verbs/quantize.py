@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from npukit.config import PreprocessConfig, to_dict
+from npukit.config import BenchConfig, PreprocessConfig, to_dict
 from npukit.quant.config import QuantConfig, Recipe
 from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
@@ -88,7 +88,7 @@ def quantize(
     model: str | Path,
     output: str | Path,
     *,
-    calib: str | Path | np.ndarray | Sequence[dict[str, np.ndarray]],
+    calib: str | Path | np.ndarray | Mapping[str, np.ndarray] | Sequence[dict[str, np.ndarray]],
     per_tensor: bool = False,
     method: str = "auto",
     recipe: str = "plain",
@@ -109,7 +109,7 @@ def quantize(
     adaround: bool = False,
     range_search: bool = False,
     calib_samples: int | None = None,
-    data: str | Path | None = None,
+    data: str | Path | np.ndarray | Mapping[str, np.ndarray] | Sequence[dict[str, np.ndarray]] | None = None,
     preprocess: PreprocessConfig | None = None,
     threads: int = 1,
     runs: int = 30,
@@ -124,12 +124,13 @@ def quantize(
     cost: per-layer SQNR, size, latency against the float model, where the time goes (kernel time by kind: which
     kernels the integer arithmetic speeds up on this CPU) and, with ``data``, agreement on held-out data.
 
-    ``calib`` is an image folder / .npy / .npz, an array (read as a .npy's: samples along axis 0), or a sequence of
-    feed dicts. ``activation_dtype=None``,
-    ``reduce_range=None`` and ``float_stem=None`` take what this CPU runs accurately and fast (e.g. 7-bit weights
-    on x86 CPUs without VNNI, where ORT's u8s8 kernels saturate, and a 3x3 RGB stem left in float on x86 CPUs,
-    where it runs faster, with the convs chained after it as far as that is timed fastest); ``gemm_convs=None``
-    likewise (on where ORT's two int8 conv kernels both accumulate in 32 bits, see ``npukit.quant.cpu.conv_kernel``).
+    ``calib`` (and ``data``) is an image folder / .npy / .npz, an array (read as a .npy's: samples along axis 0), a
+    dict of arrays by input name (read as a .npz's), or a sequence of feed dicts (one sample each, stacked).
+    ``activation_dtype=None``, ``reduce_range=None`` and ``float_stem=None`` take what this CPU runs accurately and
+    fast (e.g. 7-bit weights on x86 CPUs without VNNI, where ORT's u8s8 kernels saturate, and a 3x3 RGB stem left in
+    float on x86 CPUs, where it runs faster, with the convs chained after it as far as that is timed fastest);
+    ``gemm_convs=None`` likewise (on where ORT's two int8 conv kernels both accumulate in 32 bits, see
+    ``npukit.quant.cpu.conv_kernel``).
     ``pair_channels=False`` turns the channel pairing of 7-bit weights off (``npukit.quant.cpu.pair_channels``).
 
     ``recipe``: "plain" (the default) runs the recovery steps the flags ask for and no others; "equalized" adds
@@ -163,6 +164,7 @@ def quantize(
     from npukit.measure.task_fidelity import check_samples
     from npukit.quant.qdq import integer_failures, quantize as _quantize
 
+    BenchConfig(threads=threads, runs=runs, max_samples=max_samples)  # refused before any work, as bench does
     output = check_output(output, source=model)
     preprocess = preprocess or PreprocessConfig()
     gate = gate or QualityGate()
@@ -176,7 +178,7 @@ def quantize(
                            int16_budget=int16_budget, mixed_precision=mixed_precision,
                            activation_dtype=activation_dtype, reduce_range=reduce_range, float_stem=float_stem,
                            gemm_convs=gemm_convs, pair_channels=pair_channels)
-    samples = open_data(calib, proto, preprocess) if isinstance(calib, (str, Path, np.ndarray)) else list(calib)
+    samples = open_data(calib, proto, preprocess)
     evaluation = open_data(data, proto, preprocess) if data is not None else None
     check_task(proto, samples, task)  # a --task the outputs cannot carry fails here, before any work
     check = evaluation if evaluation is not None else samples

@@ -21,6 +21,7 @@ import onnx
 from onnx import helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader
 
+from npukit._logging import quiet_root_logger
 from npukit.errors import InputError
 from npukit.quant.emit.ort_float import keep_float_convs
 from npukit.quant.plan import Decision, QuantPlan, TensorSpec
@@ -85,7 +86,7 @@ def emit_qdq(model: onnx.ModelProto, first: dict[str, np.ndarray], plan: QuantPl
     if plan.weight_dtype != "int8":
         raise InputError(f"ONNX Runtime's QDQ emitter writes int8 weights here, not {plan.weight_dtype}",
                          hint="use weight_dtype='int8'")
-    with tempfile.TemporaryDirectory(prefix="npukit-quant-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="npukit-quant-") as tmp, quiet_root_logger():
         out = Path(tmp) / "qdq.onnx"
         source = Path(tmp) / "float.onnx"  # a path: given a ModelProto, quantize_static rewrites it in place
         onnx.save(model, str(source))
