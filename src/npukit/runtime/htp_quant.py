@@ -112,7 +112,7 @@ def quantize_for_htp(
     (``rules.activation_headroom``)."""
     from onnxruntime.quantization import quantize as ort_quantize
 
-    from npukit.quant.emit.ort_qdq import FeedsReader
+    from npukit.quant.emit.ort_qdq import FeedsReader, own_biases
 
     samples = list(samples)
     work, folded = fold_conv_transpose_affine(model)
@@ -121,7 +121,7 @@ def quantize_for_htp(
     with quiet_root_logger():  # ORT's quantizer warns on the root logger about steps npukit has done
         with tempfile.TemporaryDirectory(prefix="npukit-htp-") as tmp:
             source, out = Path(tmp) / "float.onnx", Path(tmp) / "qdq.onnx"
-            onnx.save(work, str(source))
+            onnx.save(own_biases(work), str(source))  # shared biases copied under names of npukit's own
             config = qnn_quant_config(str(source), FeedsReader(samples), rules=rules, uint16_tensors=uint16_tensors)
             config.nodes_to_exclude = list(float_nodes)
             ort_quantize(str(source), str(out), config)

@@ -12,6 +12,7 @@ every tensor whose emitted dtype is not the planned one.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -79,6 +80,42 @@ def ort_overrides(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, list[dic
     return out
 
 
+BIAS_OPS = ("Conv", "ConvTranspose", "Gemm", "InstanceNormalization", "LayerNormalization", "BatchNormalization")
+
+
+def own_biases(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with every float bias (input 2 of ``BIAS_OPS``) that several nodes read copied, one copy per node
+    after the first, under a name no tensor of the graph has. ORT's quantizer gives each reader of a shared bias its
+    own copy too (each int32 grid is its reader's input scale times weight scale), but names it the bias's name
+    followed by a number, which another tensor may already have: the six InstanceNormalizations torch exports for a
+    GroupNorm net share one bias ``val_11``, ORT's copy ``val_111`` collided with the output of ``node_Reshape_111``,
+    and its quantizer failed ("Quantization parameter shared mode is not supported for weight yet"). A model whose
+    biases are each read once comes back unchanged (the same object)."""
+    graph = model.graph
+    floats = {t.name for t in graph.initializer if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)}
+    readers: dict[str, list[int]] = {}  # bias -> the indices of the nodes reading it
+    for i, node in enumerate(graph.node):
+        if node.op_type in BIAS_OPS and len(node.input) > 2 and node.input[2] in floats:
+            readers.setdefault(node.input[2], []).append(i)
+    shared = {name: nodes for name, nodes in readers.items() if len(nodes) > 1}
+    if not shared:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    taken = ({t.name for t in out.graph.initializer} | {i.name for i in out.graph.input}
+             | {o for n in out.graph.node for o in n.output} | {v.name for v in out.graph.value_info})
+    inits = {t.name: t for t in out.graph.initializer}
+    for name, owners in shared.items():
+        for k, index in enumerate(owners[1:], start=1):
+            fresh = next(f"{name}_copy{i}" for i in itertools.count(k) if f"{name}_copy{i}" not in taken)
+            taken.add(fresh)
+            copy = out.graph.initializer.add()
+            copy.CopyFrom(inits[name])
+            copy.name = fresh
+            out.graph.node[index].input[2] = fresh
+    return out
+
+
 def emit_qdq(model: onnx.ModelProto, first: dict[str, np.ndarray], plan: QuantPlan) -> onnx.ModelProto:
     """The QDQ model of ``plan`` on the float ``model`` (``first``: one sample, which ORT's quantizer insists on)."""
     from onnxruntime.quantization import QuantFormat, quantize_static
@@ -89,7 +126,7 @@ def emit_qdq(model: onnx.ModelProto, first: dict[str, np.ndarray], plan: QuantPl
     with tempfile.TemporaryDirectory(prefix="npukit-quant-") as tmp, quiet_root_logger():
         out = Path(tmp) / "qdq.onnx"
         source = Path(tmp) / "float.onnx"  # a path: given a ModelProto, quantize_static rewrites it in place
-        onnx.save(model, str(source))
+        onnx.save(own_biases(model), str(source))
         quantize_static(
             str(source), str(out), FeedsReader([first]), quant_format=QuantFormat.QDQ,
             per_channel=plan.per_channel, activation_type=_quant_type(plan.activation_dtype),
