@@ -676,18 +676,21 @@ def test_quantize_int16_budget_lifts_tensors_within_it(exported, tmp_path):
 
 def test_quantize_mixed_precision_lifts_layers_until_the_floor_is_met(exported, tmp_path, capsys):
     calib = tmp_path / "calib.npy"
-    np.save(calib, np.random.default_rng(5).standard_normal((8, 3, 32, 32)).astype(np.float32))
+    np.save(calib, np.random.default_rng(5).standard_normal((12, 3, 32, 32)).astype(np.float32))
     out = tmp_path / "tiny.mp.onnx"
     args = ["quantize", str(exported), "--calib", str(calib), "-o", str(out), "--method", "minmax", "--runs", "2",
             "--task", "generic", "--per-tensor", "--float-stem", "off"]
     assert main(args) == 0
     base = json.loads(out.with_name("tiny.mp.report.json").read_text())["results"]["task_check"]["result"]
     floor = min(o["sqnr_db"] for o in base["outputs"]) + 3.0
-    code = main(args + ["--mixed-precision", "--min-sqnr", f"{floor:.2f}"])
+    code = main(args + ["--mixed-precision", "--min-sqnr", f"{floor:.2f}", "--calib-samples", "8"])
     report = json.loads(out.with_name("tiny.mp.report.json").read_text())
     plan = report["results"]["mixed_precision"]
     assert plan["met"] and plan["assignment"] and plan["tried"][0]["lifted"] == 0 and not plan["tried"][0]["passed"]
-    assert "held back" in plan["checked_on"]
+    # the search reads the 8 samples --calib-samples gives the model written (it read all 12), and says that the
+    # model written is calibrated on the held-back ones too
+    assert plan["checked_on"].startswith("2 calibration samples held back from the 6")
+    assert any("the model written is then calibrated on them all" in t["title"] for t in report["tables"])
     # the plan passed on the held-back samples; the verdict is on all of them, and the exit code says which
     assert code == (0 if report["passed"] else 1) and report["passed"] == report["results"]["task_check"][
         "verdict"]["passed"]

@@ -220,8 +220,10 @@ def add_mixed_precision(report: Report, plan: dict[str, Any]) -> None:
          "float32: +ms", "choice"],
         [[r["node"], r["sensitivity"], *r.get("int16", (None, None)), *r.get("float32", (None, None)),
           chosen.get(r["node"], "int8")] for r in rows.values()])
-    report.add_table(f"Mixed precision: models checked under the floors, in search order (on "
-                     f"{plan.get('checked_on', 'the calibration samples')})",
+    where = plan.get("checked_on", "the calibration samples")
+    written = "; the model written is then calibrated on them all, the held-back ones too" if "held back" in where \
+        else ""
+    report.add_table(f"Mixed precision: models checked under the floors, in search order (on {where}{written})",
                      ["layers lifted", "of layers measured", "passed", "verdict"],
                      [[t["lifted"], t["candidates"], t["passed"], t["line"]] for t in plan["tried"]]
                      + [["every activation 16-bit", "", plan["all_16bit"]["passed"], plan["all_16bit"]["line"]]])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -299,11 +300,13 @@ def _mixed_precision(report: Report, proto: Any, samples: Any, config: Any, *, t
     if config.precision.int16_budget > 0:
         raise InputError("--mixed-precision and --int16-budget both choose what goes to 16 bits",
                          hint="use one of them")
-    fit, held, where = held_back(samples)
+    limit = config.calibration.samples  # --calib-samples: the samples the written model is calibrated on
+    fit, held, where = held_back(samples if limit is None else list(itertools.islice(iter(samples), limit)))
     accept = floor_check(proto, held[:SEARCH_SAMPLES], task=task, gate=gate, what="quantize")
+    searched = dataclasses.replace(config, calibration=dataclasses.replace(config.calibration, samples=None))
     with step("mixed precision per layer (sensitivity, each option's gain and cost, search under the floors)",
               timings=report.timings, key="mixed_precision"):
-        plan = plan_layer_precision(proto, fit, config=config, accept=accept, max_layers=layers)
+        plan = plan_layer_precision(proto, fit, config=searched, accept=accept, max_layers=layers)
     add_mixed_precision(report, plan.summary() | {"checked_on": where})
     if not plan.met:
         raise InputError(f"no per-layer precision plan meets the floors on {where}: with every "
@@ -311,7 +314,7 @@ def _mixed_precision(report: Report, proto: Any, samples: Any, config: Any, *, t
                          f"{plan.tried[-1]['line']}; every activation at 16 bits: {plan.all_16bit.line}",
                          hint="lower --min-task-metric / --min-sqnr, or add --cle --equalize-activations "
                               "--bias-correction")
-    return plan.config, plan.why
+    return dataclasses.replace(plan.config, calibration=config.calibration), plan.why
 
 
 def _recipe_hint(config: Any, choice: dict | None = None, *, mixed: bool = False) -> str:
