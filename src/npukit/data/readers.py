@@ -505,9 +505,11 @@ def _open_npz(path: Path, *, input_name: str | None) -> ArrayDataset:
                          hint="give every input the same number of samples")
     if labels is not None:
         labels = np.asarray(labels)
-        if labels.dtype.kind not in "iu" or labels.ndim != 1 or len(labels) != counts.pop():
-            raise InputError(f"labels in {path} must be one integer per sample, got {labels.dtype} {labels.shape}",
-                             hint="save labels as an integer array of shape (N,)")
+        samples = counts.pop()
+        if labels.dtype.kind not in "iu" or labels.ndim != 1 or len(labels) != samples:
+            raise InputError(f"labels in {path} must be one integer per sample ({samples} samples), got "
+                             f"{labels.dtype} {labels.shape}",
+                             hint=f"save labels as an integer array of shape ({samples},)")
         labels = labels.astype(np.int64)
     return ArrayDataset(path, "npz", arrays, labels)
 

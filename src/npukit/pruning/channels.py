@@ -3,13 +3,13 @@ weight that carries them, so what remains is a smaller dense model (fewer MACs, 
 runtime), not a masked one.
 
 A *group* is a Conv (group 1) or a Gemm (the *root*) whose output channels can go alone: its output reaches,
-through per-channel operations only (activations, Clip, BatchNormalization, pooling and global means over H and W,
-depthwise convolutions, elementwise arithmetic of tensors of the same group or with a scalar constant), nothing but
-the data input of Conv (group 1), Gemm or MatMul nodes (the *sinks*; through a Flatten or a flattening Reshape, a
-Gemm's columns go channel by channel). Removing channel c removes row c of the root's weight and bias, channel c of
-every depthwise conv and normalization on the way, and input channel c of every sink. A channel that meets a residual
-Add with another conv's output, a Concat, another Reshape or a graph output is tied to channels elsewhere: that root
-is not a group (MobileNetV2's expansion channels are groups; its residual stream is not).
+through per-channel operations only (activations, PRelu, Clip, BatchNormalization, pooling and global means over H
+and W, depthwise convolutions, elementwise arithmetic of tensors of the same group or with a scalar constant),
+nothing but the data input of Conv (group 1), Gemm or MatMul nodes (the *sinks*; through a Flatten or a flattening
+Reshape, a Gemm's columns go channel by channel). Removing channel c removes row c of the root's weight and bias,
+channel c of every depthwise conv, normalization and PRelu slope on the way, and input channel c of every sink. A
+channel that meets a residual Add with another conv's output, a Concat, another Reshape or a graph output is tied to
+channels elsewhere: that root is not a group (MobileNetV2's expansion channels are groups; its residual stream is not).
 
 Which channels go: channel c's importance is how much the sinks' outputs would lose without it,
 sqrt(sum over sinks of E[a_c^2] * ||W_sink[:, c]||^2), with a the sinks' input measured on calibration samples.
@@ -129,8 +129,8 @@ def _weights_not_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def owned_weights(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with every initializer that more than one Conv / Gemm / MatMul / BatchNormalization reads copied,
-    one copy per reader (ONNX Runtime's optimizer merges equal constants, e.g. two all-zero folded biases): each
+    """``model`` with every initializer that more than one Conv / Gemm / MatMul / BatchNormalization / PRelu reads
+    copied, one copy per reader (ONNX Runtime's optimizer merges equal constants, e.g. two all-zero folded biases): each
     conv's channels can then go alone."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -141,7 +141,7 @@ def owned_weights(model: onnx.ModelProto) -> onnx.ModelProto:
             readers[name] = readers.get(name, 0) + 1
     taken = set(inits) | {o for n in out.graph.node for o in n.output}
     for node in out.graph.node:
-        if node.op_type not in MAC_OPS | {"BatchNormalization"}:
+        if node.op_type not in MAC_OPS | {"BatchNormalization", "PRelu"}:
             continue
         for i, name in enumerate(node.input):
             if i and name in inits and readers[name] > 1:
@@ -257,6 +257,8 @@ class _Walk:
         elif op == "BatchNormalization" and self._owned(node, range(1, 5)):
             self.slices += [Slice(node.inputs[i].name, 0) for i in range(1, 5)]
             self._advance(node.outputs[0])
+        elif op == "PRelu" and self._owned(node, (1,)):
+            self._prelu(value, node)
         elif op == "Conv":
             self._conv(value, node)
         elif op in ("Gemm", "MatMul"):
@@ -268,6 +270,23 @@ class _Walk:
             self._flattened(value, node)
         elif self.why is None:
             self.why = f"{op} {node.name} reads it"
+
+    def _prelu(self, value: ir.Value, node: ir.Node) -> None:
+        """A PRelu is a per-channel activation: one slope for every channel goes on as a scalar activation does; a
+        slope per channel (torch's (C, 1, 1) beside (N, C, H, W), (C,) beside (N, C)) loses the pruned channels
+        with them (MTCNN's P-, R- and O-Nets put one after every conv and linear layer)."""
+        slope = constant_array(node.inputs[1])
+        rank = len(value.shape) if value.shape is not None else None
+        if slope is not None and slope.size == 1:
+            self._advance(node.outputs[0])
+            return
+        axis = None if slope is None or rank is None else slope.ndim - (rank - 1)  # numpy broadcasting: trailing
+        if axis is None or not 0 <= axis < slope.ndim or slope.shape[axis] != self.channels \
+                or slope.size != self.channels:
+            self.why = f"PRelu {node.name} reads it with a slope that is not one per channel"
+            return
+        self.slices.append(Slice(node.inputs[1].name, axis))
+        self._advance(node.outputs[0])
 
     def _flattened(self, value: ir.Value, node: ir.Node) -> None:
         """``node`` flattens ``value`` to (N, C x H x W): its readers must be matrix products, each reading H x W
