@@ -13,6 +13,9 @@ class NpukitError(Exception):
         self.message = message
         self.hint = hint
 
+    def __str__(self) -> str:  # a traceback in Python shows the hint too, as the CLI's line does
+        return self.one_line()
+
     def one_line(self) -> str:
         text = self.message.rstrip(".")
         if self.hint:

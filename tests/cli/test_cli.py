@@ -432,7 +432,7 @@ def test_feed_dicts_and_dicts_of_arrays_calibrate_as_the_array_does(exported, tm
                         ([{name: torch.from_numpy(calib[:1])}], "torch.Tensor"),
                         ([calib[:1], calib[1:2]], "not a feed dict"),
                         ([{name: calib[:1]}, {name: calib[:2]}], "several shapes"),
-                        ([], "empty")]:
+                        ([], "is empty. give at least one sample")]:  # the hint in str(), as on the CLI
         with pytest.raises(InputError, match=says):
             quantize(str(exported), tmp_path / "bad.onnx", calib=given, **common)
     with pytest.raises(InputError, match="not a ModelProto given in Python"):

@@ -12,7 +12,7 @@ import torch
 from npukit.config import ExportConfig
 from npukit.errors import InputError, NpukitError, NumericCheckError
 from npukit.frontend.export import ExportResult, export_model
-from npukit.frontend.spec import resolve_model
+from npukit.frontend.spec import resolve_model, source_of
 from npukit.frontend.verify import torch_reference_outputs
 from npukit.runtime.ort import make_session, run
 
@@ -171,6 +171,14 @@ def test_bad_inputs_leave_no_file(factories: str, tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"input shape \(1,3,7\) does not fit the model: ") as info:
         export_model(source, out, config=ExportConfig(input_shape=(1, 3, 7)))
     assert "--input-shape" in info.value.hint
+
+    class Raises(torch.nn.Module):  # an error of the model's own, not of the shape: said as such
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise ValueError("boom")
+
+    with pytest.raises(InputError, match=r"the model's forward raised ValueError on an input of shape \(1,3,8,8\): "
+                                         r"boom"):
+        export_model(source_of(Raises()), out, config=ExportConfig(input_shape=(1, 3, 8, 8)))
     with pytest.raises(InputError, match="no input shape is known"):
         export_model(resolve_model(f"{factories}:SignBranch"), out, config=ExportConfig())
 

@@ -200,6 +200,11 @@ def _takes_more_than_a_tensor(extra: list[str]) -> InputError:
                            "stateful TorchScript model may not trace; use its ONNX release if it has one)")
 
 
+# words of torch's errors for an input of the wrong shape ("mat1 and mat2 shapes cannot be multiplied", "expected
+# input[1, 3, 7] to have 3 channels", "size mismatch", "Sizes of tensors must match", "out of range", ...)
+_SHAPE_WORDS = ("shape", "size", "channel", "dimension", "mat1", "expected input", "out of range", "mismatch", "dim")
+
+
 def _check_shape_fits(module: torch.nn.Module, shape: tuple[int, ...]) -> list[torch.Tensor]:
     x = torch.zeros(tuple(shape), dtype=torch.float32)
     try:
@@ -209,7 +214,12 @@ def _check_shape_fits(module: torch.nn.Module, shape: tuple[int, ...]) -> list[t
         extra = _non_tensor_arguments(module)
         if extra:
             raise _takes_more_than_a_tensor(extra) from exc
-        raise InputError(f"input shape ({','.join(map(str, shape))}) does not fit the model: {first_line(exc)}",
+        shown, said = ",".join(map(str, shape)), first_line(exc)
+        if not any(word in said.lower() for word in _SHAPE_WORDS):  # not a shape error: say what the model raised
+            raise InputError(f"the model's forward raised {type(exc).__name__} on an input of shape ({shown}): "
+                             f"{said}", hint="fix the model's forward (or, if it takes another shape, pass that "
+                                              "with --input-shape)") from exc
+        raise InputError(f"input shape ({shown}) does not fit the model: {said}",
                          hint="pass the shape the model expects with --input-shape") from exc
     if not outputs:
         raise InputError("the model returns no tensors", hint="return the model's outputs as tensors")
