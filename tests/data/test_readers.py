@@ -270,3 +270,20 @@ def test_same_data_by_path_or_by_bytes(tmp_path: Path) -> None:
     assert not same_data(tmp_path / "a.npy", tmp_path / "missing.npy") and same_data(tmp_path, tmp_path)
     array = np.zeros(3)
     assert same_data(array, array) and not same_data(array, np.zeros(3))
+
+
+def test_data_given_in_python_as_a_dict_of_arrays_or_feed_dicts() -> None:
+    """A dict of arrays reads as an .npz (labels too); feed dicts stack per input; what cannot be read is refused in
+    one line, before anything runs."""
+    from npukit.data.readers import feeds_dataset
+
+    x = np.random.default_rng(0).standard_normal((4, 3, 8, 8)).astype(np.float32)
+    as_dict = feeds_dataset({"x": x, "labels": np.arange(4)}, ["x"])
+    assert len(as_dict) == 4 and as_dict.labels.tolist() == [0, 1, 2, 3]
+    as_feeds = feeds_dataset([{"x": x[i:i + 1]} for i in range(4)], ["x"])
+    assert as_feeds.sample_shapes == {"x": (1, 3, 8, 8)} and len(as_feeds) == 4
+    for bad, says in [({"x": x, "labels": np.arange(3)}, "one integer per sample"),
+                      ({"x": x, "y": x[:2]}, "different numbers of samples"), ({}, "holds no input's array"),
+                      ("not data".encode(), "cannot read a bytes")]:
+        with pytest.raises(InputError, match=says):
+            feeds_dataset(bad, ["x", "y"])

@@ -325,9 +325,19 @@ def feeds_dataset(data: object, input_names: Sequence[str]) -> ArrayDataset:
         raise InputError(f"cannot read a {type(data).__name__} as data",
                          hint="give a path (image folder, .npy, .npz), a numpy array (N, ...), a dict of arrays by "
                               "input name, or a list of feed dicts {input name: array}")
+    labels = arrays.pop("labels", None) if "labels" not in input_names else None
+    if not arrays:
+        raise InputError("the dict of arrays given holds no input's array",
+                         hint=f"key arrays (N, ...) by the model's input names: {', '.join(map(repr, input_names))}")
     for name, arr in arrays.items():
         _check_array(arr, IN_MEMORY_FEEDS, name)
-    labels = arrays.pop("labels", None) if "labels" not in input_names else None
+    counts = {len(arr) for arr in arrays.values()}
+    if len(counts) > 1:
+        raise InputError(f"the arrays given hold different numbers of samples ({sorted(counts)})",
+                         hint="give every input the same number of samples")
+    if labels is not None and (labels.dtype.kind not in "iu" or labels.ndim != 1 or len(labels) not in counts):
+        raise InputError(f"the labels given must be one integer per sample ({min(counts)} samples), got "
+                         f"{labels.dtype} {labels.shape}", hint="give labels as an integer array of shape (N,)")
     return ArrayDataset(IN_MEMORY_FEEDS, "npz", arrays, None if labels is None else labels.astype(np.int64))
 
 
