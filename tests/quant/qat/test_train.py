@@ -168,3 +168,17 @@ def test_mixup_blends_the_chosen_share_of_a_batch_alike_in_every_image_input():
     assert QatConfig(mixup=0.5).mixup == 0.5
     with pytest.raises(InputError, match="mixup"):
         QatConfig(mixup=1.5)
+
+
+def test_probabilities_the_student_rounds_to_zero_weigh_nothing_in_the_loss() -> None:
+    """A student ending in an 8-bit Softmax output rounds probabilities under half a step to 0; their log at a floor
+    of 1e-12 (-27.6 against the teacher's -18) made a loss no training could move (MTCNN ONet: 7.011 in every
+    epoch, the PTQ start kept). Below the floor both sides are one value: the loss is what the grid can show."""
+    trainer = Trainer.__new__(Trainer)  # the loss alone: what it reads of a trainer
+    trainer.classify_output, trainer.probabilities, trainer.config, trainer.spread = 0, True, QatConfig(), [1.0]
+    teacher = torch.tensor([[0.9, 0.1 - 2e-8, 1e-8, 1e-8]])
+    student = torch.tensor([[0.9, 0.1, 0.0, 0.0]])  # the tiny ones rounded to 0 on the output grid
+    loss, agreement = trainer.loss([student], [teacher], None)
+    assert agreement == 1.0 and float(loss) < 1e-4
+    worse = torch.tensor([[0.6, 0.4, 0.0, 0.0]])  # what the grid does show still costs
+    assert float(trainer.loss([worse], [teacher], None)[0]) > 100 * float(loss)
