@@ -495,6 +495,10 @@ def test_excluding_every_compute_node_is_refused_before_any_work(exported, tmp_p
                  "--exclude", *compute]) == 2
     assert f"--exclude names every conv/matmul node of the model ({len(compute)})" in capsys.readouterr().err
     assert _files(tmp_path) == before
+    # qat trained such a model, wrote it and failed it with 'SQNR inf dB': refused before any work too
+    assert main(["qat", str(exported), "--data", str(calib), "-o", str(tmp_path / "t.onnx"), "--exclude",
+                 *compute]) == 2
+    assert "--exclude names every conv/matmul node" in capsys.readouterr().err and _files(tmp_path) == before
     # a model whose nodes have no names (CenterFace): excluded by the names quantize and inspect give them
     from npukit.frontend.onnx_io import named_nodes
 

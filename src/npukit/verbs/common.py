@@ -171,6 +171,19 @@ def short_number(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
+def refuse_nothing_left(proto: onnx.ModelProto, exclude: Sequence[str], *, hint: str) -> None:
+    """--exclude naming every conv/matmul node leaves nothing for integer kernels: the "INT8" model would be the
+    float one, checked against itself (it passed with SQNR inf). Refused before any work, nothing written."""
+    from npukit.frontend.onnx_io import named_nodes
+    from npukit.quant.qdq import FLOAT_COMPUTE_OPS
+
+    # by the names quantize gives unnamed nodes (``<op_type>_<index>``, as inspect shows them): CenterFace has none
+    compute = [n.name for n in named_nodes(proto).graph.node if n.op_type in FLOAT_COMPUTE_OPS]
+    if exclude and compute and set(compute) <= set(exclude):
+        raise InputError(f"--exclude names every conv/matmul node of the model ({len(compute)}): nothing would be "
+                         "quantized, and the model written would be the float one", hint=hint)
+
+
 def refuse_quantized(proto: onnx.ModelProto, model: str | Path, *, verb: str = "quantize") -> None:
     """An InputError (exit 2) when ``proto`` is quantized already (Q/DQ nodes, QLinear*/ConvInteger/... kernels),
     before ``verb`` would quantize it again: grids stacked on grids, and ORT's quantizer fails on it (KeyError on a

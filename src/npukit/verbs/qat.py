@@ -21,7 +21,8 @@ from npukit.report.finish import CommandResult, finish, report_path_for
 from npukit.report.graph import add_opset_upgrade
 from npukit.report.progress import step, training_bar
 from npukit.tasks import QualityGate
-from npukit.verbs.common import check_output, float_static_model, open_data, output_task, upgrade_opset
+from npukit.verbs.common import (check_output, float_static_model, open_data, output_task, refuse_nothing_left,
+                                 upgrade_opset)
 
 HOLD_OUT = 0.2  # of --data held out for the check when no --eval is given
 VALIDATION = 0.1  # of the training samples set aside to choose the epoch kept (the start included, 8-bit weights)
@@ -95,6 +96,7 @@ def qat(
                              mixup=mixup,
                              max_steps=max_steps, seed=seed)
     proto, spec = float_static_model(model, input_shape, verb="qat")
+    refuse_nothing_left(proto, exclude, hint="exclude fewer nodes: qat trains the quantized layers")
     samples = TrainingSamples.open(proto, data, eval_data, calib, preprocess or PreprocessConfig(), max_samples)
     rank, size = world()
     report = Report("qat", config={"model": str(model), "data": str(data), "eval": str(eval_data) if eval_data else

@@ -19,7 +19,7 @@ from npukit.report.quantize import (add_kernel_profile, add_layer_sqnr, add_mixe
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
 from npukit.verbs.common import (HOLD_BACK_EVERY, check_output, check_task, check_task_measurable, float_static_model,
-                                 floor_check, held_back, open_data, quant_opset, task_check)
+                                 floor_check, held_back, open_data, quant_opset, refuse_nothing_left, task_check)
 
 
 CHECK_SAMPLES = 32  # calibration samples the task check reads when no held-out data is given
@@ -186,7 +186,8 @@ def quantize(
     limit = (max_samples or len(check)) if evaluation is not None else CHECK_SAMPLES
     where = checked_on(data, held_out=evaluation is not None, same_as_calib=same_data(data, calib))
     check_task_measurable(proto, check_samples(check, limit), task, where=where, threads=threads)  # nothing to find?
-    _refuse_nothing_left(proto, exclude)
+    refuse_nothing_left(proto, exclude, hint="exclude fewer nodes (npukit quantize --mixed-precision keeps in "
+                        "float only the layers the task check needs)")
     report = Report("quantize", config={"quant": config.as_dict(), "cpu_scheme": scheme, "model": str(model),
                                         "calib": _named(calib, samples),
                                         "data": None if data is None else _named(data, evaluation),
@@ -241,22 +242,6 @@ def _quant_config(scheme: dict, *, per_tensor: bool, method: str, calib_samples:
 def _named(given: Any, samples: Any) -> str:
     """How the report names data: its path, or how many samples were given in memory."""
     return str(given) if isinstance(given, (str, Path)) else f"{len(samples)} samples given in memory"
-
-
-def _refuse_nothing_left(proto: Any, exclude: Sequence[str]) -> None:
-    """--exclude naming every conv/matmul node leaves nothing for integer kernels: the "INT8" model would be the
-    float one, checked against itself (it passed with SQNR inf). Refused before any work, nothing written."""
-    from npukit.errors import InputError
-    from npukit.frontend.onnx_io import named_nodes
-    from npukit.quant.qdq import FLOAT_COMPUTE_OPS
-
-    # by the names quantize gives unnamed nodes (``<op_type>_<index>``, as inspect shows them): CenterFace has none
-    compute = [n.name for n in named_nodes(proto).graph.node if n.op_type in FLOAT_COMPUTE_OPS]
-    if exclude and compute and set(compute) <= set(exclude):
-        raise InputError(f"--exclude names every conv/matmul node of the model ({len(compute)}): nothing would be "
-                         "quantized, and the model written would be the float one",
-                         hint="exclude fewer nodes (npukit quantize --mixed-precision keeps in float only the layers "
-                              "the task check needs)")
 
 
 def _measure(report: Report, result: Any, samples: Any, timed: dict[str, Any], files: dict[str, Any], *,
