@@ -329,16 +329,10 @@ def feeds_dataset(data: object, input_names: Sequence[str]) -> ArrayDataset:
     if not arrays:
         raise InputError("the dict of arrays given holds no input's array",
                          hint=f"key arrays (N, ...) by the model's input names: {', '.join(map(repr, input_names))}")
-    for name, arr in arrays.items():
-        _check_array(arr, IN_MEMORY_FEEDS, name)
-    counts = {len(arr) for arr in arrays.values()}
-    if len(counts) > 1:
-        raise InputError(f"the arrays given hold different numbers of samples ({sorted(counts)})",
-                         hint="give every input the same number of samples")
-    if labels is not None and (labels.dtype.kind not in "iu" or labels.ndim != 1 or len(labels) not in counts):
-        raise InputError(f"the labels given must be one integer per sample ({min(counts)} samples), got "
-                         f"{labels.dtype} {labels.shape}", hint="give labels as an integer array of shape (N,)")
-    return ArrayDataset(IN_MEMORY_FEEDS, "npz", arrays, None if labels is None else labels.astype(np.int64))
+    labels = _checked_samples(arrays, labels, IN_MEMORY_FEEDS, arrays_named="the arrays given",
+                              labels_named="the labels given",
+                              labels_hint="give labels as an integer array of shape (N,)")
+    return ArrayDataset(IN_MEMORY_FEEDS, "npz", arrays, labels)
 
 
 def _stacked_feeds(feeds: Sequence[object], input_names: Sequence[str]) -> dict[str, np.ndarray]:
@@ -507,21 +501,31 @@ def _open_npz(path: Path, *, input_name: str | None) -> ArrayDataset:
     elif input_name is not None and input_name not in arrays:
         raise InputError(f"{path} has no array for model input {input_name!r} (it has {', '.join(arrays)})",
                          hint="key the arrays by the model's input names")
+    labels = _checked_samples(arrays, labels, path, arrays_named=f"the arrays in {path}",
+                              labels_named=f"labels in {path}",
+                              labels_hint="save labels as an integer array of shape ({samples},)")
+    return ArrayDataset(path, "npz", arrays, labels)
+
+
+def _checked_samples(arrays: Mapping[str, np.ndarray], labels: object, source: Path, *, arrays_named: str,
+                     labels_named: str, labels_hint: str) -> np.ndarray | None:
+    """The checks an .npz and data given in Python share: every array numeric and holding samples
+    (``_check_array``), all holding one number of samples, and the labels (None: none) one integer per sample. The
+    labels as int64. ``arrays_named`` / ``labels_named`` start the messages; ``labels_hint`` may name ``{samples}``."""
     for name, arr in arrays.items():
-        _check_array(arr, path, name)
+        _check_array(arr, source, name)
     counts = {len(arr) for arr in arrays.values()}
     if len(counts) != 1:
-        raise InputError(f"the arrays in {path} hold different numbers of samples ({sorted(counts)})",
+        raise InputError(f"{arrays_named} hold different numbers of samples ({sorted(counts)})",
                          hint="give every input the same number of samples")
-    if labels is not None:
-        labels = np.asarray(labels)
-        samples = counts.pop()
-        if labels.dtype.kind not in "iu" or labels.ndim != 1 or len(labels) != samples:
-            raise InputError(f"labels in {path} must be one integer per sample ({samples} samples), got "
-                             f"{labels.dtype} {labels.shape}",
-                             hint=f"save labels as an integer array of shape ({samples},)")
-        labels = labels.astype(np.int64)
-    return ArrayDataset(path, "npz", arrays, labels)
+    if labels is None:
+        return None
+    labels = np.asarray(labels)
+    samples = counts.pop()
+    if labels.dtype.kind not in "iu" or labels.ndim != 1 or len(labels) != samples:
+        raise InputError(f"{labels_named} must be one integer per sample ({samples} samples), got "
+                         f"{labels.dtype} {labels.shape}", hint=labels_hint.format(samples=samples))
+    return labels.astype(np.int64)
 
 
 def _check_array(arr: np.ndarray, path: Path, name: str) -> None:

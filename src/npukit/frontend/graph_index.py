@@ -1,10 +1,12 @@
 """One index of an ONNX graph's producers, consumers, initializers and constants, built once per graph and shared by
-the steps of quant/, memory/, targets/ and runtime/ that read protos (instead of a map of their own each)."""
+the steps of quant/, memory/, targets/ and runtime/ that read protos (instead of a map of their own each); and
+``own_copy``, which gives one reader of an initializer that several nodes share a copy of its own."""
 
 from __future__ import annotations
 
 import collections
 import functools
+from collections.abc import Iterable, Mapping
 
 import onnx
 
@@ -92,3 +94,16 @@ class GraphIndex:
     def _folds(node: onnx.NodeProto, known: set[str] | frozenset[str]) -> bool:
         return node.op_type == "Constant" or all(not name or name in known for name in node.input)
 
+
+def own_copy(graph: onnx.GraphProto, node: onnx.NodeProto, slot: int, names: Iterable[str], taken: set[str],
+             initializers: Mapping[str, onnx.TensorProto]) -> str:
+    """Give ``node`` its own copy of the initializer its input ``slot`` reads (by name in ``initializers``): the copy
+    is appended to ``graph``'s initializers under the first of ``names`` not in ``taken`` (which the name joins), and
+    the slot reads it. The copy's name."""
+    fresh = next(name for name in names if name not in taken)
+    taken.add(fresh)
+    copy = graph.initializer.add()
+    copy.CopyFrom(initializers[node.input[slot]])
+    copy.name = fresh
+    node.input[slot] = fresh
+    return fresh

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -32,6 +33,7 @@ import onnx_ir as ir
 from onnx import helper, numpy_helper
 
 from npukit.errors import InputError
+from npukit.frontend.graph_index import own_copy
 from npukit.passes._rewrite import constant_array
 
 ROUND = 8  # every group keeps a multiple of this many channels
@@ -145,15 +147,8 @@ def owned_weights(model: onnx.ModelProto) -> onnx.ModelProto:
             continue
         for i, name in enumerate(node.input):
             if i and name in inits and readers[name] > 1:
-                copy = f"{name}__{node.name}"
-                while copy in taken:
-                    copy += "_"
-                taken.add(copy)
-                tensor = onnx.TensorProto()
-                tensor.CopyFrom(inits[name])
-                tensor.name = copy
-                out.graph.initializer.append(tensor)
-                node.input[i] = copy
+                names = (f"{name}__{node.name}" + "_" * k for k in itertools.count())
+                own_copy(out.graph, node, i, names, taken, inits)
                 readers[name] -= 1
     return out
 

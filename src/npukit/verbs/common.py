@@ -413,12 +413,15 @@ def _check_dataset(dataset: Any, inputs: Sequence[Any]) -> None:
     dataset.validate()
 
 
-def data_label(data: Any) -> str | None:
-    """How a report names data: its path as given, what was given in Python, or None for no data."""
+def data_label(data: Any, dataset: Any = None) -> str | None:
+    """How a report names data: its path as given, what was given in Python (with ``dataset``, the dataset read from
+    it: how many samples), or None for no data."""
     if data is None:
         return None
     if isinstance(data, (str, Path)):
         return str(data)
+    if dataset is not None:
+        return f"{len(dataset)} samples given in memory"
     if isinstance(data, np.ndarray):
         return f"an array {tuple(data.shape)} given in memory"
     if isinstance(data, (list, tuple)):

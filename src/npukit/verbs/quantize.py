@@ -18,8 +18,9 @@ from npukit.report.quantize import (add_kernel_profile, add_layer_sqnr, add_mixe
                                      add_steps, add_verdict_notes, checked_on, slower_note)
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import (HOLD_BACK_EVERY, check_output, check_task, check_task_measurable, float_static_model,
-                                 floor_check, held_back, open_data, quant_opset, refuse_nothing_left, task_check)
+from npukit.verbs.common import (HOLD_BACK_EVERY, check_output, check_task, check_task_measurable, data_label,
+                                 float_static_model, floor_check, held_back, open_data, quant_opset,
+                                 refuse_nothing_left, task_check)
 
 
 CHECK_SAMPLES = 32  # calibration samples the task check reads when no held-out data is given
@@ -189,8 +190,7 @@ def quantize(
     refuse_nothing_left(proto, exclude, hint="exclude fewer nodes (npukit quantize --mixed-precision keeps in "
                         "float only the layers the task check needs)")
     report = Report("quantize", config={"quant": config.as_dict(), "cpu_scheme": scheme, "model": str(model),
-                                        "calib": _named(calib, samples),
-                                        "data": None if data is None else _named(data, evaluation),
+                                        "calib": data_label(calib, samples), "data": data_label(data, evaluation),
                                         "preprocess": to_dict(preprocess),
                                         "task": task or "auto", "gate": gate.as_dict(),
                                         "input_shape": spec.as_dict() if spec else None})
@@ -237,11 +237,6 @@ def _quant_config(scheme: dict, *, per_tensor: bool, method: str, calib_samples:
                               cpu=CpuKernels(pair_channels=pair_channels)),
                   scheme, activation_dtype=activation_dtype, reduce_range=reduce_range, float_stem=float_stem,
                   gemm_convs=gemm_convs)
-
-
-def _named(given: Any, samples: Any) -> str:
-    """How the report names data: its path, or how many samples were given in memory."""
-    return str(given) if isinstance(given, (str, Path)) else f"{len(samples)} samples given in memory"
 
 
 def _measure(report: Report, result: Any, samples: Any, timed: dict[str, Any], files: dict[str, Any], *,

@@ -24,6 +24,7 @@ from onnxruntime.quantization import CalibrationDataReader
 
 from npukit._logging import quiet_root_logger
 from npukit.errors import InputError
+from npukit.frontend.graph_index import own_copy
 from npukit.quant.emit.ort_float import keep_float_convs
 from npukit.quant.plan import Decision, QuantPlan, TensorSpec
 
@@ -107,12 +108,7 @@ def own_biases(model: onnx.ModelProto) -> onnx.ModelProto:
     inits = {t.name: t for t in out.graph.initializer}
     for name, owners in shared.items():
         for k, index in enumerate(owners[1:], start=1):
-            fresh = next(f"{name}_copy{i}" for i in itertools.count(k) if f"{name}_copy{i}" not in taken)
-            taken.add(fresh)
-            copy = out.graph.initializer.add()
-            copy.CopyFrom(inits[name])
-            copy.name = fresh
-            out.graph.node[index].input[2] = fresh
+            own_copy(out.graph, out.graph.node[index], 2, (f"{name}_copy{i}" for i in itertools.count(k)), taken, inits)
     return out
 
 
