@@ -83,6 +83,63 @@ def test_nothing_within_the_budget_is_exit_1_and_no_artifact(tiny, tmp_path, cap
     assert "FAIL optimize" in capsys.readouterr().out
 
 
+def test_a_failing_run_removes_the_artifact_an_earlier_run_wrote_there(tiny, tmp_path) -> None:
+    """A rerun that FAILs wrote its report over the earlier one and left the earlier run's artifact beside it: a
+    script that checks for the file would ship what no report any longer describes. A file no npukit report names
+    is left alone."""
+    out = tmp_path / "best.onnx"
+    out.write_bytes(tiny.read_bytes())
+    (tmp_path / "best.report.json").write_text(json.dumps({"npukit_report": 1, "verdict": "PASS optimize: ...",
+                                                           "artifacts": {"model": "elsewhere/best.onnx"}}))
+    args = ["optimize", str(tiny), "-o", str(out), "--data", str(tiny.with_name("data.npy")), "--trials", "1",
+            "--runs", "3", "--min-sqnr", "200", "--task", "generic"]
+    assert main(args) == 1
+    assert _files(tmp_path) == ["best.optimize.db", "best.report.json"]
+    report = json.loads((tmp_path / "best.report.json").read_text())
+    assert report["verdict"].endswith("best.onnx of an earlier run was removed") and "earlier_artifact" in \
+        report["results"]
+    out.write_bytes(tiny.read_bytes())  # the user's own file: the report beside it (the FAIL one) names no model
+    assert main(args) == 1
+    assert "best.onnx" in _files(tmp_path)
+
+
+def test_a_study_resumes_on_the_same_samples_not_the_same_path(tiny, tmp_path) -> None:
+    """The study was named after the data's path: samples changed in place resumed the trials measured on the
+    others (and the same samples under another name started over)."""
+    data = tmp_path / "data.npy"
+    data.write_bytes(tiny.with_name("data.npy").read_bytes())
+    out = tmp_path / "best.onnx"
+    args = ["optimize", str(tiny), "-o", str(out), "--data", str(data), "--trials", "1", "--runs", "3", "--budget",
+            "5%", "--task", "generic"]
+    assert main(args) == 0
+    search = lambda: json.loads((tmp_path / "best.report.json").read_text())["results"]["search"]  # noqa: E731
+    assert search()["measured_this_run"] == 1
+    np.save(data, np.random.default_rng(4).standard_normal((16, 3, 32, 32)).astype(np.float32))
+    assert main(args) == 0
+    assert search()["measured_this_run"] == 1  # other samples: a new study
+    moved = tmp_path / "moved.npy"
+    data.rename(moved)
+    assert main([a if a != str(data) else str(moved) for a in args]) == 0
+    assert search()["measured_this_run"] == 0  # the same samples under another name: resumed
+
+
+def test_the_verdict_says_where_the_choice_is_no_better_than_the_float_model() -> None:
+    """--prefer size PASSed an INT8 .pte 1.02x the fp32 one's size without a word."""
+    from types import SimpleNamespace
+
+    from npukit.verbs.optimize import _not_better
+
+    trial = SimpleNamespace(latency=0.5, size=1.02, memory=0.9, energy=0.3)
+    assert _not_better(trial, "size", "the fp32 executorch-xnnpack artifact") == (
+        "; even the smallest within the budget is larger than the fp32 executorch-xnnpack artifact (1.02x its size): "
+        "keep the fp32 executorch-xnnpack artifact where size matters")
+    assert _not_better(trial, "latency", "the float model") == ""
+    assert "1.20x the float model's time on this CPU (slower)" in _not_better(
+        SimpleNamespace(latency=1.2, size=0.3, memory=0.9, energy=0.3), "size", "the float model")
+    assert "the fastest within the budget runs slower than" in _not_better(
+        SimpleNamespace(latency=1.2, size=0.3, memory=0.9, energy=0.3), "latency", "the float model")
+
+
 def test_a_metric_the_budget_holds_too_asks_for_a_larger_budget() -> None:
     """A detector's F1 is held to the budget's floor beside its mAP: missing it is the budget's failure."""
     failed, advice = shortfall("map50", 0.999, ["f1_at_0.5 0.989 < 0.99"], 0.99)
@@ -94,6 +151,8 @@ def test_a_metric_the_budget_holds_too_asks_for_a_larger_budget() -> None:
 @pytest.mark.parametrize("extra, message", [
     (["--target", "qnn-htp@SM8650"], "not searched yet"),
     (["--target", "coreml"], "not searched yet"),
+    (["--target", "tflite"], "did you mean --target litert?"),
+    (["--target", "npu9000"], "unknown target 'npu9000'"),
     (["--target", "executorch-xnnpack"], "must end in .pte"),
     (["--weights", "w.pt"], "--weights is for a PyTorch MODEL"),
     (["--budget", "lots"], "is not a fraction"),

@@ -68,6 +68,25 @@ def test_the_search_measures_on_the_runtime_and_writes_its_artifact(target, tria
     assert report["results"]["task_check"]["result"]["samples"] == 8
 
 
+def test_a_failing_search_of_an_untrained_architecture_says_so(data, tmp_path, monkeypatch) -> None:
+    """The untrained-weights note was added to a PASS only: a FAIL on random weights (which say nothing of the
+    trained model's behaviour) gave no hint that --weights was missing."""
+    import dataclasses
+
+    import npukit.frontend.spec as spec
+
+    resolve = spec.resolve_model
+    monkeypatch.setattr(spec, "resolve_model", lambda *a, **k: dataclasses.replace(resolve(*a, **k),
+                                                                                    random_weights=True))
+    out = tmp_path / "best.pte"
+    assert main(["optimize", "tinynet:tiny", "--target", "executorch-xnnpack", "-o", str(out), "--data", str(data),
+                 *SHAPE, "--trials", "1", "--runs", "3", "--min-sqnr", "200", "--task", "generic"]) == 1
+    report = json.loads((tmp_path / "best.pte.report.json").read_text())
+    assert report["verdict"].startswith("FAIL optimize") and "untrained architecture (random weights)" in \
+        report["verdict"]
+    assert not out.exists()
+
+
 def test_an_onnx_model_is_refused_for_a_mobile_runtime(tmp_path, capsys) -> None:
     model = tmp_path / "m.onnx"
     assert main(["export", "tinynet:tiny", "-o", str(model), *SHAPE]) == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import onnx
 import pytest
 
 from npukit.errors import InputError
@@ -150,6 +151,32 @@ def test_a_recipe_that_crashes_ends_its_trial_alone() -> None:
     # the trial log round-trips through the study's storage (NaN figures included)
     text = json.dumps(measured.as_dict(), sort_keys=True)
     assert json.dumps(Measured.from_dict(json.loads(text)).as_dict(), sort_keys=True) == text
+
+
+def test_an_artifact_another_recipe_built_is_not_timed_again() -> None:
+    """Two recipes that build the same bytes (CLE on a model without the pairs it equalizes) were timed twice: the
+    timing noise alone told them apart, and the sampler and fANOVA read it as the knob's effect."""
+    from npukit.search.trial import Built, FloatFigures, TrialRunner
+    from tests.quant.conftest import tiny_cnn
+
+    class Counted(TrialRunner):
+        timed = 0
+
+        def _timed_once(self, built, artifact):
+            Counted.timed += 1
+            return 2.0 + Counted.timed, 4.0  # each timing different, as on a real host
+
+    model = tiny_cnn()
+    runner = Counted(reference=model, builder=None, floats=FloatFigures(model.ByteSize(), 1, 1.0), feeds={})
+    other = dataclasses.replace(DEFAULT, cle=not DEFAULT.cle)
+    first = runner.finish(Built(DEFAULT, model, passed=True, metric=1.0, seconds=2.0))
+    again = runner.finish(Built(other, model, passed=True, metric=1.0, seconds=3.0))
+    assert Counted.timed == 1 and again.recipe == other and again.seconds == 3.0
+    assert (again.latency, again.size_bytes, again.digest) == (first.latency, first.size_bytes, first.digest)
+    changed = onnx.ModelProto()
+    changed.CopyFrom(model)
+    changed.doc_string = "other bytes"
+    assert runner.finish(Built(other, changed, passed=True)).latency != first.latency and Counted.timed == 2
 
 
 def test_the_float_outputs_are_computed_once_and_travel_with_the_builder() -> None:

@@ -30,6 +30,16 @@ def test_unknown_target_lists_the_valid_names():
     assert "qnn-htp" in info.value.hint and "litert" in info.value.hint
 
 
+@pytest.mark.parametrize("name, ours", [("tflite", "litert"), ("TensorFlow_Lite", "litert"),
+                                        ("executorch", "executorch-xnnpack"), ("QNN@SM8650", "qnn-htp@sm8650")])
+def test_a_target_s_other_name_is_answered_with_npukit_s(name, ours):
+    """--target tflite listed eight names without saying which one LiteRT (TensorFlow Lite's new name) is."""
+    with pytest.raises(InputError) as info:
+        get_target(name)
+    assert info.value.hint == f"did you mean --target {ours}?"
+    get_target(ours)  # a name that exists
+
+
 def test_analyze_model_builds_a_report(tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(conv_relu_erf_conv(), path)

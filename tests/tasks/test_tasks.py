@@ -480,3 +480,11 @@ def test_the_probability_map_among_several_maps_is_the_segmentation() -> None:
     assert (found.name, found.output) == ("segment", 1) and "channels sum to 1" in found.reason
     assert choose_task(shapes, image, task="segment", sample=[offsets, probabilities]).output == 1
     assert choose_task(shapes, image).output == 0  # without a sample: the first, as before
+
+
+def test_class_scores_are_described_with_the_shape_they_have() -> None:
+    """MTCNN's PNet at its 12 px crop gives (1, 2, 1, 1) face probabilities; the report called them (N, 2)."""
+    choice = choose_task([(1, 4, 1, 1), (1, 2, 1, 1)], [(1, 3, 12, 12)],
+                         sample=[np.zeros((1, 4, 1, 1)), np.array([0.3, 0.7]).reshape(1, 2, 1, 1)])
+    assert choice.name == "classify" and choice.reason == "output 1 is (N, 2, 1, 1) class scores (its rows sum to 1)"
+    assert choose_task([(1, 1000)], [(1, 3, 224, 224)]).reason == "output 0 is (N, 1000) class scores"

@@ -121,6 +121,26 @@ def _report_home(source: Path) -> Path:
     return source
 
 
+def remove_earlier_artifact(artifact: Path) -> bool:
+    """An earlier run's artifact at ``artifact`` removed, for a run that writes none there (it failed) and whose
+    report replaces the earlier one beside it: left, it would stand beside a report that FAILs and describes another
+    run. Only a file the earlier npukit report at ``report_json_for(artifact)`` names as its model is removed, never
+    another file of that name. True where one was removed."""
+    import json
+
+    try:
+        with open(report_json_for(artifact), encoding="utf-8") as stream:
+            earlier = json.load(stream)
+    except (OSError, ValueError):
+        return False
+    named = earlier.get("artifacts", {}).get("model") if isinstance(earlier, dict) else None
+    if "npukit_report" not in earlier or not isinstance(named, str) or Path(named).name != artifact.name \
+            or not artifact.is_file():
+        return False
+    artifact.unlink()
+    return True
+
+
 def _remove_earlier_html(path: Path) -> None:
     """An earlier run's HTML report at ``path`` (beside the JSON this run wrote without HTML) is removed: it described
     what this run replaced. Only a report npukit wrote (its head's generator, or the header of reports made before

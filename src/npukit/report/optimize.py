@@ -13,10 +13,12 @@ def _r(value: float, digits: int = 3) -> float | None:
     return round(value, digits) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def _row(number: int, m: Any, *, front: set[int], chosen: int | None) -> list[Any]:
+def _row(number: int, m: Any, *, front: set[int], chosen: int | None, first: dict[str, int]) -> list[Any]:
     mark = "chosen" if number == chosen else "front" if number in front else "yes" if m.feasible else "no"
     why = m.error or (m.failures[0] if m.failures else "")
     latency = f"{m.latency:.2f} (timed again)" if m.confirmed else _r(m.latency, 2)
+    if m.digest and first.get(m.digest, number) != number:  # another recipe built the same bytes: measured once
+        latency = f"{latency} (trial {first[m.digest]}'s artifact)"
     return [number, m.recipe.label(), _r(m.metric), _r(m.worst_sqnr_db, 1), latency, _r(m.latency_ms, 2),
             round(m.size_bytes / 1e6, 2) if m.size_bytes else None, round(m.peak_bytes / 1e6, 2) if m.peak_bytes
             else None, _r(m.energy, 2), round(m.seconds, 1), mark, why]
@@ -38,14 +40,18 @@ def add_search(report: Report, outcome: Any, config: Any, *, space: Any, pruned:
     # and rounds minutes apart on a busy machine are not comparable (a faster ms beside a worse ratio)
     columns = ["trial", "recipe", metric, "worst SQNR dB", "latency x float", "ms (its own rounds)", "MB", "peak MB",
                "energy x float (estimate)", "s", "within budget", "first failure"]
+    first: dict[str, int] = {}  # artifact digest -> the first trial that built it
+    for n, m in sorted(zip(outcome.numbers, outcome.trials), key=lambda nm: nm[0]):
+        first.setdefault(m.digest, n)
     ordered = sorted(zip(outcome.numbers, outcome.trials), key=lambda nm: (nm[0] != chosen, nm[0] not in front,
                                                                          nm[1].latency if nm[1].feasible else 9e9))
     report.add_table(f"Pareto front within the budget ({metric} >= {config.min_metric:.3f}; objectives: {metric}, "
                      "latency, size, peak memory, estimated energy; chosen: best on " + config.prefer + ")", columns,
-                     [_row(n, m, front=front, chosen=chosen) for n, m in ordered if n in front])
+                     [_row(n, m, front=front, chosen=chosen, first=first) for n, m in ordered if n in front])
     report.add_table(f"Every trial ({len(outcome.trials)}; {outcome.measured_now} measured in this run, stopped by "
                      f"{outcome.stopped}; trial 0 is the default recipe)", columns,
-                     [_row(n, m, front=front, chosen=chosen) for n, m in zip(outcome.numbers, outcome.trials)])
+                     [_row(n, m, front=front, chosen=chosen, first=first)
+                      for n, m in zip(outcome.numbers, outcome.trials)])
     report.add_table(f"Search space '{space.name}': {space.size()} recipes", ["knob", "choices"],
                      [[k, ", ".join(str(c) for c in v)] for k, v in space.knobs().items()]
                      + [["pruned before timing", p] for p in pruned]

@@ -31,7 +31,7 @@ from npukit.quant.config import FloatHead, Precision, QuantConfig, Scheme
 from npukit.quant.config import Recipe as QuantRecipe
 from npukit.quant.precision.scored_head import MOBILE_SHARE
 from npukit.search.space import Recipe
-from npukit.search.trial import Built, Measured, TrialBuilder, TrialRunner, artifact_digest
+from npukit.search.trial import Built, TrialBuilder, TrialRunner
 from npukit.tasks import judge
 
 # the runtime's integer scheme (see the module docstring); a recipe sets granularity, method and recovery steps on it.
@@ -161,26 +161,9 @@ class MobileRunner(TrialRunner):
         timed = self._timed(artifacts, runs=runs, rounds=10, warmup=10)
         return {k: (timed[k], timed["float"]) for k in artifacts}
 
-    def finish(self, built: Built) -> Measured:
-        from npukit.measure.energy import estimate_energy
-        from npukit.memory.layout import ort_predicted_peak
-
-        start = time.perf_counter()
-        if built.model is None or built.artifact is None:
-            return Measured(built.recipe, False, error=built.error, seconds=built.seconds)
-        timed = self._timed({"candidate": built.artifact}, runs=self.runs, rounds=min(5, self.runs), warmup=3)
-        size = len(built.artifact)
-        peak = ort_predicted_peak(built.model)
-        energy = estimate_energy(built.model, peak_bytes=peak, feeds=self.feeds).total_uj
-        return Measured(
-            built.recipe, built.passed, metric_name=built.metric_name, metric=built.metric,
-            worst_sqnr_db=built.worst_sqnr_db, latency=timed["candidate"] / timed["float"],
-            latency_ms=timed["candidate"], float_latency_ms=timed["float"], size=size / self.floats.size_bytes,
-            size_bytes=size, memory=peak / self.floats.peak_bytes if self.floats.peak_bytes else float("nan"),
-            peak_bytes=peak, energy=energy / self.floats.energy_uj if self.floats.energy_uj else float("nan"),
-            energy_uj=energy, integer_fraction=built.integer_fraction,
-            seconds=built.seconds + time.perf_counter() - start, failures=built.failures,
-            digest=artifact_digest(built.artifact))
+    def _timed_once(self, built: Built, artifact: bytes) -> tuple[float, float]:
+        timed = self._timed({"candidate": artifact}, runs=self.runs, rounds=min(5, self.runs), warmup=3)
+        return timed["candidate"], timed["float"]
 
     def close(self) -> None:
         self._fp32_runner = None

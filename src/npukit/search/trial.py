@@ -212,6 +212,10 @@ class TrialRunner:
     feeds: Mapping[str, np.ndarray]
     threads: int = 1
     runs: int = 20
+    # digest -> the figures of an artifact measured in this run: another recipe that builds the same bytes (a knob
+    # that changed nothing on this model) gets them again instead of a second timing whose noise alone would tell
+    # the two apart (and the sampler and fANOVA would read that noise as the knob's effect)
+    _seen: dict[str, Measured] = dataclasses.field(default_factory=dict, repr=False)
 
     def run(self, recipe: Recipe) -> tuple[Measured, bytes | None]:
         """The recipe's measured figures and its artifact's bytes (None where it could not be built)."""
@@ -252,28 +256,47 @@ class TrialRunner:
         """Nothing to release here (a mobile runner removes the files its runtimes loaded)."""
 
     def finish(self, built: Built) -> Measured:
-        from npukit.measure.energy import estimate_energy
+        """``built`` timed against the float model, with its size, predicted peak and estimated energy (or the
+        figures of the same artifact measured earlier in this run)."""
+        start = time.perf_counter()
+        artifact = self.artifact(built)
+        if artifact is None:
+            return Measured(built.recipe, False, error=built.error, seconds=built.seconds)
+        digest = artifact_digest(artifact)
+        seen = self._seen.get(digest)
+        if seen is not None:
+            return dataclasses.replace(seen, recipe=built.recipe, seconds=built.seconds, confirmed=False)
+        latency_ms, float_ms = self._timed_once(built, artifact)
+        size = len(artifact)
+        measured = Measured(
+            built.recipe, built.passed, metric_name=built.metric_name, metric=built.metric,
+            worst_sqnr_db=built.worst_sqnr_db, latency=latency_ms / float_ms, latency_ms=latency_ms,
+            float_latency_ms=float_ms, size=size / self.floats.size_bytes, size_bytes=size,
+            integer_fraction=built.integer_fraction, failures=built.failures, digest=digest,
+            **self._estimates(built.model))
+        measured = dataclasses.replace(measured, seconds=built.seconds + time.perf_counter() - start)
+        self._seen[digest] = measured
+        return measured
+
+    def _timed_once(self, built: Built, artifact: bytes) -> tuple[float, float]:
+        """(the candidate's median ms, the float model's), timed in the same interleaved rounds."""
         from npukit.measure.latency import measure_latency_interleaved
+
+        timed = measure_latency_interleaved({"float": self.reference, "candidate": built.model},
+                                            threads=self.threads, warmup=3, runs=self.runs,
+                                            rounds=min(5, self.runs), feeds=self.feeds)
+        return timed["candidate"].median_ms, timed["float"].median_ms
+
+    def _estimates(self, model: onnx.ModelProto) -> dict[str, Any]:
+        """The QDQ model's predicted peak and estimated energy, and their ratios to the float model's."""
+        from npukit.measure.energy import estimate_energy
         from npukit.memory.layout import ort_predicted_peak
 
-        start = time.perf_counter()
-        if built.model is None:
-            return Measured(built.recipe, False, error=built.error, seconds=built.seconds)
-        model = built.model
-        timed = measure_latency_interleaved({"float": self.reference, "candidate": model}, threads=self.threads,
-                                            warmup=3, runs=self.runs, rounds=min(5, self.runs), feeds=self.feeds)
-        size = model.ByteSize()
         peak = ort_predicted_peak(model)
         energy = estimate_energy(model, peak_bytes=peak, feeds=self.feeds).total_uj
-        return Measured(
-            built.recipe, built.passed, metric_name=built.metric_name, metric=built.metric,
-            worst_sqnr_db=built.worst_sqnr_db,
-            latency=timed["candidate"].median_ms / timed["float"].median_ms, latency_ms=timed["candidate"].median_ms,
-            float_latency_ms=timed["float"].median_ms, size=size / self.floats.size_bytes, size_bytes=size,
-            memory=peak / self.floats.peak_bytes if self.floats.peak_bytes else float("nan"), peak_bytes=peak,
-            energy=energy / self.floats.energy_uj if self.floats.energy_uj else float("nan"), energy_uj=energy,
-            integer_fraction=built.integer_fraction, seconds=built.seconds + time.perf_counter() - start,
-            failures=built.failures, digest=artifact_digest(model.SerializeToString()))
+        return {"memory": peak / self.floats.peak_bytes if self.floats.peak_bytes else float("nan"),
+                "peak_bytes": peak, "energy_uj": energy,
+                "energy": energy / self.floats.energy_uj if self.floats.energy_uj else float("nan")}
 
 
 def artifact_digest(data: bytes) -> str:

@@ -57,10 +57,29 @@ _BUILDERS: dict[str, Callable[[str | None], TargetProfile]] = {
 }
 
 
+# names users bring for a target (a runtime's former name, its file suffix, its vendor's SDK) -> npukit's name
+OTHER_NAMES: dict[str, str] = {
+    "tflite": "litert", "tfl": "litert", "tensorflow-lite": "litert", "tensorflowlite": "litert", "lite-rt": "litert",
+    "executorch": "executorch-xnnpack", "pte": "executorch-xnnpack", "pytorch-mobile": "executorch-xnnpack",
+    "et": "executorch-xnnpack", "qnn": "qnn-htp", "htp": "qnn-htp", "snpe": "qnn-htp", "qualcomm": "qnn-htp",
+    "hexagon": "qnn-htp", "mlpackage": "coreml", "core-ml": "coreml", "ane": "coreml", "ort": "cpu",
+    "onnxruntime": "cpu", "x86": "cpu", "arm": "cpu",
+}
+
+
+def named(name: str) -> str | None:
+    """npukit's name for a target a user named otherwise (``tflite`` -> ``litert``), variant kept; None if none."""
+    base, at, variant = name.strip().lower().partition("@")
+    ours = OTHER_NAMES.get(base.replace("_", "-").replace(" ", "-"))
+    return f"{ours}{at}{variant}" if ours else None
+
+
 def get_target(name: str) -> TargetProfile:
     """The profile called ``name`` ("TARGET" or "TARGET@VARIANT"); an unknown name raises InputError."""
     base, _, variant = name.strip().lower().partition("@")
     if base not in _BUILDERS:
+        ours = named(name)
         raise InputError(f"unknown target {name!r}",
-                         hint=f"valid targets: {', '.join(TARGETS)} (variants: nnapi@27..31, qnn-htp@SM8550, ...)")
+                         hint=f"did you mean --target {ours}?" if ours else
+                         f"valid targets: {', '.join(TARGETS)} (variants: nnapi@27..31, qnn-htp@SM8550, ...)")
     return _BUILDERS[base](variant or None)

@@ -156,7 +156,8 @@ def _detected(shapes: Sequence[Shape], inputs: Sequence[Shape],
             np.asarray(sample[i]).reshape(np.shape(sample[i])[0], -1))]
         i = probable[0] if probable else scores[0]
         why = " (its rows sum to 1)" if probable and len(scores) > 1 else ""
-        return TaskChoice("classify", i, f"output {i} is (N, {shapes[i][1]}) class scores{why}")
+        dims = ", ".join(str(d) for d in shapes[i][1:])  # (N, 2, 1, 1) as it is: MTCNN's PNet at its 12 px crop
+        return TaskChoice("classify", i, f"output {i} is (N, {dims}) class scores{why}")
     return TaskChoice("generic", 0, "no known output layout: every output compared by SQNR and cosine")
 
 

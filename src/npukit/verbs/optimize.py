@@ -10,10 +10,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from npukit.config import PreprocessConfig
 from npukit.errors import InputError
 from npukit.report.core import Report
-from npukit.report.finish import CommandResult, finish, report_json_for, report_path_for
+from npukit.report.finish import CommandResult, finish, remove_earlier_artifact, report_json_for, report_path_for
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
 from npukit.verbs.common import (check_output, check_task_measurable, float_static_model, keeps_module_modes,
@@ -85,7 +87,13 @@ def optimize(
     if any(p.exists() and not p.is_dir() for p in Path(output).parents):
         raise InputError(f"output {output} is under a file, not a folder", hint="give a path in a folder")
     if target not in TARGETS:
-        kind = target.split("@")[0]
+        from npukit.targets.registry import TARGETS as KNOWN, named
+
+        ours = named(target)  # another name of a target (tflite: litert)
+        kind = (ours or target).split("@")[0]
+        if kind in TARGETS or kind not in KNOWN:
+            raise InputError(f"unknown target {target!r}", hint=f"did you mean --target {ours}?" if ours else
+                             f"optimize searches --target {' | '.join(TARGETS)}")
         hint = f"for {kind}, {LATER[kind]}" if kind in LATER else f"use --target {' | '.join(TARGETS)}"
         raise InputError(f"optimize searches --target {', '.join(TARGETS)}; {target!r} is not searched yet",
                          hint=hint)
@@ -214,7 +222,9 @@ class _Search:
         storage = report_path_for(output, ".optimize.db")
         storage.parent.mkdir(parents=True, exist_ok=True)  # as every verb does for its artifact's folder
         name = study_name({"model": hashlib.sha256(self.inputs.proto.SerializeToString()).hexdigest(),
-                           "calib": self.report.config["calib"], "data": self.report.config["data"],
+                           # the samples' bytes, not the paths: a file changed in place (or the same data moved)
+                           # must not resume a study its trials were measured on
+                           "calib": _digest(self.inputs.calib), "data": _digest(self.inputs.evaluation),
                            "samples": [len(self.inputs.calib), len(self.inputs.evaluation)],
                            "space": dataclasses.asdict(space), "gate": self.gate.as_dict(), "task": self.task,
                            "exclude": self.exclude, "budget": self.config.budget, "threads": self.threads,
@@ -250,6 +260,12 @@ class _Search:
                    ranking=runner.builder.ranking)
         if artifact is None:
             report.set_verdict(verdict, passed=False)
+            note_untrained(report, self.inputs.source)
+            if remove_earlier_artifact(output):  # it would stand beside a report that FAILs and describes another
+                report.add("earlier_artifact", f"{output} from an earlier run was removed: this run's report "
+                                               "replaces the one that described it, and no trial passed this run")
+                report.set_verdict(f"{report.verdict}; {output.name} of an earlier run was removed",
+                                   passed=False)
             return finish(report, None, html=html, json_path=report_json_for(output), result=outcome)
         runner.write(artifact, output)
         note_untrained(report, self.inputs.source)
@@ -394,14 +410,20 @@ class _Search:
 
         feasible = sorted(((n, m) for n, m in zip(outcome.numbers, outcome.trials) if m.feasible),
                           key=lambda nm: nm[1].latency)
-        candidates = [(n, m) for n, m in feasible if m.recipe in self.models][:CONFIRM]
-        if not candidates:
+        same: dict[str, list[int]] = {}  # artifact -> the trials that built it (timed once, for all of them)
+        for n, m in feasible:
+            key = m.digest or str(n)
+            if m.recipe in self.models and (key in same or len(same) < CONFIRM):
+                same.setdefault(key, []).append(n)
+        if not same:
             return outcome
-        artifacts = {str(n): self.models.load(m.recipe) for n, m in candidates}
+        recipes = {n: m.recipe for n, m in feasible}
+        artifacts = {digest: self.models.load(recipes[numbers[0]]) for digest, numbers in same.items()}
         runs = max(100, 5 * self.runs)
         with step(f"timing the {len(artifacts)} fastest trials within the budget again, {runs} runs each",
                   timings=self.report.timings, key="confirm"):
-            timed = {int(k): v for k, v in runner.time_again(artifacts, runs=runs).items()}
+            again = runner.time_again(artifacts, runs=runs)
+        timed = {n: again[digest] for digest, numbers in same.items() for n in numbers}
         keep_confirmed(storage, outcome.study_name, timed)
         return confirm_latency(outcome, self.config.prefer, timed)
 
@@ -447,14 +469,43 @@ class _Search:
                    if self.unpriced else "") + ") "
                 f"{self._float_name}'s; best on {self.config.prefer} of {within} trials within the budget "
                 f"({len(outcome.trials)} in all)"
-                + (f"; even the fastest within the budget runs slower than {self._float_name} on this CPU: keep "
-                   f"{self._float_name} where latency matters" if chosen.latency > 1.0
-                   and self.config.prefer == "latency" else
-                   f"; it runs {chosen.latency:.2f}x {self._float_name}'s time on this CPU (slower)"
-                   if chosen.latency > 1.0 else "")
+                + _not_better(chosen, self.config.prefer, self._float_name)
                 + float_share_note(chosen.integer_fraction) + _weak(verdict.line))
         self.report.set_verdict(line, passed=True)
         return artifact, line
+
+
+# how the verdict says that the best trial on an objective loses to the float model: (the comparison, the figure)
+_WORSE = {"latency": ("the fastest within the budget runs slower than", "time on this CPU"),
+          "size": ("the smallest within the budget is larger than", "size"),
+          "memory": ("the least memory within the budget predicts a higher peak than", "predicted peak"),
+          "energy": ("the least energy within the budget is estimated above", "estimated energy")}
+
+
+def _not_better(chosen: Any, prefer: str, float_name: str) -> str:
+    """The verdict's note where the chosen trial is no better than the float model: on ``prefer`` (then even the
+    best the search found loses, and the float model is the one to keep where that matters), or on latency."""
+    ratio = getattr(chosen, prefer)
+    if ratio > 1.0:
+        best, what = _WORSE[prefer]
+        return (f"; even {best} {float_name} ({ratio:.2f}x its {what}): keep {float_name} where {prefer} "
+                "matters")
+    if chosen.latency > 1.0:
+        return f"; it runs {chosen.latency:.2f}x {float_name}'s time on this CPU (slower)"
+    return ""
+
+
+def _digest(samples: Sequence[Any]) -> str:
+    """sha256 of the samples' feeds (names, dtypes, shapes, bytes) and labels, in order."""
+    digest = hashlib.sha256()
+    for sample in samples:
+        for name, array in sorted(sample.feeds.items()):
+            array = np.ascontiguousarray(array)
+            digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
+            digest.update(array.tobytes())
+        if sample.labels is not None:
+            digest.update(b"labels|" + np.ascontiguousarray(sample.labels).tobytes())
+    return digest.hexdigest()
 
 
 def _weak(check_line: str) -> str:
