@@ -10,7 +10,7 @@ model (quantize with this CPU's default scheme). Each INT8 model is compared wit
 inputs (output SQNR, and top-1 agreement where the model classifies). Latency: each artifact, eager torch and ORT,
 1 thread, interleaved in one run. Writes benchmarks/results/mobile_runtimes.{md,json}, naming the CPU.
 
-    .venv/bin/python benchmarks/mobile_runtimes.py [--only mobilenet_v2 mtcnn_onet] [--eval 64]
+    .venv/bin/python benchmarks/mobile_runtimes.py [--only mobilenet_v2 mtcnn_onet mtcnn_rnet] [--eval 64]
 """
 
 from __future__ import annotations
@@ -67,7 +67,25 @@ def _pnet() -> dict:
                            "probability maps; 48x48 face crops from the zoo's photos"}
 
 
-MODELS = {"mobilenet_v2": _mobilenet, "mtcnn_pnet": _pnet, "mtcnn_onet": _onet}
+def _rnet() -> dict:
+    """MTCNN's refinement net, 24x24 crops: the zoo's 48x48 face crops (and non-face squares) averaged 2x2, as the
+    cascade resizes its windows for RNet. Its box output is small beside its face probability: the output the check
+    holds to the SQNR floor, where the plan's float head had to stretch past its MAC share."""
+    onet = _onet()
+    from zoo_models import MODELS as ZOO
+
+    def half(crops: list[np.ndarray]) -> list[np.ndarray]:
+        return [c.reshape(c.shape[0], c.shape[1], c.shape[2] // 2, 2, c.shape[3] // 2, 2).mean(axis=(3, 5))
+                .astype(np.float32) for c in crops]
+
+    weights = ZOO["mtcnn_onet"].model_path().with_name("rnet.pt")
+    return onet | {"spec": "facenet_pytorch.models.mtcnn:RNet", "weights": str(weights), "shape": (1, 3, 24, 24),
+                   "calib": half(onet["calib"]), "eval": half(onet["eval"]),
+                   "what": "MTCNN RNet (facenet-pytorch's weights): box regression and face probability; the zoo's "
+                           "48x48 face crops and non-face squares averaged to 24x24"}
+
+
+MODELS = {"mobilenet_v2": _mobilenet, "mtcnn_pnet": _pnet, "mtcnn_onet": _onet, "mtcnn_rnet": _rnet}
 
 
 def _sqnr(ref: np.ndarray, got: np.ndarray) -> float:

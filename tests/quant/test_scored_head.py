@@ -133,3 +133,64 @@ def test_the_timed_and_the_scored_head_are_not_both_given() -> None:
         from_flat(float_stem=True, float_head_macs=0.1)
     with pytest.raises(InputError, match="must be in"):
         QuantConfig(precision=Precision(float_head=FloatHead("accuracy", 1.5)))
+
+
+def test_a_floor_stretches_the_head_past_the_share_only_as_far_as_it_must() -> None:
+    """Summed over outputs, a small output below the check's floor hides behind a good score: with a floor the head
+    may take a larger share, the shortest prefix whose every output reaches it (MTCNN's RNet: a 24% stem)."""
+    from npukit.quant.precision.scored_head import Floor
+
+    model = _stem_model()
+    macs = {row.name: row.macs for row in summarize(model).layers}
+    total = sum(m or 0 for m in macs.values())
+    share = 0.5 * macs["stem"] / total  # not even the stem within the share
+    worst_of = {(): 17.0, ("stem",): 19.0, ("stem", "dw"): 21.0, ("stem", "dw", "pw2"): 23.0,
+                ("stem", "dw", "pw2", "pw3"): 24.0}
+    built: list[tuple[str, ...]] = []
+
+    def build(prefix):
+        built.append(prefix)
+        return prefix  # the "model" is its prefix, for worst() to read
+
+    def worst(models):
+        return {k: worst_of[m] for k, m in models.items()}
+
+    def choose(floor_db, floor_share):
+        built.clear()
+        floor = Floor(floor_db, floor_share, worst)
+        (head,) = choose_scored_heads(model, ["stem"], macs=macs, total=total, share=share, build=build,
+                                      score=lambda ms: {k: 30.0 for k in ms}, floor=floor)
+        return head
+
+    head = choose(20.0, 1.0)
+    assert head.nodes == ("stem", "dw") and head.stretched and head.worst_db[2] == 21.0
+    assert head.mac_share[2] == pytest.approx((macs["stem"] + macs["dw"]) / total)
+    assert head.summary()["stretched_to_floor"] and head.summary()["worst_output_db"]["0"] == 17.0
+    head = choose(16.0, 1.0)  # reached quantized whole: nothing stretched, nothing longer built
+    assert head.nodes == () and not head.stretched and built == [()]
+    head = choose(30.0, 1.0)  # no prefix reaches it: the choice stands (the check then says what failed)
+    assert head.nodes == () and not head.stretched
+    head = choose(20.0, (macs["stem"] + 1) / total)  # the stem alone fits the larger share, but reaches 19 dB only
+    assert head.nodes == () and head.worst_db == {0: 17.0, 1: 19.0}
+
+
+def test_quantize_records_the_floor_and_the_worst_outputs() -> None:
+    model, samples = _stem_model(), _samples()
+    head = FloatHead("accuracy", 0.001, floor_db=200.0, floor_share=0.5, floor_outputs=("y",))  # none reaches it
+    result = quantize(model, samples, config=QuantConfig(scheme=Scheme(activation_dtype="int8"),
+                                                         recipe=Recipe(score_on="reference"),
+                                                         precision=Precision(float_head=head)))
+    record = result.steps.float_head_scored
+    assert record["floor_db"] == 200.0 and record["floor_share"] == 0.5 and record["nodes"] == []
+    assert record["floor_outputs"] == ["y"]
+    worst = record["heads"][0]["worst_output_db"]
+    assert {"0", "1"} <= set(worst)  # the whole model and the longer prefixes within 50% of the MACs, all scored
+    assert all(v < 200.0 for v in worst.values())
+    with pytest.raises(InputError, match="floor share"):
+        FloatHead("accuracy", 0.1, floor_db=20.0, floor_share=0.05, floor_outputs=("y",))
+    with pytest.raises(InputError, match="names the outputs"):
+        FloatHead("accuracy", 0.1, floor_db=20.0, floor_share=0.3)
+    with pytest.raises(InputError, match="must be finite"):
+        FloatHead("accuracy", 0.1, floor_db=float("nan"), floor_share=0.3, floor_outputs=("y",))
+    with pytest.raises(InputError, match="no MAC share or floor"):
+        FloatHead("latency", floor_db=20.0)

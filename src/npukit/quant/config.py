@@ -18,6 +18,7 @@ give a copy with fields of one part replaced. ``as_dict`` is what reports store,
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from typing import Any, Literal
 
@@ -194,10 +195,16 @@ class FloatHead:
     - ``by="accuracy"``: for a runtime this machine cannot time as it will run (XNNPACK on a phone): of the prefixes
       of each stem's chain whose convs take at most ``share`` of the model's MACs, the one whose model scores best on
       the last calibration samples, on ``Recipe.score_on``'s arithmetic (``npukit.quant.precision.scored_head``).
+      With ``floor_db``: where that head leaves one of ``floor_outputs`` below ``floor_db`` (each output's SQNR on
+      every calibration sample, as compile's check measures it), the shortest longer prefix within ``floor_share``
+      of the MACs whose every such output reaches it (none: as chosen).
     """
 
     by: HeadChoice = "latency"
     share: float = 0.0  # with by="accuracy": the share of the model's MACs the head may take
+    floor_db: float | None = None  # with by="accuracy": the SQNR floor_outputs should reach (the check's floor)
+    floor_share: float = 0.0  # the share of the MACs the head may take to reach floor_db
+    floor_outputs: tuple[str, ...] = ()  # the outputs the check holds to floor_db (not those its task metric covers)
 
     def __post_init__(self) -> None:
         _require(self.by in typing.get_args(HeadChoice), f"unknown float head choice {self.by!r}",
@@ -206,8 +213,15 @@ class FloatHead:
             _require(0.0 < self.share <= 1.0, f"float_head_macs {self.share} must be in (0, 1]",
                      "the share of the model's MACs the float head may take, e.g. 0.1")
         else:
-            _require(self.share == 0.0, "a float head timed on this CPU takes no MAC share",
-                     'give share only with by="accuracy"')
+            _require(self.share == 0.0 and self.floor_db is None, "a float head timed on this CPU takes no MAC share "
+                     "or floor", 'give share and floor_db only with by="accuracy"')
+        if self.floor_db is not None:
+            _require(math.isfinite(self.floor_db), f"float head floor {self.floor_db} dB must be finite",
+                     "e.g. the check's --min-sqnr, 20")
+            _require(bool(self.floor_outputs), "a float head floor names the outputs it holds",
+                     "give floor_outputs: the outputs the check holds to the SQNR floor")
+            _require(self.share <= self.floor_share <= 1.0, f"float head floor share {self.floor_share} must be in "
+                     f"[{self.share}, 1]", "the share the head may take to reach the floor, at least share")
 
 
 @dataclasses.dataclass(frozen=True)

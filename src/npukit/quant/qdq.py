@@ -37,7 +37,7 @@ from npukit.quant.algorithms.equalize import equalize
 from npukit.quant.algorithms.range_search import search_ranges
 from npukit.quant.algorithms.stream_equalize import equalize_streams
 from npukit.quant import recipe
-from npukit.quant.calibration.auto import Split, choose_method, output_sqnrs, split_samples
+from npukit.quant.calibration.auto import Split, choose_method, output_sqnrs, split_samples, worst_output_sqnrs
 from npukit.quant.calibration.calibrate import (Calibration, Progress, calibrate, iter_samples,
                                                 sixteen_bit_tensors)
 from npukit.quant.config import QuantConfig, Recipe
@@ -53,7 +53,7 @@ from npukit.quant.plan import Decision, QuantPlan, SIXTEEN_BIT, TensorSpec
 from npukit.quant.precision.float_neighbours import AFTER, BETWEEN, float_neighbours
 from npukit.quant.precision.fragile import FRAGILE_DB, fragile_convs, grouped_convs
 from npukit.quant.precision.joins import JOIN_RATIO, mixed_scale_joins
-from npukit.quant.precision.scored_head import choose_scored_heads
+from npukit.quant.precision.scored_head import Floor, choose_scored_heads
 from npukit.quant.precision.squares import square_chains
 from npukit.quant.precision.tensor_precision import (TensorPlan, activation_pairs, check_plan_arguments,
                                                      plan_int16_tensors, sixteen_bit_activations, stand_in_config,
@@ -753,12 +753,23 @@ def _scored_head(b: _Build) -> None:
     def score(models: dict[int, onnx.ModelProto]) -> dict[int, float]:
         return output_sqnrs(b.work, models, b.samples, start=split.held_out_start, stop=split.total, session=session)
 
+    head = config.precision.float_head
+    floor = None
+    if head is not None and head.floor_db is not None:
+        def worst(models: dict[int, onnx.ModelProto]) -> dict[int, float]:
+            # on every calibration sample: what compile's check reads (the score's last few are too few)
+            return worst_output_sqnrs(b.work, models, b.samples, start=0, stop=split.total,
+                                      outputs=head.floor_outputs, session=session)
+
+        floor = Floor(head.floor_db, head.floor_share, worst)
     heads = choose_scored_heads(b.work, stems, macs=macs, total=total, share=config.precision.head_share, build=build,
-                                score=score, keep=frozenset(config.scheme.int16_nodes))
+                                score=score, keep=frozenset(config.scheme.int16_nodes), floor=floor)
     nodes = tuple(n for h in heads for n in h.nodes if n not in floats)
     b.keep_float(nodes, SCORED_HEAD)
     b.done |= {"scored_head"}
     b.steps.float_head_scored = {"nodes": list(nodes), "share": config.precision.head_share,
+                                 **({"floor_db": floor.db, "floor_share": floor.share,
+                                     "floor_outputs": list(head.floor_outputs)} if floor else {}),
                                  "score_on": config.recipe.score_on,
                                  "scored_on_samples": [split.held_out_start, split.total],
                                  "heads": [h.summary() for h in heads]}

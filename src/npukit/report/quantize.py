@@ -140,15 +140,23 @@ def _add_scored_head(report: Report, scored: dict[str, Any] | None) -> None:
         return
     first, last = scored["scored_on_samples"]
     where = f"sample {first}" if last - first == 1 else f"samples {first}-{last - 1}"
-    rows = [[h["stem"], ", ".join(h["chain"][:int(k)]) or "(none: all quantized)", share, h["sqnr_db"][k],
-             "chosen" if int(k) == len(h["nodes"]) else ""]
+    floor = scored.get("floor_db")
+    rows = [[h["stem"], ", ".join(h["chain"][:int(k)]) or "(none: all quantized)", share, h["sqnr_db"].get(k, "-"),
+             *([h.get("worst_output_db", {}).get(k, "-")] if floor is not None else []),
+             ("chosen, to reach the floor" if h.get("stretched_to_floor") else "chosen")
+             if int(k) == len(h["nodes"]) else ""]
             for h in scored["heads"] for k, share in h["mac_share"].items()]
+    rows += [[h["stem"], "(none: all quantized)", 0.0, "-", h["worst_output_db"]["0"], "chosen"]
+             for h in scored["heads"] if not h["mac_share"] and "0" in h.get("worst_output_db", {})]
+    stretch = (f"; where an output stays below {floor:g} dB, the shortest prefix within {scored['floor_share']:.0%} "
+               "whose every output reaches it" if floor is not None else "")
     report.add_table(f"Float head chosen by accuracy (prefixes of the stem's chain within {scored['share']:.0%} of "
                      f"the MACs, output SQNR on calibration {where}, {scored['score_on']} "
-                     f"arithmetic; the shortest within {TIE_DB} dB of the best)",
-                     ["stem", "convs in float", "share of MACs", "SQNR dB", ""],
+                     f"arithmetic; the shortest within {TIE_DB} dB of the best{stretch})",
+                     ["stem", "convs in float", "share of MACs", "SQNR dB",
+                      *(["worst output dB"] if floor is not None else []), ""],
                      rows or [[", ".join(h["stem"] for h in scored["heads"]) or "-",
-                               "none within the MAC share", "-", "-", ""]])
+                               "none within the MAC share", "-", "-", *(["-"] if floor is not None else []), ""]])
 
 
 def add_layer_sqnr(report: Report, layers: list[dict]) -> None:

@@ -347,8 +347,11 @@ class _Search:
             report.add("cpu_scheme", scheme)
         else:
             from npukit.search.mobile import XNNPACK_BASE
+            from npukit.verbs.compile_mobile import held_outputs, held_to_floor
 
-            base = XNNPACK_BASE.with_scheme(exclude=self.exclude)
+            # the head held to the gate's floor for the outputs it holds there, as compile's plan is
+            base = held_to_floor(XNNPACK_BASE.with_scheme(exclude=self.exclude), self.gate,
+                                 held_outputs(proto, calib, self.task))
         started = time.perf_counter()
         with step("baseline: the default recipe" + (", float head timed once" if base.precision.timed_head else
                                                     ", float head chosen once" if base.precision.head_share else ""),

@@ -93,6 +93,26 @@ def scored_outputs(reference: onnx.ModelProto, candidates: dict[str, onnx.ModelP
     return {m: sqnr_db(signal, n) for m, n in noise.items()}, per_sample
 
 
+def worst_output_sqnrs(reference: onnx.ModelProto, candidates: dict[Any, onnx.ModelProto], samples: Iterable[object],
+                       *, start: int, stop: int, outputs: Iterable[str] | None = None,
+                       session: Callable[[onnx.ModelProto], Any] = make_session) -> dict[Any, float]:
+    """Each candidate's lowest SQNR (dB) over ``outputs`` (default: every graph output; each output's signal and
+    noise summed over samples [start, stop)), as a check holds outputs to a floor: ``output_sqnrs`` sums the
+    outputs, where a small one (box offsets beside probabilities) hides behind a large one."""
+    ref = make_session(reference)
+    names = list(outputs) if outputs is not None else [o.name for o in reference.graph.output]
+    sessions = {m: session(model) for m, model in candidates.items()}
+    signal = np.zeros(len(names))
+    noise = {m: np.zeros(len(names)) for m in candidates}
+    for feeds in itertools.islice(iter_samples(reference, samples, limit=stop), start, None):
+        want = [np.asarray(v, np.float64) for v in ref.run(names, feeds)]
+        signal += [float(np.sum(w * w)) for w in want]
+        for m, run in sessions.items():
+            got = run.run(names, feeds)
+            noise[m] += [float(np.sum((w - np.asarray(g, np.float64)) ** 2)) for w, g in zip(want, got)]
+    return {m: min(sqnr_db(s, e) for s, e in zip(signal, n)) for m, n in noise.items()}
+
+
 def choose_method(reference: onnx.ModelProto, candidates: dict[str, Ranges], samples: Iterable[object], *,
                   split: Split, build: Callable[[dict[str, Ranges]], dict[str, onnx.ModelProto]],
                   session: Callable[[onnx.ModelProto], Any] = make_session) -> tuple[str, dict]:
