@@ -315,7 +315,8 @@ def test_quantize_writes_integer_model_and_report(exported, tmp_path):
     # every Conv on integer kernels but a stem this CPU runs faster in float (--float-stem auto)
     stems = report["results"]["steps"].get("float_stem", {}).get("nodes", [])
     head = report["config"]["quant"]["precision"]["float_head"]
-    assert (head == {"by": "latency", "share": 0.0} if report["config"]["cpu_scheme"]["float_stem"] else head is None)
+    assert (head == {"by": "latency", "share": 0.0, "floor_db": None, "floor_share": 0.0, "floor_outputs": []}
+            if report["config"]["cpu_scheme"]["float_stem"] else head is None)
     assert sum(report["results"]["integer_kernels"]["float_compute"].values()) == len(stems)
     assert report["results"]["agreement"]["samples"] == 6
     assert report["results"]["size"]["int8"] < report["results"]["size"]["float"]
@@ -1073,3 +1074,38 @@ def test_a_compiled_context_model_is_refused_by_the_verbs_that_read_graphs(verb,
     err = capsys.readouterr().err
     assert "compiled HTP context model" in err and len(err.strip().splitlines()) == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.npy", "m.ctx.onnx"]
+
+
+def _box_and_prob(box_scale: float) -> onnx.ModelProto:
+    """x[1, 3, 8, 8] -> GAP features -> (box offsets [1, 4] scaled by ``box_scale``, face probabilities [1, 2])."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * scale, name)
+             for name, shape, scale in (("w", (4, 3, 3, 3), 1.0), ("wp", (4, 2), 1.0), ("wb", (4, 4), box_scale))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("GlobalAveragePool", ["c"], ["g"]),
+             helper.make_node("Flatten", ["g"], ["f"]), helper.make_node("MatMul", ["f", "wb"], ["box"]),
+             helper.make_node("MatMul", ["f", "wp"], ["logits"]),
+             helper.make_node("Softmax", ["logits"], ["prob"], axis=1)]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, k]) for n, k in (("box", 4), ("prob", 2))]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_bench_agreement_reads_the_class_scores_not_the_first_output(tmp_path) -> None:
+    """MTCNN ONet's bench: the task check read the face probabilities (output 2; 36.0 dB, top-1 1.0), the Agreement
+    table the box offsets (output 0; 13.4 dB, top-1 0.9), both called class figures."""
+    reference, candidate = tmp_path / "ref.onnx", tmp_path / "cand.onnx"
+    onnx.save(_box_and_prob(1.0), str(reference))
+    onnx.save(_box_and_prob(1.5), str(candidate))  # other box offsets, the same probabilities
+    data = tmp_path / "x.npy"
+    np.save(data, np.random.default_rng(1).standard_normal((8, 3, 8, 8)).astype(np.float32))
+    report = tmp_path / "b.json"
+    main(["bench", str(candidate), "--reference", str(reference), "--data", str(data), "--runs", "3", "--report",
+          str(report)])
+    results = json.loads(report.read_text())["results"]
+    assert results["agreement"]["top1_agreement"] == 1.0
+    assert float(results["agreement"]["sqnr_db"]) == float("inf")  # the probabilities, identical (the boxes differ)
