@@ -181,3 +181,67 @@ def test_seeded_requests_for_an_integer_input_are_said_to_be_arbitrary(tmp_path)
     assert main(["serve-bench", str(path), "--duration", "0.2", "--loads", "1.0", "--max-workers", "1",
                  "--report", str(report)]) == 0
     assert "integer input(s) 'k' small random values" in json.loads(report.read_text())["verdict"]
+
+
+def test_requests_that_fail_make_the_verdict_fail_and_are_counted_in_the_tables(tmp_path, monkeypatch) -> None:
+    """Batched RetinaFace requests failed (a bound output declared with batch 1): 35 of 64 in one load, and
+    serve-bench exited 0 with an INFO verdict, the load's figures counting only the requests answered."""
+    from npukit.runtime.engine import Runtime
+
+    original = Runtime._run_batch
+
+    def batches_fail(self, slot, batch):
+        if len(batch) > 1:
+            raise RuntimeError("Got invalid dimensions for output: loc")
+        return original(self, slot, batch)
+
+    monkeypatch.setattr(Runtime, "_run_batch", batches_fail)
+    model = tmp_path / "m.onnx"
+    onnx.save(_model(), str(model))
+    report = tmp_path / "serve.json"
+    code = main(["serve-bench", str(model), "--duration", "0.3", "--loads", "4.0", "--max-workers", "1",
+                 "--max-wait-ms", "20", "--report", str(report)])
+    data = json.loads(report.read_text())
+    failed = sum(r["failed"] for r in data["results"]["serving"]["open"]["batched"])
+    assert failed > 0 and code == 1 and not data["passed"]
+    assert data["verdict"].startswith("FAIL serve-bench: ") and "Got invalid dimensions for output: loc" in \
+        data["verdict"]
+    table = next(t for t in data["tables"] if t["title"].startswith("Open loop"))
+    assert "failed" in table["columns"]
+
+
+@pytest.mark.parametrize("extra, said", [(["--duration", "0.001"], "must be at least 0.1 s"),
+                                         (["--loads", "inf"], "must be multiples"),
+                                         (["--loads", "1000"], "must be multiples"),
+                                         (["--max-wait-ms", "nan"], "max_wait_ms nan"),
+                                         (["--max-wait-ms", "-1"], "max-wait")])
+def test_odd_loads_and_durations_are_refused_before_any_measurement(tmp_path, capsys, extra, said) -> None:
+    """--duration 0.001 and --loads inf ended in an internal error after the start-up measurements; --loads 1000 ran
+    21 s for a 0.3 s load; --max-wait-ms nan was taken."""
+    model = tmp_path / "m.onnx"
+    onnx.save(_model(), str(model))
+    assert main(["serve-bench", str(model), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert said in err and len(err.splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_a_batch_in_input_shape_for_a_symbolic_batch_is_refused(tmp_path, capsys) -> None:
+    """--input-shape 4,3,8,8 on a model with a symbolic batch was served as 1-sample requests without a word."""
+    model = tmp_path / "m.onnx"
+    onnx.save(_model(), str(model))
+    assert main(["serve-bench", str(model), "--input-shape", "4,3,8,8", "--duration", "0.2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "a batch of 4, but a request holds one sample" in err and len(err.splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_max_batch_1_serves_no_batched_row(tmp_path) -> None:
+    """--max-batch 1 ("1: off") still added a row titled "batches up to 1"."""
+    model = tmp_path / "m.onnx"
+    onnx.save(_model(), str(model))
+    report = tmp_path / "serve.json"
+    assert main(["serve-bench", str(model), "--duration", "0.2", "--loads", "1.0", "--max-workers", "1",
+                 "--max-batch", "1", "--report", str(report)]) == 0
+    serving = json.loads(report.read_text())["results"]["serving"]
+    assert set(serving["open"]) == {"plain", "workers"} and serving["batching"]["note"] == "batching off: max_batch 1"

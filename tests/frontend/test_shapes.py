@@ -216,3 +216,13 @@ def test_keep_batch_keeps_an_unknown_batch_symbolic(batch) -> None:
     assert not isinstance(dims[0], int) and dims[1:] == (3, 8, 8)
     assert input_dims(fix_inputs(_contrib_gelu([batch, 3, "?", "?"]), "1,3,8,8"))["x"] == (1, 3, 8, 8)
 
+
+
+def test_a_kept_batch_stays_symbolic_in_the_outputs_inference_cannot_shape() -> None:
+    """RetinaFace with --input-shape 1,3,480,640 for serving: the input kept its symbolic batch, but its outputs
+    (which shape inference cannot follow) were declared with batch 1, and every bound batched run failed."""
+    fixed = fix_inputs(_contrib_gelu(["batch_size", 3, "h", "w"]), "1,3,8,8", keep_batch=True)
+    dims = [d.dim_param or d.dim_value for d in fixed.graph.output[0].type.tensor_type.shape.dim]
+    assert dims == ["batch_size", 3, 8, 8]
+    pinned = fix_inputs(_contrib_gelu(["batch_size", 3, "h", "w"]), "1,3,8,8")
+    assert [d.dim_param or d.dim_value for d in pinned.graph.output[0].type.tensor_type.shape.dim] == [1, 3, 8, 8]

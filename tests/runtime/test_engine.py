@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform
 import threading
 import time
+from concurrent.futures import Future
 
 import numpy as np
 import onnx
@@ -195,6 +196,52 @@ def test_results_go_into_the_callers_arrays() -> None:
         got = rt.run(request, out=out)
     assert got[0] is out[0]
     np.testing.assert_array_equal(out[0], _plain(_model(), request))
+
+
+def test_a_wrong_out_array_fails_its_request_alone_and_the_runtime_keeps_serving() -> None:
+    """out= of the wrong shape raised inside the worker thread, which died: that future and every later one hung."""
+    request = _requests(1)[0]
+    with Runtime(_model(), device="cpu", workers=1) as rt:
+        error = rt.submit(request, out=[np.empty((3,), np.float32)]).exception(5)
+        assert isinstance(error, InputError) and "out[0] is float32 [3], output 'y' is float32 [1, 4]" in error.message
+        assert "one per output" in rt.submit(request, out=np.empty((1, 4), np.float32)).exception(5).message
+        np.testing.assert_array_equal(rt.run(request)[0], _plain(_model(), request))  # the worker still serves
+
+
+def test_an_output_declared_with_batch_1_turns_batching_off_before_any_request_fails() -> None:
+    """RetinaFace with --input-shape: the input kept a symbolic batch, its outputs were declared with batch 1; a
+    plain run ignores that, a bound run refuses it, so every batched request failed (and serve-bench exited 0)."""
+    model = _model()
+    model.graph.output[0].type.tensor_type.shape.dim[0].Clear()
+    model.graph.output[0].type.tensor_type.shape.dim[0].dim_value = 1
+    requests = _requests(6)
+    with Runtime(model, device="cpu", workers=1, threads=1, max_batch=4, max_wait_ms=50.0) as rt:
+        assert rt.config.max_batch == 1 and "bound to 2 requests at once does not run" in rt.batching_note
+        for r, f in zip(requests, [rt.submit(r) for r in requests]):
+            np.testing.assert_array_equal(f.result(5)[0], _plain(_model(), r))
+
+
+def test_map_never_overloads_its_own_queue() -> None:
+    requests = _requests(20)
+    with Runtime(_model(), device="cpu", workers=1, threads=1, max_batch=4, queue_limit=2) as rt:
+        assert len(list(rt.map(requests))) == 20
+
+
+def test_a_failed_request_s_error_is_kept_by_the_load_generators() -> None:
+    def call(feeds):
+        raise ValueError("bound output of the wrong shape\nmore")
+
+    closed = closed_loop(call, _requests(1), clients=1, duration_s=0.05)
+    assert closed.failed > 0 and closed.completed == 0
+    assert closed.first_error == "ValueError: bound output of the wrong shape"
+
+    def submit(feeds):
+        future = Future()
+        future.set_exception(RuntimeError("no"))
+        return future
+
+    opened = open_loop(submit, _requests(1), rate=200.0, duration_s=0.05)
+    assert opened.failed == opened.sent > 0 and opened.first_error == "RuntimeError: no"
 
 
 def test_config_errors_are_input_errors() -> None:
@@ -413,3 +460,18 @@ def test_runtimes_on_one_device_share_its_concurrency_limit() -> None:
         assert later.gate.limit == 2
     with pytest.raises(InputError, match="device_concurrency must be at least 1"):
         RuntimeConfig(device="cpu", device_concurrency=0)
+
+
+def test_a_damaged_cache_entry_is_made_again_and_a_file_for_cache_dir_is_refused(tmp_path) -> None:
+    """A cut-short entry made every later start fail with "ONNX Runtime cannot load the model ... re-export it",
+    blaming the user's model; a file given as cache_dir was a bare FileExistsError."""
+    request = _requests(1)[0]
+    with Runtime(_model(), device="cpu", workers=1, cache_dir=str(tmp_path)) as first:
+        want = first.run(request)[0]
+    (cached,) = tmp_path.iterdir()
+    cached.write_bytes(cached.read_bytes()[:100])
+    with Runtime(_model(), device="cpu", workers=1, cache_dir=str(tmp_path)) as again:
+        assert again.cache == "miss"
+        np.testing.assert_array_equal(again.run(request)[0], want)
+    with pytest.raises(InputError, match="is a file, not a folder"):
+        Runtime(_model(), device="cpu", workers=1, cache_dir=str(cached))

@@ -217,7 +217,9 @@ def apply_input_spec(model: onnx.ModelProto, spec: InputSpec | None, *, dynamic_
         for axis, (d, size) in enumerate(zip(declared[name] or (), shape)):
             if isinstance(d, int) and d != size:
                 overridden.append(f"{name} axis {axis}: {d} -> {size}")
-            if isinstance(d, str) and not is_anonymous_dim(d):
+            if isinstance(d, str) and not is_anonymous_dim(d) and not (dynamic_batch and axis == 0):
+                # a batch kept symbolic is no size: an output declared with its name keeps it (RetinaFace's outputs,
+                # which shape inference cannot follow, were pinned to batch 1 and every batched request failed)
                 if d in sizes and sizes[d][0] != size:
                     raise InputError(f"symbolic dimension {d!r} is {sizes[d][0]} for input {sizes[d][1]!r} but "
                                      f"{size} for input {name!r}",
@@ -408,6 +410,13 @@ def fix_inputs(model: onnx.ModelProto, spec: InputSpec | str | Sequence[Any] | M
         given = parsed.resolve(model, override_static=True)
         # a batch the model leaves unknown (Paddle's -1, an unnamed dim) is as symbolic as a named one
         symbolic = bool(given) and all(declared.get(name) and not isinstance(declared[name][0], int) for name in given)
+        several = {name: shape[0] for name, shape in given.items() if shape and shape[0] != 1}
+        if symbolic and several:  # the sizes are one request's: a batch of 4 was quietly served as 1-row requests
+            name, rows = next(iter(several.items()))
+            raise InputError(f"--input-shape gives input {name!r} a batch of {rows}, but a request holds one sample: "
+                             "requests are stacked along the model's symbolic batch by the runtime",
+                             hint="give the sizes of one sample (batch 1); --max-batch (max_batch= in Python) sets "
+                                  "how many the runtime stacks")
     return apply_input_spec(model, parsed, dynamic_batch=symbolic)
 
 

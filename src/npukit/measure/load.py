@@ -34,6 +34,7 @@ class LoadResult:
     latency_ms: dict[str, float]
     behind_s: float = 0.0  # open loop: how late the generator sent its latest request (it could not offer the rate)
     sent: int = 0  # open loop: the requests the Poisson draw put within the duration (a short one holds few)
+    first_error: str = ""  # the first failed request's error, one line ("" where none failed)
 
     @property
     def throughput(self) -> float:
@@ -41,6 +42,11 @@ class LoadResult:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self) | {"throughput_per_s": round(self.throughput, 2)}
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]
 
 
 def _percentiles(latencies: Sequence[float]) -> dict[str, float]:
@@ -58,6 +64,7 @@ def closed_loop(call: Callable[[Feeds], object], requests: Sequence[Feeds], *, c
         raise ValueError("closed_loop needs clients >= 1, a positive duration and at least one request")
     latencies: list[list[float]] = [[] for _ in range(clients)]
     failures = [0] * clients
+    errors: list[str] = []
     start = time.perf_counter()
     stop = start + duration_s
 
@@ -67,8 +74,10 @@ def closed_loop(call: Callable[[Feeds], object], requests: Sequence[Feeds], *, c
             t0 = time.perf_counter()
             try:
                 call(requests[i % len(requests)])
-            except Exception:  # a failed request counts as failed; the client goes on
+            except Exception as exc:  # a failed request counts as failed (the first one's error kept); goes on
                 failures[k] += 1
+                if not errors:
+                    errors.append(_one_line(exc))
             else:
                 latencies[k].append(time.perf_counter() - t0)
             i += clients
@@ -80,7 +89,8 @@ def closed_loop(call: Callable[[Feeds], object], requests: Sequence[Feeds], *, c
         t.join()
     seconds = time.perf_counter() - start
     flat = [x for lat in latencies for x in lat]
-    return LoadResult("closed", clients, len(flat), 0, sum(failures), seconds, _percentiles(flat))
+    return LoadResult("closed", clients, len(flat), 0, sum(failures), seconds, _percentiles(flat),
+                      first_error=errors[0] if errors else "")
 
 
 def open_loop(submit: Callable[[Feeds], Future], requests: Sequence[Feeds], *, rate: float, duration_s: float,
@@ -95,6 +105,7 @@ def open_loop(submit: Callable[[Feeds], Future], requests: Sequence[Feeds], *, r
     arrivals = arrivals[arrivals < duration_s]
     done: list[float] = []
     failed = [0]
+    errors: list[str] = []
     lock = threading.Lock()
     refusals = 0
     futures: list[Future] = []
@@ -116,6 +127,8 @@ def open_loop(submit: Callable[[Feeds], Future], requests: Sequence[Feeds], *, r
             with lock:
                 if f.cancelled() or f.exception() is not None:
                     failed[0] += 1
+                    if not errors:
+                        errors.append("cancelled" if f.cancelled() else _one_line(f.exception()))
                 else:
                     done.append(time.perf_counter() - scheduled)
 
@@ -128,4 +141,4 @@ def open_loop(submit: Callable[[Feeds], Future], requests: Sequence[Feeds], *, r
             pass
     seconds = time.perf_counter() - start
     return LoadResult("open", rate, len(done), refusals, failed[0], seconds, _percentiles(done),
-                      behind_s=round(behind, 4), sent=len(arrivals))
+                      behind_s=round(behind, 4), sent=len(arrivals), first_error=errors[0] if errors else "")

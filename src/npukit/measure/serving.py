@@ -35,6 +35,10 @@ from npukit.runtime.pool import BoundBuffers, signatures
 Feeds = Mapping[str, np.ndarray]
 
 
+MIN_DURATION_S = 0.1  # a load point's shortest duration
+MAX_LOAD = 20.0  # the highest open-loop load, a multiple of the plain loop's capacity
+
+
 @dataclasses.dataclass(frozen=True)
 class ServingConfig:
     """``duration_s`` per load point; ``max_workers`` for the throughput curve (None: the machine's cores);
@@ -59,12 +63,20 @@ class ServingConfig:
         from npukit.errors import InputError
 
         self.runtime()  # the device, prefer and device_concurrency checked as every runtime measured will check them
-        if self.duration_s <= 0:
-            raise InputError(f"duration {self.duration_s} s must be positive", hint="e.g. 3")
+        if not MIN_DURATION_S <= self.duration_s < math.inf:
+            raise InputError(f"duration {self.duration_s} s must be at least {MIN_DURATION_S} s (a load point "
+                             "shorter than that measures too few requests to say anything)", hint="e.g. --duration 3")
         if self.max_workers is not None and self.max_workers < 1:
             raise InputError(f"max_workers {self.max_workers} must be at least 1", hint="or leave it to the cores")
-        if any(x <= 0 for x in self.loads):
-            raise InputError(f"open-loop loads {self.loads} must be positive multiples of capacity", hint="e.g. 0.8")
+        if not self.loads or not all(0 < x <= MAX_LOAD for x in self.loads):
+            raise InputError(f"open-loop loads {list(self.loads)} must be multiples of the plain loop's capacity in "
+                             f"(0, {MAX_LOAD:g}] (an in-process generator cannot offer more)", hint="e.g. --loads 0.8")
+        if not 0 <= self.max_wait_ms < math.inf:
+            raise InputError(f"max_wait_ms {self.max_wait_ms} must be a finite number of ms, 0 or more",
+                             hint="e.g. --max-wait-ms 2")
+        if self.max_batch < 1:
+            raise InputError(f"max_batch {self.max_batch} must be at least 1 (1: no batching)",
+                             hint="e.g. --max-batch 4")
 
     def runtime(self, **fields: object) -> RuntimeConfig:
         """The config of a runtime measured here: this device, its concurrency and the split's preference, and
@@ -216,6 +228,8 @@ def measure_serving(model: str | os.PathLike[str], requests: Sequence[Feeds], co
     workers_cfg = config.runtime(workers=best_workers, threads=1, max_batch=1)
     batched_cfg = dataclasses.replace(workers_cfg, max_batch=config.max_batch, max_wait_ms=config.max_wait_ms)
     batching["note"] = batching_off(signatures(plain), config.max_batch)  # a fixed batch axis is served unbatched
+    if config.max_batch <= 1:  # asked for no batching: no batched server (its row would repeat the workers' one)
+        batching["note"] = "batching off: max_batch 1"
     servers = {"plain": plain_cfg, "workers": workers_cfg} | ({} if batching["note"] else {"batched": batched_cfg})
     opened: dict[str, list[LoadResult]] = {key: [] for key in servers}
     for factor in config.loads:
@@ -226,6 +240,8 @@ def measure_serving(model: str | os.PathLike[str], requests: Sequence[Feeds], co
                                              refused=Overloaded))
                 if key == "batched":
                     batching.setdefault("batches", []).append(rt.describe()["batches"])
+                    if rt.batching_note:  # the runtime turned batching off at start (its checks): say why
+                        batching["note"] = rt.batching_note
     batching["workers"] = best_workers
     return ServingResult(device=device, startup_ms=startup, single=singles,
                          allocated_bytes_per_call={k: round(v, 1) for k, v in allocations.items()}, curve=curve,

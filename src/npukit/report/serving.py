@@ -34,9 +34,9 @@ def add_serving(report: Report, result: Any) -> None:
                      ["call", "bytes"], [[k, v] for k, v in d["allocated_bytes_per_call"].items()])
     plain = single["plain"]["throughput_per_s"] or 1.0
     report.add_table("Closed loop: throughput against workers (1 ORT thread each, two clients per worker)",
-                     ["workers", "requests/s", "x plain loop", "p50 ms", "p99 ms"],
-                     [[w, r["throughput_per_s"], round(r["throughput_per_s"] / plain, 2), r["latency_ms"]["p50"],
-                       r["latency_ms"]["p99"]] for w, r in d["curve"].items()])
+                     ["workers", "requests/s", "x plain loop", "failed", "p50 ms", "p99 ms"],
+                     [[w, r["throughput_per_s"], round(r["throughput_per_s"] / plain, 2), r.get("failed", 0),
+                       r["latency_ms"]["p50"], r["latency_ms"]["p99"]] for w, r in d["curve"].items()])
     report.add_figure("Throughput against workers", "line",
                       {"series": {"runtime": {"x": [int(w) for w in d["curve"]],
                                               "y": [r["throughput_per_s"] for r in d["curve"].values()]},
@@ -58,7 +58,7 @@ def add_serving(report: Report, result: Any) -> None:
                                    f"within {batching['max_wait_ms']} ms")):
         for r in d["open"].get(key, ()):  # no batched rows where the model's batch axis is fixed
             rows.append([label, round(r["level"], 1), r.get("sent", "-"), r["completed"], r["throughput_per_s"],
-                         r["refused"], r["latency_ms"]["p50"], r["latency_ms"]["p99"]])
+                         r["refused"], r.get("failed", 0), r["latency_ms"]["p50"], r["latency_ms"]["p99"]])
     note = f"; {batching['note']}" if batching.get("note") else ""
     late = [r for key in ("plain", "workers", "batched") for r in d["open"].get(key, ())
             if r.get("behind_s", 0.0) > GENERATOR_BEHIND * r["seconds"]]
@@ -70,7 +70,8 @@ def add_serving(report: Report, result: Any) -> None:
     report.add_table(f"Open loop, Poisson arrivals (plain loop's capacity {batching['capacity_per_s']:.1f} "
                      f"requests/s{note}; sent: the requests the seeded draw put within the duration; served/s: "
                      "those answered over the time until the last answer)",
-                     ["server", "rate asked/s", "sent", "served", "served/s", "refused", "p50 ms", "p99 ms"], rows)
+                     ["server", "rate asked/s", "sent", "served", "served/s", "refused", "failed", "p50 ms",
+                      "p99 ms"], rows)
 
 
 def add_buckets(report: Report, buckets: dict[str, dict]) -> list[dict]:

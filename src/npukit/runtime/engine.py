@@ -255,6 +255,20 @@ def batch_mismatch(session: Any, inputs: Sequence[InputSignature], rtol: float =
     return f"batching off: {problem}" if problem else ""
 
 
+def bound_problem(buffers: Mapping[int, BoundBuffers]) -> str:
+    """Why the bound buffers of more than one request (rows -> ``BoundBuffers``) cannot run, or "": each run once on
+    its zeros. A run at batch 1 that fails is left to the requests (their own futures say why)."""
+    for rows, bound in sorted(buffers.items()):
+        if rows < 2:
+            continue
+        try:
+            bound.run()
+        except InputError as exc:
+            return (f"the model bound to {rows} requests at once does not run ({exc.message}; an output declared "
+                    "with batch 1 in the graph is the usual cause)")
+    return ""
+
+
 class Runtime:
     """See the module docstring. Use as a context manager, or call ``close``."""
 
@@ -312,6 +326,11 @@ class Runtime:
             for slot in self._buffers:
                 for rows in range(1, max_batch + 1):
                     slot[rows] = BoundBuffers(self.session, self._shapes(rows))
+            problem = bound_problem(self._buffers[0])
+            if problem:  # every batched request would fail on its own future: batches off, said in the note
+                self.batching_note = f"batching off: {problem}"
+                self.config = dataclasses.replace(self.config, max_batch=1)
+                self._buffers = [{1: slot[1]} for slot in self._buffers]
         self.gate = open_gate(self.device.device, config.device_concurrency)  # last: nothing after it can fail
         for worker in self._workers:
             worker.start()
@@ -415,6 +434,12 @@ class Runtime:
         if problem:
             future.set_exception(InputError(problem, hint="send one sample per request, as the model's inputs say"))
             return future
+        if out is not None and (not isinstance(out, Sequence) or len(out) != len(self.output_names)
+                                or not all(isinstance(a, np.ndarray) for a in out)):
+            future.set_exception(InputError(f"out= must be a list of {len(self.output_names)} numpy arrays, one per "
+                                            f"output ({', '.join(map(repr, self.output_names))})",
+                                            hint="leave out= out to get new arrays"))
+            return future
         with self._accepting:  # close() cannot slip its stop markers in between the check and the put
             if self._closed:
                 raise RuntimeError("the runtime is closed")
@@ -431,8 +456,10 @@ class Runtime:
 
     def map(self, requests: Iterable[Mapping[str, np.ndarray]], *, in_flight: int | None = None
             ) -> Iterator[list[np.ndarray]]:
-        """Results of ``requests`` in order, at most ``in_flight`` (default: workers x max_batch x 2) queued."""
-        return ordered_map(self.submit, requests, in_flight or self.config.workers * self.config.max_batch * 2)
+        """Results of ``requests`` in order, at most ``in_flight`` (default: workers x max_batch x 2, and no more than
+        ``queue_limit``, so that map never overloads its own queue) queued."""
+        default = min(self.config.workers * self.config.max_batch * 2, self.config.queue_limit)
+        return ordered_map(self.submit, requests, in_flight or default)
 
     # -- workers -----------------------------------------------------------------------------------------------
     def _take(self) -> list[_Request] | None:
@@ -482,12 +509,21 @@ class Runtime:
             for i, r in enumerate(live):
                 # a request of its own takes whole outputs (a fixed batch axis may hold more than one row)
                 mine = outputs if len(live) == 1 else each[i] if each else [o[i:i + 1] for o in outputs]
-                if r.out is not None:
-                    for dst, src in zip(r.out, mine):
-                        np.copyto(dst, src)
-                    r.future.set_result(list(r.out))
-                else:
+                if r.out is None:
                     r.future.set_result([np.array(o) for o in mine])
+                    continue
+                wrong = next(((k, dst, src) for k, (dst, src) in enumerate(zip(r.out, mine))
+                              if dst.shape != np.shape(src) or not np.can_cast(np.asarray(src).dtype, dst.dtype)), None)
+                if wrong is not None:  # this request's own error: the worker goes on serving
+                    k, dst, src = wrong
+                    r.future.set_exception(InputError(
+                        f"out[{k}] is {dst.dtype} {list(dst.shape)}, output {self.output_names[k]!r} is "
+                        f"{np.asarray(src).dtype} {list(np.shape(src))}", hint="give out= arrays of the outputs' "
+                        "shapes and dtypes for one request, or leave out= out"))
+                    continue
+                for dst, src in zip(r.out, mine):
+                    np.copyto(dst, src)
+                r.future.set_result(list(r.out))
 
     def _run(self, slot: dict[int, BoundBuffers], batch: list[_Request]) -> list[np.ndarray]:
         with self.gate:  # the device's limit, shared with the process's other runtimes on it

@@ -31,10 +31,17 @@ def cached_session(model: bytes, *, threads: int, cache_dir: str | os.PathLike[s
                    ) -> tuple[ort.InferenceSession, str, Path]:
     """A CPU session of ``model`` (serialized ONNX) and whether the optimized graph came from the cache ("hit") or
     was made and stored now ("miss"), with the cached file's path."""
+    from npukit.errors import InputError
+
     folder = Path(cache_dir)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"cache_dir {folder} is a file, not a folder", hint="name a folder (it is made if missing)")
     path = folder / f"{cache_key(model)}.optimized.onnx"
     if path.is_file():
-        return make_session(path, threads=threads, optimization="disable"), "hit", path
+        try:
+            return make_session(path, threads=threads, optimization="disable"), "hit", path
+        except InputError:  # a damaged entry (cut short, overwritten): the cache's fault, not the model's; made again
+            path.unlink(missing_ok=True)
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".npukit-cache-", dir=folder) as tmp:
         written = Path(tmp) / "optimized.onnx"

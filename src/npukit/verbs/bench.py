@@ -26,7 +26,8 @@ from npukit.report.energy import add_energy
 from npukit.report.finish import CommandResult, finish
 from npukit.report.progress import progress, step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import data_label, data_name, evaluate, is_qdq, logits, open_data, task_check
+from npukit.verbs.common import (classified_output, data_label, data_name, evaluate, is_qdq, logits, open_data,
+                                 task_check)
 
 
 # Measured on the onnxruntime-qnn HTP emulator (QNN SDK 2.51), one 3x3 Conv with uint16 activations and int8
@@ -201,7 +202,11 @@ def _agreement(report: Report, models: _Models, dataset: Any, choice: Any, confi
     without data or when the task check chose another task than classification."""
     if dataset is None or (choice is not None and choice.name != "classify"):
         return
-    agreement = evaluate(models.proto, models.ref_proto, dataset, config=config, threads=config.threads)
+    output = choice.output if choice is not None else classified_output(models.proto, dataset)
+    if output is None:  # no reference, and the model's outputs are not class scores: nothing to agree on
+        return
+    agreement = evaluate(models.proto, models.ref_proto, dataset, config=config, threads=config.threads,
+                         output=output)
     add_agreement(report, agreement, with_reference=models.ref_proto is not None, data_name=data_name(data))
 
 
@@ -346,14 +351,15 @@ def _bench_npu(report: Report, proto: onnx.ModelProto, ref_proto: onnx.ModelProt
         meters["HTP vs reference"] = AgreementMeter()
         meters["CPU vs reference"] = AgreementMeter()
     total = len(dataset) if max_samples is None else min(max_samples, len(dataset))
+    k = classified_output(ref_proto if ref_proto is not None else proto, dataset) or 0  # the class scores' output
     for batch in progress(dataset.batches(1, limit=total), total=total, description="running on the HTP"):
-        h = logits(htp.run(None, batch.feeds))
-        c = logits(cpu.run(None, batch.feeds))
+        h = logits(htp.run(None, batch.feeds), k)
+        c = logits(cpu.run(None, batch.feeds), k)
         meters["HTP vs CPU run of the same model"].update(c, h)
         if exact is not None:
-            meters["HTP vs the QDQ graph unfused (exact numerics)"].update(logits(exact.run(None, batch.feeds)), h)
+            meters["HTP vs the QDQ graph unfused (exact numerics)"].update(logits(exact.run(None, batch.feeds), k), h)
         if ref is not None:
-            r = logits(ref.run(None, batch.feeds))
+            r = logits(ref.run(None, batch.feeds), k)
             meters["HTP vs reference"].update(r, h)
             meters["CPU vs reference"].update(r, c)
     add_htp_fidelity(report, {k: m.result() for k, m in meters.items()}, samples=total, chip=chip)

@@ -480,7 +480,9 @@ class ImagePreprocessing(UserWarning):
 
 
 def evaluate(proto: onnx.ModelProto, ref_proto: onnx.ModelProto | None, dataset, *, config: BenchConfig,
-              threads: int):
+              threads: int, output: int = 0):
+    """Top-k agreement of ``proto`` with ``ref_proto`` (and accuracy against the labels) on its output ``output``
+    (the class scores: ``classified_output``)."""
     from npukit.measure.fidelity import AgreementMeter
     from npukit.runtime.ort import make_session
 
@@ -490,12 +492,23 @@ def evaluate(proto: onnx.ModelProto, ref_proto: onnx.ModelProto | None, dataset,
     total = len(dataset) if config.max_samples is None else min(config.max_samples, len(dataset))
     for batch in progress(dataset.batches(config.batch_size, limit=total), total=-(-total // config.batch_size),
                           description="evaluating"):
-        cand = logits(session.run(None, batch.feeds))
-        ref = logits(ref_session.run(None, batch.feeds)) if ref_session is not None else cand
+        cand = logits(session.run(None, batch.feeds), output)
+        ref = logits(ref_session.run(None, batch.feeds), output) if ref_session is not None else cand
         meter.update(ref, cand, batch.labels)
     return meter.result()
 
 
-def logits(outputs: list) -> np.ndarray:
-    out = np.asarray(outputs[0], dtype=np.float32)
+def logits(outputs: list, output: int = 0) -> np.ndarray:
+    """Output ``output`` of a run, one row per sample."""
+    out = np.asarray(outputs[output], dtype=np.float32)
     return out.reshape(out.shape[0], -1)
+
+
+def classified_output(proto: onnx.ModelProto, dataset: Any, task: str | None = None) -> int | None:
+    """The index of ``proto``'s class scores as the task check finds them on the first sample of ``dataset`` (a face
+    net's probabilities beside its box offsets), or None where its task is not classification."""
+    first = next(iter(dataset.batches(1, limit=1)), None)
+    if first is None:
+        return None
+    choice = output_task(proto, dict(first.feeds), task)
+    return choice.output if choice.name == "classify" else None

@@ -88,11 +88,31 @@ def serve_bench(
 
     if str(result.device.get("device", "")).startswith("qnn-htp") and htp_emulated():
         caveat += f"; {EMULATOR_NOTE}"
-    report.set_verdict(f"INFO serve-bench: plain loop {plain:.1f} requests/s; runtime {curve[best].throughput:.1f} "
-                       f"requests/s with {best} workers ({curve[best].throughput / plain:.2f}x); a measurement, "
-                       f"nothing was checked{caveat}", passed=True)
+    failed = _failed(result)
+    if failed:
+        report.set_verdict(f"FAIL serve-bench: {failed}", passed=False)
+    else:
+        report.set_verdict(f"INFO serve-bench: plain loop {plain:.1f} requests/s; runtime "
+                           f"{curve[best].throughput:.1f} requests/s with {best} workers "
+                           f"({curve[best].throughput / plain:.2f}x); a measurement, nothing was checked{caveat}",
+                           passed=True)
     json_path = Path(report_path) if report_path else None
     return finish(report, None, html=html, json_path=json_path, result=result, source=model)
+
+
+def _failed(result: Any) -> str:
+    """Which loads had requests that failed (the served figures then leave them out, and look faster), with the
+    first error; "" where every request was answered."""
+    runs = [(f"one caller, {name}", r) for name, r in result.single.items()]
+    runs += [(f"closed loop, {w} workers", r) for w, r in result.curve.items()]
+    runs += [(f"open loop, {name} at {r.level:.1f}/s", r) for name, rs in result.open.items() for r in rs]
+    bad = [(where, r) for where, r in runs if r.failed]
+    if not bad:
+        return ""
+    where, first = bad[0]
+    return (f"{sum(r.failed for _, r in bad)} requests failed in {len(bad)} of {len(runs)} loads (first: {where}, "
+            f"{first.failed} of {first.failed + first.completed}: {first.first_error or 'no error text'}); the "
+            "throughput and latency of those loads count only the requests answered")
 
 
 def _served_file(model: str | Path) -> Path:
