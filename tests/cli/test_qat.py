@@ -212,3 +212,151 @@ def test_eval_data_that_is_the_training_data_is_not_called_held_out(tmp_path) ->
     other = tmp_path / "e.npy"
     np.save(other, np.random.default_rng(1).standard_normal((4, 4, 8, 8)).astype(np.float32))
     assert TrainingSamples.open(proto, data, other, None, PreprocessConfig(), None).held_from == "held-out data e.npy"
+
+
+def test_a_classifier_ending_in_softmax_is_trained_on_its_logits(tmp_path) -> None:
+    """The student's 8-bit probabilities are exactly 0 below half a step, where no loss on them has a gradient
+    (MTCNN ONet: a validation loss of 7.011 that no epoch moved): qat distils on the logits the Softmax reads, in the
+    twin (its quantized logits) and in the float model, as prune and substitute do."""
+    from onnx import helper
+
+    from tests.quant.conftest import tiny_cnn
+
+    model = tiny_cnn()
+    model.graph.output[0].name = "p"
+    model.graph.node.append(helper.make_node("Softmax", ["y"], ["p"], name="softmax", axis=-1))
+    onnx.save(model, tmp_path / "soft.onnx")
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((30, 4, 8, 8)).astype(np.float32))
+    out = tmp_path / "soft.qat.onnx"
+    assert main(["qat", str(tmp_path / "soft.onnx"), "-o", str(out), "--data", str(tmp_path / "x.npy"), "--epochs",
+                 "1", "--runs", "2", "--method", "minmax", "--accept-degraded"]) == 0
+    results = json.loads((tmp_path / "soft.qat.report.json").read_text())["results"]
+    distilled = results["distilled_on"]
+    assert distilled["output"] == 0 and distilled["teacher"] == "y" and distilled["student"] not in ("p", "y")
+
+
+@pytest.mark.parametrize("flipped", ["held-out", "validation"])
+def test_the_model_written_is_chosen_on_the_validation_samples_not_the_check_data(tiny, tmp_path, monkeypatch,
+                                                                                  flipped) -> None:
+    """The PTQ model and the trained one are measured on the validation samples (every tenth training sample) and
+    the better is written; the held-out check samples, whose figures the report gives, never choose (selection on
+    the test set). Training is spoilt after its last epoch, so the PTQ model is truly the better; the task check's
+    figures are then turned upside down on one of the two sample sets (``flipped``): on the held-out ones the PTQ
+    model must still be written, on the validation ones the trained model must be."""
+    import dataclasses
+
+    import torch
+
+    from npukit.measure import task_fidelity
+    from npukit.quant.qat import train
+    from npukit.runtime.ort import make_session
+
+    real_train, real_compare = train.Trainer.train, task_fidelity.compare_task
+    held_x = np.load(tiny.with_name("held.npy"))
+
+    def spoilt(self, **kwargs):  # training that ends far from the float model, an epoch kept
+        result = real_train(self, **kwargs)
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for weight in self.student.trained_initializers().values():
+                weight.add_(torch.randn(weight.shape, generator=generator) * weight.std())
+        return dataclasses.replace(result, kept=result.kept or 1)
+
+    def upside_down(reference, candidate, samples, **kwargs):
+        choice, result = real_compare(reference, candidate, samples, **kwargs)
+        feeds = next(iter(task_fidelity.feeds_and_labels(samples)))[0]
+        on_held = np.array_equal(next(iter(feeds.values())), held_x[:1])
+        if on_held != (flipped == "held-out"):
+            return choice, result
+        outputs = tuple(dataclasses.replace(o, sqnr_db=100 - o.sqnr_db) for o in result.outputs)
+        return choice, dataclasses.replace(result, value=None if result.value is None else 1 - result.value,
+                                           outputs=outputs)
+
+    monkeypatch.setattr(train.Trainer, "train", spoilt)
+    monkeypatch.setattr(task_fidelity, "compare_task", upside_down)
+    out = tmp_path / "t.qat.onnx"
+    main(["qat", str(tiny), "-o", str(out), "--data", str(tiny.with_name("train.npz")), "--eval",
+          str(tiny.with_name("held.npy")), "--epochs", "1", "--runs", "2", "--method", "minmax"])
+    report = json.loads((tmp_path / "t.qat.report.json").read_text())
+    results = report["results"]
+    kept = results["kept"]
+    expected = "PTQ" if flipped == "held-out" else "QAT"
+    assert kept["model"] == expected, kept
+    assert kept["chosen_on"].startswith("the 4 validation samples"), kept  # 40 training samples, every tenth
+    assert set(kept["figures"]) == {"PTQ", "QAT"} and kept["figures"]["PTQ"]["samples"] == 4
+    figures = {label: kept["figures"][label]["worst_sqnr_db"] for label in ("PTQ", "QAT")}
+    if expected == "PTQ":
+        assert figures["PTQ"] > figures["QAT"] + 3, figures
+        assert f"{figures['PTQ']:.2f} dB against {figures['QAT']:.2f} dB" in kept["why"] or \
+            "top1_agreement" in kept["why"], kept["why"]
+        assert "; the model is its PTQ start: it measures better than the trained epoch 1 on the 4 validation " \
+               "samples" in report["verdict"]
+    else:
+        assert "PTQ start" not in report["verdict"] and kept["why"].startswith("the trained epoch 1 measures")
+    comparison = results["comparison"]
+    assert results["task_check"]["result"] == comparison[expected]  # the check judges the model written
+    real_worst = {label: min(o["sqnr_db"] for o in row["outputs"]) for label, row in comparison.items()}
+    if flipped == "held-out":
+        real_worst = {label: 100 - value for label, value in real_worst.items()}
+    assert real_worst["QAT"] < real_worst["PTQ"] - 3, real_worst  # held out too, the PTQ model is the better
+    name = _input(tiny)
+    float_session, written = make_session(onnx.load(str(tiny))), make_session(onnx.load(str(out)))
+    ref = np.concatenate([float_session.run(None, {name: held_x[i:i + 1]})[0] for i in range(len(held_x))])
+    got = np.concatenate([written.run(None, {name: held_x[i:i + 1]})[0] for i in range(len(held_x))])
+    sqnr = 10 * np.log10(np.square(ref).sum() / np.square(ref - got).sum())
+    assert abs(sqnr - real_worst[expected]) < 0.05, (sqnr, real_worst)  # the file is the model chosen
+
+
+def test_the_model_written_is_the_one_validation_measures_better() -> None:
+    """``_keep``: the trained model unless the PTQ model meets the check's floors where it does not, else has the
+    higher task metric, else the higher worst output SQNR; a tie keeps the trained one. ``_start_kept``: where
+    training kept its start, the validation losses that decided."""
+    from types import SimpleNamespace
+
+    from npukit.quant.qat.train import Epoch
+    from npukit.tasks import QualityGate
+    from npukit.tasks.base import OutputFidelity, TaskResult
+    from npukit.verbs.qat import _keep, _start_kept
+
+    def row(value: float, sqnr: float) -> TaskResult:
+        return TaskResult("classify", 60, "top1_agreement", value, {}, (OutputFidelity("y", (1, 4), sqnr, 1.0, 0.0,
+                                                                                       1.0),), ("y",))
+
+    gate, trained, where = QualityGate(), SimpleNamespace(kept=2, start=None), "on the 6 validation samples"
+    label, why = _keep({"PTQ": row(0.983, 40.3), "QAT": row(0.900, 24.9)}, gate, trained, where)
+    assert label == "PTQ" and why == ("it measures better than the trained epoch 2 on the 6 validation samples "
+                                      "(top1_agreement 0.983 against 0.900)")
+    assert _keep({"PTQ": row(0.95, 30.0), "QAT": row(0.80, 40.0)}, gate, trained, where) == (  # 0.80 fails
+        "PTQ", "it measures better than the trained epoch 2 on the 6 validation samples (it meets the check's floors "
+               "and the trained one does not: top1_agreement 0.950 against 0.800, worst output SQNR 30.00 dB against "
+               "40.00 dB)")
+    assert _keep({"PTQ": row(1.0, 17.0), "QAT": row(1.0, 16.7)}, gate, trained, where)[1].endswith(
+        "(worst output SQNR 17.00 dB against 16.70 dB)")
+    assert _keep({"PTQ": row(0.95, 30.0), "QAT": row(0.95, 30.0)}, gate, trained, where)[0] == "QAT"
+    label, why = _keep({"PTQ": row(0.95, 30.0), "QAT": row(0.97, 25.0)}, gate, trained, where)
+    assert label == "QAT" and why == ("the trained epoch 2 measures at least as well as the PTQ model on the 6 "
+                                      "validation samples (top1_agreement 0.970 (PTQ 0.950), worst output SQNR "
+                                      "25.00 dB (PTQ 30.00 dB))")
+
+    def epoch(n: int, loss: float) -> Epoch:
+        return Epoch(n, loss, 1.0, "top-1 agreement", 8, 0.0, loss, 1.0)
+
+    training = SimpleNamespace(kept=0, start=epoch(0, 0.0133), history=(epoch(1, 0.0141), epoch(2, 0.0137)))
+    assert _start_kept(training, training.history[1]) == ("no epoch did better on the validation samples "
+                                                           "(validation loss 0.0133 at the start, 0.0137 at best, "
+                                                           "epoch 2)")
+
+
+def test_without_validation_samples_the_trained_model_is_written_unchosen(tiny, tmp_path) -> None:
+    """Fewer than 10 training samples leave none to validate on: the trained model is written, and the report says
+    it was not chosen (the held-out samples do not choose in their place)."""
+    data = tmp_path / "nine.npy"
+    np.save(data, np.load(tiny.with_name("held.npy"))[:9])
+    out = tmp_path / "t.qat.onnx"
+    main(["qat", str(tiny), "-o", str(out), "--data", str(data), "--eval", str(tiny.with_name("held.npy")),
+          "--epochs", "1", "--runs", "2", "--method", "minmax", "--accept-degraded"])
+    report = json.loads((tmp_path / "t.qat.report.json").read_text())
+    kept = report["results"]["kept"]
+    assert kept["model"] == "QAT" and kept["chosen_on"] == "no validation samples" and not kept["figures"]
+    assert kept["why"].startswith("no validation samples to choose on") and "PTQ start" not in report["verdict"]
+    assert report["config"]["samples"]["validation"] == 0

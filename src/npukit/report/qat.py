@@ -132,6 +132,24 @@ def add_comparison(report: Report, rows: dict[str, Any], latency: dict[str, Any]
     report.add_table("What ORT runs (the QAT model)", KERNEL_COLUMNS + ["note"], [kernel_row(kernels) + [note]])
 
 
+def add_kept(report: Report, written: str, why: str, where: str, figures: dict[str, dict[str, Any]]) -> None:
+    """Which model the artifact is, the PTQ model ("PTQ") or the trained one ("QAT"), why, and the validation figures
+    that decided it (``verbs.qat._choose``: label -> figures; the validation losses where training kept its start,
+    else what the task check measures), measured on ``where``: the validation samples, never the held-out ones."""
+    report.add("kept", {"model": written, "why": why, "chosen_on": where, "figures": figures})
+    title = f"Written: {'the PTQ model' if written == 'PTQ' else 'the trained model'}, chosen on {where}"
+    if any("validation_loss" in f for f in figures.values()):
+        rows = [[label, f.get("epoch", 0 if label == "PTQ" else None), rounded(f["validation_loss"]),
+                 "written" if label == written else ""] for label, f in figures.items()]
+        report.add_table(title, ["model", "epoch", "validation loss", ""], rows)
+    elif figures:
+        metric = next(iter(figures.values()))["metric"]
+        rows = [[label, rounded(f["value"]), rounded(f["worst_sqnr_db"], 2), f["samples"],
+                 "written" if label == written else ""] for label, f in figures.items()]
+        report.add_table(title, ["model", f"{metric} (validation)", "worst output SQNR dB (validation)", "samples",
+                                 ""], rows)
+
+
 def add_sparsity_kept(report: Report, masks: dict[str, Any]) -> None:
     """The zeros of a pruned model that training keeps (``masks``: weight name -> boolean mask, True = trained)."""
     kept = {"tensors": len(masks), "zeros": int(sum((~m).sum() for m in masks.values())),

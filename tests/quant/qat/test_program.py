@@ -169,3 +169,26 @@ def test_with_logits_finds_a_softmax_behind_shape_ops(opset):
     assert out is not model and out.graph.output[0].name == "flat"
     x = torch.from_numpy(np.random.default_rng(0).standard_normal((1, 4, 8, 8)).astype(np.float32))
     torch.testing.assert_close(torch.softmax(OnnxProgram(out)({"x": x})[0], -1), OnnxProgram(model)({"x": x})[0])
+
+
+def test_a_twin_s_logits_are_found_behind_its_quantized_softmax_output(softmax_twin):
+    """A twin's Softmax output goes through its output quantizer (a FakeQuant): the logits behind it are what
+    training distils on, as on the float model (MTCNN ONet's 8-bit probabilities, mostly exact 0s, made a loss no
+    epoch moved)."""
+    from npukit.quant.qat.program import logits_of
+
+    result, twin = softmax_twin
+    assert logits_of(result.reference, 0) == "y"
+    logits = logits_of(twin.model, 0)
+    producer = next(n for n in twin.model.graph.node if logits in n.output)
+    assert producer.op_type == "FakeQuant" and list(producer.input) == ["y"]  # the quantized logits
+    out = with_logits(twin.model, 0)
+    assert out is not twin.model and out.graph.output[0].name == logits
+    x = torch.from_numpy(np.random.default_rng(3).standard_normal((1, 4, 8, 8)).astype(np.float32))
+    output_quant = next(n for n in twin.model.graph.node if list(n.output) == ["p"])
+    key = next(helper.get_attribute_value(a) for a in output_quant.attribute if a.name == "key").decode()
+    step = float(twin.quant[key].scale().max())  # the probabilities' grid
+    with torch.no_grad():
+        probabilities = twin.program()({"x": x})[0]
+        torch.testing.assert_close(torch.softmax(OnnxProgram(out, twin.quant)({"x": x})[0], -1), probabilities,
+                                   rtol=0, atol=step / 2 + 1e-6)

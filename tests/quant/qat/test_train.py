@@ -182,3 +182,30 @@ def test_probabilities_the_student_rounds_to_zero_weigh_nothing_in_the_loss() ->
     assert agreement == 1.0 and float(loss) < 1e-4
     worse = torch.tensor([[0.6, 0.4, 0.0, 0.0]])  # what the grid does show still costs
     assert float(trainer.loss([worse], [teacher], None)[0]) > 100 * float(loss)
+
+
+def test_a_quantized_softmax_is_distilled_on_its_logits_where_its_probabilities_are_zero(softmax_twin):
+    """The twin's 8-bit probabilities of a confident classifier are 0 or 1: a loss on them (clamped at the output's
+    resolution) is 0 with no gradient, and training cannot move (MTCNN ONet: 7.011 in every epoch at a 1e-12 floor).
+    Given the logits the Softmax reads (``logits``), the trainer distils on them, and every class's weights learn."""
+    from npukit.quant.qat.program import logits_of
+
+    result, twin = softmax_twin
+    student, teacher = twin.program(), OnnxProgram(result.reference)
+    x = np.concatenate([s["x"] for s in make_samples(16, seed=3)])
+    feeds = {"x": torch.from_numpy(x)}
+    assert set(student(feeds)[0].unique().tolist()) <= {0.0, 1.0}
+    weight = next(p for name, p in student.trained_initializers().items() if name.startswith("w4"))
+    config = QatConfig(epochs=1, batch_size=8, augment=False)
+    seen = {}
+    for kind, logits in (("probabilities", None), ("logits", (logits_of(twin.model, 0), logits_of(result.reference,
+                                                                                                    0)))):
+        trainer = Trainer(student, teacher, {"x": x}, None, config, classify_output=0, checkpoint=None,
+                          fingerprint="a", logits=logits)
+        assert trainer.probabilities == (kind == "probabilities")
+        student.zero_grad()
+        loss, agreement = trainer.loss(trainer.model(feeds), trainer.teaching(feeds), None)
+        loss.backward()
+        seen[kind] = float(loss.detach()), weight.grad.abs().sum(1)
+    assert seen["probabilities"][0] == 0 and not seen["probabilities"][1].any()
+    assert seen["logits"][0] > 0 and bool((seen["logits"][1] > 0).all())  # every class's row has a gradient

@@ -168,30 +168,46 @@ _VIEWS = ("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze")  # the same 
 
 def with_logits(model: onnx.ModelProto, output: int) -> onnx.ModelProto:
     """``model`` with graph output ``output`` replaced by the logits its Softmax (over the last axis, or per sample)
-    reads, when that output is a Softmax's, directly or through ops that only change its shape (opset conversion
-    writes an opset-11 Softmax as Flatten -> Softmax -> Reshape, a Paddle export ends in Identity); else ``model``
-    itself. Distillation on the logits keeps its gradients where a confident Softmax rounds its probabilities to 0
-    (and the softened targets are what they should be)."""
-    index = GraphIndex(model.graph)
-    node = index.producer_node(model.graph.output[output].name)
-    while node is not None and node.op_type in _VIEWS and node.domain in ("", "ai.onnx"):
-        node = index.producer_node(node.input[0])
-    if node is None or node.op_type != "Softmax" or node.domain not in ("", "ai.onnx"):
-        return model
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-    axis = next((a.i for a in node.attribute if a.name == "axis"), -1 if opset >= 13 else 1)
-    rank = _rank(model, node.input[0])
-    per_sample = opset < 13 and axis == 1  # before opset 13: a softmax over everything after the batch axis
-    if not per_sample and (rank is None or axis not in (-1, rank - 1)):
+    reads (``logits_of``); else ``model`` itself. Distillation on the logits keeps its gradients where a confident
+    Softmax rounds its probabilities to 0 (and the softened targets are what they should be)."""
+    logits = logits_of(model, output)
+    if logits is None:
         return model
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    out.graph.output[output].CopyFrom(helper.make_tensor_value_info(node.input[0], onnx.TensorProto.FLOAT, None))
+    out.graph.output[output].CopyFrom(helper.make_tensor_value_info(logits, onnx.TensorProto.FLOAT, None))
     return out
 
 
+def logits_of(model: onnx.ModelProto, output: int) -> str | None:
+    """The tensor a Softmax (over the last axis, or per sample) reads when graph output ``output`` is that Softmax's,
+    directly or through ops that only change its shape (opset conversion writes an opset-11 Softmax as Flatten ->
+    Softmax -> Reshape, a Paddle export ends in Identity) or put it on a grid (a training twin's ``FakeQuant``: a
+    quantized model's probabilities are its uint8 output, whose small values are exactly 0); else None."""
+    index = GraphIndex(model.graph)
+    node = index.producer_node(model.graph.output[output].name)
+    while node is not None and (node.op_type in _VIEWS and node.domain in ("", "ai.onnx") or node.domain == DOMAIN):
+        node = index.producer_node(node.input[0])
+    if node is None or node.op_type != "Softmax" or node.domain not in ("", "ai.onnx"):
+        return None
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    axis = next((a.i for a in node.attribute if a.name == "axis"), -1 if opset >= 13 else 1)
+    per_sample = opset < 13 and axis == 1  # before opset 13: a softmax over everything after the batch axis
+    if not per_sample:
+        rank = _rank(model, node.input[0])
+        if rank is None or axis not in (-1, rank - 1):
+            return None
+    return node.input[0]
+
+
 def _rank(model: onnx.ModelProto, name: str) -> int | None:
-    """The rank of tensor ``name`` as declared or as ONNX shape inference finds it (None: unknown)."""
+    """The rank of tensor ``name`` as declared or as ONNX shape inference finds it (None: unknown); a training twin's
+    ``FakeQuant`` output (which shape inference cannot follow) has the rank of the tensor it reads."""
+    index = GraphIndex(model.graph)
+    node = index.producer_node(name)
+    while node is not None and node.domain == DOMAIN:
+        name = node.input[0]
+        node = index.producer_node(name)
     shape = value_types(model.graph)[0].get(name)
     if shape is None:
         try:
