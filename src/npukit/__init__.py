@@ -35,12 +35,13 @@ from npukit.tasks import QualityGate  # noqa: E402
 
 __all__ = ["__version__", "CommandResult", "QualityGate", "analyze", "bench", "compile", "demo", "devices", "export",
            "inspect", "optimize", "optimize_graph", "plan_memory", "prune", "qat", "quantize", "serve_bench",
-           "substitute", "Runtime", "RuntimeConfig"]
+           "substitute", "Runtime", "RuntimeConfig", "Overloaded"]
 
 
 def __getattr__(name: str):
-    """``npukit.Runtime`` / ``npukit.RuntimeConfig`` (the serving runtime), imported on first use."""
-    if name in ("Runtime", "RuntimeConfig"):
+    """``npukit.Runtime`` / ``npukit.RuntimeConfig`` (the serving runtime) and ``npukit.Overloaded`` (what its full
+    queue raises), imported on first use."""
+    if name in ("Runtime", "RuntimeConfig", "Overloaded"):
         from npukit.runtime import engine
 
         return getattr(engine, name)

@@ -311,6 +311,7 @@ def test_quantize_writes_integer_model_and_report(exported, tmp_path):
                  "--cle", "--bias-correction", "--range-search", "--runs", "3"]) == 0
     report = json.loads(out.with_name("tiny.int8.report.json").read_text())
     search = report["results"]["steps"]["range_search"]
+    assert report["config"]["preprocess"] == "none: the data are arrays, fed as given"  # not ImageNet's mean/std
     assert search["calibration_sqnr_after_db"] >= search["calibration_sqnr_before_db"] and search["samples"] == 8
     # every Conv on integer kernels but a stem this CPU runs faster in float (--float-stem auto)
     stems = report["results"]["steps"].get("float_stem", {}).get("nodes", [])

@@ -145,6 +145,7 @@ def test_the_default_schedule_lowers_the_weights_once_for_the_baseline_and_the_s
     (["--data", "{folder}/held.npy", "--bits-schedule", "4,8"], "schedule"),
     (["--data", "{folder}/held.npy", "--epochs", "0"], "at least 1"),
     (["--data", "{folder}/held.npy", "--bits", "w4a8", "--eight-bit-share", "1.5"], "8-bit share 1.5"),
+    (["--data", "{folder}/held.npy", "--bits", "w8a8", "--eight-bit-share", "0.2"], "has every weight at 8 bits"),
     (["--data", "{folder}/badlabels.npz", "--epochs", "1"], "label 12 is not one of the model's 10 classes"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tiny, tmp_path, capsys, extra, message) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import onnx
 import pytest
 
@@ -86,7 +87,17 @@ def test_serve_bench_buckets_a_model_with_symbolic_sizes(tmp_path, capsys) -> No
     assert main(["serve-bench", str(path), "--bucket", "1,3,x,8"]) == 2
     err = capsys.readouterr().err
     assert "has 3 dimensions" in err and "positive integers" in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["any_size.onnx", "buckets.json"]
+    # --data was ignored (the table said seeded inputs), and a model of fixed sizes was bucketed
+    data = tmp_path / "x.npy"
+    np.save(data, np.zeros((2, 3, 8, 8), np.float32))
+    assert main(["serve-bench", str(path), "--bucket", "1,3,8,8", "--data", str(data)]) == 2
+    assert "--data is not read there" in capsys.readouterr().err
+    data.unlink()
+    fixed = tmp_path / "fixed.onnx"
+    onnx.save(_model(), str(fixed))
+    assert main(["serve-bench", str(fixed), "--bucket", "1,3,8,8"]) == 2
+    assert "has fixed sizes ['n', 3, 8, 8]" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["any_size.onnx", "buckets.json", "fixed.onnx"]
 
 
 def test_serve_bench_passes_prefer_and_device_concurrency_to_every_runtime(tmp_path, capsys) -> None:

@@ -475,3 +475,18 @@ def test_a_damaged_cache_entry_is_made_again_and_a_file_for_cache_dir_is_refused
         np.testing.assert_array_equal(again.run(request)[0], want)
     with pytest.raises(InputError, match="is a file, not a folder"):
         Runtime(_model(), device="cpu", workers=1, cache_dir=str(cached))
+
+
+def test_a_numpy_scalar_is_taken_as_a_rank_0_input_and_overloaded_is_exported() -> None:
+    """Silero VAD's sample rate read from an .npz (z['sr'][0], an np.int64) was refused as "not a numpy array"."""
+    import npukit
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Cast", ["sr"], ["y"], to=TensorProto.FLOAT)], "s",
+                              [helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    with Runtime(model, device="cpu", workers=1) as rt:
+        assert float(rt.run({"sr": np.int64(16000)})[0]) == 16000.0
+    assert npukit.Overloaded is Overloaded

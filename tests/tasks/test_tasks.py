@@ -250,6 +250,9 @@ def test_the_gate_validates_its_floors() -> None:
         QualityGate(min_metric=1.5)
     with pytest.raises(InputError):
         QualityGate(min_sqnr_db=float("nan"))
+    with pytest.raises(InputError, match="0 or more"):  # a negative floor was taken, and held nothing
+        QualityGate(min_sqnr_db=-5.0)
+    assert QualityGate(min_sqnr_db=0.0).min_sqnr_db == 0.0
 
 
 def test_scores_squeezed_below_a_callers_threshold_fail_though_ap_ranks_them_alike() -> None:

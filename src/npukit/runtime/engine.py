@@ -430,6 +430,8 @@ class Runtime:
         future: Future = Future()
         if isinstance(feeds, np.ndarray) and len(self.signatures) == 1:  # a one-input model's array alone
             feeds = {self.signatures[0].name: feeds}
+        if isinstance(feeds, Mapping):  # a numpy scalar (a sample rate read from an .npz) is a rank-0 array
+            feeds = {k: np.asarray(v) if isinstance(v, np.generic) else v for k, v in feeds.items()}
         problem = self._check(feeds)
         if problem:
             future.set_exception(InputError(problem, hint="send one sample per request, as the model's inputs say"))

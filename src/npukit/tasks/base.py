@@ -154,8 +154,9 @@ class QualityGate:
         if self.min_metric is not None and not 0.0 <= self.min_metric <= 1.0:
             raise InputError(f"the task metric floor {self.min_metric} must be in [0, 1]",
                              hint=f"e.g. --min-task-metric {DEFAULT_MIN_METRIC}")
-        if not math.isfinite(self.min_sqnr_db):
-            raise InputError(f"the SQNR floor {self.min_sqnr_db} must be a finite number of dB",
+        if not math.isfinite(self.min_sqnr_db) or self.min_sqnr_db < 0:
+            raise InputError(f"the SQNR floor {self.min_sqnr_db} must be a finite number of dB, 0 or more (below 0 "
+                             "the error is larger than the output itself, and nothing is held)",
                              hint=f"e.g. --min-sqnr {DEFAULT_MIN_SQNR_DB:g}")
 
     def as_dict(self) -> dict[str, Any]:

@@ -537,7 +537,7 @@ class DetectMeter:
     def result(self) -> TaskResult:
         aps = {c: average_precision(self._preds.get(c, []), n) for c, n in self._gt_per_class.items() if n}
         value = float(np.mean(list(aps.values()))) if aps else None
-        metrics = {"map50": value, "classes": len(aps), "reference_detections": self._gt,
+        metrics = {"map50": value, "classes_with_reference_detections": len(aps), "reference_detections": self._gt,
                    "candidate_detections": self._cand_at_threshold,
                    "recall": self._recalled / self._gt if self._gt else None,
                    "mean_iou_of_matches": float(np.mean(self._ious)) if self._ious else None,

@@ -42,6 +42,6 @@ class SegmentMeter:
         value = float(np.mean(list(ious.values()))) if ious else None
         worst = sorted(ious.items(), key=lambda kv: kv[1])[:5]
         metrics = {"miou": value, "pixel_agreement": self._agree / self._pixels if self._pixels else None,
-                   "classes": len(ious), "worst_classes": {str(k): round(v, 4) for k, v in worst}}
+                   "classes_present": len(ious), "worst_classes": {str(k): round(v, 4) for k, v in worst}}
         return TaskResult(task=self.task, samples=self._samples, metric="miou", value=value, metrics=metrics,
                           outputs=self._stats.result(), decoded=(self.names[self.masks],))

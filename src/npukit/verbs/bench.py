@@ -27,7 +27,7 @@ from npukit.report.finish import CommandResult, finish
 from npukit.report.progress import progress, step
 from npukit.tasks import QualityGate
 from npukit.verbs.common import (classified_output, data_label, data_name, evaluate, is_qdq, logits, open_data,
-                                 task_check)
+                                 preprocess_record, task_check)
 
 
 # Measured on the onnxruntime-qnn HTP emulator (QNN SDK 2.51), one 3x3 Conv with uint16 activations and int8
@@ -80,8 +80,8 @@ def bench(
                               max_samples=max_samples, preprocess=preprocess, target=target, soc=soc,
                               report_path=report_path, html=html, task=task, gate=gate, spec=spec)
     models = _Models.load(model, proto, reference, spec)
-    report = _report(models, config, preprocess, data=data)
     dataset = open_data(data, proto, preprocess) if data is not None else None
+    report = _report(models, config, preprocess_record(preprocess, dataset), data=data)
     feeds = dataset.sample(0) if dataset is not None else None
     _latency(report, models, feeds, config)
     _energy(report, models, feeds, config)
@@ -139,10 +139,11 @@ def _load(model: str | Path, input_shape: Any, *, target: str, soc: str,
                                   compiled=True)
 
 
-def _report(models: _Models, config: BenchConfig, preprocess: PreprocessConfig, *, data: Any) -> Report:
-    """The bench report, its config: the settings, the files and the input shapes fixed."""
+def _report(models: _Models, config: BenchConfig, preprocess: Any, *, data: Any) -> Report:
+    """The bench report, its config: the settings, the files, the input shapes fixed and ``preprocess`` (the
+    record ``preprocess_record`` makes)."""
     reference, spec = models.reference, models.spec
-    return Report("bench", config={"bench": to_dict(config), "preprocess": to_dict(preprocess),
+    return Report("bench", config={"bench": to_dict(config), "preprocess": preprocess,
                                    "model": str(models.model), "reference": str(reference) if reference else None,
                                    "data": data_label(data),
                                    "input_shape": spec.as_dict() if spec else None})

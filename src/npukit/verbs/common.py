@@ -413,6 +413,18 @@ def _check_dataset(dataset: Any, inputs: Sequence[Any]) -> None:
     dataset.validate()
 
 
+def preprocess_record(preprocess: PreprocessConfig, *datasets: Any) -> dict[str, Any] | str:
+    """What a report's config says of image preprocessing: the settings where one of ``datasets`` (None: no data)
+    is read from image files, else that none was applied (arrays are fed as given; a report listed ImageNet's mean
+    and std for .npy data)."""
+    from npukit.config import to_dict
+    from npukit.data.readers import ImageDataset
+
+    if any(isinstance(d, ImageDataset) for d in datasets):
+        return to_dict(preprocess)
+    return "none: the data are arrays, fed as given" if any(d is not None for d in datasets) else "none: no data"
+
+
 def data_label(data: Any, dataset: Any = None) -> str | None:
     """How a report names data: its path as given, what was given in Python (with ``dataset``, the dataset read from
     it: how many samples), or None for no data."""

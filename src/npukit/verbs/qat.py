@@ -91,6 +91,9 @@ def qat(
 
     output = check_output(output, source=model)
     weight_bits = _weight_bits(bits)
+    if eight_bit_share is not None and weight_bits != 4:  # it was taken and ignored
+        raise InputError(f"--eight-bit-share keeps a share of a 4-bit model's weights at 8 bits; --bits {bits} has "
+                         "every weight at 8 bits already", hint="leave --eight-bit-share out, or use --bits w4a8")
     eight_bit_share = EIGHT_BIT_SHARE if eight_bit_share is None else eight_bit_share
     if not 0 <= eight_bit_share < 1:
         raise InputError(f"8-bit share {eight_bit_share} must be in [0, 1)",

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from npukit.config import BenchConfig, PreprocessConfig, to_dict
+from npukit.config import BenchConfig, PreprocessConfig
 from npukit.quant.config import QuantConfig, Recipe
 from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
@@ -19,8 +19,8 @@ from npukit.report.quantize import (add_kernel_profile, add_layer_sqnr, add_mixe
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
 from npukit.verbs.common import (HOLD_BACK_EVERY, check_output, check_task, check_task_measurable, data_label,
-                                 float_static_model, floor_check, held_back, open_data, quant_opset,
-                                 refuse_nothing_left, task_check)
+                                 float_static_model, floor_check, held_back, open_data, preprocess_record,
+                                 quant_opset, refuse_nothing_left, task_check)
 
 
 CHECK_SAMPLES = 32  # calibration samples the task check reads when no held-out data is given
@@ -191,7 +191,7 @@ def quantize(
                         "float only the layers the task check needs)")
     report = Report("quantize", config={"quant": config.as_dict(), "cpu_scheme": scheme, "model": str(model),
                                         "calib": data_label(calib, samples), "data": data_label(data, evaluation),
-                                        "preprocess": to_dict(preprocess),
+                                        "preprocess": preprocess_record(preprocess, samples, evaluation),
                                         "task": task or "auto", "gate": gate.as_dict(),
                                         "input_shape": spec.as_dict() if spec else None})
     proto = quant_opset(report, proto, config, samples, sixteen_bit=mixed_precision)

@@ -55,6 +55,10 @@ def serve_bench(
     if buckets and spec:
         raise InputError("--bucket and --input-shape both give the served shape",
                          hint="give the sizes to serve with --bucket alone")
+    if buckets and data is not None:
+        raise InputError("--bucket compares each bucket with a session at its size on seeded inputs of that size; "
+                         "--data is not read there", hint="leave --data out with --bucket, or serve the data without "
+                                                          "--bucket")
     if buckets:
         return _serve_buckets(path, buckets, duration_s=duration_s, report_path=report_path, html=html)
     config = ServingConfig(device=device, duration_s=duration_s, max_workers=max_workers, loads=tuple(loads),
@@ -166,7 +170,12 @@ def _serve_buckets(path: Path, buckets: Sequence[Sequence[int]], *, duration_s: 
     if len(inputs) != 1:
         raise InputError(f"--bucket serves a model with one input; {path.name} has {len(inputs)}",
                          hint="serve it without --bucket at one fixed shape")
-    rank = len(inputs[0].type.tensor_type.shape.dim)
+    dims = inputs[0].type.tensor_type.shape.dim
+    rank = len(dims)
+    if all(d.HasField("dim_value") for d in dims[1:]):
+        raise InputError(f"--bucket serves a model at several sizes; input {inputs[0].name!r} of {path.name} has "
+                         f"fixed sizes {[d.dim_param or d.dim_value for d in dims]}",
+                         hint="serve it without --bucket (its one size)")
     wrong = [list(b) for b in buckets if len(b) != rank]
     if wrong:
         raise InputError(f"bucket {wrong[0]} has {len(wrong[0])} dimensions; input {inputs[0].name!r} has {rank}",
