@@ -256,3 +256,19 @@ def test_max_batch_1_serves_no_batched_row(tmp_path) -> None:
                  "--max-batch", "1", "--report", str(report)]) == 0
     serving = json.loads(report.read_text())["results"]["serving"]
     assert set(serving["open"]) == {"plain", "workers"} and serving["batching"]["note"] == "batching off: max_batch 1"
+
+
+def test_sizes_the_model_leaves_open_are_taken_from_the_data(tmp_path) -> None:
+    """serve-bench needed --input-shape though --data gave the sizes (bench takes them from the data)."""
+    model = _model()
+    for dim, name in ((2, "h"), (3, "w")):
+        model.graph.input[0].type.tensor_type.shape.dim[dim].dim_param = name
+    path = tmp_path / "any_size.onnx"
+    onnx.save(model, str(path))
+    data = tmp_path / "x.npy"
+    np.save(data, np.random.default_rng(0).standard_normal((4, 3, 8, 8)).astype(np.float32))
+    report = tmp_path / "serve.json"
+    assert main(["serve-bench", str(path), "--data", str(data), "--duration", "0.2", "--loads", "1.0",
+                 "--max-workers", "1", "--report", str(report)]) == 0
+    config = json.loads(report.read_text())["config"]
+    assert config["input_shape_from"] == "the data's first request" and config["input_shape"]

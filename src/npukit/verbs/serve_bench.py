@@ -46,7 +46,7 @@ def serve_bench(
     ``input_shape`` (``InputSpec`` forms) is fixed into a copy of the model first, which is served."""
     from npukit.errors import InputError
     from npukit.frontend.onnx_io import save_onnx
-    from npukit.frontend.shapes import InputSpec, load_with_inputs
+    from npukit.frontend.shapes import InputSpec, fix_inputs, load_with_inputs
     from npukit.measure.serving import ServingConfig, measure_serving
     from npukit.report.serving import add_serving
 
@@ -69,10 +69,16 @@ def serve_bench(
     proto = load_with_inputs(path, spec, needs=None if data is not None else "serving on seeded random requests",
                              keep_batch=True)
     requests = _requests(proto, data, samples)
+    from_data = spec is None and _sized_by(proto, requests)
+    if from_data:  # sizes the model leaves open, as the data's requests have them (bench takes them so too)
+        spec = InputSpec.parse(from_data)
+        proto = fix_inputs(proto, spec, keep_batch=True)
     report = Report("serve-bench", config={"model": str(model), "data": str(data) if data else "seeded random inputs",
                                            "serving": {**config.__dict__, "loads": list(config.loads)},
                                            "requests": len(requests),
-                                           "input_shape": spec.as_dict() if spec else None})
+                                           "input_shape": spec.as_dict() if spec else None,
+                                           "input_shape_from": "the data's first request" if from_data else
+                                           "--input-shape" if spec else "the model"})
     with tempfile.TemporaryDirectory(prefix="npukit-serve-") as tmp:
         served = path
         if spec:  # the runtimes measured open a file: the model with its shapes fixed, saved aside
@@ -102,6 +108,18 @@ def serve_bench(
                            passed=True)
     json_path = Path(report_path) if report_path else None
     return finish(report, None, html=html, json_path=json_path, result=result, source=model)
+
+
+def _sized_by(proto: Any, requests: Sequence[dict]) -> dict[str, tuple[int, ...]]:
+    """One request's shape for each input whose sizes past the batch the model leaves symbolic, from the first of
+    ``requests`` (the data's); {} where none is open."""
+    from npukit.frontend.shapes import input_dims
+
+    if not requests:
+        return {}
+    dims = input_dims(proto)
+    return {name: tuple(int(d) for d in np.shape(requests[0][name])) for name, shape in dims.items()
+            if shape and any(not isinstance(d, int) for d in shape[1:]) and name in requests[0]}
 
 
 def _failed(result: Any) -> str:
