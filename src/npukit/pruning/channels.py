@@ -33,7 +33,7 @@ import onnx_ir as ir
 from onnx import helper, numpy_helper
 
 from npukit.errors import InputError
-from npukit.frontend.graph_index import own_copy
+from npukit.frontend.graph_index import GraphIndex, own_copy
 from npukit.passes._rewrite import constant_array
 
 ROUND = 8  # every group keeps a multiple of this many channels
@@ -402,12 +402,12 @@ def importance(model: onnx.ModelProto, layout: Layout, samples: Iterable[Mapping
         count += 1
     if not count:
         raise InputError("no calibration samples to measure channel importance on", hint="pass --data")
-    weights = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    inits = GraphIndex(model.graph).initializers
     scores = {}
     for group in layout.groups:
         total = np.zeros(group.channels)
         for sink, probe_name in zip(group.sinks, group.probes):
-            w = np.asarray(weights[sink.tensor], dtype=np.float64)
+            w = numpy_helper.to_array(inits[sink.tensor]).astype(np.float64)
             column = np.sum(np.square(np.moveaxis(w, sink.axis, 0)).reshape(w.shape[sink.axis], -1), axis=1)
             total += (energy[probe_name] / count * column).reshape(group.channels, sink.span).sum(axis=1)
         scores[group.root] = np.sqrt(total)

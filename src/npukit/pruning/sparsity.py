@@ -23,6 +23,7 @@ import onnx
 from onnx import numpy_helper
 
 from npukit.errors import InputError
+from npukit.frontend.graph_index import GraphIndex
 
 WEIGHTED = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 MIN_ZERO_SHARE = 0.5
@@ -45,7 +46,7 @@ class Sparsified:
 
 def weight_tensors(model: onnx.ModelProto) -> dict[str, str]:
     """Float weight initializer -> the node that reads it (the Conv / Gemm / MatMul weights, 2-D and up)."""
-    inits = {i.name: i for i in model.graph.initializer}
+    inits = GraphIndex(model.graph).initializers
     found = {}
     for node in model.graph.node:
         if node.op_type in WEIGHTED and node.domain in ("", "ai.onnx") and len(node.input) > 1:

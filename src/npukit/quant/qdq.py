@@ -153,12 +153,12 @@ def effective_ranges(model: onnx.ModelProto, ranges: dict[str, tuple[float, floa
     output's range (the two fuse); a bounded activation's output (Softmax, Sigmoid, HardSigmoid: [0, 1]; Tanh:
     [-1, 1]) spans its whole range, never what a clipping observer chose (``BOUNDED``)."""
     adjusted = dict(ranges)
-    consumers = collections.Counter(t for n in model.graph.node for t in n.input)
-    for node in model.graph.node:
+    index = GraphIndex(model.graph)
+    for node in index.nodes:
         if node.name in config.scheme.exclude:
             continue
-        if node.op_type in ("Relu", "Clip") and consumers[node.input[0]] == 1 and node.output[0] in ranges \
-                and node.input[0] in ranges:
+        if node.op_type in ("Relu", "Clip") and len(index.consumer_nodes(node.input[0])) == 1 \
+                and node.output[0] in ranges and node.input[0] in ranges:
             adjusted[node.input[0]] = ranges[node.output[0]]
     for name, bounds in bounded_outputs(model, config).items():
         if name in ranges:
@@ -237,7 +237,7 @@ def _weight_grids(model: onnx.ModelProto, config: QuantConfig) -> tuple[dict[str
     1x1 convs and Gemms take the pair-bounded grid (``npukit.quant.cpu.schemes``), as explicit scales."""
     if not config.cpu.reduce_range:
         return {}, {}
-    inits = {i.name: i for i in model.graph.initializer}
+    inits = GraphIndex(model.graph).initializers
     specs: dict[str, TensorSpec] = {}
     reasons: dict[str, Decision] = {}
     for node in model.graph.node:

@@ -93,7 +93,7 @@ def _with_float_weights(qdq: onnx.ModelProto, float_model: onnx.ModelProto, name
     out = onnx.ModelProto()
     out.CopyFrom(qdq)
     f_node = next(n for n in float_model.graph.node if n.name == name)
-    f_inits = {i.name: i for i in float_model.graph.initializer}
+    f_inits = GraphIndex(float_model.graph).initializers
     node = next(n for n in out.graph.node if n.name == name)
     for slot in range(1, min(len(node.input), len(f_node.input))):
         if f_node.input[slot] in f_inits:

@@ -347,7 +347,7 @@ class _WeightSite:
 
 
 def _weight_sites(float_model: onnx.ModelProto, qdq: onnx.ModelProto) -> list[_WeightSite]:
-    f_inits = {i.name: i for i in float_model.graph.initializer}
+    f_inits = GraphIndex(float_model.graph).initializers
     q_index = GraphIndex(qdq.graph)
     q_inits = q_index.initializers
     match = _qdq_counterparts(float_model, qdq, ("Conv", "Gemm"))
@@ -512,7 +512,7 @@ def _rounding_shift_probe(float_model: onnx.ModelProto, qdq: onnx.ModelProto, q_
     input, which is what the weight's rounding adds to its output. Returns the probe and, per node, (its node in
     ``qdq``, the probe's output holding its shift)."""
     match = _qdq_counterparts(float_model, qdq, _WEIGHTED)
-    f_inits = {i.name: i for i in float_model.graph.initializer}
+    f_inits = GraphIndex(float_model.graph).initializers
     probe = _copy(float_model)
     del probe.graph.output[:]
     new_reduce = next((o.version for o in probe.opset_import if o.domain in ("", "ai.onnx")), 1) >= 18

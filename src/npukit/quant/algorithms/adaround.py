@@ -385,22 +385,23 @@ def _adaround(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], *, p
 
 def _following_clip(model: onnx.ModelProto, node: onnx.NodeProto) -> tuple[float, float] | None:
     """(lo, hi) of the Relu or constant-bound Clip that alone reads ``node``'s output, else None."""
-    readers = [n for n in model.graph.node if node.output[0] in n.input]
-    if len(readers) != 1 or any(o.name == node.output[0] for o in model.graph.output):
+    index = GraphIndex(model.graph)
+    readers = index.consumer_nodes(node.output[0])
+    if len(readers) != 1 or node.output[0] in index.outputs:
         return None
     act = readers[0]
     if act.op_type == "Relu":
         return (0.0, math.inf)
     if act.op_type != "Clip":
         return None
-    values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer if i.name in act.input[1:]}
     bounds = []
     for position, default in ((1, -math.inf), (2, math.inf)):
         name = act.input[position] if len(act.input) > position else ""
         if not name:
             bounds.append(default)
-        elif name in values and values[name].size == 1:
-            bounds.append(float(values[name]))
-        else:
+            continue
+        value = numpy_helper.to_array(index.initializers[name]) if name in index.initializers else None
+        if value is None or value.size != 1:
             return None  # bounds computed at run time
+        bounds.append(float(value))
     return (bounds[0], bounds[1])

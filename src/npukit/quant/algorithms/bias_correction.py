@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from npukit.frontend.graph_index import GraphIndex
 from npukit.quant.calibration.calibrate import observe
 from npukit.quant.grids import fake_quantize, spec_qparams, weight_axis
 from npukit.quant.nodes import node_attr
@@ -65,7 +66,7 @@ def correct_bias_each(model: onnx.ModelProto, samples: Iterable[object], *, plan
     first = next(iter(plans.values()))
     if any(set(p.float_nodes) != set(first.float_nodes) for p in plans.values()):
         raise ValueError("correct_bias_each: the plans must leave the same nodes in float")
-    inits = {i.name: i for i in model.graph.initializer}
+    inits = GraphIndex(model.graph).initializers
     targets = [n for n in model.graph.node
                if n.op_type in ("Conv", "Gemm") and n.name not in first.float_nodes and len(n.input) > 1
                and n.input[1] in inits]
@@ -98,7 +99,7 @@ def _shift_probe(model: onnx.ModelProto, targets: list[onnx.NodeProto], plans: M
     build alike (the float one, a quantized one on the same input grid) are built once."""
     grids = {key: plan.activation_grids(bits=8) for key, plan in plans.items()}
     first = next(iter(plans.values()))
-    inits = {i.name: i for i in model.graph.initializer}
+    inits = GraphIndex(model.graph).initializers
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     shift_names: dict[str, dict[str, str]] = {key: {} for key in plans}

@@ -23,7 +23,6 @@ value seen keeps it exact on the calibration data (40 dB, 100% on the same photo
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from collections.abc import Iterable
 
@@ -68,7 +67,9 @@ class EqualizeResult:
 def _find_pairs(model: onnx.ModelProto) -> tuple[list[_Pair], list[dict]]:
     index = GraphIndex(model.graph)
     inits = index.initializers
-    uses = collections.Counter(t for n in index.nodes for t in n.input)
+
+    def read_once(tensor: str) -> bool:
+        return len(index.consumer_nodes(tensor)) == 1
 
     def single_consumer(tensor: str) -> onnx.NodeProto | None:
         c = index.consumer_nodes(tensor)
@@ -76,9 +77,9 @@ def _find_pairs(model: onnx.ModelProto) -> tuple[list[_Pair], list[dict]]:
 
     def conv_kind(node: onnx.NodeProto) -> str | None:
         """'dense', 'depthwise', or None when the node cannot be scaled (and why is said by the caller)."""
-        if node.op_type != "Conv" or len(node.input) < 2 or node.input[1] not in inits or uses[node.input[1]] != 1:
+        if node.op_type != "Conv" or len(node.input) < 2 or node.input[1] not in inits or not read_once(node.input[1]):
             return None
-        if len(node.input) > 2 and node.input[2] and (node.input[2] not in inits or uses[node.input[2]] != 1):
+        if len(node.input) > 2 and node.input[2] and (node.input[2] not in inits or not read_once(node.input[2])):
             return None
         if node_attr(node, "group", 1) == 1:
             return "dense"

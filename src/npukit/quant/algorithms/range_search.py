@@ -86,7 +86,7 @@ class RangeSearchResult:
 def activation_grids(qdq: onnx.ModelProto) -> list[Grid]:
     """The activation grids of ``qdq`` (QuantizeLinear nodes fed by a non-constant tensor, grouped by scale
     initializer), in graph order of their first use."""
-    inits = {i.name: i for i in qdq.graph.initializer}
+    inits = GraphIndex(qdq.graph).initializers
     tensors: dict[tuple[str, str], list[str]] = {}
     for node in qdq.graph.node:
         if node.op_type == "QuantizeLinear" and node.input[0] not in inits and len(node.input) > 2 \
