@@ -41,3 +41,32 @@ def test_a_shared_bias_gets_a_copy_per_reader_and_the_model_quantizes() -> None:
     samples = [{"x": np.random.default_rng(s).standard_normal((1, 3, 8, 8)).astype(np.float32)} for s in range(8)]
     result = quantize(model, samples, config=QuantConfig())  # ORT's quantizer failed on the name it gave its copy
     assert sum(n.op_type == "DequantizeLinear" for n in result.model.graph.node) >= 4
+
+
+def _grouped_upsampling() -> onnx.ModelProto:
+    """x[1, 8, 4, 4] -> ConvTranspose 2x2 stride 2, group 4, with a bias (8 output channels, 2 per group) -> y."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 2, 2, 2)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b")]
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], name="up", strides=[2, 2], group=4)
+    graph = helper.make_graph([node], "up", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_grouped_conv_transpose_with_a_bias_is_quantized_per_tensor() -> None:
+    """ORT's per-channel quantizer took the weight along axis 1 (2 scales) and divided the 8-channel bias by them:
+    'operands could not be broadcast together with shapes (8,) (2,)', an internal error in quantize and compile."""
+    from npukit.runtime.qnn import qnn_quant_config
+    from npukit.quant.emit.ort_qdq import FeedsReader
+
+    model = _grouped_upsampling()
+    samples = [{"x": np.random.default_rng(i).standard_normal((1, 8, 4, 4)).astype(np.float32)} for i in range(4)]
+    result = quantize(model, samples, config=QuantConfig())
+    scales = [i for i in result.model.graph.initializer if i.name.startswith("w") and "scale" in i.name]
+    assert scales and all(len(s.dims) == 0 or s.dims == [1] for s in scales)  # one scale: per tensor
+    want = make_session(model).run(None, samples[0])[0]
+    got = make_session(result.model).run(None, samples[0])[0]
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+    config = qnn_quant_config(model, FeedsReader(samples))
+    assert "axis" not in config.extra_options["TensorQuantOverrides"]["w"][0]

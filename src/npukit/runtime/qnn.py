@@ -564,8 +564,13 @@ def qnn_quant_config(
     if rules.activation_type not in ("uint8", "uint16") or rules.weight_type not in ("int8", "uint8", "int4"):
         raise InputError(f"the HTP takes uint8/uint16 activations and int8/uint8/int4 weights, not "
                          f"{rules.activation_type}/{rules.weight_type}", hint="use the default QnnQdqRules()")
+    from npukit.quant.emit.ort_qdq import grouped_transposed_weights
+
     overrides = {name: [{"quant_type": QuantType.QUInt16}] for name in uint16_tensors}
     source = os.fspath(model) if not isinstance(model, onnx.ModelProto) else model
+    if rules.per_channel:  # per tensor, where ORT's per-channel bias quantization would crash
+        proto = model if isinstance(model, onnx.ModelProto) else onnx.load(source, load_external_data=False)
+        overrides |= {w: [{"symmetric": rules.weight_symmetric}] for w in grouped_transposed_weights(proto)}
     return get_qnn_qdq_config(
         source, calibration_reader,
         calibrate_method=getattr(CalibrationMethod, rules.calibrate_method),

@@ -24,7 +24,7 @@ from onnxruntime.quantization import CalibrationDataReader
 
 from npukit._logging import quiet_root_logger
 from npukit.errors import InputError
-from npukit.frontend.graph_index import own_copy
+from npukit.frontend.graph_index import GraphIndex, own_copy
 from npukit.quant.emit.ort_float import keep_float_convs
 from npukit.quant.plan import Decision, QuantPlan, TensorSpec
 
@@ -78,7 +78,21 @@ def ort_overrides(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, list[dic
                              for s, z in zip(spec.scale, spec.zero_point)]
         elif plan.reduce_range and spec.full_range:
             out[name] = [{"reduce_range": False, **({"axis": spec.axis} if spec.axis is not None else {})}]
+    if plan.per_channel:
+        for weight in grouped_transposed_weights(model, plan.float_nodes) - set(out):
+            out[weight] = [{"symmetric": plan.symmetric_weights}]  # no axis: per tensor
     return out
+
+
+def grouped_transposed_weights(model: onnx.ModelProto, float_nodes: Iterable[str] = ()) -> set[str]:
+    """The weights of grouped ConvTransposes with a bias (outside ``float_nodes``), which per-channel quantization
+    would take along axis 1 (the output channels of one group): ORT's quantizer divides the bias (every output
+    channel) by those fewer scales and crashes (a grouped upsampling: "operands could not be broadcast together with
+    shapes (8,) (2,)"). Their emitters take them per tensor, where the bias's scale is one number."""
+    skip = set(float_nodes)
+    return {node.input[1] for node in model.graph.node
+            if node.op_type == "ConvTranspose" and node.name not in skip and len(node.input) > 2
+            and node.input[2] and any(a.name == "group" and a.i > 1 for a in node.attribute)}
 
 
 BIAS_OPS = ("Conv", "ConvTranspose", "Gemm", "InstanceNormalization", "LayerNormalization", "BatchNormalization")
@@ -163,7 +177,7 @@ def resolve_grids(float_model: onnx.ModelProto, qdq: onnx.ModelProto, plan: Quan
     ``EMITTED`` as their decision; planned tensors without a Q/DQ of their own become float32 (``NOT_EMITTED``).
     Also: the tensors whose emitted dtype is not the planned one ("name: planned ->
     emitted")."""
-    inits = {i.name: i for i in qdq.graph.initializer}
+    inits = GraphIndex(qdq.graph).initializers
     float_nodes = {n.name: n for n in float_model.graph.node if n.name}
     readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
     for node in qdq.graph.node:
