@@ -351,8 +351,8 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-samples", type=_positive, help="use at most this many data samples")
     _add_preprocess(p)
     p.add_argument("--target", default="cpu", help="also run on an NPU backend: qnn-htp (default: cpu only)")
-    p.add_argument("--soc", default="SM8650", help="with --target qnn-htp: the Snapdragon SoC whose HTP runs the "
-                                                    "model (default SM8650, Snapdragon 8 Gen 3)")
+    p.add_argument("--soc", help="with --target qnn-htp: the Snapdragon SoC whose HTP runs the model (default "
+                                 "SM8650, Snapdragon 8 Gen 3; a compiled context runs as the SoC it was compiled for)")
     p.add_argument("--memory", action="store_true", help="measure ORT CPU's real peak activation memory")
     _add_shape(p, "static input shapes for symbolic dimensions, e.g. 1,3,640,640 (applied to MODEL and REF)")
     p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")

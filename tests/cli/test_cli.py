@@ -394,7 +394,7 @@ def test_an_array_given_in_python_calibrates_as_its_npy_file_does(exported, tmp_
     input of [1, 3, 32, 32]) while the same array saved as .npy worked."""
     from npukit.api import quantize
 
-    calib = np.random.default_rng(1).standard_normal((4, 3, 32, 32)).astype(np.float32)
+    calib = np.random.default_rng(1).standard_normal((8, 3, 32, 32)).astype(np.float32)
     np.save(tmp_path / "calib.npy", calib)
     common = dict(method="minmax", runs=2, max_samples=4)
     in_memory = quantize(str(exported), tmp_path / "a.onnx", calib=calib, data=calib, **common)
@@ -416,13 +416,13 @@ def test_feed_dicts_and_dicts_of_arrays_calibrate_as_the_array_does(exported, tm
     from npukit.api import bench, quantize
 
     name = onnx.load(str(exported)).graph.input[0].name
-    calib = np.random.default_rng(1).standard_normal((4, 3, 32, 32)).astype(np.float32)
+    calib = np.random.default_rng(1).standard_normal((8, 3, 32, 32)).astype(np.float32)
     common = dict(method="minmax", runs=2, max_samples=4)
     handlers = list(logging.getLogger().handlers)
     assert quantize(str(exported), tmp_path / "a.onnx", calib=calib, **common).report.passed
     assert logging.getLogger().handlers == handlers  # ORT's quantizer left no handler on the root logger
-    for form, given in {"batch1": [{name: calib[i:i + 1]} for i in range(4)], "sample": [{name: calib[i]}
-                                                                                         for i in range(4)],
+    for form, given in {"batch1": [{name: calib[i:i + 1]} for i in range(8)], "sample": [{name: calib[i]}
+                                                                                         for i in range(8)],
                         "dict": {name: calib}}.items():
         result = quantize(str(exported), tmp_path / f"{form}.onnx", calib=given, data=given, **common)
         assert result.report.passed, form
@@ -490,7 +490,7 @@ def test_excluding_every_compute_node_is_refused_before_any_work(exported, tmp_p
 
     compute = [n.name for n in onnx.load(str(exported)).graph.node if n.op_type in ("Conv", "Gemm", "MatMul")]
     calib = tmp_path / "calib.npy"
-    np.save(calib, np.random.default_rng(1).standard_normal((4, 3, 32, 32)).astype(np.float32))
+    np.save(calib, np.random.default_rng(1).standard_normal((8, 3, 32, 32)).astype(np.float32))
     monkeypatch.setattr(npukit.quant.qdq, "quantize", never)
     before = _files(tmp_path)
     assert main(["quantize", str(exported), "--calib", str(calib), "-o", str(tmp_path / "q.onnx"),
@@ -559,13 +559,13 @@ def test_quantize_says_how_images_were_read_and_takes_the_normalization(exported
     folder = tmp_path / "imgs"
     folder.mkdir()
     rng = np.random.default_rng(0)
-    for i in range(3):
+    for i in range(8):
         Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(folder / f"{i}.png")
     out = tmp_path / "q.onnx"
     assert main(["quantize", str(exported), "--calib", str(folder), "-o", str(out), "--runs", "2",
                  "--mean", "0.5,0.5,0.5", "--std", "0.5,0.5,0.5"]) == 0
     note = json.loads(out.with_name("q.report.json").read_text())["results"]["image_preprocessing"]
-    assert "imgs: 3 image(s)" in note and "center crop 32x32" in note and "mean [0.5, 0.5, 0.5]" in note
+    assert "imgs: 8 image(s)" in note and "center crop 32x32" in note and "mean [0.5, 0.5, 0.5]" in note
     # the crop is most of the image, as 224 of 256 is for ImageNet models, not a 32-pixel patch of a 256-pixel image
     assert "short side resized to 37," in note
 
@@ -741,7 +741,7 @@ def test_gemm_convs_on_where_the_kernels_saturate_is_exit_2_and_writes_nothing(e
                   Int8Path("1x1 conv", "int8 GEMM", "full 8-bit", False, 23, 0.6))
     monkeypatch.setattr(conv_kernel, "probe_int8_paths", lambda: saturating)  # an AVX2 CPU without VNNI, anywhere
     calib = tmp_path / "calib.npy"
-    np.save(calib, np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype(np.float32))
+    np.save(calib, np.random.default_rng(0).standard_normal((8, 3, 32, 32)).astype(np.float32))
     out = tmp_path / "q.onnx"
     args = ["quantize", str(exported), "--calib", str(calib), "-o", str(out), "--method", "minmax"]
     assert main(args + ["--gemm-convs", "on", "--reduce-range", "off"]) == 2
@@ -754,7 +754,7 @@ def test_compile_float_model_for_two_socs_and_bench_on_htp(exported, tmp_path):
     pytest.importorskip("onnxruntime_qnn")
     rng = np.random.default_rng(2)
     calib = tmp_path / "calib.npy"
-    np.save(calib, rng.standard_normal((4, 3, 32, 32)).astype(np.float32))
+    np.save(calib, rng.standard_normal((8, 3, 32, 32)).astype(np.float32))
     for soc, form in (("SM8350", ["--soc", "SM8350"]), ("SM8650", ["--target", "qnn-htp@SM8650"])):
         out = tmp_path / f"tiny_{soc}.onnx"
         assert main(["compile", str(exported), *form, "--calib", str(calib), "-o", str(out)]) == 0
@@ -768,7 +768,7 @@ def test_compile_float_model_for_two_socs_and_bench_on_htp(exported, tmp_path):
                  "--runs", "2", "--warmup", "1", "--report", str(bench_report)]) == 0
     results = json.loads(bench_report.read_text())["results"]
     assert results["qnn_assignment"]["qnn_nodes"] > 0
-    assert results["npu_agreement"]["HTP vs CPU run of the same model"]["samples"] == 4
+    assert results["npu_agreement"]["HTP vs CPU run of the same model"]["samples"] == 8
     assert results["htp_soc"]["soc"] == "SM8650" and results["htp_soc"]["htp_arch"] == 75
     assert main(["bench", str(int8), "--target", "qnn-htp", "--soc", "SM0000", "--runs", "2"]) == 2
 
@@ -776,17 +776,19 @@ def test_compile_float_model_for_two_socs_and_bench_on_htp(exported, tmp_path):
 def test_bench_runs_an_epcontext_model_on_the_htp_as_its_soc(exported, tmp_path, capsys):
     pytest.importorskip("onnxruntime_qnn")
     calib = tmp_path / "calib.npy"
-    np.save(calib, np.random.default_rng(3).standard_normal((2, 3, 32, 32)).astype(np.float32))
+    np.save(calib, np.random.default_rng(3).standard_normal((8, 3, 32, 32)).astype(np.float32))
     ctx = tmp_path / "tiny_ctx.onnx"
     assert main(["compile", str(exported), "--soc", "SM8350", "--calib", str(calib), "-o", str(ctx)]) == 0
     report = tmp_path / "ctx_bench.json"
-    # --soc says SM8650, but a context binary runs as the SoC it was compiled for, and the report says so
-    assert main(["bench", str(ctx), "--target", "qnn-htp", "--soc", "SM8650", "--reference", str(exported),
+    # --soc SM8650 for a binary compiled for SM8350: it ran as SM8350 and only a note said so; now refused
+    capsys.readouterr()
+    assert main(["bench", str(ctx), "--target", "qnn-htp", "--soc", "SM8650", "--runs", "2"]) == 2
+    assert "was compiled for SM8350" in capsys.readouterr().err
+    assert main(["bench", str(ctx), "--target", "qnn-htp", "--reference", str(exported),
                  "--data", str(calib), "--runs", "2", "--warmup", "1", "--report", str(report)]) == 0
     results = json.loads(report.read_text())["results"]
     assert results["htp_soc"] == {"soc": "SM8350", "name": "Snapdragon 888", "htp_arch": 68, "soc_model": 30,
                                   "epcontext": True}
-    assert "compiled for SM8350" in results["htp_note"]
     assert results["latency"]["model"]["runs"] == 2
     assert results["task_check"]["verdict"]["passed"] and "on the HTP as SM8350" in results["task_check"]["where"]
     capsys.readouterr()
@@ -797,7 +799,7 @@ def test_bench_runs_an_epcontext_model_on_the_htp_as_its_soc(exported, tmp_path,
 def test_compile_mixed_precision_starts_from_int8_and_refuses_what_it_cannot_plan(exported, tmp_path, capsys):
     pytest.importorskip("onnxruntime_qnn")
     calib = tmp_path / "calib.npy"
-    np.save(calib, np.random.default_rng(4).standard_normal((4, 3, 32, 32)).astype(np.float32))
+    np.save(calib, np.random.default_rng(4).standard_normal((8, 3, 32, 32)).astype(np.float32))
     out = tmp_path / "tiny_mixed.onnx"
     args = ["compile", str(exported), "--soc", "SM8650", "--calib", str(calib), "-o", str(out), "--task", "generic"]
     assert main(args + ["--mixed-precision", "--min-sqnr", "0"]) == 0
@@ -860,7 +862,7 @@ def test_debug_is_taken_before_or_after_the_verb() -> None:
 def test_compile_w4a16_writes_int4_weights_for_the_htp_and_refuses_what_it_cannot(exported, tmp_path, capsys):
     pytest.importorskip("onnxruntime_qnn")
     calib = tmp_path / "calib.npy"
-    np.save(calib, np.random.default_rng(6).standard_normal((4, 3, 32, 32)).astype(np.float32))
+    np.save(calib, np.random.default_rng(6).standard_normal((8, 3, 32, 32)).astype(np.float32))
     out = tmp_path / "tiny_w4.onnx"
     args = ["compile", str(exported), "--soc", "SM8650", "--calib", str(calib), "-o", str(out), "--task", "generic",
             "--min-sqnr", "5"]
@@ -1110,3 +1112,59 @@ def test_bench_agreement_reads_the_class_scores_not_the_first_output(tmp_path) -
     results = json.loads(report.read_text())["results"]
     assert results["agreement"]["top1_agreement"] == 1.0
     assert float(results["agreement"]["sqnr_db"]) == float("inf")  # the probabilities, identical (the boxes differ)
+
+
+def _log_of_mean() -> onnx.ModelProto:
+    """x[1, 3, 8, 8] -> Conv (3 -> 4) -> GlobalAveragePool -> Flatten -> Log -> y[1, 4]: NaN where a channel's mean
+    is negative."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, 1, 1)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("GlobalAveragePool", ["c"], ["g"]),
+             helper.make_node("Flatten", ["g"], ["f"]), helper.make_node("Log", ["f"], ["y"])]
+    graph = helper.make_graph(nodes, "log", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_float_model_giving_nan_is_refused_in_one_line(tmp_path, capsys) -> None:
+    """quantize crashed in ORT's calibrator ('internal error: AssertionError: scale issue'); bench compared such a
+    model with itself and advised a recovery recipe."""
+    model = tmp_path / "log.onnx"
+    onnx.save(_log_of_mean(), str(model))
+    data = tmp_path / "x.npy"
+    np.save(data, np.random.default_rng(1).standard_normal((8, 3, 8, 8)).astype(np.float32))
+    assert main(["quantize", str(model), "--calib", str(data), "-o", str(tmp_path / "q.onnx"), "--runs", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "gives NaN" in err or "computes NaN" in err
+    assert len(err.splitlines()) == 1
+    assert main(["bench", str(model), "--reference", str(model), "--data", str(data), "--runs", "2"]) == 2
+    assert "the float (reference) model gives NaN in output 'y'" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.onnx", "x.npy"]
+    from npukit.quant.config import QuantConfig
+    from npukit.quant.qdq import quantize as quantize_model  # calibration itself, where no check ran first
+
+    with pytest.raises(InputError, match="computes NaN in tensor"):
+        quantize_model(_log_of_mean(), [{"x": x[None]} for x in np.load(data)], config=QuantConfig())
+
+
+def test_too_few_calibration_samples_to_check_on_are_refused_unless_held_out_data_is_given(exported, tmp_path,
+                                                                                          capsys) -> None:
+    """MTCNN ONet fitted to 4 crops PASSed on them at 30 dB (exit 0) and gave 11.7 dB on 30 held-out crops; fitted to
+    1, 29.5 and 5.9 dB; compile for the HTP likewise."""
+    calib, held = tmp_path / "four.npy", tmp_path / "held.npy"
+    rng = np.random.default_rng(7)
+    np.save(calib, rng.standard_normal((4, 3, 32, 32)).astype(np.float32))
+    np.save(held, rng.standard_normal((6, 3, 32, 32)).astype(np.float32))
+    assert main(["quantize", str(exported), "--calib", str(calib), "-o", str(tmp_path / "q.onnx")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "4 calibration sample(s): too few" in err and "--data with held-out samples" in err
+    assert main(["compile", str(exported), "--soc", "SM8650", "--calib", str(calib), "-o",
+                 str(tmp_path / "c.onnx")]) == 2
+    assert "give at least 8 calibration samples." in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["four.npy", "held.npy"]
+    # held-out data checks what the grids do on other inputs: calibrating on few is the user's call, and checked
+    assert main(["quantize", str(exported), "--calib", str(calib), "--data", str(held), "-o",
+                 str(tmp_path / "q.onnx"), "--runs", "2"]) in (0, 1)

@@ -255,7 +255,7 @@ def test_a_module_without_a_known_shape_takes_its_data_s_shape(tmp_path, capsys)
     shape of one sample of its .npy, which it now takes by itself (the report says so). Channels-last images are
     still refused: they need a transpose, not their shape."""
     calib = tmp_path / "crops.npy"
-    np.save(calib, np.random.default_rng(0).normal(size=(4, 3, 48, 48)).astype(np.float32))
+    np.save(calib, np.random.default_rng(0).normal(size=(8, 3, 48, 48)).astype(np.float32))
     out = tmp_path / "tiny.pte"
     assert main(["compile", "tinynet:tiny", "--target", "executorch-xnnpack", "--calib", str(calib), "-o",
                  str(out)]) in (0, 1)

@@ -132,7 +132,7 @@ def test_compile_prepares_a_paddle_style_float_model(tmp_path):
     source = tmp_path / "paddle_like.onnx"
     onnx.save(_paddle_like(), source)
     calib = tmp_path / "calib.npy"
-    np.save(calib, np.random.default_rng(1).standard_normal((4, 3, 8, 8)).astype(np.float32))
+    np.save(calib, np.random.default_rng(1).standard_normal((8, 3, 8, 8)).astype(np.float32))
     out = tmp_path / "paddle_like.ctx.onnx"
     result = api.compile(source, out, soc="SM8650", calib=calib, input_shape="1,3,8,8")
     report = json.loads(out.with_name("paddle_like.ctx.report.json").read_text())["results"]

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from npukit.errors import InputError
 from npukit.tasks import TaskChoice, TaskResult, choose_task
 
 Feeds = Mapping[str, np.ndarray]
@@ -46,6 +47,7 @@ def compare_task(reference: Runner, candidate: Runner, samples: Iterable[Any], *
         if limit is not None and count >= limit:
             break
         ref = [np.asarray(o) for o in reference(feeds)]
+        _finite_reference(ref, output_names, count)
         cand = [np.asarray(o) for o in candidate(feeds)]
         if meter is None:
             choice = choose_task([o.shape for o in ref], [np.shape(v) for v in feeds.values()], task=task,
@@ -60,6 +62,19 @@ def compare_task(reference: Runner, candidate: Runner, samples: Iterable[Any], *
         raise ValueError("no samples to compare on")
     result = meter.result()
     return choice, dataclasses.replace(result, constant_reference=True) if compared > 1 and not varies else result
+
+
+def _finite_reference(outputs: Sequence[np.ndarray], names: Sequence[str], index: int) -> None:
+    """The reference's (the float model's) outputs on sample ``index`` hold no NaN or inf: a check against them
+    measures nothing (a model computing log of a mean gave NaN on a quarter of its samples; quantize crashed in
+    ORT's calibrator and bench compared the model with itself and advised a recovery recipe)."""
+    for name, out in zip(names, outputs):
+        if np.issubdtype(out.dtype, np.floating) and not np.all(np.isfinite(out)):
+            what = "NaN" if np.isnan(out).any() else "inf"
+            raise InputError(f"the float (reference) model gives {what} in output {name!r} on sample {index}: a "
+                             "check against it compares nothing there",
+                             hint="give inputs the model is made for (its preprocessing, its value range), or fix "
+                                  "the model where it divides, takes a log or a square root")
 
 
 def check_samples(data: Any, limit: int) -> list[Any]:

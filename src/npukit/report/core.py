@@ -15,13 +15,26 @@ from npukit._atomic import write_text_atomic
 _PACKAGES = ("npukit", "torch", "torchvision", "onnx", "onnxruntime", "onnxscript", "onnx-ir", "numpy", "rich")
 
 
+# packages a verb may have used (module -> distribution): listed where this process imported them (the converter
+# and runtime of a .pte / .tflite / .mlpackage, the search's), so a report names what made its artifact
+_USED = {"executorch": "executorch", "litert_torch": "litert-torch", "ai_edge_litert": "ai-edge-litert",
+         "ai_edge_quantizer": "ai-edge-quantizer", "coremltools": "coremltools", "torchao": "torchao",
+         "optuna": "optuna", "ray": "ray"}
+
+
 def package_versions(extra: tuple[str, ...] = ()) -> dict[str, str | None]:
+    """The versions of npukit's own dependencies, of onnxruntime-qnn where installed (the QNN EP's build), of the
+    optional packages this process imported (``_USED``), and of ``extra``."""
+    import sys
+
+    used = tuple(dist for module, dist in _USED.items() if module in sys.modules)
     out: dict[str, str | None] = {}
-    for name in _PACKAGES + extra:
+    for name in _PACKAGES + ("onnxruntime-qnn",) + used + extra:
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
-            out[name] = None
+            if name != "onnxruntime-qnn":
+                out[name] = None
     return out
 
 

@@ -345,11 +345,12 @@ def context_session(model: str | os.PathLike[str], proto: onnx.ModelProto, *, so
         raise InputError(f"{model} holds no EPContext node", hint="compile it first with `npukit compile`")
     compiled = context_soc(proto)
     asked = soc_info(soc).part if soc else None
+    if compiled and asked and compiled != asked:  # it ran as the SoC it was built for, and the report named both
+        raise InputError(f"{Path(os.fspath(model)).name} was compiled for {compiled} ({SOCS[compiled].name}); it "
+                         f"cannot run as {asked}", hint=f"leave --soc out (it runs as {compiled}), or compile the "
+                                                       f"model again with --soc {asked}")
     chip = soc_info(compiled or asked or "SM8650")
     note = None
-    if compiled and asked and compiled != asked:
-        note = (f"the context binary was compiled for {compiled} ({SOCS[compiled].name}); it runs as that SoC, "
-                f"not as {asked}")
     others = sorted({n.op_type for n in proto.graph.node if n.op_type != "EPContext"})
     session, _ = create_session_with_log(model, backend="htp", allow_cpu_fallback=bool(others),
                                          provider_options=soc_provider_options(chip.part), profiling=False)

@@ -49,7 +49,7 @@ def bench(
     max_samples: int | None = None,
     preprocess: PreprocessConfig | None = None,
     target: str = "cpu",
-    soc: str = "SM8650",
+    soc: str | None = None,
     memory: bool = False,
     report_path: str | Path | None = None,
     html: bool = False,
@@ -65,19 +65,22 @@ def bench(
 
     ``target="qnn-htp"`` also runs the model on Qualcomm's HTP backend (an emulator on x86): which nodes the QNN EP
     took, and how the HTP output agrees with the reference and with the CPU run of the same model, on the HTP of
-    ``soc`` (its htp_arch and soc_model; the emulator's own default is v68). ``memory``
+    ``soc`` (its htp_arch and soc_model; the emulator's own default is v68; None: SM8650, and a compiled context
+    runs as the SoC it was compiled for, which a ``soc`` given must name). ``memory``
     measures ORT CPU's real peak activation memory in a fresh process beside the planner's prediction.
 
     ``input_shape`` (``InputSpec`` forms) is fixed into the model and the reference first, and they are timed,
     compared and planned with it; without ``data``, a model with symbolic dimensions other than the batch needs it."""
     from npukit.frontend.onnx_io import is_context_model
+    from npukit.runtime.qnn import FLOAT_HTP_SOC
 
     config = BenchConfig(threads=threads, warmup=warmup, runs=runs, max_samples=max_samples)
     preprocess = preprocess or PreprocessConfig()
+    given_soc, soc = soc, soc or FLOAT_HTP_SOC  # a context binary runs as the SoC it was compiled for
     spec, proto = _load(model, input_shape, target=target, soc=soc, timed_only=data is None)
     if is_context_model(proto):  # a compiled HTP context binary runs only on the QNN EP
         return _bench_context(model, proto, data=data, reference=reference, warmup=warmup, runs=runs,
-                              max_samples=max_samples, preprocess=preprocess, target=target, soc=soc,
+                              max_samples=max_samples, preprocess=preprocess, target=target, soc=given_soc,
                               report_path=report_path, html=html, task=task, gate=gate, spec=spec)
     models = _Models.load(model, proto, reference, spec)
     dataset = open_data(data, proto, preprocess) if data is not None else None
@@ -248,7 +251,7 @@ def _check_reference(model: onnx.ModelProto, reference: onnx.ModelProto, path: s
 
 
 def _bench_context(model: str | Path, proto: onnx.ModelProto, *, data, reference, warmup: int, runs: int,
-                   max_samples: int | None, preprocess: PreprocessConfig, target: str, soc: str, report_path,
+                   max_samples: int | None, preprocess: PreprocessConfig, target: str, soc: str | None, report_path,
                    html: bool, task: str | None, gate: QualityGate | None, spec) -> CommandResult:
     """``bench`` of a compiled EPContext model (``npukit compile``): it runs only on the QNN HTP backend, as the SoC
     it was compiled for. Latency on the HTP emulator (x86: not the device's latency), size, and with ``data`` and

@@ -20,7 +20,7 @@ from npukit.report.progress import step
 from npukit.tasks import QualityGate
 from npukit.verbs.common import (HOLD_BACK_EVERY, check_output, check_task, check_task_measurable, data_label,
                                  float_static_model, floor_check, held_back, open_data, preprocess_record,
-                                 quant_opset, refuse_nothing_left, task_check)
+                                 quant_opset, refuse_nothing_left, refuse_tiny_self_check, task_check)
 
 
 CHECK_SAMPLES = 32  # calibration samples the task check reads when no held-out data is given
@@ -183,6 +183,8 @@ def quantize(
     samples = open_data(calib, proto, preprocess)
     evaluation = open_data(data, proto, preprocess) if data is not None else None
     check_task(proto, samples, task)  # a --task the outputs cannot carry fails here, before any work
+    if evaluation is None or same_data(data, calib):
+        refuse_tiny_self_check(len(samples), held_out="--data")
     check = evaluation if evaluation is not None else samples
     limit = (max_samples or len(check)) if evaluation is not None else CHECK_SAMPLES
     where = checked_on(data, held_out=evaluation is not None, same_as_calib=same_data(data, calib))

@@ -198,9 +198,15 @@ class Calibration:
         if start != self.samples:
             raise ValueError(f"samples [0, {self.samples}) were observed; the next must start at {self.samples}")
         for values in observe(self.model, self.names, samples, limit=stop, progress=progress, start=start):
-            self.samples += 1
             for name, value in values.items():
+                if not np.all(np.isfinite(value)):  # ORT's quantizer failed on the range: "AssertionError: scale issue"
+                    what = "NaN" if np.isnan(value).any() else "inf"
+                    raise InputError(f"the float model computes {what} in tensor {name!r} on calibration sample "
+                                     f"{self.samples}: no 8-bit grid holds it",
+                                     hint="give inputs the model is made for (its preprocessing, its value range), "
+                                          "or fix the model where it divides, takes a log or a square root")
                 self.observers[name].update(value)
+            self.samples += 1
         return self
 
     def result(self) -> CalibrationResult:
