@@ -1168,3 +1168,13 @@ def test_too_few_calibration_samples_to_check_on_are_refused_unless_held_out_dat
     # held-out data checks what the grids do on other inputs: calibrating on few is the user's call, and checked
     assert main(["quantize", str(exported), "--calib", str(calib), "--data", str(held), "-o",
                  str(tmp_path / "q.onnx"), "--runs", "2"]) in (0, 1)
+
+
+def test_bench_says_what_is_missing_for_a_check(exported, tmp_path) -> None:
+    """bench --reference without --data said "no data and reference given" though a reference was."""
+    report = tmp_path / "b.json"
+    for extra, said in ((["--reference", str(exported)], "no --data given to check it against the reference on"),
+                        ([], "no data and reference given")):
+        assert main(["bench", str(exported), "--runs", "2", "--report", str(report), *extra]) == 0
+        verdict = json.loads(report.read_text())["verdict"]
+        assert verdict.startswith("MEASURED bench: ") and said in verdict

@@ -104,10 +104,11 @@ def add_context_latency(report: Report, model: str | Path, size: Any, latency: A
                      [[Path(str(model)).name, size.file_bytes, latency.median_ms, latency.p90_ms]])
 
 
-def set_measured_verdict(report: Report, model: str | Path, *, with_data: bool, on: str | None = None) -> None:
+def set_measured_verdict(report: Report, model: str | Path, *, with_data: bool, on: str | None = None,
+                         with_reference: bool = False) -> None:
     """The verdict of a bench without a task check (``on``: where it ran, when not ORT CPU): measured only, and what
-    was not given for a check."""
+    was not given for a check (a reference without data: the data; it said "no data and reference given")."""
     where = f" on {on}" if on else ""
-    missing = "reference" if with_data else "data and reference"
-    report.set_verdict(f"MEASURED bench: {Path(str(model)).name}{where}, no {missing} given, so no task check",
-                       passed=True)
+    missing = ("no reference given" if with_data else "no --data given to check it against the reference on"
+               if with_reference else "no data and reference given")
+    report.set_verdict(f"MEASURED bench: {Path(str(model)).name}{where}, {missing}, so no task check", passed=True)

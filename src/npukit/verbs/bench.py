@@ -189,7 +189,8 @@ def _task_check(report: Report, models: _Models, dataset: Any, config: BenchConf
     from npukit.measure.task_fidelity import check_samples
 
     if dataset is None or models.ref_proto is None:
-        set_measured_verdict(report, models.model, with_data=dataset is not None)
+        set_measured_verdict(report, models.model, with_data=dataset is not None,
+                             with_reference=models.ref_proto is not None)
         return None
     with step("task check against the reference", timings=report.timings, key="task_check"):
         total = len(dataset) if config.max_samples is None else min(config.max_samples, len(dataset))
@@ -293,7 +294,8 @@ def _bench_context(model: str | Path, proto: onnx.ModelProto, *, data, reference
                         candidate_runner=session_runner(ctx.session),
                         hint=_REQUANTIZE_HINT, against=f"the reference ({Path(str(reference)).name}) on ORT CPU")
     else:
-        set_measured_verdict(report, model, with_data=dataset is not None, on="the HTP emulator")
+        set_measured_verdict(report, model, with_data=dataset is not None, on="the HTP emulator",
+                             with_reference=reference is not None)
     json_path = Path(report_path) if report_path else None
     return finish(report, None, html=html, json_path=json_path, result=report.sections)
 
