@@ -12,7 +12,7 @@ from npukit.memory.measure import measure_ort_peak
 from npukit.memory.ort_cpu import OrtExecutedGraph, ort_allocation, ort_executed_graph, without_graph_inputs
 from npukit.memory.planners import best_plan, check_plan
 
-from .tiny import _model, conv_relu_add
+from .tiny import _model, conv_relu_add, stacked_convs, two_branches
 
 
 def _executed(nodes, shapes, inputs=("x",), outputs=("y",)) -> OrtExecutedGraph:
@@ -65,6 +65,43 @@ def test_executed_graph_is_read_from_ort_with_every_shape(tmp_path):
         ort_executed_graph(tmp_path / "missing.onnx")
     with pytest.raises(InputError, match="optimization level"):
         ort_executed_graph(path, optimization="max")
+
+
+def test_executed_graph_has_the_same_order_and_names_every_time(tmp_path):
+    """ORT creates its ReorderOutput nodes in the order of a hash map keyed by pointers: the Concat's inputs, hence the
+    order of the six branches (and the peak of a tiled model), changed from one session to the next, as did their
+    names. They are renumbered stably: as if created in the order of the NCHWc nodes that feed them."""
+    path = tmp_path / "stacked.onnx"
+    onnx.save(stacked_convs(6), str(path))
+    seen = {tuple((node.name, node.op, node.outputs) for node in ort_executed_graph(path).graph.nodes)
+            for _ in range(5)}
+    assert len(seen) == 1
+    (nodes,) = seen
+    convs = [outputs[0] for _, op, outputs in nodes if op == "nchwc:ReorderOutput"]
+    if convs:  # NCHWc: x86 only
+        assert convs == [f"c{k}" for k in range(6)]  # the last NCHWc node made (conv0's) runs first
+
+
+def test_execution_order_replays_orts_own_where_nothing_is_left_to_chance(tmp_path):
+    from npukit.memory.ort_cpu import _ort_node_indices, ort_execution_order
+    from npukit.runtime.ort import make_session
+
+    for make in (conv_relu_add, two_branches, _dense_block):  # at most one ReorderOutput per model here
+        path = tmp_path / f"{make.__name__}.onnx"
+        onnx.save(make(), str(path))
+        make_session(path, optimized_model_path=str(tmp_path / "optimized.onnx"))
+        saved = list(onnx.load(str(tmp_path / "optimized.onnx")).graph.node)
+        indices = _ort_node_indices(path, "all", tmp_path / "optimized.ort")
+        assert indices is not None
+        assert [n.name for n in ort_execution_order(saved, indices)] == [n.name for n in saved]
+
+
+def test_reorder_outputs_take_their_indices_in_the_order_of_their_producers():
+    from npukit.memory.ort_cpu import NCHWC, _stable_reorder_outputs
+
+    nodes = [(0, NCHWC, "Conv", ["x"], "n0"), (1, NCHWC, "Conv", ["x"], "n1"), (2, "", "Concat", ["a", "b"], "y"),
+             (3, NCHWC, "ReorderOutput", ["n1"], "b"), (4, NCHWC, "ReorderOutput", ["n0"], "a")]
+    assert _stable_reorder_outputs(nodes) == {"n0": 0, "n1": 1, "y": 2, "a": 3, "b": 4}
 
 
 def _dense_block() -> onnx.ModelProto:

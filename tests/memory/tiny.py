@@ -95,3 +95,34 @@ def chain(length: int, *, dims=(1, 8, 16, 16)) -> onnx.ModelProto:
              for i in range(length)]
     return _model(nodes, [helper.make_tensor_value_info("x", FLOAT, list(dims))],
                   [helper.make_tensor_value_info(names[-1], FLOAT, list(dims))])
+
+
+def sliced_branches() -> onnx.ModelProto:
+    """x[1,1,8,8] (256 B) read by two overlapping Slices of 5 rows (160 B each); each -> Conv 1->16 (2560 B) ->
+    GlobalAveragePool (64 B); Add of the two. Running both slices first lets x die early and lowers the peak with x
+    counted, but holds both slices at the wide map's step: without x, branch after branch (as ORT runs it) is lower."""
+    def rows(lo: int, hi: int, tag: str) -> list[onnx.TensorProto]:
+        return [numpy_helper.from_array(np.array(v, np.int64), f"{tag}_{k}")
+                for k, v in (("starts", [lo]), ("ends", [hi]), ("axes", [2]))]
+
+    nodes, inits = [], []
+    for branch, (lo, hi) in (("a", (0, 5)), ("b", (3, 8))):
+        inits += [*rows(lo, hi, branch), _weight(f"w{branch}", (16, 1, 1, 1), 5 if branch == "a" else 6)]
+        nodes += [helper.make_node("Slice", ["x", f"{branch}_starts", f"{branch}_ends", f"{branch}_axes"],
+                                   [f"{branch}0"], name=f"{branch}_slice"),
+                  helper.make_node("Conv", [f"{branch}0", f"w{branch}"], [f"{branch}1"], name=f"{branch}_conv"),
+                  helper.make_node("GlobalAveragePool", [f"{branch}1"], [f"{branch}2"], name=f"{branch}_pool")]
+    nodes.append(helper.make_node("Add", ["a2", "b2"], ["y"], name="add"))
+    return _model(nodes, [helper.make_tensor_value_info("x", FLOAT, [1, 1, 8, 8])],
+                  [helper.make_tensor_value_info("y", FLOAT, [1, 16, 1, 1])], inits)
+
+
+def stacked_convs(count: int = 6) -> onnx.ModelProto:
+    """x[1,1,8,8] -> ``count`` Convs 1->16 (3x3) -> Concat along H: on x86 ORT runs each Conv in NCHWc and converts
+    each output back with a ReorderOutput node before the Concat."""
+    nodes = [helper.make_node("Conv", ["x", f"w{k}"], [f"c{k}"], name=f"conv{k}", pads=[1, 1, 1, 1])
+             for k in range(count)]
+    nodes.append(helper.make_node("Concat", [f"c{k}" for k in range(count)], ["y"], name="cat", axis=2))
+    return _model(nodes, [helper.make_tensor_value_info("x", FLOAT, [1, 1, 8, 8])],
+                  [helper.make_tensor_value_info("y", FLOAT, [1, 16, 8 * count, 8])],
+                  [_weight(f"w{k}", (16, 1, 3, 3), k) for k in range(count)])

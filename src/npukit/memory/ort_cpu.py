@@ -13,6 +13,12 @@ How.
 1. :func:`ort_executed_graph` lets ORT optimize the model (``optimized_model_filepath``, weights written apart), then
    runs ORT's optimized graph once with every node output added as a graph output, which gives the exact shape and
    dtype of every tensor, the NCHWc ones included (ONNX shape inference does not know the NCHWc operators).
+   The nodes are put in the order ORT executes them, made deterministic (:func:`ort_execution_order`): ORT runs a
+   reverse depth-first order from the graph's leaf nodes, visiting a node's inputs by ORT's node index, and the
+   NCHWc transformer creates its ReorderOutput nodes while iterating a hash map keyed by pointers, so their indices,
+   hence the order of independent branches (the tiles of a tiled stage) and the peak, change from process to
+   process. The indices are read from the same graph saved in ORT's own format (which keeps them), the
+   ReorderOutput nodes are renumbered in a stable order, and ORT's traversal is replayed with them.
 2. :data:`ORT_CPU_KERNELS` states, as data, which ORT CPU kernels declare an output that aliases an input (Reshape
    and friends) or may reuse an input in place (unary activations; the fused "sum" input of Conv).
 3. :func:`ort_allocation` replays ORT's sequential allocation planner on that graph: in execution order, an output
@@ -108,11 +114,106 @@ def ort_executed_graph(
         feeds = _feeds(session, input_shape)
         del session
         proto = onnx.load(str(optimized), load_external_data=False)
+        indices = _ort_node_indices(path, optimization, Path(tmp) / "optimized.ort")
+        order = None if indices is None else ort_execution_order(proto.graph.node, indices)
+        if order is not None:  # else ORT's order as saved, which may differ from one process to the next
+            _stable_reorder_names(order, indices)
+            del proto.graph.node[:]
+            proto.graph.node.extend(order)
         shapes, itemsizes = _run_for_shapes(proto, optimized, feeds)
     return OrtExecutedGraph(
         graph=_tensor_graph(proto, shapes, itemsizes, kernels), shapes=shapes, itemsizes=itemsizes,
         optimization=optimization, layout_ops=sum(1 for n in proto.graph.node if n.domain == NCHWC),
     )
+
+
+REORDER_OUTPUT = (NCHWC, "ReorderOutput")
+
+
+def _ort_node_indices(model: Path, optimization: str, saved: Path) -> dict[str, int] | None:
+    """ORT's index of every node of its optimized graph, keyed by the node's first output (node names may be empty),
+    read from the graph saved in ORT's own format at ``saved``, which keeps the indices, with the ReorderOutput nodes
+    renumbered stably (:func:`_stable_reorder_outputs`); None when ORT cannot save or read that format."""
+    try:
+        from onnxruntime.tools.ort_format_model.ort_flatbuffers_py.fbs.InferenceSession import InferenceSession
+
+        make_session(model, optimization=optimization, optimized_model_path=str(saved),
+                     session_config={"session.save_model_format": "ORT"})
+        graph = InferenceSession.GetRootAsInferenceSession(saved.read_bytes(), 0).Model().Graph()
+        nodes = []
+        for position in range(graph.NodesLength()):
+            node = graph.Nodes(position)
+            outputs = [node.Outputs(i).decode() for i in range(node.OutputsLength())]
+            inputs = [node.Inputs(i).decode() for i in range(node.InputsLength())]
+            nodes.append((node.Index(), (node.Domain() or b"").decode(), node.OpType().decode(), inputs,
+                          next((o for o in outputs if o), "")))
+    except Exception:  # noqa: BLE001 - no ORT-format copy (an op, a build without it): ORT's order as saved
+        return None
+    if any(not output for *_, output in nodes):
+        return None
+    return _stable_reorder_outputs(nodes)
+
+
+def _stable_reorder_outputs(nodes: Sequence[tuple[int, str, str, Sequence[str], str]]) -> dict[str, int]:
+    """First output -> index for ``nodes`` given as (ORT index, domain, op type, inputs, first output).
+
+    The tie-break: ORT creates all ReorderOutput nodes last (``NchwcTransformerImpl::Finalize``), in the order of a
+    hash map keyed by NodeArg pointers, i.e. by chance. They keep the indices ORT gave them as a set, but take them in
+    the order of the index of the node producing their input (the NCHWc node, created in ORT's deterministic
+    topological sweep), then of their output name; every other node keeps ORT's index."""
+    index = {output: idx for idx, _, _, _, output in nodes}
+    reorders = [(index.get(inputs[0], -1) if inputs else -1, output, idx)
+                for idx, domain, op, inputs, output in nodes if (domain, op) == REORDER_OUTPUT]
+    for (_, output, _), idx in zip(sorted(reorders), sorted(idx for *_, idx in reorders)):
+        index[output] = idx
+    return index
+
+
+def _stable_reorder_names(nodes: Sequence[onnx.NodeProto], indices: Mapping[str, int]) -> None:
+    """Rename the ReorderOutput nodes as ORT would have named them in the stable order: ORT names them in creation
+    (index) order, "ReorderOutput", then "ReorderOutput_token_<n>" with n rising, so the names sorted by length, then
+    text, go to the nodes sorted by their renumbered index."""
+    reorders = sorted((n for n in nodes if (n.domain, n.op_type) == REORDER_OUTPUT),
+                      key=lambda n: indices[next(o for o in n.output if o)])
+    names = sorted((n.name for n in reorders), key=lambda name: (len(name), name))
+    for node, name in zip(reorders, names):
+        node.name = name
+
+
+def ort_execution_order(nodes: Sequence[onnx.NodeProto], indices: Mapping[str, int]) -> list[onnx.NodeProto] | None:
+    """``nodes`` in the order ORT's GraphViewer gives them (``Graph::ReverseDFSFrom`` with ``NodeCompare``): a
+    depth-first walk from the leaf nodes (no consumer) taken in index order, each node's producers pushed in
+    ascending index order (so the highest index runs first), a node emitted once all its producers are. ``indices``
+    maps each node's first output to its index; None when a node is missing from it (a graph that is not the one
+    indexed) or holds a subgraph."""
+    keyed = []
+    for node in nodes:
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            return None  # a subgraph's outer-scope reads are edges too: not followed here
+        output = next((o for o in node.output if o), "")
+        if output not in indices:
+            return None
+        keyed.append(indices[output])
+    if len(set(keyed)) != len(keyed):
+        return None
+    by_index = dict(zip(keyed, nodes))
+    producer = {o: idx for idx, node in by_index.items() for o in node.output if o}
+    inputs = {idx: [producer[i] for i in node.input if i in producer] for idx, node in by_index.items()}
+    read = {p for found in inputs.values() for p in found}
+    stack = [(idx, False) for idx in sorted(by_index) if idx not in read]
+    visited: set[int] = set()
+    order: list[onnx.NodeProto] = []
+    while stack:
+        idx, leave = stack.pop()
+        if leave:
+            order.append(by_index[idx])
+            continue
+        if idx in visited:
+            continue
+        visited.add(idx)
+        stack.append((idx, True))
+        stack.extend((p, False) for p in sorted(inputs[idx]) if p not in visited)
+    return order if len(order) == len(nodes) else None
 
 
 def _feeds(session, input_shape: Sequence[int] | None) -> dict[str, np.ndarray]:

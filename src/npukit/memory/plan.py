@@ -37,7 +37,9 @@ class MemoryResult:
     runtime_peak: int | None = None
     runtime_allocator: str = ""
     description: str = ""  # the graph planned, in words (the view's, or the graph ORT executes)
-    runtime_lower_bound: int | None = None  # the lower bound less the graph inputs, as the runtime's peak counts
+    # the bound ORT's replayed peak is compared with: the peak live bytes in the order ORT runs (the replay's order,
+    # not the searched one) less the graph inputs, counted as the replay counts them; the replay never goes below it
+    runtime_lower_bound: int | None = None
     input_shape: dict[str, Any] | None = None  # the shapes fixed into the model first (InputSpec.as_dict)
 
     @property
@@ -105,7 +107,7 @@ def plan_memory(
         best=best_plan(lifetimes, plans.values()), lower_bound=lifetimes.peak_bytes,
         unfused_lower_bound=lifetimes_of(exported).peak_bytes, order=order,
         runtime_peak=runtime_peak, runtime_allocator=allocator, description=description,
-        runtime_lower_bound=None if runtime_peak is None else without_graph_inputs(lifetimes).peak_bytes,
+        runtime_lower_bound=None if runtime_peak is None else without_graph_inputs(lifetimes_of(graph)).peak_bytes,
         input_shape=None if spec is None else spec.as_dict(),
     )
     return result

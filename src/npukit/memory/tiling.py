@@ -17,8 +17,10 @@ tensor under its own name, so the rest of the graph is unchanged.
 Execution order. The rewritten graph lists the nodes tile by tile, each row's Concat right after its tiles. ONNX
 Runtime (CPU, sequential executor, default execution order) does not run the graph's node order as listed: it runs
 a reverse depth-first order from the graph outputs; since the tiles share no node, each tile still runs as one
-contiguous block (ORT 1.32's profiler shows the last tile first, then the others in turn), and the graph
-optimizers (fusions, the NCHWc layout transform) only rewrite nodes within a tile. Contiguity is not enough: ORT's
+contiguous block (ORT 1.32's profiler shows the last tile first, then the others in turn; on x86 the order of
+the tiles changes from session to session, as ORT numbers its NCHWc ReorderOutput nodes by chance, and the replay
+in :mod:`npukit.memory.ort_cpu` fixes one stable order), and the graph optimizers (fusions, the NCHWc layout
+transform) only rewrite nodes within a tile. Contiguity is not enough: ORT's
 allocation planner lets an output take over a freed buffer of exactly the same shape and keeps that buffer
 allocated from its first tensor to its last, so tiles with equal shapes (even tiles, or the two border tiles)
 keep one another's buffers alive and the measured peak stays near the untiled one. The tile edges are therefore
@@ -60,7 +62,8 @@ REL_TOLERANCE = 1e-5
 
 
 class BudgetUnreachable(InputError):
-    """No tiling fits the budget; ``smallest_peak`` is the lowest peak any candidate reached (None: none planned)."""
+    """No tiling fits the budget; ``smallest_peak`` is the lowest peak reachable, whatever the budget (the untiled
+    peak when no tiling lowers it)."""
 
     def __init__(self, smallest_peak: int | None, message: str, *, hint: str = "") -> None:
         super().__init__(message, hint=hint)
@@ -584,7 +587,9 @@ def choose_tiling(
     Cuts are the tensors ``target``'s view keeps (not intermediates fused away) where the bytes live after the
     cut in the untiled graph already fit the budget (tiling cannot lower them) and that come at or after the untiled
     peak (an earlier cut leaves the peak untiled); for the first ``max_cuts`` of them in graph order, the grids of
-    :data:`TILE_OPTIONS` are planned by tile count until one fits or costs more MACs than the best fit so far.
+    :data:`TILE_OPTIONS` are planned by tile count until one fits, costs more MACs than the best fit so far, or
+    plans no lower a peak than the grid before it. When none fits, BudgetUnreachable states the smallest peak
+    reachable, searched independently of the budget (:func:`_smallest_reachable`).
     ``peak_of`` gives a model's peak (default: the best plan of ``target``'s view, see :func:`planned_peak`;
     :func:`optimize_for_memory` passes ORT's replayed allocation for target "cpu").
     """
@@ -618,35 +623,82 @@ def choose_tiling(
     peak_step = live.index(max(live)) if live else 0
     fitting = [cut for cut, tail in tails if tail <= budget_bytes and step_of[cut] >= peak_step][:max_cuts]
     fitting = fitting or [cut for cut, tail in tails if tail <= budget_bytes][:max_cuts]
+    macs = summarize(model, input_shape=shape).macs
+    tiled: dict[tuple[str, Tiles], TileResult] = {}
+    planned: dict[tuple[str, Tiles], TilingCandidate] = {}
+
+    def grids(cut: str) -> list[Tiles]:
+        (_, height), (_, width) = graph.extent(cut)
+        return [grid for grid in TILE_OPTIONS if grid[0] <= height and grid[1] <= width]
+
+    def tile(cut: str, grid: Tiles) -> TileResult:
+        if (cut, grid) not in tiled:
+            tiled[cut, grid] = _tile(graph, grid, cut, macs, shape)
+        return tiled[cut, grid]
+
+    def plan(cut: str, grid: Tiles) -> TilingCandidate:
+        if (cut, grid) not in planned:
+            result = tile(cut, grid)
+            planned[cut, grid] = TilingCandidate(cut, grid, peak_of(result.model), result.mac_overhead)
+        return planned[cut, grid]
+
+    # Per cut the grids are planned by tile count, and no further once a grid's peak is no lower than the grid's
+    # before it (finer grids add halo and pieces); the search for the smallest reachable peak follows the same rule,
+    # so a budget of the peak it reports is met.
     candidates: list[TilingCandidate] = []
     best: tuple[TileResult, int] | None = None
-    macs = summarize(model, input_shape=shape).macs
-    for cut in fitting or [cut for cut, _ in sorted(tails, key=lambda t: t[1])[:2]]:
-        (_, height), (_, width) = graph.extent(cut)
-        for grid in TILE_OPTIONS:
-            if grid[0] > height or grid[1] > width:
-                continue
-            result = _tile(graph, grid, cut, macs, shape)
+    for cut in fitting:
+        previous = None
+        for grid in grids(cut):
+            result = tile(cut, grid)
             if best is not None and result.mac_overhead >= best[0].mac_overhead:
                 break  # the grids that follow cost more halo still
-            peak = peak_of(result.model)
-            candidates.append(TilingCandidate(cut, grid, peak, result.mac_overhead))
-            if peak <= budget_bytes:
+            candidate = plan(cut, grid)
+            candidates.append(candidate)
+            if candidate.planned_peak_bytes <= budget_bytes:
                 if best is None or result.mac_overhead < best[0].mac_overhead:
-                    best = (result, peak)
+                    best = (result, candidate.planned_peak_bytes)
                 break
+            if previous is not None and candidate.planned_peak_bytes >= previous:
+                break
+            previous = candidate.planned_peak_bytes
     if best is None:
-        smallest = min(candidates, key=lambda c: c.planned_peak_bytes) if candidates else None
+        reachable = [(cut, tail) for cut, tail in tails if step_of[cut] >= peak_step][:max_cuts] or tails[:max_cuts]
+        smallest = _smallest_reachable(reachable, before, grids, plan)
         reach = (f"; the smallest reachable planned peak is {smallest.planned_peak_bytes} bytes "
-                 f"(cut {smallest.cut!r}, {smallest.tiles[0]}x{smallest.tiles[1]} tiles)") if smallest else ""
+                 f"(cut {smallest.cut!r}, {smallest.tiles[0]}x{smallest.tiles[1]} tiles)" if smallest else
+                 f"; the smallest reachable planned peak is the untiled {before} bytes: no tiling planned lowers "
+                 "it")
         lowest_tail = min(tail for _, tail in tails)
         raise BudgetUnreachable(
-            smallest.planned_peak_bytes if smallest else None,
+            smallest.planned_peak_bytes if smallest else before,
             f"no tiling fits the budget of {budget_bytes} bytes on {target} (untiled: {before} bytes)" + reach,
             hint=f"raise --memory-budget; the graph after any cut alone needs {lowest_tail} bytes")
     result, peak = best
     return TilingChoice(result=result, target=target, budget_bytes=budget_bytes, planned_peak_before=before,
                         planned_peak_after=peak, candidates=tuple(candidates))
+
+
+def _smallest_reachable(cuts: Sequence[tuple[str, int]], untiled: int, grids: Callable[[str], list[Tiles]],
+                        plan: Callable[[str, Tiles], TilingCandidate]) -> TilingCandidate | None:
+    """The tiling with the lowest planned peak, whatever the budget asked: over ``cuts`` (the first ``max_cuts``
+    cuts at or after the untiled peak, in graph order, with the bytes live after each), each cut's grids by tile
+    count while the peak keeps falling; a cut whose tail alone is not below the best peak so far is skipped (tiling
+    cannot lower it). Ties go to the earlier cut, then to the grid with fewer tiles. None when nothing planned is
+    below the ``untiled`` peak."""
+    best: TilingCandidate | None = None
+    for cut, tail in cuts:
+        if tail >= (untiled if best is None else best.planned_peak_bytes):
+            continue
+        previous = None
+        for grid in grids(cut):
+            candidate = plan(cut, grid)
+            if candidate.planned_peak_bytes < (untiled if best is None else best.planned_peak_bytes):
+                best = candidate
+            if previous is not None and candidate.planned_peak_bytes >= previous:
+                break
+            previous = candidate.planned_peak_bytes
+    return best
 
 
 def max_rel_error(original: onnx.ModelProto, tiled: onnx.ModelProto, *,
