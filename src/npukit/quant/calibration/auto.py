@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -70,23 +70,32 @@ def output_sqnrs(reference: onnx.ModelProto, candidates: dict[str, onnx.ModelPro
     return scored_outputs(reference, candidates, samples, start=start, stop=stop, session=session)[0]
 
 
+def _paired_runs(reference: onnx.ModelProto, candidates: dict[Any, onnx.ModelProto], samples: Iterable[object], *,
+                 start: int, stop: int, names: list[str], session: Callable[[onnx.ModelProto], Any]
+                 ) -> Iterator[tuple[list[np.ndarray], dict[Any, list[Any]]]]:
+    """Per sample of [start, stop): the reference's outputs ``names`` (float64, on ORT CPU) and each candidate's,
+    each run by ``session(model)``."""
+    ref = make_session(reference)
+    sessions = {m: session(model) for m, model in candidates.items()}
+    for feeds in itertools.islice(iter_samples(reference, samples, limit=stop), start, None):
+        want = [np.asarray(v, np.float64) for v in ref.run(names, feeds)]
+        yield want, {m: run.run(names, feeds) for m, run in sessions.items()}
+
+
 def scored_outputs(reference: onnx.ModelProto, candidates: dict[str, onnx.ModelProto], samples: Iterable[object], *,
                    start: int, stop: int, session: Callable[[onnx.ModelProto], Any] = make_session
                    ) -> tuple[dict[str, float], dict[str, list[float]]]:
     """``output_sqnrs``, and each candidate's SQNR sample by sample (signal and noise summed over the outputs of
     that sample alone)."""
-    ref = make_session(reference)
     names = [o.name for o in reference.graph.output]
-    sessions = {m: session(model) for m, model in candidates.items()}
     signal = 0.0
     noise = dict.fromkeys(candidates, 0.0)
     per_sample: dict[str, list[float]] = {m: [] for m in candidates}
-    for feeds in itertools.islice(iter_samples(reference, samples, limit=stop), start, None):
-        want = [np.asarray(v, np.float64) for v in ref.run(names, feeds)]
+    for want, runs in _paired_runs(reference, candidates, samples, start=start, stop=stop, names=names,
+                                   session=session):
         here = sum(float(np.sum(w * w)) for w in want)
         signal += here
-        for method, session in sessions.items():
-            got = session.run(names, feeds)
+        for method, got in runs.items():
             err = sum(float(np.sum((w - np.asarray(g, np.float64)) ** 2)) for w, g in zip(want, got))
             noise[method] += err
             per_sample[method].append(sqnr_db(here, err))
@@ -99,16 +108,13 @@ def worst_output_sqnrs(reference: onnx.ModelProto, candidates: dict[Any, onnx.Mo
     """Each candidate's lowest SQNR (dB) over ``outputs`` (default: every graph output; each output's signal and
     noise summed over samples [start, stop)), as a check holds outputs to a floor: ``output_sqnrs`` sums the
     outputs, where a small one (box offsets beside probabilities) hides behind a large one."""
-    ref = make_session(reference)
     names = list(outputs) if outputs is not None else [o.name for o in reference.graph.output]
-    sessions = {m: session(model) for m, model in candidates.items()}
     signal = np.zeros(len(names))
     noise = {m: np.zeros(len(names)) for m in candidates}
-    for feeds in itertools.islice(iter_samples(reference, samples, limit=stop), start, None):
-        want = [np.asarray(v, np.float64) for v in ref.run(names, feeds)]
+    for want, runs in _paired_runs(reference, candidates, samples, start=start, stop=stop, names=names,
+                                   session=session):
         signal += [float(np.sum(w * w)) for w in want]
-        for m, run in sessions.items():
-            got = run.run(names, feeds)
+        for m, got in runs.items():
             noise[m] += [float(np.sum((w - np.asarray(g, np.float64)) ** 2)) for w, g in zip(want, got)]
     return {m: min(sqnr_db(s, e) for s, e in zip(signal, n)) for m, n in noise.items()}
 
