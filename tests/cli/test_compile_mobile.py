@@ -352,7 +352,9 @@ def test_the_float_head_is_held_to_the_floor_only_for_outputs_the_check_holds_th
     from onnx import TensorProto, helper, numpy_helper
 
     from npukit.tasks import QualityGate
-    from npukit.verbs.compile_mobile import FLOOR_MARGIN_DB, FLOOR_SHARE, XNNPACK_INT8, held_outputs, held_to_floor
+    from npukit.quant.precision.scored_head import FLOOR_MARGIN_DB, FLOOR_SHARE, held_to_floor
+    from npukit.verbs.common import held_outputs
+    from npukit.verbs.compile_mobile import XNNPACK_INT8
 
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name) for name, shape in
@@ -368,6 +370,6 @@ def test_the_float_head_is_held_to_the_floor_only_for_outputs_the_check_holds_th
     samples = [{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
     assert held_outputs(model, samples, None) == ("box",)  # prob is the classification's
     assert held_outputs(model, samples, "generic") == ("box", "prob")
-    head = held_to_floor(XNNPACK_INT8, QualityGate(min_sqnr_db=25.0), ("box",)).precision.float_head
+    head = held_to_floor(XNNPACK_INT8, QualityGate(min_sqnr_db=25.0).min_sqnr_db, ("box",)).precision.float_head
     assert (head.floor_db, head.floor_share, head.floor_outputs) == (25.0 + FLOOR_MARGIN_DB, FLOOR_SHARE, ("box",))
-    assert held_to_floor(XNNPACK_INT8, QualityGate(), ()) is XNNPACK_INT8
+    assert held_to_floor(XNNPACK_INT8, QualityGate().min_sqnr_db, ()) is XNNPACK_INT8

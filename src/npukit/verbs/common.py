@@ -396,6 +396,18 @@ def output_task(reference: onnx.ModelProto, feeds: dict[str, np.ndarray], task: 
     return choose_task([o.shape for o in outs], [np.shape(v) for v in feeds.values()], task=task, sample=outs)
 
 
+def held_outputs(reference: onnx.ModelProto, samples: Sequence[Any], task: str | None) -> tuple[str, ...]:
+    """The outputs of ``reference`` the check holds to the SQNR floor (those its task metric does not cover), as the
+    task check decides them on the float model against itself on a few of ``samples``."""
+    from npukit.measure.task_fidelity import compare_task, session_runner
+    from npukit.runtime.ort import make_session
+
+    run = session_runner(make_session(reference))
+    names = [o.name for o in reference.graph.output]
+    _, result = compare_task(run, run, samples, output_names=names, task=task, limit=8)
+    return tuple(names) if result.value is None else tuple(n for n in names if n not in result.decoded)
+
+
 def summary_of(model: onnx.ModelProto, *, input_shape: Sequence[int] | None = None):
     """``measure.summary.summarize``; where shape inference leaves conv/matmul layers without shapes although the
     inputs are static (sizes the graph computes), the model is run once on seeded inputs for them."""

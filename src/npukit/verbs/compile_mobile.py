@@ -22,14 +22,14 @@ from npukit.frontend._messages import first_line
 from npukit.frontend.spec import eval_mode
 from npukit.quant.config import (ActivationEqualization, CalibrationSpec, FloatHead, Precision, QuantConfig, Recipe,
                                  Scheme)
-from npukit.quant.precision.scored_head import MOBILE_SHARE
+from npukit.quant.precision.scored_head import FLOOR_MARGIN_DB, MOBILE_SHARE, held_to_floor
 from npukit.report.compile import add_carried_plan, add_fp32_error, add_mobile_latency
 from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import (check_task, data_label, note_shape_from_data, note_untrained, scratch_export,
-                                 shape_origin, torch_source)
+from npukit.verbs.common import (check_task, data_label, held_outputs, note_shape_from_data, note_untrained,
+                                 scratch_export, shape_origin, torch_source)
 
 CHECK_SAMPLES = 32  # calibration samples the task check reads
 FP32_TOLERANCE = 1e-4  # fp32 artifact against eager torch: max abs error over the output's range
@@ -56,40 +56,6 @@ XNNPACK_INT8 = QuantConfig(scheme=Scheme(activation_dtype="int8"), calibration=C
                            recipe=Recipe(cle=True, activation_equalization=ActivationEqualization(),
                                          bias_correction=True, score_on="reference", fold_affines=False),
                            precision=Precision(float_head=FloatHead("accuracy", MOBILE_SHARE)))
-# Where that head leaves an output below the check's SQNR floor, the head may take up to FLOOR_SHARE of the MACs to
-# reach it (``FloatHead.floor_db``): MTCNN's RNet, whose stem alone is 24% of its MACs, FAILed quantized whole (box
-# output 18.8 dB < 20 dB) and passes with the stem in fp32. Past a third of the MACs in fp32 an INT8 artifact is
-# little faster than the fp32 one; the verdict says how far the head went. The head is judged on the plan's QDQ
-# arithmetic, which is not the runtime's: RNet's box output was 20.0 dB there quantized whole and 18.8 dB in the .pte
-# (32 crops), so the head aims FLOOR_MARGIN_DB above the check's floor.
-FLOOR_SHARE = 0.3
-FLOOR_MARGIN_DB = 1.5
-
-
-def held_to_floor(config: QuantConfig, gate: QualityGate, held: Sequence[str]) -> QuantConfig:
-    """``config`` (a mobile plan, its float head chosen by accuracy) with that head holding the outputs ``held``
-    (those the check holds to ``gate``'s SQNR floor) to the floor and ``FLOOR_MARGIN_DB`` within ``FLOOR_SHARE`` of
-    the MACs; none held (a classifier's one output, judged by its task metric): as it is."""
-    head = config.precision.float_head
-    if not held or head is None or head.by != "accuracy":
-        return config
-    return config.with_precision(float_head=dataclasses.replace(head, floor_db=gate.min_sqnr_db + FLOOR_MARGIN_DB,
-                                                                floor_share=max(FLOOR_SHARE, head.share),
-                                                                floor_outputs=tuple(held)))
-
-
-def held_outputs(reference: onnx.ModelProto, samples: Sequence[Any], task: str | None) -> tuple[str, ...]:
-    """The outputs of ``reference`` the check holds to the SQNR floor (those its task metric does not cover), as the
-    task check decides them on the float model against itself on a few of ``samples``."""
-    from npukit.measure.task_fidelity import compare_task, session_runner
-    from npukit.runtime.ort import make_session
-
-    run = session_runner(make_session(reference))
-    names = [o.name for o in reference.graph.output]
-    _, result = compare_task(run, run, samples, output_names=names, task=task, limit=8)
-    return tuple(names) if result.value is None else tuple(n for n in names if n not in result.decoded)
-
-
 @dataclasses.dataclass(frozen=True)
 class MobileTarget:
     """A mobile runtime npukit compiles PyTorch models for; ``runtime`` names its module in ``npukit.runtime``, which
@@ -157,7 +123,8 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
     float_onnx = _export_onnx(report, source, shape)
     samples = _samples(calib, float_onnx, preprocess, shape)
     check_task(float_onnx, samples, task)
-    config = held_to_floor(XNNPACK_INT8, gate, held_outputs(float_onnx, samples, task)) if int8 else None
+    held = held_outputs(float_onnx, samples, task) if int8 else ()
+    config = held_to_floor(XNNPACK_INT8, gate.min_sqnr_db, held) if int8 else None
     report.config["quant"] = config.as_dict() if config else None
     example = tuple(plain_tensor(v) for v in samples[0].values())
     exportable = _exportable(module, example)

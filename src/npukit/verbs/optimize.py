@@ -346,11 +346,12 @@ class _Search:
             base = on_cpu(QuantConfig(scheme=Scheme(exclude=self.exclude)), scheme)
             report.add("cpu_scheme", scheme)
         else:
+            from npukit.quant.precision.scored_head import held_to_floor
             from npukit.search.mobile import XNNPACK_BASE
-            from npukit.verbs.compile_mobile import held_outputs, held_to_floor
+            from npukit.verbs.common import held_outputs
 
             # the head held to the gate's floor for the outputs it holds there, as compile's plan is
-            base = held_to_floor(XNNPACK_BASE.with_scheme(exclude=self.exclude), self.gate,
+            base = held_to_floor(XNNPACK_BASE.with_scheme(exclude=self.exclude), self.gate.min_sqnr_db,
                                  held_outputs(proto, calib, self.task))
         started = time.perf_counter()
         with step("baseline: the default recipe" + (", float head timed once" if base.precision.timed_head else
