@@ -66,4 +66,5 @@ PROFILE = TargetProfile(
     ),
     substitutions=("fix_input_shape", "hardswish_to_hardsigmoid", "global_avgpool_to_reducemean"),
     qdq_units=False,
+    graph_optimizations="ort-basic",  # ORT optimizes at its basic level before the CoreML EP partitions
 )

@@ -106,6 +106,7 @@ def profile(api_level: int = DEFAULT_API_LEVEL) -> TargetProfile:
         substitutions=("fix_input_shape", "hardswish_to_clip", "hardsigmoid_to_clip", "gelu_tanh_decompose",
                        "groupnorm_decompose"),
         qdq_units=True,
+        graph_optimizations="ort-basic",  # ORT optimizes at its basic level before the NNAPI EP partitions
     )
 
 

@@ -154,6 +154,12 @@ def _function_op(node: onnx.NodeProto, opset: int) -> bool:
     return bool(schema.has_function or schema.has_context_dependent_function)
 
 
+def _kept_whole(node: onnx.NodeProto, target: TargetProfile) -> bool:
+    """Whether the analysis keeps function op ``node`` whole: the target takes it, or a fix replaces it."""
+    return (target.rule_for(node.op_type, node.domain) is not None or fix_for(node.op_type, target) is not None
+            or fix_for(node.op_type, target, exact=False) is not None)
+
+
 def _ort_basic(model: onnx.ModelProto, target: TargetProfile) -> tuple[onnx.ModelProto, tuple[str, ...]]:
     """``model`` after ONNX Runtime's basic graph optimizations (constant folding, Shape folding with static
     shapes, Identity/Dropout elimination, Conv+BatchNorm folding, unique DQ per QDQ unit, ...) as ORT applies them
@@ -162,11 +168,12 @@ def _ort_basic(model: onnx.ModelProto, target: TargetProfile) -> tuple[onnx.Mode
     ORT runs here on its CPU EP, which inlines function ops it has no kernel for (HardSwish, ...). Behind a target
     that takes such an op ORT would not inline it, so nodes of function ops the target has a rule for are taken out
     of the graph while ORT optimizes it (their outputs become graph inputs, their inputs graph outputs) and put back
-    afterwards.
+    afterwards. So are those the target lacks but a fix replaces: the analysis names the op the model has and the
+    fix that serves it (``--fix`` rewrites the model as given), not the parts of ORT's inlined body.
     """
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-    kept = [n for n in graph.node if target.rule_for(n.op_type, n.domain) is not None and _function_op(n, opset)]
+    kept = [n for n in graph.node if _function_op(n, opset) and _kept_whole(n, target)]
     kept_names = {id(n) for n in kept}
     values = {v.name: v for v in [*graph.input, *graph.value_info, *graph.output]}
     constants = GraphIndex(graph).constant_tensors

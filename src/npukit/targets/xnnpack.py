@@ -57,4 +57,5 @@ PROFILE = TargetProfile(
     ),
     substitutions=("fix_input_shape", "global_pool_to_pool"),
     qdq_units=True,
+    graph_optimizations="ort-basic",  # ORT optimizes at its basic level before the XNNPACK EP partitions
 )

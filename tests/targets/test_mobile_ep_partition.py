@@ -1,0 +1,72 @@
+"""analyze --target nnapi / coreml against ONNX Runtime's own mobile usability checker
+(``onnxruntime.tools.mobile_helpers.usability_checker``), which optimizes the model at ORT's basic level before it
+counts what the NNAPI and CoreML EPs take, as ORT does before those EPs partition the graph."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+from onnxruntime.tools.mobile_helpers import usability_checker as ort_checker
+from onnxruntime.tools.onnx_model_utils import ModelProtoWithShapeInfo
+
+from npukit.targets import analyze, get_target
+from tests.targets._models import make, vi
+
+
+def _conv_bn(rng, x: str, y: str, c_in: int, c_out: int, tag: str) -> tuple[list, list]:
+    w = numpy_helper.from_array(rng.standard_normal((c_out, c_in, 3, 3)).astype(np.float32), f"{tag}_w")
+    bn = [numpy_helper.from_array(v.astype(np.float32), f"{tag}_{k}") for k, v in
+          (("g", rng.uniform(0.5, 1.5, c_out)), ("b", rng.standard_normal(c_out)),
+           ("m", rng.standard_normal(c_out)), ("v", rng.uniform(0.5, 1.5, c_out)))]
+    nodes = [helper.make_node("Conv", [x, w.name], [f"{tag}_c"], name=f"{tag}_conv", pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", [f"{tag}_c", *(t.name for t in bn)], [y], name=f"{tag}_bn")]
+    return nodes, [w, *bn]
+
+
+def _se_block() -> onnx.ModelProto:
+    """Conv+BN+Relu, Conv+BN, then a squeeze-excite gate through HardSigmoid (which NNAPI lacks), a Dropout and
+    an Identity: the shape of the blocks of PP-OCR's classifier and MobileNetV3."""
+    rng = np.random.default_rng(0)
+    a, ia = _conv_bn(rng, "x", "a", 3, 8, "b1")
+    b, ib = _conv_bn(rng, "r", "b", 8, 8, "b2")
+    nodes = [*a, helper.make_node("Relu", ["a"], ["r"], name="relu"), *b,
+             helper.make_node("GlobalAveragePool", ["b"], ["p"], name="gap"),
+             helper.make_node("HardSigmoid", ["p"], ["g"], name="hsig", alpha=1 / 6),
+             helper.make_node("Mul", ["b", "g"], ["m"], name="gate"),
+             helper.make_node("Dropout", ["m"], ["d"], name="drop"),
+             helper.make_node("Identity", ["d"], ["y"], name="ident")]
+    return make(nodes, [vi("x", [1, 3, 16, 16])], [vi("y", None)], [*ia, *ib])
+
+
+def _ort_counts(model: onnx.ModelProto, tmp_path: Path, check) -> tuple[int, int, int]:
+    """ORT's checker on ``model`` after ORT's basic optimizations, as its command line does."""
+    source, optimized = tmp_path / "m.onnx", tmp_path / "basic.onnx"
+    onnx.save(model, source)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(optimized)
+    ort.InferenceSession(str(source), so, providers=["CPUExecutionProvider"])
+    info = check(ModelProtoWithShapeInfo(optimized).model_with_shape_info, True)
+    return info.num_nodes, info.num_supported_nodes, info.num_partitions
+
+
+@pytest.mark.parametrize("target, check", [
+    ("nnapi", ort_checker.check_nnapi_partitions),
+    ("coreml", lambda m, fixed: ort_checker.check_coreml_partitions(m, fixed, "coreml_supported_mlprogram_ops.md")),
+])
+def test_mobile_eps_see_the_graph_after_orts_basic_optimizations(target, check, tmp_path) -> None:
+    model = _se_block()
+    a = analyze(model, get_target(target))
+    nodes, supported, partitions = _ort_counts(model, tmp_path, check)
+    # BatchNormalization folded into the Conv, Dropout and Identity removed: neither is counted as a CPU fallback
+    assert {"BatchNormalization", "Dropout", "Identity"}.isdisjoint(v.op_type for v in a.nodes)
+    assert (len(a.nodes), a.delegated_nodes, len(a.partitions)) == (nodes, supported, partitions)
+    if target == "nnapi":
+        assert [v.op_type for v in a.unsupported] == ["HardSigmoid"] and len(a.partitions) == 2
+    else:
+        assert a.unsupported == () and len(a.partitions) == 1
