@@ -23,6 +23,11 @@ def test_serve_bench_writes_every_figure(tmp_path) -> None:
     serving = data["results"]["serving"]
     assert serving["device"]["device"] == "cpu"
     assert set(serving["single"]) == {"plain", "pool"} and set(serving["curve"]) == {"1", "2"}
+    assert set(serving["curve_plain"]) == {"1", "2"}  # the plain loop run again beside each point
+    for w in ("1", "2"):
+        ratio = serving["curve"][w]["throughput_per_s"] / serving["curve_plain"][w]["throughput_per_s"]
+        assert serving["speedup"][w] == pytest.approx(ratio, abs=1e-3)
+    assert "the plain loop run just before it" in data["verdict"]
     assert len(serving["open"]["plain"]) == len(serving["open"]["workers"]) == len(serving["open"]["batched"]) == 1
     assert serving["open"]["batched"][0]["completed"] > 0
     assert set(serving["allocated_bytes_per_call"]) == {"plain", "bound_buffers", "runtime"}
@@ -272,3 +277,25 @@ def test_sizes_the_model_leaves_open_are_taken_from_the_data(tmp_path) -> None:
                  "--max-workers", "1", "--report", str(report)]) == 0
     config = json.loads(report.read_text())["config"]
     assert config["input_shape_from"] == "the data's first request" and config["input_shape"]
+
+
+def test_serve_bench_verdict_names_the_hosts_drift() -> None:
+    """The speedup is taken against the plain loop run just before the point; where the plain loop's runs spread by
+    more than 5% the verdict says the host's speed moved."""
+    from npukit.measure.serving import ServingResult
+    from npukit.measure.load import LoadResult
+    from npukit.verbs.serve_bench import _plain_runs
+
+    def load(per_s: float) -> LoadResult:
+        return LoadResult(mode="closed", level=1, completed=int(per_s), refused=0, failed=0, seconds=1.0,
+                          latency_ms={"p50": 1.0, "p99": 1.0})
+
+    result = ServingResult(device={}, startup_ms={}, single={"plain": load(100)}, allocated_bytes_per_call={},
+                           curve={1: load(90), 2: load(150)}, open={}, batching={}, cpu="",
+                           curve_plain={1: load(100), 2: load(60)})
+    assert result.speedup(2) == pytest.approx(2.5)  # against 60/s beside it, not the 100/s at the start
+    assert result.plain_range() == (60, 100)
+    assert "60.0-100.0 requests/s over its 3 runs" in _plain_runs(result)
+    steady = ServingResult(device={}, startup_ms={}, single={"plain": load(100)}, allocated_bytes_per_call={},
+                           curve={1: load(90)}, open={}, batching={}, cpu="", curve_plain={1: load(101)})
+    assert _plain_runs(steady) == "plain loop 101.0 requests/s"

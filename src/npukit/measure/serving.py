@@ -7,8 +7,10 @@ on the HTP holds the compiled graph, ``runtime.context_cache``), the
 single-caller latency distribution (p99 / p50 as jitter) of a plain ``session.run`` loop and of the runtime on bound
 buffers, the bytes allocated per call (tracemalloc: Python objects and numpy buffers; ORT's native allocations, such as
 the output tensors a plain ``session.run`` makes on every call, are not visible to it) of a plain ``session.run``, of
-bound buffers alone and of the runtime (which adds a future and a queue hand-off per request), closed-loop throughput against the number of workers (1 thread each), and, for
-open-loop Poisson load at multiples of the plain loop's capacity on three servers: the plain loop, the runtime's
+bound buffers alone and of the runtime (which adds a future and a queue hand-off per request), closed-loop
+throughput against the number of workers (1 thread each; the plain loop is run again just before each point, and
+the speedup is the ratio of the two: a shared host's speed moves more between the start of the run and its end than
+between two runs side by side), and, for open-loop Poisson load at multiples of the plain loop's capacity on three servers: the plain loop, the runtime's
 workers without batching, and the same workers with dynamic batching (which takes effect where the model's batch
 axis is symbolic), so the gain of each is seen apart.
 """
@@ -96,12 +98,26 @@ class ServingResult:
     batching: dict
     cpu: str
     split: dict = dataclasses.field(default_factory=dict)
+    curve_plain: dict[int, LoadResult] = dataclasses.field(default_factory=dict)  # plain loop just before each
+
+    def speedup(self, workers: int) -> float:
+        """The runtime's throughput with ``workers`` over the plain loop's run just before it (the host's speed
+        moves between runs on a shared machine; the ratio of two runs side by side moves less)."""
+        plain = self.curve_plain.get(workers, self.single["plain"]).throughput
+        return self.curve[workers].throughput / plain if plain else math.inf
+
+    def plain_range(self) -> tuple[float, float]:
+        """The lowest and highest throughput of the plain loop's runs (one caller): how far the host drifted."""
+        runs = [self.single["plain"].throughput, *(r.throughput for r in self.curve_plain.values())]
+        return min(runs), max(runs)
 
     def as_dict(self) -> dict:
         return {"device": self.device, "startup_ms": self.startup_ms, "cpu": self.cpu,
                 "single": {k: v.as_dict() for k, v in self.single.items()},
                 "allocated_bytes_per_call": self.allocated_bytes_per_call,
                 "curve": {str(w): r.as_dict() for w, r in self.curve.items()},
+                "curve_plain": {str(w): r.as_dict() for w, r in self.curve_plain.items()},
+                "speedup": {str(w): round(self.speedup(w), 3) for w in self.curve},
                 "open": {k: [r.as_dict() for r in v] for k, v in self.open.items()},
                 "batching": self.batching, "split": self.split}
 
@@ -217,9 +233,12 @@ def measure_serving(model: str | os.PathLike[str], requests: Sequence[Feeds], co
         with step("serve-bench: the runtime's own split of the cores"), Runtime(path, config.runtime()) as auto:
             split = auto.describe()["split"]
     curve: dict[int, LoadResult] = {}
+    beside: dict[int, LoadResult] = {}  # the plain loop run again just before each point: ratios side by side
     for workers in range(1, (config.max_workers or os.cpu_count() or 1) + 1):
         with step(f"serve-bench: closed loop, {workers} worker(s)"), \
                 Runtime(path, config.runtime(workers=workers, threads=1)) as rt:
+            beside[workers] = closed_loop(lambda f: plain.run(names, dict(f)), requests, clients=1,
+                                          duration_s=config.duration_s)
             curve[workers] = closed_loop(rt.run, requests, clients=workers * 2, duration_s=config.duration_s)
     capacity = singles["plain"].throughput
     batching: dict = {"max_batch": config.max_batch, "max_wait_ms": config.max_wait_ms, "capacity_per_s": capacity}
@@ -245,7 +264,7 @@ def measure_serving(model: str | os.PathLike[str], requests: Sequence[Feeds], co
     batching["workers"] = best_workers
     return ServingResult(device=device, startup_ms=startup, single=singles,
                          allocated_bytes_per_call={k: round(v, 1) for k, v in allocations.items()}, curve=curve,
-                         open=opened, batching=batching, cpu=_cpu_name(), split=split)
+                         open=opened, batching=batching, cpu=_cpu_name(), split=split, curve_plain=beside)
 
 
 @dataclasses.dataclass(frozen=True)
