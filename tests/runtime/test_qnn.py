@@ -45,8 +45,9 @@ def test_tiny_qdq_conv_on_htp_matches_cpu():
 
 
 def test_symbolic_shape_is_rejected():
-    with pytest.raises(InputError, match="symbolic dimension at axis 0"):
+    with pytest.raises(InputError, match="symbolic dimension at axis 0") as caught:
         make_qnn_session(qdq_conv_model(batch="N"))
+    assert caught.value.hint.startswith("give the sizes it runs at: --input-shape x=1,3,8,8")  # a CLI option, an example
 
 
 def test_unknown_backend_is_rejected():

@@ -44,6 +44,7 @@ def test_identical_detections_score_one_and_a_shifted_box_its_iou() -> None:
     ref = _yolo([(50, 50, 20, 20), (150, 80, 40, 30)], [0, 2], [0.9, 0.8])
     same = _detect([ref], [ref.copy()], YOLO)
     assert same.value == 1.0 and same.metrics["recall"] == 1.0 and same.metrics["mean_iou_of_matches"] == 1.0
+    assert "recall: reference detections" in same.metrics["scoring"] and "0.05" in same.metrics["scoring"]
     shifted = ref.copy()
     shifted[0, 0, 0] += 4  # 20 x 20 box moved 4 px: IoU 16 * 20 / (2 * 400 - 320) = 2/3
     result = _detect([ref], [shifted], YOLO)

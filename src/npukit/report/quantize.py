@@ -224,8 +224,8 @@ def add_mixed_precision(report: Report, plan: dict[str, Any]) -> None:
         f"{plan['samples']} calibration samples {plan['base_sqnr_db']:.2f} dB all int8, {plan['plan_sqnr_db']:.2f} dB "
         f"as planned; latency, 1 thread: int8 {timing['int8']:.2f} ms, plan {timing['plan']:.2f} ms, every "
         f"activation 16-bit {timing['all_16bit']:.2f} ms)",
-        ["layer", "share of the int8 noise it adds", "int16: noise removed", "int16: +ms", "float32: noise removed",
-         "float32: +ms", "choice"],
+        ["layer", "share of the int8 noise it adds", "int16: share of that noise removed", "int16: +ms",
+         "float32: share of that noise removed", "float32: +ms", "choice"],
         [[r["node"], r["sensitivity"], *r.get("int16", (None, None)), *r.get("float32", (None, None)),
           chosen.get(r["node"], "int8")] for r in rows.values()])
     where = plan.get("checked_on", "the calibration samples")
@@ -248,9 +248,10 @@ def add_htp_mixed_precision(report: Report, plan: dict[str, Any]) -> None:
     ranked = sorted(rows, key=lambda n: -max(v[0] for v in rows[n].values()))
     report.add_table(
         f"Mixed precision per layer on the HTP: {len(chosen)} of {len(rows)} layers lifted from int8 (noise removed: "
-        f"estimated on the QDQ graph's CPU reference, {plan['samples']} calibration samples; cost: "
+        f"the share of the int8 model's output noise each option removes, estimated on the QDQ graph's CPU reference, {plan['samples']} calibration samples; cost: "
         f"{plan['cost_unit']}; {plan['energy_added_pj'] / 1e6:.3g} uJ added)",
-        ["layer", "MACs", "int16: noise removed", "int16: +pJ", "float16: noise removed", "float16: +pJ", "choice"],
+        ["layer", "MACs", "int16: share of noise removed", "int16: +pJ", "float16: share of noise removed",
+         "float16: +pJ", "choice"],
         [[n, plan["macs"].get(n), *rows[n].get("int16", (None, None)), *rows[n].get("float16", (None, None)),
           chosen.get(n, "int8")] for n in ranked])
     report.add_table(f"Mixed precision: models checked on the HTP under the floors (on "

@@ -278,14 +278,23 @@ def require_static_shapes(model: onnx.ModelProto) -> None:
         dims = inp.type.tensor_type.shape.dim
         if not inp.type.tensor_type.HasField("shape"):
             raise InputError(f"input {inp.name!r} has no shape; the QNN EP needs static shapes",
-                             hint="fix the input shape first (npukit.frontend.shapes.fix_input_shape)")
+                             hint=f"give the sizes it runs at: --input-shape {inp.name}=N,C,H,W (input_shape= in "
+                                  "Python)")
         for axis, dim in enumerate(dims):
             if not (dim.HasField("dim_value") and dim.dim_value > 0):
                 shown = "x".join(d.dim_param or (str(d.dim_value) if d.dim_value else "?") for d in dims)
                 raise InputError(f"input {inp.name!r} has a symbolic dimension at axis {axis} ({shown}); "
                                  "the QNN EP needs static shapes",
-                                 hint="fix the input shape first (npukit.frontend.shapes.fix_input_shape or "
-                                      "--input-shape)")
+                                 hint=f"give the sizes it runs at: --input-shape {_example_shape(inp.name, dims)} "
+                                      "(input_shape= in Python)")
+
+
+def _example_shape(name: str, dims: Any) -> str:
+    """An --input-shape value for an input of ``dims``: its static sizes, 1 for a symbolic first (batch) axis, and
+    the symbol's name (or ?) for any other the user must choose."""
+    sizes = [str(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else
+             "1" if axis == 0 else (d.dim_param or "?") for axis, d in enumerate(dims)]
+    return f"{name}={','.join(sizes)}"
 
 
 def as_proto(model: ModelLike) -> onnx.ModelProto:

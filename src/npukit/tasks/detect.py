@@ -545,7 +545,11 @@ class DetectMeter:
                    "matching": (f"the same anchor, IoU >= {MATCH_IOU} decoded on it (SSD variances "
                                 f"{SSD_VARIANCES[0]:g}, {SSD_VARIANCES[1]:g})") if self._decoder.raw
                    else f"IoU >= {MATCH_IOU}",
-                   "reference_threshold": GT_SCORE}
+                   "reference_threshold": GT_SCORE,
+                   "scoring": (f"recall: reference detections the candidate finds at score >= {GT_SCORE:g} exactly; "
+                               f"F1 at {', '.join(f'{t:g}' for t in OPERATING)}: a detection whose score moves less "
+                               f"than {BAND:g} across the threshold counts as kept (so F1 can read 1.0 beside a "
+                               "recall below it)")}
         checks = {"map50": value} if value is not None else {}
         for threshold, (tp, fp, fn) in self._operating.items():
             if tp + fp + fn:  # undefined where neither model detects anything at this threshold
