@@ -320,6 +320,7 @@ def _plan_memory_arguments(p: argparse.ArgumentParser) -> None:
 
 def _devices_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
+    p.add_argument("--html", action="store_true", help="also write a self-contained HTML report beside --report's")
 
 
 def _add_preprocess(p: argparse.ArgumentParser) -> None:
@@ -590,7 +591,7 @@ def _plan_memory(api, args):
 
 
 def _devices(api, args):
-    return api.devices(report_path=args.report)
+    return api.devices(report_path=args.report, html=args.html)
 
 
 def _bench(api, args):

@@ -300,6 +300,15 @@ def test_devices_probe(capsys):
     assert "int8 conv paths" in out and "depthwise" in out
 
 
+def test_devices_html_beside_its_report(tmp_path, capsys):
+    report = tmp_path / "machine.json"
+    assert main(["devices", "--report", str(report), "--html"]) == 0
+    assert report.is_file() and report.with_suffix(".html").read_text().lstrip().lower().startswith("<!doctype")
+    assert main(["devices", "--html"]) == 2  # nothing to write it beside: one line, what to add
+    err = capsys.readouterr().err
+    assert "give --report PATH.json" in err and len(err.strip().splitlines()) == 1
+
+
 def test_quantize_writes_integer_model_and_report(exported, tmp_path):
     rng = np.random.default_rng(1)
     calib = tmp_path / "calib.npy"

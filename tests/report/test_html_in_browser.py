@@ -54,6 +54,7 @@ def reports(tmp_path_factory) -> dict[str, Path]:
                       "--runs", "3", "--budget", "5%", "--html"], "best.report.html"),
         ("qat", ["qat", str(model), "-o", str(work / "qat.onnx"), "--data", str(data), "--epochs", "2",
                  "--method", "minmax", "--runs", "3", "--html"], "qat.report.html"),
+        ("devices", ["devices", "--report", str(work / "devices.json"), "--html"], "devices.html"),
         ("prune", ["prune", str(model), "-o", str(work / "pruned.onnx"), "--data", str(data), "--macs", "0.9",
                    "--sparsity", "0.5", "--epochs", "2", "--runs", "3", "--html"], "pruned.report.html"),
     ]
@@ -65,7 +66,7 @@ def reports(tmp_path_factory) -> dict[str, Path]:
 
 
 VERBS = ["export", "optimize-graph", "quantize", "analyze", "plan-memory", "bench", "compile", "serve-bench",
-         "optimize", "qat", "prune"]
+         "optimize", "qat", "prune", "devices"]
 
 
 @pytest.mark.parametrize("verb", VERBS)

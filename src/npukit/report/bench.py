@@ -57,9 +57,9 @@ def add_agreement(report: Report, agreement: Any, *, with_reference: bool, data_
 def add_memory(report: Report, *, predicted: int, planned: int, lower_bound: int, off: Any, on: Any) -> None:
     """ORT CPU's measured peak activation memory (``PeakMeasurement`` arena off and on) beside the prediction."""
     rows = [["predicted: ORT's allocation replayed on the graph ORT runs", predicted, None],
-            ["npukit's best plan of the same graph", planned, planned / predicted - 1],
-            ["measured, arena off", off.peak_bytes, off.peak_bytes / predicted - 1],
-            ["measured, arena on", on.peak_bytes, on.peak_bytes / predicted - 1]]
+            ["npukit's best plan of the same graph", planned, f"{planned / predicted - 1:+.1%}"],
+            ["measured, arena off", off.peak_bytes, f"{off.peak_bytes / predicted - 1:+.1%}"],
+            ["measured, arena on", on.peak_bytes, f"{on.peak_bytes / predicted - 1:+.1%}"]]
     report.add("memory", {"predicted_bytes": predicted, "planned_bytes": planned, "lower_bound_bytes": lower_bound,
                           "measured_arena_off": off.as_dict(), "measured_arena_on": on.as_dict()})
     report.add_table("Peak activation memory (ORT CPU, VmHWM in a fresh process, MALLOC_MMAP_THRESHOLD_=65536; "
