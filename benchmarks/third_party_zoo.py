@@ -171,7 +171,11 @@ def revision() -> str:
     """The git revision of the checkout these benchmarks run from, or a note when they run from a copy."""
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
                             text=True).stdout.strip()
-    return commit or "unknown (run from a copy outside a git checkout)"
+    if not commit:
+        return "unknown (run from a copy outside a git checkout)"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "benchmarks/*.py"], cwd=HERE.parent,
+                           capture_output=True, text=True).stdout.strip()
+    return f"{commit} plus uncommitted changes to src/ or benchmarks/" if dirty else commit
 
 
 def _cpu() -> str:

@@ -70,3 +70,22 @@ def test_mobile_eps_see_the_graph_after_orts_basic_optimizations(target, check, 
         assert [v.op_type for v in a.unsupported] == ["HardSigmoid"] and len(a.partitions) == 2
     else:
         assert a.unsupported == () and len(a.partitions) == 1
+
+
+def test_only_function_ops_orts_cpu_ep_inlines_are_kept_out_of_its_way(monkeypatch) -> None:
+    """Relu has a function body from opset 14 but a CPU kernel: ORT leaves it, so it is optimized with the graph (a
+    Relu cut out of it blocked the folding of shapes that pass through it: Silero VAD's If). HardSwish has no CPU
+    kernel: behind a target that takes it, it is kept out of ORT's way and put back."""
+    from npukit.targets import partition
+    from tests.targets._models import single
+
+    passes = []
+    real = partition._basic_pass
+    monkeypatch.setattr(partition, "_basic_pass", lambda m: passes.append([n.op_type for n in m.graph.node])
+                        or real(m))
+    relu = analyze(single("Relu", opset=15), get_target("nnapi"))
+    assert [v.op_type for v in relu.nodes] == ["Relu"] and passes == [["Relu"]]  # one pass, on the whole graph
+    passes.clear()
+    hswish = analyze(single("HardSwish", opset=14), get_target("qnn-htp"))
+    assert [v.op_type for v in hswish.nodes] == ["HardSwish"] and hswish.unsupported == ()
+    assert passes == [["HardSwish"], []]  # inlined by the first pass, so kept out of the second

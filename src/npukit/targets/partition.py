@@ -154,10 +154,16 @@ def _function_op(node: onnx.NodeProto, opset: int) -> bool:
     return bool(schema.has_function or schema.has_context_dependent_function)
 
 
-def _kept_whole(node: onnx.NodeProto, target: TargetProfile) -> bool:
-    """Whether the analysis keeps function op ``node`` whole: the target takes it, or a fix replaces it."""
-    return (target.rule_for(node.op_type, node.domain) is not None or fix_for(node.op_type, target) is not None
-            or fix_for(node.op_type, target, exact=False) is not None)
+def _kept_whole(node: onnx.NodeProto, target: TargetProfile, opset: int) -> bool:
+    """Whether the analysis keeps function op ``node`` whole: the target takes it, or a fix replaces it where the
+    target would not take the body ORT inlines either."""
+    if target.rule_for(node.op_type, node.domain) is not None:
+        return True
+    if fix_for(node.op_type, target) is None and fix_for(node.op_type, target, exact=False) is None:
+        return False
+    schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
+    body = [n.op_type for n in schema.function_body.node] if schema.has_function else []
+    return not body or any(target.rule_for(op) is None for op in body)
 
 
 def _ort_basic(model: onnx.ModelProto, target: TargetProfile) -> tuple[onnx.ModelProto, tuple[str, ...]]:
@@ -165,15 +171,22 @@ def _ort_basic(model: onnx.ModelProto, target: TargetProfile) -> tuple[onnx.Mode
     shapes, Identity/Dropout elimination, Conv+BatchNorm folding, unique DQ per QDQ unit, ...) as ORT applies them
     before any execution provider partitions the graph; and the names of the nodes those optimizations removed.
 
-    ORT runs here on its CPU EP, which inlines function ops it has no kernel for (HardSwish, ...). Behind a target
-    that takes such an op ORT would not inline it, so nodes of function ops the target has a rule for are taken out
-    of the graph while ORT optimizes it (their outputs become graph inputs, their inputs graph outputs) and put back
-    afterwards. So are those the target lacks but a fix replaces: the analysis names the op the model has and the
-    fix that serves it (``--fix`` rewrites the model as given), not the parts of ORT's inlined body.
+    ORT runs here on its CPU EP, which inlines function ops it has no kernel for (HardSwish, ...; not Relu, which
+    opset 14 defines by a function too: a first pass finds the op types it inlined). Behind a target that takes such
+    an op ORT would not inline it, so nodes of function ops the target has a rule for are taken out of the graph
+    while ORT optimizes it (their outputs become graph inputs, their inputs graph outputs) and put back
+    afterwards. So are those the target lacks, whose inlined body it would not take whole either, but a fix
+    replaces: the analysis names the op the model has and the fix that serves it (``--fix`` rewrites the model as
+    given), not the parts of ORT's inlined body. (HardSwish behind Core ML: inlined, its HardSigmoid and Mul are
+    taken; behind NNAPI, which lacks HardSigmoid, it stays HardSwish, with hardswish_to_clip.)
     """
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-    kept = [n for n in graph.node if _function_op(n, opset) and _kept_whole(n, target)]
+    kept = [n for n in graph.node if _function_op(n, opset) and _kept_whole(n, target, opset)]
+    first = _basic_pass(model) if kept else None
+    if first is not None:  # only the op types ORT's CPU EP inlined need keeping out of its way
+        inlined = {n.op_type for n in kept} - {n.op_type for n in first.graph.node}
+        kept = [n for n in kept if n.op_type in inlined]
     kept_names = {id(n) for n in kept}
     values = {v.name: v for v in [*graph.input, *graph.value_info, *graph.output]}
     constants = GraphIndex(graph).constant_tensors
@@ -189,20 +202,7 @@ def _ort_basic(model: onnx.ModelProto, target: TargetProfile) -> tuple[onnx.Mode
     cut.graph.input.extend(values[name] for name in dict.fromkeys(cut_inputs))
     outputs = {o.name for o in graph.output}
     cut.graph.output.extend(values[name] for name in dict.fromkeys(cut_outputs) if name not in outputs)
-    with tempfile.TemporaryDirectory(prefix="npukit_ort_basic_") as work:
-        source, path = os.path.join(work, "cut.onnx"), os.path.join(work, "optimized.onnx")
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        so.optimized_model_filepath = path
-        so.log_severity_level = 3
-        try:
-            onnx.save_model(cut, source)
-            ort.InferenceSession(source, sess_options=so, providers=["CPUExecutionProvider"])
-            optimized = onnx.load_model(path)
-        except Exception as exc:  # protobuf's 2 GB limit, or any of ORT's error types
-            text = str(exc).strip()
-            raise InputError(f"ONNX Runtime cannot optimize the model: "
-                             f"{text.splitlines()[0] if text else type(exc).__name__}") from exc
+    optimized = first if first is not None and not kept else _basic_pass(cut)
     og = optimized.graph
     inputs_kept = [i for i in og.input if i.name not in set(cut_inputs)]
     og.ClearField("input")
@@ -226,6 +226,24 @@ def _ort_basic(model: onnx.ModelProto, target: TargetProfile) -> tuple[onnx.Mode
     names = {n.name for n in nodes}
     removed = tuple(n.name for n in graph.node if n.op_type != "Constant" and n.name and n.name not in names)
     return onnx.shape_inference.infer_shapes(optimized, strict_mode=False, data_prop=True), removed
+
+
+def _basic_pass(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` as ONNX Runtime's CPU EP saves it after its basic graph optimizations."""
+    with tempfile.TemporaryDirectory(prefix="npukit_ort_basic_") as work:
+        source, path = os.path.join(work, "cut.onnx"), os.path.join(work, "optimized.onnx")
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        so.optimized_model_filepath = path
+        so.log_severity_level = 3
+        try:
+            onnx.save_model(model, source)
+            ort.InferenceSession(source, sess_options=so, providers=["CPUExecutionProvider"])
+            return onnx.load_model(path)
+        except Exception as exc:  # protobuf's 2 GB limit, or any of ORT's error types
+            text = str(exc).strip()
+            raise InputError(f"ONNX Runtime cannot optimize the model: "
+                             f"{text.splitlines()[0] if text else type(exc).__name__}") from exc
 
 
 def _toposort(nodes: list[onnx.NodeProto], priority: list[float]) -> list[onnx.NodeProto]:
