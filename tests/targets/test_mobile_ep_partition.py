@@ -89,3 +89,16 @@ def test_only_function_ops_orts_cpu_ep_inlines_are_kept_out_of_its_way(monkeypat
     hswish = analyze(single("HardSwish", opset=14), get_target("qnn-htp"))
     assert [v.op_type for v in hswish.nodes] == ["HardSwish"] and hswish.unsupported == ()
     assert passes == [["HardSwish"], []]  # inlined by the first pass, so kept out of the second
+
+
+@pytest.mark.parametrize("x_shape, slope_shape, taken", [
+    ([1, 4, 8, 8], [4, 1, 1], True), ([1, 4, 8, 8], [1], True), ([1, 4, 8], [4, 1, 1], True),
+    ([1, 4, 8, 8], [1, 4, 1, 1], False),  # torch's export of nn.PReLU(C) before a 4D input: MTCNN's ONet
+    ([1, 4], [4], False),  # after a Linear layer: X needs rank 3 or 4
+    ([1, 1, 8, 8], [1], False),  # one slope over one channel (a Core ML crash ORT steers around)
+])
+def test_coreml_takes_prelu_as_its_op_builder_does(x_shape, slope_shape, taken) -> None:
+    slope = numpy_helper.from_array(np.full(slope_shape, 0.25, np.float32), "slope")
+    model = make([helper.make_node("PRelu", ["x", "slope"], ["y"])], [vi("x", x_shape)], [vi("y", None)], [slope])
+    a = analyze(model, get_target("coreml"))
+    assert (a.unsupported == ()) is taken, [v.reasons for v in a.unsupported]

@@ -3,16 +3,21 @@
 Written from ORT's CoreML EP supported-op list for MLProgram (onnxruntime/tools/mobile_helpers/
 coreml_supported_mlprogram_ops.md, shipped with onnxruntime 1.32.0, kept in sync with
 docs/execution-providers/CoreML-ExecutionProvider.md). The EP takes float32/float16 graphs; QDQ nodes are not in its
-list, so a QDQ model leaves its Q/DQ nodes (and the graph between them) on the CPU.
+list, so a QDQ model leaves its Q/DQ nodes (and the graph between them) on the CPU. The constraints the list leaves
+out (PRelu's slope) are those of the EP's op builders (onnxruntime/core/providers/coreml/builders/impl/).
 """
 
 from __future__ import annotations
 
+import math
+
 from npukit.targets.profile import (
     AttrIn,
+    AttrPredicate,
     ConstantInput,
     DocSource,
     InputRank,
+    NodeInfo,
     OpRule,
     Quantization,
     TargetProfile,
@@ -22,11 +27,23 @@ from npukit.targets.profile import (
 
 _OPS = (
     "Add And ArgMax Cast Clip Concat Cos DepthToSpace Ceil Div Elu Erf Exp GatherND Gelu GridSample "
-    "GroupNormalization HardSigmoid Identity InstanceNormalization LayerNormalization LeakyRelu Max Mul Pow PRelu "
+    "GroupNormalization HardSigmoid Identity InstanceNormalization LayerNormalization LeakyRelu Max Mul Pow "
     "Reciprocal ReduceSum ReduceMean ReduceMax Relu Reshape Resize Round Shape Sin Softplus Split Sub Sigmoid "
     "Softmax Sqrt Squeeze Tanh Tile Transpose Unsqueeze Where"
 )
 _POOL_2D = (InputRank(0, 4, 4),)
+
+
+def _channel_slope(node: NodeInfo) -> bool:
+    """PRelu's slope as the EP's activation builder takes it (IsPReluOpSupported, the same for NeuralNetwork and ML
+    Program): one value per channel shaped [C, 1, 1], or a single value where X has more than one channel."""
+    x, slope = node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else None
+    if slope is None or slope.shape is None or x is None or x.shape is None or len(x.shape) < 3:
+        return False
+    shape = slope.shape
+    per_channel = len(shape) == 3 and shape[1:] == (1, 1)
+    single = all(isinstance(d, int) for d in shape) and math.prod(shape) == 1  # type: ignore[arg-type]
+    return per_channel or (single and x.shape[-3] != 1)
 
 OPS = with_rules(
     rules(_OPS),
@@ -36,6 +53,9 @@ OPS = with_rules(
         AttrIn("auto_pad", ("NOTSET", "VALID"), "NOTSET"), AttrIn("output_shape", (None,), None))),
     OpRule("Gemm", constraints=(ConstantInput(1, "input B"),)),
     OpRule("MatMul"),
+    OpRule("PRelu", constraints=(InputRank(0, 3, 4), ConstantInput(1, "slope"),
+                                 AttrPredicate(_channel_slope, "slope must have shape [C, 1, 1] or a single value "
+                                                               "(over more than one channel)"))),
     OpRule("Slice", constraints=tuple(ConstantInput(i, n) for i, n in
                                       ((1, "starts"), (2, "ends"), (3, "axes"), (4, "steps")))),
     *(OpRule(op, constraints=_POOL_2D, notes="2D pooling only")
