@@ -102,3 +102,33 @@ def test_coreml_takes_prelu_as_its_op_builder_does(x_shape, slope_shape, taken) 
     model = make([helper.make_node("PRelu", ["x", "slope"], ["y"])], [vi("x", x_shape)], [vi("y", None)], [slope])
     a = analyze(model, get_target("coreml"))
     assert (a.unsupported == ()) is taken, [v.reasons for v in a.unsupported]
+
+
+def test_prelu_channel_form_fix_makes_coreml_take_mtcnns_prelus_exactly() -> None:
+    """MTCNN's ONet: PReLU slopes exported as [1, C, 1, 1] before 4D inputs and a PReLU after a Linear layer. The
+    analysis names prelu_channel_form for both; --fix reshapes the first to [C, 1, 1] and writes the second as
+    Relu(x) - s * Relu(-x), and the fixed model's outputs equal the original's bit for bit."""
+    from npukit.runtime.ort import make_session
+    from npukit.targets.fix import apply_fixes
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    s4 = numpy_helper.from_array(rng.uniform(0.05, 0.5, (1, 8, 1, 1)).astype(np.float32), "s4")
+    fc = numpy_helper.from_array(rng.standard_normal((8 * 6 * 6, 5)).astype(np.float32), "fc")
+    s2 = numpy_helper.from_array(rng.uniform(0.05, 0.5, (5,)).astype(np.float32), "s2")
+    shape = numpy_helper.from_array(np.array([1, -1], np.int64), "flat")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("PRelu", ["c", "s4"], ["p"], name="prelu_conv"),
+             helper.make_node("Reshape", ["p", "flat"], ["f"], name="flatten"),
+             helper.make_node("MatMul", ["f", "fc"], ["m"], name="linear"),
+             helper.make_node("PRelu", ["m", "s2"], ["y"], name="prelu_linear")]
+    model = make(nodes, [vi("x", [1, 3, 8, 8])], [vi("y", None)], [w, s4, fc, s2, shape])
+    coreml = get_target("coreml")
+    before = {v.name: v.fix for v in analyze(model, coreml).unsupported}
+    assert before == {"prelu_conv": "prelu_channel_form", "prelu_linear": "prelu_channel_form"}
+    fixed = apply_fixes(model, coreml)
+    assert [(a["fix"], a["rewrites"]) for a in fixed.applied] == [("prelu_channel_form", 2)]
+    assert analyze(fixed.model, coreml).unsupported == ()
+    x = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    ref, out = (make_session(m, optimization="disable").run(None, x)[0] for m in (model, fixed.model))
+    np.testing.assert_array_equal(out, ref)

@@ -84,7 +84,8 @@ PROFILE = TargetProfile(
         "QuantizeLinear/DequantizeLinear are not taken: QDQ models run their Q/DQ on the ORT CPU EP",
         "tensors of rank > 5 are not supported",
     ),
-    substitutions=("fix_input_shape", "hardswish_to_hardsigmoid", "global_avgpool_to_reducemean"),
+    substitutions=("fix_input_shape", "hardswish_to_hardsigmoid", "global_avgpool_to_reducemean",
+                   "prelu_channel_form"),
     qdq_units=False,
     graph_optimizations="ort-basic",  # ORT optimizes at its basic level before the CoreML EP partitions
 )

@@ -303,6 +303,43 @@ def _written_out_group_norm(back: ir.Node) -> tuple[ir.Value, int, float, ir.Nod
     return x, channels, norm.attributes.get_float("epsilon", 1e-5), norm, grouped
 
 
+def _channel_slope(slope: np.ndarray, rank: int) -> np.ndarray | None:
+    """``slope`` as a [C, 1, 1] array where, broadcast against an input of ``rank`` 3 or 4, it holds one value per
+    channel (axis -3) and is not a single value; else None."""
+    if rank not in (3, 4) or slope.ndim > rank or slope.size < 2:
+        return None
+    shape = (1,) * (rank - slope.ndim) + slope.shape
+    if shape[-2:] != (1, 1) or any(d != 1 for d in shape[:-3]):
+        return None
+    return slope.reshape(-1, 1, 1)
+
+
+class PReluChannelFormPass(_OpRewritePass):
+    """PRelu in the form Core ML's activation builder takes: a per-channel slope reshaped to [C, 1, 1] (torch
+    exports nn.PReLU(C) before a 4D input as [1, C, 1, 1]); a PRelu no such slope can express (an input of rank
+    below 3, a slope that varies along other axes, one that is not constant) -> Relu(x) - s * Relu(-x), which is
+    exact (each side is x, or s * x, or zero, with no rounding of its own)."""
+
+    op_type = "PRelu"
+
+    def rewrite(self, b: _Builder, node: ir.Node) -> ir.Value | str:
+        x, slope = node.inputs[0], node.inputs[1]
+        if x is None or x.shape is None or slope is None:
+            return "the input rank is unknown"
+        const = ir.convenience.get_const_tensor(slope)
+        rank = len(x.shape)
+        if const is not None and rank in (3, 4):
+            array = np.asarray(const.numpy())
+            if array.shape == (array.size, 1, 1) and array.size > 1 or (array.size == 1 and x.shape[-3] != 1):
+                return "its slope is already in the form Core ML takes"
+            channels = _channel_slope(array, rank)
+            if channels is not None:
+                return b.op("PRelu", [x, b.const(channels.astype(array.dtype), hint="slope_c11")])
+        minus_one = b.const(-1.0, hint="minus_one")
+        negative_part = b.op("Relu", [b.op("Mul", [x, minus_one])])
+        return b.op("Sub", [b.op("Relu", [x]), b.op("Mul", [slope, negative_part])])
+
+
 class GlobalAveragePoolToReduceMeanPass(_OpRewritePass):
     """GlobalAveragePool(x) -> ReduceMean(x, axes=spatial axes, keepdims=1)."""
 
@@ -375,11 +412,13 @@ class FixRule:
     description: str
     make_pass: Callable[[], NpukitPass] | None  # None: the input-shape fix, done on the protobuf
     exact: bool = True
+    refusal: bool = False  # serves an op the target has but refuses in some forms; the pass rewrites only those
 
     def helps(self, target: TargetProfile) -> bool:
-        """True when the target lacks a source op and takes every op the fix introduces."""
+        """True when the target lacks a source op (or, for a fix of a refusal, has one) and takes every op the fix
+        introduces."""
         lacks = any(target.rule_for(op) is None for op in self.source_ops)
-        return lacks and all(target.rule_for(op) is not None for op in self.produces)
+        return (lacks or self.refusal) and all(target.rule_for(op) is not None for op in self.produces)
 
 
 FIXES: dict[str, FixRule] = {f.name: f for f in (
@@ -402,6 +441,9 @@ FIXES: dict[str, FixRule] = {f.name: f for f in (
             "Gelu (exact) -> x * 0.5 * (1 + Erf(x / sqrt(2)))", GeluToErfPass),
     FixRule("gelu_tanh_decompose", ("Gelu",), ("Mul", "Add", "Tanh"),
             "Gelu (approximate='tanh') -> 0.5 * x * (1 + Tanh(...))", GeluTanhDecomposePass),
+    FixRule("prelu_channel_form", ("PRelu",), ("PRelu", "Relu", "Mul", "Sub"),
+            "PRelu whose slope the target refuses -> its slope as [C, 1, 1], else Relu(x) - s * Relu(-x)",
+            PReluChannelFormPass, refusal=True),
     FixRule("hardswish_to_relu6", ("HardSwish",), ("Clip",), "HardSwish(x) -> ReLU6(x) = Clip(x, 0, 6) (inexact)",
             HardSwishToRelu6Pass, exact=False),
     FixRule("groupnorm_to_instancenorm", ("GroupNormalization",), ("InstanceNormalization",),
@@ -514,7 +556,8 @@ def apply_fixes(
         passes.append((rule, rule.make_pass()))  # type: ignore[misc]
     fixed, modified = reference, False
     if passes:
-        ir_model = ir.serde.deserialize_model(reference)
+        # the passes read input ranks and sizes: inferred on a copy where the model carries none for a tensor
+        ir_model = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(reference, strict_mode=False))
         result = PassManager([p for _, p in passes])(ir_model)
         for (rule, _), record in zip(passes, result.records):
             applied.append({"fix": rule.name, "description": rule.description, "rewrites": record.rewrites,
