@@ -210,40 +210,8 @@ def apply_input_spec(model: onnx.ModelProto, spec: InputSpec | None, *, dynamic_
     if spec is None:
         return model
     resolved = spec.resolve(model, override_static=override_static)
-    declared = input_dims(model)
-    sizes: dict[str, tuple[int, str]] = {}  # dim_param -> (size, the input that set it)
-    overridden: list[str] = []  # "input.1 axis 0: 10 -> 1"
-    for name, shape in resolved.items():
-        for axis, (d, size) in enumerate(zip(declared[name] or (), shape)):
-            if isinstance(d, int) and d != size:
-                overridden.append(f"{name} axis {axis}: {d} -> {size}")
-            if isinstance(d, str) and not is_anonymous_dim(d) and not (dynamic_batch and axis == 0):
-                # a batch kept symbolic is no size: an output declared with its name keeps it (RetinaFace's outputs,
-                # which shape inference cannot follow, were pinned to batch 1 and every batched request failed)
-                if d in sizes and sizes[d][0] != size:
-                    raise InputError(f"symbolic dimension {d!r} is {sizes[d][0]} for input {sizes[d][1]!r} but "
-                                     f"{size} for input {name!r}",
-                                     hint="give one size per symbolic dimension across the inputs")
-                sizes.setdefault(d, (size, name))
-    fixed = onnx.ModelProto()
-    fixed.CopyFrom(model)
-    for value in runtime_inputs(fixed):
-        tensor = value.type.tensor_type
-        if value.name in resolved:
-            shape = resolved[value.name]
-            tensor.shape.ClearField("dim")
-            for axis, size in enumerate(shape):
-                dim = tensor.shape.dim.add()
-                if axis == 0 and dynamic_batch:
-                    dim.dim_param = "batch"
-                else:
-                    dim.dim_value = int(size)
-        elif tensor.HasField("shape"):
-            for axis, dim in enumerate(tensor.shape.dim):
-                if dim.dim_param in sizes and not (dynamic_batch and axis == 0):
-                    size = sizes[dim.dim_param][0]
-                    dim.Clear()
-                    dim.dim_value = size
+    sizes, overridden = _named_sizes(model, resolved, dynamic_batch=dynamic_batch)
+    fixed = _with_input_shapes(model, resolved, sizes, dynamic_batch=dynamic_batch)
     # Shapes recorded for the old inputs would conflict with the new ones: infer them afresh.
     outputs_declared = {o.name: _copy_shape(o) for o in fixed.graph.output}
     fixed.graph.ClearField("value_info")
@@ -268,6 +236,54 @@ def apply_input_spec(model: onnx.ModelProto, spec: InputSpec | None, *, dynamic_
                           "declared other sizes; it was run once at the new shape in ONNX Runtime, and output "
                           "shapes were inferred afresh", InputShapeOverride, stacklevel=2)
     return inferred
+
+
+def _named_sizes(model: onnx.ModelProto, resolved: Mapping[str, Sequence[int]], *,
+                 dynamic_batch: bool) -> tuple[dict[str, tuple[int, str]], list[str]]:
+    """The size each named symbolic dim takes from the given shapes (dim_param -> (size, the input that set it)),
+    refusing two sizes for one name, and the static dims the shapes override ("input.1 axis 0: 10 -> 1")."""
+    declared = input_dims(model)
+    sizes: dict[str, tuple[int, str]] = {}  # dim_param -> (size, the input that set it)
+    overridden: list[str] = []  # "input.1 axis 0: 10 -> 1"
+    for name, shape in resolved.items():
+        for axis, (d, size) in enumerate(zip(declared[name] or (), shape)):
+            if isinstance(d, int) and d != size:
+                overridden.append(f"{name} axis {axis}: {d} -> {size}")
+            if isinstance(d, str) and not is_anonymous_dim(d) and not (dynamic_batch and axis == 0):
+                # a batch kept symbolic is no size: an output declared with its name keeps it (RetinaFace's outputs,
+                # which shape inference cannot follow, were pinned to batch 1 and every batched request failed)
+                if d in sizes and sizes[d][0] != size:
+                    raise InputError(f"symbolic dimension {d!r} is {sizes[d][0]} for input {sizes[d][1]!r} but "
+                                     f"{size} for input {name!r}",
+                                     hint="give one size per symbolic dimension across the inputs")
+                sizes.setdefault(d, (size, name))
+    return sizes, overridden
+
+
+def _with_input_shapes(model: onnx.ModelProto, resolved: Mapping[str, Sequence[int]],
+                       sizes: Mapping[str, tuple[int, str]], *, dynamic_batch: bool) -> onnx.ModelProto:
+    """A copy of ``model`` whose given inputs have the ``resolved`` shapes and whose other inputs take the sizes of
+    the symbolic dims they share (axis 0 kept "batch" with ``dynamic_batch``); nothing else is changed yet."""
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    for value in runtime_inputs(fixed):
+        tensor = value.type.tensor_type
+        if value.name in resolved:
+            shape = resolved[value.name]
+            tensor.shape.ClearField("dim")
+            for axis, size in enumerate(shape):
+                dim = tensor.shape.dim.add()
+                if axis == 0 and dynamic_batch:
+                    dim.dim_param = "batch"
+                else:
+                    dim.dim_value = int(size)
+        elif tensor.HasField("shape"):
+            for axis, dim in enumerate(tensor.shape.dim):
+                if dim.dim_param in sizes and not (dynamic_batch and axis == 0):
+                    size = sizes[dim.dim_param][0]
+                    dim.Clear()
+                    dim.dim_value = size
+    return fixed
 
 
 def _copy_shape(value: onnx.ValueInfoProto) -> onnx.TensorShapeProto | None:

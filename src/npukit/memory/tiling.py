@@ -609,11 +609,7 @@ def choose_tiling(
     live = lifetimes.live_bytes()
     step_of = {out: step for step, node in enumerate(view.nodes) for out in node.outputs}
     graph = _Graph(model, shape)
-    tails: list[tuple[str, int]] = []
-    for cut in cut_candidates(model, input_shape=shape):
-        if cut in step_of:
-            after = live[step_of[cut] + 1:]
-            tails.append((cut, max(after, default=0)))
+    tails = _tails(model, shape, step_of, live)
     if not tails:
         raise BudgetUnreachable(before, f"the planned peak on {target} is {before} bytes, over the budget of "
                                         f"{budget_bytes} bytes, and no node output of this model can be a tiling cut",
@@ -623,37 +619,72 @@ def choose_tiling(
     peak_step = live.index(max(live)) if live else 0
     fitting = [cut for cut, tail in tails if tail <= budget_bytes and step_of[cut] >= peak_step][:max_cuts]
     fitting = fitting or [cut for cut, tail in tails if tail <= budget_bytes][:max_cuts]
-    macs = summarize(model, input_shape=shape).macs
-    tiled: dict[tuple[str, Tiles], TileResult] = {}
-    planned: dict[tuple[str, Tiles], TilingCandidate] = {}
+    planner = _Planner(graph, summarize(model, input_shape=shape).macs, shape, peak_of)
+    candidates, best = _search(fitting, planner, budget_bytes)
+    if best is None:
+        reachable = [(cut, tail) for cut, tail in tails if step_of[cut] >= peak_step][:max_cuts] or tails[:max_cuts]
+        raise _unreachable(reachable, tails, before, planner, target=target, budget_bytes=budget_bytes)
+    result, peak = best
+    return TilingChoice(result=result, target=target, budget_bytes=budget_bytes, planned_peak_before=before,
+                        planned_peak_after=peak, candidates=tuple(candidates))
 
-    def grids(cut: str) -> list[Tiles]:
-        (_, height), (_, width) = graph.extent(cut)
+
+def _tails(model: onnx.ModelProto, shape: Sequence[int] | None, step_of: dict[str, int],
+           live: Sequence[int]) -> list[tuple[str, int]]:
+    """The cuts the view keeps, in graph order, each with the most bytes live after it in the untiled graph (what
+    tiling before it cannot lower)."""
+    tails: list[tuple[str, int]] = []
+    for cut in cut_candidates(model, input_shape=shape):
+        if cut in step_of:
+            after = live[step_of[cut] + 1:]
+            tails.append((cut, max(after, default=0)))
+    return tails
+
+
+class _Planner:
+    """Each (cut, grid) tiled and planned once, for the search and for the smallest reachable peak alike."""
+
+    def __init__(self, graph: _Graph, macs: int, shape: Sequence[int] | None,
+                 peak_of: Callable[[onnx.ModelProto], int]) -> None:
+        self.graph, self.macs, self.shape, self.peak_of = graph, macs, shape, peak_of
+        self.tiled: dict[tuple[str, Tiles], TileResult] = {}
+        self.planned: dict[tuple[str, Tiles], TilingCandidate] = {}
+
+    def grids(self, cut: str) -> list[Tiles]:
+        """The grids of :data:`TILE_OPTIONS` that fit the cut's extent, by tile count."""
+        (_, height), (_, width) = self.graph.extent(cut)
         return [grid for grid in TILE_OPTIONS if grid[0] <= height and grid[1] <= width]
 
-    def tile(cut: str, grid: Tiles) -> TileResult:
-        if (cut, grid) not in tiled:
-            tiled[cut, grid] = _tile(graph, grid, cut, macs, shape)
-        return tiled[cut, grid]
+    def tile(self, cut: str, grid: Tiles) -> TileResult:
+        """The model tiled at ``cut`` by ``grid`` (built once)."""
+        if (cut, grid) not in self.tiled:
+            self.tiled[cut, grid] = _tile(self.graph, grid, cut, self.macs, self.shape)
+        return self.tiled[cut, grid]
 
-    def plan(cut: str, grid: Tiles) -> TilingCandidate:
-        if (cut, grid) not in planned:
-            result = tile(cut, grid)
-            planned[cut, grid] = TilingCandidate(cut, grid, peak_of(result.model), result.mac_overhead)
-        return planned[cut, grid]
+    def plan(self, cut: str, grid: Tiles) -> TilingCandidate:
+        """The tiled model's planned peak and MAC overhead (planned once)."""
+        if (cut, grid) not in self.planned:
+            result = self.tile(cut, grid)
+            self.planned[cut, grid] = TilingCandidate(cut, grid, self.peak_of(result.model), result.mac_overhead)
+        return self.planned[cut, grid]
 
-    # Per cut the grids are planned by tile count, and no further once a grid's peak is no lower than the grid's
-    # before it (finer grids add halo and pieces); the search for the smallest reachable peak follows the same rule,
-    # so a budget of the peak it reports is met.
+
+def _search(fitting: Sequence[str], planner: _Planner,
+            budget_bytes: int) -> tuple[list[TilingCandidate], tuple[TileResult, int] | None]:
+    """The candidates planned and the fitting tiling with the least MAC overhead (with its planned peak), if any.
+
+    Per cut the grids are planned by tile count, and no further once a grid's peak is no lower than the grid's
+    before it (finer grids add halo and pieces); the search for the smallest reachable peak follows the same rule,
+    so a budget of the peak it reports is met."""
     candidates: list[TilingCandidate] = []
     best: tuple[TileResult, int] | None = None
     for cut in fitting:
         previous = None
-        for grid in grids(cut):
-            result = tile(cut, grid)
+        for grid in planner.grids(cut):
+            result = planner.tile(cut, grid)
             if best is not None and result.mac_overhead >= best[0].mac_overhead:
                 break  # the grids that follow cost more halo still
-            candidate = plan(cut, grid)
+            candidate = planner.plan(cut, grid)
             candidates.append(candidate)
             if candidate.planned_peak_bytes <= budget_bytes:
                 if best is None or result.mac_overhead < best[0].mac_overhead:
@@ -662,21 +693,23 @@ def choose_tiling(
             if previous is not None and candidate.planned_peak_bytes >= previous:
                 break
             previous = candidate.planned_peak_bytes
-    if best is None:
-        reachable = [(cut, tail) for cut, tail in tails if step_of[cut] >= peak_step][:max_cuts] or tails[:max_cuts]
-        smallest = _smallest_reachable(reachable, before, grids, plan)
-        reach = (f"; the smallest reachable planned peak is {smallest.planned_peak_bytes} bytes "
-                 f"(cut {smallest.cut!r}, {smallest.tiles[0]}x{smallest.tiles[1]} tiles)" if smallest else
-                 f"; the smallest reachable planned peak is the untiled {before} bytes: no tiling planned lowers "
-                 "it")
-        lowest_tail = min(tail for _, tail in tails)
-        raise BudgetUnreachable(
-            smallest.planned_peak_bytes if smallest else before,
-            f"no tiling fits the budget of {budget_bytes} bytes on {target} (untiled: {before} bytes)" + reach,
-            hint=f"raise --memory-budget; the graph after any cut alone needs {lowest_tail} bytes")
-    result, peak = best
-    return TilingChoice(result=result, target=target, budget_bytes=budget_bytes, planned_peak_before=before,
-                        planned_peak_after=peak, candidates=tuple(candidates))
+    return candidates, best
+
+
+def _unreachable(reachable: Sequence[tuple[str, int]], tails: Sequence[tuple[str, int]], before: int,
+                 planner: _Planner, *, target: str, budget_bytes: int) -> BudgetUnreachable:
+    """The refusal when no tiling fits: it states the smallest peak reachable over the ``reachable`` cuts, searched
+    independently of the budget (:func:`_smallest_reachable`), and what the graph after any cut alone needs."""
+    smallest = _smallest_reachable(reachable, before, planner.grids, planner.plan)
+    reach = (f"; the smallest reachable planned peak is {smallest.planned_peak_bytes} bytes "
+             f"(cut {smallest.cut!r}, {smallest.tiles[0]}x{smallest.tiles[1]} tiles)" if smallest else
+             f"; the smallest reachable planned peak is the untiled {before} bytes: no tiling planned lowers "
+             "it")
+    lowest_tail = min(tail for _, tail in tails)
+    return BudgetUnreachable(
+        smallest.planned_peak_bytes if smallest else before,
+        f"no tiling fits the budget of {budget_bytes} bytes on {target} (untiled: {before} bytes)" + reach,
+        hint=f"raise --memory-budget; the graph after any cut alone needs {lowest_tail} bytes")
 
 
 def _smallest_reachable(cuts: Sequence[tuple[str, int]], untiled: int, grids: Callable[[str], list[Tiles]],

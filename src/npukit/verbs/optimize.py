@@ -86,6 +86,24 @@ def optimize(
 
     if any(p.exists() and not p.is_dir() for p in Path(output).parents):
         raise InputError(f"output {output} is under a file, not a folder", hint="give a path in a folder")
+    _refuse_target(target)
+    output = check_output(output, source=model, suffix=TARGETS[target])
+    _refuse_unrunnable(target, weights=weights, workers=workers, ray_address=ray_address)
+    config = SearchConfig(budget=budget, prefer=prefer, trials=trials, timeout_s=timeout_s, seed=seed,
+                          sampler=sampler, space=space, batch=batch or workers)
+    space_ = get_space(space)
+    gate = QualityGate(min_metric=config.min_metric, **({} if min_sqnr_db is None else {"min_sqnr_db": min_sqnr_db}))
+    inputs = _Inputs.open(model, data, calib, input_shape, preprocess or PreprocessConfig(), max_samples,
+                          torch_program=target in MOBILE, weights=weights)
+    _refuse_nothing_to_find(inputs, data, task, threads=threads)
+    report = _report(model, target, data, calib, config, space_, gate, inputs, task=task, exclude=exclude,
+                     threads=threads, runs=runs, workers=workers, ray_address=ray_address)
+    return _Search(report, inputs, config, space_, gate, task, tuple(exclude), threads, runs, workers=workers,
+                   ray_address=ray_address, runtime=MOBILE.get(target)).run(output, html)
+
+
+def _refuse_target(target: str) -> None:
+    """A target that is not searched is refused before any work, with what to use for it instead."""
     if target not in TARGETS:
         from npukit.targets.registry import TARGETS as KNOWN, named
 
@@ -97,7 +115,11 @@ def optimize(
         hint = f"for {kind}, {LATER[kind]}" if kind in LATER else f"use --target {' | '.join(TARGETS)}"
         raise InputError(f"optimize searches --target {', '.join(TARGETS)}; {target!r} is not searched yet",
                          hint=hint)
-    output = check_output(output, source=model, suffix=TARGETS[target])
+
+
+def _refuse_unrunnable(target: str, *, weights: str | Path | None, workers: int, ray_address: str | None) -> None:
+    """What the search could not run (weights without a PyTorch model, a runtime not installed, too few workers for
+    Ray, a Ray address that does not answer) is refused before any work."""
     if weights is not None and target not in MOBILE:
         raise InputError("--weights is for a PyTorch MODEL searched on a mobile runtime (--target "
                          f"{' or '.join(MOBILE)})", hint="give --target cpu an .onnx model with its weights in it")
@@ -114,23 +136,25 @@ def optimize(
         from npukit.search.distributed import reachable
 
         reachable(ray_address)  # before any work: Ray retries a wrong address for minutes
-    config = SearchConfig(budget=budget, prefer=prefer, trials=trials, timeout_s=timeout_s, seed=seed,
-                          sampler=sampler, space=space, batch=batch or workers)
-    space_ = get_space(space)
-    gate = QualityGate(min_metric=config.min_metric, **({} if min_sqnr_db is None else {"min_sqnr_db": min_sqnr_db}))
-    inputs = _Inputs.open(model, data, calib, input_shape, preprocess or PreprocessConfig(), max_samples,
-                          torch_program=target in MOBILE, weights=weights)
+
+
+def _refuse_nothing_to_find(inputs: _Inputs, data: str | Path, task: str | None, *, threads: int) -> None:
+    """Held-out samples on which every trial's task check would compare nothing are refused before the search."""
     half = "second half of " if inputs.split else ""
     check_task_measurable(inputs.proto, inputs.evaluation, task, threads=threads,  # data with nothing to find
                           where=f"the held-out samples ({half}{Path(str(data)).name})")
-    report = Report("optimize", config={"model": str(model), "target": target, "data": str(data),
-                                        "calib": str(calib) if calib else f"first half of {data}",
-                                        "search": config.as_dict(), "space": space_.name, "task": task or "auto",
-                                        "gate": gate.as_dict(), "exclude": list(exclude), "threads": threads,
-                                        "runs": runs, "input_shape": inputs.spec, "workers": workers,
-                                        "ray_address": ray_address})
-    return _Search(report, inputs, config, space_, gate, task, tuple(exclude), threads, runs, workers=workers,
-                   ray_address=ray_address, runtime=MOBILE.get(target)).run(output, html)
+
+
+def _report(model: str | Path, target: str, data: str | Path, calib: str | Path | None, config: Any, space: Any,
+            gate: QualityGate, inputs: _Inputs, *, task: str | None, exclude: Sequence[str], threads: int, runs: int,
+            workers: int, ray_address: str | None) -> Report:
+    """The report, its config recording what ``optimize`` was asked and resolved, so a search can be repeated."""
+    return Report("optimize", config={"model": str(model), "target": target, "data": str(data),
+                                      "calib": str(calib) if calib else f"first half of {data}",
+                                      "search": config.as_dict(), "space": space.name, "task": task or "auto",
+                                      "gate": gate.as_dict(), "exclude": list(exclude), "threads": threads,
+                                      "runs": runs, "input_shape": inputs.spec, "workers": workers,
+                                      "ray_address": ray_address})
 
 
 @dataclasses.dataclass

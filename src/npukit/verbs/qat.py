@@ -90,6 +90,26 @@ def qat(
     from npukit.quant.qat.train import QatConfig, world
 
     output = check_output(output, source=model)
+    weight_bits, eight_bit_share = _bit_options(bits, eight_bit_share)
+    train_config = QatConfig(weight_bits=weight_bits, schedule=tuple(schedule) if schedule else None, epochs=epochs,
+                             batch_size=batch_size, lr=lr, learn_scales=learn_scales, augment=augment, mixup=mixup,
+                             max_steps=max_steps, seed=seed)
+    proto, spec = float_static_model(model, input_shape, verb="qat")
+    refuse_nothing_left(proto, exclude, hint="exclude fewer nodes: qat trains the quantized layers")
+    samples = TrainingSamples.open(proto, data, eval_data, calib, preprocess or PreprocessConfig(), max_samples)
+    rank, size = world()
+    report = _report(model, data, eval_data, calib, samples, bits=bits, train_config=train_config,
+                     eight_bit_share=eight_bit_share, method=method, per_tensor=per_tensor, exclude=exclude,
+                     task=task, gate=gate, seed=seed, processes=size, spec=spec)
+    checkpoint = _checkpoint(output, restart=restart, rank=rank)
+    run = _Run(report, samples, train_config, task, gate or QualityGate(), threads, runs, rank, eight_bit_share)
+    return run.run(proto, output, checkpoint, method=method, per_tensor=per_tensor, exclude=tuple(exclude),
+                   html=html, source=Path(str(model)))
+
+
+def _bit_options(bits: str, eight_bit_share: float | None) -> tuple[int, float]:
+    """The weights' bits and the share of them kept at 8 bits (its default where not given), refused before any
+    work where they do not fit together."""
     weight_bits = _weight_bits(bits)
     if eight_bit_share is not None and weight_bits != 4:  # it was taken and ignored
         raise InputError(f"--eight-bit-share keeps a share of a 4-bit model's weights at 8 bits; --bits {bits} has "
@@ -98,29 +118,31 @@ def qat(
     if not 0 <= eight_bit_share < 1:
         raise InputError(f"8-bit share {eight_bit_share} must be in [0, 1)",
                          hint="e.g. --eight-bit-share 0.05 (0: every weight at 4 bits)")
-    train_config = QatConfig(weight_bits=weight_bits, schedule=tuple(schedule) if schedule else None,
-                             epochs=epochs, batch_size=batch_size, lr=lr, learn_scales=learn_scales, augment=augment,
-                             mixup=mixup,
-                             max_steps=max_steps, seed=seed)
-    proto, spec = float_static_model(model, input_shape, verb="qat")
-    refuse_nothing_left(proto, exclude, hint="exclude fewer nodes: qat trains the quantized layers")
-    samples = TrainingSamples.open(proto, data, eval_data, calib, preprocess or PreprocessConfig(), max_samples)
-    rank, size = world()
-    report = Report("qat", config={"model": str(model), "data": str(data), "eval": str(eval_data) if eval_data else
-                                   f"last {HOLD_OUT:.0%} of {data}", "calib": str(calib) if calib else
-                                   f"{len(samples.calib)} training samples, spread evenly", "bits": bits,
-                                   "train": train_config.as_dict(), "eight_bit_share": eight_bit_share,
-                                   "method": method, "per_tensor": per_tensor,
-                                   "exclude": list(exclude), "task": task or "auto",
-                                   "gate": (gate or QualityGate()).as_dict(), "seed": seed, "processes": size,
-                                   "input_shape": spec.as_dict() if spec else None,
-                                   "samples": samples.describe()})
+    return weight_bits, eight_bit_share
+
+
+def _report(model: str | Path, data: str | Path, eval_data: str | Path | None, calib: str | Path | None,
+            samples: TrainingSamples, *, bits: str, train_config: Any, eight_bit_share: float, method: str,
+            per_tensor: bool, exclude: Sequence[str], task: str | None, gate: QualityGate | None, seed: int,
+            processes: int, spec: Any) -> Report:
+    """The report, its config recording what ``qat`` was asked and resolved, so a run can be repeated."""
+    return Report("qat", config={"model": str(model), "data": str(data), "eval": str(eval_data) if eval_data else
+                                 f"last {HOLD_OUT:.0%} of {data}", "calib": str(calib) if calib else
+                                 f"{len(samples.calib)} training samples, spread evenly", "bits": bits,
+                                 "train": train_config.as_dict(), "eight_bit_share": eight_bit_share,
+                                 "method": method, "per_tensor": per_tensor,
+                                 "exclude": list(exclude), "task": task or "auto",
+                                 "gate": (gate or QualityGate()).as_dict(), "seed": seed, "processes": processes,
+                                 "input_shape": spec.as_dict() if spec else None,
+                                 "samples": samples.describe()})
+
+
+def _checkpoint(output: Path, *, restart: bool, rank: int) -> Path:
+    """Where the run's checkpoint is kept (beside ``output``); ``restart`` removes it (rank 0), to start over."""
     checkpoint = report_path_for(output, ".qat.pt")
     if restart and rank == 0:
         checkpoint.unlink(missing_ok=True)
-    run = _Run(report, samples, train_config, task, gate or QualityGate(), threads, runs, rank, eight_bit_share)
-    return run.run(proto, output, checkpoint, method=method, per_tensor=per_tensor, exclude=tuple(exclude),
-                   html=html, source=Path(str(model)))
+    return checkpoint
 
 
 def _weight_bits(bits: str) -> int:
@@ -237,13 +259,7 @@ class _Run:
             torch.set_num_threads(self.threads)
         torch.manual_seed(self.config.seed)
         quant_config = self._quant_config(method=method, per_tensor=per_tensor, exclude=exclude)
-        # the run's identity: a checkpoint of the same one holds the PTQ start (whose float head is timed: it is not
-        # built again, it might differ), the student and the optimizer
-        fingerprint = hashlib.sha256(json.dumps({"model": hashlib.sha256(proto.SerializeToString()).hexdigest(),
-                                                 "quant": quant_config.as_dict(), "train": self.config.as_dict(),
-                                                 "eight_bit_share": self.eight_bit_share,
-                                                 "data": self.samples.fingerprint()}, sort_keys=True,
-                                                default=str).encode()).hexdigest()
+        fingerprint = self._fingerprint(proto, quant_config)
         result, payload = self._ptq(proto, quant_config, read_checkpoint(checkpoint, fingerprint))
         twin = split(result.model, reduce_range=quant_config.cpu.reduce_range, learn_scales=self.config.learn_scales)
         student = twin.program()
@@ -296,6 +312,15 @@ class _Run:
         return finish(report, output, html=html, result=trained, source=source)
 
     # --------------------------------------------------------------------------------------------- steps
+    def _fingerprint(self, proto: onnx.ModelProto, quant_config: Any) -> str:
+        """The run's identity: a checkpoint of the same one holds the PTQ start (whose float head is timed: it is not
+        built again, it might differ), the student and the optimizer."""
+        return hashlib.sha256(json.dumps({"model": hashlib.sha256(proto.SerializeToString()).hexdigest(),
+                                          "quant": quant_config.as_dict(), "train": self.config.as_dict(),
+                                          "eight_bit_share": self.eight_bit_share,
+                                          "data": self.samples.fingerprint()}, sort_keys=True,
+                                         default=str).encode()).hexdigest()
+
     def _quant_config(self, *, method: str, per_tensor: bool, exclude: tuple[str, ...]):
         from npukit.quant.config import CalibrationSpec, QuantConfig, Scheme
         from npukit.verbs.quantize import cpu_scheme, on_cpu

@@ -25,6 +25,8 @@ from npukit.verbs.common import (HOLD_BACK_EVERY, check_output, check_task, chec
 
 CHECK_SAMPLES = 32  # calibration samples the task check reads when no held-out data is given
 SEARCH_SAMPLES = 64  # held-back calibration samples each mixed-precision candidate is checked on, at most
+NOTHING_LEFT_HINT = ("exclude fewer nodes (npukit quantize --mixed-precision keeps in float only the layers the task "
+                     "check needs)")
 
 
 def cpu_scheme() -> dict:
@@ -86,42 +88,19 @@ def resolve_recipe(recipe: str, *, cle: bool, activation_equalization: bool, bia
     return Recipe(choose=RecipeChoice(budget_s)) if recipe == "auto" else given_steps
 
 
-def quantize(
-    model: str | Path,
-    output: str | Path,
-    *,
-    calib: str | Path | np.ndarray | Mapping[str, np.ndarray] | Sequence[dict[str, np.ndarray]],
-    per_tensor: bool = False,
-    method: str = "auto",
-    recipe: str = "plain",
-    recipe_budget_s: float = 60.0,
-    cle: bool = False,
-    bias_correction: bool = False,
-    equalize_activations: bool = False,
-    exclude: Sequence[str] = (),
-    int16_nodes: Sequence[str] = (),
-    int16_tensors: Sequence[str] = (),
-    int16_budget: float = 0.0,
-    mixed_precision: bool = False,
-    mixed_precision_layers: int = 24,
-    activation_dtype: str | None = None,
-    reduce_range: bool | None = None,
-    float_stem: bool | None = None,
-    gemm_convs: bool | None = None,
-    adaround: bool = False,
-    range_search: bool = False,
-    calib_samples: int | None = None,
-    data: str | Path | np.ndarray | Mapping[str, np.ndarray] | Sequence[dict[str, np.ndarray]] | None = None,
-    preprocess: PreprocessConfig | None = None,
-    threads: int = 1,
-    runs: int = 30,
-    max_samples: int | None = None,
-    html: bool = False,
-    pair_channels: bool = True,
-    task: str | None = None,
-    gate: QualityGate | None = None,
-    input_shape: str | Sequence[Any] | None = None,
-) -> CommandResult:
+def quantize(model: str | Path, output: str | Path, *,
+             calib: str | Path | np.ndarray | Mapping[str, np.ndarray] | Sequence[dict[str, np.ndarray]],
+             per_tensor: bool = False, method: str = "auto", recipe: str = "plain", recipe_budget_s: float = 60.0,
+             cle: bool = False, bias_correction: bool = False, equalize_activations: bool = False,
+             exclude: Sequence[str] = (), int16_nodes: Sequence[str] = (), int16_tensors: Sequence[str] = (),
+             int16_budget: float = 0.0, mixed_precision: bool = False, mixed_precision_layers: int = 24,
+             activation_dtype: str | None = None, reduce_range: bool | None = None, float_stem: bool | None = None,
+             gemm_convs: bool | None = None, adaround: bool = False, range_search: bool = False,
+             calib_samples: int | None = None,
+             data: str | Path | np.ndarray | Mapping[str, np.ndarray] | Sequence[dict[str, np.ndarray]] | None = None,
+             preprocess: PreprocessConfig | None = None, threads: int = 1, runs: int = 30,
+             max_samples: int | None = None, html: bool = False, pair_channels: bool = True, task: str | None = None,
+             gate: QualityGate | None = None, input_shape: str | Sequence[Any] | None = None) -> CommandResult:
     """INT8 post-training quantization to a QDQ model that ORT runs with integer kernels, with a report of what it
     cost: per-layer SQNR, size, latency against the float model, where the time goes (kernel time by kind: which
     kernels the integer arithmetic speeds up on this CPU) and, with ``data``, agreement on held-out data.
@@ -161,62 +140,121 @@ def quantize(
     than the batch needs it. A model below the opset its Q/DQ needs (per-channel: 13, 16-bit: 21) is converted and
     verified on calibration samples first (``npukit.frontend.opset``); the report records it.
     """
-    from npukit.data.readers import same_data
-    from npukit.frontend.onnx_io import save_onnx
-    from npukit.measure.task_fidelity import check_samples
-    from npukit.quant.qdq import integer_failures, quantize as _quantize
-
     BenchConfig(threads=threads, runs=runs, max_samples=max_samples)  # refused before any work, as bench does
     output = check_output(output, source=model)
-    preprocess = preprocess or PreprocessConfig()
-    gate = gate or QualityGate()
+    preprocess, gate = preprocess or PreprocessConfig(), gate or QualityGate()
     proto, spec = float_static_model(model, input_shape, verb="quantize")
-    timed_float = proto if spec else str(model)  # with --input-shape: the float model as fixed (static sizes too)
     scheme = cpu_scheme()
     config = _quant_config(scheme, per_tensor=per_tensor, method=method, calib_samples=calib_samples, recipe=recipe,
                            recipe_budget_s=recipe_budget_s, cle=cle, equalize_activations=equalize_activations,
-                           bias_correction=bias_correction, adaround=adaround, range_search=range_search,
-                           exclude=exclude, int16_nodes=int16_nodes, int16_tensors=int16_tensors,
-                           int16_budget=int16_budget, mixed_precision=mixed_precision,
-                           activation_dtype=activation_dtype, reduce_range=reduce_range, float_stem=float_stem,
-                           gemm_convs=gemm_convs, pair_channels=pair_channels)
-    samples = open_data(calib, proto, preprocess)
-    evaluation = open_data(data, proto, preprocess) if data is not None else None
-    check_task(proto, samples, task)  # a --task the outputs cannot carry fails here, before any work
-    if evaluation is None or same_data(data, calib):
-        refuse_tiny_self_check(len(samples), held_out="--data")
-    check = evaluation if evaluation is not None else samples
-    limit = (max_samples or len(check)) if evaluation is not None else CHECK_SAMPLES
-    where = checked_on(data, held_out=evaluation is not None, same_as_calib=same_data(data, calib))
-    check_task_measurable(proto, check_samples(check, limit), task, where=where, threads=threads)  # nothing to find?
-    refuse_nothing_left(proto, exclude, hint="exclude fewer nodes (npukit quantize --mixed-precision keeps in "
-                        "float only the layers the task check needs)")
-    report = Report("quantize", config={"quant": config.as_dict(), "cpu_scheme": scheme, "model": str(model),
-                                        "calib": data_label(calib, samples), "data": data_label(data, evaluation),
-                                        "preprocess": preprocess_record(preprocess, samples, evaluation),
-                                        "task": task or "auto", "gate": gate.as_dict(),
-                                        "input_shape": spec.as_dict() if spec else None})
-    proto = quant_opset(report, proto, config, samples, sixteen_bit=mixed_precision)
+                           bias_correction=bias_correction, adaround=adaround, exclude=exclude, int16_nodes=int16_nodes,
+                           int16_tensors=int16_tensors, int16_budget=int16_budget, mixed_precision=mixed_precision,
+                           range_search=range_search, activation_dtype=activation_dtype, reduce_range=reduce_range,
+                           float_stem=float_stem, gemm_convs=gemm_convs, pair_channels=pair_channels)
+    inputs = _Inputs.open(proto, calib, data, preprocess, task=task, max_samples=max_samples, threads=threads)
+    refuse_nothing_left(proto, exclude, hint=NOTHING_LEFT_HINT)
+    report = _report(model, config, scheme, inputs, preprocess=preprocess, task=task, gate=gate, spec=spec)
+    return _quantize_and_check(report, proto, inputs, config, output, float_model=proto if spec else str(model),
+                               source=model, task=task, gate=gate, mixed=mixed_precision,
+                               layers=mixed_precision_layers, threads=threads, runs=runs, html=html)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inputs:
+    """``quantize``'s samples: the calibration set, the held-out set (None without ``data``), the samples the task
+    check reads (at most ``limit`` of ``check``) and where they are, with the sources as given (for the report)."""
+
+    samples: Any
+    evaluation: Any
+    check: Any
+    limit: int
+    where: str
+    calib: Any
+    data: Any
+
+    @classmethod
+    def open(cls, proto: Any, calib: Any, data: Any, preprocess: PreprocessConfig, *, task: str | None,
+             max_samples: int | None, threads: int) -> _Inputs:
+        """Opens ``calib`` and ``data`` and refuses, before any work, a task they cannot check or carry."""
+        from npukit.data.readers import same_data
+
+        samples = open_data(calib, proto, preprocess)
+        evaluation = open_data(data, proto, preprocess) if data is not None else None
+        check_task(proto, samples, task)  # a --task the outputs cannot carry fails here, before any work
+        if evaluation is None or same_data(data, calib):
+            refuse_tiny_self_check(len(samples), held_out="--data")
+        check = evaluation if evaluation is not None else samples
+        limit = (max_samples or len(check)) if evaluation is not None else CHECK_SAMPLES
+        where = checked_on(data, held_out=evaluation is not None, same_as_calib=same_data(data, calib))
+        inputs = cls(samples, evaluation, check, limit, where, calib, data)
+        check_task_measurable(proto, inputs.checked(), task, where=where, threads=threads)  # nothing to find?
+        return inputs
+
+    def checked(self) -> list[Any]:
+        """The samples the task check reads, taken afresh for each reader (``check_samples``)."""
+        from npukit.measure.task_fidelity import check_samples
+
+        return check_samples(self.check, self.limit)
+
+
+def _report(model: str | Path, config: QuantConfig, scheme: dict, inputs: _Inputs, *, preprocess: PreprocessConfig,
+            task: str | None, gate: QualityGate, spec: Any) -> Report:
+    """The report, its config recording what ``quantize`` was asked and resolved, so a run can be repeated."""
+    return Report("quantize", config={"quant": config.as_dict(), "cpu_scheme": scheme, "model": str(model),
+                                      "calib": data_label(inputs.calib, inputs.samples),
+                                      "data": data_label(inputs.data, inputs.evaluation),
+                                      "preprocess": preprocess_record(preprocess, inputs.samples, inputs.evaluation),
+                                      "task": task or "auto", "gate": gate.as_dict(),
+                                      "input_shape": spec.as_dict() if spec else None})
+
+
+def _quantize_and_check(report: Report, proto: Any, inputs: _Inputs, config: QuantConfig, output: Path, *,
+                        float_model: Any, source: str | Path, task: str | None, gate: QualityGate, mixed: bool,
+                        layers: int, threads: int, runs: int, html: bool) -> CommandResult:
+    """The work once nothing is refused: build and write the INT8 model, measure it beside ``float_model`` (the
+    float model as timed: with --input-shape, as fixed, static sizes too), hold it to the task check, finish."""
+    result, proto, config = _quantized(report, proto, inputs.samples, config, output, task=task, gate=gate,
+                                       mixed=mixed, layers=layers)
+    kernels, latency = _measure(report, result, inputs.samples, {"float": float_model, "int8": str(output)},
+                                {"float": source, "int8": output}, threads=threads, runs=runs)
+    _task_check(report, proto, result, config, inputs, kernels, latency, task=task, gate=gate, mixed=mixed,
+                threads=threads)
+    return finish(report, output, html=html, result=result)
+
+
+def _quantized(report: Report, proto: Any, samples: Any, config: QuantConfig, output: Path, *, task: str | None,
+               gate: QualityGate, mixed: bool, layers: int) -> tuple[Any, Any, QuantConfig]:
+    """The INT8 model built (at the opset its Q/DQ needs, ``mixed`` precision planned first) and written; returns
+    the quantization result, the float model it was built from and the config it was built with."""
+    from npukit.frontend.onnx_io import save_onnx
+    from npukit.quant.qdq import quantize as _quantize
+
+    proto = quant_opset(report, proto, config, samples, sixteen_bit=mixed)
     why = None
-    if mixed_precision:
-        config, why = _mixed_precision(report, proto, samples, config, task=task, gate=gate,
-                                       layers=mixed_precision_layers)
+    if mixed:
+        config, why = _mixed_precision(report, proto, samples, config, task=task, gate=gate, layers=layers)
     with step("quantizing (calibrate, equalize, correct, insert Q/DQ)", timings=report.timings, key="quantize"):
         result = _quantize(proto, samples, config=config, why=why)
     save_onnx(result.model, output)
     add_steps(report, result.steps)
-    kernels, latency = _measure(report, result, samples, {"float": timed_float, "int8": str(output)},
-                                {"float": model, "int8": output}, threads=threads, runs=runs)
+    return result, proto, config
+
+
+def _task_check(report: Report, proto: Any, result: Any, config: QuantConfig, inputs: _Inputs, kernels: dict,
+                latency: dict, *, task: str | None, gate: QualityGate, mixed: bool, threads: int) -> None:
+    """The INT8 model held to the task check against the float model (a model that runs no integer kernel fails);
+    the verdict's notes and, on held-out data, the classifier's agreement go into ``report``."""
+    from npukit.quant.qdq import integer_failures
+
     slower = slower_note(latency["int8"].median_ms / latency["float"].median_ms, threads=threads)
     with step("task check against the float model", timings=report.timings, key="task_check"):
-        choice, checked, _ = task_check(report, proto, result.model, check_samples(check, limit), task=task,
-                                        gate=gate, what="quantize", where=where, threads=threads,
+        choice, checked, _ = task_check(report, proto, result.model, inputs.checked(), task=task,
+                                        gate=gate, what="quantize", where=inputs.where, threads=threads,
                                         extra_failures=integer_failures(kernels, result),
-                                        hint=_recipe_hint(config, result.steps.recipe, mixed=mixed_precision) + slower)
+                                        hint=_recipe_hint(config, result.steps.recipe, mixed=mixed) + slower)
     add_verdict_notes(report, slower=slower, recipe=result.steps.recipe)
-    if evaluation is not None and choice.name == "classify":  # the task check's agreement on the held-out data
+    if inputs.evaluation is not None and choice.name == "classify":  # the task check's agreement on the held-out data
         report.add("agreement", checked.metrics)
-    return finish(report, output, html=html, result=result)
 
 
 def _quant_config(scheme: dict, *, per_tensor: bool, method: str, calib_samples: int | None, recipe: str,

@@ -68,23 +68,15 @@ def substitute(
     from npukit.quant.qdq import preprocess as pre_process  # (``preprocess`` is the data's PreprocessConfig here)
     from npukit.targets.fix import substitute as apply_substitutions
 
-    if not rules:
-        raise InputError("no substitution given", hint="pass --rule hardswish_to_relu6 (or groupnorm_to_instancenorm)")
-    ramp = RAMP if ramp is None else ramp
-    if not 0 <= ramp <= 1:
-        raise InputError(f"ramp {ramp} must be between 0 and 1", hint="e.g. --ramp 0.5 (0: the substitute at once)")
+    ramp = _checked_ramp(rules, ramp)
     output = check_output(output, source=model)
     train_config = QatConfig(weight_bits=8, epochs=epochs, batch_size=batch_size, lr=lr or LEARNING_RATE,
                              augment=augment, mixup=mixup, max_steps=max_steps, seed=seed)
     proto, spec = float_static_model(model, input_shape, verb="substitute")
     changed = apply_substitutions(proto, list(rules))  # before pre-processing, which inlines HardSwish
     samples = TrainingSamples.open(proto, data, eval_data, None, preprocess or PreprocessConfig(), max_samples)
-    report = Report("substitute", config={"model": str(model), "data": str(data), "rules": list(rules),
-                                          "eval": str(eval_data) if eval_data else f"last 20% of {data}",
-                                          "train": train_config.as_dict(), "ramp": ramp, "task": task or "auto",
-                                          "gate": (gate or QualityGate()).as_dict(), "seed": seed,
-                                          "input_shape": spec.as_dict() if spec else None,
-                                          "samples": samples.describe()})
+    report = _report(model, data, eval_data, rules, samples, train_config=train_config, ramp=ramp, task=task,
+                     gate=gate, seed=seed, spec=spec)
     add_substitutions(report, changed.applied)
     checkpoint = report_path_for(output, ".substitute.pt")
     if restart:
@@ -98,6 +90,36 @@ def substitute(
         return run.check(reference, start, output, why=EXACT, html=html, source=Path(str(model)),
                          hint="lower floors (--min-sqnr, --min-task-metric): the substitutes compute the same "
                               "function, so only float rounding separates the models")
+    blended, blend = _blended(report, proto, rules, start, ramp)
+    return run.run(reference, start, output, checkpoint, blended=blended, blend=blend,
+                   key={"rules": list(rules), "ramp": ramp if blend else 0}, html=html, source=Path(str(model)))
+
+
+def _checked_ramp(rules: Sequence[str], ramp: float | None) -> float:
+    """The ramp (``RAMP`` where not given); no rule, or a ramp outside [0, 1], is refused before any work."""
+    if not rules:
+        raise InputError("no substitution given", hint="pass --rule hardswish_to_relu6 (or groupnorm_to_instancenorm)")
+    ramp = RAMP if ramp is None else ramp
+    if not 0 <= ramp <= 1:
+        raise InputError(f"ramp {ramp} must be between 0 and 1", hint="e.g. --ramp 0.5 (0: the substitute at once)")
+    return ramp
+
+
+def _report(model: str | Path, data: str | Path, eval_data: str | Path | None, rules: Sequence[str],
+            samples: TrainingSamples, *, train_config: Any, ramp: float, task: str | None, gate: QualityGate | None,
+            seed: int, spec: Any) -> Report:
+    """The report, its config recording what ``substitute`` was asked and resolved, so a run can be repeated."""
+    return Report("substitute", config={"model": str(model), "data": str(data), "rules": list(rules),
+                                        "eval": str(eval_data) if eval_data else f"last 20% of {data}",
+                                        "train": train_config.as_dict(), "ramp": ramp, "task": task or "auto",
+                                        "gate": (gate or QualityGate()).as_dict(), "seed": seed,
+                                        "input_shape": spec.as_dict() if spec else None,
+                                        "samples": samples.describe()})
+
+
+def _blended(report: Report, proto: Any, rules: Sequence[str], start: Any, ramp: float) -> tuple[Any, Any]:
+    """With a ``ramp``, the model that blends the substitutes in and the schedule that does it; else (None, None):
+    the substituted model is fine-tuned as it is from the first step."""
     blended, blend = None, None
     if ramp:
         from npukit.quant.qat.blend import GradualSubstitution, blended_model
@@ -105,5 +127,4 @@ def substitute(
         with step(f"blending the substitution in over {ramp:.0%} of the steps", timings=report.timings,
                   key="blend"):
             blended, blend = blended_model(proto, list(rules), start), GradualSubstitution(ramp)
-    return run.run(reference, start, output, checkpoint, blended=blended, blend=blend,
-                   key={"rules": list(rules), "ramp": ramp if blend else 0}, html=html, source=Path(str(model)))
+    return blended, blend
