@@ -521,13 +521,32 @@ def apply_fixes(
     rtol: float = 1e-5,
 ) -> FixResult:
     """Apply the substitutions ``target`` wants and lacks, verify against ``model`` (raises NumericCheckError)."""
-    from npukit.frontend.shapes import fix_input_shape
-
     for name in target.substitutions:
         if name not in FIXES or not FIXES[name].exact:
             raise InputError(f"profile {target.name} names an unknown or inexact fix {name!r}",
                              hint=f"exact fixes: {', '.join(n for n, r in FIXES.items() if r.exact)}")
     applied: list[dict] = []
+    reference = _shapes_fixed(model, target, input_shape, applied)
+    fixed, modified = _rewritten(reference, target, applied)
+    if target.hazards:  # patterns the target takes but computes wrongly: rewritten to a form it computes right
+        fixed, guarded = _hazards_guarded(fixed, target, applied)
+        modified = modified or guarded
+    if reference is model:
+        return FixResult(fixed, applied, verify_equivalent(model, fixed, rtol=rtol) if modified else None)
+    # the input shape fixed: checked too, against the original model fed inputs of that shape
+    from npukit.runtime.ort import make_session, random_feeds
+
+    session = make_session(reference)
+    feeds = [random_feeds(session, seed=i) for i in range(2)]
+    return FixResult(fixed, applied, verify_equivalent(model, fixed, rtol=rtol, feeds=feeds))
+
+
+def _shapes_fixed(model: onnx.ModelProto, target: TargetProfile, input_shape: tuple[int, ...] | None,
+                  applied: list[dict]) -> onnx.ModelProto:
+    """``model`` with ``input_shape`` fixed in and the sizes computed from it folded, where the target fixes shapes;
+    what was done (or why not) appended to ``applied``."""
+    from npukit.frontend.shapes import fix_input_shape
+
     reference = model
     if "fix_input_shape" in target.substitutions and input_shape is not None:
         reference = fix_input_shape(model, tuple(input_shape), dynamic_batch=False)
@@ -542,11 +561,17 @@ def apply_fixes(
         reference, notes = _fold_constants(reference)
         applied.append({"fix": "fold_constants", "description": FIXES["fold_constants"].description,
                         "rewrites": 1, "notes": notes})
+    return reference
+
+
+def _rewritten(reference: onnx.ModelProto, target: TargetProfile,
+               applied: list[dict]) -> tuple[onnx.ModelProto, bool]:
+    """``reference`` after the target's substitutions for the ops it has (one fix per source op: the first in the
+    target's order wins), and whether any rewrote a node; each fix's record appended to ``applied``."""
     present = {n.op_type for n in reference.graph.node}
     chosen = [FIXES[name] for name in target.substitutions
               if FIXES[name].make_pass is not None and FIXES[name].helps(target)
               and any(op in present for op in FIXES[name].source_ops)]
-    # one fix per source op: the first in the target's order wins
     taken: set[str] = set()
     passes: list[tuple[FixRule, NpukitPass]] = []
     for rule in chosen:
@@ -554,38 +579,35 @@ def apply_fixes(
             continue
         taken.update(rule.source_ops)
         passes.append((rule, rule.make_pass()))  # type: ignore[misc]
-    fixed, modified = reference, False
-    if passes:
-        # the passes read input ranks and sizes: inferred on a copy where the model carries none for a tensor
-        ir_model = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(reference, strict_mode=False))
-        result = PassManager([p for _, p in passes])(ir_model)
-        for (rule, _), record in zip(passes, result.records):
-            applied.append({"fix": rule.name, "description": rule.description, "rewrites": record.rewrites,
-                            "notes": list(record.notes)})
-        if result.modified:
-            fixed, modified = ir.serde.serialize_model(result.model), True
-    if target.hazards:  # patterns the target takes but computes wrongly: rewritten to a form it computes right
-        from npukit.targets.hazards import guard_hazards
+    if not passes:
+        return reference, False
+    # the passes read input ranks and sizes: inferred on a copy where the model carries none for a tensor
+    ir_model = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(reference, strict_mode=False))
+    result = PassManager([p for _, p in passes])(ir_model)
+    for (rule, _), record in zip(passes, result.records):
+        applied.append({"fix": rule.name, "description": rule.description, "rewrites": record.rewrites,
+                        "notes": list(record.notes)})
+    if result.modified:
+        return ir.serde.serialize_model(result.model), True
+    return reference, False
 
-        guarded = guard_hazards(fixed, target)
-        for name in dict.fromkeys(m.hazard.fix or m.hazard.name for m in (*guarded.rewritten,
-                                                                           *(m for m, _ in guarded.left))):
-            done = [m for m in guarded.rewritten if (m.hazard.fix or m.hazard.name) == name]
-            left = [(m, why) for m, why in guarded.left if (m.hazard.fix or m.hazard.name) == name]
-            applied.append({"fix": name, "description": (done or [m for m, _ in left])[0].hazard.reason,
-                            "rewrites": len(done),
-                            "notes": [f"{' + '.join(m.nodes)}: rewritten" for m in done]
-                            + [f"{' + '.join(m.nodes)}: kept ({why})" for m, why in left]})
-        if guarded.rewritten:
-            fixed, modified = guarded.model, True
-    if reference is model:
-        return FixResult(fixed, applied, verify_equivalent(model, fixed, rtol=rtol) if modified else None)
-    # the input shape fixed: checked too, against the original model fed inputs of that shape
-    from npukit.runtime.ort import make_session, random_feeds
 
-    session = make_session(reference)
-    feeds = [random_feeds(session, seed=i) for i in range(2)]
-    return FixResult(fixed, applied, verify_equivalent(model, fixed, rtol=rtol, feeds=feeds))
+def _hazards_guarded(fixed: onnx.ModelProto, target: TargetProfile,
+                     applied: list[dict]) -> tuple[onnx.ModelProto, bool]:
+    """``fixed`` with the target's hazards rewritten to a form it computes right, and whether any was; each hazard's
+    record (rewritten, or kept and why) appended to ``applied``."""
+    from npukit.targets.hazards import guard_hazards
+
+    guarded = guard_hazards(fixed, target)
+    for name in dict.fromkeys(m.hazard.fix or m.hazard.name for m in (*guarded.rewritten,
+                                                                       *(m for m, _ in guarded.left))):
+        done = [m for m in guarded.rewritten if (m.hazard.fix or m.hazard.name) == name]
+        left = [(m, why) for m, why in guarded.left if (m.hazard.fix or m.hazard.name) == name]
+        applied.append({"fix": name, "description": (done or [m for m, _ in left])[0].hazard.reason,
+                        "rewrites": len(done),
+                        "notes": [f"{' + '.join(m.nodes)}: rewritten" for m in done]
+                        + [f"{' + '.join(m.nodes)}: kept ({why})" for m, why in left]})
+    return (guarded.model, True) if guarded.rewritten else (fixed, False)
 
 
 HARDSWISH_FORMS = ("clip", "hardswish")  # the canonical forms a written-out HardSwish is read through

@@ -44,14 +44,36 @@ def serve_bench(
     inputs of each size (``measure.serving.measure_buckets``): outputs compared, latency side by side.
 
     ``input_shape`` (``InputSpec`` forms) is fixed into a copy of the model first, which is served."""
-    from npukit.errors import InputError
-    from npukit.frontend.onnx_io import save_onnx
-    from npukit.frontend.shapes import InputSpec, fix_inputs, load_with_inputs
-    from npukit.measure.serving import ServingConfig, measure_serving
+    from npukit.frontend.shapes import InputSpec
+    from npukit.measure.serving import ServingConfig
     from npukit.report.serving import add_serving
 
     path = _served_file(model)
     spec = InputSpec.parse(input_shape)
+    _refuse_buckets_with(buckets, spec, data)
+    if buckets:
+        return _serve_buckets(path, buckets, duration_s=duration_s, report_path=report_path, html=html)
+    config = ServingConfig(device=device, duration_s=duration_s, max_workers=max_workers, loads=tuple(loads),
+                           max_batch=max_batch, max_wait_ms=max_wait_ms, prefer=prefer,
+                           device_concurrency=device_concurrency)
+    proto, requests, spec, from_data = _served_model(path, spec, data, samples)
+    report = Report("serve-bench", config={"model": str(model), "data": str(data) if data else "seeded random inputs",
+                                           "serving": {**config.__dict__, "loads": list(config.loads)},
+                                           "requests": len(requests),
+                                           "input_shape": spec.as_dict() if spec else None,
+                                           "input_shape_from": "the data's first request" if from_data else
+                                           "--input-shape" if spec else "the model"})
+    result = _measure(path, proto, requests, config, fixed=bool(spec))
+    add_serving(report, result)
+    _set_verdict(report, result, _caveat(result, requests, seeded=data is None))
+    json_path = Path(report_path) if report_path else None
+    return finish(report, None, html=html, json_path=json_path, result=result, source=model)
+
+
+def _refuse_buckets_with(buckets: Sequence[Sequence[int]], spec: Any, data: Any) -> None:
+    """--bucket gives the served sizes and its own inputs: refused beside --input-shape or --data."""
+    from npukit.errors import InputError
+
     if buckets and spec:
         raise InputError("--bucket and --input-shape both give the served shape",
                          hint="give the sizes to serve with --bucket alone")
@@ -59,11 +81,13 @@ def serve_bench(
         raise InputError("--bucket compares each bucket with a session at its size on seeded inputs of that size; "
                          "--data is not read there", hint="leave --data out with --bucket, or serve the data without "
                                                           "--bucket")
-    if buckets:
-        return _serve_buckets(path, buckets, duration_s=duration_s, report_path=report_path, html=html)
-    config = ServingConfig(device=device, duration_s=duration_s, max_workers=max_workers, loads=tuple(loads),
-                           max_batch=max_batch, max_wait_ms=max_wait_ms, prefer=prefer,
-                           device_concurrency=device_concurrency)
+
+
+def _served_model(path: Path, spec: Any, data: Any, samples: int) -> tuple[Any, list, Any, dict]:
+    """The model with ``spec`` fixed in, the requests, the spec served and the sizes taken from the data's first
+    request (where ``spec`` is None and the model leaves sizes open; {} otherwise)."""
+    from npukit.frontend.shapes import InputSpec, fix_inputs, load_with_inputs
+
     # a truncated or foreign file is a one-line error, not a decoder's traceback; sizes only the requests' data
     # gives may stay symbolic
     proto = load_with_inputs(path, spec, needs=None if data is not None else "serving on seeded random requests",
@@ -73,39 +97,48 @@ def serve_bench(
     if from_data:  # sizes the model leaves open, as the data's requests have them (bench takes them so too)
         spec = InputSpec.parse(from_data)
         proto = fix_inputs(proto, spec, keep_batch=True)
-    report = Report("serve-bench", config={"model": str(model), "data": str(data) if data else "seeded random inputs",
-                                           "serving": {**config.__dict__, "loads": list(config.loads)},
-                                           "requests": len(requests),
-                                           "input_shape": spec.as_dict() if spec else None,
-                                           "input_shape_from": "the data's first request" if from_data else
-                                           "--input-shape" if spec else "the model"})
+    return proto, requests, spec, from_data or {}
+
+
+def _measure(path: Path, proto: Any, requests: list, config: Any, *, fixed: bool) -> Any:
+    """``measure_serving`` on the file given, or (``fixed``: shapes fixed in) on the model saved aside, since the
+    runtimes measured open a file."""
+    from npukit.frontend.onnx_io import save_onnx
+    from npukit.measure.serving import measure_serving
+
     with tempfile.TemporaryDirectory(prefix="npukit-serve-") as tmp:
         served = path
-        if spec:  # the runtimes measured open a file: the model with its shapes fixed, saved aside
+        if fixed:
             served = Path(tmp) / path.name
             save_onnx(proto, served)
-        result = measure_serving(served, requests, config)
-    add_serving(report, result)
-    curve = result.curve
-    best = max(curve, key=lambda w: curve[w].throughput)
+        return measure_serving(served, requests, config)
+
+
+def _caveat(result: Any, requests: list, *, seeded: bool) -> str:
+    """What the figures may not show: seeded integer inputs (a branch real data never takes), the HTP emulator."""
+    from npukit.runtime.engine import EMULATOR_NOTE, htp_emulated
+
     integers = [name for name, value in requests[0].items() if np.asarray(value).dtype.kind in "biu"] \
-        if data is None and requests else []
+        if seeded and requests else []
     caveat = (f"; the seeded requests give integer input(s) {', '.join(map(repr, integers))} small random values, "
               "so a model that branches on one (a sample rate, a mode flag) may be timed on a path real data never "
               "takes: pass --data" if integers else "")
-    from npukit.runtime.engine import EMULATOR_NOTE, htp_emulated
-
     if str(result.device.get("device", "")).startswith("qnn-htp") and htp_emulated():
         caveat += f"; {EMULATOR_NOTE}"
+    return caveat
+
+
+def _set_verdict(report: Report, result: Any, caveat: str) -> None:
+    """FAIL where requests failed; else the best point's throughput against the plain loop beside it."""
     failed = _failed(result)
     if failed:
         report.set_verdict(f"FAIL serve-bench: {failed}", passed=False)
-    else:
-        report.set_verdict(f"INFO serve-bench: runtime {curve[best].throughput:.1f} requests/s with {best} workers, "
-                           f"{result.speedup(best):.2f}x the plain loop run just before it "
-                           f"({_plain_runs(result)}); a measurement, nothing was checked{caveat}", passed=True)
-    json_path = Path(report_path) if report_path else None
-    return finish(report, None, html=html, json_path=json_path, result=result, source=model)
+        return
+    curve = result.curve
+    best = max(curve, key=lambda w: curve[w].throughput)
+    report.set_verdict(f"INFO serve-bench: runtime {curve[best].throughput:.1f} requests/s with {best} workers, "
+                       f"{result.speedup(best):.2f}x the plain loop run just before it "
+                       f"({_plain_runs(result)}); a measurement, nothing was checked{caveat}", passed=True)
 
 
 def _plain_runs(result: Any) -> str:
