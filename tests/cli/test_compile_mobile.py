@@ -88,6 +88,8 @@ def test_fp32_artifact_matches_eager_torch(target, tmp_path):
     report = json.loads(out.with_name(out.name + ".report.json").read_text())
     assert report["passed"]
     assert report["results"]["fp32_error"]["max_abs_over_range"] <= 1e-4
+    # seeded random inputs: every output judged, not a task metric they cannot give (a detector's mAP: undefined)
+    assert report["results"]["task_check"]["choice"]["task"] == "generic"
     assert set(report["results"]["latency"]) == {artifact, "eager torch fp32", "ORT CPU fp32"}
     if target == "executorch-xnnpack":
         assert report["results"]["lowered"]["portable_ops"] == {}  # XNNPACK took every op
@@ -185,6 +187,7 @@ def test_coreml_package_is_read_back_and_said_not_run(int8, tmp_path, monkeypatc
     ops = report["results"]["lowered"]["ops"]
     assert ops.get("conv") == 3 and report["results"]["lowered"]["compute_precision"] == "float32"
     if int8:  # every weight's integers and scales, and every activation grid, are the plan's
+        assert "its INT8 plan checked on ORT's CPU instead" in report["verdict"]
         assert check["weights"] == 4 and check["weights_not_the_plans"] == 0
         assert check["activation_grids"] >= 5 and check["activation_grids_not_the_plans"] == 0
         assert ops["constexpr_affine_dequantize"] == 4
@@ -195,6 +198,13 @@ def test_coreml_package_is_read_back_and_said_not_run(int8, tmp_path, monkeypatc
         assert main(["compile", "tinynet:tiny", "--target", "coreml", "-o", str(out), *args, *SHAPE]) == 1
         verdict = json.loads(out.with_name(out.name + ".report.json").read_text())["verdict"]
         assert verdict.startswith("FAIL compile: Core ML .mlpackage: it holds 3 int8 weights where 4 were carried")
+        monkeypatch.setattr(coreml, "package_grids", real)
+        # a plan below the floor (60 dB asked) is not exported as passing because Core ML cannot run here
+        assert main(["compile", "tinynet:tiny", "--target", "coreml", "-o", str(out), *args, *SHAPE,
+                     "--task", "generic", "--min-sqnr", "60"]) == 1
+        verdict = json.loads(out.with_name(out.name + ".report.json").read_text())["verdict"]
+        assert verdict.startswith("FAIL compile") and "the INT8 plan the Core ML .mlpackage carries, on ORT's CPU" \
+            in verdict
     else:
         assert "constexpr_affine_dequantize" not in ops
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no staging left behind
@@ -324,6 +334,17 @@ def test_a_model_with_more_than_ten_outputs_is_compared_output_for_output(target
     assert main(["compile", "tinynet:tinyheads", "--target", target, "-o", str(out), *SHAPE, "--task", "generic"]) == 0
     results = json.loads(out.with_name(out.name + ".report.json").read_text())["results"]
     assert results["fp32_error"]["max_abs_over_range"] <= 1e-4
+
+
+def test_an_int8_concatenation_as_the_output_is_built_on_one_grid(target, tmp_path):
+    """A concatenation the plan leaves float (the model's output) over heads of different ranges: LiteRT's converter
+    refused it ('tfl.concatenation' op quantization parameters violate the same scale constraint, exit 2). Its inputs
+    and output now share the grid covering the heads' (derived, said in the carried plan), on both runtimes."""
+    report = _compile_int8(tmp_path, "tinynet:tinycatout", target, _normal(16, 32, 32), "catout", *SHAPE,
+                           "--task", "generic")
+    assert report["passed"] and report["results"]["carried_plan"]["unmatched"] == []
+    assert report["results"]["carried_plan"]["derived_from_range"] == ["cat"]
+    assert min(o["sqnr_db"] for o in report["results"]["task_check"]["result"]["outputs"]) > 25
 
 
 def test_an_integer_output_is_read_as_it_is(target, tmp_path):

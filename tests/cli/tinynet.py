@@ -235,3 +235,25 @@ class TinyDead(nn.Module):
 def tinydead() -> nn.Module:
     torch.manual_seed(0)
     return TinyDead().eval()
+
+
+class TinyCatOut(nn.Module):
+    """Two conv heads of different ranges concatenated as the model's output (a detector's boxes over its levels):
+    the plan leaves the output float, while LiteRT's converter wants an int8 concatenation's inputs and output on
+    one grid."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.a, self.b = nn.Conv2d(8, 4, 3, padding=1), nn.Conv2d(8, 2, 3, padding=1)
+        with torch.no_grad():
+            self.b.weight.mul_(3.0)  # its output spans three times a's
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.stem(x))
+        return torch.cat([self.a(x), self.b(x)], 1)
+
+
+def tinycatout() -> nn.Module:
+    torch.manual_seed(0)
+    return TinyCatOut().eval()

@@ -87,7 +87,11 @@ def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
         getattr(n.target, "__name__", str(n.target)) for n in program.graph.nodes
         if n.op == "call_function" and "getitem" not in str(n.target))
     calls = left.pop("executorch_call_delegate", 0)
-    buffer = edge.to_executorch().buffer
+    try:
+        buffer = edge.to_executorch().buffer
+    except Exception as exc:  # noqa: BLE001 - the .pte's serialization refusing the model, said in one line
+        raise InputError(f"ExecuTorch cannot write this model as a .pte: {_root_cause(exc)}",
+                         hint="try --target litert, or the ONNX export (npukit export) on ORT CPU") from exc
     return Lowered(buffer=bytes(buffer), delegated_ops=_delegated_ops(program), delegate_calls=calls,
                    portable_ops=dict(left))
 

@@ -109,6 +109,10 @@ def _htp_target(model: Any, target: str, *, soc: str | None, weights: Any) -> tu
             raise InputError(f"--target {target} and --soc {soc} name two SoCs", hint="give one of them")
         target, soc = kind, soc or variant
     profile = get_target(target)
+    if profile.name == "litert-xnnpack":  # the analysis profile of what --target litert builds and runs
+        raise InputError(f"{profile.name} is what `--target litert` builds: a .tflite LiteRT runs with its default "
+                         "XNNPACK delegate", hint=f"use --target litert (analyze --target {profile.name} predicts "
+                                                  "its delegation)")
     if profile.name != "qnn-htp":
         raise InputError(f"compiling for {profile.name} is not supported yet",
                          hint="use --target qnn-htp, executorch-xnnpack, litert or coreml; other targets: export "

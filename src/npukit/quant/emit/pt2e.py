@@ -447,16 +447,10 @@ def _same_scale_concats(model: torch.fx.GraphModule, state: _Annotation) -> None
     too, and so every concatenation it feeds (DenseNet's features feed every later concatenation of their block):
     such a group shares one grid, widened to cover each member's plan range (its concatenations named in the
     report's ``derived``: their grid is not the plan's)."""
-    from torchao.quantization.pt2e.quantizer import FixedQParamsQuantizationSpec
-
-    def fixed(node: torch.fx.Node) -> Any:
-        annotation = node.meta.get("quantization_annotation")
-        return annotation if annotation is not None and isinstance(annotation.output_qspec,
-                                                                   FixedQParamsQuantizationSpec) else None
-
-    concats = {node: state.grid(node) for node in model.graph.nodes
+    fixed = _fixed_annotation
+    concats = {node: grid for node in model.graph.nodes
                if node.meta.get("quantization_annotation") is not None and _op_name(node) in _CONCATS
-               and state.grid(node) is not None}
+               and (grid := _concat_grid(node, state)) is not None}
     # concatenation -> {its input's producer: whether the producer's value is read by this concatenation alone}
     sources = {node: {(source := _through_passing(arg)): len(arg.users) == 1 and (source is arg or
                                                                                   len(source.users) == 1)
@@ -503,6 +497,30 @@ def _same_scale_concats(model: torch.fx.GraphModule, state: _Annotation) -> None
                 while arg not in sources[node]:
                     _read_on(arg, grid, averages_follow=follow)
                     arg = arg.args[0]
+
+
+def _fixed_annotation(node: torch.fx.Node) -> Any:
+    """``node``'s annotation where its output is on a fixed grid (the plan's), else None."""
+    from torchao.quantization.pt2e.quantizer import FixedQParamsQuantizationSpec
+
+    annotation = node.meta.get("quantization_annotation")
+    return annotation if annotation is not None and isinstance(annotation.output_qspec,
+                                                               FixedQParamsQuantizationSpec) else None
+
+
+def _concat_grid(node: torch.fx.Node, state: _Annotation) -> Any:
+    """The plan's grid of concatenation ``node``'s output; where the plan leaves it float (a graph output) and its
+    inputs all carry grids, the grid covering theirs (derived): the converter puts an int8 concatenation's inputs
+    and output on one grid whatever the plan says of its output (a detector head's boxes, concatenated over levels
+    as its output, failed LiteRT's converter)."""
+    grid = state.grid(node)
+    if grid is not None:
+        return grid
+    inputs = [_fixed_annotation(_through_passing(arg)) for arg in node.meta["quantization_annotation"].input_qspec_map]
+    if not inputs or any(i is None for i in inputs):
+        return None
+    state.report.setdefault("derived", []).append(node.name)
+    return _covering([i.output_qspec for i in inputs])
 
 
 def _read_on(node: torch.fx.Node, grid: Any, *, averages_follow: bool = False) -> None:
