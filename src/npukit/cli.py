@@ -924,8 +924,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise KeyboardInterrupt
         return code
     except NpukitError as exc:
-        if args.debug:
-            raise
+        if args.debug:  # the traceback too, with the exit code the error has without --debug
+            import traceback
+
+            traceback.print_exc()
         _remove_new(before)
         print_error(exc.one_line())
         return exc.exit_code
@@ -941,7 +943,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print_error(f"out of memory: {type(exc).__name__} while running {args.verb}. Give a smaller input shape, "
                         "fewer samples or a smaller batch, or run it on a machine with more memory.")
             return 2
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        first = str(exc).strip().splitlines()[0].rstrip(".") if str(exc).strip() else ""
         print_error(f"internal error: {type(exc).__name__}: {first}. Rerun with --debug for the traceback "
                     "and report it.")
         return 1

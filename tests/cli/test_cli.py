@@ -1187,3 +1187,22 @@ def test_bench_says_what_is_missing_for_a_check(exported, tmp_path) -> None:
         assert main(["bench", str(exported), "--runs", "2", "--report", str(report), *extra]) == 0
         verdict = json.loads(report.read_text())["verdict"]
         assert verdict.startswith("MEASURED bench: ") and said in verdict
+
+
+def test_debug_prints_the_traceback_and_keeps_the_exit_code(tmp_path, capsys):
+    text = tmp_path / "m.txt"
+    text.write_text("not a model")
+    assert main(["inspect", str(text)]) == 2
+    plain = capsys.readouterr().err
+    assert main(["--debug", "inspect", str(text)]) == 2  # not 1, as an uncaught exception would give
+    err = capsys.readouterr().err
+    assert "Traceback" in err and plain.strip().splitlines()[-1] in err
+
+
+def test_analyze_says_what_compile_builds_for_the_mobile_targets(exported, tmp_path):
+    report = tmp_path / "a.json"
+    assert main(["analyze", str(exported), "--target", "coreml", "--target", "cpu", "--report", str(report)]) == 0
+    data = json.loads(report.read_text())
+    notes = data["results"]["compile_notes"]
+    assert set(notes) == {"coreml"} and "refuses an .onnx" in notes["coreml"] and "coremltools" in notes["coreml"]
+    assert data["verdict"].startswith("INFO analyze") and "coreml" in data["verdict"]

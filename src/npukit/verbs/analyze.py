@@ -68,8 +68,43 @@ def analyze(
     if exported is not None:
         report.config["input_shape"] = exported["input_shape"]
         report.add("export", exported)
+    notes = _compile_notes(outcome.profiles, onnx_given=exported is None)
+    if notes:
+        report.add("compile_notes", notes)
+        report.add_table("What npukit compile builds for these targets", ["target", "note"], list(notes.items()))
+        see = f"see what npukit compile builds for {', '.join(notes)} (its table)"
+        if report.verdict is None:  # nothing checked: the INFO line finish would write, with the pointer
+            report.set_verdict(f"INFO analyze: a description of the model; nothing was checked; {see}", passed=True)
+        else:  # --fix's verdict (its check) stays first
+            report.set_verdict(f"{report.verdict}; {see}", passed=report.passed)
     json_path = Path(report_path) if report_path else (report_path_for(output) if output else None)
     return finish(report, None, html=html, json_path=json_path, result=list(outcome.analyses), source=model)
+
+
+TORCH_BUILT = {"executorch-xnnpack": "executorch-xnnpack", "litert-xnnpack": "litert", "litert": "litert",
+               "coreml": "coreml"}  # analysis profile -> the compile target that builds from a PyTorch program
+
+
+def _compile_notes(profiles: Any, *, onnx_given: bool) -> dict[str, str]:
+    """Per target analyzed, what a user reading its prediction should know of ``npukit compile`` for it: the
+    mobile targets build from the PyTorch program (an ONNX model is refused there), and coreml's profile is ONNX
+    Runtime's CoreML EP while compile converts with coremltools."""
+    notes: dict[str, str] = {}
+    for profile in profiles:
+        name = getattr(profile, "name", str(profile))
+        built = TORCH_BUILT.get(name)
+        if built is None:
+            continue
+        parts = []
+        if onnx_given:
+            parts.append(f"`npukit compile --target {built}` builds from the PyTorch model this ONNX file came from "
+                         "(it refuses an .onnx); this predicts what that runtime takes of the same graph")
+        if name == "coreml":
+            parts.append("this profile is ONNX Runtime's CoreML EP; `npukit compile --target coreml` converts with "
+                         "coremltools, whose op support differs (PReLU slopes, for one)")
+        if parts:
+            notes[name] = "; ".join(parts)
+    return notes
 
 
 def _write_fixed(outcome: Any, output: str | Path) -> dict[str, Path]:
