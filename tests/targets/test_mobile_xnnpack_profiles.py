@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from npukit.targets import analyze, get_target
-from tests.targets._models import single
+from tests.targets._models import make, single, vi
 
 
 def _verdict(model, target="executorch-xnnpack"):
@@ -44,6 +44,96 @@ def test_rules_on_single_ops(op, inits, extra, attrs, supported, reason):
     assert v.supported is supported, v.reasons
     if reason:
         assert any(reason in r for r in v.reasons), v.reasons
+
+
+def _floats(name, values):
+    return numpy_helper.from_array(np.array(values, np.float32), name)
+
+
+@pytest.mark.parametrize("op, inits, extra, attrs, supported, reason", [
+    # Clip(x, 0, 1) is RELU_0_TO_1, which the delegate does not take; other bounds are RELU6, RELU_N1_TO_1 or
+    # MINIMUM/MAXIMUM, which it does
+    ("Clip", [_floats("lo", 0), _floats("hi", 1)], ["lo", "hi"], {}, False, "RELU_0_TO_1"),
+    ("Clip", [_floats("lo", 0), _floats("hi", 6)], ["lo", "hi"], {}, True, None),
+    ("Clip", [_floats("lo", -1), _floats("hi", 1)], ["lo", "hi"], {}, True, None),
+    ("Clip", [_floats("lo", 0)], ["lo"], {}, True, None),
+    ("Clip", [_floats("hi", 1)], ["", "hi"], {}, True, None),
+    # torch's hardsigmoid is taken; Paddle's slope (0.2, ONNX's default) is a clamp to [0, 1] in torch
+    ("HardSigmoid", [], [], {"alpha": 1 / 6, "beta": 0.5}, True, None),
+    ("HardSigmoid", [], [], {"alpha": 0.2, "beta": 0.5}, False, "RELU_0_TO_1"),
+    ("HardSigmoid", [], [], {}, False, "only torch's slope"),
+    # x ** 2 is a MUL, x ** 0.5 a SQRT; any other exponent stays a POW
+    ("Pow", [_floats("p", 2)], ["p"], {}, True, None),
+    ("Pow", [_floats("p", 0.5)], ["p"], {}, True, None),
+    ("Pow", [_floats("p", 3)], ["p"], {}, False, "only a constant exponent 2"),
+    ("Pow", [_floats("p", -1)], ["p"], {}, False, "only a constant exponent 2"),
+    # nearest is RESIZE_NEAREST_NEIGHBOR (ONNX's default mode), bilinear RESIZE_BILINEAR
+    ("Resize", [_floats("s", [1, 1, 2, 2])], ["", "s"], {"mode": "linear"}, True, None),
+    ("Resize", [_floats("s", [1, 1, 2, 2])], ["", "s"], {"mode": "nearest"}, False, "RESIZE_NEAREST_NEIGHBOR"),
+    ("Resize", [_floats("s", [1, 1, 2, 2])], ["", "s"], {}, False, "RESIZE_NEAREST_NEIGHBOR"),
+])
+def test_litert_rules_on_single_ops(op, inits, extra, attrs, supported, reason):
+    v = _verdict(single(op, inits=inits, extra_inputs=extra, **attrs), "litert-xnnpack")
+    assert v.supported is supported, v.reasons
+    if reason:
+        assert any(reason in r for r in v.reasons), v.reasons
+
+
+def test_litert_clip_bounds_as_attributes():
+    """Opset 6 writes Clip's bounds as attributes: the same rule reads them."""
+    assert not _verdict(single("Clip", opset=6, min=0.0, max=1.0), "litert-xnnpack").supported
+    assert _verdict(single("Clip", opset=6, min=0.0, max=6.0), "litert-xnnpack").supported
+
+
+def _convtranspose(channels=8, *, bias=True, bn=True, relu=True):
+    """x -> ConvTranspose 2x2/2 (-> BatchNormalization) (-> Relu) -> Sigmoid, as DBNet's head (PP-OCR det) has it."""
+    rng = np.random.default_rng(0)
+
+    def tensor(shape, name):
+        return numpy_helper.from_array(rng.uniform(0.5, 1.5, shape).astype(np.float32), name)
+
+    inits = [tensor((8, channels, 2, 2), "w"), *([tensor((channels,), "b")] if bias else [])]
+    nodes = [helper.make_node("ConvTranspose", ["x", "w", *(["b"] if bias else [])], ["t"], name="convt",
+                              kernel_shape=[2, 2], strides=[2, 2])]
+    last = "t"
+    if bn:
+        inits += [tensor((channels,), n) for n in ("g", "be", "m", "v")]
+        nodes.append(helper.make_node("BatchNormalization", ["t", "g", "be", "m", "v"], ["n"], name="bn"))
+        last = "n"
+    if relu:
+        nodes.append(helper.make_node("Relu", [last], ["r"], name="relu"))
+        last = "r"
+    nodes.append(helper.make_node("Sigmoid", [last], ["y"], name="sigmoid"))
+    return make(nodes, [vi("x", [1, 8, 8, 8])], [vi("y", None)], inits)
+
+
+@pytest.mark.parametrize("kwargs, left", [
+    ({}, {"convt", "bn", "relu"}),                  # the BatchNorm folds in as a 4-D bias, the Relu fuses in
+    ({"relu": False}, {"convt", "bn"}),
+    ({"bias": False}, {"convt", "bn", "relu"}),
+    ({"channels": 1}, set()),                       # one channel: the folded bias is written 1-D
+    ({"bn": False}, set()),                         # its own bias only: a [C] vector, taken
+])
+def test_litert_convtranspose_with_a_batchnorm_stays_out(kwargs, left):
+    analysis = analyze(_convtranspose(**kwargs), get_target("litert-xnnpack"))
+    assert {v.name for v in analysis.nodes if not v.supported} == left
+    if left:
+        reasons = next(v for v in analysis.nodes if v.name == "convt").reasons
+        assert any("4-D bias" in r for r in reasons), reasons
+
+
+def test_executorch_says_why_a_rank4_matmul_of_activations_is_split():
+    """q @ k^T on rank-4 activations: XNNPACK takes its bmm, but the expand_copy of each operand stays out."""
+    def matmul(rank):
+        shape = [1, 4, 16, 8][-rank:]
+        nodes = [helper.make_node("Transpose", ["x"], ["k"], perm=[*range(rank - 2), rank - 1, rank - 2]),
+                 helper.make_node("MatMul", ["x", "k"], ["y"])]
+        return next(v for v in analyze(make(nodes, [vi("x", shape)], [vi("y", None)]),
+                                       get_target("executorch-xnnpack")).nodes if v.op_type == "MatMul")
+
+    assert matmul(3).supported
+    v = matmul(4)
+    assert not v.supported and any("expand_copy" in r for r in v.reasons), v.reasons
 
 
 def test_litert_takes_a_single_constant_index_and_unit_steps_only():
@@ -102,12 +192,16 @@ class _Mixed(torch.nn.Module):
         return self.fc(z) + s.sum()
 
 
-def _compare_with_the_real_partitioner(target: str, node_placement) -> dict[str, tuple[bool, bool]]:
-    """(predicted, actual) delegated for each node of _Mixed's exported program both sides have."""
+def _compare_with_the_real_partitioner(target: str, node_placement, module: torch.nn.Module | None = None,
+                                       example: tuple[torch.Tensor, ...] | None = None) -> dict[str, tuple[bool, bool]]:
+    """(predicted, actual) delegated for each node of ``module``'s exported program (default: _Mixed's) both sides
+    have."""
     from npukit.frontend.provenance import onnx_nodes_by_origin
 
     torch.manual_seed(0)
-    module, example = _Mixed().eval(), (torch.randn(1, 3, 16, 16),)
+    if module is None:
+        module, example = _Mixed(), (torch.randn(1, 3, 16, 16),)
+    module = module.eval()
     exported = torch.export.export(module, example)
     program = torch.onnx.export(exported, dynamo=True, optimize=True, opset_version=18, verbose=False)
     verdicts = {v.name: v for v in analyze(program.model_proto, get_target(target)).nodes}

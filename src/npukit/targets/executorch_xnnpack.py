@@ -9,7 +9,7 @@ quantized program is lowered from npukit's plan (``compile --target executorch-x
 What the rules encode, by edge op: convolutions 1D/2D with parameter weights; linear/mm with a parameter weight,
 bmm on rank-3 operands; element-wise add/sub/mul/div/min/max on float tensors; relu, hardtanh/clamp, hardswish,
 sigmoid, tanh, gelu, leaky_relu, prelu (parameter slope), abs, neg, exp, log, sqrt, ceil, floor, sin, cos, pow with
-exponent 2; avg_pool2d without ceil mode and without padding counted in the average; max_pool2d with stride <=
+an int exponent 2; avg_pool2d without ceil mode and without padding counted in the average; max_pool2d with stride <=
 kernel; mean over H and W of a 4D tensor with keepdim; cat of two tensors or more; permute; view; unsqueeze on the
 trailing dim only; slice with step 1; softmax over the last dim; upsample bilinear 2D; constant pad without
 cropping; batch norm (fused into its conv or decomposed). Nothing else: no layer norm, no ELU (disabled in 1.5.1),
@@ -90,8 +90,12 @@ def _squared(node: NodeInfo) -> bool:
 
 
 def _bmm_operands(node: NodeInfo) -> bool:
-    """A MatMul of two activations is XNNPACK's bmm only on rank-3 operands (rank 4 goes through expand and views
-    ExecuTorch leaves to its portable kernels)."""
+    """A MatMul of two activations is XNNPACK's bmm alone only on rank-3 operands. On rank 4 (attention's q @ k^T,
+    a @ v) aten.matmul decomposes into an expand_copy of each operand, views and a bmm: BMMConfig takes the bmm
+    (the MACs), but ALL_PARTITIONER_CONFIGS (backends/xnnpack/partition/config/__init__.py) has no config for
+    expand_copy, so both run on the portable kernels before it and split the delegated graph there. The MatMul
+    counts as left (split, as benchmarks/mobile_partition.py counts it): that places the split right (measured: a
+    4-head attention, 2 MatMuls, 4 expand_copy outside, 4 delegate calls predicted and made)."""
     return all(t is not None and t.rank == 3 for t in node.inputs[:2])
 
 
@@ -112,8 +116,11 @@ OPS = with_rules(
     OpRule("ConvTranspose", constraints=(_CONV, ConstantInput(1, "weight"), ConstantInput(2, "bias"))),
     OpRule("Einsum", notes="decomposed into permute, view and bmm (maxvit_t's attention, measured)"),
     OpRule("Gemm", constraints=(ConstantInput(1, "weight"), ConstantInput(2, "bias")), notes="linear / addmm"),
-    OpRule("MatMul", constraints=(AttrPredicate(_matmul_supported, "needs a parameter weight (mm), or rank-3 "
-                                                                   "operands (bmm)"),)),
+    OpRule("MatMul", constraints=(AttrPredicate(_matmul_supported, "two activations of rank other than 3: XNNPACK "
+                                                                   "takes the bmm, but the expand_copy of each "
+                                                                   "operand stays on the portable kernels and splits "
+                                                                   "the graph here (a parameter weight or rank-3 "
+                                                                   "operands keep it whole)"),)),
     OpRule("PRelu", constraints=(ConstantInput(1, "slope"),)),
     OpRule("HardSigmoid", notes="decomposed (add, clamp, div): its scalars' dtype copies run on the portable kernels "
                                 "before the delegate call, on constants, without splitting the graph"),
@@ -167,13 +174,17 @@ PROFILE = TargetProfile(
     requires_static_shapes=False,
     dtypes=_FLOAT,
     known_limits=(
-        "no layer norm, ELU, nearest upsampling, squeeze, split, log_softmax, expand or dtype casts: they run on "
-        "ExecuTorch's portable kernels, and each splits the delegated graph",
+        "no layer norm, ELU, nearest upsampling, squeeze, split, log_softmax, expand, select (x[i], a Gather in "
+        "ONNX) or dtype casts: they run on ExecuTorch's portable kernels, and each splits the delegated graph",
         "mean only over H and W of a 4D tensor, with keepdim; softmax only over the last dim",
         "hardsigmoid: its decomposition leaves two dtype copies of its scalar constants to the portable kernels; "
         "they run before the delegate call and do not split the graph (MobileNetV3: one delegate call, measured)",
         "a Python int operand (16 * x) gets a dtype copy outside XNNPACK; the ONNX export folds that cast, so it is "
         "not predicted (swin_v2_t's 12 muls; write 16.0 * x)",
+        "a MatMul of two rank-4 activations (attention written out) is split: its bmm runs in XNNPACK, the "
+        "expand_copy of each operand on the portable kernels; counted as left, with its MACs",
+        "pow takes only an int exponent 2 (x ** 2, x.pow(2), torch.square); x.pow(2.0) and a tensor exponent stay "
+        "out (PowConfig), but the ONNX export writes all of them Pow(x, 2.0): not predicted",
     ),
     substitutions=("fix_input_shape",),
     qdq_units=True,

@@ -19,23 +19,27 @@ from npukit.targets.profile import (
     ConstantInput,
     DocSource,
     Fusion,
+    InputRank,
     NodeInfo,
     OpRule,
+    PatternStep,
     Quantization,
     TargetProfile,
     unit_steps,
 )
 
 # ONNX ops with a TFLite builtin that XNNPACK's delegate does not take, as litert-torch lowers them: comparisons and
-# selects (ELU lowers to one), casts, arg-reductions, shape ops, broadcasts, recurrent ops.
+# selects (ELU lowers to one), casts, arg-reductions, shape ops, broadcasts, recurrent ops. (The delegate's
+# Subgraph::VisitNode, tensorflow/lite/delegates/xnnpack/xnnpack_delegate.cc, switches over the builtins it takes;
+# any other builtin stays on LiteRT's kernels.)
 _LEFT_TO_LITERT = frozenset({
     "Elu", "Where", "Equal", "Less", "Greater", "GatherND", "Cast", "ArgMax", "ArgMin", "Shape", "Tile",
-    "Expand", "LSTM", "ReduceMin", "ReduceProd", "Sign", "Pow", "Log", "Sin", "Cos",
+    "Expand", "LSTM", "ReduceMin", "ReduceProd", "Sign", "Log", "Sin", "Cos",
 })
 # torch ops the ONNX exporter writes with ops TFLite has no builtin for, which litert-torch lowers to delegated
-# builtins (LayerNorm to MEAN/SQUARED_DIFFERENCE/RSQRT, hardsigmoid * x to HARD_SWISH, instance and group norms to
-# means and rsqrt, einsum to transposes and BATCH_MATMUL)
-_DECOMPOSED = ("LayerNormalization", "HardSigmoid", "InstanceNormalization", "GroupNormalization", "Einsum")
+# builtins (LayerNorm to MEAN/SQUARED_DIFFERENCE/RSQRT, instance and group norms to means and rsqrt, einsum to
+# transposes and BATCH_MATMUL); HardSigmoid, decomposed the same way, has its own rule below
+_DECOMPOSED = ("LayerNormalization", "InstanceNormalization", "GroupNormalization", "Einsum")
 
 
 def _gather_taken(node: NodeInfo) -> bool:
@@ -67,6 +71,53 @@ def _same_or_valid(node: NodeInfo) -> bool:
     return True
 
 
+def _scalar(node: NodeInfo, index: int) -> float | None:
+    """The value of input ``index`` where it is a one-element constant, else None."""
+    tensor = node.inputs[index] if index < len(node.inputs) else None
+    values = tensor.values if tensor is not None else None
+    return float(values[0]) if values is not None and len(values) == 1 else None
+
+
+def _not_relu_0_to_1(node: NodeInfo) -> bool:
+    """Clip(x, 0, 1) (torch.clamp(x, 0, 1), hardtanh(x, 0, 1), a port's clamp(a * x + b, 0, 1) hard sigmoid) is one
+    op for the converter: it writes RELU_0_TO_1, a builtin the XNNPACK delegate has no case for in
+    Subgraph::VisitNode (it takes RELU, RELU6 and RELU_N1_TO_1, and the MINIMUM/MAXIMUM other bounds become), so it
+    runs on LiteRT's kernels (measured: PP-OCR's classifier, 9 of them). Bounds as inputs (opset >= 11) or as
+    attributes (opset 6)."""
+    low = _scalar(node, 1) if len(node.inputs) > 1 else node.attr("min")
+    high = _scalar(node, 2) if len(node.inputs) > 2 else node.attr("max")
+    return not (low == 0 and high == 1)
+
+
+def _torch_hardsigmoid(node: NodeInfo) -> bool:
+    """HardSigmoid as torch's hardsigmoid exports it (alpha 1/6, beta 0.5), which litert-torch lowers to builtins
+    the delegate takes (MobileNetV3, measured). Another slope (Paddle's 0.2) is no torch op: a port writes it as
+    clamp(alpha * x + beta, 0, 1), which the converter makes RELU_0_TO_1, outside XNNPACK (onnx2torch does so;
+    written as relu6(6 * alpha * x + 6 * beta) / 6 it stays inside)."""
+    return abs(float(node.attr("alpha", 0.2)) - 1 / 6) < 1e-6 and abs(float(node.attr("beta", 0.5)) - 0.5) < 1e-6
+
+
+def _square_or_sqrt(node: NodeInfo) -> bool:
+    """Pow with a constant exponent 2 or 0.5: litert-torch lowers aten.pow through jnp.power (torchax's _aten_pow)
+    and the conversion writes x ** 2 as MUL(x, x) and x ** 0.5 as SQRT, which the delegate takes; any other exponent
+    stays a POW, which VisitNode has no case for (measured, litert-torch 0.10 / ai-edge-litert 2.3: 2, 2.0, a
+    constant tensor 2 and torch.square delegated; 3 and -1 left)."""
+    return _scalar(node, 1) in (2.0, 0.5)
+
+
+def _one_output_channel(node: NodeInfo) -> bool:
+    shape = node.outputs[0].shape if node.outputs and node.outputs[0] is not None else None
+    return shape is not None and len(shape) == 4 and shape[1] == 1
+
+
+# ConvTranspose -> BatchNormalization (-> Relu): LiteRT's converter folds the BatchNorm into the TRANSPOSE_CONV
+# with its per-channel constants' shape, a 4-D bias [1, 1, 1, C] (and the Relu into its fused activation), and the
+# delegate's VisitTransposeConvNode takes only a 1-D bias (CheckTensorShape(bias_tensor, 1)): the op, and the Relu
+# with it, stay on LiteRT's kernels. With one output channel the bias is written 1-D and is taken. (A ConvTranspose
+# with only its own bias is taken: litert-torch adds it from a [C] vector. Measured on DBNet's head, PP-OCR det.)
+_CONVT_BN = tuple((PatternStep("ConvTranspose", conv), PatternStep("BatchNormalization", (0, "*", "*", "*", "*")),
+                   *relu) for conv in (("x", "*", "*"), ("x", "*")) for relu in ((PatternStep("Relu", (1,)),), ()))
+
 OPS = {op: rule for op, rule in BUILTIN_OPS.items() if op not in _LEFT_TO_LITERT} | {
     op: OpRule(op, notes="decomposed by litert-torch into builtins XNNPACK takes") for op in _DECOMPOSED} | {
     "Gather": OpRule("Gather", constraints=(AttrPredicate(_gather_taken, "only a constant single index (x[i], "
@@ -77,7 +128,29 @@ OPS = {op: rule for op, rule in BUILTIN_OPS.items() if op not in _LEFT_TO_LITERT
                                                                             "PADV2 (-inf) outside XNNPACK"))),
     "Slice": OpRule("Slice", constraints=(ConstantInput(1, "starts"), ConstantInput(2, "ends"),
                                           AttrPredicate(unit_steps, "only step 1 (a strided slice stays on "
-                                                                     "LiteRT's kernels)")))}
+                                                                     "LiteRT's kernels)"))),
+    "Clip": OpRule("Clip", constraints=(AttrPredicate(_not_relu_0_to_1, "bounds 0 and 1 make it RELU_0_TO_1, which "
+                                                                        "XNNPACK's delegate does not take"),),
+                   notes=BUILTIN_OPS["Clip"].notes),
+    "HardSigmoid": OpRule("HardSigmoid", constraints=(AttrPredicate(
+        _torch_hardsigmoid, "only torch's slope (alpha 1/6, beta 0.5); another, written clamp(alpha * x + beta, 0, "
+                            "1), becomes RELU_0_TO_1, outside XNNPACK (relu6(...) / 6 stays inside)"),),
+        notes="decomposed by litert-torch into builtins XNNPACK takes"),
+    "Pow": OpRule("Pow", constraints=(AttrPredicate(_square_or_sqrt, "only a constant exponent 2 (MUL) or 0.5 "
+                                                                     "(SQRT); any other stays a POW, outside "
+                                                                     "XNNPACK"),)),
+    # upsample_nearest2d: litert-torch writes it as a tfl.resize_nearest_neighbor composite
+    # (_convert/fx_passes/build_aten_composite_pass.py), or as a gather of indices (its .default overload, and
+    # nearest-exact); neither is a builtin the delegate's VisitNode takes. Bilinear is RESIZE_BILINEAR, taken.
+    "Resize": OpRule("Resize", constraints=(InputRank(0, 4, 4), AttrPredicate(
+        lambda n: n.attr("mode", "nearest") == "linear",
+        "only bilinear (nearest becomes RESIZE_NEAREST_NEIGHBOR, outside XNNPACK)")), notes="RESIZE_BILINEAR"),
+    "ConvTranspose+BatchNormalization": OpRule(
+        "ConvTranspose+BatchNormalization",
+        constraints=(InputRank(0, 4, 4), AttrPredicate(_one_output_channel, "the BatchNorm folds into TRANSPOSE_CONV "
+                                                                            "as a 4-D bias, which XNNPACK's delegate "
+                                                                            "rejects (1-D only)")),
+        notes="TRANSPOSE_CONV with the BatchNorm folded (and a Relu fused)")}
 
 PROFILE = TargetProfile(
     name="litert-xnnpack",
@@ -101,8 +174,17 @@ PROFILE = TargetProfile(
                   "a max pool padded other than TFLite's SAME runs its padding (PADV2) outside XNNPACK (ResNet's "
                   "3x3/2 pool on an even input); a concatenation of more than 5 "
                   "tensors (nested ones flattened by the converter) stays outside",
-                  "F.normalize becomes L2_NORMALIZATION, outside XNNPACK (not predicted: swin_v2_t)"),
+                  "F.normalize becomes L2_NORMALIZATION, outside XNNPACK (not predicted: swin_v2_t)",
+                  "clamp(x, 0, 1) (hardtanh, a port's hard sigmoid) becomes RELU_0_TO_1 and a nearest upsample "
+                  "RESIZE_NEAREST_NEIGHBOR: both stay on LiteRT's kernels; so does clamp(max=1) of a ReLU's "
+                  "output, which the converter fuses into RELU_0_TO_1 (not predicted: the Clip alone is taken)",
+                  "a ConvTranspose followed by a BatchNorm stays outside (the folded BatchNorm is a 4-D bias "
+                  "XNNPACK rejects), as is predicted where the ONNX model keeps the BatchNorm; torch's ONNX export "
+                  "folds it into the ConvTranspose first, and the folded node looks like any ConvTranspose with a "
+                  "bias (not predicted: DBNet's head)"),
     substitutions=("fix_input_shape",),
     qdq_units=True,
-    fusions=(Fusion("erf_gelu", "Gelu", ERF_GELU_PATTERNS, notes="torch's gelu: litert-torch lowers it to GELU"),),
+    fusions=(Fusion("erf_gelu", "Gelu", ERF_GELU_PATTERNS, notes="torch's gelu: litert-torch lowers it to GELU"),
+             Fusion("convtranspose_batchnorm", "ConvTranspose+BatchNormalization", _CONVT_BN,
+                    notes="the converter folds the BatchNorm (and fuses a Relu) into TRANSPOSE_CONV")),
 )
