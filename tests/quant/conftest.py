@@ -72,6 +72,17 @@ def outputs(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]]) -> np.
     return np.stack([run(session, s)[0] for s in samples])
 
 
+@pytest.fixture(autouse=True)
+def _empty_memos():
+    """Each test starts from empty in-process memos (``npukit.quant.memo``): one that counts what a calibration runs
+    sees it run, whatever an earlier test calibrated on the same model and samples."""
+    from npukit.quant import memo
+
+    memo.clear()
+    yield
+    memo.clear()
+
+
 @pytest.fixture
 def relu_model() -> onnx.ModelProto:
     return tiny_cnn(activation="Relu")

@@ -36,7 +36,7 @@ from npukit.quant.algorithms.bias_correction import correct_bias, correct_bias_e
 from npukit.quant.algorithms.equalize import equalize
 from npukit.quant.algorithms.range_search import search_ranges
 from npukit.quant.algorithms.stream_equalize import equalize_streams
-from npukit.quant import recipe
+from npukit.quant import memo, recipe
 from npukit.quant.calibration.auto import Split, choose_method, output_sqnrs, split_samples, worst_output_sqnrs
 from npukit.quant.calibration.calibrate import (Calibration, Progress, calibrate, iter_samples,
                                                 sixteen_bit_tensors)
@@ -102,13 +102,30 @@ class _Reiterable:
         return iter(self._samples)
 
 
+# Pre-processed models by the digest of the model given (``npukit.quant.memo``): every trial of a search
+# pre-processes the same model (a quarter of a second on MobileNetV2). One or two models, not one per trial.
+_PREPROCESSED = memo.memo("pre-processed models", entries=2, max_bytes=256 << 20)
+
+
 def preprocess(model: onnx.ModelProto) -> onnx.ModelProto:
     """ORT's quantization pre-processing (shape inference, BatchNorm folding and other basic optimizations).
 
     It runs in a scratch working directory: ORT's symbolic shape inference saves ``sym_shape_infer_temp.onnx`` (and
     its weights) into the current directory when it gives up. When it does give up, ONNX shape inference alone is
     used (enough for the static shapes npukit quantizes with). The nodes its optimizations add (a function op it
-    inlines: HardSwish as HardSigmoid and Mul) get names, as ``named_nodes`` gives them, the same on every run."""
+    inlines: HardSwish as HardSigmoid and Mul) get names, as ``named_nodes`` gives them, the same on every run.
+    A model pre-processed before in this process comes back as it did then (a copy)."""
+    digest = memo.model_digest(model)
+    if not digest:
+        return _preprocess(model)
+    kept = _PREPROCESSED.get(digest)
+    if kept is None:
+        kept = _preprocess(model).SerializeToString()
+        _PREPROCESSED.put(digest, kept, len(kept))
+    return onnx.load_from_string(kept)
+
+
+def _preprocess(model: onnx.ModelProto) -> onnx.ModelProto:
     with tempfile.TemporaryDirectory(prefix="npukit-quant-") as tmp:
         out = Path(tmp) / "pre.onnx"
         with scratch_cwd(prefix="npukit-quant-cwd-"):

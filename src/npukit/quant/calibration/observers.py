@@ -14,6 +14,7 @@ gives them) all read the names from it.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
 
 import numpy as np
@@ -24,6 +25,31 @@ def _finite(x: np.ndarray) -> np.ndarray:
     if x.size and not np.isfinite(x).all():
         x = x[np.isfinite(x)]
     return x
+
+
+@dataclasses.dataclass(frozen=True)
+class Gathered:
+    """What an observer gathered from its updates, apart from how its method reads a range: the extremes and the
+    number of updates, and a histogram observer's bins (``counts``; None: a min-max observer's). Every observer of
+    the same tensor and samples gathers the same (the update does not depend on the method, the bit width or the
+    signedness), so one calibration's statistics answer another's (``calibrate.Calibration``)."""
+
+    min: float
+    max: float
+    updates: int
+    counts: np.ndarray | None = None
+    zeros: int = 0
+    bound: float = 0.0
+
+    @property
+    def nbytes(self) -> int:
+        return 64 + (self.counts.nbytes if self.counts is not None else 0)
+
+    def serves(self, observer: Observer) -> bool:
+        """Whether ``observer`` can take these statistics: a histogram one needs bins, as many as it keeps."""
+        if not isinstance(observer, HistogramObserver):
+            return True
+        return self.counts is not None and self.counts.size == observer.counts.size
 
 
 class Observer(abc.ABC):
@@ -53,6 +79,16 @@ class Observer(abc.ABC):
 
     def _update(self, x: np.ndarray) -> None:  # noqa: B027 - min-max needs nothing more
         pass
+
+    def gathered(self) -> Gathered:
+        """A copy of the statistics gathered so far."""
+        return Gathered(self.min, self.max, self.updates)
+
+    def resume(self, gathered: Gathered) -> None:
+        """Hold ``gathered`` (a copy) as if this observer had seen the updates that gathered it."""
+        if not gathered.serves(self):
+            raise ValueError(f"{type(self).__name__} cannot take these statistics")
+        self.min, self.max, self.updates = gathered.min, gathered.max, gathered.updates
 
     def range(self) -> tuple[float, float]:
         if self.min > self.max:
@@ -113,6 +149,15 @@ class HistogramObserver(Observer):
             self.bound *= 2.0
         hist, _ = np.histogram(x, bins=2 * self.half, range=(-self.bound, self.bound))
         self.counts += hist
+
+    def gathered(self) -> Gathered:
+        return Gathered(self.min, self.max, self.updates, self.counts.copy(), self.zeros, self.bound)
+
+    def resume(self, gathered: Gathered) -> None:
+        super().resume(gathered)
+        assert gathered.counts is not None
+        self.counts = gathered.counts.copy()
+        self.zeros, self.bound = gathered.zeros, gathered.bound
 
     @property
     def width(self) -> float:

@@ -26,6 +26,7 @@ from npukit._logging import quiet_root_logger
 from npukit.errors import InputError
 from npukit.frontend.graph_index import GraphIndex, own_copy
 from npukit.quant.emit.ort_float import keep_float_convs
+from npukit.quant.emit.ort_memo import remembered
 from npukit.quant.plan import Decision, QuantPlan, TensorSpec
 
 _QUANT_TYPES = {"uint8": "QUInt8", "int8": "QInt8", "uint16": "QUInt16", "int16": "QInt16"}
@@ -133,7 +134,7 @@ def emit_qdq(model: onnx.ModelProto, first: dict[str, np.ndarray], plan: QuantPl
     if plan.weight_dtype != "int8":
         raise InputError(f"ONNX Runtime's QDQ emitter writes int8 weights here, not {plan.weight_dtype}",
                          hint="use weight_dtype='int8'")
-    with tempfile.TemporaryDirectory(prefix="npukit-quant-") as tmp, quiet_root_logger():
+    with tempfile.TemporaryDirectory(prefix="npukit-quant-") as tmp, quiet_root_logger(), remembered():
         out = Path(tmp) / "qdq.onnx"
         source = Path(tmp) / "float.onnx"  # a path: given a ModelProto, quantize_static rewrites it in place
         onnx.save(own_biases(model), str(source))
