@@ -303,7 +303,7 @@ def _written_out_group_norm(back: ir.Node) -> tuple[ir.Value, int, float, ir.Nod
     return x, channels, norm.attributes.get_float("epsilon", 1e-5), norm, grouped
 
 
-def _channel_slope(slope: np.ndarray, rank: int) -> np.ndarray | None:
+def _as_channel_slope(slope: np.ndarray, rank: int) -> np.ndarray | None:
     """``slope`` as a [C, 1, 1] array where, broadcast against an input of ``rank`` 3 or 4, it holds one value per
     channel (axis -3) and is not a single value; else None."""
     if rank not in (3, 4) or slope.ndim > rank or slope.size < 2:
@@ -332,7 +332,7 @@ class PReluChannelFormPass(_OpRewritePass):
             array = np.asarray(const.numpy())
             if array.shape == (array.size, 1, 1) and array.size > 1 or (array.size == 1 and x.shape[-3] != 1):
                 return "its slope is already in the form Core ML takes"
-            channels = _channel_slope(array, rank)
+            channels = _as_channel_slope(array, rank)
             if channels is not None:
                 return b.op("PRelu", [x, b.const(channels.astype(array.dtype), hint="slope_c11")])
         minus_one = b.const(-1.0, hint="minus_one")
@@ -459,6 +459,16 @@ def fix_for(op_type: str, target: TargetProfile, *, exact: bool = True) -> FixRu
     for name in target.substitutions if exact else INEXACT:
         rule = FIXES[name]
         if op_type in rule.source_ops and all(target.rule_for(op) is not None for op in rule.produces):
+            return rule
+    return None
+
+
+def fix_for_refusal(op_type: str, target: TargetProfile) -> FixRule | None:
+    """The first fix in the target's preference order that rewrites ``op_type`` into a form the target takes,
+    where the target has the op but refuses it in some forms (``FixRule.refusal``)."""
+    for name in target.substitutions:
+        rule = FIXES[name]
+        if rule.refusal and op_type in rule.source_ops and rule.helps(target):
             return rule
     return None
 

@@ -27,7 +27,7 @@ import onnxruntime as ort
 from npukit.errors import InputError
 from npukit.frontend.graph_index import GraphIndex
 from npukit.measure.summary import summarize
-from npukit.targets.fix import FIXES, fix_for
+from npukit.targets.fix import fix_for, fix_for_refusal
 from npukit.targets.graph_match import node_attrs, step_matches, tensor_infos
 from npukit.targets.profile import FLOAT_DTYPES, Fusion, NodeInfo, PatternStep, TargetProfile, TensorInfo
 
@@ -715,8 +715,7 @@ def _fix(node: onnx.NodeProto, reasons: tuple[str, ...], target: TargetProfile, 
     if inexact is not None:  # no exact form the target takes: name the one that changes the function
         return f"{inexact.name} (inexact: npukit substitute --rule {inexact.name} recovers by fine-tuning)"
     if not lacks and reasons and not any("static shapes" in r for r in reasons):  # a form a fix rewrites
-        refusal = next((FIXES[n] for n in target.substitutions if FIXES[n].refusal
-                        and node.op_type in FIXES[n].source_ops and FIXES[n].helps(target)), None)
+        refusal = fix_for_refusal(node.op_type, target)
         if refusal is not None:
             return refusal.name
     if "fix_input_shape" not in target.substitutions:

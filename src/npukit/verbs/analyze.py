@@ -81,18 +81,16 @@ def analyze(
     return finish(report, None, html=html, json_path=json_path, result=list(outcome.analyses), source=model)
 
 
-TORCH_BUILT = {"executorch-xnnpack": "executorch-xnnpack", "litert-xnnpack": "litert", "litert": "litert",
-               "coreml": "coreml"}  # analysis profile -> the compile target that builds from a PyTorch program
-
-
 def _compile_notes(profiles: Any, *, onnx_given: bool) -> dict[str, str]:
     """Per target analyzed, what a user reading its prediction should know of ``npukit compile`` for it: the
     mobile targets build from the PyTorch program (an ONNX model is refused there), and coreml's profile is ONNX
     Runtime's CoreML EP while compile converts with coremltools."""
+    from npukit.verbs.compile_mobile import built_by
+
     notes: dict[str, str] = {}
     for profile in profiles:
-        name = getattr(profile, "name", str(profile))
-        built = TORCH_BUILT.get(name)
+        name = profile.name
+        built = built_by(name)
         if built is None:
             continue
         parts = []

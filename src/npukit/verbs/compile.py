@@ -96,6 +96,7 @@ def _htp_target(model: Any, target: str, *, soc: str | None, weights: Any) -> tu
     ``--soc``, after the refusals of what the HTP does not compile: a PyTorch model, --weights, another target, no
     SoC named."""
     from npukit.targets.registry import get_target
+    from npukit.verbs.compile_mobile import built_by
 
     if not isinstance(model, (str, Path)):
         raise InputError(f"the HTP compiles an ONNX model, not a {type(model).__name__}",
@@ -109,10 +110,10 @@ def _htp_target(model: Any, target: str, *, soc: str | None, weights: Any) -> tu
             raise InputError(f"--target {target} and --soc {soc} name two SoCs", hint="give one of them")
         target, soc = kind, soc or variant
     profile = get_target(target)
-    if profile.name == "litert-xnnpack":  # the analysis profile of what --target litert builds and runs
-        raise InputError(f"{profile.name} is what `--target litert` builds: a .tflite LiteRT runs with its default "
-                         "XNNPACK delegate", hint=f"use --target litert (analyze --target {profile.name} predicts "
-                                                  "its delegation)")
+    built = built_by(profile.name)
+    if built is not None:  # an analysis profile of what a mobile target builds and runs (litert-xnnpack: litert's)
+        raise InputError(f"{profile.name} is the analysis profile of what `--target {built}` builds and runs",
+                         hint=f"use --target {built} (analyze --target {profile.name} predicts its delegation)")
     if profile.name != "qnn-htp":
         raise InputError(f"compiling for {profile.name} is not supported yet",
                          hint="use --target qnn-htp, executorch-xnnpack, litert or coreml; other targets: export "

@@ -85,6 +85,12 @@ MOBILE_TARGETS = {
     "coreml": MobileTarget("coreml", ".mlpackage", "Core ML .mlpackage", "coreml",
                            "converting to Core ML (ML Program, float32 compute)", package=True),
 }
+PREDICTED_BY = {"litert-xnnpack": "litert"}  # an analysis profile of what a mobile target above builds and runs
+
+
+def built_by(profile: str) -> str | None:
+    """The mobile compile target whose artifact the analysis profile ``profile`` predicts, or None."""
+    return profile if profile in MOBILE_TARGETS else PREDICTED_BY.get(profile)
 
 
 def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib: str | Path | None = None,
