@@ -10,9 +10,9 @@ the output tensors a plain ``session.run`` makes on every call, are not visible 
 bound buffers alone and of the runtime (which adds a future and a queue hand-off per request), closed-loop
 throughput against the number of workers (1 thread each; the plain loop is run again just before each point, and
 the speedup is the ratio of the two: a shared host's speed moves more between the start of the run and its end than
-between two runs side by side), and, for open-loop Poisson load at multiples of the plain loop's capacity on three servers: the plain loop, the runtime's
-workers without batching, and the same workers with dynamic batching (which takes effect where the model's batch
-axis is symbolic), so the gain of each is seen apart.
+between two runs side by side), and, for open-loop Poisson load at multiples of the plain loop's capacity on three
+servers: the plain loop, the runtime's workers without batching, and the same workers with dynamic batching (which
+takes effect where the model's batch axis is symbolic), so the gain of each is seen apart.
 """
 
 from __future__ import annotations
@@ -214,12 +214,15 @@ def measure_serving(model: str | os.PathLike[str], requests: Sequence[Feeds], co
         startup = _startup(path, sample, config)
     plain = plain_session(path, config.device)
     names = [o.name for o in plain.get_outputs()]
+
+    def plain_loop() -> LoadResult:  # one caller on the plain session: the baseline, run again beside each point
+        return closed_loop(lambda f: plain.run(names, dict(f)), requests, clients=1, duration_s=config.duration_s)
+
     with Runtime(path, config.runtime(workers=1, threads=1)) as single:
         device = single.device.as_dict() | {"device_concurrency": single.gate.limit}  # None: no limit
         out = [np.empty_like(o) for o in single.run(sample)]
         with step("serve-bench: one caller"):
-            singles = {"plain": closed_loop(lambda f: plain.run(names, dict(f)), requests, clients=1,
-                                            duration_s=config.duration_s),
+            singles = {"plain": plain_loop(),
                        "pool": closed_loop(lambda f: single.run(f, out=out), requests, clients=1,
                                            duration_s=config.duration_s)}
         bound = BoundBuffers(single.session, {k: v.shape for k, v in sample.items()})
@@ -237,8 +240,7 @@ def measure_serving(model: str | os.PathLike[str], requests: Sequence[Feeds], co
     for workers in range(1, (config.max_workers or os.cpu_count() or 1) + 1):
         with step(f"serve-bench: closed loop, {workers} worker(s)"), \
                 Runtime(path, config.runtime(workers=workers, threads=1)) as rt:
-            beside[workers] = closed_loop(lambda f: plain.run(names, dict(f)), requests, clients=1,
-                                          duration_s=config.duration_s)
+            beside[workers] = plain_loop()
             curve[workers] = closed_loop(rt.run, requests, clients=workers * 2, duration_s=config.duration_s)
     capacity = singles["plain"].throughput
     batching: dict = {"max_batch": config.max_batch, "max_wait_ms": config.max_wait_ms, "capacity_per_s": capacity}
