@@ -85,6 +85,7 @@ MOBILE_TARGETS = {
     "coreml": MobileTarget("coreml", ".mlpackage", "Core ML .mlpackage", "coreml",
                            "converting to Core ML (ML Program, float32 compute)", package=True),
 }
+INT8_HINT = "compile without --calib for fp32; --accept-degraded keeps it as it is"  # an INT8 check that failed
 PREDICTED_BY = {"litert-xnnpack": "litert"}  # an analysis profile of what a mobile target above builds and runs
 
 
@@ -365,7 +366,7 @@ def _check_plan(report: Report, mobile: MobileTarget, eager: Any, qdq: onnx.Mode
         _, _, verdict = task_check(report, float_onnx, None, check, task=task, gate=gate, what="compile",
                                    where=where, reference_runner=eager,
                                    candidate_runner=session_runner(make_session(qdq)),
-                                   hint="compile without --calib for fp32; --accept-degraded keeps it as it is")
+                                   hint=INT8_HINT)
     if verdict.passed and not verdict.degraded:
         body = verdict.line.split(": ", 1)[1] if ": " in verdict.line else verdict.line
         report.set_verdict(f"{exported}; its INT8 plan checked on ORT's CPU instead: {body}", passed=True)
@@ -415,7 +416,7 @@ def _check(report: Report, mobile: MobileTarget, eager: Any, runner: Any, float_
               key="task_check"):
         task_check(report, float_onnx, None, check, task=task, gate=gate, what="compile", where=where,
                    reference_runner=eager, candidate_runner=runner, extra_failures=failures,
-                   hint="compile without --calib for fp32; --accept-degraded keeps it as it is" if int8 else
+                   hint=INT8_HINT if int8 else
                    "the runtime computes this model differently from eager torch: try the other mobile target, or "
                    "npukit export for ORT; --accept-degraded keeps it as it is")
     if int8:  # the verdict's figures are the calibration samples' (compile takes no held-out data)
