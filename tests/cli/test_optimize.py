@@ -46,6 +46,7 @@ def test_optimize_writes_the_chosen_artifact_and_resumes(tiny, tmp_path) -> None
     search = report["results"]["search"]
     assert len(search["trials"]) == 3 and search["measured_this_run"] == 3
     assert search["trials"][0]["label"] == "pc auto"  # the default recipe first
+    assert report["results"]["baseline_calibration"]["method"] == "auto"  # calibrated as its label says
     chosen = next(t for t in search["trials"] if t["number"] == search["chosen"])
     assert chosen["feasible"] and chosen["metric"] >= 0.95 and search["chosen"] in search["front"]
     assert chosen["latency"] > 0 and chosen["size_bytes"] > 0 and chosen["peak_bytes"] > 0

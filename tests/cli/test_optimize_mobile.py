@@ -50,6 +50,7 @@ def test_the_search_measures_on_the_runtime_and_writes_its_artifact(target, tria
     assert "untrained architecture (random weights)" in report["verdict"]
     search = report["results"]["search"]
     assert len(search["trials"]) == trials and search["trials"][0]["label"] == "pc auto"
+    assert report["results"]["baseline_calibration"]["method"] == "auto"  # calibrated as its label says
     fp32_bytes = report["results"]["fp32_artifact"]["bytes"]
     for trial in search["trials"]:
         assert trial["feasible"] and trial["metric"] >= 0.95 and trial["integer_fraction"] == 1.0

@@ -377,11 +377,14 @@ class _Search:
             # the head held to the gate's floor for the outputs it holds there, as compile's plan is
             base = held_to_floor(XNNPACK_BASE.with_scheme(exclude=self.exclude), self.gate.min_sqnr_db,
                                  held_outputs(proto, calib, self.task))
+        # calibrated as the default recipe says (quantize's default, "auto"), so trial 0 is the recipe it is labelled
+        base = base.with_calibration(method=DEFAULT.method)
         started = time.perf_counter()
         with step("baseline: the default recipe" + (", float head timed once" if base.precision.timed_head else
                                                     ", float head chosen once" if base.precision.head_share else ""),
                   timings=report.timings, key="baseline"):
             first = quantize(proto, calib, config=base)
+        report.add("baseline_calibration", first.steps.calibration)  # the method "auto" chose for the default recipe
         head = first.steps.float_head_nodes
         with step("layer sensitivity of the default recipe", timings=report.timings, key="sensitivity"):
             ranking = tuple(n for n, _ in layer_sensitivity(first, calib[:4], limit=4))
