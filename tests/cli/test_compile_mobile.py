@@ -97,6 +97,24 @@ def test_fp32_artifact_matches_eager_torch(target, tmp_path):
         assert report["results"]["lowered"]["left"] == {} and not report["results"]["lowered"]["int8_io"]
 
 
+def test_an_onnx_export_that_drifts_from_torch_is_noted_not_refused(tmp_path, capsys):
+    """The side export (ORT's baseline, the plan's model) drifting 1% from torch: npukit export refuses that .onnx
+    (exit 1); compile builds from the torch program, checks the artifact against eager torch and says the drift;
+    analyze reads the graph and says it too."""
+    assert main(["export", "tinynet:drift", "-o", str(tmp_path / "drift.onnx"), *SHAPE]) == 1
+    out = tmp_path / "drift.pte"
+    assert main(["compile", "tinynet:drift", "--target", "executorch-xnnpack", "-o", str(out), *SHAPE]) == 0
+    report = json.loads(out.with_name(out.name + ".report.json").read_text())
+    assert report["passed"] and report["results"]["fp32_error"]["max_abs_over_range"] <= 1e-4
+    assert "differs from eager torch by up to 0.01 of the output range" in report["verdict"]
+    assert "only ORT's fp32 latency row runs it" in report["verdict"]
+    assert main(["analyze", "tinynet:drift", "--target", "executorch-xnnpack", *SHAPE,
+                 "--report", str(tmp_path / "analyze.json")]) == 0
+    verdict = json.loads((tmp_path / "analyze.json").read_text())["verdict"]
+    assert verdict.startswith("INFO analyze") and "the profiles read its graph" in verdict
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["analyze.json", "drift.pte", "drift.pte.report.json"]
+
+
 def test_int8_artifact_from_npukits_plan(target, tmp_path):
     report = _compile_int8(tmp_path, "tinynet:tiny", target, _normal(12, 32, 32), "tiny_int8", *SHAPE)
     results = report["results"]

@@ -257,3 +257,21 @@ class TinyCatOut(nn.Module):
 def tinycatout() -> nn.Module:
     torch.manual_seed(0)
     return TinyCatOut().eval()
+
+
+class OnnxDrift(nn.Module):
+    """A conv whose ONNX export computes 1% more than eager torch (as an exporter's decomposition can drift): the
+    export check refuses the .onnx; the verbs that export on the side note it and check their own artifact."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return y * 1.01 if torch.onnx.is_in_onnx_export() else y
+
+
+def drift() -> nn.Module:
+    torch.manual_seed(0)
+    return OnnxDrift().eval()

@@ -10,7 +10,7 @@ import onnx
 
 from npukit.errors import InputError
 from npukit.report.finish import CommandResult, finish, report_path_for
-from npukit.verbs.common import check_output, keeps_module_modes, scratch_export, torch_source
+from npukit.verbs.common import check_output, keeps_module_modes, note_export_drift, scratch_export, torch_source
 
 
 @keeps_module_modes
@@ -49,6 +49,7 @@ def analyze(
     elif fix:
         raise InputError("--fix writes the fixed model, so it needs -o OUTPUT.onnx", hint="add -o fixed.onnx")
     exported: dict[str, Any] | None = None
+    export: Any = None  # the scratch export's ExportResult (a PyTorch model)
     if _is_onnx(model):
         if weights is not None:
             raise InputError("--weights is for a PyTorch model; an ONNX model carries its own",
@@ -59,7 +60,7 @@ def analyze(
         first = spec.first if spec else None
     else:
         spec = None
-        source, exported = _exported(model, weights, input_shape)
+        source, exported, export = _exported(model, weights, input_shape)
         first = None  # exported at that shape
     outcome = analyze_model(source, list(targets), input_shape=first, fix=fix)
     report = analyze_report(outcome, _write_fixed(outcome, output) if fix and output is not None else {})
@@ -68,6 +69,8 @@ def analyze(
     if exported is not None:
         report.config["input_shape"] = exported["input_shape"]
         report.add("export", exported)
+        note_export_drift(report, export, consequence="the profiles read its graph (which operators, in which "
+                          "forms), not its numbers")
     notes = _compile_notes(outcome.profiles, onnx_given=exported is None)
     if notes:
         report.add("compile_notes", notes)
@@ -128,10 +131,11 @@ def _is_onnx(model: str | Path) -> bool:
 
 
 def _exported(model: str | Path, weights: str | Path | None, input_shape: Any
-              ) -> tuple[onnx.ModelProto, dict[str, Any]]:
-    """The ONNX export of a PyTorch ``model`` (verified against torch by the exporter's check) and its record."""
+              ) -> tuple[onnx.ModelProto, dict[str, Any], Any]:
+    """The ONNX export of a PyTorch ``model`` (checked against torch by the exporter's check: a drift is noted, see
+    ``scratch_export``), its record and its ``ExportResult``."""
     source, shape = torch_source(model, weights, input_shape, needs="analyze reads ONNX",
                                  otherwise="analyze the ONNX file directly")
     proto, result = scratch_export(source, shape, what="what the targets' profiles read")
     record = {k: v for k, v in result.as_dict().items() if k != "path"}  # a temporary file, gone
-    return proto, {**record, "input_shape": list(shape), "from": str(model)}
+    return proto, {**record, "input_shape": list(shape), "from": str(model)}, result

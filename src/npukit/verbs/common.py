@@ -155,16 +155,47 @@ def scratch_export(source: Any, shape: Sequence[int], *, what: str,
                    timings: dict[str, float] | None = None) -> tuple[onnx.ModelProto, Any]:
     """(the ONNX export of the PyTorch ``source`` at ``shape``, its ``ExportResult``): written as ``npukit export``
     writes it (verified against torch) into a scratch folder that is gone on return, and loaded. ``what``: what the
-    export is for, on the progress line; ``timings``: where its seconds go (key "export")."""
+    export is for, on the progress line; ``timings``: where its seconds go (key "export").
+
+    An export whose outputs line up with torch's but drift beyond the export check's tolerance is returned, not
+    refused (``result.passed`` False): the verbs that export on the side read its graph or plan on it and check their
+    own artifact against eager torch; ``note_export_drift`` says so in their report. Outputs that do not line up
+    (another count or shape) stay an error."""
     import tempfile
 
     from npukit.config import ExportConfig
+    from npukit.errors import NumericCheckError
     from npukit.frontend.export import export_model
 
     with tempfile.TemporaryDirectory(prefix="npukit-export-") as work, \
             step(f"exporting to ONNX ({what})", timings=timings, key="export"):
-        result = export_model(source, Path(work) / "float.onnx", config=ExportConfig(input_shape=tuple(shape)))
+        try:
+            result = export_model(source, Path(work) / "float.onnx", config=ExportConfig(input_shape=tuple(shape)))
+        except NumericCheckError as exc:
+            result = getattr(exc, "result", None)
+            if result is None or result.max_rel_error is None:
+                raise
         return onnx.load(str(result.path)), result
+
+
+def export_drift(result: Any) -> str | None:
+    """What a scratch export that drifts from torch (``scratch_export``) means for the verb, or None where it passed
+    the export check."""
+    if result.passed:
+        return None
+    from npukit.config import ExportConfig
+
+    return (f"the ONNX export npukit made on the side differs from eager torch by up to {result.max_rel_error:.3g} "
+            f"of the output range (max abs {result.max_abs_error:.3g}; npukit export refuses above "
+            f"{ExportConfig.rtol:g}, {result.exporter} exporter)")
+
+
+def note_export_drift(report: Report, result: Any, *, consequence: str) -> None:
+    """The drift of a scratch export (``export_drift``) and what it touched (``consequence``) in the report; finish
+    appends it to the verdict."""
+    drift = export_drift(result)
+    if drift is not None:
+        report.add("export_drift", f"{drift}: {consequence}")
 
 
 def short_number(value: float | None) -> str:

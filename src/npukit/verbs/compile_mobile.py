@@ -28,8 +28,8 @@ from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import (check_task, data_label, held_outputs, note_shape_from_data, note_untrained,
-                                 scratch_export, shape_origin, torch_source)
+from npukit.verbs.common import (check_task, data_label, held_outputs, note_export_drift, note_shape_from_data,
+                                 note_untrained, scratch_export, shape_origin, torch_source)
 
 CHECK_SAMPLES = 32  # calibration samples the task check reads
 FP32_TOLERANCE = 1e-4  # fp32 artifact against eager torch: max abs error over the output's range
@@ -127,7 +127,7 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
                                        "input_shape_from": shape_origin(source, input_shape, calib),
                                        "quant": None, "threads": threads})
     module = eval_mode(source.module)
-    float_onnx = _export_onnx(report, source, shape)
+    float_onnx = _export_onnx(report, source, shape, int8=int8)
     samples = _samples(calib, float_onnx, preprocess, shape)
     check_task(float_onnx, samples, task)
     held = held_outputs(float_onnx, samples, task) if int8 else ()
@@ -244,11 +244,17 @@ def _as_parameter(module: Any, target: str) -> None:
         owner.register_parameter(name, torch.nn.Parameter(value, requires_grad=False))
 
 
-def _export_onnx(report: Report, source: Any, shape: tuple[int, ...]) -> onnx.ModelProto:
-    """The ONNX export of the model (verified against torch): what npukit's quantization plans on and what ORT
-    times as the float baseline."""
-    proto, result = scratch_export(source, shape, what="the model npukit's plan is made on", timings=report.timings)
+def _export_onnx(report: Report, source: Any, shape: tuple[int, ...], *, int8: bool) -> onnx.ModelProto:
+    """The ONNX export of the model (checked against torch; a drift is noted, not refused: the artifact is built from
+    the torch program and checked against eager torch): what npukit's quantization plans on and what ORT times as the
+    float baseline."""
+    proto, result = scratch_export(source, shape, what="the model npukit's plan is made on" if int8 else
+                                   "ORT's float baseline", timings=report.timings)
     report.add("export", result.as_dict())
+    note_export_drift(report, result, consequence=(
+        "npukit's INT8 plan was made on it; the artifact, built from the torch program, was checked against eager "
+        "torch" if int8 else "only ORT's fp32 latency row runs it; the artifact, built from the torch program, was "
+        "checked against eager torch"))
     return proto
 
 

@@ -19,7 +19,7 @@ from npukit.report.finish import CommandResult, finish, remove_earlier_artifact,
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
 from npukit.verbs.common import (check_output, check_task_measurable, float_static_model, keeps_module_modes,
-                                 note_untrained, open_data, upgrade_opset)
+                                 note_export_drift, note_untrained, open_data, upgrade_opset)
 
 CONFIRM = 4  # the fastest trials within the budget timed again together at the end
 # searched today: ORT CPU (an ONNX model or a PyTorch model's export) and the mobile runtimes that run here (a PyTorch
@@ -98,6 +98,9 @@ def optimize(
     _refuse_nothing_to_find(inputs, data, task, threads=threads)
     report = _report(model, target, data, calib, config, space_, gate, inputs, task=task, exclude=exclude,
                      threads=threads, runs=runs, workers=workers, ray_address=ray_address)
+    if inputs.export is not None:
+        note_export_drift(report, inputs.export, consequence="each trial's plan was made on it; trials were judged "
+                          "on the runtime against its fp32 artifact, built from the torch program")
     return _Search(report, inputs, config, space_, gate, task, tuple(exclude), threads, runs, workers=workers,
                    ray_address=ray_address, runtime=MOBILE.get(target)).run(output, html)
 
@@ -169,6 +172,7 @@ class _Inputs:
     spec: Any
     split: bool
     source: Any = None  # the resolved PyTorch model (a mobile runtime's search)
+    export: Any = None  # its scratch ONNX export's ExportResult (a drift from torch is noted in the report)
 
     @property
     def module(self) -> Any:
@@ -185,9 +189,9 @@ class _Inputs:
                              "the samples it was calibrated on, and the budget check would be optimistic",
                              hint="give held-out samples in --data, or leave --calib out (the first half of --data "
                                   "calibrates, the second half judges)")
-        source = None
+        source = export = None
         if torch_program:
-            source, proto, spec = _torch_program(model, input_shape, weights, data)
+            source, proto, spec, export = _torch_program(model, input_shape, weights, data)
         else:
             proto, spec = float_static_model(model, input_shape, verb="optimize")
         held = list(open_data(data, proto, preprocess).batches(1))
@@ -202,21 +206,22 @@ class _Inputs:
         if max_samples is not None:
             held = held[:max_samples]
         return cls(Path(str(model)), proto, calibration, held, spec.as_dict() if spec else None, calib is None,
-                   source)
+                   source, export)
 
 
 def _torch_program(model: str | Path, input_shape: Any, weights: str | Path | None,
-                   data: str | Path | None = None) -> tuple[Any, Any, Any]:
-    """(the resolved PyTorch source, its ONNX export verified against it, the input spec) for a mobile runtime's
-    search: the export is what each trial's plan is made on, the source's module what the plan is carried onto."""
+                   data: str | Path | None = None) -> tuple[Any, Any, Any, Any]:
+    """(the resolved PyTorch source, its ONNX export checked against it, the input spec, the export's result) for a
+    mobile runtime's search: the export is what each trial's plan is made on, the source's module what the plan is
+    carried onto."""
     from npukit.frontend.shapes import InputSpec
     from npukit.verbs.common import scratch_export, torch_source
 
     source, shape = torch_source(model, weights, input_shape, needs="a mobile runtime's search carries plans onto "
                                  "a PyTorch program", otherwise="search the ONNX model with --target cpu", data=data)
-    proto, _ = scratch_export(source, shape, what="the model each trial's plan is made on")
+    proto, export = scratch_export(source, shape, what="the model each trial's plan is made on")
     source.module.eval()
-    return source, proto, InputSpec(((None, shape),))
+    return source, proto, InputSpec(((None, shape),)), export
 
 
 class _Search:
