@@ -395,3 +395,65 @@ def test_a_constant_only_the_torch_program_holds_gets_the_grid_of_its_value(tmp_
     path = tmp_path / "boxes.pte"
     et.lower(carried.program, example).write(path)
     _assert_computes_the_qdq_model(result.model, et.Runner(path), samples[:4], floor_db=25)
+
+
+class _ScaledConvs(torch.nn.Module):
+    """Constant scales and shifts after convs, as DBNet's and learnable-affine heads write them: ORT's pre-processing
+    folds a per-channel (or scalar) Mul after a Conv into it, so the plan has no grid on the conv's own output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.c3 = torch.nn.Conv2d(8, 8, 1)
+        self.c4 = torch.nn.Conv2d(8, 4, 1)
+        self.register_buffer("gain", torch.linspace(0.5, 2.0, 8).reshape(1, 8, 1, 1))
+        self.register_buffer("shift", torch.linspace(-0.3, 0.3, 8).reshape(8, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.c1(x))
+        y = torch.relu(self.c2(y) * 0.25 + 1.0)
+        y = torch.relu(self.c3(y) * self.gain + self.shift)
+        return self.c4(y)
+
+
+def test_scales_ort_folded_into_convs_are_folded_in_the_program_too(tmp_path):
+    """``conv * 0.25 + 1`` and ``conv * gain + shift``: the Mul, and the Mul and the Add, ORT folded into the convs
+    are folded into the torch convs as well (the plan's grids all carried, nothing unmatched; before, the compile was
+    refused) and the .pte computes what the QDQ model does; the scalar Add ORT left alone stays an op of its own."""
+    from npukit.runtime import executorch as et
+
+    module, float_onnx, samples, example = _exported_16x16(tmp_path, _ScaledConvs)
+    # compile's recipe: npukit's own folding of affines off, so ORT's pre-processing is the only folding
+    result = quantize(float_onnx, samples, config=QuantConfig(scheme=Scheme(activation_dtype="int8"),
+                                                              calibration=CalibrationSpec(method="minmax"),
+                                                              recipe=Recipe(fold_affines=False)))
+    carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan,
+                         options=et.CARRY)
+    assert carried.unmatched == () and len(carried.folded) == 3, carried.folded
+    ops = [str(n.target) for n in carried.program.graph.nodes if n.op == "call_function"]
+    assert sum("aten.mul" in op for op in ops) == 0 and sum("aten.add" in op for op in ops) == 1
+    path = tmp_path / "scaled.pte"
+    et.lower(carried.program, example).write(path)
+    _assert_computes_the_qdq_model(result.model, et.Runner(path), samples[:4], floor_db=25)
+
+
+def test_an_affine_ort_kept_is_not_folded(tmp_path):
+    """A scale on a conv whose output another op reads too: ORT keeps the Mul (the conv's output is a tensor of the
+    plan), and so does the program."""
+    from npukit.quant.emit.torch_affines import fold_matched_affines
+
+    class _Shared(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.conv(x)
+            return torch.cat([y * 0.5, torch.relu(y)], 1)
+
+    program = torch.export.export(_Shared().eval(), (torch.zeros(1, 3, 8, 8),)).module()
+    conv = next(n for n in program.graph.nodes if "conv2d" in str(n.target))
+    folded, _ = fold_matched_affines(program, lambda m: {n: n.name for n in m.graph.nodes if n is not conv},
+                                     lambda name: True)
+    assert folded == [] and any("aten.mul" in str(n.target) for n in program.graph.nodes)

@@ -31,6 +31,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 
+from npukit.quant.emit.torch_affines import fold_matched_affines
 from npukit.quant.grids import activation_qparams
 from npukit.quant.nodes import dequantized, node_attr
 from npukit.quant.plan import QuantPlan
@@ -85,11 +86,12 @@ class CarriedPlan:
     # caller refuses these)
     unmatched: tuple[str, ...]
     derived: tuple[str, ...] = ()  # torch tensors the ONNX model keeps in float, on an int8 grid of the plan's range
+    folded: tuple[str, ...] = ()  # constant ops folded into the conv before them, as ORT folded them (torch_affines)
 
     def summary(self) -> dict[str, Any]:
         return {"matched_tensors": self.matched, "activation_grids": self.activations, "weights": self.weights,
                 "float_nodes": list(self.float_nodes), "unmatched": list(self.unmatched),
-                "derived_from_range": list(self.derived)}
+                "derived_from_range": list(self.derived), "folded_into_convs": list(self.folded)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +111,11 @@ class _OnnxSide:
 
     def producer_op(self, node: str) -> str:
         return next((n.op_type for n in self.producer.values() if n.name == node), "?")
+
+    def conv_written(self, tensor: str) -> bool:
+        """Whether a Conv of the float model writes ``tensor``."""
+        node = self.producer.get(tensor)
+        return node is not None and node.op_type == "Conv"
 
     def weighted_producer(self, tensor: str, kinds: Sequence[str]) -> onnx.NodeProto | None:
         """The node of ``kinds`` (Conv, Gemm, MatMul) that writes ``tensor``, through the views after it: ORT fuses
@@ -304,7 +311,9 @@ def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], repor
 
         def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
             model = self.base.transform_for_annotation(model)
-            state.match = _match(model, onnx_side, example)  # BatchNorm is folded by now, as in the ONNX model
+            # BatchNorm is folded by now, as in the ONNX model; the constant scales ORT folded are folded here
+            report["folded"], state.match = fold_matched_affines(model, lambda m: _match(m, onnx_side, example),
+                                                                 onnx_side.conv_written)
             report["matched"] = len(state.match)
             carried = _carry_weights(model, state.match, onnx_side)
             report["weights"] = len(carried)
@@ -651,4 +660,4 @@ def carry_plan(module: torch.nn.Module, example: Sequence[torch.Tensor], *, floa
                        weights=report.get("weights", 0), float_nodes=tuple(report.get("float_nodes", ())),
                        unmatched=tuple(report.get("unmatched", ())) + tuple(report.get("unmatched_weights", ()))
                        + tuple(report.get("uncarried_weights", ())),
-                       derived=tuple(report.get("derived", ())))
+                       derived=tuple(report.get("derived", ())), folded=tuple(report.get("folded", ())))
