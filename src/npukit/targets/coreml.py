@@ -34,16 +34,22 @@ _OPS = (
 _POOL_2D = (InputRank(0, 4, 4),)
 
 
-def _channel_slope(node: NodeInfo) -> bool:
+def _channel_slope(node: NodeInfo) -> bool | None:
     """PRelu's slope as the EP's activation builder takes it (IsPReluOpSupported, the same for NeuralNetwork and ML
-    Program): one value per channel shaped [C, 1, 1], or a single value where X has more than one channel."""
+    Program): one value per channel shaped [C, 1, 1], or a single value where X has more than one channel (None
+    where X's rank is unknown here)."""
     x, slope = node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else None
-    if slope is None or slope.shape is None or x is None or x.shape is None or len(x.shape) < 3:
+    if slope is None or slope.shape is None:
         return False
     shape = slope.shape
-    per_channel = len(shape) == 3 and shape[1:] == (1, 1)
-    single = all(isinstance(d, int) for d in shape) and math.prod(shape) == 1  # type: ignore[arg-type]
-    return per_channel or (single and x.shape[-3] != 1)
+    if len(shape) == 3 and shape[1:] == (1, 1):
+        return True
+    if not (all(isinstance(d, int) for d in shape) and math.prod(shape) == 1):  # type: ignore[arg-type]
+        return False
+    if x is None or x.shape is None:
+        return None
+    return len(x.shape) >= 3 and x.shape[-3] != 1
+
 
 OPS = with_rules(
     rules(_OPS),
@@ -55,7 +61,9 @@ OPS = with_rules(
     OpRule("MatMul"),
     OpRule("PRelu", constraints=(InputRank(0, 3, 4), ConstantInput(1, "slope"),
                                  AttrPredicate(_channel_slope, "slope must have shape [C, 1, 1] or a single value "
-                                                               "(over more than one channel)"))),
+                                                               "(over more than one channel)",
+                                               "the input's rank is unknown here, so whether a single slope value "
+                                               "falls on more than one channel cannot be told"))),
     OpRule("Slice", constraints=tuple(ConstantInput(i, n) for i, n in
                                       ((1, "starts"), (2, "ends"), (3, "axes"), (4, "steps")))),
     *(OpRule(op, constraints=_POOL_2D, notes="2D pooling only")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from npukit.targets.profile import (
     ERF_GELU_PATTERNS,
+    STEPS_UNKNOWN,
     AttrIn,
     AttrPredicate,
     ConstantInput,
@@ -60,48 +61,79 @@ def _no_padding_in_average(node: NodeInfo) -> bool:
     return not (node.attr("count_include_pad", 0) and any(node.attr("pads") or ()))
 
 
-def _mean_over_hw(node: NodeInfo) -> bool:
-    rank = _rank(node)
-    axes = node.attr("axes") or _values(node, 1)
-    if rank is None or axes is None:
+def _axes(node: NodeInfo) -> tuple[float, ...] | None:
+    """The axes attribute, or the axes input's values (None where that input is absent or not a small constant)."""
+    return node.attr("axes") or _values(node, 1)
+
+
+def _given_but_unknown(node: NodeInfo, index: int) -> bool:
+    """Whether input ``index`` is given but its values are not known here (not a small constant)."""
+    return index < len(node.inputs) and node.inputs[index] is not None and _values(node, index) is None
+
+
+# The predicates below answer None where the input's rank (or an axes/pads input computed from Shape nodes) is
+# unknown in the model as given and the answer depends on it: the refusal then says so (profile.unchecked) and
+# analyze names the shape fixes, instead of a rule the node may well satisfy once the sizes are folded.
+def _mean_over_hw(node: NodeInfo) -> bool | None:
+    rank, axes = _rank(node), _axes(node)
+    if node.attr("keepdims", 1) != 1:
         return False
-    return rank == 4 and sorted(int(a) % 4 for a in axes) == [2, 3] and node.attr("keepdims", 1) == 1
+    if axes is None:  # computed axes, or none (the mean over every axis, never H and W alone)
+        return None if _given_but_unknown(node, 1) else False
+    if len(axes) != 2:
+        return False
+    if rank is None:
+        return None
+    return rank == 4 and sorted(int(a) % 4 for a in axes) == [2, 3]
 
 
-def _softmax_last_axis(node: NodeInfo) -> bool:
+def _softmax_last_axis(node: NodeInfo) -> bool | None:
     rank = _rank(node)
     axis = node.attr("axis", -1)
-    return axis == -1 or (rank is not None and axis == rank - 1)
+    if axis == -1:
+        return True
+    return None if rank is None else axis == rank - 1
 
 
-def _unsqueeze_trailing(node: NodeInfo) -> bool:
-    rank = _rank(node)
-    axes = node.attr("axes") or _values(node, 1)
-    return rank is not None and axes is not None and len(axes) == 1 and int(axes[0]) in (-1, rank)
+def _unsqueeze_trailing(node: NodeInfo) -> bool | None:
+    rank, axes = _rank(node), _axes(node)
+    if axes is None:
+        return None if _given_but_unknown(node, 1) else False
+    if len(axes) != 1:
+        return False
+    if int(axes[0]) == -1:
+        return True
+    return None if rank is None else int(axes[0]) == rank
 
 
-def _no_cropping(node: NodeInfo) -> bool:
-    pads = _values(node, 1)
-    return pads is not None and all(p >= 0 for p in pads)
+def _no_cropping(node: NodeInfo) -> bool | None:
+    pads = node.attr("pads") or _values(node, 1)  # an attribute below opset 11, an input from opset 11
+    if pads is None:
+        return None
+    return all(p >= 0 for p in pads)
 
 
 def _squared(node: NodeInfo) -> bool:
     return _values(node, 1) == (2.0,)  # an int 2 compares equal
 
 
-def _bmm_operands(node: NodeInfo) -> bool:
+def _bmm_operands(node: NodeInfo) -> bool | None:
     """A MatMul of two activations is XNNPACK's bmm alone only on rank-3 operands. On rank 4 (attention's q @ k^T,
     a @ v) aten.matmul decomposes into an expand_copy of each operand, views and a bmm: BMMConfig takes the bmm
     (the MACs), but ALL_PARTITIONER_CONFIGS (backends/xnnpack/partition/config/__init__.py) has no config for
     expand_copy, so both run on the portable kernels before it and split the delegated graph there. The MatMul
     counts as left (split, as benchmarks/mobile_partition.py counts it): that places the split right (measured: a
-    4-head attention, 2 MatMuls, 4 expand_copy outside, 4 delegate calls predicted and made)."""
-    return all(t is not None and t.rank == 3 for t in node.inputs[:2])
+    4-head attention, 2 MatMuls, 4 expand_copy outside, 4 delegate calls predicted and made). None where an
+    operand's rank is unknown here."""
+    ranks = [None if t is None else t.rank for t in node.inputs[:2]]
+    if any(r is not None and r != 3 for r in ranks):
+        return False
+    return None if None in ranks else True
 
 
-def _matmul_supported(node: NodeInfo) -> bool:
+def _matmul_supported(node: NodeInfo) -> bool | None:
     weight = node.inputs[1] if len(node.inputs) > 1 else None
-    return (weight is not None and weight.constant) or _bmm_operands(node)
+    return True if weight is not None and weight.constant else _bmm_operands(node)
 
 
 _2D = InputRank(0, 4, 4)
@@ -120,7 +152,9 @@ OPS = with_rules(
                                                                    "takes the bmm, but the expand_copy of each "
                                                                    "operand stays on the portable kernels and splits "
                                                                    "the graph here (a parameter weight or rank-3 "
-                                                                   "operands keep it whole)"),)),
+                                                                   "operands keep it whole)",
+                                                  "an operand's rank is unknown here, so whether it is a rank-3 "
+                                                  "bmm (taken whole) cannot be told"),)),
     OpRule("PRelu", constraints=(ConstantInput(1, "slope"),)),
     OpRule("HardSigmoid", notes="decomposed (add, clamp, div): its scalars' dtype copies run on the portable kernels "
                                 "before the delegate call, on constants, without splitting the graph"),
@@ -132,20 +166,28 @@ OPS = with_rules(
                                                      "padding counted in the average is not supported"))),
     OpRule("GlobalAveragePool", constraints=(_2D,), notes="mean over H, W"),
     OpRule("ReduceMean", dtypes=_WITH_INDICES,
-           constraints=(AttrPredicate(_mean_over_hw, "only the mean of a 4D tensor over H and W with keepdims"),)),
+           constraints=(AttrPredicate(_mean_over_hw, "only the mean of a 4D tensor over H and W with keepdims",
+                                      "the input's rank or the axes are unknown here, so whether it is the mean "
+                                      "over H and W (the only one taken) cannot be told"),)),
     OpRule("MaxPool", constraints=(_2D, AttrPredicate(_pool_stride_within_kernel,
                                                       "stride must not exceed the kernel"))),
     OpRule("Concat", constraints=(AttrPredicate(lambda n: len(n.inputs) >= 2, "needs two inputs or more"),)),
     OpRule("Reshape", dtypes=_WITH_INDICES, constraints=(ConstantInput(1, "shape"),)),
     OpRule("Unsqueeze", dtypes=_WITH_INDICES,
-           constraints=(AttrPredicate(_unsqueeze_trailing, "only on the trailing dimension"),)),
-    OpRule("Slice", dtypes=_WITH_INDICES, constraints=(AttrPredicate(unit_steps, "only step 1"),)),
-    OpRule("Softmax", constraints=(AttrPredicate(_softmax_last_axis, "only over the last axis"),)),
+           constraints=(AttrPredicate(_unsqueeze_trailing, "only on the trailing dimension",
+                                      "the input's rank or the axes are unknown here, so whether it is on the "
+                                      "trailing dimension (the only one taken) cannot be told"),)),
+    OpRule("Slice", dtypes=_WITH_INDICES, constraints=(AttrPredicate(unit_steps, "only step 1", STEPS_UNKNOWN),)),
+    OpRule("Softmax", constraints=(AttrPredicate(_softmax_last_axis, "only over the last axis",
+                                                 "the input's rank is unknown here, so whether its axis is the "
+                                                 "last (the only one taken) cannot be told"),)),
     OpRule("Resize", dtypes=_WITH_INDICES, constraints=(_2D, AttrIn("mode", ("linear",), "nearest")),
            notes="upsample bilinear 2D"),
     OpRule("Pad", dtypes=_WITH_INDICES,
            constraints=(AttrIn("mode", ("constant",), "constant"),
-                        AttrPredicate(_no_cropping, "negative pads (cropping) are not supported"))),
+                        AttrPredicate(_no_cropping, "negative pads (cropping) are not supported",
+                                      "its pads are not a constant here, so whether any is negative "
+                                      "(cropping, not taken) cannot be told"))),
 )
 
 # Ops of the torch program the ONNX exporter writes as several ONNX nodes: checked as the one op ExecuTorch sees.

@@ -12,8 +12,10 @@ from npukit.targets.profile import (
     AttrIn,
     ConstantInput,
     DocSource,
+    Fusion,
     InputRank,
     OpRule,
+    PatternStep,
     Quantization,
     TargetProfile,
 )
@@ -23,7 +25,7 @@ _BUILTINS = {
     "Conv": "CONV_2D / DEPTHWISE_CONV_2D / CONV_3D", "ConvTranspose": "TRANSPOSE_CONV",
     "Gemm": "FULLY_CONNECTED", "MatMul": "FULLY_CONNECTED / BATCH_MATMUL", "AveragePool": "AVERAGE_POOL_2D",
     "MaxPool": "MAX_POOL_2D", "GlobalAveragePool": "MEAN", "GlobalMaxPool": "REDUCE_MAX", "Relu": "RELU",
-    "Clip": "RELU6 / RELU_N1_TO_1 / MINIMUM+MAXIMUM", "Sigmoid": "LOGISTIC", "Tanh": "TANH",
+    "Clip": "RELU6 / RELU_N1_TO_1 / RELU_0_TO_1 / MINIMUM+MAXIMUM", "Sigmoid": "LOGISTIC", "Tanh": "TANH",
     "HardSwish": "HARD_SWISH", "LeakyRelu": "LEAKY_RELU", "PRelu": "PRELU", "Elu": "ELU", "Gelu": "GELU",
     "Add": "ADD", "Sub": "SUB", "Mul": "MUL", "Div": "DIV", "Pow": "POW", "Sqrt": "SQRT", "Exp": "EXP",
     "Log": "LOG", "Abs": "ABS", "Neg": "NEG", "Max": "MAXIMUM", "Min": "MINIMUM", "Sin": "SIN", "Cos": "COS",
@@ -39,15 +41,30 @@ _BUILTINS = {
     "QuantizeLinear": "QUANTIZE", "DequantizeLinear": "DEQUANTIZE", "LSTM": "UNIDIRECTIONAL_SEQUENCE_LSTM",
     "Identity": "(removed)", "Shape": "SHAPE", "Softplus": "(decomposed)", "Erf": "(no builtin: Flex)",
 }
+# A 1-D convolution (rank 3) is written as the 2-D builtin between RESHAPEs (measured, litert-torch 0.10: Conv1d and
+# ConvTranspose1d convert so and run inside the XNNPACK delegate).
 _SPECIAL = {
-    "Conv": (InputRank(0, 4, 5), ConstantInput(1, "weight")),
-    "ConvTranspose": (InputRank(0, 4, 4), ConstantInput(1, "weight")),
+    "Conv": (InputRank(0, 3, 5), ConstantInput(1, "weight")),
+    "ConvTranspose": (InputRank(0, 3, 4), ConstantInput(1, "weight")),
     "Resize": (InputRank(0, 4, 4), AttrIn("mode", ("nearest", "linear"), "nearest")),
     "AveragePool": (InputRank(0, 4, 4),), "MaxPool": (InputRank(0, 4, 4),),
     "Pad": (ConstantInput(1, "pads"),),
 }
 OPS = {op: OpRule(op, constraints=_SPECIAL.get(op, ()), notes=f"TFLite {builtin}")
        for op, builtin in _BUILTINS.items() if not builtin.startswith("(no builtin")}
+
+# ConvTranspose -> BatchNormalization (-> Relu) on a 4-D input: the converter folds the BatchNorm into the
+# TRANSPOSE_CONV (its scale into the weights, its shift into the bias) and the Relu into its fused activation: one
+# operator, taken or left as one (measured, litert-torch 0.10: ConvTranspose2d -> BatchNorm2d -> ReLU converts to a
+# single TRANSPOSE_CONV; after a ConvTranspose1d, written with reshapes, the BatchNorm stays a MUL and an ADD).
+CONVT_BN_PATTERNS = tuple(
+    (PatternStep("ConvTranspose", conv), PatternStep("BatchNormalization", (0, "*", "*", "*", "*")), *relu)
+    for conv in (("x", "*", "*"), ("x", "*")) for relu in ((PatternStep("Relu", (1,)),), ()))
+CONVT_BN = Fusion("convtranspose_batchnorm", "ConvTranspose+BatchNormalization", CONVT_BN_PATTERNS,
+                  notes="the converter folds the BatchNorm (and fuses a Relu) into TRANSPOSE_CONV", input_ranks=(4,))
+OPS["ConvTranspose+BatchNormalization"] = OpRule(
+    "ConvTranspose+BatchNormalization", constraints=(InputRank(0, 4, 4),),
+    notes="TFLite TRANSPOSE_CONV with the BatchNorm folded into its weights and bias (and a Relu fused)")
 
 PROFILE = TargetProfile(
     name="litert",
@@ -79,4 +96,5 @@ PROFILE = TargetProfile(
     substitutions=("fix_input_shape", "hardsigmoid_to_clip", "groupnorm_decompose",
                    "hardswish_to_clip"),
     qdq_units=True,
+    fusions=(CONVT_BN,),
 )

@@ -12,9 +12,11 @@ op it came from). Float only, as there: npukit's INT8 .tflite comes from its pla
 
 from __future__ import annotations
 
+from npukit.targets.litert import CONVT_BN
 from npukit.targets.litert import OPS as BUILTIN_OPS
 from npukit.targets.profile import (
     ERF_GELU_PATTERNS,
+    STEPS_UNKNOWN,
     AttrPredicate,
     ConstantInput,
     DocSource,
@@ -22,7 +24,6 @@ from npukit.targets.profile import (
     InputRank,
     NodeInfo,
     OpRule,
-    PatternStep,
     Quantization,
     TargetProfile,
     unit_steps,
@@ -50,25 +51,29 @@ def _gather_taken(node: NodeInfo) -> bool:
     return indices is not None and indices.constant and indices.rank == 0
 
 
-def _same_or_valid(node: NodeInfo) -> bool:
-    """The pool's padding is none, or what TFLite's SAME padding gives (the converter writes any other as a PADV2)."""
+def _same_or_valid(node: NodeInfo) -> bool | None:
+    """The pool's padding is none, or what TFLite's SAME padding gives (the converter writes any other as a PADV2):
+    k - 1 in all along a stride-1 axis, whatever its size; along a strided one it depends on the size, and where
+    that is unknown here (a symbolic or computed size), None."""
     pads = list(node.attr("pads") or ())
     if not any(pads):
         return True
     shape = node.inputs[0].shape if node.inputs and node.inputs[0] is not None else None
     kernel = list(node.attr("kernel_shape") or ())
     strides = list(node.attr("strides") or [1] * len(kernel))
-    if shape is None or len(shape) != len(kernel) + 2 or len(pads) != 2 * len(kernel):
+    if len(pads) != 2 * len(kernel) or (shape is not None and len(shape) != len(kernel) + 2):
         return False
-    for i, (size, k, st) in enumerate(zip(shape[2:], kernel, strides)):
-        if not isinstance(size, int):
-            return False
+    open_size = False
+    for i, (size, k, st) in enumerate(zip(shape[2:] if shape is not None else [None] * len(kernel), kernel, strides)):
         before, after = pads[i], pads[i + len(kernel)]
-        out = (size + before + after - k) // st + 1
-        total = max((out - 1) * st + k - size, 0)
-        if out != -(-size // st) or (before, after) != (total // 2, total - total // 2):
-            return False
-    return True
+        if st == 1 or isinstance(size, int):
+            total = k - 1 if st == 1 else max((-(-size // st) - 1) * st + k - size, 0)  # type: ignore[operator]
+            out_ok = st == 1 or (size + before + after - k) // st + 1 == -(-size // st)  # type: ignore[operator]
+            if not out_ok or (before, after) != (total // 2, total - total // 2):
+                return False
+        else:
+            open_size = True
+    return None if open_size else True
 
 
 def _scalar(node: NodeInfo, index: int) -> float | None:
@@ -105,18 +110,20 @@ def _square_or_sqrt(node: NodeInfo) -> bool:
     return _scalar(node, 1) in (2.0, 0.5)
 
 
-def _one_output_channel(node: NodeInfo) -> bool:
+def _one_output_channel(node: NodeInfo) -> bool | None:
+    """One output channel (None where the output's channel count is unknown here)."""
     shape = node.outputs[0].shape if node.outputs and node.outputs[0] is not None else None
-    return shape is not None and len(shape) == 4 and shape[1] == 1
+    if shape is None or (len(shape) == 4 and not isinstance(shape[1], int)):
+        return None
+    return len(shape) == 4 and shape[1] == 1
 
 
-# ConvTranspose -> BatchNormalization (-> Relu): LiteRT's converter folds the BatchNorm into the TRANSPOSE_CONV
-# with its per-channel constants' shape, a 4-D bias [1, 1, 1, C] (and the Relu into its fused activation), and the
-# delegate's VisitTransposeConvNode takes only a 1-D bias (CheckTensorShape(bias_tensor, 1)): the op, and the Relu
-# with it, stay on LiteRT's kernels. With one output channel the bias is written 1-D and is taken. (A ConvTranspose
-# with only its own bias is taken: litert-torch adds it from a [C] vector. Measured on DBNet's head, PP-OCR det.)
-_CONVT_BN = tuple((PatternStep("ConvTranspose", conv), PatternStep("BatchNormalization", (0, "*", "*", "*", "*")),
-                   *relu) for conv in (("x", "*", "*"), ("x", "*")) for relu in ((PatternStep("Relu", (1,)),), ()))
+# ConvTranspose -> BatchNormalization (-> Relu) (litert.CONVT_BN): LiteRT's converter folds the BatchNorm into the
+# TRANSPOSE_CONV with its per-channel constants' shape, a 4-D bias [1, 1, 1, C] (and the Relu into its fused
+# activation), and the delegate's VisitTransposeConvNode takes only a 1-D bias (CheckTensorShape(bias_tensor, 1)):
+# the op, and the Relu with it, stay on LiteRT's kernels. With one output channel the bias is written 1-D and is
+# taken. (A ConvTranspose with only its own bias is taken: litert-torch adds it from a [C] vector. Measured on
+# DBNet's head, PP-OCR det.)
 
 OPS = {op: rule for op, rule in BUILTIN_OPS.items() if op not in _LEFT_TO_LITERT} | {
     op: OpRule(op, notes="decomposed by litert-torch into builtins XNNPACK takes") for op in _DECOMPOSED} | {
@@ -125,10 +132,12 @@ OPS = {op: rule for op, rule in BUILTIN_OPS.items() if op not in _LEFT_TO_LITERT
     "Concat": OpRule("Concat", constraints=(AttrPredicate(lambda n: len(n.inputs) <= 5, "at most 5 inputs"),)),
     "MaxPool": OpRule("MaxPool", constraints=(*BUILTIN_OPS["MaxPool"].constraints,
                                               AttrPredicate(_same_or_valid, "padding other than TFLite's SAME is a "
-                                                                            "PADV2 (-inf) outside XNNPACK"))),
+                                                                            "PADV2 (-inf) outside XNNPACK",
+                                                            "the input's spatial size is unknown here, so whether "
+                                                            "its padding is TFLite's SAME cannot be told"))),
     "Slice": OpRule("Slice", constraints=(ConstantInput(1, "starts"), ConstantInput(2, "ends"),
                                           AttrPredicate(unit_steps, "only step 1 (a strided slice stays on "
-                                                                     "LiteRT's kernels)"))),
+                                                                     "LiteRT's kernels)", STEPS_UNKNOWN))),
     "Clip": OpRule("Clip", constraints=(AttrPredicate(_not_relu_0_to_1, "bounds 0 and 1 make it RELU_0_TO_1, which "
                                                                         "XNNPACK's delegate does not take"),),
                    notes=BUILTIN_OPS["Clip"].notes),
@@ -149,7 +158,9 @@ OPS = {op: rule for op, rule in BUILTIN_OPS.items() if op not in _LEFT_TO_LITERT
         "ConvTranspose+BatchNormalization",
         constraints=(InputRank(0, 4, 4), AttrPredicate(_one_output_channel, "the BatchNorm folds into TRANSPOSE_CONV "
                                                                             "as a 4-D bias, which XNNPACK's delegate "
-                                                                            "rejects (1-D only)")),
+                                                                            "rejects (1-D only)",
+                                                            "the output's channel count is unknown here, so whether "
+                                                            "the folded bias is written 1-D cannot be told")),
         notes="TRANSPOSE_CONV with the BatchNorm folded (and a Relu fused)")}
 
 PROFILE = TargetProfile(
@@ -185,6 +196,5 @@ PROFILE = TargetProfile(
     substitutions=("fix_input_shape",),
     qdq_units=True,
     fusions=(Fusion("erf_gelu", "Gelu", ERF_GELU_PATTERNS, notes="torch's gelu: litert-torch lowers it to GELU"),
-             Fusion("convtranspose_batchnorm", "ConvTranspose+BatchNormalization", _CONVT_BN,
-                    notes="the converter folds the BatchNorm (and fuses a Relu) into TRANSPOSE_CONV")),
+             CONVT_BN),
 )

@@ -29,7 +29,15 @@ from npukit.frontend.graph_index import GraphIndex
 from npukit.measure.summary import summarize
 from npukit.targets.fix import fix_for, fix_for_refusal
 from npukit.targets.graph_match import node_attrs, step_matches, tensor_infos
-from npukit.targets.profile import FLOAT_DTYPES, Fusion, NodeInfo, PatternStep, TargetProfile, TensorInfo
+from npukit.targets.profile import (
+    FLOAT_DTYPES,
+    OPEN_SHAPES,
+    Fusion,
+    NodeInfo,
+    PatternStep,
+    TargetProfile,
+    TensorInfo,
+)
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 _QUANT_MARKERS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "ConvInteger",
@@ -376,11 +384,15 @@ def _layout_cancelled(index: GraphIndex, infos: dict[str, TensorInfo], target: T
     return cancelled
 
 
-def _fusion_groups(index: GraphIndex, fusions: tuple[Fusion, ...]) -> list[tuple[Fusion, list[int], str]]:
-    """Every non-overlapping match of ``fusions`` in the graph: (fusion, node indices in pattern order, input)."""
+def _fusion_groups(index: GraphIndex, fusions: tuple[Fusion, ...],
+                   infos: dict[str, TensorInfo] | None = None) -> list[tuple[Fusion, list[int], str]]:
+    """Every non-overlapping match of ``fusions`` in the graph: (fusion, node indices in pattern order, input);
+    ``infos`` (``tensor_infos``, read here where not given) for the input ranks a fusion is limited to."""
     if not fusions:
         return []
     graph, consumers, graph_outputs = index.graph, index.consumers, index.outputs
+    if infos is None and any(f.input_ranks for f in fusions):
+        infos = tensor_infos(graph)
     taken: set[int] = set()
     found = []
     for i, node in enumerate(graph.node):
@@ -392,6 +404,9 @@ def _fusion_groups(index: GraphIndex, fusions: tuple[Fusion, ...]) -> list[tuple
                     members = _match(graph, pattern, i, root, consumers, taken)
                     if members is None:
                         continue
+                    if fusion.input_ranks and (infos or {}).get(root, TensorInfo(None, None)).rank \
+                            not in fusion.input_ranks:
+                        break  # the input it matched on has a rank the backend does not fuse at
                     inner = {o for m in members[:-1] for o in graph.node[m].output}
                     if inner & graph_outputs or any(c not in members for o in inner for c in consumers[o]):
                         continue
@@ -462,10 +477,10 @@ def _static_shape_reason(node: NodeInfo, names: list[str]) -> str | None:
         if tensor is None or tensor.constant:
             continue
         if tensor.shape is None:
-            return f"{node.op_type}: needs static shapes (shape of {name!r} is unknown)"
+            return f"{node.op_type}: {OPEN_SHAPES} (shape of {name!r} is unknown)"
         if not tensor.static:
             dims = "x".join(str(d) for d in tensor.shape)
-            return f"{node.op_type}: needs static shapes ({name!r} is {dims})"
+            return f"{node.op_type}: {OPEN_SHAPES} ({name!r} is {dims})"
     return None
 
 
@@ -529,7 +544,7 @@ def analyze(
     infos = tensor_infos(graph)
     symbolic, needs_quant = _model_notes(index, infos, target, notes)
     as_quantized = target.quantization.activations[0] if needs_quant else None
-    fused = _fusion_groups(index, target.fusions)
+    fused = _fusion_groups(index, target.fusions, infos)
     units, owner = _node_units(index, [members for _, members, _ in fused], qdq=target.qdq_units)
     reasons = _unit_reasons(index, target, infos, units, fused, as_quantized)
     groups = _delegated_groups(index, target, units, owner, reasons)
@@ -631,8 +646,8 @@ def _unit_reasons(index: GraphIndex, target: TargetProfile, infos: dict[str, Ten
             why.extend(rule.failures(info, default_dtypes=target.dtypes, max_rank=target.max_rank))
         if target.requires_static_shapes:
             static_why = _static_shape_reason(info, names)
-            if static_why:
-                why.append(static_why)
+            if static_why:  # it covers the rules that cannot be checked on the open shapes (profile.unchecked)
+                why = [r for r in why if OPEN_SHAPES not in r] + [static_why]
         if target.graph_io_qdq_on_cpu and len(unit) == 1:
             if node.op_type == "QuantizeLinear" and node.input[0] in index.inputs:
                 why.append("QuantizeLinear: quantizing a graph input is left to the CPU")
@@ -714,13 +729,13 @@ def _fix(node: onnx.NodeProto, reasons: tuple[str, ...], target: TargetProfile, 
         return rule.name
     if inexact is not None:  # no exact form the target takes: name the one that changes the function
         return f"{inexact.name} (inexact: npukit substitute --rule {inexact.name} recovers by fine-tuning)"
-    if not lacks and reasons and not any("static shapes" in r for r in reasons):  # a form a fix rewrites
+    if not lacks and reasons and not any(OPEN_SHAPES in r for r in reasons):  # a form a fix rewrites
         refusal = fix_for_refusal(node.op_type, target)
         if refusal is not None:
             return refusal.name
     if "fix_input_shape" not in target.substitutions:
         return None
-    if not lacks and reasons and all("static shapes" in r for r in reasons):
+    if not lacks and reasons and all(OPEN_SHAPES in r for r in reasons):
         return "fix_input_shape" if symbolic else "fold_constants"
     return "fix_input_shape" if shape_folded and symbolic else None  # static already: the runtime kept it anyway
 

@@ -94,9 +94,21 @@ class NoDilationWithStride:
         return f"{node.op_type}: dilation > 1 with stride > 1 not supported" if dilated and strided else None
 
 
+OPEN_SHAPES = "needs static shapes"  # in every reason a shape fix clears (fix_input_shape, fold_constants)
+
+
+def unchecked(node: NodeInfo, unknown: str) -> str:
+    """The reason for a node a rule cannot be checked on, ``unknown`` saying what is unknown in the model as given
+    (an input's rank, a size, an axes input computed from Shape nodes) and what it leaves open: not the rule's
+    refusal, which would name a wrong cause, but the open shapes, which the shape fixes clear (analyze names them).
+    On a target that requires static shapes the analysis drops it for its own static-shapes reason."""
+    return (f"{node.op_type}: {unknown} ({OPEN_SHAPES}: fix the input shape and fold the constants the sizes are "
+            "computed from, as analyze --fix does)")
+
+
 @dataclasses.dataclass(frozen=True)
 class InputRank:
-    """Input ``index`` must have a rank in [min_rank, max_rank] (unknown rank passes: static shapes rule covers it)."""
+    """Input ``index`` must have a rank in [min_rank, max_rank]; an unknown rank cannot be checked (``unchecked``)."""
 
     index: int = 0
     min_rank: int = 0
@@ -106,9 +118,12 @@ class InputRank:
         if self.index >= len(node.inputs) or node.inputs[self.index] is None:
             return None
         rank = node.inputs[self.index].rank  # type: ignore[union-attr]
-        if rank is None or self.min_rank <= rank <= self.max_rank:
+        limits = f"rank {self.min_rank}..{self.max_rank}"
+        if rank is None:
+            return unchecked(node, f"the input's rank is unknown here, so {limits} cannot be checked")
+        if self.min_rank <= rank <= self.max_rank:
             return None
-        return f"{node.op_type}: input rank {rank} not supported (rank {self.min_rank}..{self.max_rank})"
+        return f"{node.op_type}: input rank {rank} not supported ({limits})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,19 +143,32 @@ class ConstantInput:
 
 @dataclasses.dataclass(frozen=True)
 class AttrPredicate:
-    """A constraint written as a function of the node: ``test(node)`` True means fine, else ``message``."""
+    """A constraint written as a function of the node: ``test(node)`` True means fine, False ``message``; None
+    means it cannot be told on what is known of the node here (``unknown`` says what is missing, an input's rank, a
+    shape, an axes input computed from Shape nodes, and what that leaves open), which is reported as such
+    (``unchecked``), not as ``message``."""
 
-    test: Callable[[NodeInfo], bool]
+    test: Callable[[NodeInfo], bool | None]
     message: str
+    unknown: str | None = None
 
     def check(self, node: NodeInfo) -> str | None:
-        return None if self.test(node) else f"{node.op_type}: {self.message}"
+        verdict = self.test(node)
+        if verdict is None:
+            return unchecked(node, self.unknown or f"the shapes or values it reads are unknown here, so "
+                                                   f"{self.message!r} cannot be checked")
+        return None if verdict else f"{node.op_type}: {self.message}"
 
 
-def unit_steps(node: NodeInfo) -> bool:
-    """A Slice whose steps (input 4) are absent or all 1; steps that are not a small constant do not pass."""
+STEPS_UNKNOWN = "its steps are not a constant here, so whether they are all 1 cannot be told"
+
+
+def unit_steps(node: NodeInfo) -> bool | None:
+    """A Slice whose steps (input 4) are absent or all 1; None where steps are given but not a small constant."""
     steps = node.inputs[4] if len(node.inputs) > 4 else None
-    return steps is None or (steps.values is not None and all(s == 1 for s in steps.values))
+    if steps is None:
+        return True
+    return None if steps.values is None else all(s == 1 for s in steps.values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,13 +224,16 @@ class Fusion:
     """Nodes a backend fuses into one op of its own (``into``) before checking it; each pattern is one form.
 
     The intermediate results of a matched pattern must be used only inside it. The fused group is checked against
-    the rule for ``into`` with the pattern's input and the last step's output.
+    the rule for ``into`` with the pattern's input and the last step's output. ``input_ranks``: the ranks of the
+    pattern's input the backend fuses at (empty: any); at another rank, or an unknown one, each node is checked on
+    its own.
     """
 
     name: str
     into: str
     patterns: tuple[tuple[PatternStep, ...], ...]
     notes: str = ""
+    input_ranks: tuple[int, ...] = ()
 
 
 # GELU as torch's exporters write it without a Gelu op, x * 0.5 * (1 + Erf(x / sqrt(2))), in its exported orders

@@ -71,19 +71,20 @@ _DTYPES = frozenset(FLOAT_DTYPES - {"float64"}) | QUANT_DTYPES | INDEX_DTYPES
 _AUTO_PAD = AttrIn("auto_pad", ("NOTSET", "SAME_LOWER", "SAME_UPPER", "VALID"), "NOTSET")
 
 
-def _resize_nearest_ok(node: NodeInfo) -> bool:
+def _resize_nearest_ok(node: NodeInfo) -> bool | None:
+    """The nearest_mode / coordinate_transformation_mode pairs the HTP takes: rank 4 is ResizeNearestNeighbor, other
+    ranks the generic Resize; None where the rank is unknown here and the two answers differ."""
     if node.attr("mode", "nearest") != "nearest":
         return True
     nearest = node.attr("nearest_mode", "round_prefer_floor")
     coord = node.attr("coordinate_transformation_mode", "half_pixel")
     rank = node.inputs[0].rank if node.inputs and node.inputs[0] is not None else None
-    if rank == 4:  # ResizeNearestNeighbor
-        return not (nearest in ("ceil", "round_prefer_floor") and coord == "asymmetric")
-    if nearest not in ("round_prefer_ceil", "floor"):
-        return False
-    if nearest == "round_prefer_ceil" and coord != "align_corners":
-        return False
-    return not (nearest == "floor" and coord == "pytorch_half_pixel")
+    as_4d = not (nearest in ("ceil", "round_prefer_floor") and coord == "asymmetric")  # ResizeNearestNeighbor
+    generic = (nearest == "round_prefer_ceil" and coord == "align_corners") or (
+        nearest == "floor" and coord != "pytorch_half_pixel")
+    if rank is None:
+        return as_4d if as_4d == generic else None
+    return as_4d if rank == 4 else generic
 
 
 def _resize_roi_ok(node: NodeInfo) -> bool:
@@ -163,7 +164,9 @@ OPS = with_rules(
         InputRank(0, 3, 5),
         ConstantInput(2, "scales"),
         AttrPredicate(_resize_nearest_ok, "this nearest_mode / coordinate_transformation_mode pair is not "
-                                          "supported on the NPU"),
+                                          "supported on the NPU", "the input's rank is unknown here, so whether "
+                                          "this nearest_mode / coordinate_transformation_mode pair is taken (it "
+                                          "depends on rank 4) cannot be told"),
         AttrPredicate(_resize_roi_ok, "its empty roi input is quantized (Q/DQ on a 0-element tensor): the HTP "
                                       "cannot create it (QNN error 7004 when the graph is composed); make "
                                       "constants initializers before quantizing"))),
