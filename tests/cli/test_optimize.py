@@ -81,7 +81,19 @@ def test_nothing_within_the_budget_is_exit_1_and_no_artifact(tiny, tmp_path, cap
     failures = [t["failures"][0] for t in report["results"]["search"]["trials"]]
     assert any(f"but {f}" in report["verdict"] for f in failures)  # what failed is named, not only the metric that passed
     assert "e.g. a lower --min-sqnr" in report["verdict"]  # the SQNR floor failed, not the budget
+    assert "a weak check" not in report["verdict"]  # 8 held-out samples
     assert "FAIL optimize" in capsys.readouterr().out
+
+
+def test_a_failing_search_on_too_little_data_says_so(tiny, tmp_path) -> None:
+    """4 held-out samples: the FAIL says the check rests on too little, as a PASS does (the task check's note)."""
+    np.save(tmp_path / "few.npy", np.load(tiny.with_name("data.npy"))[:8])
+    out = tmp_path / "best.onnx"
+    assert main(["optimize", str(tiny), "-o", str(out), "--data", str(tmp_path / "few.npy"), "--trials", "1",
+                 "--runs", "3", "--min-sqnr", "200", "--task", "generic"]) == 1
+    verdict = json.loads((tmp_path / "best.report.json").read_text())["verdict"]
+    assert verdict.startswith("FAIL optimize: none of 1 trials")
+    assert verdict.endswith("; note: only 4: a weak check, give more data"), verdict
 
 
 def test_a_failing_run_removes_the_artifact_an_earlier_run_wrote_there(tiny, tmp_path) -> None:

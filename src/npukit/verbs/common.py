@@ -377,11 +377,12 @@ def floor_check(reference: Any, samples: Sequence[Any], *, task: str | None, gat
 
 
 def check_task_measurable(reference: onnx.ModelProto, samples: Sequence[Any], task: str | None, *, where: str,
-                          threads: int = 1) -> None:
+                          threads: int = 1) -> Any:
     """Refuse, before any long step and before anything is written, ``samples`` (the task check's) on which the
     float model gives the task metric nothing to compare (a detector detecting nothing, a recognizer reading no
     character): every candidate's check would compare nothing and fail (``tasks.judge``). One float pass over them;
-    the generic task, which has no metric, is never refused."""
+    the generic task, which has no metric, is never refused. Returns the float model's check against itself (its
+    ``TaskResult``: what the samples hold, e.g. a detector's reference detections)."""
     from npukit.measure.task_fidelity import compare_task, session_runner
     from npukit.runtime.ort import make_session
     session = make_session(reference, threads=threads)
@@ -405,6 +406,7 @@ def check_task_measurable(reference: onnx.ModelProto, samples: Sequence[Any], ta
                          f"{where}: a check on them compares one answer",
                          hint="give varied inputs of the model's kind, preprocessed as it expects (a model whose "
                               "weights are random or broken may ignore its input)")
+    return result
 
 
 def check_task(reference: onnx.ModelProto, data: Any, task: str | None) -> None:

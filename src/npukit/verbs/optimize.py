@@ -142,10 +142,14 @@ def _refuse_unrunnable(target: str, *, weights: str | Path | None, workers: int,
 
 
 def _refuse_nothing_to_find(inputs: _Inputs, data: str | Path, task: str | None, *, threads: int) -> None:
-    """Held-out samples on which every trial's task check would compare nothing are refused before the search."""
+    """Held-out samples on which every trial's task check would compare nothing are refused before the search; the
+    check's own warning that they hold too little (few samples or detections) is kept for a failing verdict."""
+    from npukit.tasks import judge
+
     half = "second half of " if inputs.split else ""
-    check_task_measurable(inputs.proto, inputs.evaluation, task, threads=threads,  # data with nothing to find
-                          where=f"the held-out samples ({half}{Path(str(data)).name})")
+    itself = check_task_measurable(inputs.proto, inputs.evaluation, task, threads=threads,  # nothing to find?
+                                   where=f"the held-out samples ({half}{Path(str(data)).name})")
+    inputs.weak = _weak(judge(itself, QualityGate(), what="float").line)
 
 
 def _report(model: str | Path, target: str, data: str | Path, calib: str | Path | None, config: Any, space: Any,
@@ -173,6 +177,7 @@ class _Inputs:
     split: bool
     source: Any = None  # the resolved PyTorch model (a mobile runtime's search)
     export: Any = None  # its scratch ONNX export's ExportResult (a drift from torch is noted in the report)
+    weak: str = ""  # the task check's note that the held-out samples hold too little ("; note: ..."), or ""
 
     @property
     def module(self) -> Any:
@@ -478,7 +483,7 @@ class _Search:
                                        self.config.min_metric)
             return None, (f"FAIL optimize: none of {len(outcome.trials)} trials passed the budget's check "
                           f"({self.config.budget:.1%} of the float model's task metric; best: {best.recipe.label()}, "
-                          f"{failed}); try {advice}, more --trials, or --space full")
+                          f"{failed}); try {advice}, more --trials, or --space full{self.inputs.weak}")
         chosen = outcome.trial(outcome.chosen)
         if chosen.recipe in self.models:
             artifact = self.models.load(chosen.recipe)
