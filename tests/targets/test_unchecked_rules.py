@@ -219,3 +219,16 @@ def test_executorch_rank4_matmul_macs_are_not_counted_as_delegated():
     assert a.macs_delegated == by_name["linear"].macs == 4 * 16 * 8 * 8
     assert a.macs_total == a.macs_delegated + by_name["qk"].macs
     assert sum(p.macs for p in a.partitions) == a.macs_delegated
+
+
+@pytest.mark.parametrize("batch, fix", [(1, "fold_constants"), ("N", "fix_input_shape")])
+def test_a_reshape_whose_shape_is_computed_from_shapes_names_the_shape_fix(batch, fix):
+    """Reshape's shape computed by Shape -> Gather -> Concat: not a constant in the model as given, one once the
+    shapes are folded; the refusal says so and names the fix (it read 'shape must be constant' with no fix)."""
+    model = _computed_reshape(batch, [helper.make_node("Relu", ["r"], ["y"], name="after")])
+    v = _verdict(model, "executorch-xnnpack", "reshape")
+    assert not v.supported and v.fix == fix, (v.reasons, v.fix)
+    assert all("computed from the input's shapes" in r and "needs static shapes" in r for r in v.reasons), v.reasons
+    fixed = apply_fixes(model, get_target("executorch-xnnpack"),
+                        input_shape=(1, 4, 8, 2) if batch == "N" else None).model
+    assert _verdict(fixed, "executorch-xnnpack", "reshape").supported

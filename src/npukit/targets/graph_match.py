@@ -4,12 +4,14 @@ step of a node pattern (``profile.PatternStep``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import onnx
 import onnx.numpy_helper
 
+from npukit.frontend.graph_index import GraphIndex
 from npukit.targets.profile import SMALL_CONSTANT, PatternStep, TensorInfo
 
 
@@ -47,6 +49,11 @@ def tensor_infos(graph: onnx.GraphProto) -> dict[str, TensorInfo]:
         source = infos.get(node.input[0]) if node.op_type == "Identity" and node.input and node.output else None
         if source is not None and source.constant:  # (RetinaFace's exporter shares its SSH weights through them)
             infos[node.output[0]] = source
+    index = GraphIndex(graph)
+    for name in index.shape_computed - index.folded:  # sizes computed from shapes: constants once those are folded
+        info = infos.get(name)
+        if info is not None and not info.constant:
+            infos[name] = dataclasses.replace(info, from_shapes=True)
     return infos
 
 

@@ -19,13 +19,16 @@ INDEX_DTYPES = frozenset({"int32", "int64", "bool"})
 
 @dataclasses.dataclass(frozen=True)
 class TensorInfo:
-    """dtype name ("float32", "uint8", ...; None if unknown), shape (ints, dim names or None), constant or not, and
-    a small constant's values (axes, pads, exponents: up to ``SMALL_CONSTANT`` elements, flattened; else None)."""
+    """dtype name ("float32", "uint8", ...; None if unknown), shape (ints, dim names or None), constant or not, a
+    small constant's values (axes, pads, exponents: up to ``SMALL_CONSTANT`` elements, flattened; else None), and
+    ``from_shapes``: not a constant, but computed from the input shapes and constants alone (Shape -> Gather ->
+    Concat), so a constant once the shapes are static and folded."""
 
     dtype: str | None
     shape: tuple[int | str | None, ...] | None
     constant: bool = False
     values: tuple[float, ...] | None = None
+    from_shapes: bool = False
 
     @property
     def rank(self) -> int | None:
@@ -136,8 +139,12 @@ class ConstantInput:
     def check(self, node: NodeInfo) -> str | None:
         if self.index >= len(node.inputs) or node.inputs[self.index] is None:
             return None
-        if node.inputs[self.index].constant:  # type: ignore[union-attr]
+        tensor = node.inputs[self.index]
+        if tensor.constant:  # type: ignore[union-attr]
             return None
+        if tensor.from_shapes:  # type: ignore[union-attr]
+            return unchecked(node, f"its {self.label} is computed from the input's shapes here, a constant (as it "
+                                   "must be) only once they are folded")
         return f"{node.op_type}: {self.label} must be constant"
 
 
