@@ -438,6 +438,46 @@ def test_scales_ort_folded_into_convs_are_folded_in_the_program_too(tmp_path):
     _assert_computes_the_qdq_model(result.model, et.Runner(path), samples[:4], floor_db=25)
 
 
+class _FrozenNorms(torch.nn.Module):
+    """Convs with torchvision's FrozenBatchNorm2d (detection backbones): its scale and shift are computed from
+    buffers in forward, ops of the torch program the ONNX exporter folds into constants."""
+
+    def __init__(self) -> None:
+        from torchvision.ops.misc import FrozenBatchNorm2d
+
+        super().__init__()
+        self.c1, self.n1 = torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), FrozenBatchNorm2d(8)
+        self.c2, self.n2 = torch.nn.Conv2d(8, 8, 3, padding=1, bias=False), FrozenBatchNorm2d(8)
+        self.head = torch.nn.Conv2d(8, 4, 1)
+        for norm in (self.n1, self.n2):
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.2, 0.2)
+            norm.running_mean.uniform_(-0.3, 0.3)
+            norm.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.n1(self.c1(x)))
+        return self.head(torch.relu(self.n2(self.c2(y))))
+
+
+def test_a_frozen_batchnorm_is_folded_as_the_onnx_model_has_it(tmp_path):
+    """FrozenBatchNorm2d: the program's buffer computations folded to constants, then its scale and shift into the
+    conv, as the ONNX side has them (32 tensors were unmatched and the compile refused); the .pte computes what the
+    QDQ model does."""
+    from npukit.runtime import executorch as et
+
+    module, float_onnx, samples, example = _exported_16x16(tmp_path, _FrozenNorms)
+    result = quantize(float_onnx, samples, config=QuantConfig(scheme=Scheme(activation_dtype="int8"),
+                                                              calibration=CalibrationSpec(method="minmax"),
+                                                              recipe=Recipe(fold_affines=False)))
+    carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan,
+                         options=et.CARRY)
+    assert carried.unmatched == () and len(carried.folded) == 4, carried.folded
+    path = tmp_path / "frozen.pte"
+    et.lower(carried.program, example).write(path)
+    _assert_computes_the_qdq_model(result.model, et.Runner(path), samples[:4], floor_db=25)
+
+
 def test_an_affine_ort_kept_is_not_folded(tmp_path):
     """A scale on a conv whose output another op reads too: ORT keeps the Mul (the conv's output is a tensor of the
     plan), and so does the program."""

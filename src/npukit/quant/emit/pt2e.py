@@ -31,7 +31,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from npukit.quant.emit.torch_affines import fold_matched_affines
+from npukit.quant.emit.torch_affines import fold_buffer_computations, fold_matched_affines
 from npukit.quant.grids import activation_qparams
 from npukit.quant.nodes import dequantized, node_attr
 from npukit.quant.plan import QuantPlan
@@ -311,7 +311,10 @@ def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], repor
 
         def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
             model = self.base.transform_for_annotation(model)
-            # BatchNorm is folded by now, as in the ONNX model; the constant scales ORT folded are folded here
+            # BatchNorm is folded by now, as in the ONNX model; what the program computes from its buffers alone (a
+            # frozen BatchNorm's scale and shift) is folded into constants, as the ONNX exporter folds it; then the
+            # constant scales ORT folded into convs are folded there too
+            fold_buffer_computations(model)
             report["folded"], state.match = fold_matched_affines(model, lambda m: _match(m, onnx_side, example),
                                                                  onnx_side.conv_written)
             report["matched"] = len(state.match)

@@ -129,6 +129,17 @@ def _fold(model: torch.fx.GraphModule, conv: torch.fx.Node, chain: list[tuple[to
     return True
 
 
+def fold_buffer_computations(model: torch.fx.GraphModule) -> None:
+    """The program's ops that compute from its constants alone (a frozen BatchNorm's ``weight * (var + eps).rsqrt()``
+    and ``bias - mean * scale``, reshaped) replaced by their values, in place (torchao's PT2E constant folding), as
+    the ONNX exporter folds them: the scale and shift after a conv are then constants ``fold_matched_affines`` can
+    fold, and no quantizer annotates a tensor that only the torch program computes."""
+    from torchao.quantization.pt2e.constant_fold import constant_fold
+
+    constant_fold(model)
+    model.recompile()
+
+
 def fold_matched_affines(model: torch.fx.GraphModule, match: Callable[[torch.fx.GraphModule], dict[Any, str]],
                          conv_written: Callable[[str], bool]) -> tuple[list[str], dict[Any, str]]:
     """Fold into ``model``'s convs the constant ops ORT folded (the module docstring), in place. ``match``: torch
