@@ -497,3 +497,34 @@ def test_an_affine_ort_kept_is_not_folded(tmp_path):
     folded, _ = fold_matched_affines(program, lambda m: {n: n.name for n in m.graph.nodes if n is not conv},
                                      lambda name: True)
     assert folded == [] and any("aten.mul" in str(n.target) for n in program.graph.nodes)
+
+
+class _UpConv(torch.nn.Module):
+    """A U-Net decoder step: a transposed conv upsampling, concatenated with the skip."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2, padding=1), torch.nn.ReLU())
+        self.up = torch.nn.ConvTranspose2d(8, 8, 2, stride=2)
+        self.skip = torch.nn.Conv2d(3, 8, 1)
+        self.head = torch.nn.Conv2d(16, 3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([self.up(self.down(x)), self.skip(x)], 1))
+
+
+def test_a_transposed_conv_takes_the_plans_weights_on_litert_and_is_refused_on_executorch(tmp_path):
+    """LiteRT: the transposed conv's weights carried per channel on axis 1, nothing unmatched, and the .tflite
+    computes what the QDQ model does (it was refused). ExecuTorch 1.5.1's delegate builds such a program but cannot
+    load it: the plan is not carried there, and the caller refuses, naming the ConvTranspose."""
+    pytest.importorskip("litert_torch", reason="the litert extra is not installed (scripts/setup.sh installs it)")
+    from npukit.runtime import executorch as et
+    from npukit.runtime import litert
+
+    result, carried, samples, example = _carried_16x16(tmp_path, _UpConv, litert.CARRY)
+    assert carried.unmatched == () and carried.weights == 4
+    path = tmp_path / "up.tflite"
+    path.write_bytes(litert.lower(carried.program, example).buffer)
+    _assert_computes_the_qdq_model(result.model, litert.Runner(path), samples[:4], floor_db=25)
+    _, refused, _, _ = _carried_16x16(tmp_path, _UpConv, et.CARRY)
+    assert any("ConvTranspose" in name for name in refused.unmatched), refused.unmatched

@@ -36,7 +36,8 @@ from npukit.runtime.tensors import plain_tensor
 EXTRA_HINT = "install it with: .venv/bin/pip install 'npukit[litert]' (scripts/setup.sh does)"
 # how npukit's plan is carried for LiteRT's converter (see CarryOptions): weights' quantize ops kept, averages on
 # their input's grid, concatenations on one grid (no requantized edge: a producer that also feeds others widened)
-CARRY = CarryOptions(fold_quantize=False, average_grids=False, same_scale_concat=True, requantize_edges=False)
+CARRY = CarryOptions(fold_quantize=False, average_grids=False, same_scale_concat=True, requantize_edges=False,
+                     transposed_convs=True)
 
 
 def require() -> None:

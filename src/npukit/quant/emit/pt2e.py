@@ -48,6 +48,10 @@ _CONCATS = ("cat.default", "concat.default")
 _PASSING = ("upsample_nearest2d.vec", "upsample_nearest2d.default", "max_pool2d.default", "permute.default",
             "transpose.int")
 _WEIGHTED = {"conv2d.default": ("Conv",), "conv1d.default": ("Conv",), "linear.default": ("Gemm", "MatMul")}
+_TRANSPOSED = {"conv_transpose2d.input": ("ConvTranspose",)}  # with CarryOptions.transposed_convs
+# the weight's output-channel axis, where it is not 0: a transposed conv's weight is [C_in, C_out / groups, kH, kW]
+# (ORT quantizes it per channel on axis 1, XNNPACK's quantizer annotates it so)
+_WEIGHT_AXIS = {"conv_transpose2d.input": 1}
 _ONNX_VIEWS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")  # what ORT puts around a fused Gemm
 
 
@@ -65,12 +69,20 @@ class CarryOptions:
     grid, clipping the others).
     ``requantize_edges``: an input of a concatenation whose producer also feeds other ops is requantized onto the
     concatenation's grid on its edge (ExecuTorch); or, where the converter refuses that (LiteRT), that producer
-    writes the concatenation's grid, widened to cover the producer's range, for all its readers."""
+    writes the concatenation's grid, widened to cover the producer's range, for all its readers.
+    ``transposed_convs``: a transposed conv takes the plan's weights (per channel on axis 1) and grids (LiteRT's
+    TRANSPOSE_CONV: checked); without it the plan is not carried onto one, and the caller refuses the program
+    (ExecuTorch 1.5.1's XNNPACK delegate builds such a program but fails to load it)."""
 
     fold_quantize: bool = True
     average_grids: bool = True
     same_scale_concat: bool = False
     requantize_edges: bool = True
+    transposed_convs: bool = False
+
+    def weighted(self) -> dict[str, tuple[str, ...]]:
+        """torch op -> the ONNX ops whose weights it takes the plan's integer weights of."""
+        return _WEIGHTED | (_TRANSPOSED if self.transposed_convs else {})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +154,7 @@ def _onnx_side(reference: onnx.ModelProto, qdq: onnx.ModelProto, plan: QuantPlan
     inits = {i.name: numpy_helper.to_array(i) for i in qdq.graph.initializer}
     dq_out = {n.output[0]: n for n in qdq.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits}
     for node in qdq.graph.node:
-        if node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.input) < 2:
+        if node.op_type not in ("Conv", "ConvTranspose", "Gemm", "MatMul") or len(node.input) < 2:
             continue
         if node.input[1] in dq_out:
             dq = dq_out[node.input[1]]
@@ -237,7 +249,7 @@ class _Annotation:
         name = self.match.get(node)
         if name is None:
             return None
-        kinds = _WEIGHTED.get(_op_name(node))
+        kinds = self.options.weighted().get(_op_name(node))
         return self.onnx_side.weighted_producer(name, kinds) if kinds else self.onnx_side.producer.get(name)
 
     def in_float(self, node: torch.fx.Node) -> bool:
@@ -276,11 +288,12 @@ class _Annotation:
             self.report.setdefault("unmatched_weights", []).append(node.name)
             return spec
         _, scales, _ = carried
-        channels = int(node.args[1].meta["val"].shape[0]) if "val" in node.args[1].meta else len(scales)
+        axis = _WEIGHT_AXIS.get(_op_name(node), 0)
+        channels = int(node.args[1].meta["val"].shape[axis]) if "val" in node.args[1].meta else len(scales)
         if len(scales) == 1:
             scales = np.repeat(scales, channels)
         # ORT's symmetric int8 grids reach -128 (scale = max |w| / 127.5): the range is the dtype's
-        return dataclasses.replace(spec, qscheme=torch.per_channel_symmetric, ch_axis=0, quant_min=-128,
+        return dataclasses.replace(spec, qscheme=torch.per_channel_symmetric, ch_axis=axis, quant_min=-128,
                                    quant_max=127,
                                    observer_or_fake_quant_ctr=self.observer.with_args(scales=tuple(scales)))
 
@@ -318,7 +331,7 @@ def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], repor
             report["folded"], state.match = fold_matched_affines(model, lambda m: _match(m, onnx_side, example),
                                                                  onnx_side.conv_written)
             report["matched"] = len(state.match)
-            carried = _carry_weights(model, state.match, onnx_side)
+            carried = _carry_weights(model, state.match, onnx_side, options.weighted())
             report["weights"] = len(carried)
             report["uncarried_weights"] = [f"{name} (its {onnx_side.producer_op(name)} weights)" for name in
                                            sorted(onnx_side.quantized_weights() - carried)]
@@ -592,12 +605,12 @@ def _average_input(node: torch.fx.Node) -> torch.fx.Node | None:
 
 
 def _carry_weights(model: torch.fx.GraphModule, match: Mapping[torch.fx.Node, str],
-                   onnx_side: _OnnxSide) -> set[str]:
-    """Replace each conv / linear weight (and bias) with the QDQ model's dequantized integers; the ONNX nodes whose
-    weights were carried."""
+                   onnx_side: _OnnxSide, weighted: Mapping[str, tuple[str, ...]]) -> set[str]:
+    """Replace each conv / linear weight (and bias) with the QDQ model's dequantized integers (``weighted``: torch op
+    -> ONNX ops, ``CarryOptions.weighted``); the ONNX nodes whose weights were carried."""
     done: set[str] = set()
     for node, name in match.items():
-        kinds = _WEIGHTED.get(_op_name(node))
+        kinds = weighted.get(_op_name(node))
         twin = onnx_side.weighted_producer(name, kinds) if kinds else None
         if kinds is None or twin is None or twin.op_type not in kinds or twin.name not in onnx_side.weights:
             continue
