@@ -936,9 +936,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_error("interrupted; nothing was left half-written." + _resumable(args))
         return 130
     except Exception as exc:  # an npukit bug: say so in one line, with the way to the traceback
+        _remove_new(before)  # with --debug too: the traceback is for reading, not a half-written artifact
         if args.debug:
             raise
-        _remove_new(before)
         if isinstance(exc, MemoryError) or "can't allocate memory" in str(exc) or "bad_alloc" in str(exc):
             print_error(f"out of memory: {type(exc).__name__} while running {args.verb}. Give a smaller input shape, "
                         "fewer samples or a smaller batch, or run it on a machine with more memory.")

@@ -1189,6 +1189,25 @@ def test_bench_says_what_is_missing_for_a_check(exported, tmp_path) -> None:
         assert verdict.startswith("MEASURED bench: ") and said in verdict
 
 
+def test_an_internal_error_leaves_nothing_half_written_with_debug_too(tmp_path, monkeypatch):
+    """An npukit bug after the artifact was written: the new file is removed, with --debug as without (a .pte that
+    failed to load was left beside no report under --debug)."""
+    import npukit.verbs.export as export_verb
+
+    def broken(report, output, **kwargs):
+        raise RuntimeError("a bug after writing")
+
+    monkeypatch.setattr(export_verb, "finish", broken)
+    out = tmp_path / "m.onnx"
+    for debug in ([], ["--debug"]):
+        try:
+            code = main([*debug, "export", "tinynet:tiny", "-o", str(out), "--input-shape", "1,3,32,32"])
+        except RuntimeError:
+            code = "raised"
+        assert code == ("raised" if debug else 1)
+        assert list(tmp_path.iterdir()) == []
+
+
 def test_debug_prints_the_traceback_and_keeps_the_exit_code(tmp_path, capsys):
     text = tmp_path / "m.txt"
     text.write_text("not a model")

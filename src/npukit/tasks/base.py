@@ -226,6 +226,7 @@ def judge(result: TaskResult, gate: QualityGate, *, what: str, default_min_metri
     if gate.accept_degraded:
         return Verdict(True, f"DEGRADED (accepted with --accept-degraded) {summary}: {failures[0]}",
                        tuple(failures), degraded=True)
-    hint = "" if unmeasured else hint  # the verb's hint is about the artifact; the data is what falls short
+    # the verb's hint is about the artifact; where the data (or the reference) is what falls short, it is no help
+    hint = "" if unmeasured or result.constant_reference else hint
     return Verdict(False, f"FAIL {summary}: {failures[0]}" + (f"; try {hint}" if hint else ""), tuple(failures),
                    degraded=True)

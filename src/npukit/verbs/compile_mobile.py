@@ -423,7 +423,7 @@ def _check(report: Report, mobile: MobileTarget, eager: Any, runner: Any, float_
         task_check(report, float_onnx, None, check, task=task, gate=gate, what="compile", where=where,
                    reference_runner=eager, candidate_runner=runner, extra_failures=failures,
                    hint=INT8_HINT if int8 else
-                   "the runtime computes this model differently from eager torch: try the other mobile target, or "
+                   "the other mobile target (this runtime computes the model differently from eager torch), or "
                    "npukit export for ORT; --accept-degraded keeps it as it is")
     if int8:  # the verdict's figures are the calibration samples' (compile takes no held-out data)
         report.set_verdict(f"{report.verdict} (checked on the calibration samples: optimistic, the grids were fitted "
