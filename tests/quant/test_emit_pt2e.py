@@ -528,3 +528,28 @@ def test_a_transposed_conv_takes_the_plans_weights_on_litert_and_is_refused_on_e
     _assert_computes_the_qdq_model(result.model, litert.Runner(path), samples[:4], floor_db=25)
     _, refused, _, _ = _carried_16x16(tmp_path, _UpConv, et.CARRY)
     assert any("ConvTranspose" in name for name in refused.unmatched), refused.unmatched
+
+
+class _PReLUPool(torch.nn.Module):
+    """conv -> PReLU -> global mean -> linear: ORT's plan leaves PReLU's output unquantized."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.act, self.fc = torch.nn.Conv2d(3, 16, 3, 2, 1), torch.nn.PReLU(), torch.nn.Linear(16, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.act(self.conv(x)).mean((2, 3)))
+
+
+def test_an_average_of_a_tensor_the_plan_leaves_in_float_shares_its_range_grid_on_litert(tmp_path):
+    """LiteRT's mean keeps its input's grid; the input (PReLU's output) has none in the plan, so the mean had none
+    and the compile was refused ('mean (read by linear)'): both are on the grid of the input's calibrated range,
+    and the .tflite computes what the QDQ model does."""
+    pytest.importorskip("litert_torch", reason="the litert extra is not installed (scripts/setup.sh installs it)")
+    from npukit.runtime import litert
+
+    result, carried, samples, example = _carried_16x16(tmp_path, _PReLUPool, litert.CARRY)
+    assert carried.unmatched == (), carried.unmatched
+    path = tmp_path / "prelu.tflite"
+    path.write_bytes(litert.lower(carried.program, example).buffer)
+    _assert_computes_the_qdq_model(result.model, litert.Runner(path), samples[:4], floor_db=25)

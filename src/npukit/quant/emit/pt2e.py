@@ -260,7 +260,8 @@ class _Annotation:
         """The emitted per-tensor grid of ``node``'s ONNX twin (or of the clamp right after it) as int8; without
         ``options.average_grids``, an average's (and its views') is its input's."""
         if not self.options.average_grids and (source := _average_input(node)) is not None:
-            return self.grid(source)
+            # a source the plan leaves unquantized (ORT's PRelu) is annotated on its range's grid (``range_grid``)
+            return self.grid(source) or self.range_grid(source)
         spec = self.spec(node)
         if spec is None or spec.is_float or spec.scale is None or spec.axis is not None:
             users = list(node.users)
