@@ -417,19 +417,25 @@ class _ScaledConvs(torch.nn.Module):
         return self.c4(y)
 
 
+def _carried_unfolded(tmp_path: Path, net: type[torch.nn.Module], options):
+    """``_carried_16x16`` with compile's recipe: npukit's own folding of affines off, so that ORT's pre-processing
+    is the only folding."""
+    module, float_onnx, samples, example = _exported_16x16(tmp_path, net)
+    result = quantize(float_onnx, samples, config=QuantConfig(scheme=Scheme(activation_dtype="int8"),
+                                                              calibration=CalibrationSpec(method="minmax"),
+                                                              recipe=Recipe(fold_affines=False)))
+    carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan,
+                         options=options)
+    return result, carried, samples, example
+
+
 def test_scales_ort_folded_into_convs_are_folded_in_the_program_too(tmp_path):
     """``conv * 0.25 + 1`` and ``conv * gain + shift``: the Mul, and the Mul and the Add, ORT folded into the convs
     are folded into the torch convs as well (the plan's grids all carried, nothing unmatched; before, the compile was
     refused) and the .pte computes what the QDQ model does; the scalar Add ORT left alone stays an op of its own."""
     from npukit.runtime import executorch as et
 
-    module, float_onnx, samples, example = _exported_16x16(tmp_path, _ScaledConvs)
-    # compile's recipe: npukit's own folding of affines off, so ORT's pre-processing is the only folding
-    result = quantize(float_onnx, samples, config=QuantConfig(scheme=Scheme(activation_dtype="int8"),
-                                                              calibration=CalibrationSpec(method="minmax"),
-                                                              recipe=Recipe(fold_affines=False)))
-    carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan,
-                         options=et.CARRY)
+    result, carried, samples, example = _carried_unfolded(tmp_path, _ScaledConvs, et.CARRY)
     assert carried.unmatched == () and len(carried.folded) == 3, carried.folded
     ops = [str(n.target) for n in carried.program.graph.nodes if n.op == "call_function"]
     assert sum("aten.mul" in op for op in ops) == 0 and sum("aten.add" in op for op in ops) == 1
@@ -466,12 +472,7 @@ def test_a_frozen_batchnorm_is_folded_as_the_onnx_model_has_it(tmp_path):
     QDQ model does."""
     from npukit.runtime import executorch as et
 
-    module, float_onnx, samples, example = _exported_16x16(tmp_path, _FrozenNorms)
-    result = quantize(float_onnx, samples, config=QuantConfig(scheme=Scheme(activation_dtype="int8"),
-                                                              calibration=CalibrationSpec(method="minmax"),
-                                                              recipe=Recipe(fold_affines=False)))
-    carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan,
-                         options=et.CARRY)
+    result, carried, samples, example = _carried_unfolded(tmp_path, _FrozenNorms, et.CARRY)
     assert carried.unmatched == () and len(carried.folded) == 4, carried.folded
     path = tmp_path / "frozen.pte"
     et.lower(carried.program, example).write(path)
