@@ -211,12 +211,14 @@ def test_missing_data_is_exit_2(tiny, tmp_path, capsys) -> None:
 def test_the_task_check_s_weak_warning_reaches_optimize_s_verdict() -> None:
     """optimize writes its own verdict line: a YOLOv8 search PASSed on 5 reference detections without the warning
     the task check gave."""
+    from npukit.tasks import TaskResult
     from npukit.verbs.optimize import _weak
 
-    line = ("PASS optimize: task detect, map50 1.000 on 10 samples (5 reference detections: a weak check, give more "
-            "data)")
-    assert _weak(line) == "; note: 5 reference detections: a weak check, give more data"
-    assert _weak("PASS optimize: task classify, top1_agreement 1.000 on 40 samples") == ""
+    detected = TaskResult(task="detect", samples=10, metric="map50", value=1.0,
+                          metrics={"reference_detections": 5}, outputs=(), decoded=())
+    assert _weak(detected) == "; note: 5 reference detections: a weak check, give more data"
+    assert _weak(TaskResult(task="classify", samples=40, metric="top1_agreement", value=1.0, metrics={}, outputs=(),
+                            decoded=())) == ""
 
 
 def test_a_model_without_a_task_metric_says_what_held_it(tiny, tmp_path) -> None:

@@ -88,7 +88,7 @@ def finish(report: Report, artifact: Path | None, *, html: bool, json_path: Path
         report.set_verdict(f"INFO {report.command}: a description of the model or machine; nothing was checked",
                            passed=True)
     drift = report.sections.get("export_drift")  # verbs.common.note_export_drift
-    if drift and "ONNX export npukit made on the side" not in report.verdict:
+    if drift and drift not in report.verdict:
         report.set_verdict(f"{report.verdict}; note: {drift}", passed=report.passed)
     html_path = None
     if artifact is not None:

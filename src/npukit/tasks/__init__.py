@@ -16,7 +16,7 @@ import numpy as np
 
 from npukit.errors import InputError
 from npukit.tasks.base import (DEFAULT_MIN_METRIC, DEFAULT_MIN_SQNR_DB, OutputFidelity, QualityGate, TaskMeter,
-                               TaskResult, Verdict, judge)
+                               TaskResult, Verdict, judge, weakness)
 from npukit.tasks.classify import ClassifyMeter, is_class_scores
 from npukit.tasks.detect import DetectLayout, DetectMeter, detect_layout
 from npukit.tasks.generic import GenericMeter
@@ -27,7 +27,7 @@ from npukit.tasks.text_recognize import TextRecognizeMeter
 TASKS = ("classify", "detect", "segment", "text-detect", "text-recognize", "generic")
 
 __all__ = ["TASKS", "DEFAULT_MIN_METRIC", "DEFAULT_MIN_SQNR_DB", "OutputFidelity", "QualityGate", "TaskChoice",
-           "TaskMeter", "TaskResult", "Verdict", "choose_task", "judge"]
+           "TaskMeter", "TaskResult", "Verdict", "choose_task", "judge", "weakness"]
 
 Shape = Sequence[int | str | None]
 

@@ -181,6 +181,17 @@ def _fmt(value: float) -> str:
     return f"{value:.3f}" if math.isfinite(value) else str(value)
 
 
+def weakness(result: TaskResult) -> str:
+    """The check's warning that ``result`` rests on too little (fewer than ``FEW_SAMPLES`` samples, or a detector's
+    fewer than ``FEW_DETECTIONS`` reference detections), or ""; ``judge`` puts it into the verdict's summary."""
+    if 0 < result.samples < FEW_SAMPLES:
+        return f"only {result.samples}: a weak check, give more data"
+    found = result.metrics.get("reference_detections")
+    if isinstance(found, int) and 0 < found < FEW_DETECTIONS:
+        return f"{found} reference detections: a weak check, give more data"
+    return ""
+
+
 def judge(result: TaskResult, gate: QualityGate, *, what: str, default_min_metric: float = DEFAULT_MIN_METRIC,
           extra_failures: Sequence[str] = (), hint: str = "") -> Verdict:
     """The verdict on ``result`` under ``gate``: the task metric against its floor, every undecoded output's SQNR
@@ -216,10 +227,8 @@ def judge(result: TaskResult, gate: QualityGate, *, what: str, default_min_metri
         and not lowest.sqnr_db >= gate.min_sqnr_db  # below the floor, yet the task metric is what judges it
     worst = (f", worst output{named} SQNR {_fmt(lowest.sqnr_db)} dB" if lowest is not None else "") + (
         f" (under {gate.min_sqnr_db:g} dB, but judged by the task metric, which decodes it)" if covered else "")
-    few = f" (only {result.samples}: a weak check, give more data)" if 0 < result.samples < FEW_SAMPLES else ""
-    found = result.metrics.get("reference_detections")
-    if not few and isinstance(found, int) and 0 < found < FEW_DETECTIONS:
-        few = f" ({found} reference detections: a weak check, give more data)"
+    weak = weakness(result)
+    few = f" ({weak})" if weak else ""
     summary = f"{what}: task {result.task}, {headline}{worst} on {result.samples} samples{few}"
     if not failures:
         return Verdict(True, f"PASS {summary}")

@@ -144,12 +144,10 @@ def _refuse_unrunnable(target: str, *, weights: str | Path | None, workers: int,
 def _refuse_nothing_to_find(inputs: _Inputs, data: str | Path, task: str | None, *, threads: int) -> None:
     """Held-out samples on which every trial's task check would compare nothing are refused before the search; the
     check's own warning that they hold too little (few samples or detections) is kept for a failing verdict."""
-    from npukit.tasks import judge
-
     half = "second half of " if inputs.split else ""
     itself = check_task_measurable(inputs.proto, inputs.evaluation, task, threads=threads,  # nothing to find?
                                    where=f"the held-out samples ({half}{Path(str(data)).name})")
-    inputs.weak = _weak(judge(itself, QualityGate(), what="float").line)
+    inputs.weak = _weak(itself)
 
 
 def _report(model: str | Path, target: str, data: str | Path, calib: str | Path | None, config: Any, space: Any,
@@ -493,7 +491,7 @@ class _Search:
                 _, artifact = runner.run(chosen.recipe)
         half = "second half of " if self.inputs.split else ""
         where = f"held-out samples ({half}{Path(str(self.report.config['data'])).name}; the search chose on them too)"
-        _, _, verdict = task_check(self.report, self.proto, None, self.inputs.evaluation, task=self.task,
+        _, result, verdict = task_check(self.report, self.proto, None, self.inputs.evaluation, task=self.task,
                                    gate=self.gate, what="optimize", where=where, threads=self.threads,
                                    candidate_runner=runner.candidate(artifact))
         if not verdict.passed:
@@ -511,7 +509,7 @@ class _Search:
                 f"{self._float_name}'s; best on {self.config.prefer} of {within} trials within the budget "
                 f"({len(outcome.trials)} in all)"
                 + _not_better(chosen, self.config.prefer, self._float_name)
-                + float_share_note(chosen.integer_fraction) + _weak(verdict.line))
+                + float_share_note(chosen.integer_fraction) + _weak(result))
         self.report.set_verdict(line, passed=True)
         return artifact, line
 
@@ -549,13 +547,14 @@ def _digest(samples: Sequence[Any]) -> str:
     return digest.hexdigest()
 
 
-def _weak(check_line: str) -> str:
-    """The task check's own warning that it rests on too little (few samples or detections), for optimize's
-    verdict, which is its own line (a YOLOv8 search PASSed on 5 reference detections without a word)."""
-    import re
+def _weak(result: Any) -> str:
+    """The task check's own warning that it rests on too little (few samples or detections, ``tasks.weakness``),
+    for optimize's verdict, which is its own line (a YOLOv8 search PASSed on 5 reference detections without a
+    word)."""
+    from npukit.tasks import weakness
 
-    found = re.search(r"\(([^()]*a weak check[^()]*)\)", check_line)
-    return f"; note: {found.group(1)}" if found else ""
+    weak = weakness(result)
+    return f"; note: {weak}" if weak else ""
 
 
 class _Kept:

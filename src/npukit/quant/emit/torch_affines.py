@@ -12,6 +12,7 @@ removed. What is folded is read off the two graphs' values, not assumed: a fold 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -30,9 +31,7 @@ def _tensor(model: torch.fx.GraphModule, node: Any) -> torch.Tensor | None:
     if isinstance(node, (int, float)) and not isinstance(node, bool):
         return torch.tensor(float(node))
     if isinstance(node, torch.fx.Node) and node.op == "get_attr":
-        value = model
-        for part in str(node.target).split("."):
-            value = getattr(value, part, None)
+        value = operator.attrgetter(str(node.target))(model)  # as pt2e reads a weight
         return value.detach() if isinstance(value, torch.Tensor) else None
     return None
 
