@@ -439,6 +439,26 @@ def test_a_decoded_output_under_the_sqnr_floor_is_said_to_be_judged_by_the_task_
     assert "judged by" not in judge(quiet.result(), QualityGate(), what="quantize").line
 
 
+def test_top1_agreement_over_unconfident_samples_says_so() -> None:
+    """An untrained classifier is never confident: its headline is top-1 agreement over every sample, where a flip
+    between two near-equal classes counts, and its FAIL said nothing of that. The verdict says on how many samples
+    the float model was confident; a classifier confident on enough samples says nothing."""
+    from npukit.tasks.classify import MIN_CONFIDENT, ClassifyMeter
+
+    rng = np.random.default_rng(0)
+    flat = rng.normal(0, 0.01, (40, 10)).astype(np.float32)
+    meter = ClassifyMeter(["y"])
+    meter.update([flat], [flat + rng.normal(0, 0.01, flat.shape).astype(np.float32)])
+    line = judge(meter.result(), QualityGate(), what="quantize").line
+    assert line.startswith("FAIL") and "top1_agreement " in line
+    assert "(the float model confident on 0 of them: a flip between near-equal classes counts" in line
+    sure = np.zeros((MIN_CONFIDENT, 10), np.float32)
+    sure[:, 3] = 8.0
+    meter = ClassifyMeter(["y"])
+    meter.update([sure], [sure])
+    assert "confident on" not in judge(meter.result(), QualityGate(), what="quantize").line
+
+
 def test_a_detection_just_above_a_threshold_that_falls_well_below_it_is_missed() -> None:
     """CenterFace's one face in a helper's held-out images: 0.298 in float, 0.196 in INT8 at threshold 0.25. Within
     the band above the threshold, it was not counted at all: F1 undefined, dropped from the checks, and mAP (which
@@ -470,6 +490,24 @@ def test_a_reference_that_never_changes_compares_one_answer() -> None:
     assert "try --cle" not in verdict.line  # the data (or the model's weights) fall short, not the artifact
     assert not compare_task(constant, constant, samples[:1], output_names=["logits"])[1].constant_reference
     assert not compare_task(echo, echo, samples, output_names=["logits"])[1].constant_reference
+
+
+def test_a_reference_that_barely_changes_compares_one_answer() -> None:
+    """An untrained ShuffleNetV2's logits moved by 2.6e-5 of their size between random images, not bit for bit the
+    same: the check passed, having compared one answer. Movement under 0.1% of an output's largest magnitude
+    (below one step of an 8-bit grid on it) is no variation; 1% is."""
+    from npukit.measure.task_fidelity import compare_task
+
+    base = np.array([[0.1, 2.0, -1.0]], np.float32)
+    samples = [{"x": np.full((1, 3), float(i), np.float32)} for i in range(6)]
+    barely = lambda feeds: [base + 2e-5 * feeds["x"]]  # noqa: E731
+    moving = lambda feeds: [base + 4e-3 * feeds["x"]]  # noqa: E731  (up to 1% of 2.0)
+    _, result = compare_task(barely, barely, samples, output_names=["logits"])
+    assert result.constant_reference
+    assert "same outputs for all 6 samples (to 0.1% of their size)" in judge(result, QualityGate(), what="q").line
+    assert not compare_task(moving, moving, samples, output_names=["logits"])[1].constant_reference
+    grows = lambda feeds: [np.zeros((1, int(feeds["x"][0, 0]) + 1), np.float32)]  # noqa: E731  (another shape)
+    assert not compare_task(grows, grows, samples, output_names=["logits"])[1].constant_reference
 
 
 def test_the_probability_map_among_several_maps_is_the_segmentation() -> None:

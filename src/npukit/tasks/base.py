@@ -182,10 +182,16 @@ def _fmt(value: float) -> str:
 
 
 def weakness(result: TaskResult) -> str:
-    """The check's warning that ``result`` rests on too little (fewer than ``FEW_SAMPLES`` samples, or a detector's
-    fewer than ``FEW_DETECTIONS`` reference detections), or ""; ``judge`` puts it into the verdict's summary."""
+    """The check's warning that ``result`` rests on too little (fewer than ``FEW_SAMPLES`` samples, a detector's
+    fewer than ``FEW_DETECTIONS`` reference detections, a classifier's too few confident samples), or ""; ``judge`` puts it into the verdict's summary."""
     if 0 < result.samples < FEW_SAMPLES:
         return f"only {result.samples}: a weak check, give more data"
+    confident = result.metrics.get("confident_samples")
+    if result.metric == "top1_agreement" and isinstance(confident, int):
+        # classify's headline falls back to every sample: a flip between two near-equal classes counts (an untrained
+        # network failed top-1 agreement on such ties with no word on why)
+        return (f"the float model confident on {confident} of them: a flip between near-equal classes counts, give "
+                "the inputs it is made for")
     found = result.metrics.get("reference_detections")
     if isinstance(found, int) and 0 < found < FEW_DETECTIONS:
         return f"{found} reference detections: a weak check, give more data"
@@ -204,8 +210,8 @@ def judge(result: TaskResult, gate: QualityGate, *, what: str, default_min_metri
         failures.insert(0, f"so the {result.task} check compared nothing (give data on which the float model finds "
                            "something, or --task generic to hold every output to the SQNR floor alone)")
     if result.constant_reference:
-        failures.insert(0, f"the reference gave the same outputs for all {result.samples} samples, so the check "
-                           "compared one answer (give varied inputs of the model's kind, preprocessed as it expects; "
+        failures.insert(0, f"the reference gave the same outputs for all {result.samples} samples (to 0.1% of "
+                           "their size), so the check compared one answer (give varied inputs of the model's kind, preprocessed as it expects; "
                            "a model whose weights are random or broken may ignore its input)")
     for name, value in sorted(result.gated().items(), key=lambda kv: kv[1]):
         if not value >= floor:
