@@ -554,3 +554,60 @@ def test_an_average_of_a_tensor_the_plan_leaves_in_float_shares_its_range_grid_o
     path = tmp_path / "prelu.tflite"
     path.write_bytes(litert.lower(carried.program, example).buffer)
     _assert_computes_the_qdq_model(result.model, litert.Runner(path), samples[:4], floor_db=25)
+
+
+class _LayerNorm2d(torch.nn.LayerNorm):
+    """ConvNeXt's LayerNorm2d: a LayerNorm over the channels, computed in NHWC between two permutes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.nn.functional.layer_norm(x.permute(0, 2, 3, 1), self.normalized_shape, self.weight, self.bias,
+                                           self.eps)
+        return x.permute(0, 3, 1, 2)
+
+
+class _ConvNeXtStage(torch.nn.Module):
+    """torchvision's CNBlock between a LayerNorm2d stem and a downsample: depthwise conv, then in NHWC LayerNorm,
+    Linear, GELU, Linear, then back in NCHW a layer scale [C, 1, 1] and the residual Add. ORT's pre-processing (its
+    transpose optimizer) computes that Mul and Add in NHWC: no ONNX tensor has their torch shape."""
+
+    def __init__(self, channels: int = 16) -> None:
+        super().__init__()
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, channels, 4, 4), _LayerNorm2d(channels))
+        self.dw = torch.nn.Conv2d(channels, channels, 7, padding=3, groups=channels)
+        self.norm = torch.nn.LayerNorm(channels)
+        self.expand = torch.nn.Linear(channels, 4 * channels)
+        self.project = torch.nn.Linear(4 * channels, channels)
+        self.layer_scale = torch.nn.Parameter(torch.linspace(0.2, 0.8, channels).reshape(channels, 1, 1))
+        self.down = torch.nn.Sequential(_LayerNorm2d(channels), torch.nn.Conv2d(channels, 2 * channels, 2, 2))
+        self.head = torch.nn.Linear(2 * channels, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        y = self.dw(x).permute(0, 2, 3, 1)
+        y = self.project(torch.nn.functional.gelu(self.expand(self.norm(y)))).permute(0, 3, 1, 2)
+        x = x + self.layer_scale * y
+        return self.head(self.down(x).mean((2, 3)))
+
+
+@pytest.mark.parametrize("runtime", ["executorch", "litert"])
+def test_a_convnext_block_is_carried_where_ort_moved_its_ops_to_nhwc(tmp_path, runtime):
+    """The layer scale's Mul and the residual Add are NCHW in the torch program and NHWC in the planned ONNX model:
+    matched up to a permutation of their axes (the values prove it), they take the plan's grids (before, the compile
+    was refused on both runtimes: 'permute_3 (read by mul), mul, mul (read by add), add' unmatched), and the artifact
+    computes what the QDQ model does."""
+    if runtime == "litert":
+        pytest.importorskip("litert_torch", reason="the litert extra is not installed (scripts/setup.sh installs it)")
+    from npukit.runtime import executorch as et
+    from npukit.runtime import litert
+
+    target = {"executorch": et, "litert": litert}[runtime]
+    result, carried, samples, example = _carried_unfolded(tmp_path, _ConvNeXtStage, target.CARRY)
+    assert carried.unmatched == (), carried.unmatched
+    assert any(line.startswith("add = ") for line in carried.permuted), carried.permuted
+    assert carried.weights == 6  # the stem, the depthwise conv, both linears, the downsample and the head
+    path = tmp_path / ("stage.pte" if runtime == "executorch" else "stage.tflite")
+    if runtime == "executorch":
+        et.lower(carried.program, example).write(path)
+    else:
+        path.write_bytes(litert.lower(carried.program, example).buffer)
+    _assert_computes_the_qdq_model(result.model, target.Runner(path), samples[:4], floor_db=25)

@@ -57,11 +57,11 @@ def add_float_layers(report: Report, left: list[str], *, weighted: int) -> None:
 def add_carried_plan(report: Report, carried: Any) -> None:
     """How npukit's plan went onto the torch program (``CarriedPlan`` of ``quant.emit.pt2e``)."""
     report.add_table("npukit's plan carried onto the torch program (PT2E, grids fixed from the plan)",
-                     ["tensors matched by value", "activation grids", "weights (plan's integers)",
-                      "layers left in float", "tensors float in the ONNX model, int8 here on their calibrated "
-                                              "range"],
-                     [[carried.matched, carried.activations, carried.weights, len(carried.float_nodes),
-                       ", ".join(carried.derived) or "none"]])
+                     ["tensors matched by value", "of them in another layout (ORT moved their op)",
+                      "activation grids", "weights (plan's integers)", "layers left in float",
+                      "tensors float in the ONNX model, int8 here on their calibrated range"],
+                     [[carried.matched, len(carried.permuted), carried.activations, carried.weights,
+                       len(carried.float_nodes), ", ".join(carried.derived) or "none"]])
 
 
 def add_fp32_error(report: Report, *, artifact: str, worst: float, tolerance: float) -> None:

@@ -7,7 +7,10 @@ Which torch tensor is which ONNX tensor: both graphs come from the same module, 
 is matched to the ONNX tensor with the same shape and the same values on one real input (to 1e-4 of its range),
 the earliest such tensor in the ONNX graph's order not yet taken (a Conv's output before the Clip after it, which
 equals it wherever nothing is clipped). A match of values is a proof of identity that names cannot give: the two
-exporters name tensors differently, and BatchNorm is folded on both sides.
+exporters name tensors differently, and BatchNorm is folded on both sides. A torch tensor no ONNX tensor equals is
+matched to one equal to it up to a permutation of its axes (``layouts``): ORT's transpose optimizer computes some
+elementwise ops in the other layout (a ConvNeXt block's layer scale and residual Add in NHWC); named in
+``CarriedPlan.permuted``.
 
 Which edges are quantized and how they pair with ops (conv + relu fused, shared grids through pooling and
 reshapes) is the XNNPACK quantizer's annotation, which its partitioner lowers; only the grids are replaced: each
@@ -31,6 +34,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 
+from npukit.quant.emit.layouts import PermutedIndex
 from npukit.quant.emit.torch_affines import fold_buffer_computations, fold_matched_affines
 from npukit.quant.grids import activation_qparams
 from npukit.quant.nodes import dequantized, node_attr
@@ -99,11 +103,14 @@ class CarriedPlan:
     unmatched: tuple[str, ...]
     derived: tuple[str, ...] = ()  # torch tensors the ONNX model keeps in float, on an int8 grid of the plan's range
     folded: tuple[str, ...] = ()  # constant ops folded into the conv before them, as ORT folded them (torch_affines)
+    # torch tensors matched to an ONNX tensor in another layout (ORT's transpose optimizer moved their op; ``layouts``)
+    permuted: tuple[str, ...] = ()
 
     def summary(self) -> dict[str, Any]:
         return {"matched_tensors": self.matched, "activation_grids": self.activations, "weights": self.weights,
                 "float_nodes": list(self.float_nodes), "unmatched": list(self.unmatched),
-                "derived_from_range": list(self.derived), "folded_into_convs": list(self.folded)}
+                "derived_from_range": list(self.derived), "folded_into_convs": list(self.folded),
+                "matched_in_another_layout": list(self.permuted)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,9 +186,11 @@ def _op_name(node: torch.fx.Node) -> str:
     return f"{getattr(target, '__name__', str(target))}"
 
 
-def _match(program: torch.fx.GraphModule, onnx_side: _OnnxSide, example: Sequence[torch.Tensor]
-           ) -> dict[torch.fx.Node, str]:
-    """Each tensor of ``program`` -> the ONNX tensor equal to it on ``example`` (see the module docstring)."""
+def _match(program: torch.fx.GraphModule, onnx_side: _OnnxSide, example: Sequence[torch.Tensor],
+           permuted: dict[str, str] | None = None) -> dict[torch.fx.Node, str]:
+    """Each tensor of ``program`` -> the ONNX tensor equal to it on ``example`` (see the module docstring), or where
+    none is, the one equal to it up to a permutation of its axes (``layouts``: ORT's pre-processing moved the op
+    into another layout), named in ``permuted`` (torch node -> how, replaced on each call)."""
     recorded: dict[torch.fx.Node, np.ndarray] = {}
 
     class _Recorder(torch.fx.Interpreter):
@@ -195,18 +204,28 @@ def _match(program: torch.fx.GraphModule, onnx_side: _OnnxSide, example: Sequenc
     with torch.no_grad():
         _Recorder(program).run(*example)
     by_shape: dict[tuple[int, ...], list[str]] = {}
-    for name in sorted(onnx_side.values, key=lambda t: onnx_side.order.get(t, 1 << 30)):
+    names = sorted(onnx_side.values, key=lambda t: onnx_side.order.get(t, 1 << 30))
+    for name in names:
         by_shape.setdefault(tuple(onnx_side.values[name].shape), []).append(name)
+    layouts = PermutedIndex(onnx_side.values, names)
     taken: set[str] = set()
     matched: dict[torch.fx.Node, str] = {}
+    if permuted is not None:
+        permuted.clear()
     for node, value in recorded.items():
         scale = float(np.abs(value).max()) or 1.0
         equal = [name for name in by_shape.get(tuple(value.shape), [])
                  if float(np.abs(onnx_side.values[name] - value).max()) <= MATCH_TOLERANCE * scale]
+        axes = {}
+        if not equal:
+            axes = dict(layouts.find(value, MATCH_TOLERANCE * scale))
+            equal = list(axes)
         if equal:
             fresh = [name for name in equal if name not in taken]
             matched[node] = (fresh or equal)[0]
             taken.add(matched[node])
+            if axes and permuted is not None:
+                permuted[node.name] = f"{node.name} = {matched[node]} transposed {list(axes[matched[node]])}"
     return matched
 
 
@@ -329,8 +348,10 @@ def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], repor
             # frozen BatchNorm's scale and shift) is folded into constants, as the ONNX exporter folds it; then the
             # constant scales ORT folded into convs are folded there too
             fold_buffer_computations(model)
-            report["folded"], state.match = fold_matched_affines(model, lambda m: _match(m, onnx_side, example),
-                                                                 onnx_side.conv_written)
+            permuted: dict[str, str] = {}
+            report["folded"], state.match = fold_matched_affines(
+                model, lambda m: _match(m, onnx_side, example, permuted), onnx_side.conv_written)
+            report["permuted"] = [permuted[node.name] for node in state.match if node.name in permuted]
             report["matched"] = len(state.match)
             carried = _carry_weights(model, state.match, onnx_side, options.weighted())
             report["weights"] = len(carried)
@@ -677,4 +698,5 @@ def carry_plan(module: torch.nn.Module, example: Sequence[torch.Tensor], *, floa
                        weights=report.get("weights", 0), float_nodes=tuple(report.get("float_nodes", ())),
                        unmatched=tuple(report.get("unmatched", ())) + tuple(report.get("unmatched_weights", ()))
                        + tuple(report.get("uncarried_weights", ())),
-                       derived=tuple(report.get("derived", ())), folded=tuple(report.get("folded", ())))
+                       derived=tuple(report.get("derived", ())), folded=tuple(report.get("folded", ())),
+                       permuted=tuple(report.get("permuted", ())))
