@@ -27,3 +27,25 @@ def _installed(name: str) -> bool:
     except importlib.metadata.PackageNotFoundError:
         return False
     return True
+
+
+def test_a_mobile_artifact_slower_than_eager_torch_says_so() -> None:
+    """A model with attention ran as a .pte at 0.47x eager torch's speed; the PASS said nothing of it. A passing
+    verdict says so where the artifact is not faster; a faster one, or a FAIL, is left as it was."""
+    from npukit.measure.latency import LatencyResult
+    from npukit.report.compile import add_mobile_latency
+    from npukit.report.core import Report
+
+    def verdict(artifact_ms: float, *, passed: bool = True) -> str:
+        report = Report("compile")
+        report.set_verdict("PASS compile: fine", passed=passed)
+        latency = {name: LatencyResult.from_times([ms] * 3, threads=1)
+                   for name, ms in ((".pte", artifact_ms), ("eager torch fp32", 10.0), ("ORT CPU fp32", 5.0))}
+        add_mobile_latency(report, latency, artifact=".pte", threads=1, runs=3)
+        assert report.tables[-1].rows[0][-1] == f"{10.0 / artifact_ms:.2f}x"
+        return report.verdict
+
+    assert verdict(21.3).endswith("; the .pte takes 2.13x eager torch's time on this CPU (1 thread(s)): eager torch "
+                                  "may serve better here")
+    assert verdict(4.0) == "PASS compile: fine"
+    assert verdict(21.3, passed=False) == "PASS compile: fine"
