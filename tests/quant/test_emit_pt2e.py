@@ -3,6 +3,7 @@ QDQ model's, and it computes what the QDQ model computes (ORT with no fusions: t
 
 from __future__ import annotations
 
+import operator
 import sys
 from pathlib import Path
 
@@ -514,12 +515,10 @@ class _UpConv(torch.nn.Module):
         return self.head(torch.cat([self.up(self.down(x)), self.skip(x)], 1))
 
 
-def test_a_transposed_conv_takes_the_plans_weights_on_litert_and_is_refused_on_executorch(tmp_path):
+def test_a_transposed_conv_takes_the_plans_weights_on_litert(tmp_path):
     """LiteRT: the transposed conv's weights carried per channel on axis 1, nothing unmatched, and the .tflite
-    computes what the QDQ model does (it was refused). ExecuTorch 1.5.1's delegate builds such a program but cannot
-    load it: the plan is not carried there, and the caller refuses, naming the ConvTranspose."""
+    computes what the QDQ model does (it was refused)."""
     pytest.importorskip("litert_torch", reason="the litert extra is not installed (scripts/setup.sh installs it)")
-    from npukit.runtime import executorch as et
     from npukit.runtime import litert
 
     result, carried, samples, example = _carried_16x16(tmp_path, _UpConv, litert.CARRY)
@@ -527,8 +526,50 @@ def test_a_transposed_conv_takes_the_plans_weights_on_litert_and_is_refused_on_e
     path = tmp_path / "up.tflite"
     path.write_bytes(litert.lower(carried.program, example).buffer)
     _assert_computes_the_qdq_model(result.model, litert.Runner(path), samples[:4], floor_db=25)
-    _, refused, _, _ = _carried_16x16(tmp_path, _UpConv, et.CARRY)
-    assert any("ConvTranspose" in name for name in refused.unmatched), refused.unmatched
+
+
+class _Decoder(torch.nn.Module):
+    """conv -> relu -> transposed conv (stride 2, 8 -> 4 channels: its weight's axes 0 and 1 differ) -> relu ->
+    conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.up = torch.nn.ConvTranspose2d(8, 4, 2, stride=2)
+        self.head = torch.nn.Conv2d(4, 3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.up(torch.relu(self.conv(x)))))
+
+
+@pytest.mark.parametrize("net", [_UpConv, _Decoder])
+def test_a_transposed_conv_takes_the_plans_weights_on_executorch(net, tmp_path):
+    """ExecuTorch: the transposed conv's weights carried per channel on axis 1 (C_out), nothing unmatched, and the
+    .pte loads (a 'Failed to load method forward' was reported and the plan refused; it does not reproduce on
+    executorch 1.5.1) and computes what the QDQ model does: to one step of the output's grid without a
+    concatenation, near it with one (its single grid, as for the LiteRT test above)."""
+    from npukit.runtime import executorch as et
+
+    result, carried, samples, example = _carried_16x16(tmp_path, net, et.CARRY)
+    assert carried.unmatched == () and carried.weights == (4 if net is _UpConv else 3)
+    up = next(n for n in carried.program.graph.nodes if "conv_transpose" in str(n.target))
+    weight, scales, _, axis = (operator.attrgetter(a.target)(carried.program) if isinstance(a, torch.fx.Node)
+                               else a for a in up.args[1].args[:4])
+    assert axis == 1 and scales.shape == (weight.shape[1],)
+    lowered = et.lower(carried.program, example)
+    assert lowered.portable_ops == {} and lowered.delegate_calls == 1
+    path = tmp_path / "up.pte"
+    lowered.write(path)
+    runner = et.Runner(path)
+    if net is _UpConv:
+        _assert_computes_the_qdq_model(result.model, runner, samples[:4], floor_db=25)
+        return
+    step = float([n for n in carried.program.graph.nodes if "quantize_per_tensor" in str(n.target)][-1].args[1])
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(result.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    for feeds in samples[:4]:
+        assert np.abs(session.run(None, feeds)[0] - runner(feeds)[0]).max() <= step * 1.001
 
 
 class _PReLUPool(torch.nn.Module):
@@ -611,3 +652,45 @@ def test_a_convnext_block_is_carried_where_ort_moved_its_ops_to_nhwc(tmp_path, r
     else:
         path.write_bytes(litert.lower(carried.program, example).buffer)
     _assert_computes_the_qdq_model(result.model, target.Runner(path), samples[:4], floor_db=25)
+
+
+class _FloatStemPool(torch.nn.Module):
+    """A U-Net's first level: conv -> relu, then max pool -> conv -> relu -> upsampled, concatenated with the relu
+    (the skip) -> conv. With the first conv kept in float, the pool reads the float Relu's edge, which the
+    concatenation gives a grid."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.conv = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.head = torch.nn.Conv2d(16, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skip = torch.relu(self.stem(x))
+        y = torch.relu(self.conv(torch.nn.functional.max_pool2d(skip, 2)))
+        y = torch.nn.functional.interpolate(y, scale_factor=2.0, mode="nearest")
+        return self.head(torch.cat([y, skip], 1))
+
+
+def test_a_max_pool_after_a_float_stem_keeps_its_input_grid_on_executorch(tmp_path):
+    """A U-Net whose plan kept its first block in float (compile's scored float head): its max pool's output took
+    the plan's own grid of its tensor, not its input edge's, and XNNPACK refused the .pte at load ('Failed to
+    create maxpool2d node: xnn_status_invalid_parameter'; compile crashed with an internal error). A pool, which
+    passes values on, keeps its input's grid; the .pte loads and computes what the QDQ model does."""
+    from npukit.runtime import executorch as et
+
+    module, float_onnx, samples, example = _exported_16x16(tmp_path, _FloatStemPool)
+    stem = next(n.name for n in float_onnx.graph.node if n.op_type == "Conv")
+    # percentile ranges: the pool's output (a quarter of its input's values) clipped elsewhere than its input
+    config = QuantConfig(scheme=Scheme(activation_dtype="int8", exclude=(stem,)),
+                         calibration=CalibrationSpec(method="percentile"))
+    result = quantize(float_onnx, samples, config=config)
+    carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan,
+                         options=et.CARRY)
+    assert carried.unmatched == () and carried.float_nodes
+    pool = next(n for n in carried.program.graph.nodes if "max_pool2d" in str(n.target))
+    (after,) = pool.users
+    assert pool.args[0].args[1:3] == after.args[1:3]  # the pool's input and output grids: one scale, one zero
+    path = tmp_path / "pool.pte"
+    et.lower(carried.program, example).write(path)
+    _assert_computes_the_qdq_model(result.model, et.Runner(path), samples[:4], floor_db=25)

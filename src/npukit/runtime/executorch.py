@@ -27,7 +27,9 @@ from npukit.runtime.tensors import plain_tensor
 
 _NOTICES = ("threadpool.cpp", "cpuinfo_utils.cpp")  # its runtime's start-up notices on every load
 EXTRA_HINT = "install it with: .venv/bin/pip install 'npukit[executorch]' (scripts/setup.sh does)"
-CARRY = CarryOptions(same_scale_concat=True)  # concatenations on their own grid (see CarryOptions)
+# concatenations on their own grid; transposed convs take the plan's weights (per channel on axis 1, XNNPACK's
+# deconvolution) and grids: the .pte loads and computes what the QDQ model does (see CarryOptions)
+CARRY = CarryOptions(same_scale_concat=True, transposed_convs=True)
 
 
 def require() -> None:

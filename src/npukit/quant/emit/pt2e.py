@@ -75,8 +75,8 @@ class CarryOptions:
     concatenation's grid on its edge (ExecuTorch); or, where the converter refuses that (LiteRT), that producer
     writes the concatenation's grid, widened to cover the producer's range, for all its readers.
     ``transposed_convs``: a transposed conv takes the plan's weights (per channel on axis 1) and grids (LiteRT's
-    TRANSPOSE_CONV: checked); without it the plan is not carried onto one, and the caller refuses the program
-    (ExecuTorch 1.5.1's XNNPACK delegate builds such a program but fails to load it)."""
+    TRANSPOSE_CONV and ExecuTorch 1.5.1's XNNPACK deconvolution: checked, the program loads and computes what the
+    QDQ model does); without it the plan's weights are not carried onto one, and the caller refuses the program."""
 
     fold_quantize: bool = True
     average_grids: bool = True
@@ -484,7 +484,16 @@ def _unshare(model: torch.fx.GraphModule, state: _Annotation, removed: set[torch
             annotation.input_qspec_map = inputs
             if gone(annotation.output_qspec):
                 changed = True
-                annotation.output_qspec = state.grid(node)
+                annotation.output_qspec = _passed_grid(node, inputs) or state.grid(node)
+
+
+def _passed_grid(node: torch.fx.Node, inputs: Mapping[torch.fx.Node, Any]) -> Any:
+    """The grid of the input edge of an op that passes its input's values on (a max pool, a permute), which XNNPACK
+    requires its output to keep: a max pool after a float conv, its output on the plan's own grid of its tensor
+    (the plan had 0.00350, its input edge 0.00341), made a U-Net's .pte fail to load ('Failed to create maxpool2d
+    node: xnn_status_invalid_parameter'); None for other ops."""
+    source = node.args[0] if node.args else None
+    return inputs.get(source) if _op_name(node) in _PASSING and isinstance(source, torch.fx.Node) else None
 
 
 def _same_scale_concats(model: torch.fx.GraphModule, state: _Annotation) -> None:
