@@ -413,3 +413,21 @@ def test_the_float_head_is_held_to_the_floor_only_for_outputs_the_check_holds_th
     head = held_to_floor(XNNPACK_INT8, QualityGate(min_sqnr_db=25.0).min_sqnr_db, ("box",)).precision.float_head
     assert (head.floor_db, head.floor_share, head.floor_outputs) == (25.0 + FLOOR_MARGIN_DB, FLOOR_SHARE, ("box",))
     assert held_to_floor(XNNPACK_INT8, QualityGate().min_sqnr_db, ()) is XNNPACK_INT8
+
+
+def test_an_artifact_its_runtime_cannot_load_fails_the_compile(tmp_path, monkeypatch, capsys):
+    """ExecuTorch refused a U-Net's .pte at load ('Failed to load method forward'; XNNPACK: a max pool whose grids
+    differ) and compile ended in an internal error: it fails (exit 1) saying the runtime does not load what npukit
+    built, with the runtime's reason, and leaves no artifact."""
+    from npukit.runtime import executorch as et
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("Failed to load method forward, error: 0x:1")
+
+    monkeypatch.setattr(et, "Runner", refuse)
+    out = tmp_path / "tiny.pte"
+    assert main(["compile", "tinynet:tiny", "--target", "executorch-xnnpack", "-o", str(out), *SHAPE]) == 1
+    err = capsys.readouterr().err
+    assert "the ExecuTorch .pte npukit built does not load in its runtime (Failed to load method forward" in err
+    assert "internal error" not in err and "npukit export for ORT" in err
+    assert _files(tmp_path) == []

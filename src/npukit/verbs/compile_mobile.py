@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 
 from npukit.config import PreprocessConfig
-from npukit.errors import InputError
+from npukit.errors import InputError, NumericCheckError
 from npukit.frontend._messages import first_line
 from npukit.frontend.spec import eval_mode
 from npukit.quant.config import (ActivationEqualization, CalibrationSpec, FloatHead, Precision, QuantConfig, Recipe,
@@ -150,7 +150,7 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
         if qdq is not None and report.passed:
             _check_plan(report, mobile, eager, qdq, float_onnx, samples, task=task, gate=gate)
     else:
-        runner = runtime.Runner(output, threads=threads)
+        runner = _load(mobile, runtime, output, threads=threads, int8=int8)
         why = runtime.unhonoured_floats(lowered, qdq) if qdq is not None else None
         _check(report, mobile, eager, runner, float_onnx, samples, int8=int8, task=task,
                gate=gate, failures=[why] if why else [])
@@ -314,6 +314,19 @@ def _lower(report: Report, mobile: MobileTarget, runtime: Any, program: Any, exa
     report.add("lowered", lowered.summary())
     report.add_table(*lowered.table())
     return lowered
+
+
+def _load(mobile: MobileTarget, runtime: Any, output: Path, *, threads: int, int8: bool) -> Any:
+    """The artifact loaded in its runtime; one the runtime refuses fails the compile (exit 1, the artifact removed)
+    with its reason, not as an internal error (a U-Net's .pte that XNNPACK refused at load: 'Failed to load method
+    forward')."""
+    try:
+        return runtime.Runner(output, threads=threads)
+    except (RuntimeError, ValueError) as exc:
+        raise NumericCheckError(f"the {mobile.artifact} npukit built does not load in its runtime ({first_line(exc)}):"
+                                " an npukit bug, please report it",
+                                hint="the other mobile target" + (", or compile without --calib for fp32" if int8
+                                                                  else ", or npukit export for ORT")) from exc
 
 
 def _inspect(report: Report, mobile: MobileTarget, runtime: Any, lowered: Any, output: Path, eager: Any,
