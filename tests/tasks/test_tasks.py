@@ -113,6 +113,40 @@ def test_segmentation_miou_and_pixel_agreement() -> None:
     assert result.value == pytest.approx((0.5 + 8 / 12) / 2) and result.metrics["pixel_agreement"] == 0.75
 
 
+def test_a_one_channel_mask_is_a_binary_segmentation() -> None:
+    """--task segment on a (N, 1, H, W) mask took the argmax over one channel: class 0 everywhere, mIoU 1.0 for an
+    artifact at -9.4 dB (exit 0). One channel is foreground where a logit map exceeds 0 (a probability map reaches
+    0.5): a mask that moved fails, one that kept its pixels passes."""
+    logits = np.full((1, 1, 4, 4), -3.0, np.float32)
+    logits[0, 0, :, :2] = 2.0  # foreground on the left half
+    moved = -logits  # foreground on the right half
+    meter = SegmentMeter(["mask"])
+    meter.update([logits], [moved])
+    result = meter.result()
+    assert result.value == 0.0 and result.metrics["binary_threshold"] == 0.0
+    assert not judge(result, QualityGate(), what="compile").passed
+    meter = SegmentMeter(["mask"])
+    meter.update([logits], [logits + 0.5])  # off by 0.5 everywhere, the same pixels on either side of 0
+    assert meter.result().value == 1.0
+    probabilities = 1 / (1 + np.exp(-logits))
+    meter = SegmentMeter(["mask"])
+    meter.update([probabilities], [probabilities * 0.9])  # 0.88 -> 0.79 stays foreground, 0.047 background
+    assert meter.result().value == 1.0 and meter.result().metrics["binary_threshold"] == 0.5
+
+
+def test_masks_of_one_class_everywhere_compare_nothing() -> None:
+    """An untrained LR-ASPP gave class 0 at every pixel: mIoU 1.000 passed, having compared nothing."""
+    ref = np.zeros((1, 3, 4, 4), np.float32)
+    ref[0, 0] = 1.0
+    meter = SegmentMeter(["masks"])
+    meter.update([ref], [ref.copy()])
+    result = meter.result()
+    assert result.value is None and result.compared_nothing
+    assert result.note == "the reference's masks are class 0 at every pixel of these inputs"
+    verdict = judge(result, QualityGate(), what="compile")
+    assert not verdict.passed and "so the segment check compared nothing" in verdict.line
+
+
 def test_text_map_f1() -> None:
     ref = np.zeros((1, 1, 8, 8), np.float32)
     ref[0, 0, 2:4, :] = 0.9  # 16 text pixels

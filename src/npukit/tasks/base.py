@@ -211,8 +211,9 @@ def judge(result: TaskResult, gate: QualityGate, *, what: str, default_min_metri
                            "something, or --task generic to hold every output to the SQNR floor alone)")
     if result.constant_reference:
         failures.insert(0, f"the reference gave the same outputs for all {result.samples} samples (to 0.1% of "
-                           "their size), so the check compared one answer (give varied inputs of the model's kind, preprocessed as it expects; "
-                           "a model whose weights are random or broken may ignore its input)")
+                           "their size), so the check compared one answer (give varied inputs of the model's kind, "
+                           "preprocessed as it expects; a model whose weights are random or broken may ignore its "
+                           "input)")
     for name, value in sorted(result.gated().items(), key=lambda kv: kv[1]):
         if not value >= floor:
             failures.append(f"{name} {_fmt(value)} < {floor:g}")
