@@ -694,3 +694,32 @@ def test_a_max_pool_after_a_float_stem_keeps_its_input_grid_on_executorch(tmp_pa
     path = tmp_path / "pool.pte"
     et.lower(carried.program, example).write(path)
     _assert_computes_the_qdq_model(result.model, et.Runner(path), samples[:4], floor_db=25)
+
+
+class _SharedConv(torch.nn.Module):
+    """One conv called twice (``c(a + big) - c(big)``): both calls read one weight node of the torch program."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.b = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.c = torch.nn.Conv2d(4, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        big = 4 * torch.sigmoid(self.b(x))
+        return self.c(self.a(x) + big) - self.c(big)
+
+
+def test_a_conv_called_twice_takes_the_plans_weights_in_both_calls_on_executorch(tmp_path):
+    """XNNPACK's quantizer skipped the second call (its weight node annotated already): float weights on an int8
+    input, which XNNPACK refused at load ('Failed to create depthwise convolution node'). Each call reads its own
+    weight node: both are annotated, the .pte loads and computes what the QDQ model does."""
+    from npukit.runtime import executorch as et
+
+    result, carried, samples, example = _carried_16x16(tmp_path, _SharedConv, et.CARRY)
+    assert carried.unmatched == ()
+    convs = [n for n in carried.program.graph.nodes if "conv2d" in str(n.target)]
+    assert len(convs) == 4 and all("dequantize_per_channel" in str(c.args[1].target) for c in convs)
+    path = tmp_path / "shared.pte"
+    et.lower(carried.program, example).write(path)
+    _assert_computes_the_qdq_model(result.model, et.Runner(path), samples[:4], floor_db=25)

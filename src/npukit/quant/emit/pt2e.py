@@ -344,6 +344,7 @@ def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], repor
 
         def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
             model = self.base.transform_for_annotation(model)
+            _own_weight_nodes(model, options.weighted())
             # BatchNorm is folded by now, as in the ONNX model; what the program computes from its buffers alone (a
             # frozen BatchNorm's scale and shift) is folded into constants, as the ONNX exporter folds it; then the
             # constant scales ORT folded into convs are folded there too
@@ -371,6 +372,35 @@ def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], repor
             return None
 
     return PlanQuantizer()
+
+
+def _own_weight_nodes(model: torch.fx.GraphModule, weighted: Mapping[str, Any]) -> None:
+    """Each weighted op (conv, linear) reads a weight and bias of its own: a module called twice (``c(x + big) -
+    c(big)``) gives its calls one weight node, and XNNPACK's quantizer skips a conv whose weight is annotated
+    already, so the second call ran float weights on an int8 input, which XNNPACK refused at load ('Failed to
+    create depthwise convolution node'). A copy, not a second node of the same attribute: the lowering keeps one
+    constant per attribute, and the two calls' int32 biases differ (each on its input's scale; one shared: 13 dB
+    from the program). The carry gives each copy the plan's integers (its ONNX twin's)."""
+    copies = 0
+    for node in list(model.graph.nodes):
+        if node.op != "call_function" or _op_name(node) not in weighted:
+            continue
+        for slot in (1, 2):
+            arg = node.args[slot] if len(node.args) > slot else None
+            if not (isinstance(arg, torch.fx.Node) and arg.op == "get_attr" and len(arg.users) > 1):
+                continue
+            value = operator.attrgetter(str(arg.target))(model)
+            name = f"_npukit_own_{copies}"
+            copies += 1
+            if isinstance(value, torch.nn.Parameter):
+                model.register_parameter(name, torch.nn.Parameter(value.detach().clone(), requires_grad=False))
+            else:
+                model.register_buffer(name, value.detach().clone())
+            with model.graph.inserting_before(node):
+                own = model.graph.get_attr(name)
+            own.meta = dict(arg.meta)
+            node.replace_input_with(arg, own)
+    model.recompile()
 
 
 def _annotate(model: torch.fx.GraphModule, state: _Annotation) -> list[torch.fx.Node]:
