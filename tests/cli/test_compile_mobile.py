@@ -90,6 +90,9 @@ def test_fp32_artifact_matches_eager_torch(target, tmp_path):
     assert report["results"]["fp32_error"]["max_abs_over_range"] <= 1e-4
     # seeded random inputs: every output judged, not a task metric they cannot give (a detector's mAP: undefined)
     assert report["results"]["task_check"]["choice"]["task"] == "generic"
+    assert not report["results"]["task_check"]["choice"]["given"]  # compile chose it, the report said "given"
+    assert "seeded random inputs" in report["results"]["task_check"]["choice"]["reason"]
+    assert "path" not in report["results"]["export"]  # the side export's scratch file, gone when compile ends
     assert "weak check" not in report["verdict"]  # fp32 compile has no flag to give it more data
     assert set(report["results"]["latency"]) == {artifact, "eager torch fp32", "ORT CPU fp32"}
     if target == "executorch-xnnpack":
@@ -429,5 +432,5 @@ def test_an_artifact_its_runtime_cannot_load_fails_the_compile(tmp_path, monkeyp
     assert main(["compile", "tinynet:tiny", "--target", "executorch-xnnpack", "-o", str(out), *SHAPE]) == 1
     err = capsys.readouterr().err
     assert "the ExecuTorch .pte npukit built does not load in its runtime (Failed to load method forward" in err
-    assert "internal error" not in err and "npukit export for ORT" in err
+    assert "internal error" not in err and "try the other mobile target, or npukit export for ORT" in err
     assert _files(tmp_path) == []

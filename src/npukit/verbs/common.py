@@ -297,10 +297,11 @@ def upgrade_opset(report: Report, proto: onnx.ModelProto, minimum: int, reason: 
 def task_check(report: Report, reference: Any, candidate: Any, samples: Sequence[Any], *, task: str | None,
                 gate: QualityGate, what: str, where: str, threads: int = 1,
                 extra_failures: Sequence[str] = (), reference_runner: Any = None, candidate_runner: Any = None,
-                hint: str = "", against: str = "the float model"):
+                hint: str = "", against: str = "the float model", imposed: str = ""):
     """Compare ``candidate`` with ``reference`` (models or paths on ORT CPU, or runners given; ``against`` names the
     reference in the tables) on ``samples`` with the model's task, judge it under ``gate`` (``hint``: what to try,
-    said when it fails), and put the tables and the verdict into ``report``."""
+    said when it fails), and put the tables and the verdict into ``report``. ``imposed``: why the verb, not the
+    user, chose ``task`` (the report said "given" for a task nobody gave)."""
     from npukit.measure.task_fidelity import compare_task, session_runner
     from npukit.report.task import add_task_check
     from npukit.runtime.ort import make_session
@@ -320,6 +321,8 @@ def task_check(report: Report, reference: Any, candidate: Any, samples: Sequence
                                                                                  load_external_data=False)
         names = [o.name for o in proto.graph.output]
     choice, result = compare_task(reference_runner, candidate_runner, samples, output_names=names, task=task)
+    if imposed:
+        choice = dataclasses.replace(choice, given=False, reason=imposed)
     verdict = judge(result, gate, what=what, extra_failures=extra_failures, hint=hint)
     add_task_check(report, choice, result, gate, verdict, where=where, against=against)
     return choice, result, verdict

@@ -253,7 +253,7 @@ def _export_onnx(report: Report, source: Any, shape: tuple[int, ...], *, int8: b
     float baseline."""
     proto, result = scratch_export(source, shape, what="the model npukit's plan is made on" if int8 else
                                    "ORT's float baseline", timings=report.timings)
-    report.add("export", result.as_dict())
+    report.add("export", {k: v for k, v in result.as_dict().items() if k != "path"})  # a scratch file, gone
     use = "npukit's INT8 plan was made on it" if int8 else "only ORT's fp32 latency row runs it"
     note_export_drift(report, result, consequence=f"{use}; the artifact, built from the torch program, was checked "
                                                   "against eager torch")
@@ -325,8 +325,9 @@ def _load(mobile: MobileTarget, runtime: Any, output: Path, *, threads: int, int
     except (RuntimeError, ValueError) as exc:
         raise NumericCheckError(f"the {mobile.artifact} npukit built does not load in its runtime ({first_line(exc)}):"
                                 " an npukit bug, please report it",
-                                hint="the other mobile target" + (", or compile without --calib for fp32" if int8
-                                                                  else ", or npukit export for ORT")) from exc
+                                hint="try the other mobile target" + (", or compile without --calib for fp32"
+                                                                      if int8 else ", or npukit export for ORT")
+                                ) from exc
 
 
 def _inspect(report: Report, mobile: MobileTarget, runtime: Any, lowered: Any, output: Path, eager: Any,
@@ -429,14 +430,14 @@ def _check(report: Report, mobile: MobileTarget, eager: Any, runner: Any, float_
                             f"(> {FP32_TOLERANCE:g})")
     where = (f"{len(check)} calibration samples (optimistic: the grids were fitted to them)" if int8
              else f"{len(check)} seeded random inputs (pass --calib for real inputs and INT8)")
+    imposed = ""
     if not int8 and task is None:  # a task metric on seeded random inputs measures nothing (a detector finds no
         # box there, and its undefined mAP failed an fp32 artifact equal to eager torch): every output is judged
-        task = "generic"
-        where += "; every output judged, since a task metric on random inputs measures nothing"
+        task, imposed = "generic", "every output judged: a task metric on seeded random inputs measures nothing"
     with step(f"task check: the {mobile.artifact} on its runtime against eager torch", timings=report.timings,
               key="task_check"):
         task_check(report, float_onnx, None, check, task=task, gate=gate, what="compile", where=where,
-                   reference_runner=eager, candidate_runner=runner, extra_failures=failures,
+                   reference_runner=eager, candidate_runner=runner, extra_failures=failures, imposed=imposed,
                    hint=INT8_HINT if int8 else
                    "the other mobile target (this runtime computes the model differently from eager torch), or "
                    "npukit export for ORT; --accept-degraded keeps it as it is")
