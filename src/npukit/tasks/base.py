@@ -183,7 +183,8 @@ def _fmt(value: float) -> str:
 
 def weakness(result: TaskResult) -> str:
     """The check's warning that ``result`` rests on too little (fewer than ``FEW_SAMPLES`` samples, a detector's
-    fewer than ``FEW_DETECTIONS`` reference detections, a classifier's too few confident samples), or ""; ``judge`` puts it into the verdict's summary."""
+    fewer than ``FEW_DETECTIONS`` reference detections, a classifier's too few confident samples), or "";
+    ``judge`` puts it into the verdict's summary."""
     if 0 < result.samples < FEW_SAMPLES:
         return f"only {result.samples}: a weak check, give more data"
     confident = result.metrics.get("confident_samples")
