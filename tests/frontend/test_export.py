@@ -170,7 +170,13 @@ def test_bad_inputs_leave_no_file(factories: str, tmp_path: Path) -> None:
     source = resolve_model(f"{factories}:tiny_cnn")
     with pytest.raises(InputError, match=r"input shape \(1,3,7\) does not fit the model: ") as info:
         export_model(source, out, config=ExportConfig(input_shape=(1, 3, 7)))
-    assert "--input-shape" in info.value.hint
+    # three numbers for a conv model: torch's message is about 1 channel of input[1, 1, 3, 7]; the hint says the
+    # shape its first convolution reads
+    assert info.value.hint == ("pass --input-shape 1,3,H,W with its sizes: the model's first convolution (Conv2d "
+                               "'conv') reads N,3,H,W")
+    with pytest.raises(InputError, match="does not fit the model") as info:
+        export_model(source, out, config=ExportConfig(input_shape=(1, 4, 16, 16)))  # 4 channels for 3
+    assert "first convolution (Conv2d 'conv') reads N,3,H,W" in info.value.hint
 
     class Raises(torch.nn.Module):  # an error of the model's own, not of the shape: said as such
         def forward(self, x: torch.Tensor) -> torch.Tensor:

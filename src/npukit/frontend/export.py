@@ -220,10 +220,28 @@ def _check_shape_fits(module: torch.nn.Module, shape: tuple[int, ...]) -> list[t
                              f"{said}", hint="fix the model's forward (or, if it takes another shape, pass that "
                                               "with --input-shape)") from exc
         raise InputError(f"input shape ({shown}) does not fit the model: {said}",
-                         hint="pass the shape the model expects with --input-shape") from exc
+                         hint=_first_conv_hint(module, shape) or "pass the shape the model expects with --input-shape"
+                         ) from exc
     if not outputs:
         raise InputError("the model returns no tensors", hint="return the model's outputs as tensors")
     return outputs
+
+
+def _first_conv_hint(module: torch.nn.Module, shape: tuple[int, ...]) -> str:
+    """Where the model's first layer is a convolution whose input ``shape`` does not fit (its rank or channels), the
+    shape it takes, as --input-shape (a conv model given 1,3,64 got torch's 'expected input[1, 1, 3, 64] to have 3
+    channels'); "" otherwise."""
+    first = next(((name, m) for name, m in module.named_modules() if isinstance(m, torch.nn.modules.conv._ConvNd)),
+                 None)
+    if first is None:
+        return ""
+    name, conv = first
+    rank = 2 + len(conv.kernel_size)
+    if len(shape) == rank and shape[1] == conv.in_channels:
+        return ""
+    dims = {3: "L", 4: "H,W", 5: "D,H,W"}[rank]
+    return (f"pass --input-shape 1,{conv.in_channels},{dims} with its sizes: the model's first convolution "
+            f"({type(conv).__name__} {name!r}) reads N,{conv.in_channels},{dims}")
 
 
 def _run_dynamo(module: torch.nn.Module, example: tuple[torch.Tensor, ...], input_names: list[str],
