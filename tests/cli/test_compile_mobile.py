@@ -126,6 +126,13 @@ def test_int8_artifact_from_npukits_plan(target, tmp_path):
     assert results["carried_plan"]["unmatched"] == [] and results["carried_plan"]["weights"] == 4
     # the plan's grids carried whole (a requantization LiteRT drops would cost 40 dB here, see test_emit_pt2e)
     assert min(o["sqnr_db"] for o in results["task_check"]["result"]["outputs"]) > 30
+    # timed beside the fp32 artifact of the same model on the same runtime (lowered into a scratch folder: the
+    # output folder holds the calibration data, the artifact and its report only)
+    artifact = TARGETS[target][1]
+    assert list(results["latency"]) == [artifact, f"{artifact} fp32", "eager torch fp32", "ORT CPU fp32"]
+    assert "fp32_twin" not in results and "lower_fp32" in report["timings_s"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["calib.npy", f"tiny_int8{TARGETS[target][0]}",
+                                                                 f"tiny_int8{TARGETS[target][0]}.report.json"])
     if target == "executorch-xnnpack":
         assert results["lowered"]["portable_ops"] == {}
     else:  # int8 input and output tensors, quantized and dequantized for the caller by the runner

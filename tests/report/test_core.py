@@ -49,3 +49,23 @@ def test_a_mobile_artifact_slower_than_eager_torch_says_so() -> None:
                                   "may serve better here")
     assert verdict(4.0) == "PASS compile: fine"
     assert verdict(21.3, passed=False) == "PASS compile: fine"
+
+
+
+def test_an_int8_mobile_artifact_slower_than_its_fp32_twin_says_so() -> None:
+    """An INT8 .tflite of LR-ASPP ran at 0.8x its fp32 .tflite's speed; the report timed eager torch and ORT only."""
+    from npukit.measure.latency import LatencyResult
+    from npukit.report.compile import add_mobile_latency
+    from npukit.report.core import Report
+
+    def verdict(int8_ms: float) -> str:
+        report = Report("compile")
+        report.set_verdict("PASS compile: fine", passed=True)
+        latency = {name: LatencyResult.from_times([ms] * 3, threads=1) for name, ms in (
+            (".tflite", int8_ms), (".tflite fp32", 3.6), ("eager torch fp32", 10.0), ("ORT CPU fp32", 5.0))}
+        add_mobile_latency(report, latency, artifact=".tflite", threads=1, runs=3, fp32=".tflite fp32")
+        return report.verdict
+
+    assert verdict(4.5) == ("PASS compile: fine; the INT8 .tflite takes 1.25x the fp32 one's time on this CPU (1 "
+                            "thread(s)): the fp32 artifact (compile without --calib) may serve better here")
+    assert verdict(2.0) == "PASS compile: fine"

@@ -86,9 +86,11 @@ def add_package_check(report: Report, check: dict[str, Any], *, artifact: str) -
     report.add_table(f"{artifact} as written (read back, not run)", ["check", "result"], rows)
 
 
-def add_mobile_latency(report: Report, latency: Mapping[str, Any], *, artifact: str, threads: int, runs: int) -> None:
-    """Latency of the ``artifact`` on its runtime, eager torch and ORT float, timed in interleaved rounds; a passing
-    verdict says where the artifact is not faster than eager torch."""
+def add_mobile_latency(report: Report, latency: Mapping[str, Any], *, artifact: str, threads: int, runs: int,
+                       fp32: str | None = None) -> None:
+    """Latency of the ``artifact`` on its runtime, eager torch, ORT float and (``fp32``: its row, for an INT8
+    artifact) the fp32 artifact on the same runtime, timed in interleaved rounds; a passing verdict says where the
+    artifact is not faster than eager torch, or than its fp32 twin."""
     report.add("latency", {k: dataclasses.asdict(v) for k, v in latency.items()})
     eager_ms = latency["eager torch fp32"].median_ms
     ratio = latency[artifact].median_ms / eager_ms
@@ -96,6 +98,11 @@ def add_mobile_latency(report: Report, latency: Mapping[str, Any], *, artifact: 
         # with attention ran as a .pte at 0.47x eager torch's speed, and the verdict said nothing)
         report.set_verdict(f"{report.verdict}; the {artifact} takes {ratio:.2f}x eager torch's time on this CPU "
                            f"({threads} thread(s)): eager torch may serve better here", passed=True)
+    twin = latency[artifact].median_ms / latency[fp32].median_ms if fp32 in latency else 0.0
+    if twin >= 1.0 and report.passed:
+        report.set_verdict(f"{report.verdict}; the INT8 {artifact} takes {twin:.2f}x the fp32 one's time on this "
+                           f"CPU ({threads} thread(s)): the fp32 artifact (compile without --calib) may serve better "
+                           "here", passed=True)
     report.add_table(f"Latency ({threads} thread(s), {runs} runs each, interleaved; this machine's CPU)",
                      ["runtime", "median ms", "p90 ms", "vs eager torch"],
                      [[name, f"{r.median_ms:.2f}", f"{r.p90_ms:.2f}", f"{eager_ms / r.median_ms:.2f}x"]
