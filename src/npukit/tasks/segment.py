@@ -42,11 +42,12 @@ class SegmentMeter:
         self._stats.update(reference, candidate)
         ref = self._mask(np.asarray(reference[self.masks]))
         cand = self._mask(np.asarray(candidate[self.masks]))
-        self._reference_classes.update(np.unique(ref).tolist())
+        present = np.unique(ref)
+        self._reference_classes.update(present.tolist())
         self._samples += ref.shape[0]
         self._pixels += ref.size
         self._agree += int(np.sum(ref == cand))
-        for k in np.union1d(np.unique(ref), np.unique(cand)).tolist():
+        for k in np.union1d(present, np.unique(cand)).tolist():
             r, c = ref == k, cand == k
             self._inter[k] = self._inter.get(k, 0) + int(np.sum(r & c))
             self._union[k] = self._union.get(k, 0) + int(np.sum(r | c))

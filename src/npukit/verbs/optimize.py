@@ -492,8 +492,8 @@ class _Search:
         half = "second half of " if self.inputs.split else ""
         where = f"held-out samples ({half}{Path(str(self.report.config['data'])).name}; the search chose on them too)"
         _, result, verdict = task_check(self.report, self.proto, None, self.inputs.evaluation, task=self.task,
-                                   gate=self.gate, what="optimize", where=where, threads=self.threads,
-                                   candidate_runner=runner.candidate(artifact))
+                                        gate=self.gate, what="optimize", where=where, threads=self.threads,
+                                        candidate_runner=runner.candidate(artifact))
         if not verdict.passed:
             return None, verdict.line
         within = sum(m.feasible for m in outcome.trials)
