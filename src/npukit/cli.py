@@ -81,7 +81,7 @@ def _add_training_data(p: argparse.ArgumentParser, *, output: str) -> None:
     p.add_argument("-o", "--output", required=True, help=output)
     p.add_argument("--data", required=True, help="training samples (image folder, with class subfolders for "
                                                  "labels; .npy; .npz with 'labels')")
-    p.add_argument("--eval", dest="eval_data", help="held-out samples for the check (default: the last fifth of "
+    p.add_argument("--eval", dest="eval_data", help="held-out samples for the check (default: every 5th sample of "
                                                      "--data, never trained on)")
 
 
@@ -419,8 +419,8 @@ def _optimize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", required=True,
                    help="the chosen artifact (.onnx for cpu, .pte for executorch-xnnpack, .tflite for litert)")
     p.add_argument("--data", required=True,
-                   help="held-out samples (image folder, .npy, .npz); without --calib the first half calibrates")
-    p.add_argument("--calib", help="calibration samples (default: the first half of --data)")
+                   help="held-out samples (image folder, .npy, .npz); without --calib every other one calibrates")
+    p.add_argument("--calib", help="calibration samples (default: every other sample of --data, 1st, 3rd, ...)")
     p.add_argument("--target", default="cpu",
                    help="cpu (ONNX Runtime CPU), executorch-xnnpack (an ExecuTorch .pte) or litert (a .tflite): "
                         "each trial measured on that runtime; the last two take a PyTorch MODEL (default cpu)")

@@ -62,7 +62,7 @@ def test_qat_writes_a_checked_artifact_beside_the_ptq_model(tiny, tmp_path) -> N
     # proto in memory lacks the shape annotations onnx-ir writes: ppocr_cls's PTQ looked 14 KiB smaller)
     assert results["size"]["QAT"] == out.stat().st_size
     assert abs(results["size"]["PTQ"] - results["size"]["QAT"]) <= 16, results["size"]
-    assert report["config"]["samples"]["held_out"] == 2  # the last fifth of 12 samples, never trained on
+    assert report["config"]["samples"]["held_out"] == 2  # every 5th of 12 samples, never trained on
     assert {"QuantizeLinear", "DequantizeLinear"} <= {n.op_type for n in onnx.load(str(out)).graph.node}
 
 

@@ -5,6 +5,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from npukit.data.subsets import in_spread_order
 from npukit.errors import InputError
 from npukit.quant.algorithms.adaround import adaround
 from npukit.quant.calibration.calibrate import calibrate
@@ -29,7 +30,8 @@ def setup():
     config = QuantConfig(recipe=Recipe(adaround=AdaRound(iterations=ITERATIONS)),
                          cpu=CpuKernels(reduce_range=True, pair_channels=False))
     plan = plan_for(model, config, calibrate(model, samples, config=config).ranges)
-    result = adaround(model, samples, plan=plan, iterations=ITERATIONS)
+    # in the order quantize reads them: AdaRound's batches depend on it
+    result = adaround(model, in_spread_order(samples), plan=plan, iterations=ITERATIONS)
     return model, samples, config, plan, result
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from npukit.data.subsets import spread
 from npukit.errors import InputError
 from npukit.tasks import TaskChoice, TaskResult, choose_task
 
@@ -96,8 +97,8 @@ def _finite_reference(outputs: Sequence[np.ndarray], names: Sequence[str], index
 
 def check_samples(data: Any, limit: int) -> list[Any]:
     """At most ``limit`` samples of ``data`` (a dataset with ``batches``, or a sequence of feed dicts), one per
-    item, as ``compare_task`` takes them."""
+    item, as ``compare_task`` takes them; fewer than all are spread over the data (``npukit.data.subsets``), not its
+    first: a folder sorted by class would give the first classes only."""
     if hasattr(data, "batches"):
-        total = min(limit, len(data))
-        return list(data.batches(1, limit=total))
-    return list(data)[:limit]
+        return list(spread(data, limit).batches(1))
+    return spread(data, limit)

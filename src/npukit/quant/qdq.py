@@ -27,6 +27,7 @@ from onnx import numpy_helper
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from npukit._scratch import scratch_cwd
+from npukit.data.subsets import in_spread_order
 from npukit.errors import InputError
 from npukit.frontend.graph_index import GraphIndex
 from npukit.frontend.onnx_io import named_nodes
@@ -93,10 +94,13 @@ class QuantResult:
 
 
 class _Reiterable:
-    """Lets a one-shot iterator be read several times (by holding it in memory); re-iterables pass through."""
+    """Lets a one-shot iterator be read several times (by holding it in memory); re-iterables pass through. A data set
+    or a list is read in ``spread_order`` (``npukit.data.subsets``): the first k samples a step reads (the precision
+    scans, ``calibration.samples``) and the last quarter "auto" holds out lie spread over all of them, not in the
+    first or last classes of a folder sorted by class."""
 
     def __init__(self, samples: Iterable[object]) -> None:
-        self._samples = list(samples) if iter(samples) is samples else samples
+        self._samples = in_spread_order(list(samples) if iter(samples) is samples else samples)
 
     def __iter__(self):
         return iter(self._samples)

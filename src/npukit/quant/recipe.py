@@ -6,15 +6,16 @@ calibration ones): cross-layer equalization, activation equalization and bias co
 output SQNR from 27.1 to 29.9 dB and the PP-OCR angle classifier's from 25.3 to 34.6 dB, and lower YOLOv8n's (29.1 ->
 27.4 dB), a YOLOX text detector's (12.9 -> 11.1 dB, its F1 under the floor) and PicoDet's mAP@0.5 (0.989 -> 0.945).
 So ``quantize`` (with ``Recipe.choose``) runs each candidate of ``CANDIDATES`` up to the method choice of
-``calibration.auto`` (equalization, ranges from the first three quarters of the calibration samples, each method's
-model scored on the last quarter: its outputs' SQNR against the float model's) and keeps the first candidate (the
-plain recipe: fewer transforms, less time) unless another is clearly better there: a higher score over all held-out
-samples and better on so many of them that a one-sided sign test gives p <= ``ALPHA`` (0.05; at least 5 of 5, 9 of
-10). With few held-out samples the score alone misleads: on the YOLOX text detector of ddddocr (9 calibration
-images, 2 held out) the equalized recipe scored 22.9 against 21.6 dB, better on one sample and worse on the other,
-and on the evaluation images it is the worse one (F1 under the floor); on MobileNetV2 (10 held out) it was better on
-all 10 (+0.9 to +2.3 dB) and on the 208 evaluation crops too (30.3 against 27.1 dB). Only the recipe kept is
-calibrated on every sample, bias-corrected and emitted.
+``calibration.auto`` (equalization, ranges from the first three quarters of the calibration samples in spread order,
+each method's model scored on the last quarter: its outputs' SQNR against the float model's) and keeps the first
+candidate (the plain recipe: fewer transforms, less time) unless another is clearly better there: a higher score
+over all held-out samples and better on so many of them that a one-sided sign test gives p <= ``ALPHA`` (0.05; at
+least 5 of 5, 9 of 10). With few held-out samples the score alone misleads: on the YOLOX text detector of ddddocr
+(9 calibration images, 2 held out) the equalized recipe scored 22.9 against 21.6 dB, better on one sample and worse
+on the other, and on the evaluation images it is the worse one (F1 under the floor); on MobileNetV2 (10 held out) it
+was better on all 10 (+0.9 to +2.3 dB) and on the 208 evaluation crops too (30.3 against 27.1 dB); these figures
+were measured with the last quarter in file order. Only the recipe kept is calibrated on every sample,
+bias-corrected and emitted.
 
 What is shared: the steps before the recipe's own (the float head timed on this CPU, float joins and squares); what
 each candidate costs (MobileNetV2, 2 cores, AMD EPYC): the plain recipe's steps and held-out scoring 16 s, the

@@ -10,6 +10,7 @@ from typing import Any
 import onnx
 
 from npukit.config import BenchConfig, PreprocessConfig, to_dict
+from npukit.data.subsets import spread
 from npukit.errors import InputError
 from npukit.report.bench import (
     add_agreement,
@@ -358,7 +359,7 @@ def _bench_npu(report: Report, proto: onnx.ModelProto, ref_proto: onnx.ModelProt
         meters["CPU vs reference"] = AgreementMeter()
     total = len(dataset) if max_samples is None else min(max_samples, len(dataset))
     k = classified_output(ref_proto if ref_proto is not None else proto, dataset) or 0  # the class scores' output
-    for batch in progress(dataset.batches(1, limit=total), total=total, description="running on the HTP"):
+    for batch in progress(spread(dataset, total).batches(1), total=total, description="running on the HTP"):
         h = logits(htp.run(None, batch.feeds), k)
         c = logits(cpu.run(None, batch.feeds), k)
         meters["HTP vs CPU run of the same model"].update(c, h)

@@ -16,6 +16,7 @@ import onnx
 
 from npukit._atomic import path_exists
 from npukit.config import BenchConfig, PreprocessConfig
+from npukit.data.subsets import Subset, spread
 from npukit.errors import InputError
 from npukit.report.core import Report
 from npukit.report.graph import add_opset_upgrade
@@ -492,9 +493,11 @@ def preprocess_record(preprocess: PreprocessConfig, *datasets: Any) -> dict[str,
 
 def data_label(data: Any, dataset: Any = None) -> str | None:
     """How a report names data: its path as given, what was given in Python (with ``dataset``, the dataset read from
-    it: how many samples), or None for no data."""
+    it: how many samples), or None for no data; a share of it taken (``--calib-samples``) is said."""
     if data is None:
         return None
+    if isinstance(dataset, Subset):
+        return f"{data_label(data, dataset.base)} ({len(dataset)} of its {len(dataset.base)} samples, spread evenly)"
     if isinstance(data, (str, Path)):
         return str(data)
     if dataset is not None:
@@ -567,7 +570,7 @@ def evaluate(proto: onnx.ModelProto, ref_proto: onnx.ModelProto | None, dataset,
     ref_session = make_session(ref_proto, threads=threads) if ref_proto is not None else None
     meter = AgreementMeter()
     total = len(dataset) if config.max_samples is None else min(config.max_samples, len(dataset))
-    for batch in progress(dataset.batches(config.batch_size, limit=total), total=-(-total // config.batch_size),
+    for batch in progress(spread(dataset, total).batches(config.batch_size), total=-(-total // config.batch_size),
                           description="evaluating"):
         cand = logits(session.run(None, batch.feeds), output)
         ref = logits(ref_session.run(None, batch.feeds), output) if ref_session is not None else cand

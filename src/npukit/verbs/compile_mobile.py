@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 
 from npukit.config import PreprocessConfig
+from npukit.data.subsets import spread
 from npukit.errors import InputError, NumericCheckError
 from npukit.frontend._messages import first_line
 from npukit.frontend.spec import eval_mode
@@ -381,7 +382,7 @@ def _check_plan(report: Report, mobile: MobileTarget, eager: Any, qdq: onnx.Mode
     from npukit.verbs.common import task_check
 
     exported = report.verdict or ""
-    check = samples[:CHECK_SAMPLES]
+    check = spread(samples, CHECK_SAMPLES)
     where = (f"{len(check)} calibration samples (optimistic: the grids were fitted to them), on the plan's QDQ "
              f"model on ORT's CPU: the {mobile.artifact} itself was not run")
     with step("task check: the INT8 plan's QDQ model on ORT CPU against eager torch", timings=report.timings,
@@ -417,7 +418,7 @@ def _check(report: Report, mobile: MobileTarget, eager: Any, runner: Any, float_
     what failed before it ran (the artifact is not the plan)."""
     from npukit.verbs.common import task_check
 
-    check = samples[:CHECK_SAMPLES]
+    check = spread(samples, CHECK_SAMPLES)
     failures = list(failures)
     if not int8:
         worst = 0.0

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from npukit.config import PreprocessConfig
+from npukit.data.subsets import every, spread
 from npukit.errors import InputError
 from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish, remove_earlier_artifact, report_json_for, report_path_for
@@ -66,7 +67,7 @@ def optimize(
     memory or energy) among those. Each trial builds a recipe's QDQ model on the calibration data and measures it
     against the float model: task metric and output SQNR on ``data`` (held out), latency (ratio to the float model,
     timed in the same rounds), size, predicted peak activation memory, estimated energy (``npukit.measure.energy``).
-    Without ``calib`` the first half of ``data`` calibrates and the second half evaluates.
+    Without ``calib`` every other sample of ``data`` calibrates (1st, 3rd, ...), the rest evaluate (data may be sorted).
 
     ``target`` cpu: ORT CPU, an ONNX model (``output`` .onnx). executorch-xnnpack / litert: a PyTorch ``model``
     (torchvision:NAME, module:factory, .pt2, TorchScript; ``weights`` a state dict for it), each trial's plan carried
@@ -144,7 +145,7 @@ def _refuse_unrunnable(target: str, *, weights: str | Path | None, workers: int,
 def _refuse_nothing_to_find(inputs: _Inputs, data: str | Path, task: str | None, *, threads: int) -> None:
     """Held-out samples on which every trial's task check would compare nothing are refused before the search; the
     check's own warning that they hold too little (few samples or detections) is kept for a failing verdict."""
-    half = "second half of " if inputs.split else ""
+    half = "every 2nd sample of " if inputs.split else ""
     itself = check_task_measurable(inputs.proto, inputs.evaluation, task, threads=threads,  # nothing to find?
                                    where=f"the held-out samples ({half}{Path(str(data)).name})")
     inputs.weak = _weak(itself)
@@ -155,7 +156,7 @@ def _report(model: str | Path, target: str, data: str | Path, calib: str | Path 
             workers: int, ray_address: str | None) -> Report:
     """The report, its config recording what ``optimize`` was asked and resolved, so a search can be repeated."""
     return Report("optimize", config={"model": str(model), "target": target, "data": str(data),
-                                      "calib": str(calib) if calib else f"first half of {data}",
+                                      "calib": str(calib) if calib else f"every other sample of {data} (1st, 3rd, ...)",
                                       "search": config.as_dict(), "space": space.name, "task": task or "auto",
                                       "gate": gate.as_dict(), "exclude": list(exclude), "threads": threads,
                                       "runs": runs, "input_shape": inputs.spec, "workers": workers,
@@ -190,8 +191,8 @@ class _Inputs:
         if same_data(calib, data):
             raise InputError(f"--calib {calib} and --data {data} are the same data: every recipe would be judged on "
                              "the samples it was calibrated on, and the budget check would be optimistic",
-                             hint="give held-out samples in --data, or leave --calib out (the first half of --data "
-                                  "calibrates, the second half judges)")
+                             hint="give held-out samples in --data, or leave --calib out (every other sample of "
+                                  "--data calibrates, the rest judge)")
         source = export = None
         if torch_program:
             source, proto, spec, export = _torch_program(model, input_shape, weights, data)
@@ -202,12 +203,12 @@ class _Inputs:
             if len(held) < 4:
                 raise InputError(f"{data} holds {len(held)} samples; without --calib half of them calibrate and "
                                  "half evaluate, which needs at least 4", hint="pass --calib with other samples")
-            half = len(held) // 2
-            calibration, held = held[:half], held[half:]
+            kept, judged = every(len(held), 2)  # not halves: a folder sorted by class would split by class
+            calibration, held = [held[i] for i in kept], [held[i] for i in judged]
         else:
             calibration = list(open_data(calib, proto, preprocess).batches(1))
         if max_samples is not None:
-            held = held[:max_samples]
+            held = spread(held, max_samples)
         return cls(Path(str(model)), proto, calibration, held, spec.as_dict() if spec else None, calib is None,
                    source, export)
 
@@ -489,7 +490,7 @@ class _Search:
             with step(f"building the chosen recipe again ({chosen.recipe.label()})", timings=self.report.timings,
                       key="rebuild"):
                 _, artifact = runner.run(chosen.recipe)
-        half = "second half of " if self.inputs.split else ""
+        half = "every 2nd sample of " if self.inputs.split else ""
         where = f"held-out samples ({half}{Path(str(self.report.config['data'])).name}; the search chose on them too)"
         _, result, verdict = task_check(self.report, self.proto, None, self.inputs.evaluation, task=self.task,
                                         gate=self.gate, what="optimize", where=where, threads=self.threads,

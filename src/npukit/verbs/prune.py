@@ -60,7 +60,7 @@ def prune(
     Conv / Gemm / MatMul weight tensor set to zero by magnitude and held at zero while fine-tuning (``npukit qat
     --bits w4a8`` of the result keeps the zeros: 4-bit weights whose runs of zeros deflate). Both may be given
     (channels first). The samples split as in ``npukit qat``: every tenth training sample validates (the best
-    epoch is kept, the pruned start included), the check reads ``eval_data`` (else the last fifth of ``data``).
+    epoch is kept, the pruned start included), the check reads ``eval_data`` (else every 5th sample of ``data``).
     The report shows the model before and after fine-tuning beside the float one: task metric, MACs, parameters,
     ORT CPU latency, file size and deflated size. ``<output stem>.prune.pt`` keeps the last finished epoch."""
     from npukit.quant.qat.train import QatConfig

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 
 from npukit.config import PreprocessConfig
+from npukit.data.subsets import every, spread
 from npukit.errors import InputError
 from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish, report_path_for
@@ -25,7 +26,7 @@ from npukit.tasks import QualityGate
 from npukit.verbs.common import (check_output, float_static_model, open_data, output_task, refuse_nothing_left,
                                  upgrade_opset)
 
-HOLD_OUT = 0.2  # of --data held out for the check when no --eval is given
+HOLD_OUT_EVERY = 5  # every 5th sample of --data is held out for the check when no --eval is given
 VALIDATION = 0.1  # of the training samples set aside to choose the epoch kept (the start included, 8-bit weights)
 MAX_VALIDATION = 256
 CALIB = 64  # training samples (spread evenly) that calibrate the PTQ start when no --calib is given
@@ -80,7 +81,7 @@ def qat(
     of the same bits and the trained one are then measured on the same validation samples by what the task check
     measures, and the one measured better is written (a tie: the trained one; ``_choose``), the report saying which
     and the validation figures that decided it. The written model is held to the task check on ``eval_data`` (else
-    the last fifth of ``data``, never trained on), never used to choose: its figures are what the report gives. The
+    every 5th sample of ``data``, never trained on), never used to choose: its figures are what the report gives. The
     report shows the PTQ and trained models side by side there, each epoch's loss and agreement, and how far ONNX
     Runtime's integer model is from the training simulation.
 
@@ -127,7 +128,7 @@ def _report(model: str | Path, data: str | Path, eval_data: str | Path | None, c
             processes: int, spec: Any) -> Report:
     """The report, its config recording what ``qat`` was asked and resolved, so a run can be repeated."""
     return Report("qat", config={"model": str(model), "data": str(data), "eval": str(eval_data) if eval_data else
-                                 f"last {HOLD_OUT:.0%} of {data}", "calib": str(calib) if calib else
+                                 f"every {HOLD_OUT_EVERY}th sample of {data}", "calib": str(calib) if calib else
                                  f"{len(samples.calib)} training samples, spread evenly", "bits": bits,
                                  "train": train_config.as_dict(), "eight_bit_share": eight_bit_share,
                                  "method": method, "per_tensor": per_tensor,
@@ -171,12 +172,15 @@ class TrainingSamples:
              preprocess: PreprocessConfig, max_samples: int | None) -> TrainingSamples:
         batches = list(open_data(data, proto, preprocess).batches(1))
         if eval_data is None:
-            held_count = max(1, int(round(len(batches) * HOLD_OUT)))
-            if len(batches) - held_count < 2:
+            kept, picked = every(len(batches), HOLD_OUT_EVERY)  # spread: a folder sorted by class
+            which = f"every {HOLD_OUT_EVERY}th"
+            if not picked:  # fewer than 5
+                kept, picked, which = kept[:-1], kept[-1:], "the last"
+            if len(kept) < 2:
                 raise InputError(f"{data} holds {len(batches)} samples: too few to train on and hold a fifth out",
                                  hint="pass more samples, or --eval with held-out samples")
-            batches, held = batches[:-held_count], batches[-held_count:]
-            held_from = f"the last {held_count} samples of {Path(str(data)).name} (not trained on)"
+            batches, held = [batches[i] for i in kept], [batches[i] for i in picked]
+            held_from = f"{len(held)} samples of {Path(str(data)).name}, {which} (not trained on)"
         else:
             from npukit.data.readers import same_data
 
@@ -185,11 +189,11 @@ class TrainingSamples:
                          "model was trained on them)" if same_data(eval_data, data)
                          else f"held-out data {Path(str(eval_data)).name}")
         if max_samples is not None:
-            held = held[:max_samples]
+            held = spread(held, max_samples)
         names = list(batches[0].feeds)
         _require_batch_axis(batches[0].feeds)
-        every = max(2, round(1 / VALIDATION))  # every k-th training sample validates (spread: data may be sorted)
-        picked = set(range(every - 1, len(batches), every)[:MAX_VALIDATION]) if len(batches) >= every else set()
+        stride = max(2, round(1 / VALIDATION))  # every k-th training sample validates (spread: data may be sorted)
+        picked = set(range(stride - 1, len(batches), stride)[:MAX_VALIDATION]) if len(batches) >= stride else set()
         validation = [b for i, b in enumerate(batches) if i in picked]
         batches = [b for i, b in enumerate(batches) if i not in picked]
         train = {n: np.concatenate([b.feeds[n] for b in batches]) for n in names}
@@ -198,8 +202,8 @@ class TrainingSamples:
                 raise InputError(f"training input {name!r} holds NaN or infinite values", hint="check the data")
         labels = _labels(batches)
         valid = {n: np.concatenate([b.feeds[n] for b in validation]) for n in names} if validation else {}
-        spread = batches[::max(1, len(batches) // CALIB)][:CALIB]  # evenly over the data: it may be sorted
-        calib_feeds = [b.feeds for b in (open_data(calib, proto, preprocess).batches(1) if calib else spread)]
+        evenly = batches[::max(1, len(batches) // CALIB)][:CALIB]  # evenly over the data: it may be sorted
+        calib_feeds = [b.feeds for b in (open_data(calib, proto, preprocess).batches(1) if calib else evenly)]
         return cls(train, labels, calib_feeds, held, held_from, valid, _labels(validation) if validation else None)
 
     def describe(self) -> dict[str, Any]:

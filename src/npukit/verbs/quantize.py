@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from npukit.config import BenchConfig, PreprocessConfig
+from npukit.data.subsets import spread
 from npukit.quant.config import QuantConfig, Recipe
 from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
@@ -151,7 +151,8 @@ def quantize(model: str | Path, output: str | Path, *,
                            int16_tensors=int16_tensors, int16_budget=int16_budget, mixed_precision=mixed_precision,
                            range_search=range_search, activation_dtype=activation_dtype, reduce_range=reduce_range,
                            float_stem=float_stem, gemm_convs=gemm_convs, pair_channels=pair_channels)
-    inputs = _Inputs.open(proto, calib, data, preprocess, task=task, max_samples=max_samples, threads=threads)
+    inputs = _Inputs.open(proto, calib, data, preprocess, task=task, max_samples=max_samples, threads=threads,
+                          calib_samples=calib_samples)
     refuse_nothing_left(proto, exclude, hint=NOTHING_LEFT_HINT)
     report = _report(model, config, scheme, inputs, preprocess=preprocess, task=task, gate=gate, spec=spec)
     return _quantize_and_check(report, proto, inputs, config, output, float_model=proto if spec else str(model),
@@ -174,11 +175,14 @@ class _Inputs:
 
     @classmethod
     def open(cls, proto: Any, calib: Any, data: Any, preprocess: PreprocessConfig, *, task: str | None,
-             max_samples: int | None, threads: int) -> _Inputs:
-        """Opens ``calib`` and ``data`` and refuses, before any work, a task they cannot check or carry."""
+             max_samples: int | None, threads: int, calib_samples: int | None = None) -> _Inputs:
+        """Opens ``calib`` and ``data`` and refuses, before any work, a task they cannot check or carry.
+        ``calib_samples`` of ``calib`` (fewer than it holds) are taken spread over it (``data.subsets.spread``)."""
         from npukit.data.readers import same_data
 
         samples = open_data(calib, proto, preprocess)
+        if calib_samples is not None:
+            samples = spread(samples, calib_samples)  # more than it holds: quantize says so
         evaluation = open_data(data, proto, preprocess) if data is not None else None
         check_task(proto, samples, task)  # a --task the outputs cannot carry fails here, before any work
         if evaluation is None or same_data(data, calib):
@@ -293,9 +297,7 @@ def _measure(report: Report, result: Any, samples: Any, timed: dict[str, Any], f
     kernels = integer_kernel_report(result.model)
     report.add("integer_kernels", kernels)
     with step("per-layer SQNR", timings=report.timings, key="layer_sqnr"):
-        probe = samples if not hasattr(samples, "batches") else [samples.sample(i) for i in
-                                                                 range(min(4, len(samples)))]
-        layers = layer_sqnr(result.reference, result.model, probe[:4] if isinstance(probe, list) else probe, limit=4)
+        layers = layer_sqnr(result.reference, result.model, spread(samples, 4), limit=4)
     add_layer_sqnr(report, layers)
     with step(f"timing float vs int8, {threads} thread(s)", timings=report.timings, key="latency"):
         feeds = samples[0] if isinstance(samples, list) else samples.sample(0)
@@ -320,8 +322,7 @@ def _mixed_precision(report: Report, proto: Any, samples: Any, config: Any, *, t
     if config.precision.int16_budget > 0:
         raise InputError("--mixed-precision and --int16-budget both choose what goes to 16 bits",
                          hint="use one of them")
-    limit = config.calibration.samples  # --calib-samples: the samples the written model is calibrated on
-    fit, held, where = held_back(samples if limit is None else list(itertools.islice(iter(samples), limit)))
+    fit, held, where = held_back(samples)  # --calib-samples: taken by ``_Inputs.open``
     accept = floor_check(proto, held[:SEARCH_SAMPLES], task=task, gate=gate, what="quantize")
     searched = dataclasses.replace(config, calibration=dataclasses.replace(config.calibration, samples=None))
     with step("mixed precision per layer (sensitivity, each option's gain and cost, search under the floors)",

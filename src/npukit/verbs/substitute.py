@@ -55,7 +55,7 @@ def substitute(
     node they serve, then fine-tune the result by distillation from ``model`` on ``data`` and write it (float).
 
     The samples split as in ``npukit qat`` (every tenth training sample validates, the best epoch is kept, the
-    substituted start included; the check reads ``eval_data``, else the last fifth of ``data``). ``ramp``: an inexact
+    substituted start included; the check reads ``eval_data``, else every 5th sample of ``data``). ``ramp``: an inexact
     substitution is blended in over this share of the training steps (``npukit.quant.qat.blend``: the original ops'
     outputs and their substitutes' in shares moving from the first to the second; None: ``RAMP``), 0 to fine-tune
     the substituted model as it is from the first step; only epochs with the substitutes whole are kept. The report

@@ -16,7 +16,10 @@ crops): scored bias-corrected, the held-out ranking is mse 19.9 dB, minmax 19.0,
 the final model reaches 18.8 dB on the evaluation crops, against 17.5 dB when the candidates were scored without it.
 
 Held-out split: with ``n >= MIN_SPLIT`` samples the last quarter (at least one) is held out and the candidates' ranges
-come from the others (the final ranges from all); with fewer, the ranges come from all samples and the last quarter is also the evaluation set (noted).
+come from the others (the final ranges from all); with fewer, the ranges come from all samples and the last quarter
+is also the evaluation set (noted). ``quantize`` reads a data set or a list in ``npukit.data.subsets.spread_order``,
+so its last quarter is every 4th sample given, not the last classes of a folder sorted by class or the last photos
+of crops grouped by photo.
 CLE, AdaRound and bias correction use all samples, as without "auto".
 """
 
@@ -30,6 +33,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from npukit.data.subsets import HELD_OUT_EVERY
 from npukit.quant.calibration.calibrate import iter_samples
 from npukit.quant.layer_sqnr import sqnr_db
 from npukit.runtime.ort import make_session
@@ -54,7 +58,7 @@ class Split:
 
 def split_samples(total: int) -> Split:
     """The calibration / held-out split for ``total`` samples (see the module docstring)."""
-    held = max(1, total // 4)
+    held = max(1, total // HELD_OUT_EVERY)  # quantize reads every 4th sample last (``data.subsets.spread_order``)
     if total >= MIN_SPLIT:
         return Split(total=total, calibration=total - held, held_out_start=total - held, note="")
     return Split(total=total, calibration=total, held_out_start=total - held,
