@@ -138,6 +138,8 @@ def test_int8_artifact_from_npukits_plan(target, tmp_path):
     else:  # int8 input and output tensors, quantized and dequantized for the caller by the runner
         assert results["lowered"]["int8_io"]
         assert results["lowered"]["delegated_ops"] >= 6
+        # its Hardswish in int8 ops XNNPACK takes (an int8 HARD_SWISH ran in LiteRT's kernel, the delegate split in 2)
+        assert results["lowered"]["left"] == {} and results["lowered"]["partitions"] == 1
     assert (tmp_path / f"tiny_int8{TARGETS[target][0]}").stat().st_size < 20_000  # int8 weights (fp32's: larger)
 
 

@@ -102,6 +102,8 @@ def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
 
     args = tuple(plain_tensor(x) for x in example)
     quant = _static_int8_config() if _has_qdq(program) else None
+    if quant is not None:
+        _hardswish_as_int8_ops(program)
     eval_mode(program)
     try:
         with _quiet():
@@ -183,6 +185,47 @@ def _has_qdq(program: Any) -> bool:
     graph = getattr(program, "graph", None)
     return graph is not None and any(n.op == "call_function" and "quantized_decomposed" in str(n.target)
                                      for n in graph.nodes)
+
+
+def _hardswish_as_int8_ops(program: Any) -> None:
+    """Each hardswish of ``program`` (PT2E-converted) that reads an int8 grid written, in place, in int8 ops XNNPACK
+    takes: m = x * 1/6 on x's grid scaled by 1/6 (the same integers), h = m + 0.5 on [0, 1] (its grid is the clamp),
+    y = x * h. Left as it is, the converter makes it an int8 HARD_SWISH, which LiteRT's XNNPACK delegate refuses
+    (float types only): each ran in LiteRT's reference kernel between two delegate partitions, and an INT8 LR-ASPP
+    .tflite (128x128, 1 thread) took 4.26 ms to its fp32 .tflite's 3.59 (written so: 1.68 ms, SQNR 15.09 -> 15.08 dB
+    on 18 crops; MobileNetV3-Small 0.74 -> 0.29 ms, fp32 0.52). On a grid finer than ``_FINEST_GATED`` (|x| < 0.006,
+    where hardswish(x) is x / 2 to 0.1%), y = x * 0.5: XNNPACK's int8 ADD takes an input-to-output scale ratio of
+    1/1024 or more, which m's grid has not there."""
+    aten, decomposed = torch.ops.aten, torch.ops.quantized_decomposed
+    graph = program.graph
+
+    def on_grid(value: torch.fx.Node, scale: float, zero: int) -> torch.fx.Node:
+        grid = (scale, zero, -128, 127, torch.int8)
+        return graph.call_function(decomposed.dequantize_per_tensor.default,
+                                   (graph.call_function(decomposed.quantize_per_tensor.default, (value, *grid)), *grid))
+
+    changed = False
+    for node in list(graph.nodes):
+        x = node.args[0] if node.op == "call_function" and node.args else None
+        if node.target not in (aten.hardswish.default, aten.hardswish_.default) or not isinstance(x, torch.fx.Node) \
+                or x.target != decomposed.dequantize_per_tensor.default or x.args[-1] != torch.int8:
+            continue
+        scale, zero = float(x.args[1]), int(x.args[2])
+        with graph.inserting_before(node):
+            if scale < _FINEST_GATED:
+                product = graph.call_function(aten.mul.Tensor, (x, 0.5))
+            else:
+                sixth = on_grid(graph.call_function(aten.mul.Tensor, (x, 1 / 6)), scale / 6, zero)
+                gate = on_grid(graph.call_function(aten.add.Tensor, (sixth, 0.5)), 1 / 255, -128)
+                product = graph.call_function(aten.mul.Tensor, (x, gate))
+        node.replace_all_uses_with(product)
+        graph.erase_node(node)
+        changed = True
+    if changed:
+        program.recompile()
+
+
+_FINEST_GATED = 6 / 255 / 1000  # x's finest scale whose m = x / 6 XNNPACK's ADD takes onto h's grid (1/255)
 
 
 def _root_cause(exc: BaseException) -> str:
