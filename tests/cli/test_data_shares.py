@@ -58,3 +58,12 @@ def test_calib_samples_of_data_sorted_by_class_are_spread_over_every_class(expor
     # the input's grid covers the last class (16x the first's scale), not the first 8 samples (the first class)
     first_class = float(np.abs(x[:8]).max())
     assert _input_scale(out) * 255 > 8 * first_class
+
+
+def test_bench_max_samples_reads_them_spread_and_says_so(exported, tmp_path):
+    _sorted_by_class(tmp_path / "sorted.npz")
+    report_path = tmp_path / "bench.json"
+    assert main(["bench", str(exported), "--reference", str(exported), "--data", str(tmp_path / "sorted.npz"),
+                 "--max-samples", "4", "--task", "generic", "--runs", "2", "--report", str(report_path)]) == 0
+    check = json.loads(report_path.read_text())["results"]["task_check"]
+    assert check["where"] == "4 samples (spread over its 32) of sorted.npz"

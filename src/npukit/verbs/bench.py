@@ -28,7 +28,7 @@ from npukit.report.finish import CommandResult, finish
 from npukit.report.progress import progress, step
 from npukit.tasks import QualityGate
 from npukit.verbs.common import (classified_output, data_label, data_name, evaluate, is_qdq, logits, open_data,
-                                 preprocess_record, task_check)
+                                 preprocess_record, samples_read, task_check)
 
 
 # Measured on the onnxruntime-qnn HTP emulator (QNN SDK 2.51), one 3x3 Conv with uint16 activations and int8
@@ -197,7 +197,8 @@ def _task_check(report: Report, models: _Models, dataset: Any, config: BenchConf
         total = len(dataset) if config.max_samples is None else min(config.max_samples, len(dataset))
         choice, _, _ = task_check(report, models.ref_proto, models.proto, check_samples(dataset, total), task=task,
                                    gate=gate or QualityGate(), what="bench", threads=config.threads,
-                                   where=f"{total} samples of {data_name(data)}", hint=_REQUANTIZE_HINT,
+                                   where=f"{samples_read(total, len(dataset))} of {data_name(data)}",
+                                   hint=_REQUANTIZE_HINT,
                                    against=f"the reference ({Path(str(models.reference)).name})")
     return choice
 
@@ -291,7 +292,8 @@ def _bench_context(model: str | Path, proto: onnx.ModelProto, *, data, reference
         with step("task check: the EPContext model on the HTP against the reference on ORT CPU",
                   timings=report.timings, key="task_check"):
             task_check(report, ref_proto, None, check_samples(dataset, total), task=task, gate=gate or QualityGate(),
-                        what="bench", where=f"{total} samples of {data_name(data)}, on the HTP as {chip.part}",
+                        what="bench",
+                        where=f"{samples_read(total, len(dataset))} of {data_name(data)}, on the HTP as {chip.part}",
                         candidate_runner=session_runner(ctx.session),
                         hint=_REQUANTIZE_HINT, against=f"the reference ({Path(str(reference)).name}) on ORT CPU")
     else:

@@ -491,6 +491,11 @@ def preprocess_record(preprocess: PreprocessConfig, *datasets: Any) -> dict[str,
     return "none: the data are arrays, fed as given" if any(d is not None for d in datasets) else "none: no data"
 
 
+def samples_read(total: int, available: int) -> str:
+    """How many samples a check read: "N samples", or "N samples (spread over its M)" when it read a share."""
+    return f"{total} samples" if total >= available else f"{total} samples (spread over its {available})"
+
+
 def data_label(data: Any, dataset: Any = None) -> str | None:
     """How a report names data: its path as given, what was given in Python (with ``dataset``, the dataset read from
     it: how many samples), or None for no data; a share of it taken (``--calib-samples``) is said."""

@@ -20,7 +20,7 @@ from npukit.report.progress import step
 from npukit.tasks import QualityGate
 from npukit.verbs.common import (HOLD_BACK_EVERY, check_output, check_task, check_task_measurable, data_label,
                                  float_static_model, floor_check, held_back, open_data, preprocess_record,
-                                 quant_opset, refuse_nothing_left, refuse_tiny_self_check, task_check)
+                                 quant_opset, refuse_nothing_left, refuse_tiny_self_check, samples_read, task_check)
 
 
 CHECK_SAMPLES = 32  # calibration samples the task check reads when no held-out data is given
@@ -190,6 +190,8 @@ class _Inputs:
         check = evaluation if evaluation is not None else samples
         limit = (max_samples or len(check)) if evaluation is not None else CHECK_SAMPLES
         where = checked_on(data, held_out=evaluation is not None, same_as_calib=same_data(data, calib))
+        if limit < len(check):
+            where += f"; {samples_read(limit, len(check))}"
         inputs = cls(samples, evaluation, check, limit, where, calib, data)
         check_task_measurable(proto, inputs.checked(), task, where=where, threads=threads)  # nothing to find?
         return inputs
