@@ -136,13 +136,11 @@ def owned_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     conv's channels can then go alone."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    inits = {i.name: i for i in out.graph.initializer}
-    readers: dict[str, int] = {}
-    for node in out.graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
-    taken = set(inits) | {o for n in out.graph.node for o in n.output}
-    for node in out.graph.node:
+    index = GraphIndex(out.graph)
+    inits = index.initializers
+    readers = {name: len(nodes) for name, nodes in index.consumers.items()}  # input slots reading each tensor
+    taken = set(inits) | set(index.producer)
+    for node in index.nodes:
         if node.op_type not in MAC_OPS | {"BatchNormalization", "PRelu"}:
             continue
         for i, name in enumerate(node.input):
@@ -457,8 +455,9 @@ def apply(model: onnx.ModelProto, layout: Layout, kept: Mapping[str, Sequence[in
     """``model`` with only the ``kept`` channels of each group, shapes inferred again."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    inits = {i.name: i for i in out.graph.initializer}
-    nodes = {n.name: n for n in out.graph.node}
+    graph_index = GraphIndex(out.graph)
+    inits = graph_index.initializers
+    nodes = {n.name: n for n in graph_index.nodes}
     for group in layout.groups:
         index = np.asarray(kept.get(group.root, range(group.channels)), dtype=np.int64)
         if len(index) == group.channels:
@@ -514,8 +513,9 @@ def refit(original: onnx.ModelProto, pruned: onnx.ModelProto, group: Group, keep
             gram[name] = gram[name] + x_p @ x_p.T
     out = onnx.ModelProto()
     out.CopyFrom(pruned)
-    inits = {i.name: i for i in out.graph.initializer}
-    nodes = {n.name: n for n in out.graph.node}
+    graph_index = GraphIndex(out.graph)
+    inits = graph_index.initializers
+    nodes = {n.name: n for n in graph_index.nodes}
     for sink, probe, reader in sinks:
         node = nodes[reader.name]
         w = weights[sink.tensor].astype(np.float64)

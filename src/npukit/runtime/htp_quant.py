@@ -200,7 +200,7 @@ def batchnorm_to_mul_add(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[
     after a ConvTranspose 4.7 dB). Returns the model and the rewritten nodes' names (input rank unknown: left)."""
     out = _copy(model)
     graph = out.graph
-    inits = {i.name: i for i in graph.initializer}
+    inits = GraphIndex(graph).initializers
     candidates = [n for n in graph.node if n.op_type == "BatchNormalization" and len(n.output) == 1
                   and not node_attr(n, "training_mode", 0) and all(t in inits for t in n.input[1:5])]
     if not candidates:
@@ -242,7 +242,7 @@ def add_zero_biases(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """A copy of ``model`` where every Conv / ConvTranspose / Gemm with an initializer weight and no bias gets a zero
     bias (exact), so that ORT's quantizer gives it an int32 bias the correction can move; returns it and the count."""
     out = _copy(model)
-    inits = {i.name: i for i in out.graph.initializer}
+    inits = GraphIndex(out.graph).initializers
     added = 0
     for node in out.graph.node:
         if node.op_type not in _WEIGHTED or len(node.input) < 2 or node.input[1] not in inits:
@@ -657,9 +657,9 @@ def widen_activation_grids(
     if factor <= 1.0:
         return qdq, 0
     qdq = _copy(qdq)
-    inits = {i.name: i for i in qdq.graph.initializer}
-    ratio = _widen_uint16_grids(qdq, inits, GraphIndex(float_model.graph), factor)
-    _rescale_int32_biases(qdq, inits, ratio)
+    q_index = GraphIndex(qdq.graph)  # the grids and biases change in place: no node or initializer is added
+    ratio = _widen_uint16_grids(qdq, q_index.initializers, GraphIndex(float_model.graph), factor)
+    _rescale_int32_biases(qdq, q_index, ratio)
     return qdq, len(ratio)
 
 
@@ -724,11 +724,11 @@ def _widened_grid(tensor: str, s: float, z: float, factor: float, f_index: Graph
     return new_s, int(np.clip(np.rint(-lo / new_s), 0, 65535))
 
 
-def _rescale_int32_biases(qdq: onnx.ModelProto, inits: dict[str, onnx.TensorProto], ratio: dict[str, float]) -> None:
+def _rescale_int32_biases(qdq: onnx.ModelProto, q_index: GraphIndex, ratio: dict[str, float]) -> None:
     """Rescales in place each int32 bias (once, however many nodes read it) of a Conv / ConvTranspose / Gemm whose
     input grid widened by ``ratio``: its scale grows by the same ratio, so it stays input_scale x weight_scale as the
     integer kernels take it, and its integers shrink by it, so its value stays to within rounding."""
-    q_index = GraphIndex(qdq.graph)
+    inits = q_index.initializers
     done: set[str] = set()
     for node in qdq.graph.node:
         found = _bias_of_widened_input(node, q_index, inits, ratio)

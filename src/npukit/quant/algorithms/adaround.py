@@ -318,25 +318,22 @@ def _adaround(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], *, p
               rows: int, batch_rows: int, learning_rate: float, seed: int, start: float) -> AdaRoundResult:
     work = onnx.ModelProto()
     work.CopyFrom(model)
-    inits = {i.name: i for i in work.graph.initializer}
-    uses: dict[str, int] = {}
-    for n in work.graph.node:
-        for t in n.input:
-            uses[t] = uses.get(t, 0) + 1
+    work_index = GraphIndex(work.graph)  # the weights change in place below: no node or initializer is added
+    inits = work_index.initializers
     targets, skipped = [], []
-    for node in work.graph.node:
+    for node in work_index.nodes:
         if node.op_type not in ("Conv", "Gemm"):
             continue
         if node.name in plan.float_nodes:
             skipped.append({"node": node.name, "reason": "excluded from quantization"})
-        elif len(node.input) < 2 or node.input[1] not in inits or uses.get(node.input[1], 0) != 1:
+        elif len(node.input) < 2 or node.input[1] not in inits or len(work_index.consumer_nodes(node.input[1])) != 1:
             skipped.append({"node": node.name, "reason": "weight is not an initializer of this node alone"})
         elif node.op_type == "Conv" and len(inits[node.input[1]].dims) != 4:
             skipped.append({"node": node.name, "reason": "only 2-D convolutions are supported"})
         else:
             targets.append(node)
     fq, renamed = fake_quantized_model(work, plan)
-    fq_inits = {i.name: i for i in fq.graph.initializer}
+    fq_inits = GraphIndex(fq.graph).initializers
     rng = np.random.default_rng(seed)
     overrides: dict[str, TensorSpec] = {}
     layers = []

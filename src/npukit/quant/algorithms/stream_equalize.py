@@ -210,8 +210,9 @@ def equalize_streams(model: onnx.ModelProto, samples: Iterable[object], *, alpha
     if not groups:
         return StreamEqualizeResult(model=out, groups=[], skipped=skipped)
     stats = channel_statistics(out, sorted({t for g in groups for t in g.tensors}), samples, limit=limit)
-    nodes = {n.name: n for n in out.graph.node}
-    inits = {i.name: i for i in out.graph.initializer}
+    index = GraphIndex(out.graph)
+    nodes = {n.name: n for n in index.nodes}
+    inits = index.initializers
 
     def get(name: str) -> np.ndarray:
         return numpy_helper.to_array(inits[name]).astype(np.float64)

@@ -67,10 +67,6 @@ class KernelChoice:
                 "model_ratio": None if self.model_ratio is None else round(self.model_ratio, 4)}
 
 
-def _inits(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
-    return {i.name: i for i in model.graph.initializer}
-
-
 def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     """Inferred static shapes; a symbolic batch (first) dimension is timed as 1, other symbolic dimensions leave
     the tensor out (its conv is not timed, so it stays where it is)."""
@@ -173,7 +169,7 @@ def _moved_weights(model: onnx.ModelProto, shifts: list[tuple[str, str, int]]) -
     same dequantized values)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    inits = _inits(out)
+    inits = GraphIndex(out.graph).initializers
     for weight, zero_point, shift in shifts:
         for name in (weight, zero_point):
             moved = numpy_helper.to_array(inits[name]).astype(np.int16) + shift
