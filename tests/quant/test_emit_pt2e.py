@@ -121,13 +121,16 @@ def test_a_float_conv_keeps_the_weights_equalization_gave_it(tmp_path, which):
 
 
 def _tflite_grids(buffer: bytes) -> tuple[set[tuple[float, int]], list[tuple[np.ndarray, np.ndarray]]]:
-    """Activation grids (per-tensor int8) and constant int8 weights (integers, per-channel scales) of a .tflite."""
+    """Activation grids (per-tensor int8: the input and what ops write) and constant int8 weights (integers,
+    per-channel scales) of a .tflite; other constants (a scalar the converter quantized) are neither."""
     from ai_edge_litert.interpreter import Interpreter
 
     interpreter = Interpreter(model_content=buffer)
     interpreter.allocate_tensors()
-    weights_at = {int(op["inputs"][1]) for op in interpreter._get_ops_details()
-                  if op["op_name"] in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")}
+    ops = interpreter._get_ops_details()
+    weights_at = {int(op["inputs"][1]) for op in ops if op["op_name"] in ("CONV_2D", "DEPTHWISE_CONV_2D",
+                                                                           "FULLY_CONNECTED")}
+    written = {int(t) for op in ops for t in op["outputs"]} | {d["index"] for d in interpreter.get_input_details()}
     grids, weights = set(), []
     for detail in interpreter.get_tensor_details():
         params = detail["quantization_parameters"]
@@ -135,7 +138,7 @@ def _tflite_grids(buffer: bytes) -> tuple[set[tuple[float, int]], list[tuple[np.
             continue
         if detail["index"] in weights_at:
             weights.append((interpreter.get_tensor(detail["index"]), params["scales"]))
-        else:
+        elif detail["index"] in written:
             grids.add((round(float(params["scales"][0]), 9), int(params["zero_points"][0])))
     return grids, weights
 
@@ -168,8 +171,9 @@ def test_the_litert_model_has_the_plans_grids_and_weight_integers(tmp_path):
         twins = [w for w, s in qdq_weights if w.size == ints.size and np.allclose(s, scales, rtol=1e-6)]
         assert any(np.array_equal(np.sort(w, axis=None), np.sort(ints, axis=None)) for w in twins), \
             "a weight's integers or scales differ from the plan's"
-    assert len(grids - planned_grids) <= len(carried.derived) and len(grids & planned_grids) >= 5, \
-        (grids, planned_grids)
+    inner = {(round(scale, 9), zero) for scale, zero in lowered.inner_grids}  # its hardswish as int8 MUL/ADD/MUL
+    assert len(inner) == 2 and len(grids - planned_grids - inner) <= len(carried.derived) \
+        and len(grids & planned_grids) >= 5, (grids, planned_grids, inner)
     path = tmp_path / "tiny.tflite"
     path.write_bytes(lowered.buffer)
     _assert_computes_the_qdq_model(result.model, litert.Runner(path), samples[:4], floor_db=30)

@@ -65,6 +65,8 @@ class Lowered:
     delegation: Delegation  # what LiteRT's XNNPACK delegate takes when the model is loaded
     int8_io: bool  # int8 input/output tensors (the runner quantizes and dequantizes)
     float_weighted: int = 0  # convolutions and fully connected ops whose weights are float32 (computed in float)
+    # the int8 grids the lowering itself wrote, not the plan's: a hardswish's x/6 and gate (``_hardswish_as_int8_ops``)
+    inner_grids: frozenset[tuple[float, int]] = frozenset()
 
     def summary(self) -> dict[str, Any]:
         return {"bytes": len(self.buffer), "ops": dict(self.ops), "int8_io": self.int8_io,
@@ -102,8 +104,7 @@ def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
 
     args = tuple(plain_tensor(x) for x in example)
     quant = _static_int8_config() if _has_qdq(program) else None
-    if quant is not None:
-        _hardswish_as_int8_ops(program)
+    inner = _hardswish_as_int8_ops(program) if quant is not None else frozenset()
     eval_mode(program)
     try:
         with _quiet():
@@ -121,7 +122,8 @@ def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
     weighted = [op for op in details if op["op_name"] in WEIGHTED_OPS and len(op["inputs"]) > 1]
     return Lowered(buffer=buffer, ops=dict(ops), delegation=taken,
                    int8_io=any(_quantized(d) for d in (*inputs, *interpreter.get_output_details())),
-                   float_weighted=sum(dtypes.get(int(op["inputs"][1])) == np.float32 for op in weighted))
+                   float_weighted=sum(dtypes.get(int(op["inputs"][1])) == np.float32 for op in weighted),
+                   inner_grids=inner)
 
 
 @contextlib.contextmanager
@@ -187,7 +189,7 @@ def _has_qdq(program: Any) -> bool:
                                      for n in graph.nodes)
 
 
-def _hardswish_as_int8_ops(program: Any) -> None:
+def _hardswish_as_int8_ops(program: Any) -> frozenset[tuple[float, int]]:
     """Each hardswish of ``program`` (PT2E-converted) that reads an int8 grid written, in place, in int8 ops XNNPACK
     takes: m = x * 1/6 on x's grid scaled by 1/6 (the same integers), h = m + 0.5 on [0, 1] (its grid is the clamp),
     y = x * h. Left as it is, the converter makes it an int8 HARD_SWISH, which LiteRT's XNNPACK delegate refuses
@@ -195,11 +197,14 @@ def _hardswish_as_int8_ops(program: Any) -> None:
     .tflite (128x128, 1 thread) took 4.26 ms to its fp32 .tflite's 3.59 (written so: 1.68 ms, SQNR 15.09 -> 15.08 dB
     on 18 crops; MobileNetV3-Small 0.74 -> 0.29 ms, fp32 0.52). On a grid finer than ``_FINEST_GATED`` (|x| < 0.006,
     where hardswish(x) is x / 2 to 0.1%), y = x * 0.5: XNNPACK's int8 ADD takes an input-to-output scale ratio of
-    1/1024 or more, which m's grid has not there."""
+    1/1024 or more, which m's grid has not there. Returns the grids written (x/6's and the gate's: not the plan's)."""
     aten, decomposed = torch.ops.aten, torch.ops.quantized_decomposed
     graph = program.graph
 
+    inner: set[tuple[float, int]] = set()
+
     def on_grid(value: torch.fx.Node, scale: float, zero: int) -> torch.fx.Node:
+        inner.add((float(np.float32(scale)), zero))  # as the .tflite stores it
         grid = (scale, zero, -128, 127, torch.int8)
         return graph.call_function(decomposed.dequantize_per_tensor.default,
                                    (graph.call_function(decomposed.quantize_per_tensor.default, (value, *grid)), *grid))
@@ -223,6 +228,7 @@ def _hardswish_as_int8_ops(program: Any) -> None:
         changed = True
     if changed:
         program.recompile()
+    return frozenset(inner)
 
 
 _FINEST_GATED = 6 / 255 / 1000  # x's finest scale whose m = x / 6 XNNPACK's ADD takes onto h's grid (1/255)
