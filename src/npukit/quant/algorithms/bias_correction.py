@@ -155,8 +155,9 @@ def _with_biases_corrected(model: onnx.ModelProto, targets: list[onnx.NodeProto]
     none; a replaced bias initializer dropped when nothing else reads it)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    out_inits = {i.name: i for i in out.graph.initializer}
-    by_name = {n.name: n for n in out.graph.node}
+    out_index = GraphIndex(out.graph)  # read for the original biases and nodes only
+    out_inits = out_index.initializers
+    by_name = {n.name: n for n in out_index.nodes}
     replaced: set[str] = set()
     for k, node in enumerate(targets):
         shift = shifts[node.name]

@@ -196,7 +196,7 @@ class _PairState:
 
     @classmethod
     def read(cls, model: onnx.ModelProto, usable: list[_Pair], stats: dict[str, ChannelStats]) -> _PairState:
-        inits = {i.name: i for i in model.graph.initializer}
+        inits = GraphIndex(model.graph).initializers  # ``write`` adds the biases it creates to it
         weights = {n: numpy_helper.to_array(inits[n]).astype(np.float64)
                    for p in usable for n in (p.conv1.input[1], p.conv2.input[1])}
         biases = {}

@@ -49,6 +49,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from npukit.frontend.graph_index import GraphIndex
 from npukit.quant.algorithms.stream_equalize import StreamGroup, channel_axis, find_stream_groups
 from npukit.quant.config import QuantConfig
 from npukit.quant.cpu.schemes import is_depthwise, largest_pair_sums, pair_bounded, weight_rows
@@ -140,12 +141,10 @@ def pair_channels(model: onnx.ModelProto, config: QuantConfig) -> PairChannelsRe
     out = onnx.ModelProto()
     out.CopyFrom(model)
     groups, skipped = find_stream_groups(out, permutation=True)
-    nodes = {n.name: n for n in out.graph.node}
-    inits = {i.name: i for i in out.graph.initializer}
-    uses: dict[str, int] = {}
-    for n in out.graph.node:
-        for t in n.input:
-            uses[t] = uses.get(t, 0) + 1
+    index = GraphIndex(out.graph)  # inits and uses are kept in step by hand as parameters are copied below
+    nodes = {n.name: n for n in index.nodes}
+    inits = index.initializers
+    uses = {name: len(slots) for name, slots in index.consumers.items()}  # input slots reading each tensor
     rows_out: list[dict] = []
     for g in groups:
         readers = [nodes[c] for c in g.consumers

@@ -118,9 +118,9 @@ def own_biases(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    taken = ({t.name for t in out.graph.initializer} | {i.name for i in out.graph.input}
-             | {o for n in out.graph.node for o in n.output} | {v.name for v in out.graph.value_info})
-    inits = {t.name: t for t in out.graph.initializer}
+    out_index = GraphIndex(out.graph)  # the copies are appended below: it is read for the original biases only
+    inits = out_index.initializers
+    taken = set(inits) | out_index.inputs | set(out_index.producer) | {v.name for v in out.graph.value_info}
     for name, owners in shared.items():
         for k, index in enumerate(owners[1:], start=1):
             own_copy(out.graph, out.graph.node[index], 2, (f"{name}_copy{i}" for i in itertools.count(k)), taken, inits)

@@ -264,7 +264,7 @@ def write_back(qdq: onnx.ModelProto, twin: Twin, program: OnnxProgram, *, int4_s
     written as they are."""
     model = onnx.ModelProto()
     model.CopyFrom(qdq)
-    inits = {i.name: i for i in model.graph.initializer}
+    inits = GraphIndex(model.graph).initializers  # rewritten in place below: no node or initializer is added
     trained = program.trained_initializers()
     env = {name: program.initializer(name).detach() for name in program.keys}
     for key, slot in twin.slots.items():
