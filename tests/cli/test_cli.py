@@ -14,19 +14,6 @@ import pytest
 from npukit.cli import build_parser, main
 from npukit.errors import InputError
 
-HERE = Path(__file__).parent
-
-
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("export") / "tiny.onnx"
-    sys.path.insert(0, str(HERE))
-    try:
-        assert main(["export", "tinynet:tiny", "-o", str(out), "--input-shape", "1,3,32,32", "--html"]) == 0
-    finally:
-        sys.path.remove(str(HERE))
-    return out
-
 
 def _files(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())

@@ -4,28 +4,13 @@ sorted by class would otherwise calibrate or check on its first classes only."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
-import pytest
 from onnx import numpy_helper
 
 from npukit.cli import main
-
-HERE = Path(__file__).parent
-
-
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("export") / "tiny.onnx"
-    sys.path.insert(0, str(HERE))
-    try:
-        assert main(["export", "tinynet:tiny", "-o", str(out), "--input-shape", "1,3,32,32"]) == 0
-    finally:
-        sys.path.remove(str(HERE))
-    return out
 
 
 def _sorted_by_class(path: Path, classes: int = 4, per_class: int = 8) -> np.ndarray:

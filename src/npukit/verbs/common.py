@@ -16,7 +16,7 @@ import onnx
 
 from npukit._atomic import path_exists
 from npukit.config import BenchConfig, PreprocessConfig
-from npukit.data.subsets import Subset, spread
+from npukit.data.subsets import Subset, every, spread
 from npukit.errors import InputError
 from npukit.report.core import Report
 from npukit.report.graph import add_opset_upgrade
@@ -343,8 +343,8 @@ def held_back(samples: Any) -> tuple[list[dict[str, np.ndarray]], list[dict[str,
     if len(feeds) < MIN_HOLD_BACK:
         return feeds, feeds, (f"all {len(feeds)} calibration samples, also calibrated on (fewer than "
                               f"{MIN_HOLD_BACK}: optimistic)")
-    check = feeds[HOLD_BACK_EVERY - 1::HOLD_BACK_EVERY]
-    fit = [f for i, f in enumerate(feeds) if (i + 1) % HOLD_BACK_EVERY]
+    kept, held = every(len(feeds), HOLD_BACK_EVERY)
+    fit, check = [feeds[i] for i in kept], [feeds[i] for i in held]
     return fit, check, (f"{len(check)} calibration samples held back from the {len(fit)} the candidates were "
                         f"calibrated on (every {HOLD_BACK_EVERY}th)")
 
