@@ -727,3 +727,89 @@ def test_a_conv_called_twice_takes_the_plans_weights_in_both_calls_on_executorch
     path = tmp_path / "shared.pte"
     et.lower(carried.program, example).write(path)
     _assert_computes_the_qdq_model(result.model, et.Runner(path), samples[:4], floor_db=25)
+
+
+class _PooledStem(torch.nn.Module):
+    """A ResNet stem: conv -> ReLU -> 3x3 max pool padded by 1 (``relu=False``: the pool reads the conv)."""
+
+    def __init__(self, relu: bool = True) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.pool = torch.nn.MaxPool2d(3, 2, 1)
+        self.conv = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.head = torch.nn.Linear(8, 4)
+        self.relu = relu
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.stem(x)
+        y = self.pool(torch.relu(y) if self.relu else y)
+        return self.head(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(torch.relu(self.conv(y)), 1), 1))
+
+
+class _OpenStem(_PooledStem):
+    def __init__(self) -> None:
+        super().__init__(relu=False)
+
+
+@pytest.mark.parametrize("net", [_PooledStem, _OpenStem])
+def test_a_max_pool_of_a_relu_is_padded_with_zeros_on_litert(tmp_path, net):
+    """A max pool padded by 1 after a ReLU becomes a PAD (zeros; int8: on its input's grid, whose zero is its lowest
+    value) and an unpadded MAX_POOL_2D, which XNNPACK takes (the converter's PADV2 of -inf or -128 split the delegate
+    in two), fp32 and INT8, and the .tflite computes what eager torch and the QDQ model compute. A pool whose input
+    can be negative keeps its PADV2 (zeros there would change the maxima at the borders)."""
+    pytest.importorskip("litert_torch", reason="the litert extra is not installed (scripts/setup.sh installs it)")
+    from npukit.runtime import litert
+
+    module, _, samples, example = _exported_16x16(tmp_path, net)
+    fp32 = litert.lower(module, example)
+    result, carried, _, _ = _carried_16x16(tmp_path, net, litert.CARRY)
+    int8 = litert.lower(carried.program, example)
+    for lowered in (fp32, int8):
+        if net is _PooledStem:
+            assert "PADV2" not in lowered.ops and lowered.ops["PAD"] == 1 and lowered.delegation.left == {}
+            assert lowered.delegation.partitions == 1
+        else:
+            assert lowered.ops["PADV2"] == 1 and "PAD" not in lowered.ops
+    fp32.write(tmp_path / "fp32.tflite")
+    int8.write(tmp_path / "int8.tflite")
+    want = module(*example).detach().numpy()
+    got = litert.Runner(tmp_path / "fp32.tflite")({"x": example[0].numpy()})[0]
+    assert np.abs(want - got).max() <= 1e-4 * np.ptp(want), np.abs(want - got).max()
+    _assert_computes_the_qdq_model(result.model, litert.Runner(tmp_path / "int8.tflite"), samples[:4], floor_db=25)
+
+
+class _TinyLayerScale(_ConvNeXtStage):
+    """A ConvNeXt stage with an untrained layer scale (1e-6, torchvision's initial value): the residual Add's branch
+    grid is about 1e-6 of its output's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with torch.no_grad():
+            self.layer_scale.fill_(1e-6)
+
+
+def test_int8_ops_xnnpack_refuses_run_in_float_inside_the_litert_delegate(tmp_path, monkeypatch):
+    """The converter's int8 GELU (XNNPACK takes GELU in float only) and an int8 ADD whose input grid is under 1/1024
+    of its output's (XNNPACK's limit) each ran in LiteRT's kernel between delegate partitions; written as DEQUANTIZE
+    -> float op -> QUANTIZE the model is one partition and computes what it computed (the same grids; float
+    arithmetic in between) and what the QDQ model does."""
+    pytest.importorskip("litert_torch", reason="the litert extra is not installed (scripts/setup.sh installs it)")
+    from npukit.runtime import litert, litert_float_ops
+
+    result, carried, samples, example = _carried_unfolded(tmp_path, _TinyLayerScale, litert.CARRY)
+    monkeypatch.setattr(litert, "float_islands", lambda buffer: (buffer, 0))
+    as_converted = litert.lower(carried.program, example)
+    monkeypatch.undo()
+    assert as_converted.delegation.left == {"GELU": 1, "ADD": 1}, as_converted.delegation.left
+    buffer, rewritten = litert_float_ops.float_islands(as_converted.buffer)
+    assert rewritten == 2
+    (tmp_path / "before.tflite").write_bytes(as_converted.buffer)
+    (tmp_path / "after.tflite").write_bytes(buffer)
+    after = litert.Runner(tmp_path / "after.tflite")
+    taken = litert.delegation(after.interpreter)
+    assert taken.partitions == 1 and taken.left == {} and taken.delegated > as_converted.delegation.delegated
+    before = litert.Runner(tmp_path / "before.tflite")
+    for feeds in samples[:4]:
+        want, got = before(feeds)[0], after(feeds)[0]
+        assert 10 * np.log10(np.sum(want ** 2) / max(np.sum((want - got) ** 2), 1e-30)) > 40
+    _assert_computes_the_qdq_model(result.model, after, samples[:4], floor_db=25)

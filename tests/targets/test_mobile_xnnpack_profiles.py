@@ -183,6 +183,7 @@ class _Mixed(torch.nn.Module):
         y = y * y[:, torch.tensor([1, 0, 2, 3, 4, 5, 6, 7])]              # gather by an index tensor: left
         y = torch.nn.functional.max_pool2d(y, 3, 1, 1)                  # LiteRT: padded as SAME, taken
         y = torch.nn.functional.max_pool2d(y, 3, 2, 1)                  # LiteRT: a PADV2 left outside
+        y = torch.nn.functional.max_pool2d(torch.relu(y), 3, 2, 1)      # LiteRT: of a ReLU, padded with zeros
         y = self.conv3(torch.cat([y, y * 2.0, y * 3.0, y * 4.0, y * 5.0, y * 6.0], 1))  # 6 inputs: LiteRT leaves it
         s = torch.softmax(y, dim=1)                                     # softmax over channels: left
         y = torch.nn.functional.interpolate(y, scale_factor=2.0, mode="bilinear")

@@ -31,6 +31,7 @@ from npukit.errors import InputError
 from npukit.frontend.provenance import Placement, origin, placements
 from npukit.frontend.spec import eval_mode
 from npukit.quant.emit.pt2e import CarryOptions
+from npukit.runtime.litert_float_ops import float_islands
 from npukit.runtime.tensors import plain_tensor
 
 EXTRA_HINT = "install it with: .venv/bin/pip install 'npukit[litert]' (scripts/setup.sh does)"
@@ -105,7 +106,7 @@ def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
     args = tuple(plain_tensor(x) for x in example)
     quant = _static_int8_config() if _has_qdq(program) else None
     inner = _hardswish_as_int8_ops(program) if quant is not None else frozenset()
-    eval_mode(program)
+    program = _zero_padded_max_pools(eval_mode(program), args)
     try:
         with _quiet():
             edge = litert_torch.convert(program, args, quant_config=quant)
@@ -113,6 +114,8 @@ def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
     except Exception as exc:  # noqa: BLE001 - a failure inside LiteRT's converter is the model's, said in one line
         raise InputError(f"LiteRT's converter failed on this model: {_root_cause(exc)}",
                          hint="try --target executorch-xnnpack, or npukit quantize on its ONNX export") from exc
+    if quant is not None:
+        buffer, _ = float_islands(buffer)
     interpreter = _interpreter(buffer, threads=1)
     taken = delegation(interpreter)
     details = interpreter._get_ops_details()
@@ -234,6 +237,60 @@ def _hardswish_as_int8_ops(program: Any) -> frozenset[tuple[float, int]]:
 _FINEST_GATED = 6 / 255 / 1000  # x's finest scale whose m = x / 6 XNNPACK's ADD takes onto h's grid (1/255)
 
 
+def _zero_padded_max_pools(program: Any, args: tuple[torch.Tensor, ...]) -> Any:
+    """``program`` (exported first where it is not a graph) with each padded max pool whose input is never negative
+    (a ReLU's, a clamp's at 0 or above, an int8 grid whose lowest value is 0) computed on its input padded with
+    zeros (a PAD, on the input's int8 grid where it has one) and no padding of its own: the same values, as a window's
+    maximum is 0 or more either way. Left as it is, the converter pads with the lowest value (-inf, or -128) in a
+    PADV2, which LiteRT's XNNPACK delegate has no case for: it ran in LiteRT's kernel between two delegate
+    partitions in every model with a ResNet stem (conv, ReLU, 3x3 max pool padded by 1: ResNet-18, ShuffleNetV2),
+    fp32 and INT8 alike. A program torch.export cannot take is returned as it is (the converter says why)."""
+    aten, decomposed = torch.ops.aten, torch.ops.quantized_decomposed
+    if not isinstance(program, torch.fx.GraphModule):
+        try:
+            program = eval_mode(torch.export.export(program, args).module())  # the converter reads its flag
+        except Exception:  # noqa: BLE001 - not exportable here: LiteRT's converter will say why in its own words
+            return program
+    graph = program.graph
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target != aten.max_pool2d.default or len(node.args) < 3:
+            continue
+        x, padding = node.args[0], node.args[3] if len(node.args) > 3 else 0
+        padding = [padding] * 2 if isinstance(padding, int) else list(padding)
+        ceil = bool(node.args[5]) if len(node.args) > 5 else bool(node.kwargs.get("ceil_mode", False))
+        if not any(padding) or ceil or not _never_negative(x):
+            continue
+        with graph.inserting_before(node):
+            padded = graph.call_function(aten.constant_pad_nd.default,
+                                         (x, [padding[1], padding[1], padding[0], padding[0]], 0.0))
+            if x.target == decomposed.dequantize_per_tensor.default:  # int8: the PAD on x's grid
+                grid = tuple(x.args[1:])
+                padded = graph.call_function(decomposed.dequantize_per_tensor.default, (
+                    graph.call_function(decomposed.quantize_per_tensor.default, (padded, *grid)), *grid))
+        node.args = (padded, node.args[1], node.args[2], [0, 0], *node.args[4:])
+        changed = True
+    if changed:
+        program.recompile()
+    return program
+
+
+def _never_negative(value: Any) -> bool:
+    """``value`` (a graph node) is 0 or more everywhere: a ReLU's output, a clamp's to a lower bound of 0 or more,
+    or a dequantization from an int8 grid whose lowest integer is its zero point."""
+    aten, decomposed = torch.ops.aten, torch.ops.quantized_decomposed
+    if not isinstance(value, torch.fx.Node) or value.op != "call_function":
+        return False
+    if value.target in (aten.relu.default, aten.relu_.default):
+        return True
+    if value.target in (aten.hardtanh.default, aten.hardtanh_.default, aten.clamp.default, aten.clamp_.default):
+        low = value.args[1] if len(value.args) > 1 else value.kwargs.get("min_val", value.kwargs.get("min"))
+        return isinstance(low, (int, float)) and low >= 0
+    if value.target == decomposed.dequantize_per_tensor.default:
+        return len(value.args) > 3 and int(value.args[2]) == int(value.args[3])
+    return False
+
+
 def _root_cause(exc: BaseException) -> str:
     while exc.__cause__ is not None:
         exc = exc.__cause__
@@ -311,7 +368,7 @@ def node_placement(program: torch.nn.Module, example: Sequence[torch.Tensor]) ->
     hook.build_mlir_debuginfo = lambda node: f"{_ORIGIN_TAG}{origin(node)}|"
     try:
         with _quiet():
-            buffer = bytes(litert_torch.convert(program, args).model_content())
+            buffer = bytes(litert_torch.convert(_zero_padded_max_pools(program, args), args).model_content())
     finally:
         hook.build_mlir_debuginfo = saved
     interpreter = _interpreter(buffer, threads=1)

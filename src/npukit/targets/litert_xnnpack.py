@@ -24,6 +24,7 @@ from npukit.targets.profile import (
     InputRank,
     NodeInfo,
     OpRule,
+    PatternStep,
     Quantization,
     TargetProfile,
     unit_steps,
@@ -118,6 +119,18 @@ def _one_output_channel(node: NodeInfo) -> bool | None:
     return len(shape) == 4 and shape[1] == 1
 
 
+def _zero_padded(node: NodeInfo) -> bool | None:
+    """A max pool of a ReLU without ceil_mode: npukit pads it with zeros; with ceil_mode, as any max pool."""
+    return True if not node.attr("ceil_mode", 0) else _same_or_valid(node)
+
+
+# Relu -> MaxPool: npukit's lowering pads a max pool of a ReLU with zeros (a PAD, which the delegate takes, and an
+# unpadded MAX_POOL_2D: runtime.litert._zero_padded_max_pools), whatever its padding; not with ceil_mode, whose
+# windows past the end the converter pads itself (taken where that padding is TFLite's SAME, as GoogLeNet's)
+RELU_MAXPOOL = Fusion("relu_maxpool", "Relu+MaxPool", ((PatternStep("Relu", ("x",)), PatternStep("MaxPool", (0,))),),
+                      notes="a max pool of a ReLU: npukit pads it with zeros (PAD), taken", input_ranks=(4,))
+
+
 # ConvTranspose -> BatchNormalization (-> Relu) (litert.CONVT_BN): LiteRT's converter folds the BatchNorm into the
 # TRANSPOSE_CONV with its per-channel constants' shape, a 4-D bias [1, 1, 1, C] (and the Relu into its fused
 # activation), and the delegate's VisitTransposeConvNode takes only a 1-D bias (CheckTensorShape(bias_tensor, 1)):
@@ -135,6 +148,10 @@ OPS = {op: rule for op, rule in BUILTIN_OPS.items() if op not in _LEFT_TO_LITERT
                                                                             "PADV2 (-inf) outside XNNPACK",
                                                             "the input's spatial size is unknown here, so whether "
                                                             "its padding is TFLite's SAME cannot be told"))),
+    "Relu+MaxPool": OpRule("Relu+MaxPool", constraints=(InputRank(0, 4, 4), AttrPredicate(
+        _zero_padded, "with ceil_mode, padding other than TFLite's SAME is a PADV2 (-inf) outside XNNPACK",
+        "the input's spatial size is unknown here, so whether its padding is TFLite's SAME cannot be told")),
+        notes="PAD (zeros) and MAX_POOL_2D: a ReLU's output is never negative"),
     "Slice": OpRule("Slice", constraints=(ConstantInput(1, "starts"), ConstantInput(2, "ends"),
                                           AttrPredicate(unit_steps, "only step 1 (a strided slice stays on "
                                                                      "LiteRT's kernels)", STEPS_UNKNOWN))),
@@ -182,8 +199,8 @@ PROFILE = TargetProfile(
     max_rank=6,
     known_limits=("comparisons, selects (ELU), gathers of a tensor of indices, strided slices, casts and "
                   "arg-reductions stay on LiteRT's kernels",
-                  "a max pool padded other than TFLite's SAME runs its padding (PADV2) outside XNNPACK (ResNet's "
-                  "3x3/2 pool on an even input); a concatenation of more than 5 "
+                  "a max pool padded other than TFLite's SAME runs its padding (PADV2) outside XNNPACK, unless it "
+                  "reads a ReLU (npukit pads that with zeros: ResNet's stem); a concatenation of more than 5 "
                   "tensors (nested ones flattened by the converter) stays outside",
                   "F.normalize becomes L2_NORMALIZATION, outside XNNPACK (not predicted: swin_v2_t)",
                   "clamp(x, 0, 1) (hardtanh, a port's hard sigmoid) becomes RELU_0_TO_1 and a nearest upsample "
@@ -196,5 +213,5 @@ PROFILE = TargetProfile(
     substitutions=("fix_input_shape",),
     qdq_units=True,
     fusions=(Fusion("erf_gelu", "Gelu", ERF_GELU_PATTERNS, notes="torch's gelu: litert-torch lowers it to GELU"),
-             CONVT_BN),
+             CONVT_BN, RELU_MAXPOOL),
 )

@@ -630,7 +630,7 @@ def _unit_reasons(index: GraphIndex, target: TargetProfile, infos: dict[str, Ten
         if u < len(fused):
             fusion, members, root = fused[u]
             last = graph.node[members[-1]].output[0]
-            info = NodeInfo(op_type=fusion.into, domain="", attributes={},
+            info = NodeInfo(op_type=fusion.into, domain="", attributes=node_attrs(graph.node[members[-1]]),
                             inputs=(infos.get(root, TensorInfo(None, None)),),
                             outputs=(infos.get(last, TensorInfo(None, None)),))
             op_type, domain, names = fusion.into, "", [root, last]

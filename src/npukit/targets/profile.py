@@ -231,7 +231,7 @@ class Fusion:
     """Nodes a backend fuses into one op of its own (``into``) before checking it; each pattern is one form.
 
     The intermediate results of a matched pattern must be used only inside it. The fused group is checked against
-    the rule for ``into`` with the pattern's input and the last step's output. ``input_ranks``: the ranks of the
+    the rule for ``into`` with the pattern's input, the last step's output and the last step's attributes. ``input_ranks``: the ranks of the
     pattern's input the backend fuses at (empty: any); at another rank, or an unknown one, each node is checked on
     its own.
     """
