@@ -24,8 +24,8 @@ def _ints(name, values):
 
 @pytest.mark.parametrize("op, inits, extra, attrs, supported, reason", [
     ("ReduceMean", [_ints("a", [2, 3])], ["a"], {"keepdims": 1}, True, None),
-    ("ReduceMean", [_ints("a", [2, 3])], ["a"], {"keepdims": 0}, False, "over H and W with keepdims"),
-    ("ReduceMean", [_ints("a", [1])], ["a"], {}, False, "over H and W with keepdims"),
+    ("ReduceMean", [_ints("a", [2, 3])], ["a"], {"keepdims": 0}, True, None),  # npukit's pass: keepdim + view
+    ("ReduceMean", [_ints("a", [1])], ["a"], {}, False, "only the mean of a 4D tensor over H and W"),
     ("Softmax", [], [], {"axis": -1}, True, None),
     ("Softmax", [], [], {"axis": 1}, False, "only over the last axis"),
     ("Unsqueeze", [_ints("a", [4])], ["a"], {}, True, None),
@@ -188,7 +188,7 @@ class _Mixed(torch.nn.Module):
         s = torch.softmax(y, dim=1)                                     # softmax over channels: left
         y = torch.nn.functional.interpolate(y, scale_factor=2.0, mode="bilinear")
         g = y.mean(dim=(2, 3), keepdim=True)                            # taken
-        t = y.mean(dim=(2, 3))                                          # keepdim=False: left
+        t = y.mean(dim=(2, 3))                                          # no keepdim: ExecuTorch takes it (npukit pass)
         z = self.norm(t) + g.flatten(1)                                 # layer norm: left
         return self.fc(z) + s.sum()
 

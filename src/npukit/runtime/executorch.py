@@ -99,12 +99,12 @@ def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
 
 
 def _to_edge(exported: torch.export.ExportedProgram) -> Any:
-    """``exported`` lowered as every .pte here is: npukit's edge passes (``executorch_prelu``) before XNNPACK's
-    partitioner."""
+    """``exported`` lowered as every .pte here is: npukit's edge passes (``executorch_passes``: PReLU, mean, split)
+    before XNNPACK's partitioner."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    from npukit.runtime.executorch_prelu import transform_passes
+    from npukit.runtime.executorch_passes import transform_passes
 
     return to_edge_transform_and_lower(exported, transform_passes=transform_passes(),
                                        partitioner=[XnnpackPartitioner()])

@@ -5,9 +5,9 @@ XNNPACK's PReLU takes NHWC tensors only, so ExecuTorch's XNNPACK lowering (1.5.1
 which it cannot do for a tensor that is not 4-D: the lowering fails ("ChannelsLastTaggedReshapePass: Attempting to
 convert non-NHWC compatible node to NHWC") wherever a PReLU follows a Linear layer, as in MTCNN's RNet and ONet.
 PReLU's slope is per channel along dimension 1, which trailing dimensions of size 1 keep: the rewrite is exact.
-An edge-dialect pass (``ExportPass``), run by ``to_edge_transform_and_lower`` before partitioning, so that the views
-and the PReLU are delegated with the rest (one delegate call on MTCNN ONet, fp32 and INT8; an INT8 artifact is held
-to compile's task check as any other).
+An edge-dialect pass (``ExportPass``), run by ``to_edge_transform_and_lower`` before partitioning
+(``npukit.runtime.executorch_passes``), so that the views and the PReLU are delegated with the rest (one delegate
+call on MTCNN ONet, fp32 and INT8; an INT8 artifact is held to compile's task check as any other).
 """
 
 from __future__ import annotations
@@ -34,8 +34,3 @@ class PreluOn4dPass(ExportPass):
         padded = super().call_operator(view, (args[0], shape + [1] * (RANK - len(shape))), {}, meta)
         result = super().call_operator(op, (padded, *args[1:]), kwargs, meta)
         return super().call_operator(view, (result, shape), {}, meta)
-
-
-def transform_passes() -> list[ExportPass]:
-    """The passes ``npukit.runtime.executorch`` runs on every edge program before XNNPACK partitions it."""
-    return [PreluOn4dPass()]

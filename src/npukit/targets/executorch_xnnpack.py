@@ -10,11 +10,13 @@ What the rules encode, by edge op: convolutions 1D/2D with parameter weights; li
 bmm on rank-3 operands; element-wise add/sub/mul/div/min/max on float tensors; relu, hardtanh/clamp, hardswish,
 sigmoid, tanh, gelu, leaky_relu, prelu (parameter slope), abs, neg, exp, log, sqrt, ceil, floor, sin, cos, pow with
 an int exponent 2; avg_pool2d without ceil mode and without padding counted in the average; max_pool2d with stride <=
-kernel; mean over H and W of a 4D tensor with keepdim; cat of two tensors or more; permute; view; unsqueeze on the
-trailing dim only; slice with step 1; softmax over the last dim; upsample bilinear 2D; constant pad without
-cropping; batch norm (fused into its conv or decomposed). Nothing else: no layer norm, no ELU (disabled in 1.5.1),
-no nearest upsampling, no squeeze, no split, no log_softmax, no expand, no dtype casts, no roll; hardsigmoid
-decomposed, the dtype copies of its scalar constants left out (on constants: they do not split the graph).
+kernel; mean over H and W of a 4D tensor (with keepdim; without it, npukit's edge pass ``executorch_mean`` makes it
+one with keepdim and a view); cat of two tensors or more; permute; view; unsqueeze on the trailing dim only; slice
+with step 1; split (npukit's edge pass ``executorch_split`` makes its pieces slices); softmax over the last dim;
+upsample bilinear 2D; constant pad without cropping; batch norm (fused into its conv or decomposed). Nothing else:
+no layer norm, no ELU (disabled in 1.5.1), no nearest upsampling, no squeeze, no log_softmax, no expand, no dtype
+casts, no roll; hardsigmoid decomposed, the dtype copies of its scalar constants left out (on constants: they do
+not split the graph).
 """
 
 from __future__ import annotations
@@ -75,9 +77,9 @@ def _given_but_unknown(node: NodeInfo, index: int) -> bool:
 # unknown in the model as given and the answer depends on it: the refusal then says so (profile.unchecked) and
 # analyze names the shape fixes, instead of a rule the node may well satisfy once the sizes are folded.
 def _mean_over_hw(node: NodeInfo) -> bool | None:
+    """With keepdims or without: npukit's edge pass (``runtime.executorch_mean``) computes a mean over H and W
+    without keepdim as one with keepdim and a view, which XNNPACK takes (fp32 and int8)."""
     rank, axes = _rank(node), _axes(node)
-    if node.attr("keepdims", 1) != 1:
-        return False
     if axes is None:  # computed axes, or none (the mean over every axis, never H and W alone)
         return None if _given_but_unknown(node, 1) else False
     if len(axes) != 2:
@@ -166,7 +168,7 @@ OPS = with_rules(
                                                      "padding counted in the average is not supported"))),
     OpRule("GlobalAveragePool", constraints=(_2D,), notes="mean over H, W"),
     OpRule("ReduceMean", dtypes=_WITH_INDICES,
-           constraints=(AttrPredicate(_mean_over_hw, "only the mean of a 4D tensor over H and W with keepdims",
+           constraints=(AttrPredicate(_mean_over_hw, "only the mean of a 4D tensor over H and W",
                                       "the input's rank or the axes are unknown here, so whether it is the mean "
                                       "over H and W (the only one taken) cannot be told"),)),
     OpRule("MaxPool", constraints=(_2D, AttrPredicate(_pool_stride_within_kernel,
@@ -178,6 +180,8 @@ OPS = with_rules(
                                       "the input's rank or the axes are unknown here, so whether it is on the "
                                       "trailing dimension (the only one taken) cannot be told"),)),
     OpRule("Slice", dtypes=_WITH_INDICES, constraints=(AttrPredicate(unit_steps, "only step 1", STEPS_UNKNOWN),)),
+    OpRule("Split", dtypes=_WITH_INDICES, constraints=(ConstantInput(1, "split"),),
+           notes="its pieces as slices (npukit's edge pass, runtime.executorch_split): XNNPACK has no split"),
     OpRule("Softmax", constraints=(AttrPredicate(_softmax_last_axis, "only over the last axis",
                                                  "the input's rank is unknown here, so whether its axis is the "
                                                  "last (the only one taken) cannot be told"),)),
@@ -216,9 +220,12 @@ PROFILE = TargetProfile(
     requires_static_shapes=False,
     dtypes=_FLOAT,
     known_limits=(
-        "no layer norm, ELU, nearest upsampling, squeeze, split, log_softmax, expand, select (x[i], a Gather in "
-        "ONNX) or dtype casts: they run on ExecuTorch's portable kernels, and each splits the delegated graph",
-        "mean only over H and W of a 4D tensor, with keepdim; softmax only over the last dim",
+        "no layer norm, ELU, nearest upsampling, squeeze, log_softmax, expand, select (x[i], a Gather in ONNX) or "
+        "dtype casts: they run on ExecuTorch's portable kernels, and each splits the delegated graph",
+        "mean only over H and W of a 4D tensor (without keepdim too: npukit computes it with keepdim and a view); "
+        "softmax only over the last dim",
+        "a split is taken as one slice per piece (npukit's edge pass; XNNPACK has no split of its own), int8 in an "
+        "int8 program (a piece on another grid, a concatenation's, requantized after its slice by XNNPACK's converts)",
         "hardsigmoid: its decomposition leaves two dtype copies of its scalar constants to the portable kernels; "
         "they run before the delegate call and do not split the graph (MobileNetV3: one delegate call, measured)",
         "a Python int operand (16 * x) gets a dtype copy outside XNNPACK; the ONNX export folds that cast, so it is "
