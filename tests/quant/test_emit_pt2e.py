@@ -813,3 +813,69 @@ def test_int8_ops_xnnpack_refuses_run_in_float_inside_the_litert_delegate(tmp_pa
         want, got = before(feeds)[0], after(feeds)[0]
         assert 10 * np.log10(np.sum(want ** 2) / max(np.sum((want - got) ** 2), 1e-30)) > 40
     _assert_computes_the_qdq_model(result.model, after, samples[:4], floor_db=25)
+
+
+class _Reduction(torch.nn.Module):
+    """Inception-ResNet's reduction block as a model's output: two conv branches and a max pool of the block's
+    input, which the branches read too, concatenated (the plan leaves the graph output float)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.left = torch.nn.Conv2d(8, 8, 3, stride=2)
+        self.right = torch.nn.Sequential(torch.nn.Conv2d(8, 4, 1), torch.nn.ReLU(), torch.nn.Conv2d(4, 8, 3, 2))
+        self.pool = torch.nn.MaxPool2d(3, stride=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.stem(x))
+        return torch.cat([torch.relu(self.left(x)), torch.relu(self.right(x)), self.pool(x)], 1)
+
+
+def test_a_concatenation_of_a_max_pool_of_a_shared_input_reaches_litert_on_one_grid(tmp_path):
+    """The max pool's output is on its input's grid, which the conv branches read too: LiteRT's converter refused
+    the concatenation ('quantization parameters violate the same scale constraint', facenet-pytorch's
+    InceptionResnetV1). The pool's input writes the concatenation's grid, widened to cover its own, and the .tflite
+    computes what the QDQ model does."""
+    pytest.importorskip("litert_torch", reason="the litert extra is not installed (scripts/setup.sh installs it)")
+    from npukit.runtime import litert
+
+    result, carried, samples, example = _carried_16x16(tmp_path, _Reduction, litert.CARRY)
+    assert carried.unmatched == ()
+    lowered = litert.lower(carried.program, example)
+    assert lowered.ops["CONCATENATION"] == 1 and lowered.delegation.left == {}
+    lowered.write(tmp_path / "reduction.tflite")
+    _assert_computes_the_qdq_model(result.model, litert.Runner(tmp_path / "reduction.tflite"), samples[:4],
+                                   floor_db=25)
+
+
+class _AveragePooled(torch.nn.Module):
+    """Inception's 3x3 average pool (stride 1, padding 1) between convs, a softmax at the output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.conv = torch.nn.Conv2d(8, 8, 1)
+        self.head = torch.nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.stem(x))
+        x = torch.relu(self.conv(torch.nn.functional.avg_pool2d(x, 3, 1, 1)))
+        return torch.softmax(self.head(x.mean((2, 3))), 1)
+
+
+def test_an_int8_average_pool_runs_in_float_inside_the_litert_delegate(tmp_path, monkeypatch):
+    """XNNPACK's delegate takes AVERAGE_POOL_2D in float only: the converter's int8 pool (6 in Inception v3) ran in
+    LiteRT's kernel between partitions; rewritten in float on its grids, the model is one partition and computes
+    what the QDQ model does."""
+    pytest.importorskip("litert_torch", reason="the litert extra is not installed (scripts/setup.sh installs it)")
+    from npukit.runtime import litert
+
+    result, carried, samples, example = _carried_16x16(tmp_path, _AveragePooled, litert.CARRY)
+    monkeypatch.setattr(litert, "float_islands", lambda buffer: (buffer, 0))
+    assert litert.lower(carried.program, example).delegation.left == {"AVERAGE_POOL_2D": 1}
+    monkeypatch.undo()
+    lowered = litert.lower(carried.program, example)
+    assert lowered.delegation.left == {} and lowered.delegation.partitions == 1
+    lowered.write(tmp_path / "pooled.tflite")
+    _assert_computes_the_qdq_model(result.model, litert.Runner(tmp_path / "pooled.tflite"), samples[:4],
+                                   floor_db=25)

@@ -17,10 +17,11 @@ from __future__ import annotations
 from typing import Any
 
 # builtin operators the delegate takes with float tensors only (xnnpack_delegate.cc: VisitUnaryNode's and
-# VisitBinaryNode's CheckTensorFloatType groups), of which LiteRT's converter may write an int8 form
+# VisitBinaryNode's CheckTensorFloatType groups, VisitAveragePool2DNode, VisitSoftmaxNode), of which LiteRT's
+# converter may write an int8 form (Inception v3's 3x3 average pools: 6 left out, 9 partitions)
 FLOAT_ONLY = ("ABS", "CEIL", "COS", "EXP", "FLOOR", "GELU", "HARD_SWISH", "LOG", "NEG", "RELU_N1_TO_1", "RELU",
               "RELU6", "ROUND", "RSQRT", "SIN", "SQRT", "SQUARE", "DIV", "MAXIMUM", "MINIMUM", "PRELU",
-              "SQUARED_DIFFERENCE")
+              "SQUARED_DIFFERENCE", "AVERAGE_POOL_2D", "SOFTMAX")
 # int8 arithmetic the delegate takes only where its grids' ratio lies in [low, high): each input's scale to the
 # output's for ADD and SUB, the product of the inputs' scales to the output's for MUL (xnnpack_delegate.cc's
 # VisitBinaryNode); an Add of a branch scaled by 1e-6 (an untrained ConvNeXt's layer scale) to a skip is outside

@@ -538,9 +538,10 @@ def _same_scale_concats(model: torch.fx.GraphModule, state: _Annotation) -> None
                if node.meta.get("quantization_annotation") is not None and _op_name(node) in _CONCATS
                and (grid := _concat_grid(node, state)) is not None}
     # concatenation -> {its input's producer: whether the producer's value is read by this concatenation alone}
-    sources = {node: {(source := _through_passing(arg)): len(arg.users) == 1 and (source is arg or
-                                                                                  len(source.users) == 1)
-                      for arg in node.meta["quantization_annotation"].input_qspec_map} for node in concats}
+    tied = not state.options.requantize_edges  # a pass-through op's grid is its input's: no edge to requantize on
+    sources = {node: {(source := _through_passing(arg, tied=tied)): len(arg.users) == 1 and (
+        source is arg or _reads_alone(arg, source)) for arg in node.meta["quantization_annotation"].input_qspec_map}
+        for node in concats}
     group = {node: node for node in concats}  # union-find over concatenations that share a producer
 
     def root(node: torch.fx.Node) -> torch.fx.Node:
@@ -602,7 +603,9 @@ def _concat_grid(node: torch.fx.Node, state: _Annotation) -> Any:
     grid = state.grid(node)
     if grid is not None:
         return grid
-    inputs = [_fixed_annotation(_through_passing(arg)) for arg in node.meta["quantization_annotation"].input_qspec_map]
+    tied = not state.options.requantize_edges
+    inputs = [_fixed_annotation(_through_passing(arg, tied=tied))
+              for arg in node.meta["quantization_annotation"].input_qspec_map]
     if not inputs or any(i is None for i in inputs):
         return None
     state.report.setdefault("derived", []).append(node.name)
@@ -631,11 +634,13 @@ def _read_on(node: torch.fx.Node, grid: Any, *, averages_follow: bool = False) -
             _read_on(user, grid, averages_follow=averages_follow)
 
 
-def _through_passing(node: torch.fx.Node) -> torch.fx.Node:
+def _through_passing(node: torch.fx.Node, *, tied: bool = False) -> torch.fx.Node:
     """The op that computes what ``node`` passes on: ``node``, or the first op above it, through ops that pass their
     input's values on or average them (a view, a nearest-neighbour resize, a max or average pool), unannotated or
     with their output on their input's grid, whose input is read by nothing else: converters give such ops one grid
-    in and out (LiteRT's int8 kernels copy the integers whatever the grids)."""
+    in and out (LiteRT's int8 kernels copy the integers whatever the grids). ``tied``: whatever else reads their
+    input (the op whose grid such an op's output has: Inception-ResNet's reduction block concatenates a max pool of
+    its input, which its conv branches read too)."""
     from torchao.quantization.pt2e.quantizer import SharedQuantizationSpec
 
     def passes(node: torch.fx.Node) -> bool:
@@ -643,9 +648,20 @@ def _through_passing(node: torch.fx.Node) -> torch.fx.Node:
         return _op_name(node) in _VIEWS + _PASSING + _REQUANTIZING and (
             annotation is None or isinstance(annotation.output_qspec, SharedQuantizationSpec))
 
-    while node.args and isinstance(node.args[0], torch.fx.Node) and len(node.args[0].users) == 1 and passes(node):
+    while node.args and isinstance(node.args[0], torch.fx.Node) and (tied or len(node.args[0].users) == 1) \
+            and passes(node):
         node = node.args[0]
     return node
+
+
+def _reads_alone(arg: torch.fx.Node, source: torch.fx.Node) -> bool:
+    """Every op between ``source`` and ``arg`` (``arg``'s chain of pass-through ops up to ``source``), ``source``
+    included, is read by the next alone."""
+    while arg is not source:
+        arg = arg.args[0]
+        if len(arg.users) != 1:
+            return False
+    return True
 
 
 def _covering(grids: Sequence[Any]) -> Any:
