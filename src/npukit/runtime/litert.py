@@ -208,9 +208,7 @@ def _hardswish_as_int8_ops(program: Any) -> frozenset[tuple[float, int]]:
 
     def on_grid(value: torch.fx.Node, scale: float, zero: int) -> torch.fx.Node:
         inner.add((float(np.float32(scale)), zero))  # as the .tflite stores it
-        grid = (scale, zero, -128, 127, torch.int8)
-        return graph.call_function(decomposed.dequantize_per_tensor.default,
-                                   (graph.call_function(decomposed.quantize_per_tensor.default, (value, *grid)), *grid))
+        return _on_grid(graph, value, (scale, zero, -128, 127, torch.int8))
 
     changed = False
     for node in list(graph.nodes):
@@ -235,6 +233,14 @@ def _hardswish_as_int8_ops(program: Any) -> frozenset[tuple[float, int]]:
 
 
 _FINEST_GATED = 6 / 255 / 1000  # x's finest scale whose m = x / 6 XNNPACK's ADD takes onto h's grid (1/255)
+
+
+def _on_grid(graph: torch.fx.Graph, value: torch.fx.Node, grid: tuple[Any, ...]) -> torch.fx.Node:
+    """``value`` quantized onto ``grid`` (scale, zero point, min, max, dtype) and dequantized, at the graph's insertion
+    point: the converter makes the op writing ``value`` an int8 op on that grid."""
+    decomposed = torch.ops.quantized_decomposed
+    return graph.call_function(decomposed.dequantize_per_tensor.default,
+                               (graph.call_function(decomposed.quantize_per_tensor.default, (value, *grid)), *grid))
 
 
 def _zero_padded_max_pools(program: Any, args: tuple[torch.Tensor, ...]) -> Any:
@@ -265,9 +271,7 @@ def _zero_padded_max_pools(program: Any, args: tuple[torch.Tensor, ...]) -> Any:
             padded = graph.call_function(aten.constant_pad_nd.default,
                                          (x, [padding[1], padding[1], padding[0], padding[0]], 0.0))
             if x.target == decomposed.dequantize_per_tensor.default:  # int8: the PAD on x's grid
-                grid = tuple(x.args[1:])
-                padded = graph.call_function(decomposed.dequantize_per_tensor.default, (
-                    graph.call_function(decomposed.quantize_per_tensor.default, (padded, *grid)), *grid))
+                padded = _on_grid(graph, padded, tuple(x.args[1:]))
         node.args = (padded, node.args[1], node.args[2], [0, 0], *node.args[4:])
         changed = True
     if changed:
@@ -368,7 +372,8 @@ def node_placement(program: torch.nn.Module, example: Sequence[torch.Tensor]) ->
     hook.build_mlir_debuginfo = lambda node: f"{_ORIGIN_TAG}{origin(node)}|"
     try:
         with _quiet():
-            buffer = bytes(litert_torch.convert(_zero_padded_max_pools(program, args), args).model_content())
+            buffer = bytes(litert_torch.convert(_zero_padded_max_pools(eval_mode(exported.module()), args),
+                                                args).model_content())
     finally:
         hook.build_mlir_debuginfo = saved
     interpreter = _interpreter(buffer, threads=1)
