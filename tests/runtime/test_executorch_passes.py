@@ -186,4 +186,6 @@ def test_the_target_profile_predicts_what_the_partitioner_now_takes(net, nodes):
 
 
 def test_the_passes_run_in_a_stated_order():
-    assert [type(p).__name__ for p in transform_passes()] == ["PreluOn4dPass", "KeepMeanDimsPass", "SliceSplitPass"]
+    assert [type(p).__name__ for p in transform_passes()] == ["PreluOn4dPass", "KeepMeanDimsPass", "SliceSplitPass",
+                                                              "StaticViewsPass", "LayerNormPass", "ScalarMulPass",
+                                                              "SafeSoftmaxPass"]

@@ -29,7 +29,11 @@ def _ints(name, values):
     ("Softmax", [], [], {"axis": -1}, True, None),
     ("Softmax", [], [], {"axis": 1}, False, "only over the last axis"),
     ("Unsqueeze", [_ints("a", [4])], ["a"], {}, True, None),
-    ("Unsqueeze", [_ints("a", [1])], ["a"], {}, False, "only on the trailing dimension"),
+    ("Unsqueeze", [_ints("a", [1])], ["a"], {}, True, None),  # a static shape: a view (npukit's pass)
+    ("Squeeze", [_ints("a", [0])], ["a"], {}, True, None),  # a static shape: a view (npukit's pass)
+    ("LayerNormalization", [numpy_helper.from_array(np.ones(8, np.float32), "g")], ["g"], {"axis": -1}, True, None),
+    ("LayerNormalization", [numpy_helper.from_array(np.ones((8, 8), np.float32), "g")], ["g"], {"axis": 2}, False,
+     "only over the last axis alone"),
     ("Pow", [numpy_helper.from_array(np.array(2.0, np.float32), "p")], ["p"], {}, True, None),
     ("Pow", [numpy_helper.from_array(np.array(3.0, np.float32), "p")], ["p"], {}, False, "only exponent 2"),
     ("AveragePool", [], [], {"kernel_shape": [2, 2], "ceil_mode": 1}, False, "ceil_mode 1 not supported"),
@@ -122,17 +126,19 @@ def test_litert_convtranspose_with_a_batchnorm_stays_out(kwargs, left):
         assert any("4-D bias" in r for r in reasons), reasons
 
 
-def test_executorch_says_why_a_rank4_matmul_of_activations_is_split():
-    """q @ k^T on rank-4 activations: XNNPACK takes its bmm, but the expand_copy of each operand stays out."""
-    def matmul(rank):
+def test_executorch_says_why_a_matmul_of_activations_is_split():
+    """q @ k^T on rank-3 or rank-4 activations: a bmm (the same-shape expand_copy aten.matmul writes goes, npukit's
+    edge pass); batch dims that broadcast keep an expand_copy out."""
+    def matmul(rank, other=None):
         shape = [1, 4, 16, 8][-rank:]
         nodes = [helper.make_node("Transpose", ["x"], ["k"], perm=[*range(rank - 2), rank - 1, rank - 2]),
-                 helper.make_node("MatMul", ["x", "k"], ["y"])]
-        return next(v for v in analyze(make(nodes, [vi("x", shape)], [vi("y", None)]),
+                 helper.make_node("MatMul", ["x", "o" if other else "k"], ["y"])]
+        inputs = [vi("x", shape)] + ([vi("o", other)] if other else [])
+        return next(v for v in analyze(make(nodes, inputs, [vi("y", None)]),
                                        get_target("executorch-xnnpack")).nodes if v.op_type == "MatMul")
 
-    assert matmul(3).supported
-    v = matmul(4)
+    assert matmul(3).supported and matmul(4).supported
+    v = matmul(4, [1, 1, 8, 16])
     assert not v.supported and any("expand_copy" in r for r in v.reasons), v.reasons
 
 

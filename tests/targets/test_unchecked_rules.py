@@ -112,7 +112,7 @@ _COMPUTED = _t((2,), dtype="int64")  # an int64 input computed in the graph: not
      "the input's spatial size is unknown here"),
     # ... what can be told without it is answered
     ("executorch-xnnpack", "Softmax", [_t(None)], {"axis": -1}, None),
-    ("executorch-xnnpack", "MatMul", [_t((1, 4, 16, 8)), _t(None)], {}, "two activations of rank other than 3"),
+    ("executorch-xnnpack", "MatMul", [_t((16, 8)), _t(None)], {}, "two activations of rank 2"),
     ("executorch-xnnpack", "ReduceMean", [_t(None)], {"axes": [-1]}, "only the mean of a 4D tensor over H and W"),
     ("executorch-xnnpack", "Unsqueeze", [_t(None)], {"axes": [-1]}, None),
     ("executorch-xnnpack", "Pad", [_t((1, 3, 8, 8))], {"pads": [0, 0, 1, 1, 0, 0, 1, 1]}, None),  # opset < 11
@@ -207,13 +207,14 @@ def test_litert_clip_note_names_relu_0_to_1():
 
 
 def test_executorch_rank4_matmul_macs_are_not_counted_as_delegated():
-    """The split rank-4 MatMul of two activations counts as left, MACs and all; the linear MatMul's are delegated."""
+    """The split rank-4 MatMul of two activations whose batch dims broadcast (an expand_copy left out) counts as
+    left, MACs and all; the linear MatMul's are delegated."""
     w = numpy_helper.from_array(np.ones((8, 8), np.float32), "w")
     nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="linear"),
-             helper.make_node("Transpose", ["a"], ["k"], name="transpose", perm=[0, 1, 3, 2]),
              helper.make_node("MatMul", ["a", "k"], ["s"], name="qk"),
              helper.make_node("Relu", ["s"], ["y"], name="relu")]
-    a = analyze(make(nodes, [vi("x", [1, 4, 16, 8])], [vi("y", None)], [w]), get_target("executorch-xnnpack"))
+    a = analyze(make(nodes, [vi("x", [1, 4, 16, 8]), vi("k", [1, 1, 8, 16])], [vi("y", None)], [w]),
+                get_target("executorch-xnnpack"))
     by_name = {v.name: v for v in a.nodes}
     assert not by_name["qk"].supported and by_name["qk"].macs == 4 * 16 * 16 * 8
     assert a.macs_delegated == by_name["linear"].macs == 4 * 16 * 8 * 8

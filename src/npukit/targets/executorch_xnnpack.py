@@ -7,16 +7,22 @@ from, and that op's edge nodes are looked up inside or outside XNNPACK's delegat
 quantized program is lowered from npukit's plan (``compile --target executorch-xnnpack``), where the same ops take int8.
 
 What the rules encode, by edge op: convolutions 1D/2D with parameter weights; linear/mm with a parameter weight,
-bmm on rank-3 operands; element-wise add/sub/mul/div/min/max on float tensors; relu, hardtanh/clamp, hardswish,
-sigmoid, tanh, gelu, leaky_relu, prelu (parameter slope), abs, neg, exp, log, sqrt, ceil, floor, sin, cos, pow with
-an int exponent 2; avg_pool2d without ceil mode and without padding counted in the average; max_pool2d with stride <=
-kernel; mean over H and W of a 4D tensor (with keepdim; without it, npukit's edge pass ``executorch_mean`` makes it
-one with keepdim and a view); cat of two tensors or more; permute; view; unsqueeze on the trailing dim only; slice
-with step 1; split (npukit's edge pass ``executorch_split`` makes its pieces slices); softmax over the last dim;
-upsample bilinear 2D; constant pad without cropping; batch norm (fused into its conv or decomposed). Nothing else:
-no layer norm, no ELU (disabled in 1.5.1), no nearest upsampling, no squeeze, no log_softmax, no expand, no dtype
-casts, no roll; hardsigmoid decomposed, the dtype copies of its scalar constants left out (on constants: they do
-not split the graph).
+bmm (a MatMul of two activations of one rank >= 3 without broadcasting: the expand_copy aten.matmul writes before it
+has its input's shape, which npukit's edge pass ``executorch_views`` removes); element-wise add/sub/mul/div/min/max
+on float tensors (a mul by a Python number too: npukit's ``executorch_scalar`` makes it a mul by a constant);
+relu, hardtanh/clamp, hardswish, sigmoid, tanh, gelu, leaky_relu, prelu (parameter slope), abs, neg, exp, log, sqrt,
+ceil, floor, sin, cos, pow with an int exponent 2; avg_pool2d without ceil mode and without padding counted in the
+average; max_pool2d with stride <= kernel; mean over H and W of a 4D tensor (with keepdim; without it, npukit's edge
+pass ``executorch_mean`` makes it one with keepdim and a view); cat of two tensors or more; permute; view; squeeze,
+unsqueeze and select (x[i]) on static shapes (npukit's ``executorch_views``: views, a select a one-wide slice and a
+view; unsqueeze on the trailing dim only where the shape is symbolic); slice with step 1; split (npukit's edge pass
+``executorch_split`` makes its pieces slices); softmax over the last dim (scaled_dot_product_attention's safe-softmax
+guard on unmasked scores dropped by npukit's ``executorch_softmax``); layer norm over the last dim (npukit's
+``executorch_layer_norm``: two one-output linear layers and element-wise ops, fp32 in an int8 program too); upsample
+bilinear 2D; constant pad without cropping; batch norm (fused into its conv or decomposed). Nothing else: no ELU
+(disabled in 1.5.1), no nearest upsampling, no log_softmax, no broadcasting expand, no gather of an index tensor, no
+dtype casts, no roll, no layer norm over more than the last dim; hardsigmoid decomposed, the dtype copies of its
+scalar constants left out (on constants: they do not split the graph).
 """
 
 from __future__ import annotations
@@ -97,7 +103,11 @@ def _softmax_last_axis(node: NodeInfo) -> bool | None:
     return None if rank is None else axis == rank - 1
 
 
-def _unsqueeze_trailing(node: NodeInfo) -> bool | None:
+def _unsqueeze_taken(node: NodeInfo) -> bool | None:
+    """On a static shape, any axis: npukit's edge pass (``runtime.executorch_views``) makes it a view; on a
+    symbolic one, XNNPACK's own UnsqueezeCopyConfig takes the trailing dim only."""
+    if _static(node.inputs[0] if node.inputs else None) is not None:
+        return True
     rank, axes = _rank(node), _axes(node)
     if axes is None:
         return None if _given_but_unknown(node, 1) else False
@@ -106,6 +116,45 @@ def _unsqueeze_trailing(node: NodeInfo) -> bool | None:
     if int(axes[0]) == -1:
         return True
     return None if rank is None else int(axes[0]) == rank
+
+
+def _static_input(node: NodeInfo) -> bool | None:
+    """Whether the input's shape is static (npukit's view passes rewrite only those); None where it is unknown."""
+    tensor = node.inputs[0] if node.inputs else None
+    if tensor is None or tensor.shape is None:
+        return None
+    return _static(tensor) is not None
+
+
+def _scalar_index(node: NodeInfo) -> bool | None:
+    """A Gather of one constant index (rank-0 indices: ``x[i]``, aten.select), of a static shape: a one-wide slice
+    and a view (npukit's edge pass, ``runtime.executorch_views``). Other gathers (index tensors) stay out."""
+    indices = node.inputs[1] if len(node.inputs) > 1 else None
+    if indices is None or not indices.constant or indices.rank != 0:
+        return False
+    return _static_input(node)
+
+
+def _expand_to_its_shape(node: NodeInfo) -> bool | None:
+    """An Expand to its input's own shape (no broadcasting): npukit's edge pass removes it; a real broadcast stays
+    on the portable kernels (no config)."""
+    shape, target = _static(node.inputs[0] if node.inputs else None), _values(node, 1)
+    if shape is None or target is None:
+        return None
+    if len(target) > len(shape):
+        return False
+    return all(int(t) in (1, d) for t, d in zip(target[::-1], shape[::-1]))
+
+
+def _layer_norm_last_axis(node: NodeInfo) -> bool | None:
+    """Over the last axis alone of a static shape: npukit's edge pass (``runtime.executorch_layer_norm``) computes it
+    with two one-output linear layers (mean, variance) and element-wise ops XNNPACK takes; XNNPACK has none."""
+    rank, axis = _rank(node), int(node.attr("axis", -1))
+    if rank is None:
+        return None
+    if axis % rank != rank - 1:
+        return False
+    return _static_input(node)
 
 
 def _no_cropping(node: NodeInfo) -> bool | None:
@@ -119,18 +168,29 @@ def _squared(node: NodeInfo) -> bool:
     return _values(node, 1) == (2.0,)  # an int 2 compares equal
 
 
+def _static(tensor: object) -> tuple[int, ...] | None:
+    """The shape of ``tensor`` (a TensorInfo) where every dim is a known int, or None."""
+    shape = getattr(tensor, "shape", None)
+    return None if shape is None or not all(isinstance(d, int) for d in shape) else tuple(shape)
+
+
 def _bmm_operands(node: NodeInfo) -> bool | None:
-    """A MatMul of two activations is XNNPACK's bmm alone only on rank-3 operands. On rank 4 (attention's q @ k^T,
-    a @ v) aten.matmul decomposes into an expand_copy of each operand, views and a bmm: BMMConfig takes the bmm
-    (the MACs), but ALL_PARTITIONER_CONFIGS (backends/xnnpack/partition/config/__init__.py) has no config for
-    expand_copy, so both run on the portable kernels before it and split the delegated graph there. The MatMul
-    counts as left (split, as benchmarks/mobile_partition.py counts it): that places the split right (measured: a
-    4-head attention, 2 MatMuls, 4 expand_copy outside, 4 delegate calls predicted and made). None where an
-    operand's rank is unknown here."""
-    ranks = [None if t is None else t.rank for t in node.inputs[:2]]
-    if any(r is not None and r != 3 for r in ranks):
+    """A MatMul of two activations is XNNPACK's bmm where both have one rank of 3 or more and the same batch dims
+    (all but the last two): aten.matmul decomposes it into an expand_copy of each operand, views and a bmm
+    (BMMConfig), and with no broadcasting each expand_copy has its input's shape, which npukit's edge pass
+    (``runtime.executorch_views``) removes (attention's q @ k^T and a @ v, rank 4). Broadcasting batch dims keep
+    a real expand_copy, which no config of ALL_PARTITIONER_CONFIGS (backends/xnnpack/partition/config/__init__.py)
+    takes: it runs on the portable kernels and splits the graph there; two rank-2 activations are an mm, which no
+    config takes either. Such a MatMul counts as left (split, as benchmarks/mobile_partition.py counts it). None
+    where an operand's shape is unknown here."""
+    operands = node.inputs[:2]
+    ranks = [None if t is None else t.rank for t in operands]
+    if any(r is not None and r < 3 for r in ranks) or (None not in ranks and ranks[0] != ranks[1]):
         return False
-    return None if None in ranks else True
+    shapes = [_static(t) for t in operands]
+    if None in shapes:
+        return None
+    return shapes[0][:-2] == shapes[1][:-2]
 
 
 def _matmul_supported(node: NodeInfo) -> bool | None:
@@ -150,13 +210,14 @@ OPS = with_rules(
     OpRule("ConvTranspose", constraints=(_CONV, ConstantInput(1, "weight"), ConstantInput(2, "bias"))),
     OpRule("Einsum", notes="decomposed into permute, view and bmm (maxvit_t's attention, measured)"),
     OpRule("Gemm", constraints=(ConstantInput(1, "weight"), ConstantInput(2, "bias")), notes="linear / addmm"),
-    OpRule("MatMul", constraints=(AttrPredicate(_matmul_supported, "two activations of rank other than 3: XNNPACK "
-                                                                   "takes the bmm, but the expand_copy of each "
-                                                                   "operand stays on the portable kernels and splits "
-                                                                   "the graph here (a parameter weight or rank-3 "
-                                                                   "operands keep it whole)",
-                                                  "an operand's rank is unknown here, so whether it is a rank-3 "
-                                                  "bmm (taken whole) cannot be told"),)),
+    OpRule("MatMul", constraints=(AttrPredicate(_matmul_supported, "two activations of rank 2, of different ranks "
+                                                                   "or broadcasting batch dims: XNNPACK takes no mm, "
+                                                                   "and a broadcasting expand_copy stays on the "
+                                                                   "portable kernels and splits the graph here (a "
+                                                                   "parameter weight, or operands of one rank >= 3 "
+                                                                   "and the same batch dims, keep it whole)",
+                                                  "an operand's rank is unknown here (or its batch dims), so whether "
+                                                  "they broadcast (an expand_copy left out) cannot be told"),)),
     OpRule("PRelu", constraints=(ConstantInput(1, "slope"),)),
     OpRule("HardSigmoid", notes="decomposed (add, clamp, div): its scalars' dtype copies run on the portable kernels "
                                 "before the delegate call, on constants, without splitting the graph"),
@@ -176,9 +237,35 @@ OPS = with_rules(
     OpRule("Concat", constraints=(AttrPredicate(lambda n: len(n.inputs) >= 2, "needs two inputs or more"),)),
     OpRule("Reshape", dtypes=_WITH_INDICES, constraints=(ConstantInput(1, "shape"),)),
     OpRule("Unsqueeze", dtypes=_WITH_INDICES,
-           constraints=(AttrPredicate(_unsqueeze_trailing, "only on the trailing dimension",
+           constraints=(AttrPredicate(_unsqueeze_taken, "only on the trailing dimension where its shape is symbolic",
                                       "the input's rank or the axes are unknown here, so whether it is on the "
-                                      "trailing dimension (the only one taken) cannot be told"),)),
+                                      "trailing dimension (the only one taken on a symbolic shape) cannot be "
+                                      "told"),),
+           notes="on a static shape a view (npukit's edge pass, runtime.executorch_views)"),
+    OpRule("Squeeze", dtypes=_WITH_INDICES,
+           constraints=(AttrPredicate(_static_input, "only on a static shape (XNNPACK has no squeeze; npukit's "
+                                                     "edge pass makes a static one a view)",
+                                      "the input's shape is unknown here, so whether it is static (a squeeze is "
+                                      "taken as a view only then) cannot be told"),),
+           notes="a view (npukit's edge pass, runtime.executorch_views)"),
+    OpRule("Gather", dtypes=_WITH_INDICES,
+           constraints=(AttrPredicate(_scalar_index, "only one constant index (x[i]) of a static shape: XNNPACK has "
+                                                     "no gather; npukit's edge pass makes x[i] a slice and a view",
+                                      "the input's shape is unknown here, so whether it is static (x[i] is taken "
+                                      "as a slice and a view only then) cannot be told"),),
+           notes="x[i] (aten.select) as a one-wide slice and a view (npukit's edge pass, runtime.executorch_views)"),
+    OpRule("Expand", dtypes=_WITH_INDICES,
+           constraints=(AttrPredicate(_expand_to_its_shape, "only an expand to its input's own shape (npukit's edge "
+                                                            "pass removes it): XNNPACK has no expand",
+                                      "the input's shape or the target shape is unknown here, so whether it "
+                                      "broadcasts (not taken) cannot be told"),)),
+    OpRule("LayerNormalization",
+           constraints=(AttrPredicate(_layer_norm_last_axis, "only over the last axis alone, of a static shape",
+                                      "the input's rank or shape is unknown here, so whether it is normalized over "
+                                      "the last axis of a static shape (the only one taken) cannot be told"),),
+           notes="two one-output linear layers of weight 1/C (mean, variance) and element-wise ops, fp32 (in an "
+                 "int8 program too, between converts: npukit's edge pass, runtime.executorch_layer_norm); XNNPACK "
+                 "has no layer norm"),
     OpRule("Slice", dtypes=_WITH_INDICES, constraints=(AttrPredicate(unit_steps, "only step 1", STEPS_UNKNOWN),)),
     OpRule("Split", dtypes=_WITH_INDICES, constraints=(ConstantInput(1, "split"),),
            notes="its pieces as slices (npukit's edge pass, runtime.executorch_split): XNNPACK has no split"),
@@ -220,8 +307,15 @@ PROFILE = TargetProfile(
     requires_static_shapes=False,
     dtypes=_FLOAT,
     known_limits=(
-        "no layer norm, ELU, nearest upsampling, squeeze, log_softmax, expand, select (x[i], a Gather in ONNX) or "
-        "dtype casts: they run on ExecuTorch's portable kernels, and each splits the delegated graph",
+        "no ELU, nearest upsampling, log_softmax, broadcasting expand, gather of an index tensor or dtype casts: "
+        "they run on ExecuTorch's portable kernels, and each splits the delegated graph",
+        "layer norm over the last dim only (npukit's edge pass: two one-output linear layers of weight 1/C and "
+        "element-wise ops, equal to float rounding; fp32 inside the delegate in an int8 program, between converts)",
+        "squeeze, unsqueeze, select (x[i]) and an expand to the same shape only on static shapes (npukit's edge "
+        "pass makes them views, a select a slice and a view); on a symbolic shape unsqueeze on the trailing dim only",
+        "scaled_dot_product_attention: its safe-softmax guard (all -inf rows to 0) is dropped on unmasked scores "
+        "(npukit's edge pass; exact wherever a row has a finite score); with a mask it stays on the portable kernels "
+        "and splits the graph (not predicted: the ONNX export writes no guard)",
         "mean only over H and W of a 4D tensor (without keepdim too: npukit computes it with keepdim and a view); "
         "softmax only over the last dim",
         "a split is taken as one slice per piece (npukit's edge pass; XNNPACK has no split of its own), int8 in an "
@@ -230,8 +324,8 @@ PROFILE = TargetProfile(
         "they run before the delegate call and do not split the graph (MobileNetV3: one delegate call, measured)",
         "a Python int operand (16 * x) gets a dtype copy outside XNNPACK; the ONNX export folds that cast, so it is "
         "not predicted (swin_v2_t's 12 muls; write 16.0 * x)",
-        "a MatMul of two rank-4 activations (attention written out) is split: its bmm runs in XNNPACK, the "
-        "expand_copy of each operand on the portable kernels; counted as left, with its MACs",
+        "a MatMul of two activations whose batch dims broadcast, or of rank 2, is split: a bmm in XNNPACK (no mm), "
+        "the broadcasting expand_copy on the portable kernels; counted as left, with its MACs",
         "pow takes only an int exponent 2 (x ** 2, x.pow(2), torch.square); x.pow(2.0) and a tensor exponent stay "
         "out (PowConfig), but the ONNX export writes all of them Pow(x, 2.0): not predicted",
     ),
