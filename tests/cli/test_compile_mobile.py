@@ -241,17 +241,30 @@ def test_coreml_package_is_read_back_and_said_not_run(int8, tmp_path, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no staging left behind
 
 
+def _two_inputs(path: Path) -> Path:
+    """An ONNX model with two inputs (a torch program is built from a one-input ONNX model)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["y"])], "g",
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 4]) for n in "ab"],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
 def _bad(tmp_path: Path, onnx_model: Path, target: str) -> dict[str, list[str]]:
     out = str(tmp_path / f"out{TARGETS[target][0]}")
     return {
-        "onnx model": ["compile", str(onnx_model), "--target", target, "-o", out],
+        "onnx model with two inputs": ["compile", str(_two_inputs(onnx_model.with_name("two.onnx"))), "--target",
+                                       target, "-o", out],
         "wrong suffix": ["compile", "tinynet:tiny", "--target", target, "-o", str(tmp_path / "out.onnx"), *SHAPE],
         "soc given": ["compile", "tinynet:tiny", "--target", target, "--soc", "SM8650", "-o", out, *SHAPE],
         "htp without soc": ["compile", str(onnx_model), "-o", str(tmp_path / "out.onnx")],
     }
 
 
-@pytest.mark.parametrize("case", ["onnx model", "wrong suffix", "soc given", "htp without soc"])
+@pytest.mark.parametrize("case", ["onnx model with two inputs", "wrong suffix", "soc given", "htp without soc"])
 def test_bad_input_one_line_exit_2_no_file(case, target, tmp_path_factory, tmp_path, capsys):
     models = tmp_path_factory.mktemp("models")
     onnx_model = models / "tiny.onnx"
@@ -263,6 +276,23 @@ def test_bad_input_one_line_exit_2_no_file(case, target, tmp_path_factory, tmp_p
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err, err
     assert _files(tmp_path) == before
+
+
+def test_an_onnx_model_compiles_as_a_torch_program_checked_against_onnx_runtime(target, tmp_path):
+    """An ONNX model (one input) runs as a torch program built from its graph, checked against ORT first; the
+    artifact is checked against that program as against eager torch, and the report says how the model was loaded.
+    INT8: npukit's plan carried onto the program as onto any torch module."""
+    model = tmp_path / "tiny.onnx"
+    assert main(["export", "tinynet:tiny", "-o", str(model), *SHAPE]) == 0
+    out = tmp_path / f"tiny{TARGETS[target][0]}"
+    assert main(["compile", str(model), "--target", target, "-o", str(out)]) == 0
+    report = json.loads(out.with_name(out.name + ".report.json").read_text())
+    assert report["verdict"].startswith("PASS compile")
+    (note,) = report["results"]["model_source"]["notes"]
+    assert "tiny.onnx runs as a torch program" in note and "against ONNX Runtime" in note
+    int8 = _compile_int8(tmp_path, str(model), target, _normal(16, 32, 32), "tiny_int8")
+    assert int8["verdict"].startswith("PASS compile") and int8["config"]["precision"] == "int8"
+    assert int8["results"]["carried_plan"]
 
 
 @pytest.mark.parametrize("target, missing, extra", [("executorch-xnnpack", "executorch", "npukit[executorch]"),

@@ -88,12 +88,21 @@ def test_a_failing_search_of_an_untrained_architecture_says_so(data, tmp_path, m
     assert not out.exists()
 
 
-def test_an_onnx_model_is_refused_for_a_mobile_runtime(tmp_path, capsys) -> None:
+def test_an_onnx_model_with_two_inputs_is_refused_for_a_mobile_runtime(tmp_path, capsys) -> None:
+    """An ONNX model runs as a torch program built from its graph (one input); two inputs: refused, nothing
+    written."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["y"])], "g",
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 4]) for n in "ab"],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
     model = tmp_path / "m.onnx"
-    assert main(["export", "tinynet:tiny", "-o", str(model), *SHAPE]) == 0
-    np.save(tmp_path / "d.npy", np.zeros((8, 3, 32, 32), np.float32))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    np.save(tmp_path / "d.npy", np.zeros((8, 1, 4), np.float32))
     before = sorted(p.name for p in tmp_path.iterdir())
     assert main(["optimize", str(model), "--target", "executorch-xnnpack", "-o", str(tmp_path / "b.pte"), "--data",
-                 str(tmp_path / "d.npy")]) == 2
-    assert "is an ONNX model" in capsys.readouterr().err
+                 str(tmp_path / "d.npy"), "--input-shape", "1,4"]) == 2
+    err = capsys.readouterr().err
+    assert "has 2 inputs (a, b)" in err and "\n" not in err.strip()
     assert sorted(p.name for p in tmp_path.iterdir()) == before

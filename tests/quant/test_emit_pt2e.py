@@ -221,12 +221,12 @@ def _exported_16x16(tmp_path: Path, net: type[torch.nn.Module]):
     return module, float_onnx, samples, (torch.from_numpy(samples[0][name].copy()),)
 
 
-def _carried_16x16(tmp_path: Path, net: type[torch.nn.Module], options):
-    """``net`` exported (``_exported_16x16``), quantized (int8 activations, min/max) and its plan carried with
-    ``options``: the QDQ result, the carried plan, the samples and the example input."""
+def _carried_16x16(tmp_path: Path, net: type[torch.nn.Module], options, config: QuantConfig | None = None):
+    """``net`` exported (``_exported_16x16``), quantized (``config``; by default int8 activations, min/max) and its
+    plan carried with ``options``: the QDQ result, the carried plan, the samples and the example input."""
     module, float_onnx, samples, example = _exported_16x16(tmp_path, net)
-    result = quantize(float_onnx, samples, config=QuantConfig(scheme=Scheme(activation_dtype="int8"),
-                                                              calibration=CalibrationSpec(method="minmax")))
+    result = quantize(float_onnx, samples, config=config or QuantConfig(
+        scheme=Scheme(activation_dtype="int8"), calibration=CalibrationSpec(method="minmax")))
     carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan,
                          options=options)
     return result, carried, samples, example
@@ -879,3 +879,199 @@ def test_an_int8_average_pool_runs_in_float_inside_the_litert_delegate(tmp_path,
     lowered.write(tmp_path / "pooled.tflite")
     _assert_computes_the_qdq_model(result.model, litert.Runner(tmp_path / "pooled.tflite"), samples[:4],
                                    floor_db=25)
+
+
+class _C2f(torch.nn.Module):
+    """YOLOv8's C2f block: a conv's output split in two, both pieces concatenated with a conv of the second."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.inner = torch.nn.Conv2d(4, 4, 3, padding=1)
+        self.out = torch.nn.Conv2d(12, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = torch.relu(self.stem(x)).split([4, 4], 1)
+        return self.out(torch.cat([a, b, torch.relu(self.inner(b))], 1))
+
+
+class _Focus(torch.nn.Module):
+    """YOLOX's and YOLOv5's stem: four strided slices of the image concatenated (ORT's optimizer writes them as
+    SpaceToDepth and Gather: the ONNX model has no tensor for the slices)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(12, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([x[..., ::2, ::2], x[..., 1::2, ::2], x[..., ::2, 1::2], x[..., 1::2, 1::2]], 1)
+        return torch.relu(self.conv(x))
+
+
+@pytest.mark.parametrize("net", [_C2f, _Focus])
+def test_split_and_sliced_pieces_reach_litert_on_their_inputs_grid(tmp_path, net):
+    """A split's pieces and a slice carry their input's values, on its grid: concatenated, their producer writes the
+    concatenation's grid (LiteRT's converter refused YOLOv8's C2f: 'the same scale constraint'), and the slices ORT
+    rewrote as SpaceToDepth take their input's grid (YOLOX's Focus was refused: no tensor of the plan for them)."""
+    pytest.importorskip("litert_torch", reason="the litert extra is not installed (scripts/setup.sh installs it)")
+    from npukit.runtime import litert
+
+    result, carried, samples, example = _carried_16x16(tmp_path, net, litert.CARRY)
+    # (the QDQ model keeps ORT's SpaceToDepth and Gather, the Focus concatenation, in float: so does the program)
+    assert carried.unmatched == () and not [n for n in carried.unplanned if n != "cat"], carried.unplanned
+    lowered = litert.lower(carried.program, example)
+    # (strided slices stay on LiteRT's own kernels, fp32 too: its XNNPACK delegate takes strides of 1 only)
+    assert lowered.ops["CONCATENATION"] == 1 and set(lowered.delegation.left) <= {"STRIDED_SLICE"}
+    lowered.write(tmp_path / "net.tflite")
+    _assert_computes_the_qdq_model(result.model, litert.Runner(tmp_path / "net.tflite"), samples[:4], floor_db=25)
+
+
+class _WrittenNorm(torch.nn.Module):
+    """A layer norm over channels written out op by op, as Paddle exports one (PP-OCRv4's recognizer): ORT's
+    optimizer fuses it into one LayerNormalization, which the plan quantizes on its input and output only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, 8))
+        self.bias = torch.nn.Parameter(torch.linspace(-0.2, 0.2, 8))
+        self.head = torch.nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x).permute(0, 2, 3, 1)
+        mean = x.mean(-1, keepdim=True)
+        centred = x - mean
+        x = centred / torch.sqrt((centred ** 2).mean(-1, keepdim=True) + 1e-5) * self.weight + self.bias
+        return self.head(x.permute(0, 3, 1, 2))
+
+
+@pytest.mark.parametrize("runtime", ["executorch", "litert"])
+def test_ops_the_plan_has_no_tensor_for_run_in_float(tmp_path, runtime):
+    """ORT fused the written-out layer norm: its means, subtraction, square root and division have no tensor in the
+    plan. They run in float between the plan's grids, as the QDQ model computes them (the compile was refused:
+    'cannot yet carry its INT8 plan'), named in the carried plan; the artifact computes what the QDQ model does."""
+    if runtime == "litert":
+        pytest.importorskip("litert_torch", reason="the litert extra is not installed (scripts/setup.sh installs it)")
+    from npukit.runtime import executorch, litert
+
+    module = {"executorch": executorch, "litert": litert}[runtime]
+    result, carried, samples, example = _carried_16x16(tmp_path, _WrittenNorm, module.CARRY)
+    # XNNPACK's quantizer annotates the norm's subtraction, scaling and shift (its means, square root and division
+    # it leaves float anyway): before, those were refused
+    assert carried.unmatched == ()
+    assert carried.unplanned and all(n.split("_")[0] in ("add", "sub", "mul") for n in carried.unplanned), \
+        carried.unplanned
+    path = tmp_path / f"norm{'.pte' if runtime == 'executorch' else '.tflite'}"
+    module.lower(carried.program, example).write(path)
+    _assert_computes_the_qdq_model(result.model, module.Runner(path), samples[:4], floor_db=20)
+
+
+class _BoxesAndScores(torch.nn.Module):
+    """A detector's output: boxes in pixels (up to a few hundred) concatenated with class scores in [0, 1]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.boxes = torch.nn.Conv2d(8, 4, 1)
+        self.scores = torch.nn.Conv2d(8, 3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.stem(x))
+        boxes = torch.relu(self.boxes(x)) * 160.0
+        return torch.cat([boxes, torch.sigmoid(self.scores(x))], 1).flatten(2)
+
+
+def test_a_float_concatenation_stays_float_on_litert(tmp_path):
+    """The plan leaves a concatenation of boxes up to hundreds of pixels and scores in [0, 1] float (its joins rule);
+    LiteRT's converter put it, and the scores with it, on the grid of its one dequantized input, the boxes' (NudeNet's
+    YOLOv8: every score 0 or 1.25, mAP@0.5 0.16 at 30 dB of output SQNR). The box scaling that writes that input
+    writes float, and the scores keep their precision."""
+    pytest.importorskip("litert_torch", reason="the litert extra is not installed (scripts/setup.sh installs it)")
+    from npukit.runtime import litert
+
+    from npukit.verbs.compile_mobile import XNNPACK_INT8
+
+    result, carried, samples, example = _carried_16x16(tmp_path, _BoxesAndScores, litert.CARRY, XNNPACK_INT8)
+    assert "node_cat" in result.plan.float_nodes  # the plan's joins rule
+    assert carried.unmatched == () and "cat" in carried.float_nodes and carried.float_concat_inputs == ("mul",)
+    litert.lower(carried.program, example).write(tmp_path / "det.tflite")
+    runner = litert.Runner(tmp_path / "det.tflite")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(result.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    for feeds in samples[:4]:
+        want, got = session.run(None, feeds)[0][:, 4:], runner(feeds)[0][:, 4:]  # the scores
+        assert np.abs(want - got).max() < 0.02, np.abs(want - got).max()
+
+
+class _DeadChannel(torch.nn.Module):
+    """A conv with an output channel whose weights are 1e-35 (as CLE left one of PP-OCRv4's detector's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.head = torch.nn.Conv2d(8, 4, 1)
+        with torch.no_grad():
+            self.stem.weight[3] = 1e-35
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.stem(x)))
+
+
+def test_a_dead_channels_weight_scale_does_not_keep_the_pte_from_loading(tmp_path):
+    """ORT gave PP-OCRv4's dead channel a weight scale of 7.5e-37; its bias's scale (the input's times it) is
+    subnormal, and XNNPACK refused it at load ('Failed to define tensor', the .pte did not load). The channel takes
+    the median scale of the others: its weights round to 0 either way, and the .pte computes what the QDQ model
+    does."""
+    from onnx import numpy_helper
+
+    from npukit.quant.emit.pt2e import _live_scales
+    from npukit.runtime import executorch
+
+    assert list(_live_scales(np.array([1e-3, 7.5e-37, 3e-3, 0.0]))) == [1e-3, 2e-3, 3e-3, 2e-3]
+    module, float_onnx, samples, example = _exported_16x16(tmp_path, _DeadChannel)
+    result = quantize(float_onnx, samples, config=QuantConfig(scheme=Scheme(activation_dtype="int8"),
+                                                              calibration=CalibrationSpec(method="minmax")))
+    for init in result.model.graph.initializer:  # the plan's scale of the dead channel, as ORT gave PP-OCRv4's
+        if init.name == "stem.weight_scale":  # (times the input's, about 0.03: below float32's smallest normal)
+            scales = numpy_helper.to_array(init).copy()
+            scales[3] = 1e-37
+            init.CopyFrom(numpy_helper.from_array(scales, init.name))
+    carried = carry_plan(module, example, float_model=float_onnx, qdq=result.model, plan=result.plan,
+                         options=executorch.CARRY)
+    assert carried.unmatched == ()
+    executorch.lower(carried.program, example).write(tmp_path / "dead.pte")
+    _assert_computes_the_qdq_model(result.model, executorch.Runner(tmp_path / "dead.pte"), samples[:4], floor_db=25)
+
+
+class _Levels(torch.nn.Module):
+    """YOLOv8's head: per level, its box and score convs concatenated and flattened; then the levels concatenated."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.down = torch.nn.Conv2d(8, 8, 3, stride=2, padding=1)
+        self.boxes = torch.nn.ModuleList(torch.nn.Conv2d(8, 4, 1) for _ in range(2))
+        self.scores = torch.nn.ModuleList(torch.nn.Conv2d(8, 3, 1) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first = torch.relu(self.stem(x))
+        levels = [first, torch.relu(self.down(first))]
+        heads = [torch.cat([b(f), s(f)], 1).flatten(2) for f, b, s in zip(levels, self.boxes, self.scores)]
+        return torch.relu(torch.cat(heads, 2))
+
+
+def test_a_concatenation_of_concatenations_loads_on_executorch(tmp_path):
+    """A concatenation of concatenations loads and computes what the QDQ model does. Where the outer one makes an
+    inner one write its grid, the inner one's inputs go onto that grid too (requantized on their edges): XNNPACK
+    refused a concatenation whose inputs and output differ ('Failed to create cat2 node': NudeNet's YOLOv8 .pte did
+    not load; this small head gets one grid from the plan for both levels and shows the structure, not that
+    failure)."""
+    from npukit.runtime import executorch
+
+    from npukit.verbs.compile_mobile import XNNPACK_INT8
+
+    result, carried, samples, example = _carried_16x16(tmp_path, _Levels, executorch.CARRY, XNNPACK_INT8)
+    assert carried.unmatched == ()
+    executorch.lower(carried.program, example).write(tmp_path / "levels.pte")
+    _assert_computes_the_qdq_model(result.model, executorch.Runner(tmp_path / "levels.pte"), samples[:4], floor_db=25)

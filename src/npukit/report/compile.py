@@ -59,9 +59,12 @@ def add_carried_plan(report: Report, carried: Any) -> None:
     report.add_table("npukit's plan carried onto the torch program (PT2E, grids fixed from the plan)",
                      ["tensors matched by value", "of them in another layout (ORT moved their op)",
                       "activation grids", "weights (plan's integers)", "layers left in float",
+                      "ops with no tensor in the plan (ORT fused them), in float",
+                      "ops writing a float concatenation, float for the converter",
                       "tensors float in the ONNX model, int8 here on their calibrated range"],
                      [[carried.matched, len(carried.permuted), carried.activations, carried.weights,
-                       len(carried.float_nodes), ", ".join(carried.derived) or "none"]])
+                       len(carried.float_nodes), ", ".join(carried.unplanned) or "none",
+                       ", ".join(carried.float_concat_inputs) or "none", ", ".join(carried.derived) or "none"]])
 
 
 def add_fp32_error(report: Report, *, artifact: str, worst: float, tolerance: float) -> None:

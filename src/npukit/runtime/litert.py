@@ -38,7 +38,7 @@ EXTRA_HINT = "install it with: .venv/bin/pip install 'npukit[litert]' (scripts/s
 # how npukit's plan is carried for LiteRT's converter (see CarryOptions): weights' quantize ops kept, averages on
 # their input's grid, concatenations on one grid (no requantized edge: a producer that also feeds others widened)
 CARRY = CarryOptions(fold_quantize=False, average_grids=False, same_scale_concat=True, requantize_edges=False,
-                     transposed_convs=True)
+                     transposed_convs=True, float_concat_inputs=True)
 
 
 def require() -> None:

@@ -59,17 +59,19 @@ def keeps_module_modes(verb: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def torch_source(model: Any, weights: str | Path | None, input_shape: Any, *, needs: str,
-                 otherwise: str, data: str | Path | None = None) -> tuple[Any, tuple[int, ...]]:
+                 otherwise: str, data: str | Path | None = None, from_onnx: bool = False
+                 ) -> tuple[Any, tuple[int, ...]]:
     """(the resolved PyTorch model, its input shape) for a verb that ``needs`` a torch program (``model``: a spec, a
-    file or a torch.nn.Module); an ONNX model or an
-    unknown shape is an InputError saying what to give (``otherwise``: what to do with the ONNX model; ``data``: the
-    verb's samples: without ``input_shape`` or a shape the model knows, one sample of a .npy gives it)."""
+    file or a torch.nn.Module); an unknown shape is an InputError saying what to give (``data``: the verb's samples:
+    without ``input_shape`` or a shape the model knows, one sample of a .npy gives it). An ONNX model is one too
+    (``otherwise``: what to do with it), unless ``from_onnx``: then its graph, at that shape, becomes the torch
+    program (``npukit.frontend.onnx_torch``, checked against ONNX Runtime; its note among the source's notes)."""
     from npukit.frontend.shapes import InputSpec
     from npukit.frontend.spec import model_label, source_of
 
     source = source_of(model, weights=str(weights) if weights else None)
     model = model_label(model)
-    if source.kind == "onnx" or source.module is None:
+    if (source.kind == "onnx" or source.module is None) and not (from_onnx and source.onnx_path is not None):
         raise InputError(f"{model} is an ONNX model; {needs}",
                          hint="give the PyTorch model (torchvision:NAME, module:factory, .pt2, TorchScript or a "
                               f"pickled module), or {otherwise}")
@@ -84,7 +86,20 @@ def torch_source(model: Any, weights: str | Path | None, input_shape: Any, *, ne
         shape = sample_shape(data)  # one sample of the verb's .npy: the shape the model is run at anyway
     if shape is None:
         raise InputError(f"no input shape is known for {model}", hint=_shape_hint(data))
+    if source.module is None:
+        source = _onnx_as_torch(source, tuple(shape))
     return source, tuple(shape)
+
+
+def _onnx_as_torch(source: Any, shape: tuple[int, ...]) -> Any:
+    """The ONNX ``source`` with its graph at ``shape`` as its torch module (``torch_source``'s ``from_onnx``)."""
+    from npukit.frontend.onnx_io import load_onnx
+    from npukit.frontend.onnx_torch import torch_program
+
+    with step("building a torch program from the ONNX graph (checked against ONNX Runtime)"):
+        module, note = torch_program(load_onnx(source.onnx_path), shape, label=source.onnx_path.name)
+    return dataclasses.replace(source, kind="torch", module=module, notes=(*source.notes, note),
+                               description=f"{source.description}, run as a torch program")
 
 
 def shape_origin(source: Any, input_shape: Any, data: str | Path | None) -> str:
@@ -141,6 +156,15 @@ def _shape_hint(data: str | Path | None) -> str:
                 f"channels first: transpose the data to (N, C, H, W) (a.transpose(0, 3, 1, 2)) and pass "
                 f"--input-shape {one}")
     return "pass the shape the model takes with --input-shape (e.g. 1,3,224,224 for an image model)"
+
+
+def add_source(report: Report, source: Any) -> None:
+    """What loading the model took (``source.notes``: an ONNX graph run as a torch program, a checkpoint
+    unwrapped), in the report as a section and a table; nothing where there is nothing to say."""
+    if source.notes:
+        report.add("model_source", {"description": source.description, "notes": list(source.notes)})
+        report.add_table("Model source", ["model", "how it was loaded"],
+                         [[source.description, note] for note in source.notes])
 
 
 def note_untrained(report: Report, source: Any) -> None:

@@ -29,8 +29,8 @@ from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import (check_task, data_label, held_outputs, note_export_drift, note_shape_from_data,
-                                 note_untrained, scratch_export, shape_origin, torch_source)
+from npukit.verbs.common import (add_source, check_task, data_label, held_outputs, note_export_drift,
+                                 note_shape_from_data, note_untrained, scratch_export, shape_origin, torch_source)
 
 CHECK_SAMPLES = 32  # calibration samples the task check reads
 # seeded random inputs an fp32 artifact is checked on without --calib: enough that the check is not a weak one
@@ -122,7 +122,8 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
         raise InputError(f"output {output} must be {kind} ending in {mobile.suffix} for --target {mobile.name}",
                          hint=f"name the output like model{mobile.suffix}")
     source, shape = torch_source(model, weights, input_shape, needs=f"--target {mobile.name} converts PyTorch "
-                                 "programs", otherwise="compile the ONNX model with --target qnn-htp", data=calib)
+                                 "programs", otherwise="compile the ONNX model with --target qnn-htp", data=calib,
+                                 from_onnx=True)
     int8 = calib is not None
     gate = gate or QualityGate()
     report = Report("compile", config={"model": model_label(model), "target": mobile.name,
@@ -130,6 +131,7 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
                                        "calib": data_label(calib), "input_shape": list(shape),
                                        "input_shape_from": shape_origin(source, input_shape, calib),
                                        "quant": None, "threads": threads})
+    add_source(report, source)
     module = eval_mode(source.module)
     float_onnx = _export_onnx(report, source, shape, int8=int8)
     samples = _samples(calib, float_onnx, preprocess, shape)

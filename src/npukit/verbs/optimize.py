@@ -19,8 +19,8 @@ from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish, remove_earlier_artifact, report_json_for, report_path_for
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import (check_output, check_task_measurable, float_static_model, keeps_module_modes,
-                                 note_export_drift, note_untrained, open_data, upgrade_opset)
+from npukit.verbs.common import (add_source, check_output, check_task_measurable, float_static_model,
+                                 keeps_module_modes, note_export_drift, note_untrained, open_data, upgrade_opset)
 
 CONFIRM = 4  # the fastest trials within the budget timed again together at the end
 # searched today: ORT CPU (an ONNX model or a PyTorch model's export) and the mobile runtimes that run here (a PyTorch
@@ -70,9 +70,9 @@ def optimize(
     Without ``calib`` every other sample of ``data`` calibrates (1st, 3rd, ...), the rest evaluate (data may be sorted).
 
     ``target`` cpu: ORT CPU, an ONNX model (``output`` .onnx). executorch-xnnpack / litert: a PyTorch ``model``
-    (torchvision:NAME, module:factory, .pt2, TorchScript; ``weights`` a state dict for it), each trial's plan carried
-    onto the torch program, lowered by the runtime and measured on it against its fp32 artifact (``output`` .pte /
-    .tflite; ``npukit.search.mobile``).
+    (torchvision:NAME, module:factory, .pt2, TorchScript; ``weights`` its state dict) or a one-input ONNX model run as
+    a torch program, each trial's plan carried onto the program, lowered by the runtime and measured on it against
+    its fp32 artifact (``output`` .pte / .tflite; ``npukit.search.mobile``).
 
     The study (Optuna, ``sampler`` tpe or nsga2, seeded) is kept in ``<output stem>.optimize.db``: run the same
     command again to continue it (``trials`` counts the study's trials in all; ``timeout_s`` bounds this run).
@@ -154,13 +154,17 @@ def _refuse_nothing_to_find(inputs: _Inputs, data: str | Path, task: str | None,
 def _report(model: str | Path, target: str, data: str | Path, calib: str | Path | None, config: Any, space: Any,
             gate: QualityGate, inputs: _Inputs, *, task: str | None, exclude: Sequence[str], threads: int, runs: int,
             workers: int, ray_address: str | None) -> Report:
-    """The report, its config recording what ``optimize`` was asked and resolved, so a search can be repeated."""
-    return Report("optimize", config={"model": str(model), "target": target, "data": str(data),
-                                      "calib": str(calib) if calib else f"every other sample of {data} (1st, 3rd, ...)",
-                                      "search": config.as_dict(), "space": space.name, "task": task or "auto",
-                                      "gate": gate.as_dict(), "exclude": list(exclude), "threads": threads,
-                                      "runs": runs, "input_shape": inputs.spec, "workers": workers,
-                                      "ray_address": ray_address})
+    """The report, its config recording what ``optimize`` was asked and resolved, so a search can be repeated, and
+    what loading a mobile search's model took (``add_source``: an ONNX graph run as a torch program)."""
+    calib_label = str(calib) if calib else f"every other sample of {data} (1st, 3rd, ...)"
+    report = Report("optimize", config={"model": str(model), "target": target, "data": str(data),
+                                        "calib": calib_label, "search": config.as_dict(), "space": space.name,
+                                        "task": task or "auto", "gate": gate.as_dict(), "exclude": list(exclude),
+                                        "threads": threads, "runs": runs, "input_shape": inputs.spec,
+                                        "workers": workers, "ray_address": ray_address})
+    if inputs.source is not None:
+        add_source(report, inputs.source)
+    return report
 
 
 @dataclasses.dataclass
@@ -222,7 +226,8 @@ def _torch_program(model: str | Path, input_shape: Any, weights: str | Path | No
     from npukit.verbs.common import scratch_export, torch_source
 
     source, shape = torch_source(model, weights, input_shape, needs="a mobile runtime's search carries plans onto "
-                                 "a PyTorch program", otherwise="search the ONNX model with --target cpu", data=data)
+                                 "a PyTorch program", otherwise="search the ONNX model with --target cpu", data=data,
+                                 from_onnx=True)
     proto, export = scratch_export(source, shape, what="the model each trial's plan is made on")
     source.module.eval()
     return source, proto, InputSpec(((None, shape),)), export

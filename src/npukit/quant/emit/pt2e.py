@@ -41,6 +41,7 @@ from npukit.quant.nodes import dequantized, node_attr
 from npukit.quant.plan import QuantPlan
 
 MATCH_TOLERANCE = 1e-4  # relative to the tensor's largest magnitude
+DEAD_SCALE = 1e-24  # a weight scale below it is a dead channel's (``_live_scales``)
 _CLAMPS = ("relu.default", "relu_.default", "hardtanh.default", "hardtanh_.default")
 # ops XNNPACK quantizes with the input's grid shared, which compute a new value and so take a grid of their own
 _REQUANTIZING = ("adaptive_avg_pool2d.default", "mean.dim", "mean.default", "avg_pool2d.default")
@@ -48,9 +49,10 @@ _REQUANTIZING = ("adaptive_avg_pool2d.default", "mean.dim", "mean.default", "avg
 _VIEWS = ("view.default", "flatten.using_ints", "reshape.default", "squeeze.dim", "squeeze.dims", "squeeze.default",
           "unsqueeze.default", "_unsafe_view.default", "dropout.default", "clone.default", "alias.default")
 _CONCATS = ("cat.default", "concat.default")
-# ops that pass some of their input's values through unchanged (a resize to the nearest pixel, a max pool)
+# ops that pass some of their input's values through unchanged (a resize to the nearest pixel, a max pool, a slice,
+# the pieces of a split: YOLOv8's C2f blocks concatenate both pieces of a split with the conv after one)
 _PASSING = ("upsample_nearest2d.vec", "upsample_nearest2d.default", "max_pool2d.default", "permute.default",
-            "transpose.int")
+            "transpose.int", "slice.Tensor", "split_with_sizes.default", "split.Tensor", "getitem")
 _WEIGHTED = {"conv2d.default": ("Conv",), "conv1d.default": ("Conv",), "linear.default": ("Gemm", "MatMul")}
 _TRANSPOSED = {"conv_transpose2d.input": ("ConvTranspose",)}  # with CarryOptions.transposed_convs
 # the weight's output-channel axis, where it is not 0: a transposed conv's weight is [C_in, C_out / groups, kH, kW]
@@ -76,13 +78,17 @@ class CarryOptions:
     writes the concatenation's grid, widened to cover the producer's range, for all its readers.
     ``transposed_convs``: a transposed conv takes the plan's weights (per channel on axis 1) and grids (LiteRT's
     TRANSPOSE_CONV and ExecuTorch 1.5.1's XNNPACK deconvolution: checked, the program loads and computes what the
-    QDQ model does); without it the plan's weights are not carried onto one, and the caller refuses the program."""
+    QDQ model does); without it the plan's weights are not carried onto one, and the caller refuses the program.
+    ``float_concat_inputs``: the elementwise ops that write a float concatenation's inputs, read by it alone, write
+    float (LiteRT's converter puts a float concatenation with one dequantized input on that input's grid, and with
+    it every other input: YOLOv8's class scores, concatenated with its boxes in pixels, became 0 or 1.25)."""
 
     fold_quantize: bool = True
     average_grids: bool = True
     same_scale_concat: bool = False
     requantize_edges: bool = True
     transposed_convs: bool = False
+    float_concat_inputs: bool = False
 
     def weighted(self) -> dict[str, tuple[str, ...]]:
         """torch op -> the ONNX ops whose weights it takes the plan's integer weights of."""
@@ -105,12 +111,17 @@ class CarriedPlan:
     folded: tuple[str, ...] = ()  # constant ops folded into the conv before them, as ORT folded them (torch_affines)
     # torch tensors matched to an ONNX tensor in another layout (ORT's transpose optimizer moved their op; ``layouts``)
     permuted: tuple[str, ...] = ()
+    # torch nodes (not convs or linears) with no tensor in the plan, left in float: ORT's optimizer fused them (a layer
+    # norm written out op by op became one LayerNormalization, quantized on its input and output only)
+    unplanned: tuple[str, ...] = ()
+    float_concat_inputs: tuple[str, ...] = ()  # ``CarryOptions.float_concat_inputs``: ops written float for it
 
     def summary(self) -> dict[str, Any]:
         return {"matched_tensors": self.matched, "activation_grids": self.activations, "weights": self.weights,
                 "float_nodes": list(self.float_nodes), "unmatched": list(self.unmatched),
                 "derived_from_range": list(self.derived), "folded_into_convs": list(self.folded),
-                "matched_in_another_layout": list(self.permuted)}
+                "matched_in_another_layout": list(self.permuted), "unplanned_in_float": list(self.unplanned),
+                "float_concat_inputs": list(self.float_concat_inputs)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,6 +292,12 @@ class _Annotation:
         if not self.options.average_grids and (source := _average_input(node)) is not None:
             # a source the plan leaves unquantized (ORT's PRelu) is annotated on its range's grid (``range_grid``)
             return self.grid(source) or self.range_grid(source)
+        if node not in self.match and _op_name(node) in _VIEWS + _PASSING and node.args \
+                and isinstance(node.args[0], torch.fx.Node):
+            # a view or a slice the ONNX model has no tensor for (ORT's optimizer wrote YOLOX's four strided slices
+            # of the image and their concatenation as SpaceToDepth and Gather): its values are some of its
+            # input's, on its input's grid
+            return self.grid(node.args[0])
         spec = self.spec(node)
         if spec is None or spec.is_float or spec.scale is None or spec.axis is not None:
             users = list(node.users)
@@ -312,10 +329,25 @@ class _Annotation:
         channels = int(node.args[1].meta["val"].shape[axis]) if "val" in node.args[1].meta else len(scales)
         if len(scales) == 1:
             scales = np.repeat(scales, channels)
+        scales = _live_scales(scales)
         # ORT's symmetric int8 grids reach -128 (scale = max |w| / 127.5): the range is the dtype's
         return dataclasses.replace(spec, qscheme=torch.per_channel_symmetric, ch_axis=axis, quant_min=-128,
                                    quant_max=127,
                                    observer_or_fake_quant_ctr=self.observer.with_args(scales=tuple(scales)))
+
+
+def _live_scales(scales: np.ndarray) -> np.ndarray:
+    """``scales`` with each channel's below ``DEAD_SCALE`` (a dead channel: CLE shrank PP-OCRv4's detector's to
+    weights of 1e-35, and ORT gave it a scale of 7.5e-37) replaced by the median of the others: its weights round to
+    0 on either (they were 0 in float32 arithmetic anyway), and its bias, on the input's scale times this one, is a
+    normal float32 number: XNNPACK refused the subnormal scale ('Failed to define tensor ... xnn_status_invalid_
+    parameter', the .pte did not load)."""
+    scales = np.asarray(scales, dtype=np.float64)
+    dead = ~(scales >= DEAD_SCALE)
+    if not dead.any():
+        return scales
+    live = scales[~dead]
+    return np.where(dead, float(np.median(live)) if live.size else 1.0, scales)
 
 
 def _fixed_int8(scale: float, zero: int) -> Any:
@@ -364,6 +396,8 @@ def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], repor
             self.base.annotate(model)
             floats = _annotate(model, state)
             _unshare(model, state, set(floats))
+            if options.float_concat_inputs:
+                _float_concat_inputs(model, state)
             if options.same_scale_concat:
                 _same_scale_concats(model, state)
             return model
@@ -411,8 +445,10 @@ def _annotate(model: torch.fx.GraphModule, state: _Annotation) -> list[torch.fx.
 
     unmatched: list[str] = []
     floats: list[torch.fx.Node] = []
+    unplanned: list[str] = []
     derived: list[str] = []
     carried = 0
+    weighted = state.options.weighted()
     for node in model.graph.nodes:
         annotation = node.meta.get("quantization_annotation")
         if annotation is None:
@@ -421,44 +457,67 @@ def _annotate(model: torch.fx.GraphModule, state: _Annotation) -> list[torch.fx.
             del node.meta["quantization_annotation"]
             floats.append(node)
             continue
-        inputs = {}
-        for arg, spec in annotation.input_qspec_map.items():
-            if isinstance(spec, QuantizationSpec) and spec.qscheme in (torch.per_channel_symmetric,
-                                                                       torch.per_tensor_symmetric) \
-                    and arg.op == "get_attr":
-                inputs[arg] = state.weight_spec(node, spec)
-            elif isinstance(spec, QuantizationSpec):
-                grid = state.grid(arg)
-                if grid is None and arg.op == "get_attr":  # a constant only the torch program holds as a tensor
-                    grid = _constant_grid(model, arg)  # (a detector's box * 64): the ONNX model's initializer
-                    if grid is not None:
-                        derived.append(arg.name)
-                carried += grid is not None
-                if grid is None:
-                    unmatched.append(f"{arg.name} (read by {node.name})")
-                inputs[arg] = grid or spec
-            else:
-                inputs[arg] = spec
+        inputs, output, missing, found, count = _node_grids(model, node, annotation, state)
+        if missing and _op_name(node) not in weighted:
+            # no tensor of the plan for it (ORT's optimizer fused the ops around it: a layer norm written out as
+            # means and divisions became one LayerNormalization, quantized on its input and output only): in float,
+            # as the QDQ model computes it between those grids
+            del node.meta["quantization_annotation"]
+            floats.append(node)
+            unplanned.append(node.name)
+            continue
+        unmatched += missing
+        derived += found
+        carried += count
         annotation.input_qspec_map = inputs
         if isinstance(annotation.output_qspec, QuantizationSpec):
-            grid = state.grid(node)
-            if grid is None:
-                grid = state.range_grid(node)
-                if grid is not None:
-                    derived.append(node.name)
-            carried += grid is not None
-            if grid is None:
-                unmatched.append(node.name)
-            annotation.output_qspec = grid or annotation.output_qspec
+            annotation.output_qspec = output or annotation.output_qspec
         elif isinstance(annotation.output_qspec, SharedQuantizationSpec) and state.options.average_grids \
                 and _op_name(node) in _REQUANTIZING:
             grid = state.grid(node)  # an average's own, narrower grid, as ORT gives it
             if grid is not None:
                 annotation.output_qspec = grid
                 carried += 1
-    state.report.update(activations=carried, unmatched=unmatched, float_nodes=[n.name for n in floats],
-                        derived=derived)
+    state.report.update(activations=carried, unmatched=unmatched, derived=derived, unplanned=unplanned,
+                        float_nodes=[n.name for n in floats if n.name not in unplanned])
     return floats
+
+
+def _node_grids(model: torch.fx.GraphModule, node: torch.fx.Node, annotation: Any, state: _Annotation
+                ) -> tuple[dict[torch.fx.Node, Any], Any, list[str], list[str], int]:
+    """``node``'s annotation with the plan's grids: (its input specs, its output spec (None where it has none), what
+    has no grid in the plan, what took a grid derived from a value or a range, how many grids it took)."""
+    from torchao.quantization.pt2e.quantizer import QuantizationSpec
+
+    inputs, missing, found, count = {}, [], [], 0
+    for arg, spec in annotation.input_qspec_map.items():
+        if isinstance(spec, QuantizationSpec) and spec.qscheme in (torch.per_channel_symmetric,
+                                                                   torch.per_tensor_symmetric) \
+                and arg.op == "get_attr":
+            inputs[arg] = state.weight_spec(node, spec)
+        elif isinstance(spec, QuantizationSpec):
+            grid = state.grid(arg)
+            if grid is None and arg.op == "get_attr":  # a constant only the torch program holds as a tensor
+                grid = _constant_grid(model, arg)  # (a detector's box * 64): the ONNX model's initializer
+                if grid is not None:
+                    found.append(arg.name)
+            count += grid is not None
+            if grid is None:
+                missing.append(f"{arg.name} (read by {node.name})")
+            inputs[arg] = grid or spec
+        else:
+            inputs[arg] = spec
+    output = annotation.output_qspec
+    if isinstance(output, QuantizationSpec):
+        output = state.grid(node)
+        if output is None:
+            output = state.range_grid(node)
+            if output is not None:
+                found.append(node.name)
+        count += output is not None
+        if output is None:
+            missing.append(node.name)
+    return inputs, output, missing, found, count
 
 
 def _constant_grid(model: torch.fx.GraphModule, node: torch.fx.Node) -> Any:
@@ -515,6 +574,27 @@ def _unshare(model: torch.fx.GraphModule, state: _Annotation, removed: set[torch
             if gone(annotation.output_qspec):
                 changed = True
                 annotation.output_qspec = _passed_grid(node, inputs) or state.grid(node)
+
+
+def _float_concat_inputs(model: torch.fx.GraphModule, state: _Annotation) -> None:
+    """The ops other than convs and linears that write a float concatenation's inputs, through views, and that only
+    it reads, write float (``CarryOptions.float_concat_inputs``); what shared their grid is given its own."""
+    weighted = state.options.weighted()
+    floated: set[torch.fx.Node] = set()
+    for node in model.graph.nodes:
+        if _op_name(node) not in _CONCATS or node.meta.get("quantization_annotation") is not None:
+            continue
+        for arg in node.args[0]:
+            while isinstance(arg, torch.fx.Node) and _op_name(arg) in _VIEWS and len(arg.users) == 1:
+                arg = arg.args[0]
+            annotation = arg.meta.get("quantization_annotation") if isinstance(arg, torch.fx.Node) else None
+            if annotation is not None and annotation.output_qspec is not None and len(arg.users) == 1 \
+                    and _op_name(arg) not in weighted:
+                annotation.output_qspec = None
+                floated.add(arg)
+    if floated:
+        state.report["float_concat_inputs"] = [n.name for n in floated]
+        _unshare(model, state, floated)
 
 
 def _passed_grid(node: torch.fx.Node, inputs: Mapping[torch.fx.Node, Any]) -> Any:
@@ -578,6 +658,12 @@ def _same_scale_concats(model: torch.fx.GraphModule, state: _Annotation) -> None
         for source, alone in sources[node].items():
             if fixed(source) is not None and (alone or not state.options.requantize_edges):
                 fixed(source).output_qspec = grid
+                if state.options.requantize_edges and _op_name(source) in _CONCATS:
+                    # a concatenation feeding this one (YOLOv8's head: each level's boxes and scores, then the
+                    # levels): its inputs on the grid it now writes, requantized on their edges (XNNPACK refused a
+                    # concatenation whose inputs and output differ: 'Failed to create cat2 node', no load)
+                    inner = source.meta["quantization_annotation"]
+                    inner.input_qspec_map = {arg: grid for arg in inner.input_qspec_map}
                 _read_on(source, grid, averages_follow=follow)
         if not state.options.requantize_edges:  # the values passed on are read on that grid everywhere
             for arg in inputs:
@@ -754,4 +840,5 @@ def carry_plan(module: torch.nn.Module, example: Sequence[torch.Tensor], *, floa
                        unmatched=tuple(report.get("unmatched", ())) + tuple(report.get("unmatched_weights", ()))
                        + tuple(report.get("uncarried_weights", ())),
                        derived=tuple(report.get("derived", ())), folded=tuple(report.get("folded", ())),
-                       permuted=tuple(report.get("permuted", ())))
+                       permuted=tuple(report.get("permuted", ())), unplanned=tuple(report.get("unplanned", ())),
+                       float_concat_inputs=tuple(report.get("float_concat_inputs", ())))

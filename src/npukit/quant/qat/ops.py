@@ -2,8 +2,10 @@
 float ONNX graph can be trained with autograd: ``OPS[op_type](inputs, attrs, opset) -> outputs``.
 
 Inputs that ONNX passes as tensors but that are really attributes (a Reshape's shape, a Slice's starts, a Resize's
-scales) are read as Python numbers; in the graphs npukit trains they are constants (static shapes, constants
-folded). An operator not in ``OPS`` is refused by name when the program is built, not when it first runs.
+scales, a Clip's bounds) are read as Python numbers; in the graphs npukit trains or exports they are constants
+(static shapes, constants folded), read outside any tracing (``_values``): under ``torch.export`` they stay numbers
+in the program, not data-dependent reads of a traced tensor. An operator not in ``OPS`` is refused by name when the
+program is built, not when it first runs.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import _disable_current_modes
 
 Op = Callable[[list[Any], dict[str, Any], int], list[Any]]
 OPS: dict[str, Op] = {}
@@ -29,12 +32,22 @@ def op(*names: str) -> Callable[[Op], Op]:
     return register
 
 
+def _values(value: Any) -> list[Any]:
+    """A constant input's values as a flat Python list, read with torch's dispatch modes off: while torch.export
+    traces the program (fake tensors, a proxy tracer), a constant tensor is read as the numbers it holds and the
+    read leaves no node in the program (a computed tensor cannot be read so: export fails on it, as it should)."""
+    if not torch.is_tensor(value):
+        return list(value)
+    with _disable_current_modes():
+        return value.reshape(-1).tolist()
+
+
 def _ints(value: Any) -> list[int]:
-    return [int(v) for v in (value.reshape(-1).tolist() if torch.is_tensor(value) else value)]
+    return [int(v) for v in _values(value)]
 
 
 def _floats(value: Any) -> list[float]:
-    return [float(v) for v in (value.reshape(-1).tolist() if torch.is_tensor(value) else value)]
+    return [float(v) for v in _values(value)]
 
 
 def _given(inputs: list[Any], index: int) -> Any:
@@ -107,8 +120,8 @@ def _clip(inputs, attrs, opset):
     if opset < 11:
         lo, hi = attrs.get("min", -math.inf), attrs.get("max", math.inf)
     else:
-        lo = float(inputs[1]) if _given(inputs, 1) is not None else -math.inf
-        hi = float(inputs[2]) if _given(inputs, 2) is not None else math.inf
+        lo = _floats(inputs[1])[0] if _given(inputs, 1) is not None else -math.inf
+        hi = _floats(inputs[2])[0] if _given(inputs, 2) is not None else math.inf
     return [torch.clamp(x, lo, hi)]
 
 
@@ -208,6 +221,9 @@ def _conv_transpose(inputs, attrs, opset):
         raise NotImplementedError("ConvTranspose with output_shape or auto_pad")
     pads = list(attrs.get("pads", [0] * (2 * dims)))
     fn = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[dims - 1]
+    if pads[:dims] == pads[dims:]:  # torch's padding crops as much from both ends: one op, as torch writes it
+        return [fn(x, w, b, stride=strides, padding=pads[:dims], output_padding=output_padding,
+                   groups=int(attrs.get("group", 1)), dilation=dilations)]
     out = fn(x, w, b, stride=strides, padding=0, output_padding=output_padding, groups=int(attrs.get("group", 1)),
              dilation=dilations)
     index = [slice(None), slice(None)] + [slice(pads[i], out.shape[2 + i] - pads[dims + i]) for i in range(dims)]
@@ -217,6 +233,10 @@ def _conv_transpose(inputs, attrs, opset):
 @op("Gemm")
 def _gemm(inputs, attrs, opset):
     a, b, c = inputs[0], inputs[1], _given(inputs, 2)
+    if not attrs.get("transA", 0) and attrs.get("alpha", 1.0) == 1.0 and attrs.get("beta", 1.0) == 1.0 \
+            and (c is None or c.dim() == 1):
+        # a linear layer, as torch writes one (torch.export and the mobile runtimes' lowering see a linear)
+        return [F.linear(a, b if attrs.get("transB", 0) else b.t(), c)]
     a = a.t() if attrs.get("transA", 0) else a
     b = b.t() if attrs.get("transB", 0) else b
     out = attrs.get("alpha", 1.0) * (a @ b)
@@ -451,7 +471,7 @@ def _pad(inputs, attrs, opset):
         pads, value = list(attrs["pads"]), attrs.get("value", 0.0)
     else:
         pads = _ints(inputs[1])
-        value = float(inputs[2]) if _given(inputs, 2) is not None and inputs[2].numel() else 0.0
+        value = (_floats(inputs[2]) or [0.0])[0] if _given(inputs, 2) is not None else 0.0
         if _given(inputs, 3) is not None:
             axes = [a % x.dim() for a in _ints(inputs[3])]
             full = [0] * (2 * x.dim())

@@ -16,6 +16,7 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
 
 from npukit.errors import InputError
 from npukit.frontend.graph_index import GraphIndex
@@ -57,9 +58,12 @@ def unsupported_ops(model: onnx.ModelProto) -> list[str]:
 class OnnxProgram(nn.Module):
     """``model`` (float, with or without FakeQuant nodes) as a module; ``quant``: key -> quantizer module.
     ``forward(feeds)`` takes a dict of input name -> tensor (or tensors in input order) and returns the graph's
-    outputs in order."""
+    outputs in order. ``constants``: the initializers that are not trained are plain tensors, not buffers, for
+    ``torch.export``, which lifts them as constants whose values the ops can read (a Reshape's shape, a Clip's
+    bounds); a buffer it traces as a tensor of unknown values."""
 
-    def __init__(self, model: onnx.ModelProto, quant: Mapping[str, nn.Module] | None = None) -> None:
+    def __init__(self, model: onnx.ModelProto, quant: Mapping[str, nn.Module] | None = None, *,
+                 constants: bool = False) -> None:
         super().__init__()
         missing = unsupported_ops(model)
         if missing:
@@ -68,23 +72,33 @@ class OnnxProgram(nn.Module):
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
         inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
         trained = self._trained(model, inits)
-        self.keys: dict[str, str] = {}  # initializer name -> parameter / buffer key
-        self.params = nn.ParameterDict()
-        for index, (name, value) in enumerate(inits.items()):
-            key = f"i{index}"
-            self.keys[name] = key
-            tensor = torch.from_numpy(np.array(value, copy=True))
-            if name in trained:
-                self.params[key] = nn.Parameter(tensor)
-            else:
-                self.register_buffer(f"c_{key}", tensor, persistent=True)
-        self.quant = nn.ModuleDict({k: m for k, m in (quant or {}).items()})
         self.input_names = tuple(i.name for i in model.graph.input if i.name not in inits)
         self.output_names = tuple(o.name for o in model.graph.output)
         self.nodes = tuple(_Node(n.op_type if n.domain != DOMAIN else "FakeQuant", tuple(n.input), tuple(n.output),
                                  {a.name: _attr(helper.get_attribute_value(a)) for a in n.attribute}
                                  | ({"_outputs": len(n.output)} if n.op_type == "Split" else {}), n.name)
                            for n in model.graph.node)
+        if constants:
+            self.nodes = _linear_layers(self.nodes, inits, set(self.output_names))
+            # a linear layer's weight is [out, in] and its bias a parameter, as torch holds them
+            linear = [n for n in self.nodes if n.op_type == "Gemm" and n.attrs.get("_linear")]
+            inits = {**inits, **{n.inputs[1]: inits[n.inputs[1]].T for n in linear}}
+            trained |= {n.inputs[2] for n in linear if len(n.inputs) > 2}
+        self.keys: dict[str, str] = {}  # initializer name -> parameter / buffer key
+        self.params = nn.ParameterDict()
+        self.constants: dict[str, torch.Tensor] = {}  # initializer name -> plain tensor (``constants``)
+        self.folds = constants  # what is computed from constants alone is computed outside tracing (``run``)
+        for index, (name, value) in enumerate(inits.items()):
+            key = f"i{index}"
+            self.keys[name] = key
+            tensor = torch.from_numpy(np.array(value, copy=True))
+            if name in trained:
+                self.params[key] = nn.Parameter(tensor)
+            elif constants:
+                self.constants[name] = tensor
+            else:
+                self.register_buffer(f"c_{key}", tensor, persistent=True)
+        self.quant = nn.ModuleDict({k: m for k, m in (quant or {}).items()})
 
     @staticmethod
     def _trained(model: onnx.ModelProto, inits: Mapping[str, np.ndarray]) -> set[str]:
@@ -101,6 +115,8 @@ class OnnxProgram(nn.Module):
         return trained
 
     def initializer(self, name: str) -> torch.Tensor:
+        if name in self.constants:
+            return self.constants[name]
         key = self.keys[name]
         return self.params[key] if key in self.params else getattr(self, f"c_{key}")
 
@@ -122,10 +138,18 @@ class OnnxProgram(nn.Module):
             env = dict(zip(self.input_names, feeds))
         for name in self.keys:
             env[name] = self.initializer(name)
+        static = set(self.constants)  # the tensors computed from constants alone (``folds``)
         for node in self.nodes:
             args = [env[name] if name else None for name in node.inputs]
             if node.op_type == "FakeQuant":
                 outs = [self._fake_quant(node, args[0], env)]
+            elif self.folds and all(name in static for name in node.inputs if name):
+                # folded here, outside any tracing: a constant in the exported program (torch.export lifts it)
+                # rather than nodes that compute one (a detector's anchor grid: ConstantOfShape, Add), which the
+                # ONNX export of the program folds away and the plan then has no tensor for
+                with _disable_current_modes():
+                    outs = OPS[node.op_type](args, node.attrs, self.opset)
+                static.update(name for name in node.outputs if name)
             else:
                 try:
                     outs = OPS[node.op_type](args, node.attrs, self.opset)
@@ -148,6 +172,43 @@ class OnnxProgram(nn.Module):
             scale = BiasQuant.grid(self.quant[module.input_key].scale(), weight_quant.scale(env[module.weight]))
             return module(x, scale)
         return module(x)
+
+
+def _linear_layers(nodes: tuple[_Node, ...], inits: Mapping[str, np.ndarray], outputs: set[str]
+                   ) -> tuple[_Node, ...]:
+    """``nodes`` with each MatMul by a constant matrix, and the Add of a constant vector that alone reads it, as one
+    linear layer (a Gemm node: ``F.linear`` in torch), as torch writes one: what ONNX Runtime fuses into a Gemm
+    (a transformer's projections over [N, L, C]) and the plan quantizes as one, torch.export then sees as a linear
+    (the values are the same; the float rounding of one fused product-and-sum)."""
+    readers: dict[str, list[_Node]] = {}
+    for node in nodes:
+        for name in node.inputs:
+            readers.setdefault(name, []).append(node)
+    fused: dict[int, _Node] = {}  # id(the Add folded into a linear) -> the linear
+    out: list[_Node] = []
+    for node in nodes:
+        if id(node) in fused:
+            out.append(fused.pop(id(node)))
+            continue
+        weight = inits.get(node.inputs[1]) if node.op_type == "MatMul" and len(node.inputs) == 2 else None
+        if weight is None or weight.ndim != 2 or weight.dtype != np.float32 or len(readers[node.inputs[1]]) > 1:
+            out.append(node)
+            continue
+        (product,) = node.outputs
+        add = readers.get(product, [])
+        bias = None
+        if len(add) == 1 and add[0].op_type == "Add" and product not in outputs:
+            other = next((n for n in add[0].inputs if n != product), None)
+            value = inits.get(other) if other is not None else None
+            if value is not None and value.dtype == np.float32 and value.shape == (weight.shape[1],) \
+                    and len(readers[other]) == 1:
+                bias = other
+        linear = {"transB": 1, "_linear": True}  # the weight transposed to [out, in] where it becomes a parameter
+        if bias is None:
+            out.append(_Node("Gemm", node.inputs, node.outputs, linear, node.name))
+        else:
+            fused[id(add[0])] = _Node("Gemm", (*node.inputs, bias), add[0].outputs, linear, node.name)
+    return tuple(out)
 
 
 def with_trained_weights(model: onnx.ModelProto, program: OnnxProgram) -> onnx.ModelProto:

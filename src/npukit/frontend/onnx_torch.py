@@ -1,0 +1,109 @@
+"""An ONNX model as a torch program, for the verbs that carry npukit's plan onto one (compile for ExecuTorch, LiteRT
+and Core ML, and optimize on them), which took PyTorch models only.
+
+The graph is fixed at the input shape the verb runs it at and cleaned as ``npukit optimize-graph`` cleans it
+(constants and BatchNorms folded, dead code gone: a shape computed from the input becomes the constant it is), then
+run node by node on torch by ``npukit.quant.qat.program.OnnxProgram``, the program QAT trains, with its constants
+kept readable by ``torch.export`` (a Reshape's shape, a Clip's bounds are numbers in the exported program). Before
+anything is built on it, the program is checked against ONNX Runtime running the original graph (no graph
+optimizations) on seeded inputs: within ``TOLERANCE`` of each output's range, else the model is refused (exit 2),
+naming the output and the error. The verbs then treat it as the user's torch module: exported, planned on its ONNX
+export, lowered and checked against it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+
+from npukit.errors import InputError
+
+TOLERANCE = 1e-4  # torch program against ONNX Runtime: max abs error over each output's range (compile's fp32 check)
+CHECK_SAMPLES = 2
+SEED = 0
+
+
+def torch_program(model: onnx.ModelProto, shape: tuple[int, ...], *, label: str) -> tuple[Any, str]:
+    """(``model`` at input ``shape`` as a torch module in eval mode, a note for the report saying how it was made and
+    how far it is from ONNX Runtime); an InputError where the graph has more than one input, an input that is not
+    float, an operator npukit has no torch form of, or where the program does not match ONNX Runtime."""
+    from npukit.frontend.shapes import fix_input_shape, runtime_inputs
+
+    inputs = runtime_inputs(model)
+    if len(inputs) != 1:
+        raise InputError(f"{label} has {len(inputs)} inputs ({', '.join(i.name for i in inputs)}); npukit builds a "
+                         "torch program from an ONNX model with one input",
+                         hint="give the PyTorch model, or compile the ONNX model with --target qnn-htp")
+    if inputs[0].type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
+        kind = onnx.TensorProto.DataType.Name(inputs[0].type.tensor_type.elem_type).lower()
+        raise InputError(f"{label}'s input {inputs[0].name} is {kind}; npukit builds a torch program from an ONNX "
+                         "model with one float input", hint="give the PyTorch model")
+    fixed = fix_input_shape(model, tuple(shape), dynamic_batch=False)
+    cleaned = _cleaned(fixed)
+    program = _program(cleaned, label)
+    error = _check(program, fixed, tuple(shape), label)
+    note = (f"{label} runs as a torch program built from its ONNX graph ({len(cleaned.graph.node)} nodes after "
+            f"constant folding; npukit's ONNX operators in torch): max abs error {error:.2g} of the output range "
+            f"against ONNX Runtime on the original graph, {CHECK_SAMPLES} seeded inputs")
+    return program, note
+
+
+def _cleaned(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` through optimize-graph's default passes (checked against ``model`` later, with the program)."""
+    import onnx_ir as ir
+
+    from npukit.config import OptimizeConfig
+    from npukit.passes.pipeline import optimize_model
+
+    ir_model = ir.serde.deserialize_model(model)
+    return ir.serde.serialize_model(optimize_model(ir_model, config=OptimizeConfig()).model)
+
+
+def _program(model: onnx.ModelProto, label: str) -> Any:
+    from npukit.quant.qat.program import OnnxProgram, unsupported_ops
+
+    missing = unsupported_ops(model)
+    if missing:
+        raise InputError(f"{label} has operators npukit cannot run as torch: {', '.join(missing)}",
+                         hint="give the PyTorch model, or compile the ONNX model with --target qnn-htp")
+    program = OnnxProgram(model, constants=True).eval()
+    for parameter in program.parameters():
+        parameter.requires_grad_(False)
+    return program
+
+
+def _check(program: Any, model: onnx.ModelProto, shape: tuple[int, ...], label: str) -> float:
+    """The program's worst output error against ONNX Runtime on ``model`` (relative to the output's range)."""
+    import torch
+
+    from npukit.frontend.verify import seeded_samples
+    from npukit.measure.compare import compare_outputs
+    from npukit.runtime.ort import make_session
+
+    session = make_session(model, optimization="disable")
+    name = session.get_inputs()[0].name
+    worst = 0.0
+    for x in seeded_samples(shape, samples=CHECK_SAMPLES, seed=SEED):
+        reference = session.run(None, {name: x})
+        with torch.no_grad():
+            try:
+                got = [t.detach().numpy() for t in program(torch.from_numpy(x))]
+            except InputError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - an op npukit's torch form runs differently: refused, named
+                raise InputError(f"{label} does not run as a torch program: {type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else ''}",
+                                 hint="give the PyTorch model, or compile the ONNX model with --target qnn-htp"
+                                 ) from None
+        errors = compare_outputs(reference, [np.asarray(g, dtype=np.float32) for g in got])
+        bad = errors.failing(TOLERANCE)
+        if bad:
+            k = bad[0]
+            raise InputError(f"{label}'s torch program differs from ONNX Runtime on output "
+                             f"{model.graph.output[k].name}: max abs error {errors.per_output[k][0]:.3g} against a "
+                             f"range of {errors.scales[k]:.3g} (allowed {TOLERANCE:g} of it): an npukit limitation",
+                             hint="give the PyTorch model, or compile the ONNX model with --target qnn-htp")
+        worst = max(worst, errors.max_rel)
+    return worst
