@@ -6,6 +6,9 @@ runs in a fresh, empty working directory with every output written to a separate
     export (TorchScript and state-dict models) -> inspect -> optimize-graph -> quantize (default recipe, --data)
     -> analyze --target qnn-htp -> compile --soc SM8650 -> bench (INT8 vs float on ORT CPU)
     -> bench --target qnn-htp (the compiled model on the HTP emulator vs float)
+    -> compile --target litert / executorch-xnnpack --calib (the ONNX model, run as a torch program, to an INT8
+       .tflite / .pte on npukit's plan, run on LiteRT / ExecuTorch and checked there; verbs compile-litert and
+       compile-executorch)
 
 Recorded per model and verb: exit code, wall time, the verdict or the one-line error, the task and its metric for
 the artifact against the float model, and any file left in the working directory (there must be none). The table
@@ -36,7 +39,9 @@ sys.path.insert(0, str(HERE))
 
 import zoo_models  # noqa: E402
 
-VERBS = ("export", "inspect", "optimize-graph", "quantize", "analyze", "compile", "bench", "bench-htp")
+VERBS = ("export", "inspect", "optimize-graph", "quantize", "analyze", "compile", "bench", "bench-htp",
+         "compile-litert", "compile-executorch")
+MOBILE = {"compile-litert": ("litert", ".tflite"), "compile-executorch": ("executorch-xnnpack", ".pte")}
 SOC = "SM8650"
 # The real-models issue's targets: INT8 vs float with npukit's default recipe
 TARGETS = {"detect": 0.90, "segment": 0.90, "text-detect": 0.90, "classify": 0.90, "text-recognize": 0.90}
@@ -101,6 +106,10 @@ def _run(verb: str, args: Sequence[str], *, cwd: Path, report: Path | None, time
         latency = doc.get("results", {}).get("latency")
         if isinstance(latency, dict) and "float" in latency and "int8" in latency:
             step.latency_ratio = round(latency["int8"]["median_ms"] / latency["float"]["median_ms"], 3)
+        elif isinstance(latency, dict):  # a mobile artifact beside its fp32 twin on the same runtime
+            twin = next((k for k in latency if f"{k} fp32" in latency), None)
+            if twin is not None:
+                step.latency_ratio = round(latency[twin]["median_ms"] / latency[f"{twin} fp32"]["median_ms"], 3)
         fragile = doc.get("results", {}).get("steps", {}).get("float_fragile")
         if fragile is not None:
             step.float_fragile = fragile["nodes"]
@@ -162,6 +171,11 @@ def run_model(model: zoo_models.ZooModel, verbs: Sequence[str], *, timeout: int,
             step("bench-htp", ["bench", str(ctx), "--target", "qnn-htp", "--soc", SOC, "--reference", str(optimized),
                                "--data", str(evaluation), "--runs", "3", "--max-samples", "8", "--report",
                                str(out / "bench_htp.json")] + shapes, report=out / "bench_htp.json")
+        for verb, (target, suffix) in MOBILE.items():
+            if verb in verbs:
+                mobile = out / f"model{suffix}"
+                step(verb, ["compile", str(float_model), "--target", target, "--calib", str(calib), "-o",
+                            str(mobile)] + shapes, report=mobile.with_name(mobile.name + ".report.json"))
     return {"name": model.name, "task": model.task, "package": f"{model.dist}=={model.version()}",
             "kind": model.kind, "inputs": {i.name: list(i.shape) for i in model.inputs},
             "steps": [dataclasses.asdict(s) for s in steps]}
@@ -224,13 +238,16 @@ def write_results(doc: dict, out_dir: Path, stem: str = "third_party_zoo") -> tu
     lines = [f"# Third-party zoo: every verb on real models ({doc['cpu']}, {doc['date']})", "",
              f"npukit at {doc['commit']}; SoC {SOC} on the QNN HTP emulator. Exit codes: 0 passed its checks, "
              "1 a check failed (artifact written, verdict says why), 2 bad input / unsupported (one-line error).",
-             "", "| model | task | verb | exit | s | task metric | value | worst output SQNR dB | verdict or error |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "Latency: the INT8 artifact's median over the float model's (ORT CPU) or its fp32 twin's (the same mobile "
+             "runtime), 1 thread, interleaved.",
+             "", "| model | task | verb | exit | s | task metric | value | worst output SQNR dB | x float latency "
+             "| verdict or error |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in doc["rows"]:
         for s in row["steps"]:
             line = s["line"].replace("|", "/")
             lines.append(f"| {row['name']} | {row.get('task', '')} | {s['verb']} | {s['exit_code']} | {s['seconds']} "
-                         f"| {s['metric'] or ''} | {_fmt(s['value'])} | {_fmt(s['worst_sqnr_db'])} | {line} |")
+                         f"| {s['metric'] or ''} | {_fmt(s['value'])} | {_fmt(s['worst_sqnr_db'])} "
+                         f"| {_fmt(s.get('latency_ratio'))} | {line} |")
     summary = doc["summary"]
     lines += ["", "## Summary", "", "```", json.dumps(summary, indent=2), "```", ""]
     md_path.write_text("\n".join(lines))
