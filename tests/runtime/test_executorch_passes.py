@@ -105,27 +105,6 @@ def test_a_split_is_one_slice_per_piece_read_of_the_same_values():
     assert sorted(slices) == [(1, 0, 2, 1), (1, 0, 4, 1), (1, 2, 6, 1), (1, 4, 8, 1)]  # the unread piece: none
 
 
-@pytest.fixture
-def xnn_graphs(monkeypatch):
-    """The XNNPACK graphs the next lowerings serialize, as (node kind, its output's datatype) lists."""
-    import executorch.backends.xnnpack.xnnpack_preprocess as preprocess
-
-    graphs: list[list[tuple[str, str]]] = []
-    serialize = preprocess.serialize_xnnpack_binary
-
-    def spy(graph, *args, **kwargs):
-        values = {}
-        for value in graph.xvalues:
-            tensor = getattr(value.xvalue_union, "tensor_value", value.xvalue_union)
-            values[tensor.id_out] = tensor.datatype.name.removeprefix("xnn_datatype_")
-        graphs.append([(type(n.xnode_union).__name__.removeprefix("XNN"),
-                        values.get(getattr(n.xnode_union, "output_id", None))) for n in graph.xnodes])
-        return serialize(graph, *args, **kwargs)
-
-    monkeypatch.setattr(preprocess, "serialize_xnnpack_binary", spy)
-    return graphs
-
-
 def _run(lowered: et.Lowered, example, tmp_path: Path) -> np.ndarray:
     path = tmp_path / "net.pte"
     lowered.write(path)

@@ -251,27 +251,6 @@ class _Views16(torch.nn.Module):
         return self.conv2(y.expand(1, 8, 16, 16) * a)
 
 
-@pytest.fixture
-def xnn_graphs(monkeypatch):
-    """The XNNPACK graphs the next lowerings serialize, as (node kind, its output's datatype) lists."""
-    import executorch.backends.xnnpack.xnnpack_preprocess as preprocess
-
-    graphs: list[list[tuple[str, str]]] = []
-    serialize = preprocess.serialize_xnnpack_binary
-
-    def spy(graph, *args, **kwargs):
-        values = {}
-        for value in graph.xvalues:
-            tensor = getattr(value.xvalue_union, "tensor_value", value.xvalue_union)
-            values[tensor.id_out] = tensor.datatype.name.removeprefix("xnn_datatype_")
-        graphs.append([(type(n.xnode_union).__name__.removeprefix("XNN"),
-                        values.get(getattr(n.xnode_union, "output_id", None))) for n in graph.xnodes])
-        return serialize(graph, *args, **kwargs)
-
-    monkeypatch.setattr(preprocess, "serialize_xnnpack_binary", spy)
-    return graphs
-
-
 @pytest.mark.parametrize("net, calls", [(_TinyVit, 9), (_Views16, 3)])
 def test_int8_one_delegate_call_integer_ops_kept_and_the_pte_computes_the_quantized_program(net, calls, tmp_path,
                                                                                            xnn_graphs):
