@@ -258,13 +258,17 @@ def _bad(tmp_path: Path, onnx_model: Path, target: str) -> dict[str, list[str]]:
     return {
         "onnx model with two inputs": ["compile", str(_two_inputs(onnx_model.with_name("two.onnx"))), "--target",
                                        target, "-o", out],
+        "both shapes of a two-input onnx model": ["compile", str(_two_inputs(onnx_model.with_name("two.onnx"))),
+                                                  "--target", target, "-o", out, "--input-shape", "a=1,4",
+                                                  "--input-shape", "b=1,4"],
         "wrong suffix": ["compile", "tinynet:tiny", "--target", target, "-o", str(tmp_path / "out.onnx"), *SHAPE],
         "soc given": ["compile", "tinynet:tiny", "--target", target, "--soc", "SM8650", "-o", out, *SHAPE],
         "htp without soc": ["compile", str(onnx_model), "-o", str(tmp_path / "out.onnx")],
     }
 
 
-@pytest.mark.parametrize("case", ["onnx model with two inputs", "wrong suffix", "soc given", "htp without soc"])
+@pytest.mark.parametrize("case", ["onnx model with two inputs", "both shapes of a two-input onnx model",
+                                  "wrong suffix", "soc given", "htp without soc"])
 def test_bad_input_one_line_exit_2_no_file(case, target, tmp_path_factory, tmp_path, capsys):
     models = tmp_path_factory.mktemp("models")
     onnx_model = models / "tiny.onnx"
@@ -275,6 +279,8 @@ def test_bad_input_one_line_exit_2_no_file(case, target, tmp_path_factory, tmp_p
     assert main(_bad(tmp_path, onnx_model, target)[case]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err, err
+    if "two-input" in case or "two inputs" in case:
+        assert "two.onnx has 2 inputs (a, b)" in err, err
     assert _files(tmp_path) == before
 
 

@@ -29,7 +29,22 @@ def torch_program(model: onnx.ModelProto, shape: tuple[int, ...], *, label: str)
     """(``model`` at input ``shape`` as a torch module in eval mode, a note for the report saying how it was made and
     how far it is from ONNX Runtime); an InputError where the graph has more than one input, an input that is not
     float, an operator npukit has no torch form of, or where the program does not match ONNX Runtime."""
-    from npukit.frontend.shapes import fix_input_shape, runtime_inputs
+    from npukit.frontend.shapes import fix_input_shape
+
+    require_one_float_input(model, label)
+    fixed = fix_input_shape(model, tuple(shape), dynamic_batch=False)
+    cleaned = _cleaned(fixed)
+    program = _program(cleaned, label)
+    error = _check(program, fixed, tuple(shape), label)
+    note = (f"{label} runs as a torch program built from its ONNX graph ({len(cleaned.graph.node)} nodes after "
+            f"constant folding; npukit's ONNX operators in torch): max abs error {error:.2g} of the output range "
+            f"against ONNX Runtime on the original graph, {CHECK_SAMPLES} seeded inputs")
+    return program, note
+
+
+def require_one_float_input(model: onnx.ModelProto, label: str) -> None:
+    """An InputError unless ``model`` has one graph input, a float one (what a torch program is built from)."""
+    from npukit.frontend.shapes import runtime_inputs
 
     inputs = runtime_inputs(model)
     if len(inputs) != 1:
@@ -40,14 +55,6 @@ def torch_program(model: onnx.ModelProto, shape: tuple[int, ...], *, label: str)
         kind = onnx.TensorProto.DataType.Name(inputs[0].type.tensor_type.elem_type).lower()
         raise InputError(f"{label}'s input {inputs[0].name} is {kind}; npukit builds a torch program from an ONNX "
                          "model with one float input", hint="give the PyTorch model")
-    fixed = fix_input_shape(model, tuple(shape), dynamic_batch=False)
-    cleaned = _cleaned(fixed)
-    program = _program(cleaned, label)
-    error = _check(program, fixed, tuple(shape), label)
-    note = (f"{label} runs as a torch program built from its ONNX graph ({len(cleaned.graph.node)} nodes after "
-            f"constant folding; npukit's ONNX operators in torch): max abs error {error:.2g} of the output range "
-            f"against ONNX Runtime on the original graph, {CHECK_SAMPLES} seeded inputs")
-    return program, note
 
 
 def _cleaned(model: onnx.ModelProto) -> onnx.ModelProto:

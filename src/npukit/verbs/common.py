@@ -75,6 +75,11 @@ def torch_source(model: Any, weights: str | Path | None, input_shape: Any, *, ne
         raise InputError(f"{model} is an ONNX model; {needs}",
                          hint="give the PyTorch model (torchvision:NAME, module:factory, .pt2, TorchScript or a "
                               f"pickled module), or {otherwise}")
+    if source.module is None:  # an ONNX model with more than one input is refused for that, not for its shapes
+        from npukit.frontend.onnx_io import load_onnx
+        from npukit.frontend.onnx_torch import require_one_float_input
+
+        require_one_float_input(load_onnx(source.onnx_path), source.onnx_path.name)
     spec = InputSpec.parse(input_shape)
     shape = source.default_input_shape
     if spec is not None:  # one shape, named or not (the export names the inputs; a torch program takes them in order)
