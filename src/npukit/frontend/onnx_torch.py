@@ -19,10 +19,12 @@ import numpy as np
 import onnx
 
 from npukit.errors import InputError
+from npukit.frontend._messages import first_line
 
 TOLERANCE = 1e-4  # torch program against ONNX Runtime: max abs error over each output's range (compile's fp32 check)
 CHECK_SAMPLES = 2
 SEED = 0
+HINT = "give the PyTorch model, or compile the ONNX model with --target qnn-htp"
 
 
 def torch_program(model: onnx.ModelProto, shape: tuple[int, ...], *, label: str) -> tuple[Any, str]:
@@ -50,7 +52,7 @@ def require_one_float_input(model: onnx.ModelProto, label: str) -> None:
     if len(inputs) != 1:
         raise InputError(f"{label} has {len(inputs)} inputs ({', '.join(i.name for i in inputs)}); npukit builds a "
                          "torch program from an ONNX model with one input",
-                         hint="give the PyTorch model, or compile the ONNX model with --target qnn-htp")
+                         hint=HINT)
     if inputs[0].type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
         kind = onnx.TensorProto.DataType.Name(inputs[0].type.tensor_type.elem_type).lower()
         raise InputError(f"{label}'s input {inputs[0].name} is {kind}; npukit builds a torch program from an ONNX "
@@ -74,7 +76,7 @@ def _program(model: onnx.ModelProto, label: str) -> Any:
     missing = unsupported_ops(model)
     if missing:
         raise InputError(f"{label} has operators npukit cannot run as torch: {', '.join(missing)}",
-                         hint="give the PyTorch model, or compile the ONNX model with --target qnn-htp")
+                         hint=HINT)
     program = OnnxProgram(model, constants=True).eval()
     for parameter in program.parameters():
         parameter.requires_grad_(False)
@@ -100,10 +102,8 @@ def _check(program: Any, model: onnx.ModelProto, shape: tuple[int, ...], label: 
             except InputError:
                 raise
             except Exception as exc:  # noqa: BLE001 - an op npukit's torch form runs differently: refused, named
-                raise InputError(f"{label} does not run as a torch program: {type(exc).__name__}: "
-                                 f"{str(exc).splitlines()[0] if str(exc) else ''}",
-                                 hint="give the PyTorch model, or compile the ONNX model with --target qnn-htp"
-                                 ) from None
+                raise InputError(f"{label} does not run as a torch program: {type(exc).__name__}: {first_line(exc)}",
+                                 hint=HINT) from None
         errors = compare_outputs(reference, [np.asarray(g, dtype=np.float32) for g in got])
         bad = errors.failing(TOLERANCE)
         if bad:
@@ -111,6 +111,6 @@ def _check(program: Any, model: onnx.ModelProto, shape: tuple[int, ...], label: 
             raise InputError(f"{label}'s torch program differs from ONNX Runtime on output "
                              f"{model.graph.output[k].name}: max abs error {errors.per_output[k][0]:.3g} against a "
                              f"range of {errors.scales[k]:.3g} (allowed {TOLERANCE:g} of it): an npukit limitation",
-                             hint="give the PyTorch model, or compile the ONNX model with --target qnn-htp")
+                             hint=HINT)
         worst = max(worst, errors.max_rel)
     return worst

@@ -1,5 +1,6 @@
-"""Edge-graph helpers for npukit's XNNPACK edge passes (``executorch_mean``, ``executorch_split``): a node placed
-after another with its provenance, and a quantize-dequantize pair on a given grid after a node.
+"""Edge-graph helpers for npukit's XNNPACK edge passes (``executorch_mean``, ``executorch_split``,
+``executorch_views``, ``executorch_layer_norm``, ...): a node's static shape, a node placed after another with its
+provenance, and a quantize-dequantize pair on a given grid after a node.
 
 XNNPACK takes an op of a quantized program as an integer op only in the pattern ``dq -> op -> q`` (its partitioner
 configs' ``get_node_and_deps``), and some ops (a slice, a view) only with q on dq's grid. A pair ``q -> dq`` on the
@@ -14,6 +15,14 @@ from executorch.exir.dialects._ops import ops as exir_ops
 
 Q = exir_ops.edge.quantized_decomposed.quantize_per_tensor.default
 DQ = exir_ops.edge.quantized_decomposed.dequantize_per_tensor.default
+
+
+def static_shape(node: object) -> list[int] | None:
+    """The shape of ``node``'s value (its ``val`` meta) where every dim is a plain int, or None (no value, or a
+    symbolic dim: the passes rewrite static shapes only)."""
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    shape = getattr(value, "shape", None)
+    return None if shape is None or not all(isinstance(d, int) for d in shape) else [int(d) for d in shape]
 
 
 def call_after(graph: torch.fx.Graph, anchor: torch.fx.Node, target: object, args: tuple, *,

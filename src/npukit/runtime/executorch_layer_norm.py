@@ -36,7 +36,7 @@ import torch
 from executorch.exir.dialects._ops import ops as exir_ops
 from executorch.exir.pass_base import ExportPass, PassResult
 
-from npukit.runtime.executorch_grid import call_after
+from npukit.runtime.executorch_grid import call_after, static_shape
 
 _ATEN = exir_ops.edge.aten
 LAYER_NORM = _ATEN.native_layer_norm.default
@@ -47,9 +47,9 @@ def why_not(node: torch.fx.Node) -> str | None:
     if node.op != "call_function" or node.target is not LAYER_NORM:
         return "not an edge aten.native_layer_norm"
     source, normalized = node.args[0], list(node.args[1])
-    value = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
-    if value is None or not all(isinstance(d, int) for d in value.shape):
+    if static_shape(source) is None:
         return "a symbolic shape"
+    value = source.meta["val"]
     if value.dtype != torch.float32:
         return f"a {value.dtype} input, not float32"
     if len(normalized) != 1 or normalized[0] != value.shape[-1]:

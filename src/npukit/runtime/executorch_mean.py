@@ -21,7 +21,7 @@ import torch
 from executorch.exir.dialects._ops import ops as exir_ops
 from executorch.exir.pass_base import ExportPass, PassResult
 
-from npukit.runtime.executorch_grid import Q, call_after, grid, pair_after
+from npukit.runtime.executorch_grid import Q, call_after, grid, pair_after, static_shape
 
 RANK = 4  # the rank of the mean XNNPACK takes, over its last two dims
 
@@ -41,7 +41,7 @@ def why_not(node: torch.fx.Node) -> str | None:
     dims = node.args[1] if len(node.args) > 1 else None
     if not dims or sorted(int(d) % RANK for d in dims) != [2, 3]:
         return f"over dims {dims}, not the last two (H and W)"
-    if not all(isinstance(d, int) for d in node.meta["val"].shape):
+    if static_shape(node) is None:
         return "a symbolic output shape"
     return None
 

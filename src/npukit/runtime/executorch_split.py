@@ -19,7 +19,7 @@ import torch
 from executorch.exir.dialects._ops import ops as exir_ops
 from executorch.exir.pass_base import ExportPass, PassResult
 
-from npukit.runtime.executorch_grid import DQ, Q, call_after, grid
+from npukit.runtime.executorch_grid import DQ, Q, call_after, grid, static_shape
 
 # torch.split (sizes or one size) and torch.chunk all reach the edge dialect as this op (torch 2.14, executorch 1.5.1)
 SPLIT = exir_ops.edge.aten.split_with_sizes_copy.default
@@ -28,9 +28,8 @@ SPLIT = exir_ops.edge.aten.split_with_sizes_copy.default
 def _sizes(node: torch.fx.Node) -> tuple[list[int], int] | None:
     """The sizes of ``node``'s pieces (an edge split) and the dim it splits, normalized; None where a size or the
     input's shape is not a plain int, or a piece is empty (XNNPACK's slice takes no zero-size dim)."""
-    source = node.args[0]
-    shape = source.meta["val"].shape if isinstance(source, torch.fx.Node) and "val" in source.meta else None
-    if not shape or not all(isinstance(d, int) for d in shape):
+    shape = static_shape(node.args[0])
+    if not shape:
         return None
     dim = int(node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)) % len(shape)
     sizes = node.args[1]

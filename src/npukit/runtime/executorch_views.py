@@ -28,7 +28,7 @@ import torch
 from executorch.exir.dialects._ops import ops as exir_ops
 from executorch.exir.pass_base import ExportPass, PassResult
 
-from npukit.runtime.executorch_grid import DQ, call_after, grid, pair_after
+from npukit.runtime.executorch_grid import DQ, call_after, grid, pair_after, static_shape
 
 _ATEN = exir_ops.edge.aten
 SQUEEZES = (_ATEN.squeeze_copy.default, _ATEN.squeeze_copy.dim, _ATEN.squeeze_copy.dims, _ATEN.unsqueeze_copy.default)
@@ -36,18 +36,11 @@ SELECT, EXPAND, VIEW, SLICE = (_ATEN.select_copy.int, _ATEN.expand_copy.default,
                                _ATEN.slice_copy.Tensor)
 
 
-def _static(node: object) -> list[int] | None:
-    """The shape of ``node``'s value where every dim is a plain int, or None."""
-    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    shape = getattr(value, "shape", None)
-    return None if shape is None or not all(isinstance(d, int) for d in shape) else [int(d) for d in shape]
-
-
 def why_not(node: torch.fx.Node) -> str | None:
     """Why this pass leaves ``node`` (an edge op) as it is, or None where it rewrites it."""
     if node.op != "call_function" or node.target not in (*SQUEEZES, SELECT, EXPAND):
         return "not an edge squeeze, unsqueeze, select or expand"
-    source, out = _static(node.args[0]), _static(node)
+    source, out = static_shape(node.args[0]), static_shape(node)
     if source is None or out is None:
         return "a symbolic shape"
     if node.target is EXPAND and source != out:
@@ -66,7 +59,7 @@ class StaticViewsPass(ExportPass):
     def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
         graph = graph_module.graph
         # every shape read before any rewrite: the nodes a rewrite writes have no value until the retrace
-        found = [(n, _static(n.args[0]), _static(n)) for n in graph.nodes
+        found = [(n, static_shape(n.args[0]), static_shape(n)) for n in graph.nodes
                  if n.op == "call_function" and n.target in (*SQUEEZES, SELECT, EXPAND) and why_not(n) is None]
         for node, source, out in found:
             if node.target is SELECT:

@@ -322,8 +322,6 @@ PROFILE = TargetProfile(
         "int8 program (a piece on another grid, a concatenation's, requantized after its slice by XNNPACK's converts)",
         "hardsigmoid: its decomposition leaves two dtype copies of its scalar constants to the portable kernels; "
         "they run before the delegate call and do not split the graph (MobileNetV3: one delegate call, measured)",
-        "a Python int operand (16 * x) gets a dtype copy outside XNNPACK; the ONNX export folds that cast, so it is "
-        "not predicted (swin_v2_t's 12 muls; write 16.0 * x)",
         "a MatMul of two activations whose batch dims broadcast, or of rank 2, is split: a bmm in XNNPACK (no mm), "
         "the broadcasting expand_copy on the portable kernels; counted as left, with its MACs",
         "pow takes only an int exponent 2 (x ** 2, x.pow(2), torch.square); x.pow(2.0) and a tensor exponent stay "

@@ -75,11 +75,13 @@ def torch_source(model: Any, weights: str | Path | None, input_shape: Any, *, ne
         raise InputError(f"{model} is an ONNX model; {needs}",
                          hint="give the PyTorch model (torchvision:NAME, module:factory, .pt2, TorchScript or a "
                               f"pickled module), or {otherwise}")
+    graph = None
     if source.module is None:  # an ONNX model with more than one input is refused for that, not for its shapes
         from npukit.frontend.onnx_io import load_onnx
         from npukit.frontend.onnx_torch import require_one_float_input
 
-        require_one_float_input(load_onnx(source.onnx_path), source.onnx_path.name)
+        graph = load_onnx(source.onnx_path)
+        require_one_float_input(graph, source.onnx_path.name)
     spec = InputSpec.parse(input_shape)
     shape = source.default_input_shape
     if spec is not None:  # one shape, named or not (the export names the inputs; a torch program takes them in order)
@@ -91,18 +93,18 @@ def torch_source(model: Any, weights: str | Path | None, input_shape: Any, *, ne
         shape = sample_shape(data)  # one sample of the verb's .npy: the shape the model is run at anyway
     if shape is None:
         raise InputError(f"no input shape is known for {model}", hint=_shape_hint(data))
-    if source.module is None:
-        source = _onnx_as_torch(source, tuple(shape))
+    if graph is not None:
+        source = _onnx_as_torch(source, graph, tuple(shape))
     return source, tuple(shape)
 
 
-def _onnx_as_torch(source: Any, shape: tuple[int, ...]) -> Any:
-    """The ONNX ``source`` with its graph at ``shape`` as its torch module (``torch_source``'s ``from_onnx``)."""
-    from npukit.frontend.onnx_io import load_onnx
+def _onnx_as_torch(source: Any, graph: onnx.ModelProto, shape: tuple[int, ...]) -> Any:
+    """The ONNX ``source`` (its model ``graph``) at ``shape`` as its torch module (``torch_source``'s
+    ``from_onnx``)."""
     from npukit.frontend.onnx_torch import torch_program
 
     with step("building a torch program from the ONNX graph (checked against ONNX Runtime)"):
-        module, note = torch_program(load_onnx(source.onnx_path), shape, label=source.onnx_path.name)
+        module, note = torch_program(graph, shape, label=source.onnx_path.name)
     return dataclasses.replace(source, kind="torch", module=module, notes=(*source.notes, note),
                                description=f"{source.description}, run as a torch program")
 

@@ -7,6 +7,7 @@ ONNX Runtime on the same input).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
@@ -141,18 +142,18 @@ class OnnxProgram(nn.Module):
         static = set(self.constants)  # the tensors computed from constants alone (``folds``)
         for node in self.nodes:
             args = [env[name] if name else None for name in node.inputs]
+            # what constants alone compute (``folds``) is computed outside any tracing: a constant in the exported
+            # program (torch.export lifts it) rather than nodes that compute one (a detector's anchor grid:
+            # ConstantOfShape, Add), which the ONNX export of the program folds away and the plan has no tensor for
+            folded = self.folds and node.op_type != "FakeQuant" and all(name in static for name in node.inputs if name)
+            if folded:
+                static.update(name for name in node.outputs if name)
             if node.op_type == "FakeQuant":
                 outs = [self._fake_quant(node, args[0], env)]
-            elif self.folds and all(name in static for name in node.inputs if name):
-                # folded here, outside any tracing: a constant in the exported program (torch.export lifts it)
-                # rather than nodes that compute one (a detector's anchor grid: ConstantOfShape, Add), which the
-                # ONNX export of the program folds away and the plan then has no tensor for
-                with _disable_current_modes():
-                    outs = OPS[node.op_type](args, node.attrs, self.opset)
-                static.update(name for name in node.outputs if name)
             else:
                 try:
-                    outs = OPS[node.op_type](args, node.attrs, self.opset)
+                    with _disable_current_modes() if folded else contextlib.nullcontext():
+                        outs = OPS[node.op_type](args, node.attrs, self.opset)
                 except NotImplementedError as exc:
                     raise InputError(f"node {node.name or node.op_type}: {exc} is not supported for training",
                                      hint="quantize it post-training (npukit quantize)") from None
