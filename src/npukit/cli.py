@@ -62,7 +62,7 @@ def _add_gate(p: argparse.ArgumentParser) -> None:
                         "outputs, and printed)")
     p.add_argument("--min-task-metric", type=float, default=None, metavar="X",
                    help=f"floor of the task metric, 0-1 (default {DEFAULT_MIN_METRIC}: top-1 agreement, mAP@0.5, "
-                        "mIoU, text F1 or character and whole-line agreement against the float model)")
+                        "mIoU, text-box F1 or character and whole-line agreement against the float model)")
     p.add_argument("--min-sqnr", type=float, default=DEFAULT_MIN_SQNR_DB, metavar="DB",
                    help=f"floor of the SQNR of every output the task does not decode (default {DEFAULT_MIN_SQNR_DB:g})")
     p.add_argument("--accept-degraded", action="store_true",

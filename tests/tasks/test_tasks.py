@@ -13,7 +13,7 @@ from npukit.tasks.base import FEW_SAMPLES
 from npukit.tasks.detect import DetectLayout, DetectMeter, average_precision, iou_matrix, nms
 from npukit.tasks.generic import GenericMeter
 from npukit.tasks.segment import SegmentMeter
-from npukit.tasks.text_detect import TextDetectMeter
+from npukit.tasks.text_detect import TextDetectMeter, text_boxes
 from npukit.tasks.text_recognize import TextRecognizeMeter, ctc_greedy, edit_distance
 
 rng = np.random.default_rng(0)
@@ -147,14 +147,45 @@ def test_masks_of_one_class_everywhere_compare_nothing() -> None:
     assert not verdict.passed and "so the segment check compared nothing" in verdict.line
 
 
-def test_text_map_f1() -> None:
-    ref = np.zeros((1, 1, 8, 8), np.float32)
-    ref[0, 0, 2:4, :] = 0.9  # 16 text pixels
-    cand = np.zeros_like(ref)
-    cand[0, 0, 3:5, :] = 0.9  # 8 shared, 8 extra, 8 missed: F1 = 16 / 32
+def _text_map(*lines: tuple[int, int, int, int], value: float = 0.9) -> np.ndarray:
+    """A (1, 1, 64, 64) probability map with each line (y1, y2, x1, x2) at ``value``."""
+    probability = np.zeros((1, 1, 64, 64), np.float32)
+    for y1, y2, x1, x2 in lines:
+        probability[0, 0, y1:y2, x1:x2] = value
+    return probability
+
+
+def test_text_detection_matches_db_boxes_not_pixels() -> None:
+    """Edges a pixel off keep every box (the pixel F1 counts them); a lost line, two lines merged into one region, a
+    region too faint for DB's box score and a new line each cost a box."""
+    ref = _text_map((4, 12, 4, 60), (20, 28, 4, 60), (36, 44, 4, 40))
     meter = TextDetectMeter(["maps"])
-    meter.update([ref], [cand])
-    assert meter.result().value == pytest.approx(0.5) and meter.result().metrics["iou"] == pytest.approx(8 / 24)
+    meter.update([ref], [_text_map((5, 12, 4, 61), (20, 29, 3, 60), (36, 44, 5, 40))])
+    result = meter.result()
+    assert result.metric == "box_f1" and result.value == 1.0 and result.metrics["pixel_f1"] < 0.95
+    assert result.metrics["reference_detections"] == 3 and text_boxes(ref[0, 0]).shape == (3, 4)
+    lost = TextDetectMeter(["maps"])
+    lost.update([ref], [_text_map((4, 12, 4, 60), (20, 28, 4, 60))])  # 2 of 3 found: 2 * 2 / (3 + 2)
+    assert lost.result().value == pytest.approx(0.8)
+    merged = TextDetectMeter(["maps"])
+    merged.update([ref], [_text_map((4, 28, 4, 60), (36, 44, 4, 40))])  # the first two lines one region
+    assert merged.result().value == pytest.approx(2 * 1 / 5)
+    faint = TextDetectMeter(["maps"])
+    faint.update([ref], [np.maximum(_text_map((4, 12, 4, 60), (20, 28, 4, 60)), _text_map((36, 44, 4, 40), value=0.5))])
+    assert faint.result().value == pytest.approx(0.8)  # mapped above 0.3, under DB's box score of 0.6
+    extra = TextDetectMeter(["maps"])
+    extra.update([ref], [np.maximum(ref, _text_map((52, 60, 4, 60)))])
+    assert extra.result().value == pytest.approx(2 * 3 / 7)
+
+
+def test_text_detection_with_no_reference_box_compared_nothing() -> None:
+    meter = TextDetectMeter(["maps"])
+    meter.update([_text_map((4, 12, 4, 60), value=0.4)], [_text_map((4, 12, 4, 60))])
+    result = meter.result()
+    assert result.value is None and result.compared_nothing and "holds no text box" in result.note
+    blank = TextDetectMeter(["maps"])
+    blank.update([_text_map()], [_text_map()])
+    assert "reaches 0.3 nowhere" in blank.result().note
 
 
 def test_ctc_decoding_and_character_agreement() -> None:
