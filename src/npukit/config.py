@@ -58,9 +58,14 @@ class ExportConfig:
     verify_samples: int = 2
     seed: int = 0
     input_name: str = "input"  # the ONNX input's name for a torch model (``--input-shape NAME=...`` sets it)
+    output_names: tuple[str, ...] = ()  # the ONNX outputs' names for a torch model, one per output; (): output, or
+    # output_0, output_1, ...
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "input_shape", parse_shape(self.input_shape))
+        object.__setattr__(self, "output_names", tuple(self.output_names))
+        _require(len(set(self.output_names)) == len(self.output_names) and all(self.output_names),
+                 f"output names {self.output_names} must be distinct and non-empty", "name each output once")
         _require(bool(self.input_name) and self.input_name.strip() == self.input_name,
                  f"input name {self.input_name!r} must be non-empty without surrounding spaces", "e.g. input")
         _require(self.opset is None or 17 <= self.opset <= 23, f"opset {self.opset} is not supported",

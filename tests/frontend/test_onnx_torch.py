@@ -134,3 +134,26 @@ def test_a_matmul_by_a_constant_matrix_is_a_linear_layer():
     targets = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
     assert targets.count("aten.linear.default") == 2 and targets.count("aten.matmul.default") == 2, targets
     assert sorted(tuple(p.shape) for p in program.parameters()) == [(3, 6), (6,), (6, 3), (6, 8)]
+
+
+def test_its_onnx_exports_keep_the_models_input_and_output_names(tmp_path):
+    """The verbs plan on and report the program's ONNX export: named as the user's model names its tensors, not
+    input / output_0, output_1 (a verdict named RetinaFace's worst output 'output_0')."""
+    from npukit.verbs.common import scratch_export, torch_source
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["image", "w"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["save_infer_model/scale_0.tmp_1"]),
+         helper.make_node("GlobalAveragePool", ["c"], ["pooled"])], "g",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("save_infer_model/scale_0.tmp_1", TensorProto.FLOAT, ["N", 4, 8, 8]),
+         helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["N", 4, 1, 1])],
+        [_init("w", rng.normal(size=(4, 3, 3, 3)).astype(np.float32))])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    source, shape = torch_source(path, None, "1,3,8,8", needs="", otherwise="", from_onnx=True)
+    assert source.input_names == ("image",) and source.output_names == ("save_infer_model/scale_0.tmp_1", "pooled")
+    exported, result = scratch_export(source, shape, what="a test")
+    assert [i.name for i in exported.graph.input] == ["image"] and result.passed
+    assert [o.name for o in exported.graph.output] == ["save_infer_model/scale_0.tmp_1", "pooled"]

@@ -126,6 +126,11 @@ def _export_torch(source: ModelSource, staged: Path, work: Path, *, config: Expo
     outputs = _check_shape_fits(module, shape)
     input_names = [config.input_name]
     output_names = ["output"] if len(outputs) == 1 else [f"output_{i}" for i in range(len(outputs))]
+    if config.output_names:
+        if len(config.output_names) != len(outputs):
+            raise InputError(f"{len(config.output_names)} output names given for a model with {len(outputs)} "
+                             "outputs", hint="give one name per output")
+        output_names = list(config.output_names)
     # A batch of 1 invites torch to specialize the batch dim; trace a dynamic batch with 2.
     trace_shape = (max(shape[0], 2), *shape[1:]) if config.dynamic_batch else tuple(shape)
     example = (torch.from_numpy(seeded_samples(trace_shape, samples=1, seed=config.seed)[0]),)

@@ -52,6 +52,10 @@ class ModelSource:
     description: str
     notes: tuple[str, ...] = ()
     random_weights: bool = False  # a torchvision architecture built without --weights: untrained
+    # a torch program built from an ONNX model (``frontend.onnx_torch``): that model's input and output names, which
+    # the program's ONNX exports keep (a report names the outputs as the user's model does, not output_0, ...)
+    input_names: tuple[str, ...] = ()
+    output_names: tuple[str, ...] = ()
 
 
 def source_of(model: Any, *, weights: str | None = None) -> ModelSource:

@@ -106,7 +106,8 @@ def _onnx_as_torch(source: Any, graph: onnx.ModelProto, shape: tuple[int, ...]) 
     with step("building a torch program from the ONNX graph (checked against ONNX Runtime)"):
         module, note = torch_program(graph, shape, label=source.onnx_path.name)
     return dataclasses.replace(source, kind="torch", module=module, notes=(*source.notes, note),
-                               description=f"{source.description}, run as a torch program")
+                               description=f"{source.description}, run as a torch program",
+                               input_names=tuple(module.input_names), output_names=tuple(module.output_names))
 
 
 def shape_origin(source: Any, input_shape: Any, data: str | Path | None) -> str:
@@ -202,7 +203,10 @@ def scratch_export(source: Any, shape: Sequence[int], *, what: str,
     with tempfile.TemporaryDirectory(prefix="npukit-export-") as work, \
             step(f"exporting to ONNX ({what})", timings=timings, key="export"):
         try:
-            result = export_model(source, Path(work) / "float.onnx", config=ExportConfig(input_shape=tuple(shape)))
+            # a program built from an ONNX model keeps that model's names (an empty one: the export's own)
+            names = {"input_name": source.input_names[0]} if len(source.input_names) == 1 else {}
+            config = ExportConfig(input_shape=tuple(shape), output_names=source.output_names, **names)
+            result = export_model(source, Path(work) / "float.onnx", config=config)
         except NumericCheckError as exc:
             result = getattr(exc, "result", None)
             if result is None or result.max_rel_error is None:
