@@ -97,7 +97,10 @@ def test_a_node_the_plan_keeps_in_float_stays_float(tmp_path):
                                                          calibration=CalibrationSpec(method="minmax")))
     assert carried.unmatched == ()
     assert carried.float_nodes, "the excluded conv was quantized in torch"
-    assert carried.weights == 4  # three on the plan's integers, the float conv's as the plan's model has it
+    # three on the plan's integers; the float conv's are carried as the plan's model has them, not counted (Core
+    # ML's read-back compares the package's int8 weights with this count: PP-OCR's angle classifier, its stem in
+    # the float head, failed with 53 int8 weights where 54 were counted)
+    assert carried.weights == 3
 
 
 @pytest.mark.parametrize("which", [1, 2])

@@ -387,7 +387,8 @@ def _plan_quantizer(onnx_side: _OnnxSide, example: Sequence[torch.Tensor], repor
             report["permuted"] = [permuted[node.name] for node in state.match if node.name in permuted]
             report["matched"] = len(state.match)
             carried = _carry_weights(model, state.match, onnx_side, options.weighted())
-            report["weights"] = len(carried)
+            report["weights"] = len(carried & onnx_side.quantized_weights())  # on the plan's integers; a float
+            # layer's weights are carried too (the plan's float values, AdaRound's or CLE's where they moved them)
             report["uncarried_weights"] = [f"{name} (its {onnx_side.producer_op(name)} weights)" for name in
                                            sorted(onnx_side.quantized_weights() - carried)]
             return model
