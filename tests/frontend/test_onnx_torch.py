@@ -92,10 +92,20 @@ def _unknown_op() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def _cubic_resize() -> onnx.ModelProto:
+    graph = helper.make_graph([helper.make_node("Resize", ["a", "", "scales"], ["y"], mode="cubic")], "g",
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 2, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 8, 8])],
+                              [_init("scales", np.array([1, 1, 2, 2], np.float32))])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 @pytest.mark.parametrize("model, shape, message", [
     (_two_inputs, (1, 4), "has 2 inputs (a, b)"),
     (_integer_input, (1, 4), "input a is int64"),
     (_unknown_op, (1, 4, 4), "operators npukit cannot run as torch: Det"),
+    # an op's form npukit has no torch for: said for what the program is built for, not for training
+    (_cubic_resize, (1, 2, 4, 4), "Resize mode cubic is not supported for a torch program built from m.onnx"),
 ])
 def test_what_it_cannot_take_is_refused_by_name(model, shape, message):
     with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -77,7 +77,7 @@ def _program(model: onnx.ModelProto, label: str) -> Any:
     if missing:
         raise InputError(f"{label} has operators npukit cannot run as torch: {', '.join(missing)}",
                          hint=HINT)
-    program = OnnxProgram(model, constants=True).eval()
+    program = OnnxProgram(model, constants=True, use=f"a torch program built from {label}", hint=HINT).eval()
     for parameter in program.parameters():
         parameter.requires_grad_(False)
     return program

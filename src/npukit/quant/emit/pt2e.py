@@ -90,6 +90,12 @@ class CarryOptions:
     transposed_convs: bool = False
     float_concat_inputs: bool = False
 
+    @property
+    def tied_passing(self) -> bool:
+        """Whether a pass-through op (a view, a slice) writes its input's grid: where no edge is requantized, there
+        is no edge to put another grid on."""
+        return not self.requantize_edges
+
     def weighted(self) -> dict[str, tuple[str, ...]]:
         """torch op -> the ONNX ops whose weights it takes the plan's integer weights of."""
         return _WEIGHTED | (_TRANSPOSED if self.transposed_convs else {})
@@ -619,8 +625,7 @@ def _same_scale_concats(model: torch.fx.GraphModule, state: _Annotation) -> None
                if node.meta.get("quantization_annotation") is not None and _op_name(node) in _CONCATS
                and (grid := _concat_grid(node, state)) is not None}
     # concatenation -> {its input's producer: whether the producer's value is read by this concatenation alone}
-    tied = not state.options.requantize_edges  # a pass-through op's grid is its input's: no edge to requantize on
-    sources = {node: {(source := _through_passing(arg, tied=tied)): len(arg.users) == 1 and (
+    sources = {node: {(source := _through_passing(arg, tied=state.options.tied_passing)): len(arg.users) == 1 and (
         source is arg or _reads_alone(arg, source)) for arg in node.meta["quantization_annotation"].input_qspec_map}
         for node in concats}
     group = {node: node for node in concats}  # union-find over concatenations that share a producer
@@ -690,8 +695,7 @@ def _concat_grid(node: torch.fx.Node, state: _Annotation) -> Any:
     grid = state.grid(node)
     if grid is not None:
         return grid
-    tied = not state.options.requantize_edges
-    inputs = [_fixed_annotation(_through_passing(arg, tied=tied))
+    inputs = [_fixed_annotation(_through_passing(arg, tied=state.options.tied_passing))
               for arg in node.meta["quantization_annotation"].input_qspec_map]
     if not inputs or any(i is None for i in inputs):
         return None

@@ -61,15 +61,18 @@ class OnnxProgram(nn.Module):
     ``forward(feeds)`` takes a dict of input name -> tensor (or tensors in input order) and returns the graph's
     outputs in order. ``constants``: the initializers that are not trained are plain tensors, not buffers, for
     ``torch.export``, which lifts them as constants whose values the ops can read (a Reshape's shape, a Clip's
-    bounds); a buffer it traces as a tensor of unknown values."""
+    bounds); a buffer it traces as a tensor of unknown values. ``use``: what the program is for and ``hint`` what to
+    do instead, said where the graph has an op or an op's form npukit cannot run in torch."""
 
     def __init__(self, model: onnx.ModelProto, quant: Mapping[str, nn.Module] | None = None, *,
-                 constants: bool = False) -> None:
+                 constants: bool = False, use: str = "training",
+                 hint: str = "quantize it post-training (npukit quantize)") -> None:
         super().__init__()
+        self.use, self.hint = use, hint
         missing = unsupported_ops(model)
         if missing:
-            raise InputError(f"training runs the model's graph in torch, which has no {', '.join(missing)} here",
-                             hint="quantize it post-training (npukit quantize) or export the model without them")
+            raise InputError(f"{use} runs the model's graph in torch, which has no {', '.join(missing)} here",
+                             hint=f"{hint}, or export the model without them")
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
         inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
         trained = self._trained(model, inits)
@@ -155,8 +158,8 @@ class OnnxProgram(nn.Module):
                     with _disable_current_modes() if folded else contextlib.nullcontext():
                         outs = OPS[node.op_type](args, node.attrs, self.opset)
                 except NotImplementedError as exc:
-                    raise InputError(f"node {node.name or node.op_type}: {exc} is not supported for training",
-                                     hint="quantize it post-training (npukit quantize)") from None
+                    raise InputError(f"node {node.name or node.op_type}: {exc} is not supported for {self.use}",
+                                     hint=self.hint) from None
             for name, value in zip(node.outputs, outs):
                 if name and forced is not None and name in forced:
                     if seen is not None:
