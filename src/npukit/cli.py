@@ -361,8 +361,9 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _compile_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", metavar="MODEL", help="an .onnx file (qnn-htp), or a PyTorch model (torchvision:NAME, "
-                                                  "module:factory, .pt2, TorchScript .pt)")
+    p.add_argument("model", metavar="MODEL", help="an .onnx file, or a PyTorch model (torchvision:NAME, "
+                                                  "module:factory, .pt2, TorchScript .pt); the mobile targets run a "
+                                                  "one-input .onnx as a torch program")
     p.add_argument("-o", "--output", required=True,
                    help="output path: .onnx (EPContext model), .pte, .tflite or .mlpackage")
     p.add_argument("--target", default="qnn-htp",
@@ -413,9 +414,9 @@ def _serve_bench_arguments(p: argparse.ArgumentParser) -> None:
 def _optimize_arguments(p: argparse.ArgumentParser) -> None:
     from npukit import tasks
 
-    p.add_argument("model", metavar="MODEL", help="an .onnx model (--target cpu; `npukit export` makes one), or a "
-                   "PyTorch model (torchvision:NAME, module:factory, .pt2, TorchScript) for executorch-xnnpack and "
-                   "litert")
+    p.add_argument("model", metavar="MODEL", help="an .onnx model (`npukit export` makes one; executorch-xnnpack "
+                   "and litert run a one-input .onnx as a torch program), or a PyTorch model (torchvision:NAME, "
+                   "module:factory, .pt2, TorchScript) for executorch-xnnpack and litert")
     p.add_argument("-o", "--output", required=True,
                    help="the chosen artifact (.onnx for cpu, .pte for executorch-xnnpack, .tflite for litert)")
     p.add_argument("--data", required=True,
@@ -423,7 +424,7 @@ def _optimize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calib", help="calibration samples (default: every other sample of --data, 1st, 3rd, ...)")
     p.add_argument("--target", default="cpu",
                    help="cpu (ONNX Runtime CPU), executorch-xnnpack (an ExecuTorch .pte) or litert (a .tflite): "
-                        "each trial measured on that runtime; the last two take a PyTorch MODEL (default cpu)")
+                        "each trial measured on that runtime (default cpu)")
     p.add_argument("--weights", help="state dict (.pt/.pth/.safetensors) for a PyTorch MODEL (mobile targets)")
     p.add_argument("--budget", default="1%",
                    help="how far the task metric may fall below the float model's: 1%% or 0.01 (default 1%%)")
