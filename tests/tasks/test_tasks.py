@@ -249,6 +249,16 @@ def test_a_verdict_on_few_samples_says_it_is_weak() -> None:
         meter.update([image], [image.copy()])  # one image with faces, four without
     detected = judge(meter.result(), QualityGate(), what="quantize").line
     assert detected.startswith("PASS") and "(2 reference detections: a weak check, give more data)" in detected
+    # enough detections in all, but those above 0.5, which F1 at 0.5 is counted on, are few
+    sure, faint = _yolo([(50, 50, 20, 20)], [0], [0.9]), _yolo([(150, 80, 40, 30), (60, 150, 30, 30)], [2, 1],
+                                                               [0.3, 0.35])
+    meter = DetectMeter(["out0"], YOLO)
+    for image in (sure, faint, faint, faint, faint, faint):
+        meter.update([image], [image.copy()])
+    result = meter.result()
+    assert result.metrics["reference_detections"] == 11 and result.metrics["reference_detections_at_0.5"] == 1
+    assert "(f1_at_0.5 rests on 1 reference detections at score >= 0.5: a weak check, give more data)" in \
+        judge(result, QualityGate(), what="quantize").line
 
 
 def test_text_recognition_holds_whole_lines_to_the_floor_too() -> None:

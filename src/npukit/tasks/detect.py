@@ -556,6 +556,7 @@ class DetectMeter:
                 f1 = 2 * tp / (2 * tp + fp + fn)
                 metrics[f"f1_at_{threshold:g}"] = f1
                 checks[f"f1_at_{threshold:g}"] = f1
+            metrics[f"reference_detections_at_{threshold:g}"] = tp + fn  # what F1 at this threshold rests on
         note = "" if value is not None else f"the reference detected nothing at score >= {GT_SCORE} on these inputs"
         decoded = tuple(dict.fromkeys(self.names[i] for i in self.layout.decoded()))
         at = tuple(dataclasses.replace(o, shape=(self._at_rows, *o.shape[1:]))  # every row fed, not the last batch's
