@@ -192,8 +192,8 @@ class TrainingSamples:
             held = spread(held, max_samples)
         names = list(batches[0].feeds)
         _require_batch_axis(batches[0].feeds)
-        stride = max(2, round(1 / VALIDATION))  # every k-th training sample validates (spread: data may be sorted)
-        picked = set(range(stride - 1, len(batches), stride)[:MAX_VALIDATION]) if len(batches) >= stride else set()
+        # every k-th training sample validates (spread: data may be sorted)
+        picked = set(every(len(batches), max(2, round(1 / VALIDATION)))[1][:MAX_VALIDATION])
         validation = [b for i, b in enumerate(batches) if i in picked]
         batches = [b for i, b in enumerate(batches) if i not in picked]
         train = {n: np.concatenate([b.feeds[n] for b in batches]) for n in names}
@@ -202,8 +202,8 @@ class TrainingSamples:
                 raise InputError(f"training input {name!r} holds NaN or infinite values", hint="check the data")
         labels = _labels(batches)
         valid = {n: np.concatenate([b.feeds[n] for b in validation]) for n in names} if validation else {}
-        evenly = batches[::max(1, len(batches) // CALIB)][:CALIB]  # evenly over the data: it may be sorted
-        calib_feeds = [b.feeds for b in (open_data(calib, proto, preprocess).batches(1) if calib else evenly)]
+        calib_feeds = [b.feeds for b in (open_data(calib, proto, preprocess).batches(1) if calib
+                                         else spread(batches, CALIB))]  # spread over the data: it may be sorted
         return cls(train, labels, calib_feeds, held, held_from, valid, _labels(validation) if validation else None)
 
     def describe(self) -> dict[str, Any]:
