@@ -167,3 +167,32 @@ def test_its_onnx_exports_keep_the_models_input_and_output_names(tmp_path):
     exported, result = scratch_export(source, shape, what="a test")
     assert [i.name for i in exported.graph.input] == ["image"] and result.passed
     assert [o.name for o in exported.graph.output] == ["save_infer_model/scale_0.tmp_1", "pooled"]
+
+
+def test_a_difference_within_onnx_runtimes_own_is_allowed_and_said(monkeypatch):
+    """A deep U-Net at 1024 x 1024 moves by 4.3e-3 of its range between ORT's optimized and unoptimized runs (float32
+    sums reordered); the torch program, off by 2.0e-4, was refused as 'an npukit limitation'. Over the tolerance
+    but within twice ORT's own movement: taken, and the note says so; beyond it: refused, the allowance named."""
+    import npukit.runtime.ort as ort
+    from npukit.quant.qat import ops
+
+    softmax = ops.OPS["Softmax"]
+    monkeypatch.setitem(ops.OPS, "Softmax", lambda inputs, attrs, opset: [softmax(inputs, attrs, opset)[0] * 1.0005])
+    with pytest.raises(InputError, match=r"allowed 0\.0001.*twice what ORT's graph optimizations move it by"):
+        torch_program(_model(), SHAPE, label="m.onnx")  # ORT runs this model the same either way: no allowance
+
+    class Moved:  # ORT with its optimizations on, as on the U-Net: outputs moved by 1e-3 of their range
+        def __init__(self, session):
+            self.session = session
+
+        def run(self, names, feeds):
+            return [o * 1.001 for o in self.session.run(names, feeds)]
+
+        def __getattr__(self, name):
+            return getattr(self.session, name)
+
+    plain = ort.make_session
+    monkeypatch.setattr(ort, "make_session", lambda model, **kw: plain(model, **kw) if kw.get(
+        "optimization") == "disable" else Moved(plain(model, **kw)))
+    program, note = torch_program(_model(), SHAPE, label="m.onnx")
+    assert "within twice what ONNX Runtime's own graph optimizations move the outputs by: 0.001 of the range" in note

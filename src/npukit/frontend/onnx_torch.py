@@ -37,10 +37,14 @@ def torch_program(model: onnx.ModelProto, shape: tuple[int, ...], *, label: str)
     fixed = fix_input_shape(model, tuple(shape), dynamic_batch=False)
     cleaned = _cleaned(fixed)
     program = _program(cleaned, label)
-    error = _check(program, fixed, tuple(shape), label)
+    errors = _check(program, fixed, tuple(shape), label)
     note = (f"{label} runs as a torch program built from its ONNX graph ({len(cleaned.graph.node)} nodes after "
-            f"constant folding; npukit's ONNX operators in torch): max abs error {error:.2g} of the output range "
-            f"against ONNX Runtime on the original graph, {CHECK_SAMPLES} seeded inputs")
+            f"constant folding; npukit's ONNX operators in torch): max abs error {errors.max_rel:.2g} of the output "
+            f"range against ONNX Runtime on the original graph, {CHECK_SAMPLES} seeded inputs")
+    if errors.runtime_allowance:
+        moved = max(a / 2 / s for a, s in zip(errors.runtime_allowance, errors.scales) if s > 0)
+        note += (f" (over {TOLERANCE:g}, within twice what ONNX Runtime's own graph optimizations move the outputs "
+                 f"by: {moved:.2g} of the range; the model's float arithmetic is that sensitive)")
     return program, note
 
 
@@ -83,8 +87,13 @@ def _program(model: onnx.ModelProto, label: str) -> Any:
     return program
 
 
-def _check(program: Any, model: onnx.ModelProto, shape: tuple[int, ...], label: str) -> float:
-    """The program's worst output error against ONNX Runtime on ``model`` (relative to the output's range)."""
+def _check(program: Any, model: onnx.ModelProto, shape: tuple[int, ...], label: str) -> Any:
+    """The program's output errors against ONNX Runtime on ``model`` (``OutputErrors``), over
+    ``CHECK_SAMPLES`` seeded inputs; an InputError where an output is off by more than ``TOLERANCE`` of its range and
+    more than twice what ORT's own graph optimizations move it by (a float32 sum taken in another order: on a deep
+    U-Net at 1024 x 1024, ORT optimized against ORT unoptimized 4.3e-3 of the range, the torch program 2.0e-4)."""
+    import dataclasses
+
     import torch
 
     from npukit.frontend.verify import seeded_samples
@@ -93,24 +102,34 @@ def _check(program: Any, model: onnx.ModelProto, shape: tuple[int, ...], label: 
 
     session = make_session(model, optimization="disable")
     name = session.get_inputs()[0].name
-    worst = 0.0
-    for x in seeded_samples(shape, samples=CHECK_SAMPLES, seed=SEED):
-        reference = session.run(None, {name: x})
+    inputs = seeded_samples(shape, samples=CHECK_SAMPLES, seed=SEED)
+    references = [session.run(None, {name: x}) for x in inputs]
+    got = []
+    for x in inputs:
         with torch.no_grad():
             try:
-                got = [t.detach().numpy() for t in program(torch.from_numpy(x))]
+                got.append([np.asarray(t.detach().numpy(), dtype=np.float32) for t in program(torch.from_numpy(x))])
             except InputError:
                 raise
             except Exception as exc:  # noqa: BLE001 - an op npukit's torch form runs differently: refused, named
                 raise InputError(f"{label} does not run as a torch program: {type(exc).__name__}: {first_line(exc)}",
                                  hint=HINT) from None
-        errors = compare_outputs(reference, [np.asarray(g, dtype=np.float32) for g in got])
-        bad = errors.failing(TOLERANCE)
-        if bad:
-            k = bad[0]
-            raise InputError(f"{label}'s torch program differs from ONNX Runtime on output "
-                             f"{model.graph.output[k].name}: max abs error {errors.per_output[k][0]:.3g} against a "
-                             f"range of {errors.scales[k]:.3g} (allowed {TOLERANCE:g} of it): an npukit limitation",
-                             hint=HINT)
-        worst = max(worst, errors.max_rel)
-    return worst
+    errors = compare_outputs(*(_stacked(runs) for runs in (references, got)))
+    if errors.failing(TOLERANCE):  # the control: ORT against itself, its optimizations on
+        optimized = make_session(model)
+        control = compare_outputs(_stacked(references), _stacked([optimized.run(None, {name: x}) for x in inputs]))
+        errors = dataclasses.replace(errors, runtime_allowance=tuple(2 * err for err, _ in control.per_output))
+    bad = errors.failing(TOLERANCE)
+    if bad:
+        k = bad[0]
+        raise InputError(f"{label}'s torch program differs from ONNX Runtime on output {model.graph.output[k].name}: "
+                         f"max abs error {errors.per_output[k][0]:.3g} against a range of {errors.scales[k]:.3g} "
+                         f"(allowed {errors.allowed(k, TOLERANCE):.3g}: {TOLERANCE:g} of it, and twice what ORT's "
+                         "graph optimizations move it by): an npukit limitation", hint=HINT)
+    return errors
+
+
+def _stacked(runs: list[list[np.ndarray]]) -> list[np.ndarray]:
+    """Each output's values over every run, flattened into one array."""
+    return [np.concatenate([np.asarray(run[k], dtype=np.float32).reshape(-1) for run in runs])
+            for k in range(len(runs[0]))]
