@@ -101,6 +101,37 @@ def test_fp32_artifact_matches_eager_torch(target, tmp_path):
         assert report["results"]["lowered"]["left"] == {} and not report["results"]["lowered"]["int8_io"]
 
 
+@pytest.mark.parametrize("off", ["artifact", "eager torch"])
+def test_an_fp32_artifact_off_eager_torch_fails_and_says_whether_onnx_runtime_is_too(off, tmp_path, monkeypatch):
+    """The .pte 5% off eager torch on the seeded inputs fails, blaming the runtime; where ORT is as far off eager torch
+    on them (a deep U-Net on random inputs, its float outputs decided by float32's rounding: ORT 0.97 of the range
+    off eager torch on one), it fails too, but says the inputs make the model unstable and asks for --calib."""
+    from npukit.runtime import executorch
+    from npukit.verbs import compile_mobile
+
+    if off == "artifact":
+        plain = executorch.Runner
+
+        class Off(plain):  # type: ignore[misc, valid-type]
+            def __call__(self, feeds):
+                return [o * 1.05 for o in super().__call__(feeds)]
+        monkeypatch.setattr(executorch, "Runner", Off)
+    else:
+        torch_runner = compile_mobile._torch_runner
+        monkeypatch.setattr(compile_mobile, "_torch_runner",
+                            lambda module: (lambda feeds: [o * 1.05 for o in torch_runner(module)(feeds)]))
+    out = tmp_path / "tiny.pte"
+    assert main(["compile", "tinynet:tiny", "--target", "executorch-xnnpack", "-o", str(out), *SHAPE]) == 1
+    report = json.loads(out.with_name(out.name + ".report.json").read_text())
+    fp32 = report["results"]["fp32_error"]
+    assert fp32["max_abs_over_range"] > 1e-2 and "differs from eager torch by" in report["verdict"]
+    if off == "artifact":
+        assert fp32["ort_max_abs_over_range"] <= 1e-4 and "the other mobile target" in report["verdict"]
+    else:
+        assert fp32["ort_max_abs_over_range"] > 1e-2 and "this check cannot judge the runtime" in report["verdict"]
+        assert report["verdict"].endswith("try compile with --calib (INT8, checked on real inputs)")
+
+
 def test_an_onnx_export_that_drifts_from_torch_is_noted_not_refused(tmp_path, capsys):
     """The side export (ORT's baseline, the plan's model) drifting 1% from torch: npukit export refuses that .onnx
     (exit 1); compile builds from the torch program, checks the artifact against eager torch and says the drift;

@@ -67,11 +67,15 @@ def add_carried_plan(report: Report, carried: Any) -> None:
                        ", ".join(carried.float_concat_inputs) or "none", ", ".join(carried.derived) or "none"]])
 
 
-def add_fp32_error(report: Report, *, artifact: str, worst: float, tolerance: float) -> None:
-    """The fp32 artifact's largest error against eager torch, as a share of the output range."""
-    report.add("fp32_error", {"max_abs_over_range": worst, "tolerance": tolerance})
-    report.add_table(f"fp32 {artifact} against eager torch", ["max abs error / output range", "tolerance"],
-                     [[f"{worst:.2e}", f"{tolerance:g}"]])
+def add_fp32_error(report: Report, *, artifact: str, worst: float, tolerance: float,
+                   control: float | None = None) -> None:
+    """The fp32 artifact's largest error against eager torch, as a share of the output range; ``control``: ORT's on
+    the same inputs, where it was measured (the artifact past the tolerance)."""
+    report.add("fp32_error", {"max_abs_over_range": worst, "tolerance": tolerance, "ort_max_abs_over_range": control})
+    columns = ["max abs error / output range", "tolerance"] + (["ORT fp32 on the same inputs"] if control is not None
+                                                                else [])
+    report.add_table(f"fp32 {artifact} against eager torch", columns,
+                     [[f"{worst:.2e}", f"{tolerance:g}"] + ([f"{control:.2e}"] if control is not None else [])])
 
 
 def add_package_check(report: Report, check: dict[str, Any], *, artifact: str) -> None:

@@ -422,16 +422,10 @@ def _check(report: Report, mobile: MobileTarget, eager: Any, runner: Any, float_
 
     check = spread(samples, CHECK_SAMPLES)
     failures = list(failures)
+    unstable = False
     if not int8:
-        worst = 0.0
-        for feeds in check:
-            for ref, got in zip(eager(feeds), runner(feeds)):
-                span = float(ref.max() - ref.min()) or 1.0
-                worst = max(worst, float(np.abs(ref - got).max()) / span)
-        add_fp32_error(report, artifact=mobile.artifact, worst=worst, tolerance=FP32_TOLERANCE)
-        if worst > FP32_TOLERANCE:
-            failures.append(f"fp32 {mobile.artifact} differs from eager torch by {worst:.2e} of the output range "
-                            f"(> {FP32_TOLERANCE:g})")
+        failure, unstable = _fp32_check(report, mobile, eager, runner, float_onnx, check)
+        failures += [failure] if failure else []
     where = (f"{len(check)} calibration samples (optimistic: the grids were fitted to them)" if int8
              else f"{len(check)} seeded random inputs (pass --calib for real inputs and INT8)")
     imposed = ""
@@ -442,12 +436,45 @@ def _check(report: Report, mobile: MobileTarget, eager: Any, runner: Any, float_
               key="task_check"):
         task_check(report, float_onnx, None, check, task=task, gate=gate, what="compile", where=where,
                    reference_runner=eager, candidate_runner=runner, extra_failures=failures, imposed=imposed,
-                   hint=INT8_HINT if int8 else
+                   hint=INT8_HINT if int8 else "compile with --calib (INT8, checked on real inputs)" if unstable else
                    "the other mobile target (this runtime computes the model differently from eager torch), or "
                    "npukit export for ORT; --accept-degraded keeps it as it is")
     if int8:  # the verdict's figures are the calibration samples' (compile takes no held-out data)
         report.set_verdict(f"{report.verdict} (checked on the calibration samples: optimistic, the grids were fitted "
                            "to them)", passed=report.passed)
+
+
+def _fp32_check(report: Report, mobile: MobileTarget, eager: Any, runner: Any, float_onnx: onnx.ModelProto,
+                check: Sequence[dict[str, np.ndarray]]) -> tuple[str | None, bool]:
+    """(why the fp32 artifact fails against eager torch, or None; whether the inputs make the model's float outputs
+    unstable). Past ``FP32_TOLERANCE``, ORT's run of the float model on the same inputs is the control: where it is
+    as far from eager torch, the seeded inputs drive the model where float32's rounding decides its outputs (a deep
+    U-Net on random inputs: ORT 0.97 of the output range off eager torch on one, the .tflite 1.0; on a real tile
+    2e-3), and the verdict says so rather than blame the runtime."""
+    from npukit.runtime.ort import make_session
+
+    def worst(candidate: Any) -> float:
+        error = 0.0
+        for feeds in check:
+            for ref, got in zip(eager(feeds), candidate(feeds)):
+                span = float(ref.max() - ref.min()) or 1.0
+                error = max(error, float(np.abs(ref - np.asarray(got)).max()) / span)
+        return error
+
+    error = worst(runner)
+    control = None
+    if error > FP32_TOLERANCE:
+        session = make_session(float_onnx)
+        control = worst(lambda feeds: session.run(None, dict(feeds)))
+    add_fp32_error(report, artifact=mobile.artifact, worst=error, tolerance=FP32_TOLERANCE, control=control)
+    if error <= FP32_TOLERANCE:
+        return None, False
+    failure = (f"fp32 {mobile.artifact} differs from eager torch by {error:.2e} of the output range "
+               f"(> {FP32_TOLERANCE:g})")
+    if control is not None and control > FP32_TOLERANCE:
+        return (f"{failure}; ONNX Runtime differs from eager torch by {control:.2e} on the same seeded random inputs: "
+                "on them the model's float outputs are unstable, so this check cannot judge the runtime", True)
+    return failure, False
 
 
 def _time(report: Report, mobile: MobileTarget, eager: Any, runner: Any, float_onnx: onnx.ModelProto,
