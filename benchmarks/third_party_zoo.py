@@ -171,10 +171,14 @@ def run_model(model: zoo_models.ZooModel, verbs: Sequence[str], *, timeout: int,
             step("bench-htp", ["bench", str(ctx), "--target", "qnn-htp", "--soc", SOC, "--reference", str(optimized),
                                "--data", str(evaluation), "--runs", "3", "--max-samples", "8", "--report",
                                str(out / "bench_htp.json")] + shapes, report=out / "bench_htp.json")
+        # the mobile targets convert torch programs: a PyTorch model is given as it is (a factory and its weights,
+        # a TorchScript file), an ONNX model as its file (run as a torch program)
+        given = [model.factory, "--weights", str(source)] if model.kind == "state_dict+factory" else \
+            [str(source)] if model.kind == "torchscript" else [str(float_model)]
         for verb, (target, suffix) in MOBILE.items():
             if verb in verbs:
                 mobile = out / f"model{suffix}"
-                step(verb, ["compile", str(float_model), "--target", target, "--calib", str(calib), "-o",
+                step(verb, ["compile", *given, "--target", target, "--calib", str(calib), "-o",
                             str(mobile)] + shapes, report=mobile.with_name(mobile.name + ".report.json"))
     return {"name": model.name, "task": model.task, "package": f"{model.dist}=={model.version()}",
             "kind": model.kind, "inputs": {i.name: list(i.shape) for i in model.inputs},
