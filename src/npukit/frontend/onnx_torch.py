@@ -97,7 +97,8 @@ def _check(program: Any, model: onnx.ModelProto, shape: tuple[int, ...], label: 
     import torch
 
     from npukit.frontend.verify import seeded_samples
-    from npukit.measure.compare import compare_outputs
+    from npukit.measure.compare import compare_outputs, stacked_runs
+    from npukit.passes.pipeline import optimization_allowance
     from npukit.runtime.ort import make_session
 
     session = make_session(model, optimization="disable")
@@ -114,11 +115,10 @@ def _check(program: Any, model: onnx.ModelProto, shape: tuple[int, ...], label: 
             except Exception as exc:  # noqa: BLE001 - an op npukit's torch form runs differently: refused, named
                 raise InputError(f"{label} does not run as a torch program: {type(exc).__name__}: {first_line(exc)}",
                                  hint=HINT) from None
-    errors = compare_outputs(*(_stacked(runs) for runs in (references, got)))
+    errors = compare_outputs(stacked_runs(references), stacked_runs(got))
     if errors.failing(TOLERANCE):  # the control: ORT against itself, its optimizations on
-        optimized = make_session(model)
-        control = compare_outputs(_stacked(references), _stacked([optimized.run(None, {name: x}) for x in inputs]))
-        errors = dataclasses.replace(errors, runtime_allowance=tuple(2 * err for err, _ in control.per_output))
+        allowance = optimization_allowance(model, [{name: x} for x in inputs], references)
+        errors = dataclasses.replace(errors, runtime_allowance=allowance)
     bad = errors.failing(TOLERANCE)
     if bad:
         k = bad[0]
@@ -127,9 +127,3 @@ def _check(program: Any, model: onnx.ModelProto, shape: tuple[int, ...], label: 
                          f"(allowed {errors.allowed(k, TOLERANCE):.3g}: {TOLERANCE:g} of it, and twice what ORT's "
                          "graph optimizations move it by): an npukit limitation", hint=HINT)
     return errors
-
-
-def _stacked(runs: list[list[np.ndarray]]) -> list[np.ndarray]:
-    """Each output's values over every run, flattened into one array."""
-    return [np.concatenate([np.asarray(run[k], dtype=np.float32).reshape(-1) for run in runs])
-            for k in range(len(runs[0]))]

@@ -50,6 +50,12 @@ class OutputErrors:
                                for k, (a, r) in enumerate(self.per_output)]}
 
 
+def stacked_runs(runs: Sequence[Sequence[np.ndarray]]) -> list[np.ndarray]:
+    """Each output's values over every run (a run: one input's outputs, in order), flattened into one array: what
+    ``compare_outputs`` compares to judge several inputs at once."""
+    return [np.concatenate([np.asarray(run[k]).reshape(-1) for run in runs]) for k in range(len(runs[0]))]
+
+
 def compare_outputs(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray]) -> OutputErrors:
     if len(reference) != len(candidate):
         raise ValueError(f"{len(reference)} reference outputs but {len(candidate)} candidate outputs")
