@@ -47,6 +47,17 @@ def test_the_gradual_schedule_rises_to_its_final_sparsity_by_the_end_of_the_ramp
     assert schedule.done and (~final["w"]).mean() == pytest.approx(0.9)
 
 
+@pytest.mark.parametrize("total", [1, 2, 3, 5, 11, 80])
+def test_the_schedule_reaches_its_final_sparsity_however_few_the_steps(total: int) -> None:
+    schedule = GradualSparsity(0.5, ("w",), stages=8, ramp=0.75)
+    stages = [schedule.stage_at(step, total) for step in range(total)]
+    assert stages == sorted(stages) and stages[-1] == 7
+    weights = {"w": np.random.default_rng(2).standard_normal((40, 40))}
+    for step in range(total):
+        masks = schedule.masks_at(step, total, lambda: weights) or masks
+    assert schedule.done and (~masks["w"]).mean() == pytest.approx(0.5)
+
+
 def _trainer(tmp_path, epochs: int) -> tuple[Trainer, OnnxProgram, GradualSparsity]:
     torch.manual_seed(0)
     model = preprocess(tiny_cnn())
