@@ -92,13 +92,15 @@ class OptimizeConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PreprocessConfig:
-    """ImageNet-style preprocessing: resize the short side, center-crop, scale to [0,1], normalize, NCHW float32."""
+    """ImageNet-style preprocessing: resize the short side, center-crop, scale to [0,1], normalize, NCHW float32.
+    ``width``: the crop's width where it is not square (a text line's 48 x 192): the crop is ``size`` tall."""
 
     size: int = 224
     resize: int | None = None  # the short side before the crop; None: size / 0.875 (ImageNet's 256 for 224)
     mean: tuple[float, ...] = (0.485, 0.456, 0.406)
     std: tuple[float, ...] = (0.229, 0.224, 0.225)
     channels: Literal[1, 3] = 3
+    width: int | None = None  # None: as tall as wide
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mean", tuple(float(v) for v in self.mean))
@@ -106,6 +108,12 @@ class PreprocessConfig:
         _require(self.size > 0 and (self.resize is None or self.resize >= self.size), "resize must be >= size > 0")
         _require(len(self.mean) == self.channels == len(self.std), "mean and std need one value per channel")
         _require(all(s > 0 for s in self.std), "std values must be positive")
+        _require(self.width is None or self.width > 0, "width must be positive")
+
+    @property
+    def crop(self) -> tuple[int, int]:
+        """The crop's (height, width)."""
+        return self.size, self.width or self.size
 
     @property
     def short_side(self) -> int:

@@ -28,6 +28,25 @@ def test_matches_torchvision(size: tuple[int, int]) -> None:
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("size", [(640, 480), (300, 600), (100, 100)])
+def test_a_non_square_crop_covers_the_model_input_centred(size: tuple[int, int]) -> None:
+    """A text line's 48 x 192 input from any photo: the resize covers the crop at the short-side rule's margin, and
+    the crop is the centre of the resized photo (torchvision's Resize((h, w)) then CenterCrop((48, 192)))."""
+    from torchvision import transforms
+
+    image = _photo(*size)
+    cfg = PreprocessConfig(size=48, width=192)
+    got = preprocess_image(image, cfg)
+    assert got.shape == (3, 48, 192) and cfg.crop == (48, 192)
+    w, h = size
+    scale = max(cfg.short_side / h, cfg.short_side * 192 / 48 / w)
+    expected = transforms.Compose([
+        transforms.Resize((max(48, int(h * scale)), max(192, int(w * scale)))), transforms.CenterCrop((48, 192)),
+        transforms.ToTensor(), transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    ])(image).numpy()
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+
+
 def test_constant_colour_normalizes_per_channel() -> None:
     image = Image.new("RGB", (40, 30), (255, 0, 128))
     got = preprocess_image(image, PreprocessConfig(size=16, resize=20))

@@ -95,7 +95,20 @@ def test_npy_is_memory_mapped(tmp_path: Path) -> None:
     assert "fix them to the data's with --input-shape x=1,3,4,4" in info.value.one_line()
     ds.check_against([3, 4, 4])  # an input without a batch axis: the 7 samples are stacked, sample i is arr[i]
     assert ds.stacked == {"x"} and ds.sample(2)["x"].shape == (3, 4, 4)
+    with pytest.raises(InputError) as info:  # a fixed batch of 2 fed one sample at a time: ORT's error, exit 1
+        ds.check_against([2, 3, 4, 4])
+    assert "takes a batch of 2" in info.value.one_line() and "--input-shape x=1,3,4,4" in info.value.one_line()
+    assert "(N, 2, 3, 4, 4)" in info.value.one_line()
     assert [b.size for b in ds.batches(3)] == [1] * 7
+
+
+def test_channels_last_samples_are_told_to_be_transposed(tmp_path: Path) -> None:
+    np.save(tmp_path / "hwc.npy", np.zeros((5, 8, 12, 3), dtype=np.float32))
+    ds = open_dataset(tmp_path / "hwc.npy", preprocess=CFG, input_name="x")
+    with pytest.raises(InputError) as info:
+        ds.check_against([1, 3, 8, 12])
+    assert "channels-last" in info.value.one_line() and "(N, 3, 8, 12)" in info.value.one_line()
+    assert "--input-shape" not in info.value.one_line()  # fixing the model to the data's shape would be wrong
 
 
 def test_npz_inputs_and_labels(tmp_path: Path) -> None:

@@ -27,19 +27,24 @@ def load_image(path: str | Path) -> Image.Image:
 
 
 def preprocess_image(image: Image.Image, config: PreprocessConfig) -> np.ndarray:
-    """PIL image -> float32 array (channels, size, size), resized, center-cropped and normalized per ``config``."""
+    """PIL image -> float32 array (channels, height, width) of ``config.crop``, resized, center-cropped and
+    normalized per ``config``."""
     image = _to_mode(image, "L" if config.channels == 1 else "RGB")
     width, height = image.size
-    # As torchvision.transforms.Resize(int): short side -> resize, long side int(resize * long / short).
+    crop_h, crop_w = config.crop
     short = config.short_side
-    if width <= height:
-        new_w, new_h = short, int(short * height / width)
-    else:
-        new_w, new_h = int(short * width / height), short
+    if crop_w == crop_h:  # as torchvision.transforms.Resize(int): short side -> resize, long side in proportion
+        if width <= height:
+            new_w, new_h = short, int(short * height / width)
+        else:
+            new_w, new_h = int(short * width / height), short
+    else:  # the smallest resize that covers the crop grown as the short side grows a square crop
+        scale = max(short / height, short * crop_w / crop_h / width)
+        new_w, new_h = max(crop_w, int(width * scale)), max(crop_h, int(height * scale))
     image = image.resize((new_w, new_h), Image.Resampling.BILINEAR)
-    top = int(round((new_h - config.size) / 2.0))
-    left = int(round((new_w - config.size) / 2.0))
-    image = image.crop((left, top, left + config.size, top + config.size))
+    top = int(round((new_h - crop_h) / 2.0))
+    left = int(round((new_w - crop_w) / 2.0))
+    image = image.crop((left, top, left + crop_w, top + crop_h))
     return normalize(np.asarray(image), mean=config.mean, std=config.std)
 
 

@@ -135,8 +135,15 @@ class Dataset(abc.ABC):
             whole = self.kind in ("npy", "npz") and len(model_shape) == len(got) and _dims_fit(model_shape, got)
             if whole and not along_batch:
                 stacked.add(name)
+            elif along_batch and model_shape and isinstance(model_shape[0], int) and model_shape[0] > 1:
+                raise InputError(self._fixed_batch(name, got, model_shape), hint=self._batch_hint(name, model_shape))
             elif not along_batch:
                 hint = self._shape_hint(model_shape)
+                if len(got) == 3 == len(model_shape) - 1 and _dims_fit(model_shape[1:], (got[2], got[0], got[1])) \
+                        and got[2] != got[0]:  # channels last where the model takes them first
+                    raise InputError(self._misfit(name, got, model_shape),
+                                     hint=f"the samples look channels-last (H, W, C); save them channels-first as "
+                                          f"(N, {got[2]}, {got[0]}, {got[1]}), e.g. np.transpose(a, (0, 3, 1, 2))")
                 if len(got) + 1 == len(model_shape) and model_shape:  # the data's sizes, the model's placeholders?
                     hint = (f"if the model's sizes are placeholders, fix them to the data's with --input-shape "
                             f"{name}={','.join(map(str, (1, *got)))}; otherwise {hint}")
@@ -156,6 +163,17 @@ class Dataset(abc.ABC):
             return f"{head}: its samples are {_show(got)} each; {batch_rule}"
         stacked_rule = f"as stacked samples each would be {_show(got)}, not the input's whole shape {shown}"
         return f"{head}: its samples are {_show(got)} each; {batch_rule}; {stacked_rule}"
+
+    def _fixed_batch(self, name: str, got: tuple[int, ...], model_shape: tuple) -> str:
+        return (f"model input {name!r} takes a batch of {model_shape[0]} {_show(model_shape)}, and npukit feeds the "
+                f"samples of {self.source} one at a time {_show((1, *got))}")
+
+    def _batch_hint(self, name: str, model_shape: tuple) -> str:
+        one = ",".join(map(str, (1, *model_shape[1:])))
+        hint = f"fix the batch to 1 with --input-shape {name}={one} (an NPU runs a static batch of 1 per call)"
+        if self.kind in ("npy", "npz"):
+            hint += f", or save the data as (N, {_show(model_shape)[1:-1]}): each sample a whole batch"
+        return hint
 
     def _cast_to(self, dtypes: Mapping[str, np.dtype]) -> None:
         """Arrays only (see ArrayDataset); images are always float32."""
@@ -204,7 +222,7 @@ class ImageDataset(Dataset):
     @property
     def sample_shapes(self) -> dict[str, tuple[int, ...]]:
         p = self.preprocess
-        return {self._input_name: (p.channels, p.size, p.size)}
+        return {self._input_name: (p.channels, *p.crop)}
 
     def __len__(self) -> int:
         return len(self.paths)

@@ -85,7 +85,7 @@ def bench(
                               report_path=report_path, html=html, task=task, gate=gate, spec=spec)
     models = _Models.load(model, proto, reference, spec)
     dataset = open_data(data, proto, preprocess) if data is not None else None
-    report = _report(models, config, preprocess_record(preprocess, dataset), data=data)
+    report = _report(models, config, preprocess_record(dataset), data=data)
     feeds = dataset.sample(0) if dataset is not None else None
     _latency(report, models, feeds, config)
     _energy(report, models, feeds, config)

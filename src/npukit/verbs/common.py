@@ -514,15 +514,16 @@ def _check_dataset(dataset: Any, inputs: Sequence[Any]) -> None:
     dataset.validate()
 
 
-def preprocess_record(preprocess: PreprocessConfig, *datasets: Any) -> dict[str, Any] | str:
+def preprocess_record(*datasets: Any) -> dict[str, Any] | str:
     """What a report's config says of image preprocessing: the settings where one of ``datasets`` (None: no data)
     is read from image files, else that none was applied (arrays are fed as given; a report listed ImageNet's mean
     and std for .npy data)."""
     from npukit.config import to_dict
     from npukit.data.readers import ImageDataset
 
-    if any(isinstance(d, ImageDataset) for d in datasets):
-        return to_dict(preprocess)
+    images = [d for d in datasets if isinstance(d, ImageDataset)]
+    if images:  # as applied: the crop follows the model's input (open_data), not the flag's default
+        return to_dict(images[0].preprocess)
     return "none: the data are arrays, fed as given" if any(d is not None for d in datasets) else "none: no data"
 
 
@@ -580,6 +581,9 @@ def open_data(data: Any, proto: onnx.ModelProto, preprocess: PreprocessConfig):
     if len(dims) == 4 and dims[1] in (1, 3) and Path(data).is_dir() and dims[2] and dims[2] != preprocess.size:
         resize = None if preprocess.resize is None else max(preprocess.resize, dims[2])
         preprocess = dataclasses.replace(preprocess, size=dims[2], resize=resize)
+    if len(dims) == 4 and dims[1] in (1, 3) and Path(data).is_dir() and dims[2] and dims[3] \
+            and preprocess.crop != (dims[2], dims[3]):  # a crop as wide as the model's input (a text line's)
+        preprocess = dataclasses.replace(preprocess, width=dims[3])
     if len(dims) == 4 and dims[1] == 1 and preprocess.channels != 1:
         preprocess = dataclasses.replace(preprocess, channels=1, mean=(preprocess.mean[0],), std=(preprocess.std[0],))
     dataset = open_dataset(data, preprocess=preprocess, input_name=first.name if len(inputs) == 1 else None)
@@ -589,7 +593,7 @@ def open_data(data: Any, proto: onnx.ModelProto, preprocess: PreprocessConfig):
         with warnings.catch_warnings():
             warnings.simplefilter("always", ImagePreprocessing)
             warnings.warn(f"{Path(data).name}: {len(dataset)} image(s), short side resized to {p.short_side}, center "
-                          f"crop {p.size}x{p.size}, {'RGB' if p.channels == 3 else 'gray'} in [0, 1], (x - mean) / std "
+                          f"crop {p.crop[0]}x{p.crop[1]}, {'RGB' if p.channels == 3 else 'gray'} in [0, 1], (x - mean) / std "
                           f"with mean {list(p.mean)}, std {list(p.std)} (ImageNet's unless given)",
                           ImagePreprocessing, stacklevel=2)
     return dataset

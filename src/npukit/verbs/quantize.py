@@ -209,7 +209,7 @@ def _report(model: str | Path, config: QuantConfig, scheme: dict, inputs: _Input
     return Report("quantize", config={"quant": config.as_dict(), "cpu_scheme": scheme, "model": str(model),
                                       "calib": data_label(inputs.calib, inputs.samples),
                                       "data": data_label(inputs.data, inputs.evaluation),
-                                      "preprocess": preprocess_record(preprocess, inputs.samples, inputs.evaluation),
+                                      "preprocess": preprocess_record(inputs.samples, inputs.evaluation),
                                       "task": task or "auto", "gate": gate.as_dict(),
                                       "input_shape": spec.as_dict() if spec else None})
 
