@@ -356,8 +356,10 @@ def test_quantize_checks_the_task_and_exits_1_below_the_floors(exported, tmp_pat
     failed = json.loads(out.with_name("q.report.json").read_text())
     assert failed["passed"] is False
     _assert_says_when_int8_is_not_faster(failed)
+    assert failed["degraded"] is False
     assert main(args + ["--min-sqnr", "500", "--task", "generic", "--accept-degraded"]) == 0
-    assert json.loads(out.with_name("q.report.json").read_text())["verdict"].startswith("DEGRADED")
+    accepted = json.loads(out.with_name("q.report.json").read_text())
+    assert accepted["verdict"].startswith("DEGRADED") and accepted["passed"] is True and accepted["degraded"] is True
 
 
 def test_a_task_the_outputs_cannot_carry_is_refused_before_any_work(exported, tmp_path, capsys, monkeypatch):
@@ -819,6 +821,8 @@ def test_compile_unknown_soc_lists_valid(exported, tmp_path, capsys):
     assert main(["compile", str(exported), "--soc", "SM0000", "-o", str(tmp_path / "x.onnx")]) == 2
     err = capsys.readouterr().err
     assert "SM8650" in err and not (tmp_path / "x.onnx").exists()
+    assert main(["bench", str(exported), "--soc", "SM8550", "--runs", "2"]) == 2  # the CPU alone: --soc was ignored
+    assert "add --target qnn-htp" in capsys.readouterr().err
     assert main(["compile", str(exported), "--target", "qnn-htp@SM8650", "--soc", "SM8350", "-o",
                  str(tmp_path / "x.onnx")]) == 2
     assert "name two SoCs" in capsys.readouterr().err and not (tmp_path / "x.onnx").exists()
@@ -1210,5 +1214,9 @@ def test_analyze_says_what_compile_builds_for_the_mobile_targets(exported, tmp_p
     assert main(["analyze", str(exported), "--target", "coreml", "--target", "cpu", "--report", str(report)]) == 0
     data = json.loads(report.read_text())
     notes = data["results"]["compile_notes"]
-    assert set(notes) == {"coreml"} and "refuses an .onnx" in notes["coreml"] and "coremltools" in notes["coreml"]
+    assert set(notes) == {"coreml"} and "as a torch program" in notes["coreml"] and "coremltools" in notes["coreml"]
+    # a float model on the HTP: analyze counts its fp16 path, compile quantizes (and refuses without --calib)
+    assert main(["analyze", str(exported), "--target", "qnn-htp@SM8650", "--report", str(report)]) == 0
+    notes = json.loads(report.read_text())["results"]["compile_notes"]
+    assert "fp16 path" in notes["qnn-htp@SM8650"] and "--calib" in notes["qnn-htp@SM8650"]
     assert data["verdict"].startswith("INFO analyze") and "coreml" in data["verdict"]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from npukit.measure.fidelity import AgreementMeter, sqnr_db
+from npukit.measure import fidelity
 
 
 def test_identical_logits_agree_fully_with_infinite_sqnr() -> None:
@@ -109,6 +110,13 @@ def test_scores_that_are_already_probabilities_are_not_softmaxed_again() -> None
     meter = AgreementMeter()
     meter.update(probs, probs.copy())
     assert meter.result().confident_samples == 2
+    # a quantized model's softmax on an 8-bit grid (scale 1/255): the rows sum to 1 only within a step or so
+    grid = np.round(probs / (1 / 255)).astype(np.uint8) * np.float32(1 / 255) - np.float32(0.002)
+    quantized = AgreementMeter()
+    quantized.update(grid, grid.copy())
+    assert quantized.result().confident_samples == 2
+    logits = np.array([[0.6, 0.3, 0.05, 0.0]])  # non-negative scores summing to 0.95: logits, not probabilities
+    assert not fidelity._probabilities(logits)
 
 
 def test_labels_beyond_the_model_s_classes_are_refused() -> None:

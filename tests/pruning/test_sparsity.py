@@ -53,6 +53,7 @@ def test_the_schedule_reaches_its_final_sparsity_however_few_the_steps(total: in
     stages = [schedule.stage_at(step, total) for step in range(total)]
     assert stages == sorted(stages) and stages[-1] == 7
     weights = {"w": np.random.default_rng(2).standard_normal((40, 40))}
+    masks: dict = {}
     for step in range(total):
         masks = schedule.masks_at(step, total, lambda: weights) or masks
     assert schedule.done and (~masks["w"]).mean() == pytest.approx(0.5)

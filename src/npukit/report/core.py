@@ -104,6 +104,9 @@ class Report:
             "npukit_report": 1,
             "verdict": self.verdict,
             "passed": self.passed,
+            # passed only because the user accepted a result below its floors (--accept-degraded): a reader of
+            # "passed" alone took it for a pass
+            "degraded": bool(self.verdict and self.verdict.startswith("DEGRADED")),
             "command": self.command,
             "title": self.title,
             "created": self.started.isoformat(timespec="seconds"),

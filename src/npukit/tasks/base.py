@@ -248,9 +248,21 @@ def judge(result: TaskResult, gate: QualityGate, *, what: str, default_min_metri
     if not failures:
         return Verdict(True, f"PASS {summary}")
     if gate.accept_degraded:
-        return Verdict(True, f"DEGRADED (accepted with --accept-degraded) {summary}: {failures[0]}",
+        return Verdict(True, f"DEGRADED (accepted with --accept-degraded) {summary}: {_listed(failures)}",
                        tuple(failures), degraded=True)
     # the verb's hint is about the artifact; where the data (or the reference) is what falls short, it is no help
     hint = "" if unmeasured or result.constant_reference else hint
-    return Verdict(False, f"FAIL {summary}: {failures[0]}" + (f"; try {hint}" if hint else ""), tuple(failures),
-                   degraded=True)
+    return Verdict(False, f"FAIL {summary}: {_listed(failures)}" + (f"; try {hint}" if hint else ""),
+                   tuple(failures), degraded=True)
+
+
+def _listed(failures: Sequence[str], room: int = 160) -> str:
+    """The failures for a verdict line: each that fits in ``room`` characters after the first (a detector failing
+    F1 at two thresholds names both), then how many more the report lists."""
+    shown = [failures[0]]
+    for failure in failures[1:]:
+        if len("; ".join([*shown, failure])) > room:
+            break
+        shown.append(failure)
+    more = len(failures) - len(shown)
+    return "; ".join(shown) + (f" (and {more} more in the report)" if more else "")

@@ -71,7 +71,7 @@ def analyze(
         report.add("export", exported)
         note_export_drift(report, export, consequence="the profiles read its graph (which operators, in which "
                           "forms), not its numbers")
-    notes = _compile_notes(outcome.profiles, onnx_given=exported is None)
+    notes = _compile_notes(outcome.profiles, onnx_given=exported is None, float_model=_float(source))
     if notes:
         report.add("compile_notes", notes)
         report.add_table("What npukit compile builds for these targets", ["target", "note"], list(notes.items()))
@@ -84,22 +84,37 @@ def analyze(
     return finish(report, None, html=html, json_path=json_path, result=list(outcome.analyses), source=model)
 
 
-def _compile_notes(profiles: Any, *, onnx_given: bool) -> dict[str, str]:
+def _float(source: Any) -> bool:
+    """Whether the analyzed model (a path or a ModelProto) has no Q/DQ node."""
+    from npukit.verbs.common import is_qdq
+
+    return not is_qdq(source if isinstance(source, onnx.ModelProto) else onnx.load(str(source),
+                                                                                    load_external_data=False))
+
+
+def _compile_notes(profiles: Any, *, onnx_given: bool, float_model: bool) -> dict[str, str]:
     """Per target analyzed, what a user reading its prediction should know of ``npukit compile`` for it: the
-    mobile targets build from the PyTorch program (an ONNX model is refused there), and coreml's profile is ONNX
-    Runtime's CoreML EP while compile converts with coremltools."""
+    mobile targets build from a torch program (a one-input ONNX model runs as one), coreml's profile is ONNX
+    Runtime's CoreML EP while compile converts with coremltools, and the HTP's prediction for a float model counts
+    the fp16 path where compile quantizes (it needs --calib)."""
     from npukit.verbs.compile_mobile import built_by
 
     notes: dict[str, str] = {}
     for profile in profiles:
         name = profile.name
+        if name.startswith("qnn-htp") and float_model and profile.quantization.accepts_float:
+            notes[name] = ("this predicts the float model on the HTP's fp16 path; `npukit compile --target qnn-htp` "
+                           "quantizes it for the HTP's integer path (pass --calib), or takes a QDQ model from "
+                           "`npukit quantize`")
+            continue
         built = built_by(name)
         if built is None:
             continue
         parts = []
         if onnx_given:
-            parts.append(f"`npukit compile --target {built}` builds from the PyTorch model this ONNX file came from "
-                         "(it refuses an .onnx); this predicts what that runtime takes of the same graph")
+            parts.append(f"`npukit compile --target {built}` runs this one-input ONNX file as a torch program (or "
+                         "takes the PyTorch model it came from) and lowers that; this predicts what the runtime takes "
+                         "of the same graph")
         if name == "coreml":
             parts.append("this profile is ONNX Runtime's CoreML EP; `npukit compile --target coreml` converts with "
                          "coremltools, whose op support differs (PReLU slopes, for one)")

@@ -83,6 +83,9 @@ def bench(
         return _bench_context(model, proto, data=data, reference=reference, warmup=warmup, runs=runs,
                               max_samples=max_samples, preprocess=preprocess, target=target, soc=given_soc,
                               report_path=report_path, html=html, task=task, gate=gate, spec=spec)
+    if target == "cpu" and given_soc is not None:  # it was ignored: the CPU alone ran, and the report said nothing
+        raise InputError(f"--soc {given_soc} names the HTP that --target qnn-htp runs on; this bench runs on the CPU "
+                         "alone", hint="add --target qnn-htp, or drop --soc")
     models = _Models.load(model, proto, reference, spec)
     dataset = open_data(data, proto, preprocess) if data is not None else None
     report = _report(models, config, preprocess_record(dataset), data=data)

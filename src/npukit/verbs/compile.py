@@ -222,7 +222,8 @@ def _check_quantization_request(*, float_model: bool, calibrated: bool, weight_b
         raise InputError("--mixed-precision chooses how a float model is quantized for the HTP: it needs a float "
                          "model and --calib", hint="pass the float model with --calib DATA, or drop --mixed-precision")
     if float_model and not calibrated:
-        raise InputError("the model is float and the HTP runs quantized models",
+        raise InputError("the model is float: npukit compiles it for the HTP's integer path (8/16-bit), not its "
+                         "fp16 one, and quantizing needs calibration data",
                          hint="pass --calib DIR (calibration images or .npy) or give a QDQ model from "
                               "`npukit quantize`")
 
