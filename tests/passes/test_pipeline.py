@@ -53,7 +53,7 @@ def _small_net() -> onnx.ModelProto:
 def test_registry_and_default_order() -> None:
     assert DEFAULT_ORDER == ("initializers_as_constants", "fold_constants", "remove_identity", "fold_batch_norm",
                              "fold_conv_affine", "fuse_matmul_add", "canonicalize_activation", "fold_constants",
-                             "remove_dead_code")
+                             "remove_dead_code", "share_initializers")
     assert [type(p) for p in default_pipeline()] == [PASS_REGISTRY[n] for n in DEFAULT_ORDER]
     skipped = default_pipeline(skip=["fold_constants", "fuse_matmul_add"])
     assert [type(p) for p in skipped] == [PASS_REGISTRY[n] for n in DEFAULT_ORDER

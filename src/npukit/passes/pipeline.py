@@ -21,6 +21,7 @@ from npukit.passes.fuse_matmul_add import FuseMatMulAddPass
 from npukit.passes.initializers_as_constants import InitializersAsConstantsPass
 from npukit.passes.remove_dead_code import RemoveDeadCodePass
 from npukit.passes.remove_identity import RemoveIdentityPass
+from npukit.passes.share_initializers import ShareInitializersPass
 from npukit.runtime.ort import ModelLike, make_session, random_feeds, run
 
 PASS_REGISTRY: dict[str, type[NpukitPass]] = {
@@ -32,6 +33,7 @@ PASS_REGISTRY: dict[str, type[NpukitPass]] = {
     "fuse_matmul_add": FuseMatMulAddPass,
     "canonicalize_activation": CanonicalizeActivationPass,
     "remove_dead_code": RemoveDeadCodePass,
+    "share_initializers": ShareInitializersPass,
 }
 
 # Initializers that are also graph inputs become constants first (else nothing folds them); folding then exposes
@@ -47,6 +49,7 @@ DEFAULT_ORDER: tuple[str, ...] = (
     "canonicalize_activation",
     "fold_constants",
     "remove_dead_code",
+    "share_initializers",
 )
 
 
