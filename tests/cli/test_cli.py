@@ -1209,6 +1209,33 @@ def test_debug_prints_the_traceback_and_keeps_the_exit_code(tmp_path, capsys):
     assert "Traceback" in err and plain.strip().splitlines()[-1] in err
 
 
+def test_analyze_predicts_the_mobile_targets_on_the_graph_compile_runs(tmp_path):
+    """An ONNX model's shape arithmetic (Shape, Gather, Range... on a symbolic input) folds away at the fixed input
+    shape in the torch program compile builds; analyze counted it as LiteRT / ExecuTorch fallbacks (YOLOv8n)."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Shape", ["r"], ["s"]),
+             helper.make_node("Slice", ["s", "zero", "two"], ["nc"]),
+             helper.make_node("Concat", ["nc", "minus1"], ["target"], axis=0),
+             helper.make_node("Reshape", ["r", "target"], ["flat"]),
+             helper.make_node("ReduceMean", ["flat", "last"], ["y"], keepdims=0)]
+    ints = [helper.make_tensor(n, TensorProto.INT64, [len(v)], v)
+            for n, v in (("zero", [0]), ("two", [2]), ("minus1", [-1]), ("last", [2]))]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])], ints)
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), model)
+    report = tmp_path / "a.json"
+    assert main(["analyze", str(model), "--input-shape", "1,3,8,8", "--target", "litert", "--target", "cpu",
+                 "--report", str(report)]) == 0
+    analyses = {a["target"]: a for a in json.loads(report.read_text())["results"]["analyses"]}
+    litert = analyses["litert"]
+    ops = {n["op_type"] for n in litert["nodes"]}
+    assert "Shape" not in ops and "Slice" not in ops and "Concat" not in ops, ops
+    assert any("graph compile runs as a torch program" in n for n in litert["notes"])
+    assert not any("torch program" in n for n in analyses["cpu"]["notes"])  # ORT's own targets read the graph as is
+
+
 def test_analyze_says_what_compile_builds_for_the_mobile_targets(exported, tmp_path):
     report = tmp_path / "a.json"
     assert main(["analyze", str(exported), "--target", "coreml", "--target", "cpu", "--report", str(report)]) == 0

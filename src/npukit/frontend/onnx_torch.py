@@ -63,6 +63,14 @@ def require_one_float_input(model: onnx.ModelProto, label: str) -> None:
                          "model with one float input", hint="give the PyTorch model")
 
 
+def program_graph(model: onnx.ModelProto, shape: tuple[int, ...]) -> onnx.ModelProto:
+    """The graph a torch program is built from: ``model`` (one input) at ``shape``, cleaned (what analyze predicts
+    the mobile runtimes on for an ONNX model)."""
+    from npukit.frontend.shapes import fix_input_shape
+
+    return _cleaned(fix_input_shape(model, tuple(shape), dynamic_batch=False))
+
+
 def _cleaned(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` through optimize-graph's default passes (checked against ``model`` later, with the program), each
     layer keeping a weight of its own: the plan carried onto the program matches weights one layer at a time."""

@@ -63,6 +63,8 @@ def analyze(
         source, exported, export = _exported(model, weights, input_shape)
         first = None  # exported at that shape
     outcome = analyze_model(source, list(targets), input_shape=first, fix=fix)
+    if exported is None and not fix:
+        outcome = _mobile_on_program_graph(outcome, source, first)
     report = analyze_report(outcome, _write_fixed(outcome, output) if fix and output is not None else {})
     if spec is not None:
         report.config["input_shape"] = spec.as_dict()
@@ -82,6 +84,40 @@ def analyze(
             report.set_verdict(f"{report.verdict}; {see}", passed=report.passed)
     json_path = Path(report_path) if report_path else (report_path_for(output) if output else None)
     return finish(report, None, html=html, json_path=json_path, result=list(outcome.analyses), source=model)
+
+
+def _mobile_on_program_graph(outcome: Any, source: Any, shape: Sequence[int] | None) -> Any:
+    """``outcome`` with the ExecuTorch and LiteRT analyses of an ONNX model redone on the graph compile turns into
+    their torch program (``onnx_torch.program_graph``: at the input shape, constants folded): the graph as given
+    kept shape arithmetic (YOLOv8n's Range and ConstantOfShape) that the program never runs, counted as fallbacks.
+    A model compile would refuse (several inputs, a symbolic size) keeps the analysis of the graph as given."""
+    import dataclasses
+
+    from npukit.frontend.onnx_torch import program_graph, require_one_float_input
+    from npukit.frontend.shapes import runtime_inputs
+    from npukit.targets.api import analyze_model
+    from npukit.verbs.compile_mobile import built_by
+
+    which = [i for i, p in enumerate(outcome.profiles) if built_by(p.name) in ("executorch-xnnpack", "litert")]
+    if not which:
+        return outcome
+    proto = source if isinstance(source, onnx.ModelProto) else onnx.load(str(source))
+    try:
+        require_one_float_input(proto, "the model")
+    except InputError:
+        return outcome
+    dims = [d.dim_value if d.HasField("dim_value") else 0 for d in runtime_inputs(proto)[0].type.tensor_type.shape.dim]
+    shape = tuple(shape) if shape is not None else tuple(dims)
+    if not shape or min(shape) <= 0:
+        return outcome
+    graph = program_graph(proto, shape)
+    redone = analyze_model(graph, [outcome.profiles[i].name for i in which]).analyses
+    analyses = list(outcome.analyses)
+    note = (f"analyzed on the graph compile runs as a torch program: at input shape {list(shape)}, constants folded "
+            f"({len(proto.graph.node)} -> {len(graph.graph.node)} nodes)")
+    for i, analysis in zip(which, redone):
+        analyses[i] = dataclasses.replace(analysis, notes=(*analysis.notes, note))
+    return dataclasses.replace(outcome, analyses=tuple(analyses))
 
 
 def _float(source: Any) -> bool:
