@@ -1247,3 +1247,17 @@ def test_analyze_says_what_compile_builds_for_the_mobile_targets(exported, tmp_p
     notes = json.loads(report.read_text())["results"]["compile_notes"]
     assert "fp16 path" in notes["qnn-htp@SM8650"] and "--calib" in notes["qnn-htp@SM8650"]
     assert data["verdict"].startswith("INFO analyze") and "coreml" in data["verdict"]
+
+
+def test_calibration_samples_all_one_input_are_refused_before_any_work(exported, tmp_path, capsys):
+    """An array of zeros as --calib with varied --data: every grid fitted to zeros, and the held-out check FAILed with
+    the recovery recipe as its hint (PP-OCR cls: 0.786 agreement, 3.4 dB). Now one line, exit 2, nothing written."""
+    zeros, varied = tmp_path / "zeros.npy", tmp_path / "varied.npy"
+    np.save(zeros, np.zeros((8, 3, 32, 32), np.float32))
+    np.save(varied, np.random.default_rng(0).standard_normal((8, 3, 32, 32)).astype(np.float32))
+    before = _files(tmp_path)
+    assert main(["quantize", str(exported), "--calib", str(zeros), "--data", str(varied), "-o",
+                 str(tmp_path / "q.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "are all one input (input all 0)" in err and len(err.strip().splitlines()) == 1, err
+    assert _files(tmp_path) == before

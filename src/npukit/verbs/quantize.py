@@ -19,8 +19,9 @@ from npukit.report.quantize import (add_kernel_profile, add_layer_sqnr, add_mixe
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
 from npukit.verbs.common import (HOLD_BACK_EVERY, check_output, check_task, check_task_measurable, data_label,
-                                 float_static_model, floor_check, held_back, open_data, preprocess_record,
-                                 quant_opset, refuse_nothing_left, refuse_tiny_self_check, samples_read, task_check)
+                                 data_name, float_static_model, floor_check, held_back, open_data, preprocess_record,
+                                 quant_opset, refuse_nothing_left, refuse_tiny_self_check, refuse_uniform_calibration,
+                                 samples_read, task_check)
 
 
 CHECK_SAMPLES = 32  # calibration samples the task check reads when no held-out data is given
@@ -194,6 +195,7 @@ class _Inputs:
             where += f"; {samples_read(limit, len(check))}"
         inputs = cls(samples, evaluation, check, limit, where, calib, data)
         check_task_measurable(proto, inputs.checked(), task, where=where, threads=threads)  # nothing to find?
+        refuse_uniform_calibration(samples, data_name(calib))  # held-out data fine, the grids fitted to one input
         return inputs
 
     def checked(self) -> list[Any]:
