@@ -64,7 +64,8 @@ def test_plan_memory_on_the_graph_ort_runs_states_ort_peak(tmp_path):
     # compared on its own basis: the bound less the graph inputs, which ORT's peak leaves out too
     assert result.runtime_lower_bound < result.lower_bound and result.runtime_peak >= result.runtime_lower_bound
     row = next(r for r in report.to_dict()["tables"][0]["rows"] if r[0] == result.runtime_allocator)
-    assert row[2].endswith(f"of the bound in ORT's order less the inputs ({result.runtime_lower_bound} B)")
+    bound = result.runtime_lower_bound
+    assert row[2].endswith(f"of the bound in ORT's order without the inputs (that bound: {bound:,} B)")
     data = report.to_dict()["results"]
     assert data["device_peak_bytes"] == result.runtime_peak
     assert data["memory"]["runtime_allocator"].startswith("ORT CPU's allocation planner")

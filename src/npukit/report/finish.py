@@ -85,8 +85,8 @@ def finish(report: Report, artifact: Path | None, *, html: bool, json_path: Path
     if untrained and report.verdict and "random weights" not in report.verdict:
         report.set_verdict(f"{report.verdict}; note: {untrained}", passed=report.passed)
     if report.verdict is None:  # a verb that checks nothing (inspect, analyze, plan-memory, devices) says so
-        report.set_verdict(f"INFO {report.command}: a description of the model or machine; nothing was checked",
-                           passed=True)
+        what = "this machine" if report.command == "devices" else "the model"
+        report.set_verdict(f"INFO {report.command}: a description of {what}; nothing was checked", passed=True)
     drift = report.sections.get("export_drift")  # verbs.common.note_export_drift
     if drift and drift not in report.verdict:
         report.set_verdict(f"{report.verdict}; note: {drift}", passed=report.passed)

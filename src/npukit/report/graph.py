@@ -37,7 +37,11 @@ def add_summary(report: Report, summary: Any, *, top_layers: int) -> None:
                      [[la.name, la.op, "x".join(map(str, la.output_shape or ())), la.params, la.macs,
                        f"{la.macs / summary.macs:.1%}" if summary.macs and not summary.unknown_mac_layers else "—",
                        la.output_bytes] for la in heavy])
-    report.add_table("Largest activations", ["tensor", "shape", "dtype", "bytes"],
+    symbolic = summary.unknown_mac_layers or any(not isinstance(d, int) or d <= 0 for shape in
+                                                 summary.input_shapes.values() for d in shape)
+    report.add_table("Largest activations" + (" of those with static shapes (the others' sizes are symbolic: "
+                                              "pass --input-shape to size them)" if symbolic else ""),
+                     ["tensor", "shape", "dtype", "bytes"],
                      [[a.name, "x".join(map(str, a.shape)), a.dtype, a.bytes] for a in summary.largest_activations])
 
 

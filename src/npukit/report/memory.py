@@ -28,8 +28,8 @@ def memory_report(result: Any) -> Report:
          ["lower bound (exported graph, unfused)", result.unfused_lower_bound,
           _ratio(result.unfused_lower_bound, bound)],
          *([[result.runtime_allocator, result.runtime_peak,
-             f"{_ratio(result.runtime_peak, result.runtime_lower_bound)} of the bound in ORT's order less the "
-             f"inputs ({result.runtime_lower_bound} B)"]]
+             f"{_ratio(result.runtime_peak, result.runtime_lower_bound)} of the bound in ORT's order without the "
+             f"inputs (that bound: {result.runtime_lower_bound:,} B)"]]
            if result.runtime_peak is not None else [])],
     )
     if result.runtime_peak is not None:
