@@ -1261,3 +1261,6 @@ def test_calibration_samples_all_one_input_are_refused_before_any_work(exported,
     err = capsys.readouterr().err
     assert "are all one input (input all 0)" in err and len(err.strip().splitlines()) == 1, err
     assert _files(tmp_path) == before
+    assert main(["optimize", str(exported), "--calib", str(zeros), "--data", str(varied), "--trials", "1", "-o",
+                 str(tmp_path / "o.onnx")]) == 2
+    assert "are all one input" in capsys.readouterr().err and _files(tmp_path) == before

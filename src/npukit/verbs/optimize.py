@@ -19,8 +19,9 @@ from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish, remove_earlier_artifact, report_json_for, report_path_for
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import (add_source, check_output, check_task_measurable, float_static_model,
-                                 keeps_module_modes, note_export_drift, note_untrained, open_data, upgrade_opset)
+from npukit.verbs.common import (add_source, check_output, check_task_measurable, data_name, float_static_model,
+                                 keeps_module_modes, note_export_drift, note_untrained, open_data,
+                                 refuse_uniform_calibration, upgrade_opset)
 
 CONFIRM = 4  # the fastest trials within the budget timed again together at the end
 # searched today: ORT CPU (an ONNX model or a PyTorch model's export) and the mobile runtimes that run here (a PyTorch
@@ -210,7 +211,9 @@ class _Inputs:
             kept, judged = every(len(held), 2)  # not halves: a folder sorted by class would split by class
             calibration, held = [held[i] for i in kept], [held[i] for i in judged]
         else:
-            calibration = list(open_data(calib, proto, preprocess).batches(1))
+            opened = open_data(calib, proto, preprocess)
+            refuse_uniform_calibration(opened, data_name(calib))
+            calibration = list(opened.batches(1))
         if max_samples is not None:
             held = spread(held, max_samples)
         return cls(Path(str(model)), proto, calibration, held, spec.as_dict() if spec else None, calib is None,
