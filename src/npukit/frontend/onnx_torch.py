@@ -64,11 +64,35 @@ def require_one_float_input(model: onnx.ModelProto, label: str) -> None:
 
 
 def program_graph(model: onnx.ModelProto, shape: tuple[int, ...]) -> onnx.ModelProto:
-    """The graph a torch program is built from: ``model`` (one input) at ``shape``, cleaned (what analyze predicts
-    the mobile runtimes on for an ONNX model)."""
+    """The graph a torch program runs: ``model`` (one input) at ``shape``, cleaned, and every node computed from
+    constants alone evaluated, as the program does outside tracing (``OnnxProgram``'s folds: a ConstantOfShape the
+    cleaning keeps is a constant in the exported program). What analyze predicts the mobile runtimes on."""
+    from onnx import numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
     from npukit.frontend.shapes import fix_input_shape
 
-    return _cleaned(fix_input_shape(model, tuple(shape), dynamic_batch=False))
+    cleaned = _cleaned(fix_input_shape(model, tuple(shape), dynamic_batch=False))
+    graph = cleaned.graph
+    constants = {t.name: t for t in graph.initializer}
+    opsets = {o.domain or "": o.version for o in cleaned.opset_import}
+    kept = []
+    for node in graph.node:
+        if node.domain not in ("", "ai.onnx") or not node.input or any(n and n not in constants for n in node.input):
+            kept.append(node)
+            continue
+        try:
+            outs = ReferenceEvaluator(node, opsets=opsets).run(
+                None, {n: numpy_helper.to_array(constants[n]) for n in node.input if n})
+        except Exception:  # noqa: BLE001 - what the evaluator cannot run is analyzed as a node
+            kept.append(node)
+            continue
+        for name, value in zip(node.output, outs):
+            constants[name] = numpy_helper.from_array(np.asarray(value), name)
+            graph.initializer.append(constants[name])
+    del graph.node[:]
+    graph.node.extend(kept)
+    return cleaned
 
 
 def _cleaned(model: onnx.ModelProto) -> onnx.ModelProto:
