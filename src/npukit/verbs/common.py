@@ -615,10 +615,12 @@ def open_data(data: Any, proto: onnx.ModelProto, preprocess: PreprocessConfig):
         p = dataset.preprocess                        # silently fed ImageNet's normalization
         with warnings.catch_warnings():
             warnings.simplefilter("always", ImagePreprocessing)
-            warnings.warn(f"{Path(data).name}: {len(dataset)} image(s), short side resized to {p.short_side}, center "
-                          f"crop {p.crop[0]}x{p.crop[1]}, {'RGB' if p.channels == 3 else 'gray'} in [0, 1], (x - mean) / std "
-                          f"with mean {list(p.mean)}, std {list(p.std)} (ImageNet's unless given)",
-                          ImagePreprocessing, stacklevel=2)
+            (h, w), colour = p.crop, "RGB" if p.channels == 3 else "gray"
+            resized = f"short side resized to {p.short_side}, center crop {h}x{w}" if h == w else \
+                f"resized to cover {p.short_side}x{round(p.short_side * w / h)}, center crop {h}x{w} (height x width)"
+            warnings.warn(f"{Path(data).name}: {len(dataset)} image(s), {resized}, {colour} in "
+                          f"[0, 1], (x - mean) / std with mean {list(p.mean)}, std {list(p.std)} (ImageNet's unless "
+                          "given)", ImagePreprocessing, stacklevel=2)
     return dataset
 
 
