@@ -50,6 +50,7 @@ def test_optimize_writes_the_chosen_artifact_and_resumes(tiny, tmp_path) -> None
     chosen = next(t for t in search["trials"] if t["number"] == search["chosen"])
     assert chosen["feasible"] and chosen["metric"] >= 0.95 and search["chosen"] in search["front"]
     assert chosen["latency"] > 0 and chosen["size_bytes"] > 0 and chosen["peak_bytes"] > 0
+    assert chosen["size_bytes"] == out.stat().st_size  # the figure is the file's (it counted 8.5% fewer bytes)
     assert {"QuantizeLinear", "DequantizeLinear"} <= {n.op_type for n in onnx.load(str(out)).graph.node}
     assert report["results"]["task_check"]["result"]["samples"] == 8  # every other one of the 16 samples
     assert chosen["energy"] > 0 and chosen["energy_uj"] > 0  # the estimate, a ratio to the float model's

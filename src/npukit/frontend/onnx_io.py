@@ -163,6 +163,17 @@ def initializer_bytes(model: ir.Model) -> int:
                for v in g.initializers.values() if v.const_value is not None)
 
 
+def onnx_bytes(model: onnx.ModelProto) -> bytes:
+    """The bytes ``save_onnx`` writes for ``model`` (under 2 GB of weights): what a size in a report must count. The
+    serializer adds every value's shape it knows; optimize counted the model's own bytes, 8.5% fewer than its file
+    (PP-OCR cls: 307,241 reported, 333,427 written)."""
+    from onnx_ir.passes.common import RemoveUnusedOpsetsPass
+
+    ir_model = ir.serde.deserialize_model(model)
+    RemoveUnusedOpsetsPass()(ir_model)
+    return ir.serde.serialize_model(ir_model).SerializeToString()
+
+
 def save_onnx(model: onnx.ModelProto | ir.Model, path: str | Path) -> Path:
     """Write ``model`` atomically: one file under 2 GB of weights, else ``<name>.data`` beside it, without the opset
     imports no node uses (an export through torch declares org.pytorch.aten, ai.onnx.preview.training and others,

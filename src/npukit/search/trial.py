@@ -223,8 +223,10 @@ class TrialRunner:
         return self.finish(built), self.artifact(built)
 
     def artifact(self, built: Built) -> bytes | None:
-        """The bytes of what the target loads: the QDQ model here."""
-        return built.model.SerializeToString() if built.model is not None else None
+        """The bytes of what the target loads: the QDQ model here, as ``write`` writes it (its size the file's)."""
+        from npukit.frontend.onnx_io import onnx_bytes
+
+        return onnx_bytes(built.model) if built.model is not None else None
 
     def candidate(self, artifact: bytes) -> Any:
         """The artifact as a function of one feed dict (all outputs, in order), for the final check."""
