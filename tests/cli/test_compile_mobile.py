@@ -453,6 +453,21 @@ def test_an_integer_output_is_read_as_it_is(target, tmp_path):
                  "generic"]) == 0
     results = json.loads(out.with_name(out.name + ".report.json").read_text())["results"]
     assert results["fp32_error"]["max_abs_over_range"] <= 1e-4
+    if target == "litert":  # each input and output as the interpreter has it, not one flag for all
+        dtypes = results["lowered"]["io_dtypes"]
+        assert "float32" in dtypes.values() and {"int32", "int64"} & set(dtypes.values()), dtypes
+
+
+def test_the_litert_table_names_each_tensor_where_input_and_outputs_differ() -> None:
+    """MTCNN's RNet as INT8 .tflite: int8 input and box offsets, its softmax probabilities float32; the report said
+    'int8 (quantized for the caller)' for all, and a caller following it would dequantize float probabilities."""
+    from npukit.runtime.litert import Delegation, Lowered
+
+    lowered = Lowered(buffer=b"x", ops={}, delegation=Delegation(0, 0, {}), int8_io=True,
+                      io_dtypes=(("input", "int8"), ("output_0", "int8"), ("output_1", "float32")))
+    cell = lowered.table()[2][0][-1]
+    assert cell == "input int8, output_0 int8, output_1 float32 (the int8 ones quantized for the caller)"
+    assert lowered.summary()["io_dtypes"] == {"input": "int8", "output_0": "int8", "output_1": "float32"}
 
 
 def test_a_model_that_ignores_its_input_fails_its_check(tmp_path):

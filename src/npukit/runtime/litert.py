@@ -64,14 +64,17 @@ class Lowered:
     buffer: bytes
     ops: dict[str, int]  # the model's builtin operators by name
     delegation: Delegation  # what LiteRT's XNNPACK delegate takes when the model is loaded
-    int8_io: bool  # int8 input/output tensors (the runner quantizes and dequantizes)
+    int8_io: bool  # some input or output tensor is int8 (the runner quantizes and dequantizes those)
     float_weighted: int = 0  # convolutions and fully connected ops whose weights are float32 (computed in float)
+    # each input's and output's name and dtype as the interpreter has them ("int8" for a quantized one): a face net's
+    # probabilities stay float32 beside its int8 box offsets, which one flag for all said were int8
+    io_dtypes: tuple[tuple[str, str], ...] = ()
     # the int8 grids the lowering itself wrote, not the plan's: a hardswish's x/6 and gate (``_hardswish_as_int8_ops``)
     inner_grids: frozenset[tuple[float, int]] = frozenset()
 
     def summary(self) -> dict[str, Any]:
         return {"bytes": len(self.buffer), "ops": dict(self.ops), "int8_io": self.int8_io,
-                "float_weighted": self.float_weighted} | self.delegation.summary()
+                "io_dtypes": dict(self.io_dtypes), "float_weighted": self.float_weighted} | self.delegation.summary()
 
     def write(self, output: Path) -> None:
         write_bytes_atomic(output, self.buffer)
@@ -80,8 +83,14 @@ class Lowered:
         left = ", ".join(f"{k} x{v}" for k, v in self.delegation.left.items()) or "none"
         return ("LiteRT model", ["file bytes", "operators", "ops in XNNPACK", "ops left to LiteRT's kernels",
                                  "input/output"],
-                [[len(self.buffer), sum(self.ops.values()), self.delegation.delegated, left,
-                  "int8 (quantized for the caller)" if self.int8_io else "float32"]])
+                [[len(self.buffer), sum(self.ops.values()), self.delegation.delegated, left, self._io()]])
+
+    def _io(self) -> str:
+        kinds = {dtype for _, dtype in self.io_dtypes}
+        if len(kinds) > 1:
+            listed = ", ".join(f"{name} {dtype}" for name, dtype in self.io_dtypes)
+            return f"{listed} (the int8 ones quantized for the caller)"
+        return "int8 (quantized for the caller)" if self.int8_io else "float32"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,8 +132,9 @@ def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
     inputs = interpreter.get_input_details()
     dtypes = {d["index"]: d["dtype"] for d in interpreter.get_tensor_details()}
     weighted = [op for op in details if op["op_name"] in WEIGHTED_OPS and len(op["inputs"]) > 1]
-    return Lowered(buffer=buffer, ops=dict(ops), delegation=taken,
-                   int8_io=any(_quantized(d) for d in (*inputs, *interpreter.get_output_details())),
+    io = (*inputs, *interpreter.get_output_details())
+    return Lowered(buffer=buffer, ops=dict(ops), delegation=taken, int8_io=any(_quantized(d) for d in io),
+                   io_dtypes=tuple((d["name"], "int8" if _quantized(d) else np.dtype(d["dtype"]).name) for d in io),
                    float_weighted=sum(dtypes.get(int(op["inputs"][1])) == np.float32 for op in weighted),
                    inner_grids=inner)
 
