@@ -610,13 +610,9 @@ def _compile(api, args):
 
 
 def _fraction(text: str) -> float:
-    from npukit.errors import InputError
+    from npukit.search.study import fraction
 
-    value = text.strip()
-    try:
-        return float(value[:-1]) / 100.0 if value.endswith("%") else float(value)
-    except ValueError:
-        raise InputError(f"--budget {text!r} is not a fraction", hint="e.g. --budget 1% or --budget 0.01") from None
+    return fraction(text)
 
 
 def _seconds(text: str | None) -> float | None:

@@ -130,10 +130,16 @@ def test_a_small_space_is_exhausted_not_looped() -> None:
 
 
 @pytest.mark.parametrize("kwargs", [{"budget": 1.5}, {"prefer": "speed"}, {"trials": 0}, {"timeout_s": 0},
-                                    {"sampler": "random"}])
+                                    {"sampler": "random"}, {"budget": "lots"}, {"budget": "150%"}, {"budget": None}])
 def test_bad_search_configs_are_input_errors(kwargs) -> None:
     with pytest.raises(InputError):
         SearchConfig(**kwargs)
+
+
+def test_the_budget_is_taken_as_text_from_python_as_on_the_command_line() -> None:
+    """npukit.optimize(..., budget="1%") was a TypeError ('<=' between float and str)."""
+    assert SearchConfig(budget="1%").budget == pytest.approx(0.01)
+    assert SearchConfig(budget=" 0.05 ").budget == pytest.approx(0.05) and SearchConfig(budget=0).budget == 0
 
 
 def test_a_recipe_that_crashes_ends_its_trial_alone() -> None:

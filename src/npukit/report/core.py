@@ -85,6 +85,12 @@ class Report:
         self.verdict = " ".join(line.split())
         self.passed = passed
 
+    @property
+    def degraded(self) -> bool:
+        """Passed only because the user accepted a result below its floors (--accept-degraded, or a gate with
+        ``accept_degraded``): a reader of ``passed`` alone took it for a pass."""
+        return bool(self.verdict and self.verdict.startswith("DEGRADED"))
+
     def add(self, key: str, value: Any) -> None:
         self.sections[key] = value
 
@@ -104,9 +110,7 @@ class Report:
             "npukit_report": 1,
             "verdict": self.verdict,
             "passed": self.passed,
-            # passed only because the user accepted a result below its floors (--accept-degraded): a reader of
-            # "passed" alone took it for a pass
-            "degraded": bool(self.verdict and self.verdict.startswith("DEGRADED")),
+            "degraded": self.degraded,
             "command": self.command,
             "title": self.title,
             "created": self.started.isoformat(timespec="seconds"),

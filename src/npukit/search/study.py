@@ -28,6 +28,15 @@ PREFER = ("latency", "size", "memory", "energy")
 SAMPLERS = ("tpe", "nsga2")
 
 
+def fraction(text: str) -> float:
+    """A budget as text: "1%" -> 0.01, "0.01" -> 0.01; an InputError for anything else."""
+    value = text.strip()
+    try:
+        return float(value[:-1]) / 100.0 if value.endswith("%") else float(value)
+    except ValueError:
+        raise InputError(f"budget {text!r} is not a fraction", hint="e.g. --budget 1% or --budget 0.01") from None
+
+
 @dataclasses.dataclass(frozen=True)
 class SearchConfig:
     """``budget``: the task metric may fall this fraction below the float model's (0.01: within 1%); ``prefer``: the
@@ -36,7 +45,7 @@ class SearchConfig:
     ``batch``: recipes proposed at once and measured before the sampler sees any of their figures (what a parallel
     search needs; the same batch size and seed propose the same recipes however the batch is measured)."""
 
-    budget: float = 0.01
+    budget: float = 0.01  # a fraction, or given as text: "1%" or "0.01" (``fraction``)
     prefer: str = "latency"
     trials: int = 12
     timeout_s: float | None = None
@@ -46,6 +55,10 @@ class SearchConfig:
     batch: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.budget, str):  # the Python API takes "1%" as the CLI does (it was a TypeError)
+            object.__setattr__(self, "budget", fraction(self.budget))
+        if isinstance(self.budget, bool) or not isinstance(self.budget, (int, float)):
+            raise InputError(f"budget {self.budget!r} is not a fraction", hint="e.g. budget='1%' or budget=0.01")
         if not 0.0 <= self.budget < 1.0:
             raise InputError(f"budget {self.budget:g} must be a fraction in [0, 1)", hint="e.g. --budget 1%")
         if self.prefer not in PREFER:

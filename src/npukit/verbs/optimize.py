@@ -42,7 +42,7 @@ def optimize(
     data: str | Path,
     calib: str | Path | None = None,
     target: str = "cpu",
-    budget: float = 0.01,
+    budget: float | str = 0.01,
     prefer: str = "latency",
     trials: int = 12,
     timeout_s: float | None = None,
