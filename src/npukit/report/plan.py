@@ -7,12 +7,14 @@ from typing import Any
 from npukit.report.core import Report
 
 
-def add_plan(report: Report, summary: dict[str, Any]) -> None:
+def add_plan(report: Report, summary: dict[str, Any], *, of: str = "") -> None:
     """One table of the plan's ``QuantPlan.summary()`` (as emitted): per step, the tensors it decided last; the
-    dtypes and granularities in the title; and a line per float node with the step that kept it."""
+    dtypes and granularities in the title; and a line per float node with the step that kept it. ``of``: whose
+    plan, where it is not the artifact's."""
     dtypes = ", ".join(f"{n} {d}" for d, n in summary["dtypes"].items())
     scheme = summary["scheme"]
-    title = (f"Quantization plan as emitted ({summary['tensors']} tensors: {dtypes}; weights "
+    whose = f" for {of}" if of else ""
+    title = (f"Quantization plan as emitted{whose} ({summary['tensors']} tensors: {dtypes}; weights "
              f"{'per channel' if scheme['per_channel'] else 'per tensor'}"
              f"{', 7-bit unless said otherwise' if scheme['reduce_range'] else ''})")
     rows = [[step, f"{n} tensors", summary["decisions_by_step"].get(step, n)]

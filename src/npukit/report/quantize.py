@@ -16,13 +16,14 @@ from npukit.report.core import Report
 from npukit.report.plan import add_plan
 
 
-def add_steps(report: Report, steps: QuantSteps) -> None:
-    """``QuantResult.steps`` into ``report``: the JSON section and one table per step that chose something."""
+def add_steps(report: Report, steps: QuantSteps, *, plan_of: str = "") -> None:
+    """``QuantResult.steps`` into ``report``: the JSON section and one table per step that chose something;
+    ``plan_of``: whose plan it is where it is not the artifact's (qat's PTQ start, before its bits are lowered)."""
     _add_folded_affines(report, steps.folded_affines)
     report.add("steps", steps.as_dict())
     assert steps.plan is not None
     _add_recipe_choice(report, steps.recipe)
-    add_plan(report, steps.plan)
+    add_plan(report, steps.plan, of=plan_of)
     _add_int16_plan(report, steps.int16_plan)
     _add_conv_kernels(report, steps.conv_kernels)
     _add_float_joins(report, steps.float_joins)

@@ -364,7 +364,8 @@ class _Run:
 
             with step("post-training quantization (the start)", timings=self.report.timings, key="ptq"):
                 model, reference, steps = _broadcast(build, self.rank)
-        add_steps(self.report, QuantSteps.from_dict(steps))
+        add_steps(self.report, QuantSteps.from_dict(steps), plan_of="the PTQ start, before training (the artifact's "
+                  "weight bits: the bit plan's)" if self.config.weight_bits < 8 else "the PTQ start, before training")
         start = _Start(onnx.load_from_string(model), onnx.load_from_string(reference))
         return start, {"start": (model, reference, steps), "opset_upgrade": upgrade}
 
