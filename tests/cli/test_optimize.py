@@ -72,6 +72,28 @@ def test_optimize_writes_the_chosen_artifact_and_resumes(tiny, tmp_path) -> None
     assert chosen["energy"] <= 1.03 * min(t["energy"] for t in again["trials"] if t["feasible"])
 
 
+def test_a_study_stopped_before_its_timing_again_is_timed_again_when_resumed(tiny, tmp_path, monkeypatch) -> None:
+    """Ctrl-C after the trials, before the fastest were timed again: the resumed run chose among trials of which
+    only its own were confirmed (a new user's run: the chosen trial 'confirmed': false beside confirmed ones)."""
+    import npukit.verbs.optimize as optimize
+
+    out = tmp_path / "best.onnx"
+    args = ["optimize", str(tiny), "-o", str(out), "--data", str(tiny.with_name("data.npy")), "--budget", "5%",
+            "--runs", "3", "--trials", "3"]
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(optimize._Search, "_confirm", interrupted)
+        assert main(args) == 130
+    assert main(args) == 0  # nothing left to measure: the three trials are built again and timed together
+    search = json.loads((tmp_path / "best.report.json").read_text())["results"]["search"]
+    assert search["measured_this_run"] == 0 and len(search["trials"]) == 3
+    fastest = sorted((t for t in search["trials"] if t["feasible"]), key=lambda t: t["latency"])
+    assert fastest and all(t["confirmed"] for t in fastest[:4])
+
+
 def test_nothing_within_the_budget_is_exit_1_and_no_artifact(tiny, tmp_path, capsys) -> None:
     out = tmp_path / "best.onnx"
     assert main(["optimize", str(tiny), "-o", str(out), "--data", str(tiny.with_name("data.npy")), "--trials", "2",

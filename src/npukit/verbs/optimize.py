@@ -461,8 +461,20 @@ class _Search:
         same: dict[str, list[int]] = {}  # artifact -> the trials that built it (timed once, for all of them)
         for n, m in feasible:
             key = m.digest or str(n)
-            if m.recipe in self.models and (key in same or len(same) < CONFIRM):
-                same.setdefault(key, []).append(n)
+            if key not in same and len(same) >= CONFIRM:
+                continue
+            if m.recipe not in self.models:
+                if m.confirmed:  # timed again by the run that built it: kept as the study has it
+                    continue
+                # an earlier run stopped before timing it again (Ctrl-C): built again, or the choice would compare
+                # its one timing with the others' confirmed ones
+                with step(f"building trial {n} ({m.recipe.label()}) again to time it with the others",
+                          timings=self.report.timings, key="rebuild"):
+                    _, artifact = runner.run(m.recipe)
+                if artifact is None:
+                    continue
+                self.models.keep(m.recipe, artifact)
+            same.setdefault(key, []).append(n)
         if not same:
             return outcome
         recipes = {n: m.recipe for n, m in feasible}
