@@ -344,8 +344,8 @@ def test_the_model_written_is_the_one_validation_measures_better() -> None:
 
     training = SimpleNamespace(kept=0, start=epoch(0, 0.0133), history=(epoch(1, 0.0141), epoch(2, 0.0137)))
     assert _start_kept(training, training.history[1]) == ("no epoch did better on the validation samples "
-                                                           "(validation loss 0.0133 at the start, 0.0137 at best, "
-                                                           "epoch 2)")
+                                                           "(validation loss 0.0133 at the start; the lowest of the "
+                                                           "epochs 0.0137, epoch 2)")
 
 
 def test_without_validation_samples_the_trained_model_is_written_unchosen(tiny, tmp_path) -> None:

@@ -117,7 +117,8 @@ def _from_torchvision(spec: str, name: str, weights: str | None) -> ModelSource:
 
     families = _torchvision_families()
     if name not in families:
-        close = difflib.get_close_matches(name, list(families), n=5, cutoff=0.5)
+        # 0.5 offered efficientnet_b7 for nonexistent_net; 0.7 keeps resnet_18 -> resnet18, vit_b16 -> vit_b_16
+        close = difflib.get_close_matches(name, list(families), n=5, cutoff=0.7)
         hint = f"did you mean {', '.join(close)}?" if close else "list them with torchvision.models.list_models()"
         raise InputError(f"torchvision has no model named {name!r}", hint=hint)
     family = families[name]

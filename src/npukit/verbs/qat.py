@@ -532,8 +532,9 @@ def _start_kept(training: Any, best: Any) -> str:
     if unmoved:
         return unmoved
     start = f"validation loss {training.start.validation_loss:.4g} at the start"
-    return (f"no epoch did better on the validation samples ({start}, {best.validation_loss:.4g} at best, epoch "
-            f"{best.epoch})" if best is not None else f"no epoch did better on the validation samples ({start})")
+    return (f"no epoch did better on the validation samples ({start}; the lowest of the epochs "
+            f"{best.validation_loss:.4g}, epoch {best.epoch})" if best is not None
+            else f"no epoch did better on the validation samples ({start})")
 
 
 def _standing(result: Any, gate: QualityGate) -> tuple[bool, float, float]:
