@@ -388,6 +388,7 @@ def test_a_module_object_compiles_as_a_spec_does(tmp_path, capsys):
     out = tmp_path / "tiny.pte"
     result = compile_model(tinynet.tiny(), out, target="executorch-xnnpack", input_shape="1,3,32,32")
     assert result.report.passed and out.is_file() and result.report.config["model"] == "TinyNet"
+    assert len(result.result.buffer) == out.stat().st_size  # the typed result: the lowered program (it was None)
     with pytest.raises(InputError, match="the HTP compiles an ONNX model, not a TinyNet"):
         compile_model(tinynet.tiny(), tmp_path / "t.onnx", target="qnn-htp", soc="SM8650")
     long_spec = "tinynet:tiny(" + " " * 300 + ")"

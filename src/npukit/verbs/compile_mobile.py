@@ -165,7 +165,7 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
     report.add("carried_plan", carried.summary() if carried is not None else None)
     note_untrained(report, source)
     note_shape_from_data(report, report.config["input_shape_from"], shape)
-    return finish(report, output, html=html)
+    return finish(report, output, html=html, result=lowered)  # the runtime's Lowered: bytes, ops, delegation
 
 
 def _note_float_share(report: Report, qdq: onnx.ModelProto) -> None:
