@@ -532,6 +532,10 @@ def test_top1_agreement_over_unconfident_samples_says_so() -> None:
     meter = ClassifyMeter(["y"])
     meter.update([sure], [sure])
     assert "confident on" not in judge(meter.result(), QualityGate(), what="quantize").line
+    few = ClassifyMeter(["y"])  # every one of fewer than MIN_CONFIDENT samples confident: too few, not ties
+    few.update([sure[:MIN_CONFIDENT - 1]], [sure[:MIN_CONFIDENT - 1]])
+    line = judge(few.result(), QualityGate(), what="quantize").line
+    assert "confident on" not in line and f"only {MIN_CONFIDENT - 1} samples: a weak check" in line
 
 
 def test_a_detection_just_above_a_threshold_that_falls_well_below_it_is_missed() -> None:

@@ -190,7 +190,10 @@ def weakness(result: TaskResult) -> str:
     confident = result.metrics.get("confident_samples")
     if result.metric == "top1_agreement" and isinstance(confident, int):
         # classify's headline falls back to every sample: a flip between two near-equal classes counts (an untrained
-        # network failed top-1 agreement on such ties with no word on why)
+        # network failed top-1 agreement on such ties with no word on why); with every sample confident, the
+        # fallback is for their number alone (9 of 9: no tie to flip)
+        if confident >= result.samples:
+            return f"only {result.samples} samples: a weak check, give more data"
         return (f"the float model confident on {confident} of them: a flip between near-equal classes counts, give "
                 "the inputs it is made for")
     found = result.metrics.get("reference_detections")
