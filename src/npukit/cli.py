@@ -756,8 +756,8 @@ VERBS: dict[str, Verb] = {
                     "builds a recipe and measures its task metric against the float model on held-out data, its "
                     "latency (ratio to the float model, timed in the same rounds), size, predicted peak memory and "
                     "estimated energy. Writes the artifact best on --prefer among the trials within --budget, with "
-                    "the Pareto front and every trial in the report. The study is kept in <output>.optimize.db: the "
-                    "same command again continues it."),
+                    "the Pareto front and every trial in the report. The study is kept beside it (best.optimize.db "
+                    "for best.onnx, m.tflite.optimize.db for m.tflite): the same command again continues it."),
     "qat": Verb(
         _qat, _qat_arguments,
         help="quantization-aware training (distillation from the float model) to 8- or 4-bit weights",
@@ -794,13 +794,13 @@ VERBS: dict[str, Verb] = {
 
 def _resumable(args: argparse.Namespace) -> str:
     """What an interrupted verb kept that the same command continues from."""
-    from npukit.report.finish import report_path_for
+    from npukit.report.finish import report_path_for, study_path_for
 
     for verb in ("qat", "prune", "substitute"):
         if args.verb == verb and report_path_for(args.output, f".{verb}.pt").exists():
             return (f" The last finished epoch is kept in {report_path_for(args.output, f'.{verb}.pt')}: run the "
                     "same command again to continue from it.")
-    if args.verb == "optimize" and report_path_for(args.output, ".optimize.db").exists():
+    if args.verb == "optimize" and study_path_for(args.output).exists():
         return " Every finished trial is kept: run the same command again to continue the study."
     return ""
 

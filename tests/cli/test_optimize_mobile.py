@@ -42,8 +42,8 @@ def test_the_search_measures_on_the_runtime_and_writes_its_artifact(target, tria
     out = tmp_path / f"best{SUFFIX[target]}"
     assert main(["optimize", "tinynet:tiny", "--target", target, "-o", str(out), "--data", str(data), *SHAPE,
                  "--budget", "5%", "--trials", str(trials), "--runs", "3"]) == 0
-    report_name = f"{out.name}.report.json"  # a phone artifact's report keeps its suffix
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([out.name, "best.optimize.db", report_name])
+    report_name = f"{out.name}.report.json"  # a phone artifact's report and study keep its suffix
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([out.name, f"{out.name}.optimize.db", report_name])
     report = json.loads((tmp_path / report_name).read_text())
     assert report["passed"] and report["verdict"].startswith("PASS optimize: trial")
     assert f"the fp32 {target} artifact's" in report["verdict"]

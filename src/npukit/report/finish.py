@@ -27,6 +27,15 @@ def report_path_for(artifact: str | Path, suffix: str = ".report.json") -> Path:
     return artifact.with_name(stem + suffix)
 
 
+def study_path_for(artifact: str | Path) -> Path:
+    """Where optimize keeps its study for ``artifact``, named as its report is (``report_json_for``): a search for
+    ``m.tflite`` resumed the study of one for ``m.onnx`` in the same ``m.optimize.db``."""
+    artifact = Path(artifact)
+    if artifact.suffix.lower() in ("", ".onnx"):
+        return report_path_for(artifact, ".optimize.db")
+    return artifact.with_name(artifact.name + ".optimize.db")
+
+
 def report_json_for(artifact: str | Path) -> Path:
     """Where an artifact's report goes: ``model.report.json`` beside ``model.onnx``; a phone runtime's artifact
     keeps its suffix (``model.pte.report.json``), so that it does not replace the report of the ONNX model of the

@@ -16,7 +16,7 @@ from npukit.config import PreprocessConfig
 from npukit.data.subsets import every, spread
 from npukit.errors import InputError
 from npukit.report.core import Report
-from npukit.report.finish import CommandResult, finish, remove_earlier_artifact, report_json_for, report_path_for
+from npukit.report.finish import CommandResult, finish, remove_earlier_artifact, report_json_for, study_path_for
 from npukit.report.progress import step
 from npukit.tasks import QualityGate
 from npukit.verbs.common import (add_source, check_output, check_task_measurable, data_name, float_static_model,
@@ -75,7 +75,7 @@ def optimize(
     a torch program, each trial's plan carried onto the program, lowered by the runtime and measured on it against
     its fp32 artifact (``output`` .pte / .tflite; ``npukit.search.mobile``).
 
-    The study (Optuna, ``sampler`` tpe or nsga2, seeded) is kept in ``<output stem>.optimize.db``: run the same
+    The study (Optuna, ``sampler`` tpe or nsga2, seeded) is kept in ``study_path_for(output)``: run the same
     command again to continue it (``trials`` counts the study's trials in all; ``timeout_s`` bounds this run).
     The report holds every trial, the Pareto front and the chosen trial, whose model is checked again on ``data``
     before it is written; no trial within the budget: no artifact, exit 1.
@@ -260,7 +260,7 @@ class _Search:
         for kind, why in refused.items():  # lifts the model or the target cannot take
             space = dataclasses.replace(space, lift=tuple(v for v in space.lift if not v.startswith(kind)) or ("none",))
             pruned.append(why)
-        storage = report_path_for(output, ".optimize.db")
+        storage = study_path_for(output)
         storage.parent.mkdir(parents=True, exist_ok=True)  # as every verb does for its artifact's folder
         name = study_name({"model": hashlib.sha256(self.inputs.proto.SerializeToString()).hexdigest(),
                            # the samples' bytes, not the paths: a file changed in place (or the same data moved)
