@@ -464,8 +464,8 @@ def check_task_measurable(reference: onnx.ModelProto, samples: Sequence[Any], ta
                          hint="give data on which the float model finds something (images with the objects or "
                               "text it finds), or --task generic to hold every output to the SQNR floor alone")
     if result.constant_reference:
-        raise InputError(f"the float model gives the same outputs (to 0.1% of their size) for every one of the "
-                         f"{result.samples} samples of {where}: a check on them compares one answer",
+        raise InputError(f"the float model gives the same outputs (to 0.1% of their size) for each of "
+                         f"{result.samples} samples ({where}): a check on them compares one answer",
                          hint="give varied inputs of the model's kind, preprocessed as it expects (a model whose "
                               "weights are random or broken may ignore its input)")
     return result
