@@ -94,6 +94,24 @@ def test_a_study_stopped_before_its_timing_again_is_timed_again_when_resumed(tin
     assert fastest and all(t["confirmed"] for t in fastest[:4])
 
 
+def test_the_trial_table_says_why_a_trial_number_has_no_row() -> None:
+    """A resumed search listed trials 0, 1, 3, 4 with no word on 2 (stopped by Ctrl-C before it was measured)."""
+    from npukit.report.core import Report
+    from npukit.report.optimize import add_search
+    from npukit.search.space import DEFAULT, SPACES, Recipe
+    from npukit.search.study import SearchConfig, outcome_of
+    from npukit.search.trial import Measured
+
+    pairs = [(n, Measured(recipe, True, metric_name="top1_agreement", metric=1.0, latency=0.5, size=0.3, memory=0.5,
+                          energy=0.2, digest=str(n)))
+             for n, recipe in ((0, DEFAULT), (1, Recipe(cle=True)), (3, Recipe(per_channel=False)))]
+    report = Report("optimize")
+    add_search(report, outcome_of(pairs, "latency", measured_now=1, stopped="trials", name="s", seconds=1.0),
+               SearchConfig(), space=SPACES["quick"], pruned=[], head=(), ranking=())
+    title = next(t.title for t in report.tables if t.title.startswith("Every trial"))
+    assert "no row for trial 2: stopped before it was measured" in title
+
+
 def test_nothing_within_the_budget_is_exit_1_and_no_artifact(tiny, tmp_path, capsys) -> None:
     out = tmp_path / "best.onnx"
     assert main(["optimize", str(tiny), "-o", str(out), "--data", str(tiny.with_name("data.npy")), "--trials", "2",

@@ -48,8 +48,11 @@ def add_search(report: Report, outcome: Any, config: Any, *, space: Any, pruned:
     report.add_table(f"Pareto front within the budget ({metric} >= {config.min_metric:.3f}; objectives: {metric}, "
                      "latency, size, peak memory, estimated energy; chosen: best on " + config.prefer + ")", columns,
                      [_row(n, m, front=front, chosen=chosen, first=first) for n, m in ordered if n in front])
+    gaps = sorted(set(range(max(outcome.numbers, default=-1) + 1)) - set(outcome.numbers))
+    unlisted = (f"; no row for trial {', '.join(map(str, gaps))}: stopped before it was measured (Ctrl-C), or a "
+                "recipe already listed" if gaps else "")
     report.add_table(f"Every trial ({len(outcome.trials)}; {outcome.measured_now} measured in this run, stopped by "
-                     f"{outcome.stopped}; trial 0 is the default recipe)", columns,
+                     f"{outcome.stopped}; trial 0 is the default recipe{unlisted})", columns,
                      [_row(n, m, front=front, chosen=chosen, first=first)
                       for n, m in zip(outcome.numbers, outcome.trials)])
     report.add_table(f"Search space '{space.name}': {space.size()} recipes", ["knob", "choices"],
