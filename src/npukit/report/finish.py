@@ -30,20 +30,22 @@ def report_path_for(artifact: str | Path, suffix: str = ".report.json") -> Path:
 def study_path_for(artifact: str | Path) -> Path:
     """Where optimize keeps its study for ``artifact``, named as its report is (``report_json_for``): a search for
     ``m.tflite`` resumed the study of one for ``m.onnx`` in the same ``m.optimize.db``."""
-    artifact = Path(artifact)
-    if artifact.suffix.lower() in ("", ".onnx"):
-        return report_path_for(artifact, ".optimize.db")
-    return artifact.with_name(artifact.name + ".optimize.db")
+    return _beside(artifact, ".optimize.db")
 
 
 def report_json_for(artifact: str | Path) -> Path:
     """Where an artifact's report goes: ``model.report.json`` beside ``model.onnx``; a phone runtime's artifact
     keeps its suffix (``model.pte.report.json``), so that it does not replace the report of the ONNX model of the
     same name (``npukit export -o m.onnx`` then ``npukit compile -o m.tflite``)."""
+    return _beside(artifact, ".report.json")
+
+
+def _beside(artifact: str | Path, suffix: str) -> Path:
+    """``suffix`` in place of an ONNX model's own, after a phone runtime's artifact's (its name kept whole)."""
     artifact = Path(artifact)
     if artifact.suffix.lower() in ("", ".onnx"):
-        return report_path_for(artifact)
-    return artifact.with_name(artifact.name + ".report.json")
+        return report_path_for(artifact, suffix)
+    return artifact.with_name(artifact.name + suffix)
 
 
 def html_path_for(json_path: Path) -> Path:

@@ -10,7 +10,8 @@ import onnx
 
 from npukit.errors import InputError
 from npukit.report.finish import CommandResult, finish, report_path_for
-from npukit.verbs.common import check_output, keeps_module_modes, note_export_drift, scratch_export, torch_source
+from npukit.verbs.common import (check_output, is_qdq, keeps_module_modes, note_export_drift, scratch_export,
+                                 torch_source)
 
 
 @keeps_module_modes
@@ -55,8 +56,7 @@ def analyze(
             raise InputError("--weights is for a PyTorch model; an ONNX model carries its own",
                              hint="drop --weights, or pass the PyTorch model it belongs to")
         spec = InputSpec.parse(input_shape)
-        source: str | Path | onnx.ModelProto = load_with_inputs(model, spec if spec is not None
-                                                                and spec.first is None else None)
+        source: onnx.ModelProto = load_with_inputs(model, spec if spec is not None and spec.first is None else None)
         first = spec.first if spec else None
     else:
         spec = None
@@ -73,7 +73,7 @@ def analyze(
         report.add("export", exported)
         note_export_drift(report, export, consequence="the profiles read its graph (which operators, in which "
                           "forms), not its numbers")
-    notes = _compile_notes(outcome.profiles, onnx_given=exported is None, float_model=_float(source))
+    notes = _compile_notes(outcome.profiles, onnx_given=exported is None, float_model=not is_qdq(source))
     if notes:
         report.add("compile_notes", notes)
         report.add_table("What npukit compile builds for these targets", ["target", "note"], list(notes.items()))
@@ -86,7 +86,7 @@ def analyze(
     return finish(report, None, html=html, json_path=json_path, result=list(outcome.analyses), source=model)
 
 
-def _mobile_on_program_graph(outcome: Any, source: Any, shape: Sequence[int] | None) -> Any:
+def _mobile_on_program_graph(outcome: Any, proto: onnx.ModelProto, shape: Sequence[int] | None) -> Any:
     """``outcome`` with the ExecuTorch and LiteRT analyses of an ONNX model redone on the graph compile turns into
     their torch program (``onnx_torch.program_graph``: at the input shape, constants folded): the graph as given
     kept shape arithmetic (YOLOv8n's Range and ConstantOfShape) that the program never runs, counted as fallbacks.
@@ -101,7 +101,6 @@ def _mobile_on_program_graph(outcome: Any, source: Any, shape: Sequence[int] | N
     which = [i for i, p in enumerate(outcome.profiles) if built_by(p.name) in ("executorch-xnnpack", "litert")]
     if not which:
         return outcome
-    proto = source if isinstance(source, onnx.ModelProto) else onnx.load(str(source))
     try:
         require_one_float_input(proto, "the model")
     except InputError:
@@ -118,14 +117,6 @@ def _mobile_on_program_graph(outcome: Any, source: Any, shape: Sequence[int] | N
     for i, analysis in zip(which, redone):
         analyses[i] = dataclasses.replace(analysis, notes=(*analysis.notes, note))
     return dataclasses.replace(outcome, analyses=tuple(analyses))
-
-
-def _float(source: Any) -> bool:
-    """Whether the analyzed model (a path or a ModelProto) has no Q/DQ node."""
-    from npukit.verbs.common import is_qdq
-
-    return not is_qdq(source if isinstance(source, onnx.ModelProto) else onnx.load(str(source),
-                                                                                    load_external_data=False))
 
 
 def _compile_notes(profiles: Any, *, onnx_given: bool, float_model: bool) -> dict[str, str]:

@@ -601,12 +601,12 @@ def open_data(data: Any, proto: onnx.ModelProto, preprocess: PreprocessConfig):
                          hint="pass a .npz file with one array per input name")
     first = inputs[0]
     dims = [d.dim_value if d.HasField("dim_value") else None for d in first.type.tensor_type.shape.dim]
-    if len(dims) == 4 and dims[1] in (1, 3) and Path(data).is_dir() and dims[2] and dims[2] != preprocess.size:
-        resize = None if preprocess.resize is None else max(preprocess.resize, dims[2])
-        preprocess = dataclasses.replace(preprocess, size=dims[2], resize=resize)
-    if len(dims) == 4 and dims[1] in (1, 3) and Path(data).is_dir() and dims[2] and dims[3] \
-            and preprocess.crop != (dims[2], dims[3]):  # a crop as wide as the model's input (a text line's)
-        preprocess = dataclasses.replace(preprocess, width=dims[3])
+    if len(dims) == 4 and dims[1] in (1, 3) and Path(data).is_dir() and dims[2]:  # images cropped to the input
+        if dims[2] != preprocess.size:
+            resize = None if preprocess.resize is None else max(preprocess.resize, dims[2])
+            preprocess = dataclasses.replace(preprocess, size=dims[2], resize=resize)
+        if dims[3] and preprocess.crop != (dims[2], dims[3]):  # a crop as wide as the input (a text line's)
+            preprocess = dataclasses.replace(preprocess, width=dims[3])
     if len(dims) == 4 and dims[1] == 1 and preprocess.channels != 1:
         preprocess = dataclasses.replace(preprocess, channels=1, mean=(preprocess.mean[0],), std=(preprocess.std[0],))
     dataset = open_dataset(data, preprocess=preprocess, input_name=first.name if len(inputs) == 1 else None)
