@@ -1267,3 +1267,11 @@ def test_calibration_samples_all_one_input_are_refused_before_any_work(exported,
     assert main(["optimize", str(exported), "--calib", str(zeros), "--data", str(varied), "--trials", "1", "-o",
                  str(tmp_path / "o.onnx")]) == 2
     assert "are all one input" in capsys.readouterr().err and _files(tmp_path) == before
+    # qat trained on them (exit 0: its held-out fifth, zeros too, passed), or calibrated on them
+    for args, said in ((["qat", "--data", str(zeros)], "the training samples of zeros.npy"),
+                       (["qat", "--data", str(varied), "--calib", str(zeros)], "calibration samples of zeros.npy"),
+                       (["qat", "--data", str(varied), "--eval", str(zeros)], "the check samples of zeros.npy")):
+        assert main([args[0], str(exported)] + args[1:] + ["-o", str(tmp_path / "o.onnx")]) == 2, args
+        err = capsys.readouterr().err
+        assert said in err and "are all one input" in err and len(err.strip().splitlines()) == 1, err
+        assert _files(tmp_path) == before

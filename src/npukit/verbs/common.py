@@ -244,16 +244,19 @@ def short_number(value: float | None) -> str:
 MIN_SELF_CHECK = 8
 
 
-def refuse_uniform_calibration(samples: Any, label: str) -> None:
-    """Refuse, before any work, calibration samples that are all one input (an array of zeros, one image copied):
-    every grid is fitted to that input alone. Checked on up to 16 samples spread over them. A held-out --data check
-    then failed on the grids with the recovery recipe as its hint (PP-OCR cls on zeros: 0.786 agreement, 3.4 dB)."""
+def refuse_uniform_samples(samples: Any, label: str, role: str = "calibration") -> None:
+    """Refuse, before any work, samples that are all one input (an array of zeros, one image copied), by ``role``:
+    "calibration" (every grid fitted to that input alone; a held-out --data check then failed on the grids with the
+    recovery recipe as its hint: PP-OCR cls on zeros, 0.786 agreement, 3.4 dB), "training" (qat on an array of
+    zeros exited 0: its held-out fifth was zeros too) or "check" (a verdict on one input, said to be on N samples).
+    Checked on up to 16 samples spread over them; ``samples``: a dataset or a list of batches."""
     from npukit.data.subsets import spread
 
     if len(samples) < 2:
         return
+    picked = spread(samples, min(16, len(samples)))
     first: dict[str, np.ndarray] | None = None
-    for batch in spread(samples, min(16, len(samples))).batches(1):
+    for batch in (picked if isinstance(picked, list) else picked.batches(1)):
         feeds = {k: np.asarray(v) for k, v in batch.feeds.items()}
         if first is None:
             first = feeds
@@ -262,9 +265,12 @@ def refuse_uniform_calibration(samples: Any, label: str) -> None:
     assert first is not None
     values = {k: np.unique(v) for k, v in first.items()}
     what = ", ".join(f"{k} all {u[0]:g}" if u.size == 1 else f"{k} the same array" for k, u in values.items())
-    raise InputError(f"the calibration samples of {label} are all one input ({what}): every 8-bit grid would be "
-                     "fitted to that input alone", hint="give varied inputs of the model's kind, preprocessed as it "
-                                                         "expects (images, or the arrays the model is fed)")
+    harm = {"calibration": "every 8-bit grid would be fitted to that input alone",
+            "check": "the check would judge the model on that input alone",
+            "training": "training would fit the model to that input alone"}[role]
+    raise InputError(f"the {role} samples of {label} are all one input ({what}): {harm}",
+                     hint="give varied inputs of the model's kind, preprocessed as it expects (images, or the arrays "
+                          "the model is fed)")
 
 
 def refuse_tiny_self_check(count: int, *, held_out: str) -> None:

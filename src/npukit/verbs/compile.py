@@ -19,7 +19,7 @@ from npukit.report.progress import step
 from npukit.tasks import QualityGate
 from npukit.verbs.common import (check_output, check_task, data_label, data_name, floor_check, held_back, is_qdq,
                                  keeps_module_modes, open_data, refuse_quantized, refuse_tiny_self_check,
-                                 refuse_uniform_calibration, seeded_feeds, task_check, upgrade_opset)
+                                 refuse_uniform_samples, seeded_feeds, task_check, upgrade_opset)
 
 
 COMPILE_CHECK_SAMPLES = 8  # the HTP emulator takes about 0.6 s per MobileNetV2 image on x86
@@ -150,7 +150,7 @@ def _check_request(model: str | Path, proto: onnx.ModelProto, calib: str | Path 
     samples = None
     if calib is not None:
         samples = open_data(calib, proto, preprocess or PreprocessConfig())
-        refuse_uniform_calibration(samples, data_name(calib))
+        refuse_uniform_samples(samples, data_name(calib))
         if quantized_here:  # fitted to the samples the check then reads (compile takes no held-out data)
             refuse_tiny_self_check(len(samples), held_out="")
     _check_quantization_request(float_model=quantized_here, calibrated=samples is not None, weight_bits=weight_bits,

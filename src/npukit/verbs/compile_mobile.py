@@ -269,14 +269,14 @@ def _samples(calib: str | Path | None, float_onnx: onnx.ModelProto, preprocess: 
     from npukit.frontend.onnx_io import graph_inputs
     from npukit.frontend.verify import seeded_samples
     from npukit.measure.task_fidelity import check_samples, feeds_and_labels
-    from npukit.verbs.common import data_name, open_data, refuse_tiny_self_check, refuse_uniform_calibration
+    from npukit.verbs.common import data_name, open_data, refuse_tiny_self_check, refuse_uniform_samples
 
     name = graph_inputs(float_onnx)[0].name
     if calib is None:
         return [{name: x} for x in seeded_samples(shape, samples=FP32_SAMPLES, seed=0)]
     data = open_data(calib, float_onnx, preprocess or PreprocessConfig())
     refuse_tiny_self_check(len(data), held_out="")  # the INT8 check reads the samples the grids were fitted to
-    refuse_uniform_calibration(data, data_name(calib))
+    refuse_uniform_samples(data, data_name(calib))
     return [dict(feeds) for feeds, _ in feeds_and_labels(check_samples(data, len(data)))]
 
 

@@ -21,7 +21,7 @@ from npukit.report.progress import step
 from npukit.tasks import QualityGate
 from npukit.verbs.common import (add_source, check_output, check_task_measurable, data_name, float_static_model,
                                  keeps_module_modes, note_export_drift, note_untrained, open_data,
-                                 refuse_uniform_calibration, upgrade_opset)
+                                 refuse_uniform_samples, upgrade_opset)
 
 CONFIRM = 4  # the fastest trials within the budget timed again together at the end
 # searched today: ORT CPU (an ONNX model or a PyTorch model's export) and the mobile runtimes that run here (a PyTorch
@@ -212,7 +212,7 @@ class _Inputs:
             calibration, held = [held[i] for i in kept], [held[i] for i in judged]
         else:
             opened = open_data(calib, proto, preprocess)
-            refuse_uniform_calibration(opened, data_name(calib))
+            refuse_uniform_samples(opened, data_name(calib))
             calibration = list(opened.batches(1))
         if max_samples is not None:
             held = spread(held, max_samples)

@@ -23,8 +23,8 @@ from npukit.report.finish import CommandResult, finish, report_path_for
 from npukit.report.graph import add_opset_upgrade
 from npukit.report.progress import step, training_bar
 from npukit.tasks import QualityGate
-from npukit.verbs.common import (check_output, float_static_model, open_data, output_task, refuse_nothing_left,
-                                 upgrade_opset)
+from npukit.verbs.common import (check_output, data_name, float_static_model, open_data, output_task,
+                                 refuse_nothing_left, refuse_uniform_samples, upgrade_opset)
 
 HOLD_OUT_EVERY = 5  # every 5th sample of --data is held out for the check when no --eval is given
 VALIDATION = 0.1  # of the training samples set aside to choose the epoch kept (the start included, 8-bit weights)
@@ -171,6 +171,7 @@ class TrainingSamples:
     def open(cls, proto: onnx.ModelProto, data: str | Path, eval_data: str | Path | None, calib: str | Path | None,
              preprocess: PreprocessConfig, max_samples: int | None) -> TrainingSamples:
         batches = list(open_data(data, proto, preprocess).batches(1))
+        refuse_uniform_samples(batches, data_name(data), "training")
         if eval_data is None:
             kept, picked = every(len(batches), HOLD_OUT_EVERY)  # spread: a folder sorted by class
             which = f"every {HOLD_OUT_EVERY}th"
@@ -185,6 +186,7 @@ class TrainingSamples:
             from npukit.data.readers import same_data
 
             held = list(open_data(eval_data, proto, preprocess).batches(1))
+            refuse_uniform_samples(held, data_name(eval_data), "check")
             held_from = (f"{Path(str(eval_data)).name}, the training data again (--eval is --data: optimistic, the "
                          "model was trained on them)" if same_data(eval_data, data)
                          else f"held-out data {Path(str(eval_data)).name}")
@@ -202,8 +204,10 @@ class TrainingSamples:
                 raise InputError(f"training input {name!r} holds NaN or infinite values", hint="check the data")
         labels = _labels(batches)
         valid = {n: np.concatenate([b.feeds[n] for b in validation]) for n in names} if validation else {}
-        calib_feeds = [b.feeds for b in (open_data(calib, proto, preprocess).batches(1) if calib
-                                         else spread(batches, CALIB))]  # spread over the data: it may be sorted
+        calibration = list(open_data(calib, proto, preprocess).batches(1)) if calib else spread(batches, CALIB)
+        if calib:  # else spread over the training data (it may be sorted), which was checked above
+            refuse_uniform_samples(calibration, data_name(calib))
+        calib_feeds = [b.feeds for b in calibration]
         return cls(train, labels, calib_feeds, held, held_from, valid, _labels(validation) if validation else None)
 
     def describe(self) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from npukit.report.progress import step
 from npukit.tasks import QualityGate
 from npukit.verbs.common import (HOLD_BACK_EVERY, check_output, check_task, check_task_measurable, data_label,
                                  data_name, float_static_model, floor_check, held_back, open_data, preprocess_record,
-                                 quant_opset, refuse_nothing_left, refuse_tiny_self_check, refuse_uniform_calibration,
+                                 quant_opset, refuse_nothing_left, refuse_tiny_self_check, refuse_uniform_samples,
                                  samples_read, task_check)
 
 
@@ -195,7 +195,7 @@ class _Inputs:
             where += f"; {samples_read(limit, len(check))}"
         inputs = cls(samples, evaluation, check, limit, where, calib, data)
         check_task_measurable(proto, inputs.checked(), task, where=where, threads=threads)  # nothing to find?
-        refuse_uniform_calibration(samples, data_name(calib))  # held-out data fine, the grids fitted to one input
+        refuse_uniform_samples(samples, data_name(calib))  # held-out data fine, the grids fitted to one input
         return inputs
 
     def checked(self) -> list[Any]:
