@@ -372,6 +372,8 @@ def _compile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calib", help="calibration data when MODEL is float (image folder, .npy, .npz); also the "
                                    "inputs of the task check (qnn-htp: on the HTP); with executorch-xnnpack, "
                                    "litert or coreml it asks for INT8")
+    p.add_argument("--data", help="held-out samples the task check reads instead of the calibration samples (image "
+                                  "folder, .npy, .npz): a verdict on inputs the grids were not fitted to")
     _add_preprocess(p)
     p.add_argument("--weights", help="state dict (.pt/.pth/.safetensors) for a PyTorch MODEL")
     p.add_argument("--mixed-precision", action="store_true",
@@ -407,6 +409,7 @@ def _serve_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="serve a model with symbolic sizes through input-size buckets, one static model each (e.g. "
                         "--bucket 1,3,224,224 --bucket 1,3,320,320), compared with a session fixed to each size")
     _add_shape(p, "serve at this static input shape, e.g. 1,3,224,224")
+    _add_preprocess(p)
     p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
     _add_html(p)
 
@@ -456,6 +459,7 @@ def _optimize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=_positive, default=20, help="timed runs per model and trial (default 20)")
     p.add_argument("--max-samples", type=_positive, help="evaluate on at most this many held-out samples")
     _add_shape(p, "static input shape, e.g. 1,3,224,224")
+    _add_preprocess(p)
     _add_html(p)
 
 
@@ -479,6 +483,7 @@ def _qat_arguments(p: argparse.ArgumentParser) -> None:
                    help="activation range observer of the PTQ start (default auto)")
     p.add_argument("--per-tensor", action="store_true", help="per-tensor weights (default per-channel)")
     p.add_argument("--exclude", nargs="+", default=[], metavar="NODE", help="nodes to keep in float")
+    _add_preprocess(p)
     _add_training_run(p)
 
 
@@ -491,6 +496,7 @@ def _prune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calib", help="samples that rank the channels (default: 64 training samples spread evenly)")
     _add_training(p, passes="fine-tuning passes over the training samples",
                   lr="Adam learning rate (default 1e-4, cosine-decayed)")
+    _add_preprocess(p)
     _add_training_run(p)
 
 
@@ -504,6 +510,7 @@ def _substitute_arguments(p: argparse.ArgumentParser) -> None:
                         "op's output to the substitute's (default 0.5; 0: the substituted model from the first step)")
     _add_training(p, passes="fine-tuning passes over the training samples",
                   lr="Adam learning rate (default 1e-4, cosine-decayed)")
+    _add_preprocess(p)
     _add_training_run(p)
 
 
@@ -606,7 +613,7 @@ def _compile(api, args):
     return api.compile(args.model, args.output, soc=args.soc, target=args.target, calib=args.calib,
                        preprocess=_preprocess(args), input_shape=args.input_shape, html=args.html, task=_task(args),
                        gate=_gate(args), weights=args.weights, mixed_precision=args.mixed_precision,
-                       weight_bits=args.weight_bits)
+                       weight_bits=args.weight_bits, data=args.data)
 
 
 def _fraction(text: str) -> float:
@@ -635,7 +642,7 @@ def _optimize(api, args):
                         workers=args.workers, batch=args.batch, ray_address=args.ray_address,
                         exclude=args.exclude, task=_task(args), min_sqnr_db=args.min_sqnr, threads=args.threads,
                         runs=args.runs, max_samples=args.max_samples, input_shape=args.input_shape, html=args.html,
-                        weights=args.weights)
+                        weights=args.weights, preprocess=_preprocess(args))
 
 
 def _qat(api, args):
@@ -654,7 +661,8 @@ def _qat(api, args):
                    max_steps=args.max_steps, eight_bit_share=args.eight_bit_share,
                    method=args.method, per_tensor=args.per_tensor, exclude=args.exclude, restart=args.restart,
                    task=_task(args), gate=_gate(args), seed=args.seed, threads=args.threads, runs=args.runs,
-                   max_samples=args.max_samples, input_shape=args.input_shape, html=args.html)
+                   max_samples=args.max_samples, input_shape=args.input_shape, html=args.html,
+                   preprocess=_preprocess(args))
 
 
 def _prune(api, args):
@@ -663,7 +671,8 @@ def _prune(api, args):
                      lr=args.lr, augment=not args.no_augment, mixup=args.mixup, max_steps=args.max_steps,
                      restart=args.restart,
                      task=_task(args), gate=_gate(args), seed=args.seed, threads=args.threads, runs=args.runs,
-                     max_samples=args.max_samples, input_shape=args.input_shape, html=args.html)
+                     max_samples=args.max_samples, input_shape=args.input_shape, html=args.html,
+                     preprocess=_preprocess(args))
 
 
 def _substitute(api, args):
@@ -672,7 +681,7 @@ def _substitute(api, args):
                           augment=not args.no_augment, mixup=args.mixup,
                           max_steps=args.max_steps, restart=args.restart, task=_task(args), gate=_gate(args),
                           seed=args.seed, threads=args.threads, runs=args.runs, max_samples=args.max_samples,
-                          input_shape=args.input_shape, html=args.html)
+                          input_shape=args.input_shape, html=args.html, preprocess=_preprocess(args))
 
 
 def _demo(api, args):
@@ -687,7 +696,7 @@ def _serve_bench(api, args):
                            max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, prefer=args.prefer,
                            device_concurrency=args.device_concurrency, report_path=args.report,
                            html=args.html, buckets=[_ints(b, "--bucket") for b in args.bucket or ()],
-                           input_shape=args.input_shape)
+                           input_shape=args.input_shape, preprocess=_preprocess(args))
 
 
 # The verbs in the order ``npukit -h`` lists them.

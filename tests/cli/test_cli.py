@@ -775,8 +775,13 @@ def test_bench_runs_an_epcontext_model_on_the_htp_as_its_soc(exported, tmp_path,
     pytest.importorskip("onnxruntime_qnn")
     calib = tmp_path / "calib.npy"
     np.save(calib, np.random.default_rng(3).standard_normal((8, 3, 32, 32)).astype(np.float32))
+    held = tmp_path / "held.npy"
+    np.save(held, np.random.default_rng(4).standard_normal((10, 3, 32, 32)).astype(np.float32))
     ctx = tmp_path / "tiny_ctx.onnx"
-    assert main(["compile", str(exported), "--soc", "SM8350", "--calib", str(calib), "-o", str(ctx)]) == 0
+    assert main(["compile", str(exported), "--soc", "SM8350", "--calib", str(calib), "--data", str(held), "-o",
+                 str(ctx)]) == 0
+    checked = json.loads(ctx.with_name("tiny_ctx.report.json").read_text())["results"]["task_check"]
+    assert checked["where"] == "8 samples (spread over its 10) held out in held.npy"  # not the calibration samples
     report = tmp_path / "ctx_bench.json"
     # --soc SM8650 for a binary compiled for SM8350: it ran as SM8350 and only a note said so; now refused
     capsys.readouterr()
@@ -1163,7 +1168,7 @@ def test_too_few_calibration_samples_to_check_on_are_refused_unless_held_out_dat
     assert "4 calibration sample(s): too few" in err and "--data with held-out samples" in err
     assert main(["compile", str(exported), "--soc", "SM8650", "--calib", str(calib), "-o",
                  str(tmp_path / "c.onnx")]) == 2
-    assert "give at least 8 calibration samples." in capsys.readouterr().err
+    assert "give at least 8 calibration samples, or --data with held-out" in capsys.readouterr().err  # compile too
     assert sorted(p.name for p in tmp_path.iterdir()) == ["four.npy", "held.npy"]
     # held-out data checks what the grids do on other inputs: calibrating on few is the user's call, and checked
     assert main(["quantize", str(exported), "--calib", str(calib), "--data", str(held), "-o",
@@ -1275,3 +1280,29 @@ def test_calibration_samples_all_one_input_are_refused_before_any_work(exported,
         err = capsys.readouterr().err
         assert said in err and "are all one input" in err and len(err.strip().splitlines()) == 1, err
         assert _files(tmp_path) == before
+
+
+def test_every_verb_that_reads_images_takes_the_image_flags(exported, tmp_path, monkeypatch):
+    """qat, prune, substitute, optimize and serve-bench read image folders but had no --size / --mean / --std (their
+    reports said those flags change the preprocessing): MTCNN ONet, which takes [-1, 1], was trained and checked on
+    ImageNet's normalization. Each verb now passes them on as quantize, bench and compile do."""
+    from npukit import api
+    from npukit.errors import InputError
+
+    seen = {}
+
+    def records(verb):
+        def call(*args, **kwargs):
+            seen[verb] = kwargs.get("preprocess")
+            raise InputError("stop here", hint="a test")
+        return call
+
+    flags = ["--size", "48", "--resize", "48", "--mean", "0.5,0.5,0.5", "--std", "0.5,0.5,0.5"]
+    out = ["-o", str(tmp_path / "o.onnx")]
+    for verb, args in (("qat", ["--data", "d"] + out), ("prune", ["--data", "d", "--sparsity", "0.5"] + out),
+                       ("substitute", ["--data", "d", "--rule", "hardswish_to_relu6"] + out),
+                       ("optimize", ["--data", "d"] + out), ("serve-bench", [])):
+        monkeypatch.setattr(api, verb.replace("-", "_"), records(verb))
+        assert main([verb, str(exported)] + args + flags) == 2, verb
+        config = seen[verb]
+        assert (config.size, config.resize, config.mean, config.std) == (48, 48, (0.5,) * 3, (0.5,) * 3), verb

@@ -116,6 +116,16 @@ def test_pt2_export(factories: str, tmp_path: Path) -> None:
     result = export_model(resolve_model(str(path)), tmp_path / "pt2.onnx", config=ExportConfig())
     assert result.input_shape == (2, 3, 8, 8) and result.exporter == "dynamo"
     assert result.passed and result.max_rel_error is not None and result.max_rel_error < TIGHT
+    # a fixed batch refuses --dynamic-batch up front (both exporters failed on its guard, and the hint said to
+    # simplify the forward); a program exported with a dynamic batch takes it
+    with pytest.raises(InputError, match="exported with a fixed batch of 2") as info:
+        export_model(resolve_model(str(path)), tmp_path / "dyn.onnx", config=ExportConfig(dynamic_batch=True))
+    assert "dynamic_shapes" in info.value.hint and not (tmp_path / "dyn.onnx").exists()
+    batch = torch.export.Dim("batch", min=1, max=64)
+    torch.export.save(torch.export.export(tiny_cnn().eval(), (torch.randn(2, 3, 8, 8),),
+                                          dynamic_shapes=({0: batch},)), path)
+    dynamic = export_model(resolve_model(str(path)), tmp_path / "dyn.onnx", config=ExportConfig(dynamic_batch=True))
+    assert dynamic.passed
 
 
 def test_onnx_passthrough(matmul_onnx: Path, tmp_path: Path) -> None:

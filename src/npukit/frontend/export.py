@@ -131,6 +131,10 @@ def _export_torch(source: ModelSource, staged: Path, work: Path, *, config: Expo
             raise InputError(f"{len(config.output_names)} output names given for a model with {len(outputs)} "
                              "outputs", hint="give one name per output")
         output_names = list(config.output_names)
+    if config.dynamic_batch and source.fixed_batch is not None:  # its graph guards the batch: both exporters fail
+        raise InputError(f"{source.spec} was exported with a fixed batch of {source.fixed_batch}, so it cannot take "
+                         "a dynamic batch", hint="drop --dynamic-batch, or export the program again with "
+                         "dynamic_shapes (a torch.export.Dim on the batch axis)")
     # A batch of 1 invites torch to specialize the batch dim; trace a dynamic batch with 2.
     trace_shape = (max(shape[0], 2), *shape[1:]) if config.dynamic_batch else tuple(shape)
     example = (torch.from_numpy(seeded_samples(trace_shape, samples=1, seed=config.seed)[0]),)

@@ -56,6 +56,7 @@ class ModelSource:
     # the program's ONNX exports keep (a report names the outputs as the user's model does, not output_0, ...)
     input_names: tuple[str, ...] = ()
     output_names: tuple[str, ...] = ()
+    fixed_batch: int | None = None  # a .pt2 traced without a dynamic batch dimension: the batch it takes
 
 
 def source_of(model: Any, *, weights: str | None = None) -> ModelSource:
@@ -414,8 +415,12 @@ def _from_pt2(path: Path) -> ModelSource:
                          hint="save it with torch.export.save(torch.export.export(model, args), path)") from exc
     args, _ = program.example_inputs or ((), {})
     shape = tuple(args[0].shape) if args and isinstance(args[0], torch.Tensor) else None
+    first = next((n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"
+                  and n.name in program.graph_signature.user_inputs), None)
+    batch = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() else None
     return ModelSource(kind="torch", spec=str(path), module=program.module(), onnx_path=None,
-                       default_input_shape=shape, description=f"torch.export program {path.name}")
+                       default_input_shape=shape, description=f"torch.export program {path.name}",
+                       fixed_batch=batch if isinstance(batch, int) else None)
 
 
 def _from_onnx(path: Path) -> ModelSource:

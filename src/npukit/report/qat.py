@@ -107,9 +107,9 @@ def add_export_check(report: Report, export: Any) -> None:
 
 
 def add_comparison(report: Report, rows: dict[str, Any], latency: dict[str, Any], sizes: dict[str, int],
-                   deflated: dict[str, int], kernels: dict, *, bits: int) -> None:
+                   deflated: dict[str, int], kernels: dict, *, bits: int, written: str = "QAT") -> None:
     """The PTQ and QAT models of the same bits on the held-out samples: task metric, worst output SQNR, latency
-    and size (as stored and deflated) against the float model."""
+    and size (as stored and deflated) against the float model; ``kernels``: what ORT runs of the ``written`` one."""
     report.add("comparison", {k: v.as_dict() for k, v in rows.items()})
     report.add("latency", {k: v.as_dict() for k, v in latency.items()})
     report.add("size", sizes)
@@ -129,7 +129,7 @@ def add_comparison(report: Report, rows: dict[str, Any], latency: dict[str, Any]
     compute = kernels["integer_compute"]
     note = ("" if compute else "no integer conv/matmul kernel: ORT CPU dequantizes these weights and computes in "
             "float (smaller, not faster)")
-    report.add_table("What ORT runs (the QAT model)", KERNEL_COLUMNS + ["note"], [kernel_row(kernels) + [note]])
+    report.add_table(f"What ORT runs (the {written} model, written)", KERNEL_COLUMNS + ["note"], [kernel_row(kernels) + [note]])
 
 
 def add_kept(report: Report, written: str, why: str, where: str, figures: dict[str, dict[str, Any]]) -> None:

@@ -34,6 +34,8 @@ from npukit.quant.emit.pt2e import CarryOptions
 from npukit.runtime.litert_float_ops import float_islands
 from npukit.runtime.tensors import plain_tensor
 
+# int8 I/O tensors: the caller quantizes inputs and dequantizes outputs with each tensor's scale (npukit's checks do)
+INT8_IO = "quantize int8 inputs, dequantize int8 outputs by their tensors' scales; npukit's checks do"
 EXTRA_HINT = "install it with: .venv/bin/pip install 'npukit[litert]' (scripts/setup.sh does)"
 # how npukit's plan is carried for LiteRT's converter (see CarryOptions): weights' quantize ops kept, averages on
 # their input's grid, concatenations on one grid (no requantized edge: a producer that also feeds others widened)
@@ -86,11 +88,12 @@ class Lowered:
                 [[len(self.buffer), sum(self.ops.values()), self.delegation.delegated, left, self._io()]])
 
     def _io(self) -> str:
+        """The I/O dtypes, and what a caller does with int8 ones."""
         kinds = {dtype for _, dtype in self.io_dtypes}
         if len(kinds) > 1:
             listed = ", ".join(f"{name} {dtype}" for name, dtype in self.io_dtypes)
-            return f"{listed} (the int8 ones quantized for the caller)"
-        return "int8 (quantized for the caller)" if self.int8_io else "float32"
+            return f"{listed} ({INT8_IO})"
+        return f"int8 ({INT8_IO})" if self.int8_io else "float32"
 
 
 @dataclasses.dataclass(frozen=True)

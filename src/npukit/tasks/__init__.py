@@ -139,10 +139,10 @@ def _detected(shapes: Sequence[Shape], inputs: Sequence[Shape],
         # several such maps (MTCNN's PNet: box offsets beside face probabilities): the one whose channels are a
         # probability distribution at each pixel is the segmentation; the others are held to the SQNR floor
         i = _probability_map(maps, sample)
-        ih = image[2]  # type: ignore[index]
+        ih, iw = image[2:]  # type: ignore[index]
         why = " (its channels sum to 1)" if len(maps) > 1 and i != maps[0] else ""
-        return TaskChoice("segment", i, f"output {i} is (N, {shapes[i][1]} classes, H, W) at 1/{ih // shapes[i][2]} "
-                                        f"of the input's resolution or finer{why}")
+        return TaskChoice("segment", i, f"output {i} is (N, {shapes[i][1]} classes, H, W), {shapes[i][2]}x"
+                                        f"{shapes[i][3]} for the input's {ih}x{iw}{why}")
     for i, shape in enumerate(shapes):  # channels last: (N, H, W, C) near the input's resolution
         if len(shape) == 4 and all(isinstance(d, int) for d in shape[1:]) and size is not None \
                 and 2 <= shape[3] < min(shape[1], shape[2]) and shape[1] * 8 >= size[0] and shape[2] * 8 >= size[1]:

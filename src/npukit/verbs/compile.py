@@ -19,7 +19,7 @@ from npukit.report.progress import step
 from npukit.tasks import QualityGate
 from npukit.verbs.common import (check_output, check_task, data_label, data_name, floor_check, held_back, is_qdq,
                                  keeps_module_modes, open_data, refuse_quantized, refuse_tiny_self_check,
-                                 refuse_uniform_samples, seeded_feeds, task_check, upgrade_opset)
+                                 refuse_uniform_samples, samples_read, seeded_feeds, task_check, upgrade_opset)
 
 
 COMPILE_CHECK_SAMPLES = 8  # the HTP emulator takes about 0.6 s per MobileNetV2 image on x86
@@ -50,6 +50,7 @@ def compile(  # noqa: A001 - the verb's name
     weights: str | Path | None = None,
     mixed_precision: bool = False,
     weight_bits: int = 8,
+    data: str | Path | None = None,
 ) -> CommandResult:
     """Static shapes, QDQ as the HTP needs (unless the model already is QDQ), then an EPContext model with the HTP
     context binary for ``soc`` embedded; loaded back and run to prove it works, then checked with the model's task
@@ -57,7 +58,8 @@ def compile(  # noqa: A001 - the verb's name
     calibration samples, under ``gate``'s floors. ``mixed_precision``: start from int8 activations instead of
     uint16 and lift layers to 16-bit activations or float16 until the floors pass on the HTP
     (``npukit.runtime.htp_precision``). ``weight_bits`` 4: W4A16, int4 symmetric per-channel weights (re-rounded by
-    GPTQ and bias-corrected as the int8 ones) with uint16 activations: half the weights' bytes."""
+    GPTQ and bias-corrected as the int8 ones) with uint16 activations: half the weights' bytes. ``data``: held-out
+    samples the task check reads instead of the calibration samples (up to ``COMPILE_CHECK_SAMPLES``)."""
     from npukit.frontend.shapes import fixed_shapes
     from npukit.verbs.compile_mobile import MOBILE_TARGETS, compile_mobile
 
@@ -66,23 +68,25 @@ def compile(  # noqa: A001 - the verb's name
     if target.strip().lower() in MOBILE_TARGETS:
         _refuse_htp_options(target, weight_bits=weight_bits, mixed_precision=mixed_precision, soc=soc)
         return compile_mobile(model, output, target=target.strip().lower(), calib=calib, input_shape=input_shape,
-                              preprocess=preprocess, html=html, task=task, gate=gate, weights=weights)
+                              preprocess=preprocess, html=html, task=task, gate=gate, weights=weights, data=data)
     target, soc = _htp_target(model, target, soc=soc, weights=weights)
     gate = gate or QualityGate()
     output = check_output(output, source=model)
     proto = _load(model, input_shape)
     report = Report("compile", config={"model": str(model), "target": target, "soc": soc,
-                                       "calib": data_label(calib), "weight_bits": weight_bits,
+                                       "calib": data_label(calib), "data": data_label(data),
+                                       "weight_bits": weight_bits,
                                        "input_shape": {k: list(v) for k, v in fixed_shapes(proto).items()}})
-    quantized_here, samples = _check_request(model, proto, calib, preprocess, soc=soc, task=task,
-                                             weight_bits=weight_bits, mixed_precision=mixed_precision)
+    quantized_here, samples, held = _check_request(model, proto, calib, data, preprocess, soc=soc, task=task,
+                                                   weight_bits=weight_bits, mixed_precision=mixed_precision)
     reference = proto  # the float model (or the QDQ model given) on ORT CPU: what the HTP's outputs are checked against
     proto = _prepare(report, proto, samples)
     if quantized_here:
         proto = _quantize_for_the_htp(report, proto, samples, soc=soc, weight_bits=weight_bits,
                                       mixed_precision=mixed_precision, task=task, gate=gate)
     result = _compile_context(report, proto, output, soc=soc)
-    _check_on_the_htp(report, output, reference, samples, soc=soc, float_model=quantized_here, task=task, gate=gate)
+    _check_on_the_htp(report, output, reference, samples, held, soc=soc, float_model=quantized_here, task=task,
+                      gate=gate)
     add_context_model(report, result, quantized_here=quantized_here)
     if not quantized_here:
         _note_float_layers(report, reference)
@@ -135,28 +139,34 @@ def _load(model: str | Path, input_shape: str | Sequence[int] | None) -> onnx.Mo
     return proto
 
 
-def _check_request(model: str | Path, proto: onnx.ModelProto, calib: str | Path | None,
+def _check_request(model: str | Path, proto: onnx.ModelProto, calib: str | Path | None, data: str | Path | None,
                    preprocess: PreprocessConfig | None, *, soc: str, task: str | None, weight_bits: int,
-                   mixed_precision: bool) -> tuple[bool, Any]:
+                   mixed_precision: bool) -> tuple[bool, Any, tuple[Any, str] | None]:
     """The checks that fail before any work: the SoC known, a model quantized otherwise than QDQ refused, the
-    calibration data read against the model's inputs, the quantization options that apply, the task. Returns
-    whether the model is float (quantized here) and the calibration samples (None without ``calib``)."""
+    calibration and held-out data read against the model's inputs, the quantization options that apply, the task.
+    Returns whether the model is float (quantized here), the calibration samples (None without ``calib``) and the
+    held-out samples with their name (None without ``data``, or where it is ``calib`` again)."""
+    from npukit.data.readers import same_data
+
     from npukit.runtime.compile import soc_info
 
     soc_info(soc)  # an unknown SoC fails before any work
     quantized_here = not is_qdq(proto)
     if quantized_here:  # ConvInteger / QLinear* models: nothing for the HTP, and not to be quantized again
         refuse_quantized(proto, model, verb="compile")
-    samples = None
+    samples = held = None
+    if data is not None and not same_data(data, calib):
+        held = (open_data(data, proto, preprocess or PreprocessConfig()), data_name(data))
+        refuse_uniform_samples(held[0], held[1], "check")
     if calib is not None:
         samples = open_data(calib, proto, preprocess or PreprocessConfig())
         refuse_uniform_samples(samples, data_name(calib))
-        if quantized_here:  # fitted to the samples the check then reads (compile takes no held-out data)
-            refuse_tiny_self_check(len(samples), held_out="")
+        if quantized_here and held is None:  # fitted to the samples the check then reads
+            refuse_tiny_self_check(len(samples), held_out="--data")
     _check_quantization_request(float_model=quantized_here, calibrated=samples is not None, weight_bits=weight_bits,
                                 mixed_precision=mixed_precision)
-    check_task(proto, samples, task)
-    return quantized_here, samples
+    check_task(proto, samples if samples is not None else held[0] if held else None, task)
+    return quantized_here, samples, held
 
 
 def _prepare(report: Report, proto: onnx.ModelProto, samples: Any) -> onnx.ModelProto:
@@ -251,10 +261,12 @@ def _quantize_for_the_htp(report: Report, proto: onnx.ModelProto, samples: Any, 
     return htp_quant.model
 
 
-def _check_on_the_htp(report: Report, output: Path, reference: onnx.ModelProto, samples: Any, *, soc: str,
-                      float_model: bool, task: str | None, gate: QualityGate) -> None:
+def _check_on_the_htp(report: Report, output: Path, reference: onnx.ModelProto, samples: Any,
+                      held: tuple[Any, str] | None, *, soc: str, float_model: bool, task: str | None,
+                      gate: QualityGate) -> None:
     """The compiled model run on the HTP as ``soc`` against ``reference`` on ORT CPU, with the model's task, on up
-    to ``COMPILE_CHECK_SAMPLES`` calibration samples (one seeded input without them)."""
+    to ``COMPILE_CHECK_SAMPLES`` held-out samples (``held``: the samples and their name), else calibration samples
+    (one seeded input without either)."""
     from npukit.measure.task_fidelity import check_samples, session_runner
     from npukit.runtime.compile import soc_provider_options
     from npukit.runtime.qnn import make_qnn_session
@@ -263,12 +275,18 @@ def _check_on_the_htp(report: Report, output: Path, reference: onnx.ModelProto, 
               f"{'float' if float_model else 'given'} model on ORT CPU", timings=report.timings,
               key="task_check"):
         htp = make_qnn_session(output, provider_options=soc_provider_options(soc))
-        check = check_samples(samples, COMPILE_CHECK_SAMPLES) if samples is not None else \
-            [seeded_feeds(reference)]
-        where = ("one seeded random input (no --calib given: pass it for a task check on real inputs)"
-                 if samples is None
-                 else f"{len(check)} calibration samples (optimistic: the grids were fitted to them)" if float_model
-                 else f"{len(check)} samples of --calib (the given QDQ model's grids were not fitted to them here)")
+        if held is not None:
+            check = check_samples(held[0], COMPILE_CHECK_SAMPLES)
+            where = f"{samples_read(len(check), len(held[0]))} held out in {held[1]}"
+        else:
+            check = check_samples(samples, COMPILE_CHECK_SAMPLES) if samples is not None else \
+                [seeded_feeds(reference)]
+            where = ("one seeded random input (no --calib or --data given: pass one for a task check on real "
+                     "inputs)" if samples is None
+                     else f"{len(check)} calibration samples (optimistic: the grids were fitted to them; pass "
+                     "held-out --data)" if float_model
+                     else f"{len(check)} samples of --calib (the given QDQ model's grids were not fitted to them "
+                     "here)")
         task_check(report, reference, None, check, task=task, gate=gate, what="compile",
                     where=where, candidate_runner=session_runner(htp),
                     against="the float model" if float_model else "the given QDQ model on ORT CPU",

@@ -101,13 +101,15 @@ def built_by(profile: str) -> str | None:
 def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib: str | Path | None = None,
                    input_shape: str | Sequence[int] | None = None, preprocess: PreprocessConfig | None = None,
                    html: bool = False, task: str | None = None, gate: QualityGate | None = None,
-                   threads: int = 1, weights: str | Path | None = None) -> CommandResult:
+                   threads: int = 1, weights: str | Path | None = None,
+                   data: str | Path | None = None) -> CommandResult:
     """``model`` (a PyTorch model: torchvision:NAME, module:factory, .pt2, TorchScript, a pickled module) exported
     with ``torch.export`` and lowered for ``target`` (a key of ``MOBILE_TARGETS``): fp32 without ``calib``; with it,
     INT8 on npukit's quantization plan (``XNNPACK_INT8``, made on the ONNX export of the same model and carried onto
     the torch program by ``npukit.quant.emit.pt2e``). The artifact is loaded in the runtime and checked against
-    eager torch: fp32 within ``FP32_TOLERANCE`` of the output range, INT8 with the model's task under ``gate``;
-    latency beside eager torch and ORT, 1 thread, interleaved."""
+    eager torch: fp32 within ``FP32_TOLERANCE`` of the output range, INT8 with the model's task under ``gate``, on
+    the held-out samples of ``data`` where given (else on the calibration samples: optimistic, or for fp32 on seeded
+    random inputs); latency beside eager torch and ORT, 1 thread, interleaved."""
     from npukit.frontend.onnx_io import graph_inputs
     from npukit.frontend.spec import model_label
     from npukit.runtime.tensors import plain_tensor
@@ -128,13 +130,15 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
     gate = gate or QualityGate()
     report = Report("compile", config={"model": model_label(model), "target": mobile.name,
                                        "precision": "int8" if int8 else "fp32",
-                                       "calib": data_label(calib), "input_shape": list(shape),
+                                       "calib": data_label(calib), "data": data_label(data),
+                                       "input_shape": list(shape),
                                        "input_shape_from": shape_origin(source, input_shape, calib),
                                        "quant": None, "threads": threads})
     add_source(report, source)
     module = eval_mode(source.module)
     float_onnx = _export_onnx(report, source, shape, int8=int8)
-    samples = _samples(calib, float_onnx, preprocess, shape)
+    samples = _samples(calib, float_onnx, preprocess, shape, held_out=data is not None)
+    checked = _checked(samples, calib, data, float_onnx, preprocess, int8=int8)
     check_task(float_onnx, samples, task)
     held = held_outputs(float_onnx, samples, task) if int8 else ()
     config = held_to_floor(XNNPACK_INT8, gate.min_sqnr_db, held) if int8 else None
@@ -151,11 +155,11 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
         _inspect(report, mobile, runtime, lowered, output, eager, samples[0], qdq=qdq, carried=carried,
                  reason=absent)
         if qdq is not None and report.passed:
-            _check_plan(report, mobile, eager, qdq, float_onnx, samples, task=task, gate=gate)
+            _check_plan(report, mobile, eager, qdq, float_onnx, checked, task=task, gate=gate)
     else:
         runner = _load(mobile, runtime, output, threads=threads, int8=int8)
         why = runtime.unhonoured_floats(lowered, qdq) if qdq is not None else None
-        _check(report, mobile, eager, runner, float_onnx, samples, int8=int8, task=task,
+        _check(report, mobile, eager, runner, float_onnx, checked, int8=int8, task=task,
                gate=gate, failures=[why] if why else [])
         _time(report, mobile, eager, runner, float_onnx, samples[0], threads=threads,
               twin=(runtime, exportable, example, names) if int8 else None)
@@ -265,7 +269,7 @@ def _export_onnx(report: Report, source: Any, shape: tuple[int, ...], *, int8: b
 
 
 def _samples(calib: str | Path | None, float_onnx: onnx.ModelProto, preprocess: PreprocessConfig | None,
-             shape: tuple[int, ...]) -> list[dict[str, np.ndarray]]:
+             shape: tuple[int, ...], *, held_out: bool) -> list[dict[str, np.ndarray]]:
     from npukit.frontend.onnx_io import graph_inputs
     from npukit.frontend.verify import seeded_samples
     from npukit.measure.task_fidelity import check_samples, feeds_and_labels
@@ -275,9 +279,42 @@ def _samples(calib: str | Path | None, float_onnx: onnx.ModelProto, preprocess: 
     if calib is None:
         return [{name: x} for x in seeded_samples(shape, samples=FP32_SAMPLES, seed=0)]
     data = open_data(calib, float_onnx, preprocess or PreprocessConfig())
-    refuse_tiny_self_check(len(data), held_out="")  # the INT8 check reads the samples the grids were fitted to
+    if not held_out:  # the INT8 check reads the samples the grids were fitted to
+        refuse_tiny_self_check(len(data), held_out="--data")
     refuse_uniform_samples(data, data_name(calib))
     return [dict(feeds) for feeds, _ in feeds_and_labels(check_samples(data, len(data)))]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Checked:
+    """The samples the artifact is checked on, where they come from, and whether the verdict is optimistic (INT8
+    judged on the samples its grids were fitted to)."""
+
+    samples: list[dict[str, np.ndarray]]
+    where: str
+    optimistic: bool
+    real: bool  # real inputs (not seeded random ones)
+
+
+def _checked(samples: list[dict[str, np.ndarray]], calib: str | Path | None, data: str | Path | None,
+             float_onnx: onnx.ModelProto, preprocess: PreprocessConfig | None, *, int8: bool) -> _Checked:
+    """The held-out samples of ``data`` (all of them) where given, else ``CHECK_SAMPLES`` of ``samples``."""
+    from npukit.data.readers import same_data
+    from npukit.measure.task_fidelity import check_samples, feeds_and_labels
+    from npukit.verbs.common import data_name, open_data, refuse_uniform_samples
+
+    if data is None or same_data(data, calib):
+        check = spread(samples, CHECK_SAMPLES)
+        if not int8:
+            return _Checked(check, f"{len(check)} seeded random inputs (pass --data or --calib for real inputs)",
+                            optimistic=False, real=False)
+        again = " (--data is --calib)" if data is not None else ""
+        return _Checked(check, f"{len(check)} calibration samples{again} (optimistic: the grids were fitted to "
+                               "them; pass held-out --data)", optimistic=True, real=True)
+    held = open_data(data, float_onnx, preprocess or PreprocessConfig())
+    refuse_uniform_samples(held, data_name(data), "check")
+    feeds = [dict(f) for f, _ in feeds_and_labels(check_samples(held, len(held)))]
+    return _Checked(feeds, f"{len(feeds)} held-out samples of {data_name(data)}", optimistic=False, real=True)
 
 
 def _quantize(report: Report, module: Any, float_onnx: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
@@ -375,7 +412,7 @@ def _inspect(report: Report, mobile: MobileTarget, runtime: Any, lowered: Any, o
 
 
 def _check_plan(report: Report, mobile: MobileTarget, eager: Any, qdq: onnx.ModelProto, float_onnx: onnx.ModelProto,
-                samples: list[dict[str, np.ndarray]], *, task: str | None, gate: QualityGate) -> None:
+                checked: _Checked, *, task: str | None, gate: QualityGate) -> None:
     """Where the runtime cannot run here, the INT8 plan the artifact carries is checked on the plan's own arithmetic
     instead (its QDQ model on ORT's CPU, against eager torch, with the model's task and the same floors): an
     artifact whose plan npukit itself measured below a floor is not passed because its runtime is elsewhere (a PNet
@@ -385,9 +422,8 @@ def _check_plan(report: Report, mobile: MobileTarget, eager: Any, qdq: onnx.Mode
     from npukit.verbs.common import task_check
 
     exported = report.verdict or ""
-    check = spread(samples, CHECK_SAMPLES)
-    where = (f"{len(check)} calibration samples (optimistic: the grids were fitted to them), on the plan's QDQ "
-             f"model on ORT's CPU: the {mobile.artifact} itself was not run")
+    check = checked.samples
+    where = f"{checked.where}, on the plan's QDQ model on ORT's CPU: the {mobile.artifact} itself was not run"
     with step("task check: the INT8 plan's QDQ model on ORT CPU against eager torch", timings=report.timings,
               key="task_check"):
         _, _, verdict = task_check(report, float_onnx, None, check, task=task, gate=gate, what="compile",
@@ -415,34 +451,31 @@ def _torch_runner(module: Any) -> Any:
 
 
 def _check(report: Report, mobile: MobileTarget, eager: Any, runner: Any, float_onnx: onnx.ModelProto,
-           samples: list[dict[str, np.ndarray]], *, int8: bool, task: str | None, gate: QualityGate,
-           failures: list[str]) -> None:
-    """The artifact against eager torch with the model's task (fp32 also within ``FP32_TOLERANCE``); ``failures``:
-    what failed before it ran (the artifact is not the plan)."""
+           checked: _Checked, *, int8: bool, task: str | None, gate: QualityGate, failures: list[str]) -> None:
+    """The artifact against eager torch with the model's task (fp32 also within ``FP32_TOLERANCE``) on ``checked``;
+    ``failures``: what failed before it ran (the artifact is not the plan)."""
     from npukit.verbs.common import task_check
 
-    check = spread(samples, CHECK_SAMPLES)
+    check = checked.samples
     failures = list(failures)
     unstable = False
     if not int8:
         failure, unstable = _fp32_check(report, mobile, eager, runner, float_onnx, check)
         failures += [failure] if failure else []
-    where = (f"{len(check)} calibration samples (optimistic: the grids were fitted to them)" if int8
-             else f"{len(check)} seeded random inputs (pass --calib for real inputs and INT8)")
     imposed = ""
-    if not int8 and task is None:  # a task metric on seeded random inputs measures nothing (a detector finds no
-        # box there, and its undefined mAP failed an fp32 artifact equal to eager torch): every output is judged
+    if not checked.real and task is None:  # a task metric on seeded random inputs measures nothing (a detector
+        # finds no box there, and its undefined mAP failed an fp32 artifact equal to eager torch): every output judged
         task, imposed = "generic", "every output judged: a task metric on seeded random inputs measures nothing"
     with step(f"task check: the {mobile.artifact} on its runtime against eager torch", timings=report.timings,
               key="task_check"):
-        task_check(report, float_onnx, None, check, task=task, gate=gate, what="compile", where=where,
+        task_check(report, float_onnx, None, check, task=task, gate=gate, what="compile", where=checked.where,
                    reference_runner=eager, candidate_runner=runner, extra_failures=failures, imposed=imposed,
                    hint=INT8_HINT if int8 else "compile with --calib (INT8, checked on real inputs)" if unstable else
                    "the other mobile target (this runtime computes the model differently from eager torch), or "
                    "npukit export for ORT; --accept-degraded keeps it as it is")
-    if int8:  # the verdict's figures are the calibration samples' (compile takes no held-out data)
+    if checked.optimistic:  # the verdict's figures are the calibration samples'
         report.set_verdict(f"{report.verdict} (checked on the calibration samples: optimistic, the grids were fitted "
-                           "to them)", passed=report.passed)
+                           "to them; pass held-out --data)", passed=report.passed)
 
 
 def _fp32_check(report: Report, mobile: MobileTarget, eager: Any, runner: Any, float_onnx: onnx.ModelProto,

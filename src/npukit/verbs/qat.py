@@ -500,8 +500,8 @@ class _Run:
             latency = measure_latency_interleaved({"float": reference, "PTQ": ptq, "QAT": str(output)},
                                                   threads=threads, runs=self.runs, feeds=held[0].feeds)
         sizes, deflated = _stored_sizes({"float": reference, "PTQ": ptq, "QAT": output})
-        kernels = integer_kernel_report(trained)
-        add_comparison(report, rows, latency, sizes, deflated, kernels, bits=self.config.weight_bits)
+        kernels = integer_kernel_report(ptq if written == "PTQ" else trained)  # the artifact's
+        add_comparison(report, rows, latency, sizes, deflated, kernels, bits=self.config.weight_bits, written=written)
         if written == "PTQ":
             save_onnx(ptq, output)
         failures = [] if export.exact else [f"the exported model differs from the training simulation by up to "

@@ -31,6 +31,7 @@ def serve_bench(
     html: bool = False,
     buckets: Sequence[Sequence[int]] = (),
     input_shape: str | Sequence[Any] | None = None,
+    preprocess: PreprocessConfig | None = None,
 ) -> CommandResult:
     """Serve ``model`` with ``npukit.runtime.engine.Runtime`` and with a plain one-session loop under the same loads
     (``measure.serving``): start-up, jitter, allocations per call, throughput against workers, and open-loop Poisson
@@ -56,7 +57,7 @@ def serve_bench(
     config = ServingConfig(device=device, duration_s=duration_s, max_workers=max_workers, loads=tuple(loads),
                            max_batch=max_batch, max_wait_ms=max_wait_ms, prefer=prefer,
                            device_concurrency=device_concurrency)
-    proto, requests, spec, from_data = _served_model(path, spec, data, samples)
+    proto, requests, spec, from_data = _served_model(path, spec, data, samples, preprocess or PreprocessConfig())
     report = Report("serve-bench", config={"model": str(model), "data": str(data) if data else "seeded random inputs",
                                            "serving": {**config.__dict__, "loads": list(config.loads)},
                                            "requests": len(requests),
@@ -83,7 +84,8 @@ def _refuse_buckets_with(buckets: Sequence[Sequence[int]], spec: Any, data: Any)
                                                           "--bucket")
 
 
-def _served_model(path: Path, spec: Any, data: Any, samples: int) -> tuple[Any, list, Any, dict]:
+def _served_model(path: Path, spec: Any, data: Any, samples: int, preprocess: PreprocessConfig
+                  ) -> tuple[Any, list, Any, dict]:
     """The model with ``spec`` fixed in, the requests, the spec served and the sizes taken from the data's first
     request (where ``spec`` is None and the model leaves sizes open; {} otherwise)."""
     from npukit.frontend.shapes import InputSpec, fix_inputs, load_with_inputs
@@ -92,7 +94,7 @@ def _served_model(path: Path, spec: Any, data: Any, samples: int) -> tuple[Any, 
     # gives may stay symbolic
     proto = load_with_inputs(path, spec, needs=None if data is not None else "serving on seeded random requests",
                              keep_batch=True)
-    requests = _requests(proto, data, samples)
+    requests = _requests(proto, data, samples, preprocess)
     from_data = spec is None and _sized_by(proto, requests)
     if from_data:  # sizes the model leaves open, as the data's requests have them (bench takes them so too)
         spec = InputSpec.parse(from_data)
@@ -136,18 +138,20 @@ def _set_verdict(report: Report, result: Any, caveat: str) -> None:
         return
     curve = result.curve
     best = max(curve, key=lambda w: curve[w].throughput)
-    report.set_verdict(f"INFO serve-bench: runtime {curve[best].throughput:.1f} requests/s with {best} workers, "
+    report.set_verdict(f"INFO serve-bench: runtime {curve[best].throughput:.1f} requests/s with {best} worker(s), "
                        f"{result.speedup(best):.2f}x the plain loop run just before it "
-                       f"({_plain_runs(result)}); a measurement, nothing was checked{caveat}", passed=True)
+                       f"({_plain_runs(result, best)}); a measurement, nothing was checked{caveat}", passed=True)
 
 
-def _plain_runs(result: Any) -> str:
-    """The plain loop's throughput over its runs, and how far it drifted where the host's speed moved."""
+def _plain_runs(result: Any, workers: int) -> str:
+    """The plain loop's throughput in the run just before the runtime's with ``workers`` (the ratio's denominator),
+    and how far its runs drifted where the host's speed moved."""
+    before = result.curve[workers].throughput / result.speedup(workers)
     low, high = result.plain_range()
     if high <= low * 1.05:
-        return f"plain loop {high:.1f} requests/s"
-    return (f"plain loop {low:.1f}-{high:.1f} requests/s over its {len(result.curve_plain) + 1} runs: the host's "
-            "speed moved during the run, so compare figures measured side by side")
+        return f"plain loop {before:.1f} requests/s"
+    return (f"plain loop {before:.1f} requests/s; {low:.1f}-{high:.1f} over its {len(result.curve_plain) + 1} "
+            "runs: the host's speed moved during the run, so compare figures measured side by side")
 
 
 def _sized_by(proto: Any, requests: Sequence[dict]) -> dict[str, tuple[int, ...]]:
@@ -203,13 +207,14 @@ def _served_file(model: str | Path) -> Path:
     return path
 
 
-def _requests(proto: Any, data: str | Path | None, samples: int) -> list[dict]:
-    """``samples`` requests: samples of ``data`` (image folder, .npy, .npz), or seeded random inputs."""
+def _requests(proto: Any, data: str | Path | None, samples: int, preprocess: PreprocessConfig) -> list[dict]:
+    """``samples`` requests: samples of ``data`` (image folder, .npy, .npz; images by ``preprocess``), or seeded
+    random inputs."""
     from npukit.runtime.ort import make_session, random_feeds
     from npukit.verbs.common import open_data
 
     if data is not None:
-        dataset = open_data(data, proto, PreprocessConfig())
+        dataset = open_data(data, proto, preprocess)
         return [dict(dataset.sample(i)) for i in range(min(samples, len(dataset)))]
     session = make_session(proto)
     return [random_feeds(session, seed=i) for i in range(samples)]
