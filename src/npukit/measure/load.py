@@ -93,6 +93,26 @@ def closed_loop(call: Callable[[Feeds], object], requests: Sequence[Feeds], *, c
                       first_error=errors[0] if errors else "")
 
 
+def alternating(calls: Mapping[str, Callable[[Feeds], object]], requests: Sequence[Feeds], *,
+                duration_s: float) -> dict[str, LoadResult]:
+    """One caller calling each of ``calls`` in turn on the same request (request i % len(requests)), each call
+    timed, for ``duration_s`` in all: a drift in the host's speed falls on all of them alike (timed one after the
+    other, a bucket's 25 ms model read 1.93x a session's as the host slowed). A failed call raises. Each result's
+    seconds are its own calls' time."""
+    if not calls or duration_s <= 0 or not requests:
+        raise ValueError("alternating needs calls, a positive duration and at least one request")
+    latencies: dict[str, list[float]] = {name: [] for name in calls}
+    stop, i = time.perf_counter() + duration_s, 0
+    while time.perf_counter() < stop or i == 0:
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call(requests[i % len(requests)])
+            latencies[name].append(time.perf_counter() - t0)
+        i += 1
+    return {name: LoadResult("closed", 1, len(lat), 0, 0, sum(lat), _percentiles(lat))
+            for name, lat in latencies.items()}
+
+
 def open_loop(submit: Callable[[Feeds], Future], requests: Sequence[Feeds], *, rate: float, duration_s: float,
               seed: int = 0, refused: type[BaseException] = RuntimeError) -> LoadResult:
     """Poisson arrivals at ``rate`` per second for ``duration_s`` into ``submit`` (which returns a future);

@@ -23,13 +23,12 @@ import os
 import tempfile
 import time
 import tracemalloc
-from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from npukit.measure.load import LoadResult, closed_loop, open_loop
+from npukit.measure.load import LoadResult, alternating, closed_loop, open_loop
 from npukit.runtime.engine import Overloaded, Runtime, RuntimeConfig, batching_off, choose_device
 from npukit.runtime.ort import make_session
 from npukit.runtime.pool import BoundBuffers, signatures
@@ -177,10 +176,9 @@ def _startup(path: str, sample: Feeds, config: ServingConfig) -> dict[str, float
     times: dict[str, list[float]] = {"plain_session_ms": [], "runtime_ms": [], "runtime_cached_ms": []}
     with tempfile.TemporaryDirectory(prefix="npukit-serving-cache-") as cache, \
             tempfile.TemporaryDirectory(prefix="npukit-serving-runtime-cache-") as runtime_cache:
-        model = Path(path).read_bytes()
-        if device == "cpu":
+        if device == "cpu":  # from the file, as a user starts it (keyed by its path and time: nothing hashed)
             times["cached_session_ms"] = []
-            cached_session(model, threads=1, cache_dir=cache)
+            cached_session(path, threads=1, cache_dir=cache)
         with Runtime(path, config.runtime(workers=1, threads=1, cache_dir=runtime_cache)) as rt:
             rt.run(sample)  # fills the runtime's cache
         started = time.perf_counter()
@@ -192,7 +190,7 @@ def _startup(path: str, sample: Feeds, config: ServingConfig) -> dict[str, float
             times["plain_session_ms"].append(time.perf_counter() - t0)
             if device == "cpu":
                 t0 = time.perf_counter()
-                cached_session(model, threads=1, cache_dir=cache)[0].run(None, dict(sample))
+                cached_session(path, threads=1, cache_dir=cache)[0].run(None, dict(sample))
                 times["cached_session_ms"].append(time.perf_counter() - t0)
             for key, folder in (("runtime_ms", None), ("runtime_cached_ms", runtime_cache)):
                 t0 = time.perf_counter()
@@ -286,9 +284,10 @@ PADDED_SHARE = 0.85  # a padded request's spatial sizes, as a share of its bucke
 def measure_buckets(model: str | os.PathLike[str], shapes: Sequence[Sequence[int]], *, input_name: str,
                     duration_s: float, seed: int = 0) -> BucketResult:
     """``model`` (symbolic sizes) served through buckets at ``shapes`` against one session per shape, each given
-    seeded inputs of exactly that shape, one caller, back to back, side by side; then, per bucket of rank 3 or more,
-    requests of ``PADDED_SHARE`` of its last two sizes (where no smaller bucket takes them), padded into it and
-    cropped back (``runtime.buckets``), against a session fixed to the request's own size: the padding share and
+    seeded inputs of exactly that shape, one caller calling the two in turn (``measure.load.alternating``); then,
+    per bucket of rank 3 or more, requests of ``PADDED_SHARE`` of its last two sizes (where no smaller bucket takes
+    them), padded into it and cropped back (``runtime.buckets``), against a session fixed to the request's own
+    size, called in turn the same way: the padding share and
     how far the cropped outputs are from that session's (or why they cannot be compared)."""
     from npukit.frontend.onnx_io import load_onnx
     from npukit.frontend.shapes import fix_input_shape
@@ -303,8 +302,9 @@ def measure_buckets(model: str | os.PathLike[str], shapes: Sequence[Sequence[int
             requests = [{input_name: rng.standard_normal(tuple(shape)).astype(np.float32)} for _ in range(4)]
             diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                        for r in requests for a, b in zip(session.run(None, r), bucketed.run(r)))
-            per_size = closed_loop(lambda f: session.run(None, dict(f)), requests, clients=1, duration_s=duration_s)
-            through = closed_loop(bucketed.run, requests, clients=1, duration_s=duration_s)
+            timed = alternating({"session": lambda f: session.run(None, dict(f)), "buckets": bucketed.run}, requests,
+                                duration_s=2 * duration_s)
+            per_size, through = timed["session"], timed["buckets"]
             rows["x".join(map(str, shape))] = {
                 "per_size_session": per_size.as_dict(), "buckets": through.as_dict(), "max_abs_difference": diff,
                 "latency_ratio_p50": round(through.latency_ms["p50"] / per_size.latency_ms["p50"], 3),
@@ -338,7 +338,12 @@ def _padded_row(proto: Any, bucketed: Any, input_name: str, bucket: tuple[int, .
     if session is None:
         request = candidates[0]
         requests = [{input_name: rng.standard_normal(request).astype(np.float32)} for _ in range(4)]
-    through = closed_loop(bucketed.run, requests, clients=1, duration_s=duration_s)
+    if session is None:
+        through = closed_loop(bucketed.run, requests, clients=1, duration_s=duration_s)
+    else:  # side by side, call by call
+        timed = alternating({"session": lambda f: session.run(None, dict(f)), "buckets": bucketed.run}, requests,
+                            duration_s=2 * duration_s)
+        through, per_size = timed["buckets"], timed["session"]
     row = {"request": "x".join(map(str, request)), "buckets": through.as_dict(), "bucket": "x".join(map(str, bucket)),
            "padding": round(1.0 - math.prod(request) / math.prod(bucket), 4)}
     if session is None:
@@ -352,7 +357,6 @@ def _padded_row(proto: Any, bucketed: Any, input_name: str, bucket: tuple[int, .
                      if a.shape != b.shape)
         return row | {"note": f"an output's shape differs ({shown}): it is not a map over the input's sizes, so it "
                               "comes back as the bucket gives it"}
-    per_size = closed_loop(lambda f: session.run(None, dict(f)), requests, clients=1, duration_s=duration_s)
     diff = max(float(np.max(np.abs(a - b))) for a, b in pairs)
     scale = max(float(np.max(np.abs(a))) for a, _ in pairs) or 1.0
     return row | {"per_size_session": per_size.as_dict(), "max_abs_difference": diff,

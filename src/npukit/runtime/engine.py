@@ -29,7 +29,7 @@ import platform
 import queue
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -43,6 +43,7 @@ from npukit.runtime.pool import BoundBuffers, InputSignature, signatures
 from npukit.runtime.split import PREFERS
 
 DEVICES = ("auto", "cpu", "qnn-htp")
+WAITS_KEPT = 10_000  # queue waits kept for describe()'s percentiles: the last ones; 200,000 requests grew RSS 29 MB
 
 
 def ordered_map(submit: Callable[[Mapping[str, np.ndarray]], Future], requests: Iterable[Mapping[str, np.ndarray]],
@@ -297,7 +298,8 @@ class Runtime:
         else:
             workers = config.workers or max(1, cores // (config.threads or 1))
             threads = config.threads or max(1, cores // workers)
-        self.session, self.cache = (cached[0], "hit") if cached else self._open(proto, threads, config.cache_dir)
+        file = os.fspath(model) if isinstance(model, (str, os.PathLike)) and input_shape is None else None
+        self.session, self.cache = (cached[0], "hit") if cached else self._open(proto, threads, config.cache_dir, file)
         self.signatures = signatures(self.session)
         fixed = [s for s in self.signatures if any(d is None for d in s.shape[1:])]
         if fixed:
@@ -318,7 +320,7 @@ class Runtime:
         self._lock = threading.Lock()  # the statistics
         self._accepting = threading.Lock()  # submit against close
         self.batch_sizes: Counter = Counter()
-        self.queue_waits_ms: list[float] = []
+        self.queue_waits_ms: deque[float] = deque(maxlen=WAITS_KEPT)  # bounded: a server runs for days
         self._workers = [threading.Thread(target=self._work, name=f"npukit-runtime-{i}", daemon=True)
                          for i in range(workers)]
         self._buffers: list[dict[int, BoundBuffers]] = [{} for _ in range(workers)]
@@ -353,13 +355,16 @@ class Runtime:
         return session, DeviceChoice(placed["device"], placed["reason"], tuple(placed["cpu_nodes"]),
                                      placed["npu_nodes"])
 
-    def _open(self, proto: onnx.ModelProto, threads: int, cache_dir: str | None) -> tuple[Any, str]:
+    def _open(self, proto: onnx.ModelProto, threads: int, cache_dir: str | None, file: str | None = None
+              ) -> tuple[Any, str]:
         """The session on the chosen device, and whether ORT's optimized graph (CPU) or the compiled graph (HTP)
-        came from the cache: "miss" when it was made and stored now."""
+        came from the cache: "miss" when it was made and stored now. ``file``: the ONNX file ``proto`` was read from
+        as it is (the CPU cache keys it by its path and time, ``runtime.session_cache``; else by ``proto``'s bytes)."""
         if self.device.device == "cpu" and cache_dir:
             from npukit.runtime.session_cache import cached_session
 
-            session, cache, _ = cached_session(proto.SerializeToString(), threads=threads, cache_dir=cache_dir)
+            key = file if file is not None else proto.SerializeToString()
+            session, cache, _ = cached_session(key, threads=threads, cache_dir=cache_dir)
             return session, cache
         if self.device.device == "cpu":
             return make_session(proto, threads=threads), "off"
@@ -426,12 +431,13 @@ class Runtime:
                out: Sequence[np.ndarray] | None = None) -> Future:
         """Queue one request (batch 1: {input name: array}, or the array alone for a one-input model); its future
         gets the outputs (written into ``out`` when given), or the request's own error. Raises ``Overloaded`` when the
-        queue is full, RuntimeError after ``close``."""
+        queue is full, RuntimeError after ``close``. The arrays are read when the request runs, not copied here:
+        a caller that reuses a frame buffer fills it again once the future is done."""
         future: Future = Future()
         if isinstance(feeds, np.ndarray) and len(self.signatures) == 1:  # a one-input model's array alone
             feeds = {self.signatures[0].name: feeds}
         if isinstance(feeds, Mapping):  # a numpy scalar (a sample rate read from an .npz) is a rank-0 array
-            feeds = {k: np.asarray(v) if isinstance(v, np.generic) else v for k, v in feeds.items()}
+            feeds = {k: np.asarray(v) if isinstance(v, (np.generic, int)) else v for k, v in feeds.items()}
         problem = self._check(feeds)
         if problem:
             future.set_exception(InputError(problem, hint="send one sample per request, as the model's inputs say"))
@@ -441,6 +447,10 @@ class Runtime:
             future.set_exception(InputError(f"out= must be a list of {len(self.output_names)} numpy arrays, one per "
                                             f"output ({', '.join(map(repr, self.output_names))})",
                                             hint="leave out= out to get new arrays"))
+            return future
+        if out is not None and not all(a.flags.writeable for a in out):  # a read-only one killed the worker
+            k = next(i for i, a in enumerate(out) if not a.flags.writeable)
+            future.set_exception(InputError(f"out[{k}] is read-only", hint="give writable arrays, or leave out= out"))
             return future
         with self._accepting:  # close() cannot slip its stop markers in between the check and the put
             if self._closed:
@@ -458,10 +468,10 @@ class Runtime:
 
     def map(self, requests: Iterable[Mapping[str, np.ndarray]], *, in_flight: int | None = None
             ) -> Iterator[list[np.ndarray]]:
-        """Results of ``requests`` in order, at most ``in_flight`` (default: workers x max_batch x 2, and no more than
-        ``queue_limit``, so that map never overloads its own queue) queued."""
-        default = min(self.config.workers * self.config.max_batch * 2, self.config.queue_limit)
-        return ordered_map(self.submit, requests, in_flight or default)
+        """Results of ``requests`` in order, at most ``in_flight`` (default: workers x max_batch x 2) queued, and no
+        more than ``queue_limit``, so that map never overloads its own queue."""
+        wanted = in_flight or self.config.workers * self.config.max_batch * 2
+        return ordered_map(self.submit, requests, min(wanted, self.config.queue_limit))
 
     # -- workers -----------------------------------------------------------------------------------------------
     def _take(self) -> list[_Request] | None:
@@ -523,8 +533,12 @@ class Runtime:
                         f"{np.asarray(src).dtype} {list(np.shape(src))}", hint="give out= arrays of the outputs' "
                         "shapes and dtypes for one request, or leave out= out"))
                     continue
-                for dst, src in zip(r.out, mine):
-                    np.copyto(dst, src)
+                try:
+                    for dst, src in zip(r.out, mine):
+                        np.copyto(dst, src)
+                except Exception as exc:  # noqa: BLE001 - whatever the arrays refuse fails this request alone
+                    r.future.set_exception(exc)
+                    continue
                 r.future.set_result(list(r.out))
 
     def _run(self, slot: dict[int, BoundBuffers], batch: list[_Request]) -> list[np.ndarray]:
@@ -575,12 +589,14 @@ class Runtime:
 
     def describe(self) -> dict:
         """The resolved configuration, the device and why, and what the workers did so far."""
-        waits = np.asarray(self.queue_waits_ms or [0.0])
+        with self._lock:
+            waits = np.asarray(self.queue_waits_ms or [0.0])
         return {"config": dataclasses.asdict(self.config), "device": self.device.as_dict(), "cache": self.cache,
                 "device_concurrency": self.gate.limit,
                 "split": {"note": self.split_note, "measured": self.split_table},
                 "batching_note": self.batching_note,
                 "inputs": [{"name": s.name, "dtype": str(s.dtype), "shape": list(s.shape)} for s in self.signatures],
                 "batches": {str(k): v for k, v in sorted(self.batch_sizes.items())},
-                "queue_wait_ms": {"p50": float(np.percentile(waits, 50)), "p99": float(np.percentile(waits, 99))}}
+                "queue_wait_ms": {"p50": float(np.percentile(waits, 50)), "p99": float(np.percentile(waits, 99)),
+                                  "of_last": len(self.queue_waits_ms)}}
 
