@@ -133,7 +133,8 @@ class BenchConfig:
     batch_size: int = 1
 
     def __post_init__(self) -> None:
-        _require(self.threads >= 1, "threads must be at least 1")
+        _require(self.threads >= 1, f"--threads {self.threads}: threads must be at least 1",
+                 hint="pass --threads 1 (one core, the phone-like figure) or the cores to use")
         _require(self.warmup >= 0 and self.runs >= 1, "runs must be at least 1 and warmup non-negative")
         _require(self.max_samples is None or self.max_samples >= 1, "max_samples (--max-samples) must be at least 1")
         _require(self.batch_size >= 1, "batch_size must be at least 1")

@@ -30,6 +30,11 @@ def test_serve_bench_writes_every_figure(tmp_path) -> None:
     assert "the plain loop run just before it" in data["verdict"]
     assert len(serving["open"]["plain"]) == len(serving["open"]["workers"]) == len(serving["open"]["batched"]) == 1
     assert serving["open"]["batched"][0]["completed"] > 0
+    # the batch sizes formed are in the open-loop table (they were in the JSON only)
+    table = next(t for t in data["tables"] if t["title"].startswith("Open loop"))
+    assert table["columns"][-1] == "batches formed (size: count)"
+    formed = serving["batching"]["batches"][0]
+    assert table["rows"][-1][-1] == ", ".join(f"{k}: {v}" for k, v in formed.items()) and table["rows"][0][-1] == "-"
     assert set(serving["allocated_bytes_per_call"]) == {"plain", "bound_buffers", "runtime"}
     assert serving["split"]["note"].startswith("measured") and serving["split"]["measured"]
     assert set(serving["startup_ms"]) == {"plain_session_ms", "cached_session_ms", "runtime_ms", "runtime_cached_ms"}
@@ -301,3 +306,14 @@ def test_serve_bench_verdict_names_the_hosts_drift() -> None:
     steady = ServingResult(device={}, startup_ms={}, single={"plain": load(100)}, allocated_bytes_per_call={},
                            curve={1: load(90)}, open={}, batching={}, cpu="", curve_plain={1: load(97)})
     assert _plain_runs(steady, 1) == "plain loop 97.0 requests/s"
+
+
+def test_requests_are_spread_over_the_data(tmp_path) -> None:
+    """serve-bench's 16 requests were the data's first 16 (a folder sorted by class gave one class)."""
+    from npukit.config import PreprocessConfig
+    from npukit.verbs.serve_bench import _requests
+
+    data = tmp_path / "d.npy"
+    np.save(data, np.arange(40, dtype=np.float32)[:, None, None, None] * np.ones((40, 3, 8, 8), np.float32))
+    picked = [int(r["x"].flat[0]) for r in _requests(_model(), data, 4, PreprocessConfig())]
+    assert len(picked) == 4 and picked[0] > 0 and picked[-1] > 30, picked

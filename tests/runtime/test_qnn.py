@@ -120,3 +120,40 @@ def test_a_serving_session_places_nodes_as_the_verbose_one_does(tail_op):
     assert quiet.partitions == verbose.partitions
     if tail_op:
         assert verbose.rejected["tail"] != "not taken" and quiet.rejected["tail"] == "not taken"
+
+
+def _shifted(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model``'s conv weights per channel with zero point -1, the integers moved by -1 (the same values), as
+    ``quant.cpu.conv_kernel`` moves a conv onto ORT's int8 GEMM on a CPU with VNNI."""
+    from onnx import numpy_helper
+
+    shifted = onnx.ModelProto()
+    shifted.CopyFrom(model)
+    inits = {i.name: i for i in shifted.graph.initializer}
+    q = numpy_helper.to_array(inits["w_q"]).astype(np.int16) - 1
+    channels = q.shape[0]
+    scale = float(numpy_helper.to_array(inits["w_scale"]))
+    for name, array in (("w_q", q.astype(np.int8)), ("w_scale", np.full(channels, scale, np.float32)),
+                        ("w_zp", np.full(channels, -1, np.int8))):
+        inits[name].CopyFrom(numpy_helper.from_array(array, name))
+    next(n for n in shifted.graph.node if n.name == "dq_w").attribute.append(onnx.helper.make_attribute("axis", 0))
+    return shifted
+
+
+def test_weights_a_cpu_kernel_choice_moved_off_zero_are_named_when_the_htp_refuses_them() -> None:
+    """bench --target qnn-htp on PP-OCR cls from `npukit quantize` (on a VNNI CPU, one conv moved onto ORT's int8
+    GEMM with weight zero point -1) failed with ORT's "was not selected by that EP ... a bug in layout transformer"
+    and the hint to run analyze, which predicts the model runs whole on the HTP."""
+    from npukit.runtime.qnn import shifted_weights
+
+    model = qdq_conv_model()
+    shifted = _shifted(model)
+    x = np.random.default_rng(0).uniform(-1.5, 1.5, (1, 3, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(run(make_session(shifted), {"x": x})[0], run(make_session(model), {"x": x})[0])
+    assert shifted_weights(model) == [] and shifted_weights(shifted) == ["conv"]
+    if not qnn_available():
+        pytest.skip("onnxruntime_qnn is not importable")
+    with pytest.raises(InputError) as info:
+        make_qnn_session(shifted)
+    assert "1 layer(s) (conv) have int8 per-channel weights with a non-zero zero point" in info.value.message
+    assert "--gemm-convs off" in info.value.hint

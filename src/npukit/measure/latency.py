@@ -160,6 +160,8 @@ def _timed_calls(call: Callable[[], Any], runs: int) -> list[float]:
 
 def _check_counts(*, threads: int, warmup: int, runs: int) -> None:
     if threads < 1:
-        raise InputError("threads must be at least 1")
+        raise InputError(f"--threads {threads}: threads must be at least 1",
+                         hint="pass --threads 1 (one core, the phone-like figure) or the cores to use")
     if warmup < 0 or runs < 1:
-        raise InputError("runs must be at least 1 and warmup non-negative")
+        raise InputError(f"--runs {runs} / --warmup {warmup}: runs must be at least 1 and warmup non-negative",
+                         hint="e.g. --runs 50 --warmup 5")

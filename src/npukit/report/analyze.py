@@ -29,10 +29,11 @@ def analyze_report(outcome: Any, written: Mapping[str, Path]) -> Report:
             report.add_table(f"Nodes {a.target} takes but computes wrongly", ["node", "op", "why", "fix"], wrong)
         if a.problem():
             report.add(f"problem[{a.target}]", {"message": a.problem(), "hint": a.hint()})
-    report.add_figure("Share of MACs delegated", "bar",
-                      {"labels": [a.target for a in analyses],
-                       "values": [round(100 * (a.mac_share or 0.0), 2) for a in analyses]},
-                      x_label="target", y_label="% of MACs")
+    known = [a for a in analyses if a.mac_share is not None]
+    if known:  # a share unknown (symbolic shapes) is not drawn as 0%
+        report.add_figure("Share of MACs delegated", "bar",
+                          {"labels": [a.target for a in known], "values": [round(100 * a.mac_share, 2) for a in known]},
+                          x_label="target", y_label="% of MACs")
     report.add("profiles", [p.as_dict() for p in outcome.profiles])
     report.add("analyses", [a.as_dict() for a in analyses])
     if outcome.fix:
@@ -113,7 +114,7 @@ def target_tables(analyses: Sequence[Any], *, fixed: bool = False) -> list[Table
         share = a.mac_share
         summary_rows.append([
             a.target, f"{a.delegated_nodes}/{len(a.nodes)}", len(a.partitions), a.transitions,
-            "n/a" if share is None else f"{100 * share:.1f}%",
+            ("unknown" if a.macs_unknown else "n/a") if share is None else f"{100 * share:.1f}%",
             "yes" if a.needs_quantization else "no",
             ", ".join(sorted({v.fix for v in a.nodes if v.fix})) or "-",
         ])

@@ -55,12 +55,15 @@ def add_serving(report: Report, result: Any) -> None:
     batching = d["batching"]
     rows = []
     for key, label in (("plain", "plain loop (1 session, 1 thread, FIFO)"),
-                       ("workers", f"runtime: {batching['workers']} workers (the closed loop's best), no batching"),
-                       ("batched", f"runtime: {batching['workers']} workers, batches up to {batching['max_batch']} "
+                       ("workers", f"runtime: {batching['workers']} worker(s) (the closed loop's best), no batching"),
+                       ("batched", f"runtime: {batching['workers']} worker(s), batches up to {batching['max_batch']} "
                                    f"within {batching['max_wait_ms']} ms")):
-        for r in d["open"].get(key, ()):  # no batched rows where the model's batch axis is fixed
+        formed = batching.get("batches", []) if key == "batched" else []
+        for i, r in enumerate(d["open"].get(key, ())):  # no batched rows where the model's batch axis is fixed
+            sizes = ", ".join(f"{k}: {v}" for k, v in formed[i].items()) if i < len(formed) else "-"
             rows.append([label, round(r["level"], 1), r.get("sent", "-"), r["completed"], r["throughput_per_s"],
-                         r["refused"], r.get("failed", 0), r["latency_ms"]["p50"], r["latency_ms"]["p99"]])
+                         r["refused"], r.get("failed", 0), _ms(r["latency_ms"]["p50"]), _ms(r["latency_ms"]["p99"]),
+                         sizes])
     note = f"; {batching['note']}" if batching.get("note") else ""
     late = [r for key in ("plain", "workers", "batched") for r in d["open"].get(key, ())
             if r.get("behind_s", 0.0) > GENERATOR_BEHIND * r["seconds"]]
@@ -69,11 +72,18 @@ def add_serving(report: Report, result: Any) -> None:
         note += (f"; the load generator fell up to {worst['behind_s']:.2f} s behind its schedule (at "
                  f"{worst['level']:.0f}/s): this process could not offer that rate, and its late requests went out "
                  "in bursts, so refusals there are the client's limit as much as the server's")
+    if any(r.get("sent", 1) == 0 for key in ("plain", "workers", "batched") for r in d["open"].get(key, ())):
+        note += "; a run the seeded draw sent no request in (a short --duration) has no latency (-)"
     report.add_table(f"Open loop, Poisson arrivals (plain loop's capacity {batching['capacity_per_s']:.1f} "
                      f"requests/s{note}; sent: the requests the seeded draw put within the duration; served/s: "
                      "those answered over the time until the last answer)",
                      ["server", "rate asked/s", "sent", "served", "served/s", "refused", "failed", "p50 ms",
-                      "p99 ms"], rows)
+                      "p99 ms", "batches formed (size: count)"], rows)
+
+
+def _ms(value: float) -> float | str:
+    """A latency percentile, or "-" where no request was answered (a run too short to send any: NaN)."""
+    return "-" if value != value else value
 
 
 def add_buckets(report: Report, buckets: dict[str, dict]) -> list[dict]:

@@ -38,7 +38,7 @@ import numpy as np
 import onnx
 
 from npukit.errors import InputError
-from npukit.runtime.ort import ModelLike, make_session
+from npukit.runtime.ort import QUIET_RUN, ModelLike, make_session
 from npukit.runtime.pool import BoundBuffers, InputSignature, signatures
 from npukit.runtime.split import PREFERS
 
@@ -433,6 +433,8 @@ class Runtime:
         gets the outputs (written into ``out`` when given), or the request's own error. Raises ``Overloaded`` when the
         queue is full, RuntimeError after ``close``. The arrays are read when the request runs, not copied here:
         a caller that reuses a frame buffer fills it again once the future is done."""
+        if self._closed:  # said before the request's own errors: no request is taken after close
+            raise RuntimeError("the runtime is closed")
         future: Future = Future()
         if isinstance(feeds, np.ndarray) and len(self.signatures) == 1:  # a one-input model's array alone
             feeds = {self.signatures[0].name: feeds}
@@ -550,7 +552,7 @@ class Runtime:
         if not self.config.pool:
             feeds = {s.name: (batch[0].feeds[s.name] if rows == 1 else
                               np.concatenate([r.feeds[s.name] for r in batch])) for s in self.signatures}
-            return [np.asarray(o) for o in self.session.run(self.output_names, feeds)]
+            return [np.asarray(o) for o in self.session.run(self.output_names, feeds, QUIET_RUN)]
         buffers = slot[rows]
         if rows == 1:
             return buffers.run(batch[0].feeds)

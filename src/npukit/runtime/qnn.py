@@ -15,7 +15,7 @@ import re
 import tempfile
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -222,8 +222,30 @@ def create_session_with_log(
             return create_session_with_log(model, backend=backend, allow_cpu_fallback=allow_cpu_fallback,
                                    provider_options=provider_options, profiling=profiling,
                                    session_config=session_config, verbose=True, optimization=optimization)
-        raise _session_error(error, text, backend=backend) from error
+        raise _session_error(error, text, backend=backend, shifted=shifted_weights(proto)) from error
     return session, text
+
+
+_WEIGHTED = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+
+
+def shifted_weights(proto: onnx.ModelProto) -> list[str]:
+    """The layers whose int8 weights are dequantized per channel with a non-zero zero point: the HTP takes symmetric
+    per-channel weights only, and the QNN EP claims such a Conv, then fails to add it ("Failed to add node", the
+    session not created). ``npukit quantize`` makes them on a CPU with VNNI where ORT's integer GEMM beats its
+    symmetric conv kernel (``quant.cpu.conv_kernel``: the weights moved by one, the same values dequantized)."""
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in proto.graph.initializer}
+    dequantized = {n.output[0]: n for n in proto.graph.node if n.op_type == "DequantizeLinear" and n.output}
+    found = []
+    for node in proto.graph.node:
+        dq = dequantized.get(node.input[1]) if node.op_type in _WEIGHTED and len(node.input) > 1 else None
+        zero = inits.get(dq.input[2]) if dq is not None and len(dq.input) > 2 else None
+        if zero is not None and len(zero.dims) == 1 and zero.data_type == onnx.TensorProto.INT8 \
+                and numpy_helper.to_array(zero).any():
+            found.append(node.name or node.op_type)
+    return found
 
 
 FLOAT_HTP_SOC = "SM8650"  # the SoC a float model's HTP session targets when the caller names none
@@ -317,7 +339,7 @@ def _backend_failure(log: str) -> str | None:
     return " ".join(match.group(1).split()) if match else None
 
 
-def _session_error(error: Exception, log: str, *, backend: str) -> InputError:
+def _session_error(error: Exception, log: str, *, backend: str, shifted: Sequence[str] = ()) -> InputError:
     failure = _backend_failure(log)
     if failure:
         return InputError(f"the QNN {backend} backend does not load: {failure}",
@@ -339,6 +361,13 @@ def _session_error(error: Exception, log: str, *, backend: str) -> InputError:
             f"{name}: {reason}" for name, reason in list(rejected.items())[:3])
             + (f" and {len(rejected) - 3} more" if len(rejected) > 3 else ""))
     detail = f" (QNN log: {' | '.join(details)})" if details else ""
+    if shifted:  # the likely cause, named first: weights a CPU kernel choice moved off zero
+        return InputError(f"ONNX Runtime cannot create the QNN {backend} session: {len(shifted)} layer(s) ("
+                          f"{', '.join(shifted[:3])}{', ...' if len(shifted) > 3 else ''}) have int8 per-channel "
+                          "weights with a non-zero zero point, which the HTP does not take (ORT CPU kernel choices "
+                          f"of `npukit quantize`): {message}{detail}",
+                          hint="compile the float model for the HTP (npukit compile FLOAT.onnx --target qnn-htp "
+                               "--soc SOC --calib DATA), or quantize it again with --gemm-convs off")
     return InputError(f"ONNX Runtime cannot create the QNN {backend} session: {message}{detail}",
                       hint="check the model with `npukit analyze --target qnn-htp`")
 

@@ -117,12 +117,7 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
     mobile = MOBILE_TARGETS[target]
     runtime = mobile.module()
     runtime.require()
-    output = Path(output)
-    if output.suffix.lower() != mobile.suffix or (output.is_dir() and not mobile.package) \
-            or (output.is_file() and mobile.package):
-        kind = "a package (a directory)" if mobile.package else "a file"
-        raise InputError(f"output {output} must be {kind} ending in {mobile.suffix} for --target {mobile.name}",
-                         hint=f"name the output like model{mobile.suffix}")
+    output = _artifact_path(mobile, output)
     source, shape = torch_source(model, weights, input_shape, needs=f"--target {mobile.name} converts PyTorch "
                                  "programs", otherwise="compile the ONNX model with --target qnn-htp", data=calib,
                                  from_onnx=True)
@@ -170,6 +165,17 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
     note_untrained(report, source)
     note_shape_from_data(report, report.config["input_shape_from"], shape)
     return finish(report, output, html=html, result=lowered)  # the runtime's Lowered: bytes, ops, delegation
+
+
+def _artifact_path(mobile: MobileTarget, output: str | Path) -> Path:
+    """``output`` where it names what ``mobile`` writes (a file or a package, with its suffix); refused otherwise."""
+    output = Path(output)
+    if output.suffix.lower() != mobile.suffix or (output.is_dir() and not mobile.package) \
+            or (output.is_file() and mobile.package):
+        kind = "a package (a directory)" if mobile.package else "a file"
+        raise InputError(f"output {output} must be {kind} ending in {mobile.suffix} for --target {mobile.name}",
+                         hint=f"name the output like model{mobile.suffix}")
+    return output
 
 
 def _note_float_share(report: Report, qdq: onnx.ModelProto) -> None:

@@ -170,7 +170,7 @@ def _failed(result: Any) -> str:
     """Which loads had requests that failed (the served figures then leave them out, and look faster), with the
     first error; "" where every request was answered."""
     runs = [(f"one caller, {name}", r) for name, r in result.single.items()]
-    runs += [(f"closed loop, {w} workers", r) for w, r in result.curve.items()]
+    runs += [(f"closed loop, {w} worker(s)", r) for w, r in result.curve.items()]
     runs += [(f"open loop, {name} at {r.level:.1f}/s", r) for name, rs in result.open.items() for r in rs]
     bad = [(where, r) for where, r in runs if r.failed]
     if not bad:
@@ -210,12 +210,13 @@ def _served_file(model: str | Path) -> Path:
 def _requests(proto: Any, data: str | Path | None, samples: int, preprocess: PreprocessConfig) -> list[dict]:
     """``samples`` requests: samples of ``data`` (image folder, .npy, .npz; images by ``preprocess``), or seeded
     random inputs."""
+    from npukit.data.subsets import spread
     from npukit.runtime.ort import make_session, random_feeds
     from npukit.verbs.common import open_data
 
     if data is not None:
-        dataset = open_data(data, proto, preprocess)
-        return [dict(dataset.sample(i)) for i in range(min(samples, len(dataset)))]
+        dataset = spread(open_data(data, proto, preprocess), samples)  # over the data, not its first: it may be sorted
+        return [dict(dataset.sample(i)) for i in range(len(dataset))]
     session = make_session(proto)
     return [random_feeds(session, seed=i) for i in range(samples)]
 
