@@ -129,7 +129,8 @@ def add_comparison(report: Report, rows: dict[str, Any], latency: dict[str, Any]
     compute = kernels["integer_compute"]
     note = ("" if compute else "no integer conv/matmul kernel: ORT CPU dequantizes these weights and computes in "
             "float (smaller, not faster)")
-    report.add_table(f"What ORT runs (the {written} model, written)", KERNEL_COLUMNS + ["note"], [kernel_row(kernels) + [note]])
+    report.add_table(f"What ORT runs (the {written} model, written)", KERNEL_COLUMNS + ["note"],
+                     [kernel_row(kernels) + [note]])
 
 
 def add_kept(report: Report, written: str, why: str, where: str, figures: dict[str, dict[str, Any]]) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 
 from npukit.config import PreprocessConfig
+from npukit.data.readers import same_data
 from npukit.data.subsets import spread
 from npukit.errors import InputError, NumericCheckError
 from npukit.frontend._messages import first_line
@@ -132,7 +133,7 @@ def compile_mobile(model: str | Path, output: str | Path, *, target: str, calib:
     add_source(report, source)
     module = eval_mode(source.module)
     float_onnx = _export_onnx(report, source, shape, int8=int8)
-    samples = _samples(calib, float_onnx, preprocess, shape, held_out=data is not None)
+    samples = _samples(calib, float_onnx, preprocess, shape, held_out=data is not None and not same_data(data, calib))
     checked = _checked(samples, calib, data, float_onnx, preprocess, int8=int8)
     check_task(float_onnx, samples, task)
     held = held_outputs(float_onnx, samples, task) if int8 else ()
@@ -305,7 +306,6 @@ class _Checked:
 def _checked(samples: list[dict[str, np.ndarray]], calib: str | Path | None, data: str | Path | None,
              float_onnx: onnx.ModelProto, preprocess: PreprocessConfig | None, *, int8: bool) -> _Checked:
     """The held-out samples of ``data`` (all of them) where given, else ``CHECK_SAMPLES`` of ``samples``."""
-    from npukit.data.readers import same_data
     from npukit.measure.task_fidelity import check_samples, feeds_and_labels
     from npukit.verbs.common import data_name, open_data, refuse_uniform_samples
 
