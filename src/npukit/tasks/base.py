@@ -236,8 +236,13 @@ def judge(result: TaskResult, gate: QualityGate, *, what: str, default_min_metri
         if math.isnan(o.sqnr_db) or o.sqnr_db < gate.min_sqnr_db:
             where = " at the detections" if o.name in at else ""
             failures.append(f"output {o.name!r} SQNR{where} {_fmt(o.sqnr_db)} dB < {gate.min_sqnr_db:g} dB")
-    headline = f"{result.metric} {_fmt(result.value)}" if result.value is not None else \
-        f"{result.metric} undefined ({result.note})" if result.note else f"{result.metric} undefined"
+    if result.task == GENERIC_TASK:  # no task metric by design: "min_cosine undefined" read as a failure
+        cosine = result.metrics.get("min_cosine")
+        least = f"; min cosine {_fmt(cosine)}" if cosine is not None else ""
+        headline = f"no task metric (every output held to the SQNR floor{least})"
+    else:
+        headline = f"{result.metric} {_fmt(result.value)}" if result.value is not None else \
+            f"{result.metric} undefined ({result.note})" if result.note else f"{result.metric} undefined"
     measured = [o for o in result.outputs if not math.isnan(o.sqnr_db)]
     lowest = min(measured, key=lambda o: o.sqnr_db) if measured else None
     named = f" {lowest.name!r}" if lowest is not None and len(result.outputs) > 1 else ""
