@@ -137,11 +137,13 @@ def _markdown(rows: list[dict], cpu: str, duration: float) -> str:
               "(size: count) |", "|---|---|---|---|---|---|"]
     for r in rows:
         s = r["serving"]
-        for i, batches in enumerate(s["batching"]["batches"]):
-            cells = [s["open"][k][i] for k in SERVERS]
-            lines.append(f"| {r['model']} | {cells[0]['level']:.1f} | "
+        formed = s["batching"].get("batches", [])  # none where batching is off (no batched server)
+        for i, plain in enumerate(s["open"]["plain"]):
+            cells = [s["open"][k][i] if k in s["open"] else None for k in SERVERS]
+            lines.append(f"| {r['model']} | {plain['level']:.1f} | "
                          + " | ".join(f"{_fmt(c['throughput_per_s'])}, {c['latency_ms']['p50']:.1f}, "
-                                      f"{c['latency_ms']['p99']:.1f}" for c in cells) + f" | {batches} |")
+                                      f"{c['latency_ms']['p99']:.1f}" if c else "-" for c in cells)
+                         + f" | {formed[i] if i < len(formed) else '-'} |")
         if s["batching"].get("note"):
             lines.append(f"| {r['model']} | {s['batching']['note']} | | | | |")
     return "\n".join(lines) + "\n"

@@ -317,3 +317,17 @@ def test_requests_are_spread_over_the_data(tmp_path) -> None:
     np.save(data, np.arange(40, dtype=np.float32)[:, None, None, None] * np.ones((40, 3, 8, 8), np.float32))
     picked = [int(r["x"].flat[0]) for r in _requests(_model(), data, 4, PreprocessConfig())]
     assert len(picked) == 4 and picked[0] > 0 and picked[-1] > 30, picked
+
+
+def test_a_symbolic_batch_is_served_on_the_htp_at_one_request(tmp_path) -> None:
+    """serve-bench --device qnn-htp on a model with a symbolic batch (PP-OCR cls, YOLOv8n) was refused with "the QNN
+    EP needs static shapes ... --input-shape x=1,3,48,192", the flag already given: the batch was kept symbolic for
+    batching, which the HTP does not do. It is fixed to 1 there, as compile and bench take it."""
+    pytest.importorskip("onnxruntime_qnn")
+    model, report = tmp_path / "m.onnx", tmp_path / "serve.json"
+    onnx.save(_model(), str(model))  # x[n, 3, 8, 8]
+    for extra in ([], ["--input-shape", "x=1,3,8,8"]):
+        assert main(["serve-bench", str(model), "--device", "qnn-htp@SM8650", "--duration", "0.2", "--loads", "1",
+                     "--report", str(report), *extra]) == 0, extra
+        data = json.loads(report.read_text())
+        assert data["config"]["input_shape"] and data["results"]["serving"]["device"]["device"].startswith("qnn-htp")

@@ -76,6 +76,15 @@ def test_a_plan_the_htp_does_not_take_whole_fails_its_check_and_the_search_goes_
     assert any(t["line"].startswith("not taken whole by the HTP") for t in plan.tried)
 
 
+def test_an_htp_without_a_float_unit_is_offered_16_bit_activations_only() -> None:
+    """compile --mixed-precision --soc SM8350 (v68, no float unit) offered float16 layers, which the HTP fails to
+    finalize (QNN_COMMON_ERROR_MEM_ALLOC): the search ended with no plan where all-16-bit passed at 88.9 dB."""
+    model, samples = tiny_cnn(spread=1.0), make_samples(4)
+    plan = plan_htp_precision(model, samples, accept=lambda m: Check(False, "below"), float16=False)
+    assert plan.options and {o.precision for o in plan.options} == {"int16"}
+    assert set(plan.assignment.values()) <= {"int16"} and not plan.float_nodes
+
+
 @requires_qnn
 def test_a_float16_layer_next_to_a_16_bit_layer_keeps_the_tensor_between_them_8_bit() -> None:
     from npukit.runtime.htp_precision import _htp_lists

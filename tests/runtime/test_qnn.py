@@ -157,3 +157,31 @@ def test_weights_a_cpu_kernel_choice_moved_off_zero_are_named_when_the_htp_refus
         make_qnn_session(shifted)
     assert "1 layer(s) (conv) have int8 per-channel weights with a non-zero zero point" in info.value.message
     assert "--gemm-convs off" in info.value.hint
+
+
+def test_float_layers_on_an_htp_without_a_float_unit_are_refused_by_name() -> None:
+    """bench --target qnn-htp --soc SM8350 (v68) on a float model, or on a model from `npukit quantize` with its stem
+    left float, failed with "Failed to finalize QNN graph ... QNN_COMMON_ERROR_MEM_ALLOC" and the hint to run
+    analyze, which predicted the QDQ one whole on the HTP."""
+    from onnx import helper
+
+    from npukit.runtime.qnn import float_htp_options
+
+    quantized = qdq_conv_model()
+    stem = onnx.ModelProto()
+    stem.CopyFrom(quantized)  # the conv's weight read as a float initializer: a layer left in float
+    conv = next(n for n in stem.graph.node if n.name == "conv")
+    stem.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w_float"))
+    conv.input[1] = "w_float"
+    one = [helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [1]) for name in ("x", "y")]
+    plain = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "f", one[:1], one[1:]))
+    for model, said in ((stem, "1 layer(s) of this QDQ model run in float (conv)"),
+                        (plain, "a float model cannot run on it")):
+        with pytest.raises(InputError, match="HTP v68 \\(Snapdragon 888\\) has no float unit") as info:
+            float_htp_options(model, {"htp_arch": "68"})
+        assert said in info.value.message and "--soc SM8350" in info.value.hint
+    assert float_htp_options(quantized, {"htp_arch": "68"}) == {"htp_arch": "68"}  # all quantized: as given
+    assert float_htp_options(stem, {"htp_arch": "75"})["enable_htp_fp16_precision"] == "1"  # v75 runs it in fp16
+    context = helper.make_model(helper.make_graph([helper.make_node("EPContext", ["x"], ["y"], domain="com.microsoft")],
+                                                  "c", [], []))
+    float_htp_options(context, {"htp_arch": "68"})  # a compiled graph: nothing float to run

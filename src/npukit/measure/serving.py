@@ -30,7 +30,7 @@ import numpy as np
 
 from npukit.measure.load import LoadResult, alternating, closed_loop, open_loop
 from npukit.runtime.engine import Overloaded, Runtime, RuntimeConfig, batching_off, choose_device
-from npukit.runtime.ort import QUIET_RUN, make_session
+from npukit.runtime.ort import SERVING_LOG_LEVEL, make_session
 from npukit.runtime.pool import BoundBuffers, signatures
 
 Feeds = Mapping[str, np.ndarray]
@@ -151,7 +151,7 @@ def plain_session(path: str, device: str) -> Any:
     CPU loop's capacity queued minutes of work on the HTP emulator)."""
     chosen = choose_device(device).device
     if chosen == "cpu":
-        return make_session(path, threads=1)
+        return make_session(path, threads=1, log_level=SERVING_LOG_LEVEL)
     from npukit.runtime.compile import soc_provider_options
     from npukit.runtime.qnn import make_qnn_session
 
@@ -214,8 +214,7 @@ def measure_serving(model: str | os.PathLike[str], requests: Sequence[Feeds], co
     names = [o.name for o in plain.get_outputs()]
 
     def plain_loop() -> LoadResult:  # one caller on the plain session: the baseline, run again beside each point
-        return closed_loop(lambda f: plain.run(names, dict(f), QUIET_RUN), requests, clients=1,
-                           duration_s=config.duration_s)
+        return closed_loop(lambda f: plain.run(names, dict(f)), requests, clients=1, duration_s=config.duration_s)
 
     with Runtime(path, config.runtime(workers=1, threads=1)) as single:
         device = single.device.as_dict() | {"device_concurrency": single.gate.limit}  # None: no limit
@@ -225,7 +224,7 @@ def measure_serving(model: str | os.PathLike[str], requests: Sequence[Feeds], co
                        "pool": closed_loop(lambda f: single.run(f, out=out), requests, clients=1,
                                            duration_s=config.duration_s)}
         bound = BoundBuffers(single.session, {k: v.shape for k, v in sample.items()})
-        calls = {"plain": lambda: plain.run(names, sample, QUIET_RUN), "bound_buffers": lambda: bound.run(sample),
+        calls = {"plain": lambda: plain.run(names, sample), "bound_buffers": lambda: bound.run(sample),
                  "runtime": lambda: single.run(sample, out=out)}
         with step("serve-bench: allocations per call"):
             allocations = {k: allocated_per_call(call, config.alloc_calls, config.duration_s)

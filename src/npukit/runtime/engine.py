@@ -38,7 +38,7 @@ import numpy as np
 import onnx
 
 from npukit.errors import InputError
-from npukit.runtime.ort import QUIET_RUN, ModelLike, make_session
+from npukit.runtime.ort import SERVING_LOG_LEVEL, ModelLike, make_session
 from npukit.runtime.pool import BoundBuffers, InputSignature, signatures
 from npukit.runtime.split import PREFERS
 
@@ -364,10 +364,10 @@ class Runtime:
             from npukit.runtime.session_cache import cached_session
 
             key = file if file is not None else proto.SerializeToString()
-            session, cache, _ = cached_session(key, threads=threads, cache_dir=cache_dir)
+            session, cache, _ = cached_session(key, threads=threads, cache_dir=cache_dir, log_level=SERVING_LOG_LEVEL)
             return session, cache
         if self.device.device == "cpu":
-            return make_session(proto, threads=threads), "off"
+            return make_session(proto, threads=threads, log_level=SERVING_LOG_LEVEL), "off"
         from npukit.frontend.onnx_io import is_context_model, named_nodes
         from npukit.runtime.qnn import make_qnn_session
 
@@ -552,7 +552,7 @@ class Runtime:
         if not self.config.pool:
             feeds = {s.name: (batch[0].feeds[s.name] if rows == 1 else
                               np.concatenate([r.feeds[s.name] for r in batch])) for s in self.signatures}
-            return [np.asarray(o) for o in self.session.run(self.output_names, feeds, QUIET_RUN)]
+            return [np.asarray(o) for o in self.session.run(self.output_names, feeds)]
         buffers = slot[rows]
         if rows == 1:
             return buffers.run(batch[0].feeds)

@@ -104,7 +104,7 @@ def _with_float_weights(qdq: onnx.ModelProto, float_model: onnx.ModelProto, name
 
 
 def _estimated_gains(base: HtpQuantResult, samples: Sequence[dict], n: int, layers: Sequence[onnx.NodeProto],
-                     ) -> tuple[float, dict[tuple[str, str], float]]:
+                     options: Sequence[str] = HTP_OPTIONS) -> tuple[float, dict[tuple[str, str], float]]:
     """Base output noise-to-signal ratio and each (layer, option)'s estimated reduction of it (module docstring)."""
     reference = base.float_model
     pairs = activation_pairs(base.model)
@@ -114,7 +114,7 @@ def _estimated_gains(base: HtpQuantResult, samples: Sequence[dict], n: int, laye
             return _with_float_weights(base.model, reference, node.name)
         return without_rounding(base.model, [pairs[t] for t in layer_tensors(reference, node) if t in pairs])
 
-    keys = [(node, option) for node in layers for option in HTP_OPTIONS
+    keys = [(node, option) for node in layers for option in options
             if option == "float16" or any(t in pairs for t in layer_tensors(reference, node))]
     scores = output_sqnrs(reference, {"": base.model}, samples, start=0, stop=n, session=qdq_reference_session)
     base_nsr = noise_ratio(scores[""])
@@ -142,10 +142,12 @@ def _htp_lists(reference: onnx.ModelProto, by_name: Mapping[str, onnx.NodeProto]
 
 
 def plan_htp_precision(model: onnx.ModelProto, samples: Iterable[dict[str, np.ndarray]], *,
-                       accept: Callable[[onnx.ModelProto], Check], scan_samples: int = 8) -> HtpLayerPlan:
+                       accept: Callable[[onnx.ModelProto], Check], scan_samples: int = 8,
+                       float16: bool = True) -> HtpLayerPlan:
     """The fewest options, by estimated gain per picojoule, that make the HTP model pass ``accept`` (which should
     run it on the HTP); see the module docstring. ``met`` False: every option that helps was taken and the model
-    still fails (the plan is that model)."""
+    still fails (the plan is that model). ``float16`` False: 16-bit activations only (an HTP without a float unit,
+    v68, fails to finalize a graph with a float16 layer)."""
     from npukit.measure.summary import summarize
 
     samples = list(samples)
@@ -155,7 +157,7 @@ def plan_htp_precision(model: onnx.ModelProto, samples: Iterable[dict[str, np.nd
     reference = base.float_model
     macs = {row.name: int(row.macs or 0) for row in summarize(reference).layers if row.op in _LAYERS}
     layers = [node for node in reference.graph.node if node.op_type in _LAYERS and node.name in macs]
-    base_nsr, gains = _estimated_gains(plain, samples, n, layers)
+    base_nsr, gains = _estimated_gains(plain, samples, n, layers, HTP_OPTIONS if float16 else ("int16",))
     options = [LayerOption(node, option, gain, gain / base_nsr if base_nsr > 0 else 0.0,
                            macs[node] * (MAC_PJ[option] - MAC_PJ["int8"]))
                for (node, option), gain in gains.items()]
@@ -175,7 +177,9 @@ def plan_htp_precision(model: onnx.ModelProto, samples: Iterable[dict[str, np.nd
             try:
                 check = accept(result.model)
             except InputError as exc:  # the HTP does not take the model whole: that plan fails, the search goes on
-                check = Check(False, f"not taken whole by the HTP: {str(exc).splitlines()[0][:200]}")
+                first = str(exc).splitlines()[0]
+                first = first if len(first) <= 200 else first[:200].rsplit(" ", 1)[0] + " ..."  # not mid-word
+                check = Check(False, f"not taken whole by the HTP: {first}")
             built[key] = (result, check)
             tried.append({"lifted": len(layers_), "passed": built[key][1].passed, "line": built[key][1].line})
         return built[key][1].passed

@@ -17,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 
 from npukit.errors import InputError
-from npukit.runtime.ort import QUIET_RUN, input_dtype
+from npukit.runtime.ort import input_dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +71,7 @@ class BoundBuffers:
             for name, array in self.inputs.items():
                 np.copyto(array, feeds[name], casting="no")
         try:
-            self.session.run_with_iobinding(self._binding, QUIET_RUN)
+            self.session.run_with_iobinding(self._binding)
         except Exception as exc:  # ORT raises its own types; a bound output of the wrong shape is the usual cause
             raise InputError(f"the bound run failed: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc}",
                              hint="an output whose shape depends on the input values cannot be bound: serve the "

@@ -270,8 +270,11 @@ def float_htp_options(
     """
     options = {k: str(v) for k, v in (provider_options or {}).items()}
     quantized = any(n.op_type in _QUANT_OPS for n in model.graph.node)
-    if backend != "htp" or "backend_path" in options or (quantized and not float_layers(model)):
+    floats = float_layers(model) if quantized else []
+    if backend != "htp" or "backend_path" in options or (quantized and not floats):
         return options
+    if not any(n.op_type == "EPContext" for n in model.graph.node):  # a compiled graph has no float ops to run
+        _refuse_float_without_a_float_unit(options.get("htp_arch"), floats, quantized=quantized)
     options.setdefault("enable_htp_fp16_precision", "1")
     if options["enable_htp_fp16_precision"] == "1" and "soc_model" not in options:
         from npukit.targets.qnn_htp import SOCS
@@ -281,6 +284,22 @@ def float_htp_options(
         options["soc_model"] = str(chip.soc_model)
         options.setdefault("htp_arch", str(chip.htp_arch))
     return options
+
+
+def _refuse_float_without_a_float_unit(htp_arch: str | None, floats: Sequence[str], *, quantized: bool) -> None:
+    """An HTP without a float unit (v68, Snapdragon 888) asked to run float layers: the backend failed to finalize
+    the graph ("QNN_COMMON_ERROR_MEM_ALLOC") and the hint pointed at analyze, which says so only for a float model
+    (a CPU scheme from ``npukit quantize`` keeps its stem float)."""
+    from npukit.targets.qnn_htp import SOCS
+
+    chip = next((c for c in SOCS.values() if str(c.htp_arch) == htp_arch and not c.fp16), None)
+    if chip is None:
+        return
+    what = (f"{len(floats)} layer(s) of this QDQ model run in float ({', '.join(floats[:3])}"
+            f"{', ...' if len(floats) > 3 else ''})" if quantized else "a float model cannot run on it")
+    raise InputError(f"HTP v{chip.htp_arch} ({chip.name}) has no float unit: {what}",
+                     hint=f"compile the float model for it, quantized whole: npukit compile FLOAT.onnx --target "
+                          f"qnn-htp --soc {chip.part} --calib DATA")
 
 
 def float_layers(model: onnx.ModelProto) -> list[str]:

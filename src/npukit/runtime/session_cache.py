@@ -37,10 +37,10 @@ def cache_key(model: bytes | str | os.PathLike[str]) -> str:
     return digest.hexdigest()[:24]
 
 
-def cached_session(model: bytes | str | os.PathLike[str], *, threads: int, cache_dir: str | os.PathLike[str]
-                   ) -> tuple[ort.InferenceSession, str, Path]:
+def cached_session(model: bytes | str | os.PathLike[str], *, threads: int, cache_dir: str | os.PathLike[str],
+                   log_level: int = 3) -> tuple[ort.InferenceSession, str, Path]:
     """A CPU session of ``model`` (serialized ONNX, or an ONNX file) and whether the optimized graph came from the
-    cache ("hit") or was made and stored now ("miss"), with the cached file's path."""
+    cache ("hit") or was made and stored now ("miss"), with the cached file's path; ``log_level``: ORT's."""
     from npukit.errors import InputError
 
     folder = Path(cache_dir)
@@ -50,13 +50,13 @@ def cached_session(model: bytes | str | os.PathLike[str], *, threads: int, cache
     path, listed = folder / f"{key}.optimized.onnx", folder / f"{key}.external.json"
     if path.is_file() and (isinstance(model, bytes) or _unchanged(listed)):
         try:
-            return make_session(path, threads=threads, optimization="disable"), "hit", path
+            return make_session(path, threads=threads, optimization="disable", log_level=log_level), "hit", path
         except InputError:  # a damaged entry (cut short, overwritten): the cache's fault, not the model's; made again
             path.unlink(missing_ok=True)
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".npukit-cache-", dir=folder) as tmp:
         written = Path(tmp) / "optimized.onnx"
-        session = make_session(model, threads=threads, optimized_model_path=str(written))
+        session = make_session(model, threads=threads, optimized_model_path=str(written), log_level=log_level)
         if not isinstance(model, bytes):
             (Path(tmp) / "external.json").write_text(json.dumps(_external_stamps(model)))
             os.replace(Path(tmp) / "external.json", listed)

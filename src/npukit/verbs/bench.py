@@ -363,7 +363,8 @@ def _bench_npu(report: Report, proto: onnx.ModelProto, ref_proto: onnx.ModelProt
         meters["HTP vs reference"] = AgreementMeter()
         meters["CPU vs reference"] = AgreementMeter()
     total = len(dataset) if max_samples is None else min(max_samples, len(dataset))
-    k = classified_output(ref_proto if ref_proto is not None else proto, dataset) or 0  # the class scores' output
+    scores = classified_output(ref_proto if ref_proto is not None else proto, dataset)  # the class scores' output
+    k = scores or 0
     for batch in progress(spread(dataset, total).batches(1), total=total, description="running on the HTP"):
         h = logits(htp.run(None, batch.feeds), k)
         c = logits(cpu.run(None, batch.feeds), k)
@@ -374,4 +375,5 @@ def _bench_npu(report: Report, proto: onnx.ModelProto, ref_proto: onnx.ModelProt
             r = logits(ref.run(None, batch.feeds), k)
             meters["HTP vs reference"].update(r, h)
             meters["CPU vs reference"].update(r, c)
-    add_htp_fidelity(report, {k: m.result() for k, m in meters.items()}, samples=total, chip=chip)
+    add_htp_fidelity(report, {k: m.result() for k, m in meters.items()}, samples=total, chip=chip,
+                     output=None if scores is not None else proto.graph.output[0].name)

@@ -318,17 +318,19 @@ def _htp_mixed_precision(report: Report, proto: onnx.ModelProto, samples: Any, *
     ``gate`` on the HTP as ``soc`` on ``COMPILE_CHECK_SAMPLES`` calibration samples; the search goes into
     ``report``. No plan that passes: an input error, nothing written."""
     from npukit.report.quantize import add_htp_mixed_precision
-    from npukit.runtime.compile import soc_provider_options
+    from npukit.runtime.compile import soc_info, soc_provider_options
     from npukit.runtime.htp_precision import plan_htp_precision
     from npukit.runtime.qnn import make_qnn_session
 
     options = soc_provider_options(soc)
+    fp16 = soc_info(soc).fp16  # v68 has no float unit: 16-bit activations only
     fit, held, where = held_back(samples)
     accept = floor_check(proto, held[:COMPILE_CHECK_SAMPLES], task=task, gate=gate, what="compile",
                          session=lambda model: make_qnn_session(model, provider_options=options))
-    with step(f"mixed precision per layer on the HTP ({soc}): int8, 16-bit activations or float16",
-              timings=report.timings, key="mixed_precision"):
-        plan = plan_htp_precision(proto, fit, accept=accept)
+    with step(f"mixed precision per layer on the HTP ({soc}): int8, 16-bit activations"
+              f"{' or float16' if fp16 else ' (no float unit on this SoC)'}", timings=report.timings,
+              key="mixed_precision"):
+        plan = plan_htp_precision(proto, fit, accept=accept, float16=fp16)
     add_htp_mixed_precision(report, plan.summary() | {"checked_on": where})
     if not plan.met:
         raise InputError(f"no per-layer precision plan meets the floors on the HTP ({soc}, {where}), even with "

@@ -44,8 +44,9 @@ def serve_bench(
     ``runtime.buckets.BucketedRuntime`` at those sizes against a session fixed to each size, one caller, on seeded
     inputs of each size (``measure.serving.measure_buckets``): outputs compared, latency side by side.
 
-    ``input_shape`` (``InputSpec`` forms) is fixed into a copy of the model first, which is served."""
-    from npukit.frontend.shapes import InputSpec
+    ``input_shape`` (``InputSpec`` forms) is fixed into a copy of the model first, which is served; on the HTP a
+    symbolic batch is fixed too (the QNN EP takes static shapes: one request at a time)."""
+    from npukit.frontend.shapes import InputSpec, fix_inputs, fixed_shapes, symbolic_inputs
     from npukit.measure.serving import ServingConfig
     from npukit.report.serving import add_serving
 
@@ -57,7 +58,12 @@ def serve_bench(
     config = ServingConfig(device=device, duration_s=duration_s, max_workers=max_workers, loads=tuple(loads),
                            max_batch=max_batch, max_wait_ms=max_wait_ms, prefer=prefer,
                            device_concurrency=device_concurrency)
-    proto, requests, spec, from_data = _served_model(path, spec, data, samples, preprocess or PreprocessConfig())
+    npu = device.strip().lower().partition("@")[0] == "qnn-htp"  # static shapes: one request at a time, no batching
+    proto, requests, spec, from_data = _served_model(path, spec, data, samples, preprocess or PreprocessConfig(),
+                                                     keep_batch=not npu)
+    if npu and symbolic_inputs(proto, allow_batch=False) and not symbolic_inputs(proto):  # a symbolic batch alone
+        spec = InputSpec(tuple(fixed_shapes(proto).items()))  # taken as 1, as compile and bench take it
+        proto = fix_inputs(proto, spec)
     report = Report("serve-bench", config={"model": str(model), "data": str(data) if data else "seeded random inputs",
                                            "serving": {**config.__dict__, "loads": list(config.loads)},
                                            "requests": len(requests),
@@ -84,21 +90,22 @@ def _refuse_buckets_with(buckets: Sequence[Sequence[int]], spec: Any, data: Any)
                                                           "--bucket")
 
 
-def _served_model(path: Path, spec: Any, data: Any, samples: int, preprocess: PreprocessConfig
-                  ) -> tuple[Any, list, Any, dict]:
-    """The model with ``spec`` fixed in, the requests, the spec served and the sizes taken from the data's first
-    request (where ``spec`` is None and the model leaves sizes open; {} otherwise)."""
+def _served_model(path: Path, spec: Any, data: Any, samples: int, preprocess: PreprocessConfig, *,
+                  keep_batch: bool = True) -> tuple[Any, list, Any, dict]:
+    """The model with ``spec`` fixed in (a symbolic batch kept symbolic with ``keep_batch``, for batching), the
+    requests, the spec served and the sizes taken from the data's first request (where ``spec`` is None and the
+    model leaves sizes open; {} otherwise)."""
     from npukit.frontend.shapes import InputSpec, fix_inputs, load_with_inputs
 
     # a truncated or foreign file is a one-line error, not a decoder's traceback; sizes only the requests' data
     # gives may stay symbolic
     proto = load_with_inputs(path, spec, needs=None if data is not None else "serving on seeded random requests",
-                             keep_batch=True)
+                             keep_batch=keep_batch)
     requests = _requests(proto, data, samples, preprocess)
     from_data = spec is None and _sized_by(proto, requests)
     if from_data:  # sizes the model leaves open, as the data's requests have them (bench takes them so too)
         spec = InputSpec.parse(from_data)
-        proto = fix_inputs(proto, spec, keep_batch=True)
+        proto = fix_inputs(proto, spec, keep_batch=keep_batch)
     return proto, requests, spec, from_data or {}
 
 
