@@ -338,7 +338,6 @@ def _padded_row(proto: Any, bucketed: Any, input_name: str, bucket: tuple[int, .
     if session is None:
         request = candidates[0]
         requests = [{input_name: rng.standard_normal(request).astype(np.float32)} for _ in range(4)]
-    if session is None:
         through = closed_loop(bucketed.run, requests, clients=1, duration_s=duration_s)
     else:  # side by side, call by call
         timed = alternating({"session": lambda f: session.run(None, dict(f)), "buckets": bucketed.run}, requests,

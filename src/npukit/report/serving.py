@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from npukit.report.core import Report
@@ -83,7 +84,7 @@ def add_serving(report: Report, result: Any) -> None:
 
 def _ms(value: float) -> float | str:
     """A latency percentile, or "-" where no request was answered (a run too short to send any: NaN)."""
-    return "-" if value != value else value
+    return "-" if math.isnan(value) else value
 
 
 def add_buckets(report: Report, buckets: dict[str, dict]) -> list[dict]:

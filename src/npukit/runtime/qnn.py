@@ -306,8 +306,7 @@ def float_layers(model: onnx.ModelProto) -> list[str]:
     """The Conv / ConvTranspose / Gemm / MatMul nodes of a QDQ model whose weight is a float initializer (not the
     output of a DequantizeLinear): layers left in float, which the HTP runs in fp16."""
     inits = {i.name for i in model.graph.initializer}
-    return [n.name for n in model.graph.node if n.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul")
-            and len(n.input) > 1 and n.input[1] in inits]
+    return [n.name for n in model.graph.node if n.op_type in _WEIGHTED and len(n.input) > 1 and n.input[1] in inits]
 
 
 def require_static_shapes(model: onnx.ModelProto) -> None:

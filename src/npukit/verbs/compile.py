@@ -147,7 +147,6 @@ def _check_request(model: str | Path, proto: onnx.ModelProto, calib: str | Path 
     Returns whether the model is float (quantized here), the calibration samples (None without ``calib``) and the
     held-out samples with their name (None without ``data``, or where it is ``calib`` again)."""
     from npukit.data.readers import same_data
-
     from npukit.runtime.compile import soc_info
 
     soc_info(soc)  # an unknown SoC fails before any work
