@@ -792,6 +792,11 @@ def test_bench_runs_an_epcontext_model_on_the_htp_as_its_soc(exported, tmp_path,
     results = json.loads(report.read_text())["results"]
     assert results["htp_soc"] == {"soc": "SM8350", "name": "Snapdragon 888", "htp_arch": 68, "soc_model": 30,
                                   "epcontext": True}
+    # compile writes whether the model had 16-bit activations; v68 computes them at reduced precision, which the
+    # bench of the QDQ model said (in the JSON alone) and the bench of its EPContext model did not
+    a16 = {p.key: p.value for p in onnx.load(str(ctx)).metadata_props}["npukit.qnn.activations16"]
+    assert a16 == "1" and "reduced precision" in results["htp_note"]
+    assert "What to expect of the HTP (SM8350, HTP v68)" in capsys.readouterr().out
     assert results["latency"]["model"]["runs"] == 2
     assert results["task_check"]["verdict"]["passed"] and "on the HTP as SM8350" in results["task_check"]["where"]
     capsys.readouterr()

@@ -151,6 +151,11 @@ def test_weights_a_cpu_kernel_choice_moved_off_zero_are_named_when_the_htp_refus
     x = np.random.default_rng(0).uniform(-1.5, 1.5, (1, 3, 8, 8)).astype(np.float32)
     np.testing.assert_allclose(run(make_session(shifted), {"x": x})[0], run(make_session(model), {"x": x})[0])
     assert shifted_weights(model) == [] and shifted_weights(shifted) == ["conv"]
+    from npukit.targets import analyze, get_target  # analyze predicts it (it said the model runs whole)
+
+    assert not [v for v in analyze(model, get_target("qnn-htp")).unsupported if v.op_type == "Conv"]
+    (conv,) = [v for v in analyze(shifted, get_target("qnn-htp")).unsupported if v.op_type == "Conv"]
+    assert any("non-zero zero point" in r and "--gemm-convs off" in r for r in conv.reasons)
     if not qnn_available():
         pytest.skip("onnxruntime_qnn is not importable")
     with pytest.raises(InputError) as info:

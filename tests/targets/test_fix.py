@@ -272,3 +272,52 @@ def test_groupnorm_to_instancenorm_rewrites_a_groupnorm_written_out_by_torchs_ex
         want = per_channel(net.conv(x)).numpy()
     got = ort.InferenceSession(result.model.SerializeToString()).run(None, {"x": x.numpy()})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _conv_bn_weights_as_inputs(ir_version: int, batch: int | str = 1) -> onnx.ModelProto:
+    """Conv -> BatchNormalization with every initializer also listed as a graph input (CenterFace's IR-4 form)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+             *(numpy_helper.from_array(rng.uniform(0.5, 1.5, 4).astype(np.float32), n)
+               for n in ("scale", "bias", "mean", "var"))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["a"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["a", "scale", "bias", "mean", "var"], ["y"], name="bn")]
+    model = make(nodes, [vi("x", [batch, 3, 8, 8]), *(vi(t.name, list(t.dims)) for t in inits)],
+                 [vi("y", [batch, 4, 8, 8])], inits)
+    model.ir_version = ir_version
+    return model
+
+
+def test_initializers_listed_as_inputs_are_not_constants_to_onnx_runtimes_execution_providers():
+    """From IR version 4 ORT lets a caller override an initializer the graph also lists as an input, and its EPs
+    do not take it for a constant: on the HTP emulator CenterFace's 3 BatchNorms ran on the CPU ("QNN BatchNorm
+    doesn't support dynamic scale") where analyze had predicted 122/122. Below IR 4 every initializer had to be
+    listed and none is overridable. --fix makes them constants (checked), and ORT then folds the BatchNorm."""
+    qnn = get_target("qnn-htp")
+    before = analyze(_conv_bn_weights_as_inputs(4), qnn)
+    (bn,) = [v for v in before.nodes if v.op_type == "BatchNormalization"]
+    assert bn.partition is None and bn.fix == "initializers_as_constants"
+    assert any("scale must be constant" in r and "also a graph input" in r for r in bn.reasons)
+    assert any("initializers are also graph inputs" in n for n in before.notes)
+    conv = next(v for v in before.nodes if v.op_type == "Conv")
+    assert conv.partition is not None  # the HTP takes a Conv with dynamic weights; their rank is not checked
+    assert analyze(_conv_bn_weights_as_inputs(3), qnn).unsupported == ()
+    xnnpack = analyze(_conv_bn_weights_as_inputs(4), get_target("xnnpack"))
+    assert any("weight must be constant" in r for v in xnnpack.unsupported for r in v.reasons)
+    result = apply_fixes(_conv_bn_weights_as_inputs(4), qnn)
+    assert [a["fix"] for a in result.applied] == ["initializers_as_constants"] and result.applied[0]["rewrites"] == 5
+    assert result.changed and not {i.name for i in result.model.graph.input} & {"w", "scale"}
+    after = analyze(result.model, qnn)
+    assert after.unsupported == () and "BatchNormalization" not in {v.op_type for v in after.nodes}
+
+
+def test_a_fix_on_a_model_declaring_other_static_sizes_is_checked_at_the_given_shape():
+    """CenterFace declares 10x3x32x32; analyze --fix --input-shape 1,3,480,640 ran the original at the new shape
+    ("Got invalid dimensions for input") and stopped with an internal error. The fixed model is checked against the
+    model with the shape fixed in (run at it once when fixed)."""
+    model = _conv_bn_weights_as_inputs(4, batch=10)
+    result = apply_fixes(model, get_target("qnn-htp"), input_shape=(1, 3, 16, 16))
+    assert [a["fix"] for a in result.applied] == ["fix_input_shape", "initializers_as_constants"]
+    assert result.errors is not None and result.errors.max_abs < 1e-4
+    dims = result.model.graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_value for d in dims] == [1, 3, 16, 16]

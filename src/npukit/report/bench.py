@@ -72,6 +72,7 @@ def add_htp_soc(report: Report, chip: Any, *, note: str | None = None, epcontext
                            "soc_model": chip.soc_model} | ({"epcontext": True} if epcontext else {}))
     if note:
         report.add("htp_note", note)
+        report.add_table(f"What to expect of the HTP ({chip.part}, HTP v{chip.htp_arch})", ["note"], [[note]])
 
 
 def add_qnn_assignment(report: Report, assignment: Any) -> None:

@@ -35,6 +35,7 @@ _BACKEND_VERSION = re.compile(r"Backend build version: (\S+)")
 META_SOC = "npukit.qnn.soc"
 META_HTP_ARCH = "npukit.qnn.htp_arch"
 META_SOC_MODEL = "npukit.qnn.soc_model"
+META_A16 = "npukit.qnn.activations16"  # "1": some activations were 16-bit in the model compiled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +118,10 @@ def compile_qnn_context(
     options = soc_provider_options(chip.part)
     output = Path(output)
     source, rewrites = _guarded(model, proto, guard=guard, soc=chip.part, feeds=feeds)
-    compiled, compile_seconds, log = _write_context(source, output, chip, backend=backend, options=options)
+    from npukit.quant.precision.tensor_precision import sixteen_bit_activations
+
+    a16 = bool(sixteen_bit_activations(proto))
+    compiled, compile_seconds, log = _write_context(source, output, chip, backend=backend, options=options, a16=a16)
     nondeterministic, max_diff = _compare_with_htp(source, output, backend=backend, options=options, feeds=feeds)
     contexts, binary = _context_nodes(compiled)
     ep_version, sdk_version = qnn_versions()
@@ -165,10 +169,10 @@ def _guarded(model: ModelLike, proto: onnx.ModelProto, *, guard: bool, soc: str,
 
 
 def _write_context(source: ModelLike, output: Path, chip: Any, *, backend: str,
-                   options: dict[str, str]) -> tuple[onnx.ModelProto, float, str]:
+                   options: dict[str, str], a16: bool = False) -> tuple[onnx.ModelProto, float, str]:
     """The EPContext model the QNN EP writes for ``source`` (the context binary embedded), tagged with ``chip``
-    (``_tag_soc``) and written at ``output`` in one step; with the seconds the QNN EP took and its verbose log.
-    InputError when the QNN EP writes none."""
+    and ``a16`` (some 16-bit activations; ``_tag_soc``) and written at ``output`` in one step; with the seconds the
+    QNN EP took and its verbose log. InputError when the QNN EP writes none."""
     with tempfile.TemporaryDirectory(prefix="npukit_qnn_ctx_") as work:
         staged = Path(work) / "model_ctx.onnx"
         config = {"ep.context_enable": "1", "ep.context_file_path": str(staged), "ep.context_embed_mode": "1"}
@@ -180,17 +184,17 @@ def _write_context(source: ModelLike, output: Path, chip: Any, *, backend: str,
             raise InputError("the QNN EP did not write an EPContext model",
                              hint="check that the model runs with `npukit bench --target qnn-htp`")
         compiled = onnx.load_model(str(staged))
-        _tag_soc(compiled, chip)
+        _tag_soc(compiled, chip, a16=a16)
         with atomic_path(output) as tmp:
             onnx.save_model(compiled, str(tmp))
     return compiled, compile_seconds, log
 
 
-def _tag_soc(compiled: onnx.ModelProto, chip: Any) -> None:
+def _tag_soc(compiled: onnx.ModelProto, chip: Any, *, a16: bool = False) -> None:
     """Write the SoC ``compiled`` was compiled for into its metadata (``npukit.qnn.*``), which ``context_soc`` reads
-    back."""
+    back, and whether some of its activations are 16-bit (``context_activations16``)."""
     for key, value in ((META_SOC, chip.part), (META_HTP_ARCH, str(chip.htp_arch)),
-                       (META_SOC_MODEL, str(chip.soc_model))):
+                       (META_SOC_MODEL, str(chip.soc_model)), (META_A16, "1" if a16 else "0")):
         onnx.helper.set_model_props(compiled, {**{p.key: p.value for p in compiled.metadata_props}, key: value})
 
 
@@ -259,6 +263,12 @@ def context_soc(model: onnx.ModelProto) -> str | None:
     """The SoC an EPContext model written by ``compile_qnn_context`` was compiled for (its metadata), or None."""
     props = {p.key: p.value for p in model.metadata_props}
     return props.get(META_SOC) if props.get(META_SOC) in SOCS else None
+
+
+def context_activations16(model: onnx.ModelProto) -> bool:
+    """Whether the model an EPContext model was compiled from had 16-bit activations (its metadata; False when
+    not said)."""
+    return {p.key: p.value for p in model.metadata_props}.get(META_A16) == "1"
 
 
 def prepare_graph(

@@ -24,7 +24,17 @@ def dtype_name(elem_type: int) -> str | None:
         return onnx.TensorProto.DataType.Name(elem_type).lower()
 
 
-def tensor_infos(graph: onnx.GraphProto) -> dict[str, TensorInfo]:
+def overridable_initializers(model: onnx.ModelProto) -> frozenset[str]:
+    """The initializers ONNX Runtime lets a caller override, so not constants to it: those the main graph also lists
+    as inputs, from IR version 4 on (before it every initializer had to be listed, and none is overridable)."""
+    if model.ir_version < 4:
+        return frozenset()
+    return frozenset(i.name for i in model.graph.input) & frozenset(t.name for t in model.graph.initializer)
+
+
+def tensor_infos(graph: onnx.GraphProto, overridable: frozenset[str] = frozenset()) -> dict[str, TensorInfo]:
+    """Tensor name -> ``TensorInfo``; the ``overridable`` initializers (``overridable_initializers``, where the
+    runtime is ONNX Runtime) are not constants."""
     infos: dict[str, TensorInfo] = {}
     for value in [*graph.input, *graph.value_info, *graph.output]:
         if not value.type.HasField("tensor_type"):
@@ -35,7 +45,8 @@ def tensor_infos(graph: onnx.GraphProto) -> dict[str, TensorInfo]:
             shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
         infos[value.name] = TensorInfo(dtype_name(tt.elem_type), shape)
     for t in graph.initializer:
-        infos[t.name] = TensorInfo(dtype_name(t.data_type), tuple(t.dims), constant=True, values=_small_values(t))
+        infos[t.name] = TensorInfo(dtype_name(t.data_type), tuple(t.dims), constant=True, values=_small_values(t)) \
+            if t.name not in overridable else TensorInfo(dtype_name(t.data_type), tuple(t.dims), overridable=True)
     for node in graph.node:
         if node.op_type == "Constant" and node.output:
             tensor = next((a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR),
@@ -47,9 +58,17 @@ def tensor_infos(graph: onnx.GraphProto) -> dict[str, TensorInfo]:
                 values=_small_values(tensor) if tensor is not None else None)
     for node in graph.node:  # an Identity of a constant is that constant: ORT removes it before any EP partitions
         source = infos.get(node.input[0]) if node.op_type == "Identity" and node.input and node.output else None
-        if source is not None and source.constant:  # (RetinaFace's exporter shares its SSH weights through them)
+        # (RetinaFace's exporter shares its SSH weights through them)
+        if source is not None and (source.constant or source.overridable):
             infos[node.output[0]] = source
     index = GraphIndex(graph)
+    for node in graph.node:  # int8 weights dequantized per channel, some off zero (ORT's integer GEMM path)
+        zero = index.initializers.get(node.input[2]) if node.op_type == "DequantizeLinear" \
+            and len(node.input) > 2 and node.output else None
+        if zero is not None and zero.data_type == onnx.TensorProto.INT8 and len(zero.dims) == 1 and zero.dims[0] > 1 \
+                and onnx.numpy_helper.to_array(zero).any():
+            infos[node.output[0]] = dataclasses.replace(infos.get(node.output[0], TensorInfo(None, None)),
+                                                        shifted_zero_points=True)
     for name in index.shape_computed - index.folded:  # sizes computed from shapes: constants once those are folded
         info = infos.get(name)
         if info is not None and not info.constant:

@@ -28,10 +28,11 @@ from npukit.errors import InputError
 from npukit.frontend.graph_index import GraphIndex
 from npukit.measure.summary import summarize
 from npukit.targets.fix import fix_for, fix_for_refusal
-from npukit.targets.graph_match import node_attrs, step_matches, tensor_infos
+from npukit.targets.graph_match import node_attrs, overridable_initializers, step_matches, tensor_infos
 from npukit.targets.profile import (
     FLOAT_DTYPES,
     OPEN_SHAPES,
+    OVERRIDABLE,
     Fusion,
     NodeInfo,
     PatternStep,
@@ -458,7 +459,7 @@ def _unit_info(graph: onnx.GraphProto, unit: list[int], infos: dict[str, TensorI
         base = infos.get(name, TensorInfo(None, None))
         if is_input and name in dq_by_output:
             src = infos.get(dq_by_output[name].input[0], base)
-            return dataclasses.replace(base, dtype=src.dtype, constant=src.constant)
+            return dataclasses.replace(base, dtype=src.dtype, constant=src.constant, overridable=src.overridable)
         if not is_input and name in q_by_input:
             q_out = infos.get(q_by_input[name].output[0], base)
             return dataclasses.replace(base, dtype=q_out.dtype)
@@ -543,7 +544,8 @@ def analyze(
     inferred, removed = _as_the_runtime_sees_it(model, target, input_shape, notes)
     graph = inferred.graph
     index = GraphIndex(graph)
-    infos = tensor_infos(graph)
+    overridable = _overridable(model, target, notes)
+    infos = tensor_infos(graph, overridable)
     symbolic, needs_quant = _model_notes(index, infos, target, notes)
     as_quantized = target.quantization.activations[0] if needs_quant else None
     fused = _fusion_groups(index, target.fusions, infos)
@@ -600,6 +602,18 @@ def _as_the_runtime_sees_it(model: onnx.ModelProto, target: TargetProfile, input
         notes.append(f"ONNX Runtime's basic graph optimizations remove {len(removed)} nodes before "
                      f"{target.display_name} partitions the model (constant folding, fusions)")
     return optimized, removed
+
+
+def _overridable(model: onnx.ModelProto, target: TargetProfile, notes: list[str]) -> frozenset[str]:
+    """The initializers ``model`` also lists as graph inputs where the target's runtime (ONNX Runtime) lets a
+    caller override them: not constants to it (no folding, no Conv+BatchNorm fusion, no constant-only operand); a
+    note when there are any."""
+    overridable = overridable_initializers(model) if target.graph_optimizations == "ort-basic" else frozenset()
+    if overridable:
+        notes.append(f"{len(overridable)} initializers are also graph inputs (IR version {model.ir_version}): ONNX "
+                     "Runtime lets a caller override them, so it neither folds them nor gives them to "
+                     f"{target.display_name} as constants; `npukit optimize-graph` (or --fix) makes them constants")
+    return overridable
 
 
 def _model_notes(index: GraphIndex, infos: dict[str, TensorInfo], target: TargetProfile,
@@ -739,6 +753,8 @@ def _fix(node: onnx.NodeProto, reasons: tuple[str, ...], target: TargetProfile, 
         refusal = fix_for_refusal(node.op_type, target)
         if refusal is not None:
             return refusal.name
+    if not lacks and reasons and all(OVERRIDABLE in r for r in reasons):
+        return "initializers_as_constants"
     if "fix_input_shape" not in target.substitutions:
         return None
     if not lacks and reasons and all(OPEN_SHAPES in r for r in reasons):

@@ -20,15 +20,20 @@ INDEX_DTYPES = frozenset({"int32", "int64", "bool"})
 @dataclasses.dataclass(frozen=True)
 class TensorInfo:
     """dtype name ("float32", "uint8", ...; None if unknown), shape (ints, dim names or None), constant or not, a
-    small constant's values (axes, pads, exponents: up to ``SMALL_CONSTANT`` elements, flattened; else None), and
+    small constant's values (axes, pads, exponents: up to ``SMALL_CONSTANT`` elements, flattened; else None),
     ``from_shapes``: not a constant, but computed from the input shapes and constants alone (Shape -> Gather ->
-    Concat), so a constant once the shapes are static and folded."""
+    Concat), so a constant once the shapes are static and folded, and ``overridable``: an initializer the model
+    also lists as a graph input, which ONNX Runtime (IR version 4 on) lets a caller override, so its execution
+    providers do not take it for a constant; ``shifted_zero_points``: dequantized per channel from int8 with a
+    non-zero zero point somewhere (weights ``npukit quantize`` moved onto ORT's integer GEMM on a VNNI CPU)."""
 
     dtype: str | None
     shape: tuple[int | str | None, ...] | None
     constant: bool = False
     values: tuple[float, ...] | None = None
     from_shapes: bool = False
+    overridable: bool = False
+    shifted_zero_points: bool = False
 
     @property
     def rank(self) -> int | None:
@@ -98,6 +103,7 @@ class NoDilationWithStride:
 
 
 OPEN_SHAPES = "needs static shapes"  # in every reason a shape fix clears (fix_input_shape, fold_constants)
+OVERRIDABLE = "also a graph input"  # in every reason initializers_as_constants clears
 
 
 def unchecked(node: NodeInfo, unknown: str) -> str:
@@ -142,6 +148,9 @@ class ConstantInput:
         tensor = node.inputs[self.index]
         if tensor.constant:  # type: ignore[union-attr]
             return None
+        if tensor.overridable:  # type: ignore[union-attr]
+            return (f"{node.op_type}: {self.label} must be constant (an initializer {OVERRIDABLE}: ONNX Runtime "
+                    "lets a caller override it)")
         if tensor.from_shapes:  # type: ignore[union-attr]
             return unchecked(node, f"its {self.label} is computed from the input's shapes here, a constant (as it "
                                    "must be) only once they are folded")
@@ -202,8 +211,8 @@ class OpRule:
             reasons.append(f"{node.op_type}: dtype {tensor.dtype} not supported (supported: "
                            f"{', '.join(sorted(allowed))})")
         limit = self.max_rank if self.max_rank is not None else max_rank
-        for tensor in (*node.inputs, *node.outputs):
-            if tensor is None or tensor.constant or tensor.rank is None:
+        for tensor in (*node.inputs, *node.outputs):  # activations: stored data (overridable too) is not checked
+            if tensor is None or tensor.constant or tensor.overridable or tensor.rank is None:
                 continue
             if (limit is not None and tensor.rank > limit) or tensor.rank < self.min_rank:
                 reasons.append(f"{node.op_type}: rank {tensor.rank} not supported "

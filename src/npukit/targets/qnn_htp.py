@@ -145,9 +145,16 @@ OPS = with_rules(
     OpRule("LayerNormalization", constraints=(
         AttrPredicate(_layer_norm_bias_ok, "quantized with an int32 bias is rejected by the HTP (QNN error 3110); "
                                            "quantize the LayerNorm bias like an activation (uint8/uint16)"),)),
-    OpRule("Conv", min_rank=3, max_rank=5, constraints=(_AUTO_PAD, InputRank(0, 3, 5))),
-    OpRule("ConvTranspose", min_rank=3, max_rank=5, constraints=(
-        _AUTO_PAD, AllAttrValuesAtMost("dilations", 1))),
+    # Int8 weights per channel with a non-zero zero point (npukit quantize's ORT integer-GEMM convs on a VNNI CPU):
+    # the QNN EP claims the Conv, then the HTP refuses it and the session is not created ("Failed to add node").
+    # The rank is the data input's (InputRank): a bias read through a DequantizeLinear is 1-D and taken.
+    OpRule("Conv", max_rank=5, constraints=(_AUTO_PAD, InputRank(0, 3, 5), AttrPredicate(
+        lambda n: len(n.inputs) < 2 or n.inputs[1] is None or not n.inputs[1].shifted_zero_points,
+        "its int8 weights are dequantized per channel with a non-zero zero point, which the HTP does not take (the "
+        "QNN EP claims the Conv, then the session fails): quantize again with --gemm-convs off, or compile the "
+        "float model for the HTP"))),
+    OpRule("ConvTranspose", max_rank=5, constraints=(
+        _AUTO_PAD, InputRank(0, 3, 5), AllAttrValuesAtMost("dilations", 1))),
     OpRule("Gemm", constraints=(
         AttrIn("alpha", (1.0,), 1.0), AttrIn("beta", (1.0,), 1.0))),
     *(OpRule(op, constraints=(InputRank(0, 3, 5), AllAttrValuesAtMost("dilations", 1), _AUTO_PAD,
@@ -179,7 +186,10 @@ OPS = with_rules(
                                                  "input must not be a constant"),)),
     # Seen on the emulator with PP-OCRv4's detector quantized from Constant nodes (its BatchNorm parameters became
     # uint16 activations): "QNN Batchnorm unsupported datatype on HTP."
+    # Its scale, bias, mean and variance must be constants ("QNN BatchNorm doesn't support dynamic scale": seen on
+    # the emulator with CenterFace, whose IR-4 model lists its initializers as graph inputs).
     OpRule("BatchNormalization", constraints=(
+        *(ConstantInput(i, label) for i, label in enumerate(("scale", "bias", "mean", "variance"), start=1)),
         AttrPredicate(_batch_norm_dtypes_ok, "quantized with this bias dtype the HTP rejects it (\"QNN Batchnorm "
                                              "unsupported datatype on HTP\": a uint8/uint16 input needs a uint8 or "
                                              "int32 bias); fold it into the Conv before it or make its parameters "

@@ -265,7 +265,7 @@ def _bench_context(model: str | Path, proto: onnx.ModelProto, *, data, reference
     from npukit.measure.latency import LatencyResult, _timed_calls
     from npukit.measure.size import model_size
     from npukit.measure.task_fidelity import check_samples, session_runner
-    from npukit.runtime.compile import context_session
+    from npukit.runtime.compile import context_activations16, context_session
     from npukit.runtime.ort import random_feeds
     from npukit.targets.registry import get_target
 
@@ -279,7 +279,8 @@ def _bench_context(model: str | Path, proto: onnx.ModelProto, *, data, reference
     with step("loading the context binary on the HTP", timings=report.timings, key="load"):
         ctx = context_session(model, proto, soc=soc)
     chip = ctx.soc
-    add_htp_soc(report, chip, note=ctx.note, epcontext=True)
+    notes = [n for n in (ctx.note, _reduced_precision_note(chip) if context_activations16(proto) else None) if n]
+    add_htp_soc(report, chip, note="; ".join(notes) or None, epcontext=True)
     size = model_size(model)
     dataset = open_data(data, proto, preprocess) if data is not None else None
     feeds = dataset.sample(0) if dataset is not None else random_feeds(ctx.session, seed=0)
@@ -327,6 +328,15 @@ def _bench_memory(report: Report, models: _Models) -> None:
     add_memory(report, predicted=planned.runtime_peak, planned=placed, lower_bound=planned.lower_bound, off=off, on=on)
 
 
+def _reduced_precision_note(chip: Any) -> str | None:
+    """What to expect of 16-bit activation layers on ``chip``'s HTP: a note before v73, else None."""
+    if chip.htp_arch >= PRECISE_A16_HTP_ARCH:
+        return None
+    return (f"HTP v{chip.htp_arch} computes 16-bit activation layers at reduced precision (measured: 63 dB per Conv "
+            f"against 86 dB on v{PRECISE_A16_HTP_ARCH}+); expect the HTP and CPU runs to differ more than on newer "
+            "SoCs")
+
+
 def _bench_npu(report: Report, proto: onnx.ModelProto, ref_proto: onnx.ModelProto | None, dataset, *, target: str,
                max_samples: int | None, soc: str) -> None:
     from npukit.measure.fidelity import AgreementMeter
@@ -343,16 +353,14 @@ def _bench_npu(report: Report, proto: onnx.ModelProto, ref_proto: onnx.ModelProt
                               "others")
     chip = soc_info(soc)
     options = soc_provider_options(soc)
-    reduced = chip.htp_arch < PRECISE_A16_HTP_ARCH and sixteen_bit_activations(proto)
-    add_htp_soc(report, chip, note=f"HTP v{chip.htp_arch} computes 16-bit activation layers at reduced precision "
-                                   f"(measured: 63 dB per Conv against 86 dB on v{PRECISE_A16_HTP_ARCH}+); expect the "
-                                   "HTP and CPU runs to differ more than on newer SoCs" if reduced else None)
+    add_htp_soc(report, chip, note=_reduced_precision_note(chip) if sixteen_bit_activations(proto) else None)
     with step("asking the QNN EP which nodes it takes", timings=report.timings, key="qnn_assignment"):
         assignment = qnn_node_assignment(proto)
     add_qnn_assignment(report, assignment)
     if dataset is None:
         return
-    htp = make_qnn_session(proto, allow_cpu_fallback=True, provider_options=options)
+    with step(f"compiling the model on the HTP emulator ({chip.part})", timings=report.timings, key="qnn_compile"):
+        htp = make_qnn_session(proto, allow_cpu_fallback=True, provider_options=options)
     cpu = make_session(proto)
     exact = qdq_reference_session(proto) if is_qdq(proto) else None
     ref = make_session(ref_proto) if ref_proto is not None else None
