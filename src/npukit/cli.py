@@ -9,7 +9,9 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -919,14 +921,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     outputs = _outputs(args)
     before = {path: path.exists() for path in outputs + _new_folders(outputs)}
+    signals: list[int] = []  # the interrupting signals seen (SIGINT, SIGTERM)
     try:
         from npukit._atomic import check_writes
 
         check_writes(list(before), [getattr(args, name, None) for name in _READS])
         _check_report_names(args)  # after: a report named like an input is refused as the overwrite it would be
-        with capture_library_messages(), _interrupts() as interrupted:
+        with capture_library_messages(), _interrupts(signals):
             code = run(args)
-        if interrupted:  # a Ctrl-C a library swallowed (raised inside a __del__: "Exception ignored in ...")
+        if signals:  # a Ctrl-C a library swallowed (raised inside a __del__: "Exception ignored in ...")
             raise KeyboardInterrupt
         return code
     except NpukitError as exc:
@@ -939,8 +942,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         _remove_new(before, keep_resume=True)
-        print_error("interrupted; nothing was left half-written." + _resumable(args))
-        return 130
+        terminated = signals and signals[-1] == signal.SIGTERM
+        print_error(f"{'terminated (SIGTERM)' if terminated else 'interrupted'}; nothing was left half-written."
+                    + _resumable(args))
+        return 143 if terminated else 130
     except Exception as exc:  # an npukit bug: say so in one line, with the way to the traceback
         _remove_new(before)  # with --debug too: the traceback is for reading, not a half-written artifact
         if args.debug:
@@ -956,34 +961,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 @contextlib.contextmanager
-def _interrupts() -> Iterator[list[bool]]:
-    """Within the block a Ctrl-C raises KeyboardInterrupt as usual and is also recorded in the list yielded, so that
-    one raised where Python ignores exceptions (a finalizer) still ends the run as interrupted; the previous handler
-    comes back after. Off the main thread (where no handler can be set) the list stays empty."""
-    import signal
-    import threading
-
-    seen: list[bool] = []
+def _interrupts(seen: list[int]) -> Iterator[list[int]]:
+    """Within the block a Ctrl-C (SIGINT) raises KeyboardInterrupt as usual, and so does SIGTERM (kill, timeout, a
+    CI cancel, docker stop: it ended the process where it was, an EPContext model written and not yet checked left
+    at the output); each is also recorded in ``seen``, so that one raised where Python ignores exceptions (a
+    finalizer) still ends the run as interrupted. The previous handlers come back after. Off the main thread
+    (where no handler can be set) ``seen`` stays empty."""
     if threading.current_thread() is not threading.main_thread():
         yield seen
         return
 
     def interrupt(signum: int, frame: Any) -> None:
-        seen.append(True)
+        seen.append(signum)
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGINT, interrupt)
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield seen
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def entry() -> NoReturn:
     """The console script: ``main``, then its output flushed and Ctrl-C ignored while the interpreter shuts down
     (torch's and ONNX Runtime's teardown takes seconds): a late Ctrl-C killed the finished process by SIGINT, losing
     its buffered report lines and turning a passing run's exit code into 130."""
-    import signal
 
     code = main()
     for stream in (sys.stdout, sys.stderr):

@@ -1002,6 +1002,31 @@ def test_a_ctrl_c_a_finalizer_swallowed_still_ends_the_run_as_interrupted(export
     assert not out.with_name("o.report.json").exists()
 
 
+def test_sigterm_ends_the_run_as_interrupted_with_nothing_half_written(exported, tmp_path, monkeypatch, capsys):
+    """SIGTERM (kill, timeout, a CI cancel) ended the process where it was: compile --soc left its EPContext model
+    written and not yet checked at the output, or its temporary folder. It ends the run as Ctrl-C does: exit 143,
+    the new artifact and report removed, the handler put back."""
+    import os
+    import signal
+
+    from npukit import cli
+
+    real = cli.run
+
+    def terminated(args):
+        real(args)  # the artifact written, then the signal (as while it is being checked)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return 0
+
+    monkeypatch.setattr(cli, "run", terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "o.onnx"
+    assert main(["optimize-graph", str(exported), "-o", str(out)]) == 143
+    assert "terminated (SIGTERM); nothing was left half-written" in capsys.readouterr().err
+    assert not out.exists() and not out.with_name("o.report.json").exists()
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_an_unknown_flag_points_at_the_verb_s_help(tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "m.onnx"), "--bogus", "1"]) == 2
     err = capsys.readouterr().err.strip()

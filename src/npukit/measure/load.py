@@ -18,6 +18,8 @@ from concurrent.futures import Future
 
 import numpy as np
 
+from npukit._threads import run_threads
+
 Feeds = Mapping[str, np.ndarray]
 
 
@@ -68,9 +70,9 @@ def closed_loop(call: Callable[[Feeds], object], requests: Sequence[Feeds], *, c
     start = time.perf_counter()
     stop = start + duration_s
 
-    def client(k: int) -> None:
+    def client(k: int, halt: threading.Event) -> None:
         i = k
-        while time.perf_counter() < stop:
+        while time.perf_counter() < stop and not halt.is_set():
             t0 = time.perf_counter()
             try:
                 call(requests[i % len(requests)])
@@ -82,11 +84,7 @@ def closed_loop(call: Callable[[Feeds], object], requests: Sequence[Feeds], *, c
                 latencies[k].append(time.perf_counter() - t0)
             i += clients
 
-    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(client, clients)
     seconds = time.perf_counter() - start
     flat = [x for lat in latencies for x in lat]
     return LoadResult("closed", clients, len(flat), 0, sum(failures), seconds, _percentiles(flat),

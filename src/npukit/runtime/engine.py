@@ -587,7 +587,7 @@ class Runtime:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.close(drain=exc[0] is None)  # left by an exception (a Ctrl-C): what is queued is cancelled, not run
 
     def describe(self) -> dict:
         """The resolved configuration, the device and why, and what the workers did so far."""

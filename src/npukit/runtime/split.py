@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from npukit._threads import run_threads
 from npukit.runtime.ort import make_session
 
 
@@ -48,16 +49,12 @@ def _throughput(model: bytes, feeds: Mapping[str, np.ndarray], workers: int, thr
     start = time.perf_counter()
     stop = start + seconds
 
-    def loop(k: int) -> None:
-        while time.perf_counter() < stop:
+    def loop(k: int, halt: threading.Event) -> None:
+        while time.perf_counter() < stop and not halt.is_set():
             session.run(names, dict(feeds))
             counts[k] += 1
 
-    threads_ = [threading.Thread(target=loop, args=(k,), daemon=True) for k in range(workers)]
-    for t in threads_:
-        t.start()
-    for t in threads_:
-        t.join()
+    run_threads(loop, workers)
     return sum(counts) / (time.perf_counter() - start)
 
 
