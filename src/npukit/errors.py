@@ -28,6 +28,13 @@ class InputError(NpukitError):
     """A path, file, model spec, shape or data set the user gave is wrong (exit 2)."""
 
 
+class ToolError(NpukitError):
+    """A library npukit drives (LiteRT's converter, ExecuTorch's lowering) failed on a model that is valid input:
+    no artifact, and not the input's fault (exit 1; a converter failure read as "bad input", exit 2)."""
+
+    exit_code = 1
+
+
 class NumericCheckError(NpukitError):
     """A numeric check failed: the artifact was written but does not match its reference (exit 1)."""
 

@@ -86,7 +86,7 @@ def test_bench_with_data_and_reference(exported, tmp_path, capsys):
     assert report_path.with_suffix(".html").is_file()
 
 
-def test_bench_refuses_a_reference_that_takes_other_inputs(exported, tmp_path, capsys):
+def test_bench_refuses_a_reference_that_takes_other_inputs(exported, tmp_path, capsys, monkeypatch):
     """A reference with another input name or size: exit 2 in one line naming both, nothing written."""
     data = tmp_path / "x.npy"
     np.save(data, np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32))
@@ -105,6 +105,23 @@ def test_bench_refuses_a_reference_that_takes_other_inputs(exported, tmp_path, c
         err = capsys.readouterr().err
         assert says in err and len(err.strip().splitlines()) <= 2
         path.unlink()
+    # with --input-shape the shape was fixed into the reference first: an unrelated detector, which fails at the
+    # classifier's shape, read as a wrong --input-shape ("does not fit the model: node '/model.11/Concat' ...")
+    import npukit.frontend.shapes as shapes
+
+    real = shapes.load_with_inputs
+
+    def fails_on_the_reference(path, spec, **kwargs):
+        if Path(str(path)).name == "ref.onnx":
+            raise InputError("input shape (1, 3, 32, 32) does not fit the model: node '/model.11/Concat'")
+        return real(path, spec, **kwargs)
+
+    monkeypatch.setattr(shapes, "load_with_inputs", fails_on_the_reference)
+    onnx.save(renamed, str(tmp_path / "ref.onnx"))
+    assert main(["bench", str(exported), "--data", str(data), "--reference", str(tmp_path / "ref.onnx"), "--runs",
+                 "2", "--input-shape", "1,3,32,32", "--report", str(tmp_path / "b.json")]) == 2
+    assert f"takes inputs ['pixels'], the model ['{old}']" in capsys.readouterr().err
+    (tmp_path / "ref.onnx").unlink()
     assert _files(tmp_path) == before
 
 
@@ -346,6 +363,9 @@ def test_quantize_checks_the_task_and_exits_1_below_the_floors(exported, tmp_pat
     _assert_says_when_int8_is_not_faster(report)
     check = report["results"]["task_check"]
     assert check["choice"]["task"] == "classify" and "calibration samples" in check["where"]
+    # the verdict says it too (a table row alone did): compile's verdict already did
+    assert "(checked on the calibration samples: optimistic, the model was fitted to them; pass held-out --data)" \
+        in report["verdict"]
     assert [o["name"] for o in check["result"]["outputs"]] == [o.name for o in onnx.load(str(exported)).graph.output]
     capsys.readouterr()
     assert main(args + ["--min-sqnr", "500", "--task", "generic"]) == 1  # no int8 model is that close

@@ -101,11 +101,36 @@ def test_fp32_artifact_matches_eager_torch(target, tmp_path):
         assert report["results"]["lowered"]["left"] == {} and not report["results"]["lowered"]["int8_io"]
 
 
+def test_a_converter_that_fails_on_a_valid_model_is_exit_1_not_bad_input(target, tmp_path, capsys, monkeypatch):
+    """PicoDet's INT8 LiteRT conversion failed after 5.5 min on a concatenation's same-scale rule (npukit's grids),
+    and an ExecuTorch lowering on an environment fault: both said "failed on this model" with exit 2, bad input.
+    A library npukit drives failing on a valid model is exit 1 (ToolError), one line, nothing left."""
+    if target == "litert":
+        import litert_torch
+
+        def fails(*args, **kwargs):
+            raise RuntimeError("'tfl.concatenation' op quantization parameters violate the same scale constraint")
+
+        monkeypatch.setattr(litert_torch, "convert", fails)
+    else:
+        import npukit.runtime.executorch as et
+
+        def fails(exported):
+            raise RuntimeError("MultiplexedPath only supports directories")
+
+        monkeypatch.setattr(et, "_to_edge", fails)
+    out = tmp_path / f"tiny{TARGETS[target][0]}"
+    assert main(["compile", "tinynet:tiny", "--target", target, "-o", str(out), *SHAPE]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "failed on this model" in err and "\n" not in err
+    assert _files(tmp_path) == []
+
+
 @pytest.mark.parametrize("off", ["artifact", "eager torch"])
 def test_an_fp32_artifact_off_eager_torch_fails_and_says_whether_onnx_runtime_is_too(off, tmp_path, monkeypatch):
     """The .pte 5% off eager torch on the seeded inputs fails, blaming the runtime; where ORT is as far off eager torch
     on them (a deep U-Net on random inputs, its float outputs decided by float32's rounding: ORT 0.97 of the range
-    off eager torch on one), it fails too, but says the inputs make the model unstable and asks for --calib."""
+    off eager torch on one), it fails too, but says the inputs make the model unstable and asks for --data."""
     from npukit.runtime import executorch
     from npukit.verbs import compile_mobile
 
@@ -129,7 +154,9 @@ def test_an_fp32_artifact_off_eager_torch_fails_and_says_whether_onnx_runtime_is
         assert fp32["ort_max_abs_over_range"] <= 1e-4 and "the other mobile target" in report["verdict"]
     else:
         assert fp32["ort_max_abs_over_range"] > 1e-2 and "this check cannot judge the runtime" in report["verdict"]
-        assert report["verdict"].endswith("try compile with --calib (INT8, checked on real inputs)")
+        # real inputs, not INT8 (a U-Net's fp32 .tflite was sent to --calib): --data checks the fp32 artifact on them
+        assert report["verdict"].endswith("try check it on real inputs with --data (the model's outputs on seeded "
+                                          "random inputs are unstable: ONNX Runtime's differ as much)")
 
 
 def test_an_onnx_export_that_drifts_from_torch_is_noted_not_refused(tmp_path, capsys):
@@ -284,9 +311,26 @@ def _two_inputs(path: Path) -> Path:
     return path
 
 
+def _integer(path: Path) -> Path:
+    """An ONNX model quantized with ORT's integer ops (ddddocr's OCR model's form: ConvInteger, MatMulInteger)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.ones((4, 3, 1, 1), np.int8), "w")
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             helper.make_node("ConvInteger", ["xq", "w", "xz"], ["acc"]),
+             helper.make_node("Cast", ["acc"], ["y"], to=TensorProto.FLOAT)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
 def _bad(tmp_path: Path, onnx_model: Path, target: str) -> dict[str, list[str]]:
     out = str(tmp_path / f"out{TARGETS[target][0]}")
     return {
+        "integer-quantized onnx model": ["compile", str(_integer(onnx_model.with_name("int.onnx"))), "--target",
+                                         target, "-o", out],
         "onnx model with two inputs": ["compile", str(_two_inputs(onnx_model.with_name("two.onnx"))), "--target",
                                        target, "-o", out],
         "both shapes of a two-input onnx model": ["compile", str(_two_inputs(onnx_model.with_name("two.onnx"))),
@@ -299,7 +343,7 @@ def _bad(tmp_path: Path, onnx_model: Path, target: str) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("case", ["onnx model with two inputs", "both shapes of a two-input onnx model",
-                                  "wrong suffix", "soc given", "htp without soc"])
+                                  "wrong suffix", "soc given", "htp without soc", "integer-quantized onnx model"])
 def test_bad_input_one_line_exit_2_no_file(case, target, tmp_path_factory, tmp_path, capsys):
     models = tmp_path_factory.mktemp("models")
     onnx_model = models / "tiny.onnx"
@@ -312,6 +356,8 @@ def test_bad_input_one_line_exit_2_no_file(case, target, tmp_path_factory, tmp_p
     assert err.startswith("error: ") and "\n" not in err, err
     if "two-input" in case or "two inputs" in case:
         assert "two.onnx has 2 inputs (a, b)" in err, err
+    if case == "integer-quantized onnx model":  # it sent ddddocr's OCR model to the HTP, which refuses it too
+        assert "it is quantized already (ConvInteger, DynamicQuantizeLinear)" in err and "qnn-htp" not in err, err
     assert _files(tmp_path) == before
 
 

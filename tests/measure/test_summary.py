@@ -201,3 +201,17 @@ def test_control_flow_branches_are_counted_apart() -> None:
     summary = summarize(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     assert (summary.nodes, summary.parameters) == (1, 0)
     assert (summary.branch_nodes, summary.branch_parameters) == (4, 16)  # MatMul; If, and its two Relu branches
+
+
+@pytest.mark.parametrize("op, gates", [("LSTM", 4), ("GRU", 3), ("RNN", 1)])
+def test_recurrent_layers_count_their_macs(op: str, gates: int) -> None:
+    """ddddocr's OCR model's DynamicQuantizeLSTM counted 0 MACs (and 0 energy): a recurrent layer multiplies the
+    input by W and the state by R at every step, for every batch row and direction."""
+    seq, batch, inputs, hidden, directions = 5, 2, 3, 4, 2
+    node = helper.make_node(op, ["x", "w", "r"], ["y"], name="rnn", hidden_size=hidden, direction="bidirectional")
+    graph = helper.make_graph(
+        [node], "rnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [seq, batch, inputs])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [_init("w", (directions, gates * hidden, inputs)), _init("r", (directions, gates * hidden, hidden), 1)])
+    summary = summarize(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert summary.macs == seq * batch * directions * gates * hidden * (inputs + hidden)

@@ -113,8 +113,13 @@ def _program(model: onnx.ModelProto, label: str) -> Any:
 
     missing = unsupported_ops(model)
     if missing:
-        raise InputError(f"{label} has operators npukit cannot run as torch: {', '.join(missing)}",
-                         hint=HINT)
+        from npukit.frontend.onnx_io import quantized_ops
+
+        integer = sorted(set(missing) & set(quantized_ops(model)))
+        raise InputError(f"{label} has operators npukit cannot run as torch: {', '.join(missing)}", hint=(
+            f"it is quantized already ({', '.join(integer)}), and the HTP takes no such ops either: bench it as it "
+            "is (`npukit bench MODEL --data ...`: ORT CPU runs them), or start from its float original"
+            if integer else HINT))
     program = OnnxProgram(model, constants=True, use=f"a torch program built from {label}", hint=HINT).eval()
     for parameter in program.parameters():
         parameter.requires_grad_(False)

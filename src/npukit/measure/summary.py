@@ -35,6 +35,7 @@ Shape = tuple[Dim, ...]
 # op -> (index of the data input, index of the weight input)
 _CONV_OPS = {"Conv": (0, 1), "ConvInteger": (0, 1), "QLinearConv": (0, 3)}
 _MATMUL_OPS = {"MatMul": (0, 1), "MatMulInteger": (0, 1), "QLinearMatMul": (0, 3)}
+_RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN", "DynamicQuantizeLSTM"})  # X, W, R first
 _WEIGHT_PLUMBING = {"DequantizeLinear", "QuantizeLinear", "Cast", "Identity"}
 _QDQ = {"DequantizeLinear", "QuantizeLinear"}
 _ELEMENTWISE = {
@@ -371,6 +372,14 @@ def _node_macs(node: onnx.NodeProto, shapes: dict[str, Shape]) -> int | None:
         if a is None or out is None:
             return None
         return math.prod(out) * a[-1]
+    if op in _RECURRENT_OPS:
+        # every step multiplies the input by W (directions x gates*hidden x input, in whichever order) and the
+        # hidden state by R (directions x gates*hidden x hidden): W's and R's elements, per step and batch row
+        # (ddddocr's DynamicQuantizeLSTM counted 0 MACs, and 0 energy)
+        x, w, r = shape(0), shape(1), shape(2)
+        if x is None or w is None or r is None or len(x) != 3:
+            return None
+        return x[0] * x[1] * (math.prod(w) + math.prod(r))  # (seq, batch) or (batch, seq): the same product
     return 0
 
 

@@ -27,7 +27,11 @@ def _row(number: int, m: Any, *, front: set[int], chosen: int | None, first: dic
 def add_search(report: Report, outcome: Any, config: Any, *, space: Any, pruned: Sequence[str],
                head: Sequence[str], ranking: Sequence[str]) -> None:
     front, chosen = set(outcome.front), outcome.chosen
-    metric = next((m.metric_name for m in outcome.trials if m.metric_name), "task metric")
+    # a model without a task metric (generic: NaN for every trial) is held to the SQNR floor instead of --budget
+    built = [m for m in outcome.trials if not m.error]
+    generic = bool(built) and not any(math.isfinite(m.metric) for m in built)
+    metric = "task metric (none)" if generic else next((m.metric_name for m in outcome.trials if m.metric_name),
+                                                        "task metric")
     report.add("search", {
         "study": outcome.study_name, "stopped": outcome.stopped, "seconds": outcome.seconds,
         "measured_this_run": outcome.measured_now, "space": {"name": space.name, "size": space.size(),
@@ -45,7 +49,9 @@ def add_search(report: Report, outcome: Any, config: Any, *, space: Any, pruned:
         first.setdefault(m.digest, n)
     ordered = sorted(zip(outcome.numbers, outcome.trials), key=lambda nm: (nm[0] != chosen, nm[0] not in front,
                                                                          nm[1].latency if nm[1].feasible else 9e9))
-    report.add_table(f"Pareto front within the budget ({metric} >= {config.min_metric:.3f}; objectives: {metric}, "
+    bound = ("no task metric: every output held to the SQNR floor instead of --budget" if generic else
+             f"{metric} >= {config.min_metric:.3f}")
+    report.add_table(f"Pareto front within the budget ({bound}; objectives: {metric}, "
                      "latency, size, peak memory, estimated energy; chosen: best on " + config.prefer + ")", columns,
                      [_row(n, m, front=front, chosen=chosen, first=first) for n, m in ordered if n in front])
     gaps = sorted(set(range(max(outcome.numbers, default=-1) + 1)) - set(outcome.numbers))
@@ -69,14 +75,16 @@ def add_search(report: Report, outcome: Any, config: Any, *, space: Any, pruned:
                          [[k, outcome.importance.get("metric", {}).get(k), outcome.importance.get("latency", {}).get(k)]
                           for k in knobs])
     series: dict[str, dict[str, list[float]]] = {}
+    shown = "worst output SQNR dB" if generic else metric
     for n, m in zip(outcome.numbers, outcome.trials):
-        if m.error or not (math.isfinite(m.latency) and math.isfinite(m.metric)):
+        y = m.worst_sqnr_db if generic else m.metric
+        if m.error or not (math.isfinite(m.latency) and math.isfinite(y)):
             continue
         key = "chosen" if n == chosen else "Pareto front" if n in front else \
             "within budget" if m.feasible else "over budget"
         series.setdefault(key, {"x": [], "y": []})
         series[key]["x"].append(round(m.latency, 4))
-        series[key]["y"].append(round(m.metric, 4))
+        series[key]["y"].append(round(y, 4))
     if series:
-        report.add_figure(f"Trials: {metric} against latency (x the float model's)", "scatter", {"series": series},
-                          x_label="latency / float latency", y_label=metric)
+        report.add_figure(f"Trials: {shown} against latency (x the float model's)", "scatter", {"series": series},
+                          x_label="latency / float latency", y_label=shown)

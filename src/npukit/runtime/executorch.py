@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from npukit._atomic import write_bytes_atomic
-from npukit.errors import InputError
+from npukit.errors import InputError, ToolError
 from npukit.frontend.provenance import Placement, origin, placements
 from npukit.quant.emit.pt2e import CarryOptions
 from npukit.report.capture import capture_native_output
@@ -81,8 +81,8 @@ def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
     exported = torch.export.export(program, tuple(plain_tensor(x) for x in example))
     try:
         edge = _to_edge(exported)
-    except Exception as exc:  # noqa: BLE001 - any failure inside ExecuTorch's lowering is the model's, said in one line
-        raise InputError(f"ExecuTorch's XNNPACK lowering failed on this model: {_root_cause(exc)}",
+    except Exception as exc:  # noqa: BLE001 - any failure inside ExecuTorch's lowering, said in one line
+        raise ToolError(f"ExecuTorch's XNNPACK lowering failed on this model: {_root_cause(exc)}",
                          hint="try --target litert or qnn-htp, or the ONNX export (npukit export) on ORT CPU") from exc
     program = edge.exported_program()
     left = collections.Counter(

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from npukit._atomic import write_bytes_atomic
-from npukit.errors import InputError
+from npukit.errors import InputError, ToolError
 from npukit.frontend.provenance import Placement, origin, placements
 from npukit.frontend.spec import eval_mode
 from npukit.quant.emit.pt2e import CarryOptions
@@ -125,9 +125,13 @@ def lower(program: torch.nn.Module, example: Sequence[torch.Tensor], *,
         with _quiet():
             edge = litert_torch.convert(program, args, quant_config=quant)
             buffer = bytes(edge.model_content())
-    except Exception as exc:  # noqa: BLE001 - a failure inside LiteRT's converter is the model's, said in one line
-        raise InputError(f"LiteRT's converter failed on this model: {_root_cause(exc)}",
-                         hint="try --target executorch-xnnpack, or npukit quantize on its ONNX export") from exc
+    except Exception as exc:  # noqa: BLE001 - a failure inside LiteRT's converter, said in one line
+        cause = _root_cause(exc)
+        same_scale = quant is not None and "same scale constraint" in cause
+        raise ToolError(f"LiteRT's converter failed on this model: {cause}", hint=(
+            "npukit's int8 grids broke LiteRT's rule that a concatenation's inputs share its grid (a gap in npukit: "
+            "please report the model); compile the float model (no --calib), or --target executorch-xnnpack"
+            if same_scale else "try --target executorch-xnnpack, or npukit quantize on its ONNX export")) from exc
     if quant is not None:
         buffer, _ = float_islands(buffer)
     interpreter = _interpreter(buffer, threads=1)

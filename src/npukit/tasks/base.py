@@ -243,6 +243,12 @@ def judge(result: TaskResult, gate: QualityGate, *, what: str, default_min_metri
     else:
         headline = f"{result.metric} {_fmt(result.value)}" if result.value is not None else \
             f"{result.metric} undefined ({result.note})" if result.note else f"{result.metric} undefined"
+        lowest_held = min(result.gated().items(), key=lambda kv: kv[1], default=None)
+        if not failures and result.value is not None and lowest_held is not None \
+                and lowest_held[0] != result.metric and lowest_held[1] < result.value:
+            # where the floor binds: a YOLOv8n search PASSed quoting "map50 1.000 (budget >= 0.700)" alone, its F1
+            # at 0.706; a failure names the metrics below the floor already
+            headline += f" (lowest held: {lowest_held[0]} {_fmt(lowest_held[1])} >= {floor:g})"
     measured = [o for o in result.outputs if not math.isnan(o.sqnr_db)]
     lowest = min(measured, key=lambda o: o.sqnr_db) if measured else None
     named = f" {lowest.name!r}" if lowest is not None and len(result.outputs) > 1 else ""

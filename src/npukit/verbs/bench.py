@@ -117,7 +117,7 @@ class _Models:
     def load(cls, model: str | Path, proto: onnx.ModelProto, reference: str | Path | None, spec: Any) -> _Models:
         """``model`` (``proto``: loaded) with its reference loaded with the same shapes and checked to take its
         inputs."""
-        ref_proto = _load_reference(reference, spec) if reference is not None else None
+        ref_proto = _load_reference(reference, spec, proto) if reference is not None else None
         if ref_proto is not None:
             _check_reference(proto, ref_proto, reference)
         return cls(model, proto, reference, ref_proto, spec)
@@ -220,10 +220,19 @@ def _agreement(report: Report, models: _Models, dataset: Any, choice: Any, confi
     add_agreement(report, agreement, with_reference=models.ref_proto is not None, data_name=data_name(data))
 
 
-def _load_reference(reference: str | Path, spec: Any) -> onnx.ModelProto:
-    """The --reference model with ``spec``'s shapes fixed in; what is wrong with it said of the reference."""
-    from npukit.frontend.shapes import load_with_inputs
+def _load_reference(reference: str | Path, spec: Any, model: onnx.ModelProto | None = None) -> onnx.ModelProto:
+    """The --reference model with ``spec``'s shapes fixed in; what is wrong with it said of the reference. Where
+    ``model`` is given, a reference with other inputs is refused as such before the shapes are fixed (an unrelated
+    detector given as a classifier's reference read as a wrong --input-shape)."""
+    from npukit.frontend.onnx_io import load_onnx
+    from npukit.frontend.shapes import input_dims, load_with_inputs
 
+    if model is not None and spec is not None:
+        theirs = set(input_dims(load_onnx(reference)))
+        if theirs != set(input_dims(model)):
+            raise InputError(f"the reference {Path(str(reference)).name} takes inputs {sorted(theirs)}, the model "
+                             f"{sorted(input_dims(model))}", hint="give as --reference the float model this one was "
+                                                                  "made from")
     try:
         return load_with_inputs(reference, spec)
     except InputError as exc:

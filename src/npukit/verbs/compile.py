@@ -291,7 +291,7 @@ def _check_on_the_htp(report: Report, output: Path, reference: onnx.ModelProto, 
                     against="the float model" if float_model else "the given QDQ model on ORT CPU",
                     hint=("`npukit quantize` with a recovery recipe and compile its QDQ model" if float_model
                           else "quantizing again with a recovery recipe") + ", or another --soc; "
-                         "--accept-degraded keeps it as it is")
+                         "--accept-degraded passes it as it is (exit 0, DEGRADED)")
 
 
 def _energy(report: Report, compiled: onnx.ModelProto, float_model: onnx.ModelProto | None, *,

@@ -90,7 +90,8 @@ MOBILE_TARGETS = {
     "coreml": MobileTarget("coreml", ".mlpackage", "Core ML .mlpackage", "coreml",
                            "converting to Core ML (ML Program, float32 compute)", package=True),
 }
-INT8_HINT = "compile without --calib for fp32; --accept-degraded keeps it as it is"  # an INT8 check that failed
+ACCEPT = "accept-degraded passes it as it is (exit 0, DEGRADED)"
+INT8_HINT = f"compile without --calib for fp32; --{ACCEPT}"  # an INT8 check that failed
 PREDICTED_BY = {"litert-xnnpack": "litert"}  # an analysis profile of what a mobile target above builds and runs
 
 
@@ -476,12 +477,23 @@ def _check(report: Report, mobile: MobileTarget, eager: Any, runner: Any, float_
               key="task_check"):
         task_check(report, float_onnx, None, check, task=task, gate=gate, what="compile", where=checked.where,
                    reference_runner=eager, candidate_runner=runner, extra_failures=failures, imposed=imposed,
-                   hint=INT8_HINT if int8 else "compile with --calib (INT8, checked on real inputs)" if unstable else
-                   "the other mobile target (this runtime computes the model differently from eager torch), or "
-                   "npukit export for ORT; --accept-degraded keeps it as it is")
+                   hint=_check_hint(int8=int8, unstable=unstable, real=checked.real))
     if checked.optimistic:  # the verdict's figures are the calibration samples'
         report.set_verdict(f"{report.verdict} (checked on the calibration samples: optimistic, the grids were fitted "
                            "to them; pass held-out --data)", passed=report.passed)
+
+
+def _check_hint(*, int8: bool, unstable: bool, real: bool) -> str:
+    """What to try when the check fails: INT8, fp32 whose reference is unstable on the inputs (ONNX Runtime as far
+    off eager torch: real inputs, --data, where they were seeded random ones; a U-Net's fp32 .tflite was sent to
+    --calib), or fp32 this runtime computes differently."""
+    if int8:
+        return INT8_HINT
+    if unstable:
+        return (f"--{ACCEPT}" if real else "check it on real inputs with --data (the model's outputs on seeded random "
+                                          "inputs are unstable: ONNX Runtime's differ as much)")
+    return f"the other mobile target (this runtime computes the model differently from eager torch), or npukit " \
+           f"export for ORT; --{ACCEPT}"
 
 
 def _fp32_check(report: Report, mobile: MobileTarget, eager: Any, runner: Any, float_onnx: onnx.ModelProto,
