@@ -61,3 +61,24 @@ def test_demo_into_a_file_or_an_unwritable_place_is_refused(tmp_path, capsys):
     assert main(["demo", "-o", str(afile / "sub"), "--runs", "2", "--no-html"]) == 2
     assert "afile is a file, not a folder" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"] and afile.read_text() == "hi"
+
+
+def test_an_interrupted_demo_takes_its_new_folder_whole(tmp_path, capsys, monkeypatch):
+    """Ctrl-C at 70 s left npukit_out/ with the fp32, optimized and INT8 models but no demo report, under
+    "nothing was left half-written". A new folder goes whole; a folder that was there stays."""
+    import npukit.demo_pipeline as pipeline
+
+    def interrupted(output_dir, **kwargs):
+        folder = tmp_path / "out"
+        folder.mkdir(exist_ok=True)
+        (folder / "mobilenet_v2.onnx").write_bytes(b"written before the interrupt")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "demo", interrupted)
+    assert main(["demo", "-o", str(tmp_path / "out"), "--runs", "2"]) == 130
+    assert "interrupted; nothing was left half-written" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "mine.txt").write_text("kept")
+    assert main(["demo", "-o", str(tmp_path / "out"), "--runs", "2"]) == 130
+    assert (tmp_path / "out" / "mine.txt").read_text() == "kept"

@@ -926,6 +926,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from npukit._atomic import check_writes
 
         check_writes(list(before), [getattr(args, name, None) for name in _READS])
+        if args.verb == "demo":  # its folder of models and reports: a new one goes whole when the demo does not finish
+            before[Path(args.output_dir)] = Path(args.output_dir).exists()
         _check_report_names(args)  # after: a report named like an input is refused as the overwrite it would be
         with capture_library_messages(), _interrupts(signals):
             code = run(args)
@@ -941,7 +943,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_error(exc.one_line())
         return exc.exit_code
     except KeyboardInterrupt:
-        _remove_new(before, keep_resume=True)
+        _remove_new(before, keep_resume=args.verb != "demo")  # the demo keeps nothing to continue from
         terminated = signals and signals[-1] == signal.SIGTERM
         print_error(f"{'terminated (SIGTERM)' if terminated else 'interrupted'}; nothing was left half-written."
                     + _resumable(args))

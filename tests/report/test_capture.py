@@ -54,3 +54,12 @@ def test_native_captures_nest_and_each_takes_its_own_lines(capfd) -> None:
     assert result["inner"] == "inner\n"
     assert result["outer"] == "outer before\nouter after\n"
     assert "inner" not in capfd.readouterr().out
+
+
+def test_a_long_message_is_cut_at_a_word_not_mid_word() -> None:
+    """LiteRT's report showed a message cut at 300 characters mid-word ("... suppres")."""
+    long = "TensorFlow notice " + "word " * 70 + "suppressing further messages"
+    with capture_library_messages():
+        warnings.warn(long, LibraryWarning, stacklevel=1)
+        (message,) = drain()
+    assert message.endswith("word …") and len(message) <= len("LibraryWarning: ") + 302

@@ -17,6 +17,16 @@ _active: list[collections.Counter[str]] = []
 _native_lock = threading.RLock()  # re-entrant: a capture inside another (a runtime loaded while Tune runs) nests
 
 
+def _clipped(text: str, limit: int = 300) -> str:
+    """``text`` on one line, cut at a word before ``limit`` characters with an ellipsis where longer (the LiteRT
+    report's message ended mid-word: "... suppres")."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    cut = flat[:limit].rsplit(" ", 1)[0]
+    return f"{cut or flat[:limit]} …"
+
+
 class _Collect(logging.Handler):
     def __init__(self, sink: collections.Counter[str]) -> None:
         super().__init__(level=logging.WARNING)
@@ -27,7 +37,7 @@ class _Collect(logging.Handler):
             text = record.getMessage()
         except Exception:  # a library's malformed log call must not break the verb
             text = str(record.msg)
-        self.sink[f"{record.levelname} {record.name}: {' '.join(text.split())[:300]}"] += 1
+        self.sink[f"{record.levelname} {record.name}: {_clipped(text)}"] += 1
 
 
 @contextlib.contextmanager
@@ -44,7 +54,7 @@ def capture_library_messages() -> Iterator[collections.Counter[str]]:
     original_showwarning = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
-        sink[f"{category.__name__}: {' '.join(str(message).split())[:300]}"] += 1
+        sink[f"{category.__name__}: {_clipped(str(message))}"] += 1
 
     warnings.showwarning = show
     _active.append(sink)

@@ -200,6 +200,9 @@ def _served_file(model: str | Path) -> Path:
     if not path.exists():
         raise InputError(f"{model} does not exist", hint="check the path; serve an ONNX model (npukit export "
                                                          "makes one)")
+    if path.is_dir():  # as every other verb says it
+        raise InputError(f"{model} is a directory, not an ONNX file", hint="serve an ONNX model (npukit export "
+                                                                           "makes one)")
     if not path.is_file() or path.suffix.lower() != ".onnx":
         raise InputError(f"{model} is not an .onnx file", hint="serve an ONNX model (npukit export makes one)")
     try:
