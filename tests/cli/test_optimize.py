@@ -52,6 +52,8 @@ def test_optimize_writes_the_chosen_artifact_and_resumes(tiny, tmp_path) -> None
     assert chosen["feasible"] and chosen["metric"] >= 0.95 and search["chosen"] in search["front"]
     assert chosen["latency"] > 0 and chosen["size_bytes"] > 0 and chosen["peak_bytes"] > 0
     assert chosen["size_bytes"] == out.stat().st_size  # the figure is the file's (it counted 8.5% fewer bytes)
+    # and its ratio is to the float model's file, not to the model with its shapes fixed and inferred in memory
+    assert chosen["size"] == pytest.approx(chosen["size_bytes"] / tiny.stat().st_size)
     assert {"QuantizeLinear", "DequantizeLinear"} <= {n.op_type for n in onnx.load(str(out)).graph.node}
     assert report["results"]["task_check"]["result"]["samples"] == 8  # every other one of the 16 samples
     assert chosen["energy"] > 0 and chosen["energy_uj"] > 0  # the estimate, a ratio to the float model's
