@@ -105,3 +105,20 @@ def test_before_after_table():
     assert rows["Relu"] == [3, None, "-3 (removed)"]
     assert rows["Clip"] == [None, 2, "+2 (new)"]
     assert list(rows) == ["nodes", "size", "MACs", "latency ms", "Relu", "Clip"]
+
+
+def test_a_narrow_terminal_wraps_a_figure_and_never_cuts_it() -> None:
+    """optimize's trial tables in an 80-column terminal read 'tri… rec… 0.…': each figure cut to an ellipsis."""
+    import io
+
+    columns = ["trial", "recipe", "top1_agreement_confident", "worst SQNR dB", "latency x float",
+               "ms (its own rounds)", "MB", "peak MB", "energy x float (estimate)", "s", "within budget",
+               "first failure"]
+    table = Table("Every trial", columns, [[0, "pc auto", 1.0, 29.4, "1.36 (timed again)", 1.25, 0.34, 0.44, 0.18,
+                                            5.2, "front", ""]])
+    out = io.StringIO()
+    report = Report("optimize")
+    report.tables.append(table)
+    print_report(report, console=Console(file=out, width=80))
+    printed = out.getvalue()
+    assert "…" not in printed and "29.4" in printed and "1.25" in printed  # 0.18 wraps as 0.1 / 8, 1.36 as 1.3 / 6

@@ -141,7 +141,8 @@ def to_rich_table(table: Table) -> RichTable:
         caption=Text("no rows", style="dim") if not table.rows else None,
     )
     for name, numeric in zip(table.columns, numeric_columns(table), strict=True):
-        rich_table.add_column(Text(name), justify="right" if numeric else "left", header_style="bold")
+        rich_table.add_column(Text(name), justify="right" if numeric else "left", header_style="bold",
+                              overflow="fold")  # a narrow terminal wraps a figure, never cuts it to "0.…"
     for cells in table_cells(table):
         rich_table.add_row(*(Text(c, style="dim") if c == MISSING else Text(c) for c in cells))
     return rich_table
