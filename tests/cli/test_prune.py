@@ -46,6 +46,7 @@ def test_channels_pruned_to_a_mac_target_and_fine_tuned(net, tmp_path) -> None:
     figures = results["figures"]
     assert figures["fine-tuned"]["macs"] <= 0.75 * figures["float"]["macs"]
     assert figures["fine-tuned"]["params"] < figures["float"]["params"]
+    assert figures["float"]["bytes"] == net.stat().st_size  # the user's file, not the model BatchNorm-folded
     assert results["channels"]["macs_after"] == figures["fine-tuned"]["macs"]
     assert len(results["channels"]["groups"]) == 3 and len(results["channels"]["left_whole"]) == 3  # + the classifier
     assert set(results["comparison"]) == {"pruned", "fine-tuned"}
@@ -74,6 +75,7 @@ def test_sparsity_survives_fine_tuning_and_qat_to_four_bits(net, tmp_path) -> No
     int4 = [v for i, v in ((i, inits[i.name]) for i in model.graph.initializer) if i.data_type == onnx.TensorProto.INT4]
     assert int4 and sum(int((v == 0).sum()) for v in int4) >= 0.75 * sum(v.size for v in int4)
     assert qat["deflated_size"]["QAT"] < qat["deflated_size"]["float"]  # (graph bytes weigh much in a model this small)
+    assert qat["size"]["float"] == sparse.stat().st_size  # the float model given: its file
 
 
 def test_a_result_below_the_floor_exits_1_with_its_report(net, tmp_path) -> None:

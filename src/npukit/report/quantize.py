@@ -67,7 +67,7 @@ def _add_int16_plan(report: Report, plan: dict[str, Any] | None) -> None:
         return
     added = {c["tensor"]: c["added_ms"] for c in plan["candidates"]}
     report.add_table(f"16-bit activations chosen (int8 model {plan['base_ms']:.2f} ms, with them "
-                     f"{plan['plan_ms']:.2f} ms, budget +{plan['budget']:.0%}; output SQNR on "
+                     f"{plan['plan_ms']:.2f} ms, budget +{plan['budget']:.0%}; output SQNR, every output pooled, on "
                      f"{plan['samples']} calibration samples {plan['base_sqnr_db']:.2f} dB all 8-bit, "
                      f"{plan['estimated_sqnr_db']:.2f} dB without their rounding)",
                      ["tensor", "share of the 8-bit output noise", "latency it adds alone (ms)"],
@@ -221,7 +221,8 @@ def add_mixed_precision(report: Report, plan: dict[str, Any]) -> None:
         row[o["precision"]] = (o["share"], o["added_ms"])
     timing = plan["timing_ms"]
     report.add_table(
-        f"Mixed precision per layer: {len(chosen)} of {len(rows)} measured layers lifted (output SQNR on "
+        f"Mixed precision per layer: {len(chosen)} of {len(rows)} measured layers lifted (output SQNR, every output "
+        "pooled (the task check below names the worst one), on "
         f"{plan['samples']} calibration samples {plan['base_sqnr_db']:.2f} dB all int8, {plan['plan_sqnr_db']:.2f} dB "
         f"as planned; latency, 1 thread: int8 {timing['int8']:.2f} ms, plan {timing['plan']:.2f} ms, every "
         f"activation 16-bit {timing['all_16bit']:.2f} ms)",

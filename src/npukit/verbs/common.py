@@ -316,6 +316,14 @@ def refuse_quantized(proto: onnx.ModelProto, model: str | Path, *, verb: str = "
                      hint=f"{where}; to quantize it with npukit, start from its float original")
 
 
+def given_onnx_file(model: Any) -> Path | None:
+    """The ONNX file the user gave as the float model, whose size the reports' "float" rows show (qat and prune
+    showed the model as preprocessed: BatchNorm folded, shapes inferred, 548,665 bytes for PP-OCR cls's 585,532);
+    None for a PyTorch model or one given in memory."""
+    path = Path(str(model)) if isinstance(model, (str, Path)) else None
+    return path if path is not None and path.suffix.lower() == ".onnx" and path.is_file() else None
+
+
 def float_static_model(model: str | Path, input_shape: Any, *, verb: str) -> tuple[onnx.ModelProto, Any]:
     """(the float model ``verb`` quantizes or trains, its ``InputSpec``): ``input_shape`` fixed into it, a quantized
     model refused and symbolic shapes refused (calibration and the trainers run static shapes), each in one line

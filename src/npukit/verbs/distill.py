@@ -17,7 +17,7 @@ from npukit.report.core import Report
 from npukit.report.finish import CommandResult, finish
 from npukit.report.progress import step, training_bar
 from npukit.tasks import QualityGate
-from npukit.verbs.common import output_task
+from npukit.verbs.common import given_onnx_file, output_task
 from npukit.verbs.qat import TrainingSamples
 
 
@@ -149,4 +149,7 @@ class Distillation:
             summary = summarize(model)
             figures[name] = {"macs": summary.macs, "params": summary.parameters,
                              "bytes": model_size(model).serialized_bytes, "deflated": compressed_bytes(model)}
+        given = given_onnx_file(report.config["model"])
+        if given is not None:  # the float row is the user's file, not the model as preprocessed (BatchNorm folded)
+            figures["float"] |= {"bytes": model_size(given).file_bytes, "deflated": compressed_bytes(given)}
         return latency, figures
