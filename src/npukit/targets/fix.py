@@ -543,7 +543,8 @@ def apply_fixes(
     # exact (no value changes): the checks below compare against the original made so too, which ORT then
     # optimizes as it does the fixed model (a Conv + BatchNorm folded, CenterFace: 9e-6 off unfolded)
     reference, made = _overridable_made_constant(reference, target, applied)
-    original = _overridable_made_constant(model, target, [])[0] if made else model
+    original = model if not made else reference if not shape_fixed else \
+        _overridable_made_constant(model, target, [])[0]
     fixed, modified = _rewritten(reference, target, applied)
     if target.hazards:  # patterns the target takes but computes wrongly: rewritten to a form it computes right
         fixed, guarded = _hazards_guarded(fixed, target, applied)

@@ -228,15 +228,18 @@ def _load_reference(reference: str | Path, spec: Any, model: onnx.ModelProto | N
     from npukit.frontend.shapes import input_dims, load_with_inputs
 
     if model is not None and spec is not None:
-        theirs = set(input_dims(load_onnx(reference)))
-        if theirs != set(input_dims(model)):
-            raise InputError(f"the reference {Path(str(reference)).name} takes inputs {sorted(theirs)}, the model "
-                             f"{sorted(input_dims(model))}", hint="give as --reference the float model this one was "
-                                                                  "made from")
+        _refuse_other_inputs(input_dims(model), input_dims(load_onnx(reference)), reference)
     try:
         return load_with_inputs(reference, spec)
     except InputError as exc:
         raise InputError(f"the reference {Path(str(reference)).name}: {exc.message}", hint=exc.hint) from None
+
+
+def _refuse_other_inputs(mine: Any, theirs: Any, path: str | Path) -> None:
+    """An InputError where the reference at ``path`` takes other inputs (by name) than the model."""
+    if set(mine) != set(theirs):
+        raise InputError(f"the reference {Path(str(path)).name} takes inputs {sorted(theirs)}, the model "
+                         f"{sorted(mine)}", hint="give as --reference the float model this one was made from")
 
 
 def _check_reference(model: onnx.ModelProto, reference: onnx.ModelProto, path: str | Path) -> None:
@@ -245,9 +248,7 @@ def _check_reference(model: onnx.ModelProto, reference: onnx.ModelProto, path: s
     from npukit.frontend.shapes import input_dims
 
     mine, theirs = input_dims(model), input_dims(reference)
-    if set(mine) != set(theirs):
-        raise InputError(f"the reference {Path(str(path)).name} takes inputs {sorted(theirs)}, the model "
-                         f"{sorted(mine)}", hint="give as --reference the float model this one was made from")
+    _refuse_other_inputs(mine, theirs, path)
     outputs, ref_outputs = len(model.graph.output), len(reference.graph.output)
     if outputs != ref_outputs:
         raise InputError(f"the reference {Path(str(path)).name} gives {ref_outputs} output(s), the model {outputs}",
@@ -362,7 +363,8 @@ def _bench_npu(report: Report, proto: onnx.ModelProto, ref_proto: onnx.ModelProt
                               "others")
     chip = soc_info(soc)
     options = soc_provider_options(soc)
-    add_htp_soc(report, chip, note=_reduced_precision_note(chip) if sixteen_bit_activations(proto) else None)
+    note = _reduced_precision_note(chip)  # None from v73 on: the model's activations need no reading then
+    add_htp_soc(report, chip, note=note if note and sixteen_bit_activations(proto) else None)
     with step("asking the QNN EP which nodes it takes", timings=report.timings, key="qnn_assignment"):
         assignment = qnn_node_assignment(proto)
     add_qnn_assignment(report, assignment)
