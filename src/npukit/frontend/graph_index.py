@@ -9,6 +9,7 @@ import functools
 from collections.abc import Iterable, Mapping
 
 import onnx
+import onnx.numpy_helper
 
 
 class GraphIndex:
@@ -85,6 +86,22 @@ class GraphIndex:
             if node.op_type in ("Shape", "Size") or self._folds(node, known):
                 known.update(o for o in node.output if o)
         return frozenset(known)
+
+    @functools.cached_property
+    def shifted_dequantized(self) -> frozenset[str]:
+        """The outputs of DequantizeLinear nodes reading int8 per channel (a zero point of more than one element)
+        with a zero point off zero: weights ``npukit quantize`` moved by one onto ORT's integer GEMM path on a CPU
+        with VNNI (``quant.cpu.conv_kernel``). Qualcomm's HTP takes symmetric per-channel weights only: its EP
+        claims a Conv reading one, then fails to add it. The one test analyze's HTP profile and the QNN session's
+        error both use."""
+        found = set()
+        for node in self.nodes:
+            zero = self.initializers.get(node.input[2]) if node.op_type == "DequantizeLinear" \
+                and len(node.input) > 2 and node.output else None
+            if zero is not None and zero.data_type == onnx.TensorProto.INT8 and len(zero.dims) == 1 \
+                    and zero.dims[0] > 1 and onnx.numpy_helper.to_array(zero).any():
+                found.add(node.output[0])
+        return frozenset(found)
 
     def is_folded(self, node: onnx.NodeProto) -> bool:
         """Whether ``node`` computes only from constants (see ``folded``): it runs at load, not per inference."""

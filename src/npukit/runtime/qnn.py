@@ -230,22 +230,14 @@ _WEIGHTED = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 
 
 def shifted_weights(proto: onnx.ModelProto) -> list[str]:
-    """The layers whose int8 weights are dequantized per channel with a non-zero zero point: the HTP takes symmetric
-    per-channel weights only, and the QNN EP claims such a Conv, then fails to add it ("Failed to add node", the
-    session not created). ``npukit quantize`` makes them on a CPU with VNNI where ORT's integer GEMM beats its
-    symmetric conv kernel (``quant.cpu.conv_kernel``: the weights moved by one, the same values dequantized)."""
-    from onnx import numpy_helper
+    """The layers (names) whose int8 weights are dequantized per channel with a non-zero zero point
+    (``GraphIndex.shifted_dequantized``): the likely cause of a QNN session that fails to add a node."""
+    from npukit.frontend.graph_index import GraphIndex
 
-    inits = {i.name: i for i in proto.graph.initializer}
-    dequantized = {n.output[0]: n for n in proto.graph.node if n.op_type == "DequantizeLinear" and n.output}
-    found = []
-    for node in proto.graph.node:
-        dq = dequantized.get(node.input[1]) if node.op_type in _WEIGHTED and len(node.input) > 1 else None
-        zero = inits.get(dq.input[2]) if dq is not None and len(dq.input) > 2 else None
-        if zero is not None and len(zero.dims) == 1 and zero.data_type == onnx.TensorProto.INT8 \
-                and numpy_helper.to_array(zero).any():
-            found.append(node.name or node.op_type)
-    return found
+    index = GraphIndex.of(proto)
+    shifted = index.shifted_dequantized
+    return [node.name or node.op_type for node in index.nodes
+            if node.op_type in _WEIGHTED and len(node.input) > 1 and node.input[1] in shifted]
 
 
 FLOAT_HTP_SOC = "SM8650"  # the SoC a float model's HTP session targets when the caller names none

@@ -62,13 +62,8 @@ def tensor_infos(graph: onnx.GraphProto, overridable: frozenset[str] = frozenset
         if source is not None and (source.constant or source.overridable):
             infos[node.output[0]] = source
     index = GraphIndex(graph)
-    for node in graph.node:  # int8 weights dequantized per channel, some off zero (ORT's integer GEMM path)
-        zero = index.initializers.get(node.input[2]) if node.op_type == "DequantizeLinear" \
-            and len(node.input) > 2 and node.output else None
-        if zero is not None and zero.data_type == onnx.TensorProto.INT8 and len(zero.dims) == 1 and zero.dims[0] > 1 \
-                and onnx.numpy_helper.to_array(zero).any():
-            infos[node.output[0]] = dataclasses.replace(infos.get(node.output[0], TensorInfo(None, None)),
-                                                        shifted_zero_points=True)
+    for name in index.shifted_dequantized:  # int8 weights dequantized per channel, some off zero (ORT's GEMM path)
+        infos[name] = dataclasses.replace(infos.get(name, TensorInfo(None, None)), shifted_zero_points=True)
     for name in index.shape_computed - index.folded:  # sizes computed from shapes: constants once those are folded
         info = infos.get(name)
         if info is not None and not info.constant:
