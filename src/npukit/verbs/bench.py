@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -224,13 +224,20 @@ def _load_reference(reference: str | Path, spec: Any, model: onnx.ModelProto | N
     """The --reference model with ``spec``'s shapes fixed in; what is wrong with it said of the reference. Where
     ``model`` is given, a reference with other inputs is refused as such before the shapes are fixed (an unrelated
     detector given as a classifier's reference read as a wrong --input-shape)."""
-    from npukit.frontend.onnx_io import load_onnx
-    from npukit.frontend.shapes import input_dims, load_with_inputs
+    from npukit.frontend.onnx_io import load_onnx, refuse_context_model
+    from npukit.frontend.shapes import fix_inputs, input_dims
 
+    loaded = _said_of_reference(reference, load_onnx, reference)
     if model is not None and spec is not None:
-        _refuse_other_inputs(input_dims(model), input_dims(load_onnx(reference)), reference)
+        _refuse_other_inputs(input_dims(model), input_dims(loaded), reference)
+    _said_of_reference(reference, refuse_context_model, loaded, reference)
+    return _said_of_reference(reference, fix_inputs, loaded, spec)
+
+
+def _said_of_reference(reference: str | Path, step: Callable[..., Any], *args: Any) -> Any:
+    """``step(*args)``, an InputError it raises said of the reference (its file name first)."""
     try:
-        return load_with_inputs(reference, spec)
+        return step(*args)
     except InputError as exc:
         raise InputError(f"the reference {Path(str(reference)).name}: {exc.message}", hint=exc.hint) from None
 
