@@ -80,9 +80,12 @@ def test_optimize_graph_uses_the_shape_given_for_its_check(symbolic, tmp_path, c
 
 def test_quantize_needs_the_shape_then_raises_the_opset_verified(symbolic, calib, tmp_path, capsys):
     out = tmp_path / "q.onnx"
-    args = ["quantize", str(symbolic), "--calib", str(calib), "-o", str(out), "--method", "minmax", "--runs", "2"]
+    flat = tmp_path / "flat.npy"  # no sample layout of x [N, 3, H, W] fits (N, 3, 32): no shape to take from it
+    np.save(flat, np.zeros((4, 3, 32), np.float32))
+    args = ["quantize", str(symbolic), "--calib", str(flat), "-o", str(out), "--method", "minmax", "--runs", "2"]
     assert main(args) == 2
     assert "quantize needs static input shapes" in _one_line_error(capsys) and not out.exists()
+    args[3] = str(calib)
     assert main(args + ["--input-shape", "x=1,3,32,32"]) == 0
     report = json.loads(out.with_name("q.report.json").read_text())
     upgrade = report["results"]["opset_upgrade"]
@@ -177,3 +180,40 @@ def test_export_takes_the_named_form(symbolic, tmp_path, capsys, monkeypatch):
                  "--input-shape", "b=1,3,32,32"]) == 2
     assert "one tensor input" in _one_line_error(capsys)
     assert not (tmp_path / "f.onnx").exists() and not (tmp_path / "h.onnx").exists()
+
+
+def test_without_input_shape_the_sizes_come_from_one_sample_of_the_data(symbolic, calib, tmp_path, capsys):
+    """PP-OCRv4's detector ([N, 3, H, W]) quantized with calib.npy (8, 3, 640, 640) stopped: "pass --input-shape
+    x=1,3,D2,D3". The data's sample is the shape: taken, said in the report, and the artifact fixed at it."""
+    out = tmp_path / "q.onnx"
+    assert main(["quantize", str(symbolic), "--calib", str(calib), "-o", str(out), "--method", "minmax",
+                 "--runs", "2"]) == 0
+    report = json.loads(out.with_name("q.report.json").read_text())
+    assert report["config"]["input_shape"] == {"x": [1, 3, 32, 32]}
+    assert report["results"]["input_shape_from_data"].startswith(
+        "no --input-shape given: input shape x=1,3,32,32 taken from one sample of calib.npy")
+    assert [d.dim_value for d in onnx.load(str(out)).graph.input[0].type.tensor_type.shape.dim] == [1, 3, 32, 32]
+    capsys.readouterr()
+
+
+def test_shapes_from_data_reads_each_layout_and_leaves_what_does_not_fit():
+    from npukit.verbs.common import shapes_from_data
+
+    model = onnx.helper.make_model(onnx.helper.make_graph(
+        [onnx.helper.make_node("Add", ["a", "s"], ["y"])], "g",
+        [onnx.helper.make_tensor_value_info("a", onnx.TensorProto.FLOAT, ["N", 4, "T"]),
+         onnx.helper.make_tensor_value_info("s", onnx.TensorProto.FLOAT, [1, 4, "T"])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)]),
+        opset_imports=[onnx.helper.make_opsetid("", 17)])
+    with tempfile.TemporaryDirectory() as tmp:
+        npz = Path(tmp) / "d.npz"
+        np.savez(npz, a=np.zeros((5, 4, 7), np.float32), s=np.zeros((5, 1, 4, 7), np.float32),
+                 labels=np.zeros(5, np.int64))
+        for data in (str(npz), {"a": np.zeros((5, 4, 7)), "s": np.zeros((5, 1, 4, 7))},
+                     [{"a": np.zeros((1, 4, 7)), "s": np.zeros((1, 4, 7))}] * 3):
+            with pytest.warns(UserWarning, match="a=1,4,7 s=1,4,7"):
+                fixed, spec = shapes_from_data(model, data)
+            assert spec.as_dict() == {"a": [1, 4, 7], "s": [1, 4, 7]}
+            assert [d.dim_value for d in fixed.graph.input[1].type.tensor_type.shape.dim] == [1, 4, 7]
+    for data in (None, np.zeros((5, 4)), {"a": np.zeros((5, 3, 7))}, "images/"):  # nothing fits: left as it is
+        assert shapes_from_data(model, data) == (model, None)

@@ -58,6 +58,7 @@ def html_path_for(json_path: Path) -> Path:
 # npukit's own notes, raised as warnings of these classes where they arise: class name -> (report key, table title)
 NOTES = {"InputShapeOverride": ("input_shape_override",
                                 "Input shape: the model's static sizes overridden by --input-shape"),
+         "InputShapeFromData": ("input_shape_from_data", "Input shape: taken from the data (no --input-shape)"),
          "UntrainedWeights": ("untrained_weights", "Weights: the model read is an untrained architecture"),
          "ImagePreprocessing": ("image_preprocessing",
                                 "Images: how they were turned into the model's input (--size, --resize, --mean, "

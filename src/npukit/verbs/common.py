@@ -6,8 +6,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
+import zipfile
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -324,17 +325,97 @@ def given_onnx_file(model: Any) -> Path | None:
     return path if path is not None and path.suffix.lower() == ".onnx" and path.is_file() else None
 
 
-def float_static_model(model: str | Path, input_shape: Any, *, verb: str) -> tuple[onnx.ModelProto, Any]:
-    """(the float model ``verb`` quantizes or trains, its ``InputSpec``): ``input_shape`` fixed into it, a quantized
+def float_static_model(model: str | Path, input_shape: Any, *, verb: str,
+                       data: Any = None) -> tuple[onnx.ModelProto, Any]:
+    """(the float model ``verb`` quantizes or trains, its ``InputSpec``): ``input_shape`` fixed into it (without
+    one, the sizes the model leaves open as one sample of ``data`` has them: ``shapes_from_data``), a quantized
     model refused and symbolic shapes refused (calibration and the trainers run static shapes), each in one line
     (exit 2)."""
     from npukit.frontend.shapes import InputSpec, load_with_inputs, require_static
 
     spec = InputSpec.parse(input_shape)
     proto = load_with_inputs(model, spec)
+    if spec is None:
+        proto, spec = shapes_from_data(proto, data)
     refuse_quantized(proto, model, verb=verb)
     require_static(proto, needs=verb)
     return proto, spec
+
+
+class InputShapeFromData(UserWarning):
+    """No --input-shape was given and the model leaves sizes open: they were taken from one sample of the data
+    (the report lists the message)."""
+
+
+def shapes_from_data(proto: onnx.ModelProto, data: Any) -> tuple[onnx.ModelProto, Any]:
+    """(``proto`` with the sizes it leaves open fixed as one sample of ``data`` has them, the ``InputSpec`` fixed
+    in); ``proto`` and None where it leaves none open or ``data`` tells none (an image folder: its size is the
+    preprocessing's; an array whose rank fits neither sample layout; sizes that contradict the model's). The
+    data's layouts are those of ``--data``: (N, ...) along the input's batch axis 0, a sample being batch 1, or
+    stacked whole samples (N, *shape). An ``InputShapeFromData`` warning names the shapes and where they came from,
+    for the report."""
+    from npukit.frontend.shapes import InputSpec, fix_inputs, input_dims
+
+    shapes = _array_shapes(data)
+    taken = {}
+    for name, dims in input_dims(proto).items():
+        shape = shapes.get(name, shapes.get(None) if len(shapes) == 1 else None)
+        if not dims or all(isinstance(d, int) for d in dims) or shape is None:
+            continue
+        if len(shape) == len(dims):
+            sample = (dims[0] if isinstance(dims[0], int) else 1, *shape[1:])
+        elif len(shape) == len(dims) + 1:
+            sample = tuple(shape[1:])
+        else:
+            continue
+        if all(not isinstance(d, int) or d == n for d, n in zip(dims, sample)) and all(n > 0 for n in sample):
+            taken[name] = tuple(int(n) for n in sample)
+    if not taken:
+        return proto, None
+    spec = InputSpec.parse({name: list(shape) for name, shape in taken.items()})
+    try:
+        fixed = fix_inputs(proto, spec)
+    except InputError as exc:
+        raise InputError(f"{exc.message} (input shape taken from {data_name(data)}, no --input-shape given)",
+                         hint=exc.hint) from None
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", InputShapeFromData)
+        shown = " ".join(f"{name}={','.join(map(str, shape))}" for name, shape in taken.items())
+        warnings.warn(f"no --input-shape given: input shape {shown} taken from one sample of {data_name(data)}; "
+                      "the artifact is fixed at it", InputShapeFromData, stacklevel=2)
+    return fixed, spec
+
+
+def _array_shapes(data: Any) -> dict[str | None, tuple[int, ...]]:
+    """The array shapes ``data`` holds, by input name (None: the one array of a .npy or a bare array), read from
+    the files' headers where it is a .npy or .npz; {} for anything else (an image folder, a missing file)."""
+    if isinstance(data, np.ndarray):
+        return {None: tuple(data.shape)}
+    if isinstance(data, Mapping):
+        return {str(k): tuple(np.shape(v)) for k, v in data.items() if k != "labels"}
+    if isinstance(data, (list, tuple)) and data and isinstance(data[0], Mapping):
+        return {str(k): (len(data), *np.shape(v)) for k, v in data[0].items()}
+    if not isinstance(data, (str, Path)) or not Path(str(data)).is_file():
+        return {}
+    suffix = Path(str(data)).suffix.lower()
+    try:
+        if suffix == ".npy":
+            return {None: tuple(np.load(str(data), mmap_mode="r").shape)}
+        if suffix == ".npz":
+            with zipfile.ZipFile(str(data)) as archive:
+                return {name[:-4]: _npy_header_shape(archive, name) for name in archive.namelist()
+                        if name.endswith(".npy") and name[:-4] != "labels"}
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return {}
+    return {}
+
+
+def _npy_header_shape(archive: zipfile.ZipFile, name: str) -> tuple[int, ...]:
+    """The shape in the header of the .npy member ``name`` of ``archive`` (its data not read)."""
+    with archive.open(name) as member:
+        version = np.lib.format.read_magic(member)
+        reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        return tuple(reader(member)[0])
 
 
 def quant_opset(report: Report, proto: onnx.ModelProto, config: Any, samples: Any, *,

@@ -72,7 +72,7 @@ def compile(  # noqa: A001 - the verb's name
     target, soc = _htp_target(model, target, soc=soc, weights=weights)
     gate = gate or QualityGate()
     output = check_output(output, source=model)
-    proto = _load(model, input_shape)
+    proto = _load(model, input_shape, calib if calib is not None else data)
     report = Report("compile", config={"model": str(model), "target": target, "soc": soc,
                                        "calib": data_label(calib), "data": data_label(data),
                                        "weight_bits": weight_bits,
@@ -127,13 +127,18 @@ def _htp_target(model: Any, target: str, *, soc: str | None, weights: Any) -> tu
     return profile.name, soc
 
 
-def _load(model: str | Path, input_shape: str | Sequence[int] | None) -> onnx.ModelProto:
-    """``model`` loaded with ``input_shape`` fixed in, as the HTP needs static shapes; a symbolic batch alone
-    becomes 1."""
-    from npukit.frontend.shapes import InputSpec, apply_input_spec, fixed_shapes, load_with_inputs, symbolic_inputs
+def _load(model: str | Path, input_shape: str | Sequence[int] | None, data: Any) -> onnx.ModelProto:
+    """``model`` loaded with ``input_shape`` fixed in (without one, the sizes it leaves open as one sample of
+    ``data`` has them), as the HTP needs static shapes; a symbolic batch alone becomes 1."""
+    from npukit.frontend.shapes import (InputSpec, apply_input_spec, fixed_shapes, load_with_inputs, require_static,
+                                        symbolic_inputs)
+    from npukit.verbs.common import shapes_from_data
 
     spec = InputSpec.parse(input_shape)
-    proto = load_with_inputs(model, spec, needs="the HTP")
+    proto = load_with_inputs(model, spec)
+    if spec is None:
+        proto, spec = shapes_from_data(proto, data)
+    require_static(proto, needs="the HTP")
     if symbolic_inputs(proto, allow_batch=False):  # a symbolic batch alone becomes 1
         proto = apply_input_spec(proto, InputSpec(tuple(fixed_shapes(proto).items())))
     return proto

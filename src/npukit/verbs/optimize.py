@@ -203,7 +203,7 @@ class _Inputs:
         if torch_program:
             source, proto, spec, export = _torch_program(model, input_shape, weights, data)
         else:
-            proto, spec = float_static_model(model, input_shape, verb="optimize")
+            proto, spec = float_static_model(model, input_shape, verb="optimize", data=data)
         held = list(open_data(data, proto, preprocess).batches(1))
         if calib is None:
             if len(held) < 4:

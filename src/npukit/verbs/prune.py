@@ -75,7 +75,7 @@ def prune(
     output = check_output(output, source=model)
     train_config = QatConfig(weight_bits=8, epochs=epochs, batch_size=batch_size, lr=lr or LEARNING_RATE,
                              augment=augment, mixup=mixup, max_steps=max_steps, seed=seed)
-    proto, spec = float_static_model(model, input_shape, verb="prune")
+    proto, spec = float_static_model(model, input_shape, verb="prune", data=data)
     samples = TrainingSamples.open(proto, data, eval_data, calib, preprocess or PreprocessConfig(), max_samples)
     report = Report("prune", config={"model": str(model), "data": str(data), "macs": macs, "sparsity": sparsity,
                                      "eval": str(eval_data) if eval_data else f"last 20% of {data}",

@@ -96,7 +96,7 @@ def qat(
     train_config = QatConfig(weight_bits=weight_bits, schedule=tuple(schedule) if schedule else None, epochs=epochs,
                              batch_size=batch_size, lr=lr, learn_scales=learn_scales, augment=augment, mixup=mixup,
                              max_steps=max_steps, seed=seed)
-    proto, spec = float_static_model(model, input_shape, verb="qat")
+    proto, spec = float_static_model(model, input_shape, verb="qat", data=data)
     refuse_nothing_left(proto, exclude, hint="exclude fewer nodes: qat trains the quantized layers")
     samples = TrainingSamples.open(proto, data, eval_data, calib, preprocess or PreprocessConfig(), max_samples)
     rank, size = world()

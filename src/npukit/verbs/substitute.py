@@ -72,7 +72,7 @@ def substitute(
     output = check_output(output, source=model)
     train_config = QatConfig(weight_bits=8, epochs=epochs, batch_size=batch_size, lr=lr or LEARNING_RATE,
                              augment=augment, mixup=mixup, max_steps=max_steps, seed=seed)
-    proto, spec = float_static_model(model, input_shape, verb="substitute")
+    proto, spec = float_static_model(model, input_shape, verb="substitute", data=data)
     changed = apply_substitutions(proto, list(rules))  # before pre-processing, which inlines HardSwish
     samples = TrainingSamples.open(proto, data, eval_data, None, preprocess or PreprocessConfig(), max_samples)
     report = _report(model, data, eval_data, rules, samples, train_config=train_config, ramp=ramp, task=task,
