@@ -236,6 +236,18 @@ def test_a_report_not_named_json_is_refused(exported, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "--report" in err and "must end in .json" in err and "x.json" in err and "\n" not in err, err
     assert list(tmp_path.iterdir()) == []
+    import npukit  # from Python too: npukit.inspect(..., report_path="x.txt") wrote x.txt, plan_memory JSON as .html
+    from npukit.errors import InputError
+
+    for verb, name in ((npukit.inspect, "x.txt"), (npukit.plan_memory, "pm.html"), (npukit.bench, "b.onnx"),
+                       (npukit.serve_bench, "s.txt")):
+        with pytest.raises(InputError, match=r"report_path .* must end in \.json"):
+            verb(str(exported), report_path=str(tmp_path / name))
+    with pytest.raises(InputError, match=r"report_path .* must end in \.json"):
+        npukit.analyze(str(exported), targets="cpu", report_path=str(tmp_path / "a.txt"))
+    with pytest.raises(InputError, match=r"report_path .* must end in \.json"):
+        npukit.devices(report_path=str(tmp_path / "d.txt"))
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_analyze_across_targets(exported, tmp_path, capsys):

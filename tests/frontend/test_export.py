@@ -173,6 +173,14 @@ def test_onnx_passthrough_with_a_dynamic_batch_runs_two_samples_at_once(tmp_path
     follows = resolve_model(str(model(-1, [-1, 4, 3])))  # the batch follows the input; declared as Paddle does
     result = export_model(follows, tmp_path / "f.onnx", config=ExportConfig(input_shape=(1, 4, 3), dynamic_batch=True))
     assert result.passed and result.max_abs_error == 0.0
+    two = onnx.load(model(-1, [-1, 4, 3]))  # a second input whose batch sits on axis 1 (Silero VAD's state)
+    two.graph.input.append(helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "batch", 8]))
+    onnx.save(two, tmp_path / "two.onnx")
+    with pytest.raises(InputError, match=r"this model has 2 inputs \(x, state\)") as caught:  # was "input 'state'
+        # has a symbolic dimension 'batch' at axis 1. pass the full shape", and export takes the first input's only
+        export_model(resolve_model(str(tmp_path / "two.onnx")), tmp_path / "t.onnx",
+                     config=ExportConfig(input_shape=(1, 4, 3), dynamic_batch=True))
+    assert "without --dynamic-batch" in caught.value.one_line() and not (tmp_path / "t.onnx").exists()
 
 
 def test_bad_inputs_leave_no_file(factories: str, tmp_path: Path) -> None:

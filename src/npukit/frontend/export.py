@@ -342,6 +342,14 @@ def _passthrough(source: ModelSource, staged: Path, *, config: ExportConfig) -> 
         raise InputError("--dynamic-batch on a model with symbolic sizes besides the batch needs --input-shape: the "
                          "model is run on two samples at once to check it batches",
                          hint="pass the shape of one sample, e.g. --input-shape 1,3,640,640")
+    inputs = graph_inputs(original)
+    if config.dynamic_batch and len(inputs) != 1:  # only the first input is made batch-dynamic (Silero VAD's
+        # state has its batch at axis 1: the check's seeded inputs could not be sized, "pass the full shape")
+        raise InputError(f"--dynamic-batch makes an .onnx file's first input batch-dynamic; this model has "
+                         f"{len(inputs)} inputs ({', '.join(i.name for i in inputs)}), whose batches cannot be "
+                         "made dynamic and checked together that way",
+                         hint="export it without --dynamic-batch (optimize-graph fixes every input's shape), or "
+                              "re-export it from its source with a dynamic batch")
     model = original
     errors: OutputErrors | None = None
     if shape is not None:
@@ -378,11 +386,6 @@ def _check_batch(model: onnx.ModelProto, shape: tuple[int, ...], *, config: Expo
     (``runtime.ort.batch_problem``): one that does not is an InputError (exit 2, nothing written)."""
     session = make_session(model)
     inputs = session.get_inputs()
-    if len(inputs) != 1:  # only the first input is made batch-dynamic: the others' batch stays the model's own
-        raise InputError(f"--dynamic-batch makes an .onnx file's first input batch-dynamic; this model has "
-                         f"{len(inputs)} inputs, whose batches cannot be checked together that way",
-                         hint="export it without --dynamic-batch, or re-export it from its source with a dynamic "
-                              "batch")
     problem = batch_problem(session, {inputs[0].name: (1, *shape[1:])}, seed=config.seed, rtol=config.rtol)
     if problem:
         raise InputError(f"--dynamic-batch: {problem}", hint=hint)

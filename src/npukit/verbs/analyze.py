@@ -10,8 +10,8 @@ import onnx
 
 from npukit.errors import InputError
 from npukit.report.finish import CommandResult, finish, report_path_for
-from npukit.verbs.common import (check_output, is_qdq, keeps_module_modes, note_export_drift, scratch_export,
-                                 torch_source)
+from npukit.verbs.common import (check_output, check_report_path, is_qdq, keeps_module_modes, note_export_drift,
+                                 scratch_export, torch_source)
 
 
 @keeps_module_modes
@@ -41,6 +41,7 @@ def analyze(
     from npukit.report.analyze import analyze_report
     from npukit.targets.api import analyze_model
 
+    report_path = check_report_path(report_path)
     targets = [targets] if isinstance(targets, str) else list(targets)  # one target named alone, not its letters
     if output is not None and not fix:
         raise InputError("-o names the fixed model --fix writes; without --fix analyze writes no model",

@@ -27,8 +27,8 @@ from npukit.report.energy import add_energy
 from npukit.report.finish import CommandResult, finish
 from npukit.report.progress import progress, step
 from npukit.tasks import QualityGate
-from npukit.verbs.common import (classified_output, data_label, data_name, evaluate, is_qdq, logits, open_data,
-                                 preprocess_record, samples_read, task_check)
+from npukit.verbs.common import (check_report_path, classified_output, data_label, data_name, evaluate, is_qdq, logits,
+                                 open_data, preprocess_record, samples_read, task_check)
 
 
 # Measured on the onnxruntime-qnn HTP emulator (QNN SDK 2.51), one 3x3 Conv with uint16 activations and int8
@@ -75,6 +75,7 @@ def bench(
     from npukit.frontend.onnx_io import is_context_model
     from npukit.runtime.qnn import FLOAT_HTP_SOC
 
+    report_path = check_report_path(report_path)
     config = BenchConfig(threads=threads, warmup=warmup, runs=runs, max_samples=max_samples)
     preprocess = preprocess or PreprocessConfig()
     given_soc, soc = soc, soc or FLOAT_HTP_SOC  # a context binary runs as the SoC it was compiled for

@@ -40,6 +40,18 @@ def check_output(output: str | Path, *, source: str | Path | None = None, suffix
     return output
 
 
+def check_report_path(report_path: str | Path | None) -> Path | None:
+    """``report_path`` (a verb's JSON report, the CLI's --report / --json) as a Path, refused unless it ends in
+    .json (the CLI refused x.txt; ``npukit.inspect(..., report_path="x.txt")`` wrote it, and plan_memory wrote JSON
+    into pm.html); None stays None."""
+    if report_path is None:
+        return None
+    path = Path(report_path)
+    if path.suffix.lower() != ".json":
+        raise InputError(f"report_path {report_path} must end in .json", hint=f"name it like {path.stem}.json")
+    return path
+
+
 def keeps_module_modes(verb: Callable[..., Any]) -> Callable[..., Any]:
     """``verb`` (whose first argument is the model) leaving a torch.nn.Module given in Python in the modes it came
     in: the verb evaluates it (``.eval()``, dropout and BatchNorm statistics off), and a caller exporting or

@@ -14,7 +14,9 @@ def devices(*, report_path: str | Path | None = None, html: bool = False) -> Com
     ``html``: the HTML report beside the JSON one at ``report_path`` (the machine has no file to write it beside)."""
     from npukit.errors import InputError
     from npukit.runtime.devices import probe_devices
+    from npukit.verbs.common import check_report_path
 
+    report_path = check_report_path(report_path)
     if html and not report_path:
         raise InputError("--html writes the HTML report beside the JSON one, and devices has no model file to put "
                          "them beside", hint="give --report PATH.json too")

@@ -20,8 +20,9 @@ def inspect(model: str | Path, *, input_shape: str | Sequence[int] | None = None
     partial sum with ``unknown_mac_layers``) rather than a number that leaves them out. Where the inputs are static
     but the graph computes sizes shape inference cannot follow, the model is run once on seeded inputs for them."""
     from npukit.frontend.shapes import InputSpec, load_with_inputs
-    from npukit.verbs.common import summary_of
+    from npukit.verbs.common import check_report_path, summary_of
 
+    report_path = check_report_path(report_path)
     spec = InputSpec.parse(input_shape)
     proto = load_with_inputs(model, spec)
     summary = summary_of(proto)

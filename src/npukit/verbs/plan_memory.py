@@ -24,7 +24,9 @@ def plan_memory(
     ``runtime_graph`` is False (the rule-based view of the exported graph)."""
     from npukit.memory.plan import plan_memory as _plan
     from npukit.report.memory import memory_report
+    from npukit.verbs.common import check_report_path
 
+    report_path = check_report_path(report_path)
     result = _plan(model, target=target, input_shape=input_shape, order_search=order_search,
                    runtime_graph=runtime_graph)
     report = memory_report(result)

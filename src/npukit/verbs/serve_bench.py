@@ -49,7 +49,9 @@ def serve_bench(
     from npukit.frontend.shapes import InputSpec, fix_inputs, fixed_shapes, symbolic_inputs
     from npukit.measure.serving import ServingConfig
     from npukit.report.serving import add_serving
+    from npukit.verbs.common import check_report_path
 
+    report_path = check_report_path(report_path)
     path = _served_file(model)
     spec = InputSpec.parse(input_shape)
     _refuse_buckets_with(buckets, spec, data)
