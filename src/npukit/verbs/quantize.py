@@ -137,16 +137,14 @@ def quantize(model: str | Path, output: str | Path, *,
     choice, and the plan timed beside the all-int8 and all-16-bit models. No plan that passes: an ``InputError``,
     nothing written.
 
-    ``input_shape`` (``InputSpec`` forms) is fixed into the model first; without it, sizes the model leaves open
-    are taken from one sample of ``calib`` (else ``data``) where that is arrays (``common.shapes_from_data``). A
-    model below the opset its Q/DQ needs (per-channel: 13, 16-bit: 21) is converted and verified on calibration
-    samples first (``npukit.frontend.opset``); the report records it.
+    ``input_shape`` (``InputSpec`` forms) is fixed into the model first (else the sizes it leaves open as ``calib``'s
+    arrays have them: ``common.shapes_from_data``). A model below the opset its Q/DQ needs (per-channel: 13, 16-bit:
+    21) is converted and verified on calibration samples first (``npukit.frontend.opset``); the report records it.
     """
     BenchConfig(threads=threads, runs=runs, max_samples=max_samples)  # refused before any work, as bench does
     output = check_output(output, source=model)
     preprocess, gate = preprocess or PreprocessConfig(), gate or QualityGate()
-    proto, spec = float_static_model(model, input_shape, verb="quantize",
-                                     data=calib if calib is not None else data)
+    proto, spec = float_static_model(model, input_shape, verb="quantize", data=calib)
     scheme = cpu_scheme()
     config = _quant_config(scheme, per_tensor=per_tensor, method=method, calib_samples=calib_samples, recipe=recipe,
                            recipe_budget_s=recipe_budget_s, cle=cle, equalize_activations=equalize_activations,
