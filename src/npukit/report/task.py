@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from npukit.report.core import Report
 from npukit.tasks import QualityGate, TaskChoice, TaskResult, Verdict
 
@@ -28,3 +31,18 @@ def add_task_check(report: Report, choice: TaskChoice, result: TaskResult, gate:
                          [[o.name, o.shape[0], o.sqnr_db, o.cosine, o.max_abs_error, o.reference_max_abs]
                           for o in result.at_detections])
     report.set_verdict(verdict.line, passed=verdict.passed)
+
+
+def add_rolled_check(report: Report, rolled: Any, result: TaskResult, held: Sequence[str]) -> None:
+    """The check of a recurrent model with each model fed its own state (``measure.recurrent.RolledCheck``) beside
+    the one-step figures of ``result``: its JSON section and a table (``held``: the outputs held to the SQNR
+    floor)."""
+    report.add("recurrent_check", rolled.as_dict())
+    one_step = {o.name: o.sqnr_db for o in result.outputs}
+    fed = {o: i for i, o in rolled.pairs}
+    report.add_table(f"Recurrent state: each model fed its own state back over {rolled.steps} samples in order "
+                     "(as it runs in use; the check above gives both the data's state each sample)",
+                     ["output", "fed back as", "held to the SQNR floor", "SQNR dB, state fed back",
+                      "SQNR dB, one step", "max abs error", "reference max |value|"],
+                     [[o.name, fed.get(o.name, ""), o.name in held, o.sqnr_db, one_step.get(o.name),
+                       o.max_abs_error, o.reference_max_abs] for o in rolled.outputs])

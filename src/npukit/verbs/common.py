@@ -468,8 +468,9 @@ def task_check(report: Report, reference: Any, candidate: Any, samples: Sequence
     reference in the tables) on ``samples`` with the model's task, judge it under ``gate`` (``hint``: what to try,
     said when it fails), and put the tables and the verdict into ``report``. ``imposed``: why the verb, not the
     user, chose ``task`` (the report said "given" for a task nobody gave)."""
+    from npukit.measure.recurrent import roll
     from npukit.measure.task_fidelity import compare_task, session_runner
-    from npukit.report.task import add_task_check
+    from npukit.report.task import add_rolled_check, add_task_check
     from npukit.runtime.ort import make_session
     from npukit.tasks import judge
 
@@ -489,8 +490,15 @@ def task_check(report: Report, reference: Any, candidate: Any, samples: Sequence
     choice, result = compare_task(reference_runner, candidate_runner, samples, output_names=names, task=task)
     if imposed:
         choice = dataclasses.replace(choice, given=False, reason=imposed)
-    verdict = judge(result, gate, what=what, extra_failures=extra_failures, hint=hint)
+    rolled = roll(reference_runner, candidate_runner, samples, names)  # a recurrent state fed back, as in use
+    held = [o.name for o in result.outputs if result.value is None or o.name not in result.decoded]
+    drift = rolled.failures(gate.min_sqnr_db, held) if rolled is not None else []
+    verdict = judge(result, gate, what=what, extra_failures=[*extra_failures, *drift], hint=hint)
+    if rolled is not None and not drift:
+        verdict = dataclasses.replace(verdict, line=f"{verdict.line}; {rolled.summary()}")
     add_task_check(report, choice, result, gate, verdict, where=where, against=against)
+    if rolled is not None:
+        add_rolled_check(report, rolled, result, held)
     return choice, result, verdict
 
 
