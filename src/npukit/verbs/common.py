@@ -527,6 +527,7 @@ def floor_check(reference: Any, samples: Sequence[Any], *, task: str | None, gat
     """A function of a candidate model that says whether it passes ``gate``'s floors (never accepting a degraded
     one) against ``reference`` on ORT CPU, through the model's task on ``samples``; each candidate is run by
     ``session(model)`` (ORT CPU by default). For searches that build many candidates (mixed precision)."""
+    from npukit.measure.recurrent import roll
     from npukit.measure.task_fidelity import compare_task, session_runner
     from npukit.quant.precision.layer_plan import Check
     from npukit.runtime.ort import make_session
@@ -544,10 +545,13 @@ def floor_check(reference: Any, samples: Sequence[Any], *, task: str | None, gat
     session = session or make_session
 
     def check(model: onnx.ModelProto) -> Check:
-        candidate = session(model)
-        _, result = compare_task(expected, session_runner(candidate), samples,
-                                 output_names=[o.name for o in candidate.get_outputs()], task=task)
-        verdict = judge(result, strict, what=what)
+        made = session(model)
+        candidate, names = session_runner(made), [o.name for o in made.get_outputs()]
+        _, result = compare_task(expected, candidate, samples, output_names=names, task=task)
+        rolled = roll(reference_runner, candidate, samples, names)  # a recurrent state fed back, as task_check
+        held = [o.name for o in result.outputs if result.value is None or o.name not in result.decoded]
+        drift = rolled.failures(strict.min_sqnr_db, held) if rolled is not None else []
+        verdict = judge(result, strict, what=what, extra_failures=drift)
         return Check(bool(verdict.passed), verdict.line)
 
     return check
