@@ -907,7 +907,7 @@ def integer_kernel_report(model: onnx.ModelProto) -> dict:
 
     Returns {"integer_ops": {op: count}, "integer_compute": the conv/matmul kernels among them,
     "float_compute_after_dq": {op: count}, "float_compute": {op: count}, "float_compute_16bit": the float ones fed by
-    or quantized onto a 16-bit grid, "integer_fraction": integer conv/matmul kernels / (those + float Conv/MatMul/Gemm)}. An elementwise
+    or quantized onto a 16-bit grid, "integer_fraction": integer conv/matmul kernels / (those + float Conv/MatMul/Gemm and LSTM/GRU/RNN)}. An elementwise
     integer kernel (QLinearAdd, QLinearMul, ...) beside convs computed in float leaves the fraction at 0.
     """
     with tempfile.TemporaryDirectory(prefix="npukit-quant-") as tmp:
@@ -917,6 +917,9 @@ def integer_kernel_report(model: onnx.ModelProto) -> dict:
     index = GraphIndex(optimized.graph)
     integer = collections.Counter(n.op_type for n in optimized.graph.node if n.op_type in INTEGER_KERNELS)
     float_ops = [n for n in optimized.graph.node if n.op_type in FLOAT_COMPUTE_OPS]
+    # recurrent layers have no integer kernel in ORT: float compute too, inside If / Loop bodies as well (Silero
+    # VAD's LSTM, in an If: "integer fraction 1" beside the layer that takes most of its estimated energy)
+    float_ops += [n for n in _all_nodes(optimized.graph) if n.op_type in RECURRENT_OPS]
     after_dq = collections.Counter(n.op_type for n in float_ops
                                    if any(index.producer_op(t) == "DequantizeLinear" for t in n.input))
     wide = sum(1 for n in float_ops if any(_dequantizes_16_bit(index, t) for t in n.input)
@@ -931,6 +934,20 @@ def integer_kernel_report(model: onnx.ModelProto) -> dict:
         "float_compute_16bit": wide,  # fed by or quantized onto a 16-bit grid
         "integer_fraction": heavy_integer / total if total else 0.0,
     }
+
+
+RECURRENT_OPS = ("LSTM", "GRU", "RNN")
+
+
+def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The nodes of ``graph`` and of every subgraph its nodes hold (If branches, Loop and Scan bodies)."""
+    nodes = []
+    for node in graph.node:
+        nodes.append(node)
+        for attribute in node.attribute:
+            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)):
+                nodes += _all_nodes(sub)
+    return nodes
 
 
 def _dequantizes_16_bit(index: GraphIndex, tensor: str) -> bool:

@@ -184,8 +184,8 @@ def add_size_and_speed(report: Report, sizes: dict[str, int], latency: dict[str,
     report.add_table("What ORT runs", KERNEL_COLUMNS, [kernel_row(kernels)])
 
 
-KERNEL_COLUMNS = ["integer conv/matmul kernels", "other integer kernels", "float conv/matmul (fed by DequantizeLinear)",
-                  "integer fraction of conv/matmul"]
+KERNEL_COLUMNS = ["integer conv/matmul kernels", "other integer kernels",
+                  "float conv/matmul/recurrent (fed by DequantizeLinear)", "integer fraction of them"]
 
 
 def kernel_row(kernels: dict) -> list[Any]:
