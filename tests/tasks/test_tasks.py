@@ -321,6 +321,24 @@ def test_task_detection_from_outputs() -> None:
     assert choose_task([(1, 40, 97)], [(1, 3, 48, 320)], task="text-recognize").given  # raw CTC logits
 
 
+def test_a_time_major_ctc_output_is_read_per_line():
+    """ddddocr's recognizer gives (T, N, C) = 32x1x8210, PyTorch's CTC layout: --task text-recognize read it as 32
+    one-step lines per image (960 "samples" for 30) and PASSed a model that read 13 of the 30 lines differently."""
+    choice = choose_task([(32, 1, 50)], [(1, 1, 64, 256)], task="text-recognize")
+    assert choice.time_major and "time-major" in choice.reason
+    assert not choose_task([(1, 40, 97)], [(1, 3, 48, 320)], task="text-recognize").time_major
+    steps = np.full((32, 1, 50), -5.0, np.float32)
+    steps[:, 0, 0] = 5.0  # blank everywhere ...
+    steps[3:5, 0, 7], steps[10, 0, 9] = 9.0, 9.0  # ... but "7" (two steps) then "9"
+    other = steps.copy()
+    other[10, 0, 9] = -9.0  # the candidate misses the "9"
+    meter = choice.meter(["probs"])
+    meter.update([steps], [other])
+    result = meter.result()
+    assert result.samples == 1 and result.metrics["reference_characters"] == 2
+    assert result.value == 0.5 and result.metrics["sequence_agreement"] == 0.0
+
+
 def test_the_gate_validates_its_floors() -> None:
     with pytest.raises(InputError):
         QualityGate(min_metric=1.5)

@@ -42,6 +42,7 @@ class TaskChoice:
     layout: DetectLayout | None = None
     given: bool = False  # named by the user rather than detected
     channels_last: bool = False  # segment: (N, H, W, C)
+    time_major: bool = False  # text-recognize: (T, N, C), PyTorch's CTC layout
 
     def meter(self, output_names: Sequence[str]) -> TaskMeter:
         if self.name == "classify":
@@ -54,7 +55,7 @@ class TaskChoice:
         if self.name == "text-detect":
             return TextDetectMeter(output_names, self.output)
         if self.name == "text-recognize":
-            return TextRecognizeMeter(output_names, self.output)
+            return TextRecognizeMeter(output_names, self.output, time_major=self.time_major)
         return GenericMeter(output_names)
 
     def as_dict(self) -> dict:
@@ -120,8 +121,9 @@ def _detected(shapes: Sequence[Shape], inputs: Sequence[Shape],
     for i, shape in enumerate(shapes):
         if len(shape) == 3 and all(isinstance(d, int) for d in shape[1:]) and shape[2] >= 2 and sample is not None \
                 and _is_softmax_rows(np.asarray(sample[i])):
-            return TaskChoice("text-recognize", i, f"output {i} is (N, steps, classes) with each step a "
-                                                   "probability distribution: CTC text recognition")
+            return _recognizer(TaskChoice("text-recognize", i, f"output {i} is (N, steps, classes) with each step "
+                                                               "a probability distribution: CTC text recognition"),
+                               shapes, inputs)
     maps: list[int] = []  # (N, C >= 2, H, W) outputs near the input's resolution
     for i, shape in enumerate(shapes):
         if len(shape) == 4 and all(isinstance(d, int) for d in shape[1:]) and image is not None:
@@ -161,6 +163,18 @@ def _detected(shapes: Sequence[Shape], inputs: Sequence[Shape],
     return TaskChoice("generic", 0, "no known output layout: every output compared by SQNR and cosine")
 
 
+def _recognizer(choice: TaskChoice, outputs: Sequence[Shape], inputs: Sequence[Shape]) -> TaskChoice:
+    """``choice`` (text-recognize) read time-major where its output is (T, N, C), PyTorch's CTC layout: axis 1 is
+    the inputs' batch and axis 0 is not (ddddocr's 32x1x8210 per line was read as 32 one-step lines: 960 "samples"
+    for 30, and a model reading 13 of 30 lines differently PASSed)."""
+    shape = outputs[choice.output]
+    batch = next((s[0] for s in inputs if len(s) and isinstance(s[0], int)), None)
+    if len(shape) == 3 and batch is not None and shape[1] == batch and shape[0] != batch:
+        return dataclasses.replace(choice, time_major=True,
+                                   reason=f"{choice.reason}; output {choice.output} is (steps, N, classes): time-major")
+    return choice
+
+
 def choose_task(output_shapes: Sequence[Shape], input_shapes: Sequence[Shape], *, task: str | None = None,
                 sample: Sequence[np.ndarray] | None = None) -> TaskChoice:
     """The task for a model with these outputs: ``task`` when given (checked against the outputs), else detected
@@ -189,8 +203,9 @@ def choose_task(output_shapes: Sequence[Shape], input_shapes: Sequence[Shape], *
              "generic": lambda s: True}[task]
     fitting = [i for i, shape in enumerate(output_shapes) if index(shape)]
     if fitting:
-        return TaskChoice(task, _probability_map(fitting, sample) if task == "segment" else fitting[0], "given",
-                          given=True)
+        chosen = TaskChoice(task, _probability_map(fitting, sample) if task == "segment" else fitting[0], "given",
+                            given=True)
+        return _recognizer(chosen, output_shapes, input_shapes) if task == "text-recognize" else chosen
     raise InputError(f"--task {task} but no output has the shape that task decodes "
                      f"(outputs: {', '.join(str(list(s)) for s in output_shapes)})",
                      hint="check the outputs with npukit inspect, or use --task generic")

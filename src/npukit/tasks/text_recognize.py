@@ -1,7 +1,8 @@
-"""Text recognition (CTC): an (N, T, C) output of per-step class scores, decoded greedily (argmax per step, repeats
-merged, the blank class 0 dropped) into a character sequence for each model. Headline: character agreement, one
-minus the edit distance between the candidate's and the reference's sequences over the reference's length, summed
-over samples; also the share of samples whose sequences are identical and the per-step argmax agreement.
+"""Text recognition (CTC): an (N, T, C) output (or time-major (T, N, C), PyTorch's) of per-step class scores,
+decoded greedily (argmax per step, repeats merged, the blank class 0 dropped) into a character sequence for each
+model. Headline: character agreement, one minus the edit distance between the candidate's and the reference's
+sequences over the reference's length, summed over samples; also the share of samples whose sequences are identical
+and the per-step argmax agreement.
 
 The gate holds both the character agreement and the share of identical sequences to its floor: what a reader of
 the text sees is whether a line reads the same. Seen on PP-OCRv4's recognizer (30 rendered text lines): an INT8
@@ -42,15 +43,18 @@ def edit_distance(a: Sequence[int], b: Sequence[int]) -> int:
 class TextRecognizeMeter:
     task = "text-recognize"
 
-    def __init__(self, output_names: Sequence[str], sequence: int = 0) -> None:
+    def __init__(self, output_names: Sequence[str], sequence: int = 0, *, time_major: bool = False) -> None:
         self.names = list(output_names)
         self.sequence = sequence
+        self.time_major = time_major  # (T, N, C): read as (N, T, C)
         self._stats = OutputStats(self.names)
         self._edits = self._chars = self._same = self._samples = self._steps = self._steps_agree = 0
 
     def update(self, reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray], labels: Any = None) -> None:
         self._stats.update(reference, candidate)
         ref, cand = np.asarray(reference[self.sequence]), np.asarray(candidate[self.sequence])
+        if self.time_major:
+            ref, cand = ref.transpose(1, 0, 2), cand.transpose(1, 0, 2)
         for r, c in zip(ref, cand):
             a, b = ctc_greedy(r), ctc_greedy(c)
             self._samples += 1
