@@ -114,3 +114,19 @@ def test_a_model_for_the_htp_is_priced_with_its_activations_at_their_quantized_w
     assert "(memory plan, qnn-htp view)" in notes["htp"] and "(ORT CPU's allocation planner)" in notes["cpu"]
     peak = {role: int(note.split()[2]) for role, note in notes.items()}
     assert 0 < peak["htp"] < peak["cpu"], peak
+
+
+def test_a_dynamically_quantized_operator_is_priced_as_integer_macs() -> None:
+    """ORT's DynamicQuantizeMatMul (DynamicQuantizeLSTM likewise: ddddocr's was priced as float32, 1650 uJ of MACs)
+    quantizes its float input as it runs and multiplies on the int8 weights."""
+    graph = helper.make_graph(
+        [helper.make_node("DynamicQuantizeMatMul", ["x", "w", "s", "z"], ["y"], domain="com.microsoft", name="dq")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
+        [numpy_helper.from_array(np.ones((64, 32), np.int8), "w"),
+         numpy_helper.from_array(np.array([0.1], np.float32), "s"),
+         numpy_helper.from_array(np.array([0], np.int8), "z")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    (op,) = estimate_energy(model).ops
+    assert op.dtype == "int8", op

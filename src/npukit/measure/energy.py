@@ -243,6 +243,8 @@ def _op_energy(node: onnx.NodeProto, index: int, tensors: _Tensors, *, macs: int
     # the widest of its inputs and outputs
     operands = node.input[:2] if macs else data + weights + list(node.output)
     dtype = max([tensors.stored(n)[0] for n in operands if n] or ["float32"], key=lambda k: _WIDTH[k])
+    if node.op_type in _DYNAMIC_INTEGER:  # float activations quantized as it runs, integer weights: integer MACs
+        dtype = min((tensors.stored(n)[0] for n in node.input if n), key=lambda k: _WIDTH[k], default=dtype)
     other = 0 if macs else _other_flops(node, tensors.shapes) or 0
     name = node.name or f"{node.op_type}_{index}"
     if fused:
@@ -253,6 +255,10 @@ def _op_energy(node: onnx.NodeProto, index: int, tensors: _Tensors, *, macs: int
                     memory_pj=sram * SRAM_PJ_PER_BYTE + dram * DRAM_PJ_PER_BYTE)
 
 
+# ONNX Runtime's dynamically quantized operators (ddddocr's DynamicQuantizeLSTM was priced as float32 MACs, 1650 uJ
+# for its integer GEMMs): the float input is quantized per call and the products run on the integer weights
+_DYNAMIC_INTEGER = {"DynamicQuantizeLSTM", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulInteger",
+                    "ConvInteger"}
 _EPILOGUE = {"Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Sigmoid", "Tanh", "PRelu"}
 
 
