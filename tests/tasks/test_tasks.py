@@ -84,7 +84,7 @@ def test_boxes_scores_layout_with_softmax_background_and_corners() -> None:
     logits[0, 3] = [0.0, 6.0]  # ... but one face
     boxes[0, 3] = [0.2, 0.2, 0.4, 0.5]
     layout = choose_task([(1, anchors, 4), (1, anchors, 2)], [(1, 3, 64, 64)]).layout
-    assert layout == DetectLayout("boxes-scores", 0, 1)
+    assert layout == DetectLayout("boxes-scores", 0, 1, image=(64, 64))
     result = _detect([boxes, logits], [boxes.copy(), logits.copy()], layout)
     assert result.metrics["reference_detections"] == 1 and result.value == 1.0
 
@@ -483,7 +483,7 @@ def _retinaface(dx: float = 0.0, landmark_noise: float = 0.0, background_noise: 
 
 def test_a_raw_heads_landmarks_are_held_at_the_detections_and_its_boxes_decoded_on_their_prior() -> None:
     layout = choose_task([o.shape for o in _retinaface()], [(1, 3, 64, 64)]).layout
-    assert layout == DetectLayout("boxes-scores", 0, 1)
+    assert layout == DetectLayout("boxes-scores", 0, 1, image=(64, 64))
     # noise on landmarks nobody decodes: the whole output falls under the floor, the detections' rows are exact
     quiet = _detect(_retinaface(), _retinaface(background_noise=3.0), layout)
     whole = {o.name: o.sqnr_db for o in quiet.outputs}["out2"]
@@ -628,3 +628,28 @@ def test_class_scores_are_described_with_the_shape_they_have() -> None:
                          sample=[np.zeros((1, 4, 1, 1)), np.array([0.3, 0.7]).reshape(1, 2, 1, 1)])
     assert choice.name == "classify" and choice.reason == "output 1 is (N, 2, 1, 1) class scores (its rows sum to 1)"
     assert choose_task([(1, 1000)], [(1, 3, 224, 224)]).reason == "output 0 is (N, 1000) class scores"
+
+
+def test_a_raw_heads_anchors_are_counted_as_the_objects_they_point_at():
+    """RetinaFace's 8 photos: 94 anchors at score 0.25 were "94 reference detections" for 6 faces, and the check
+    never said it was weak; the weakness rule counts objects (anchors within OBJECT_REACH strides of one another)."""
+    from npukit.tasks.base import TaskResult, weakness
+    from npukit.tasks.detect import Detections, anchor_centres, objects_among
+
+    centres = anchor_centres(12600, (480, 640))  # RetinaFace at 480x640: strides 8, 16, 32, two anchors per cell
+    assert centres is not None and len(centres) == 12600 and sorted(set(centres[:, 2].tolist())) == [8, 16, 32]
+    assert centres[0].tolist() == [4.0, 4.0, 8.0] and centres[1].tolist() == [4.0, 4.0, 8.0]  # k anchors per cell
+    assert anchor_centres(12601, (480, 640)) is None and anchor_centres(12600, None) is None
+
+    def at(*points):  # anchors of stride 16 at these cell centres
+        rows = [int(np.nonzero((centres[:, 0] == x) & (centres[:, 1] == y) & (centres[:, 2] == 16))[0][0])
+                for x, y in points]
+        n = len(rows)
+        return Detections(np.zeros((n, 4)), np.linspace(0.9, 0.3, n), np.zeros(n, np.int64), np.array(rows))
+
+    one_face = at((200, 88), (216, 88), (232, 104), (184, 136), (216, 136))  # spread over about 50 px
+    assert objects_among(one_face, centres) == 1
+    assert objects_among(at((200, 88), (216, 104), (456, 360)), centres) == 2  # a second face far away
+    result = TaskResult(task="detect", samples=8, metric="map50", value=1.0,
+                        metrics={"reference_detections": 94, "reference_objects": 6}, outputs=(), decoded=())
+    assert weakness(result) == "6 reference objects (94 anchors): a weak check, give more data"

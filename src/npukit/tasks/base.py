@@ -181,39 +181,50 @@ def _fmt(value: float) -> str:
     return f"{value:.3f}" if math.isfinite(value) else str(value)
 
 
-def weakness(result: TaskResult) -> str:
+def weakness(result: TaskResult, more: str = "give more data") -> str:
     """The check's warning that ``result`` rests on too little (fewer than ``FEW_SAMPLES`` samples, a detector's
     fewer than ``FEW_DETECTIONS`` reference detections, a classifier's too few confident samples), or "";
-    ``judge`` puts it into the verdict's summary."""
+    ``judge`` puts it into the verdict's summary. ``more``: what would make it stronger (a verb whose check reads
+    a fixed number of the samples given says where a larger one runs)."""
     if 0 < result.samples < FEW_SAMPLES:
-        return f"only {result.samples}: a weak check, give more data"
+        return f"only {result.samples}: a weak check, {more}"
     confident = result.metrics.get("confident_samples")
     if result.metric == "top1_agreement" and isinstance(confident, int):
         # classify's headline falls back to every sample: a flip between two near-equal classes counts (an untrained
         # network failed top-1 agreement on such ties with no word on why); with every sample confident, the
         # fallback is for their number alone (9 of 9: no tie to flip)
         if confident >= result.samples:
-            return f"only {result.samples} samples: a weak check, give more data"
+            return f"only {result.samples} samples: a weak check, {more}"
         return (f"the float model confident on {confident} of them: a flip between near-equal classes counts, give "
                 "the inputs it is made for")
-    found = result.metrics.get("reference_detections")
+    # a raw SSD / RetinaFace head's reference detections are anchors, several per object: the objects count
+    # (RetinaFace's 8 photos: 94 anchors at 0.25 for 6 faces, and the check never said it was weak)
+    kind = "objects" if isinstance(result.metrics.get("reference_objects"), int) else "detections"
+    found = result.metrics.get(f"reference_{kind}")
     if isinstance(found, int) and 0 < found < FEW_DETECTIONS:
-        return f"{found} reference detections: a weak check, give more data"
+        return f"{found} reference {kind}{_anchors(result, '')}: a weak check, {more}"
     # a detector's F1 at a score threshold rests on the detections at that score only (YOLOv8n on 25 images: 15
     # reference detections at 0.25, 8 at 0.5, where F1 read 0.857)
     for name in (n for n in result.gated() if n.startswith("f1_at_")):
         score = name.removeprefix("f1_at_")
-        at = result.metrics.get(f"reference_detections_at_{score}")
+        at = result.metrics.get(f"reference_{kind}_at_{score}")
         if isinstance(at, int) and at < FEW_DETECTIONS:
-            return f"{name} rests on {at} reference detections at score >= {score}: a weak check, give more data"
+            return (f"{name} rests on {at} reference {kind}{_anchors(result, f'_at_{score}')} at score >= {score}: "
+                    f"a weak check, {more}")
     return ""
 
 
+def _anchors(result: TaskResult, at: str) -> str:
+    """" (N anchors)" beside a raw head's object count (``at``: "" or "_at_0.5"), else ""."""
+    anchors = result.metrics.get(f"reference_detections{at}")
+    return f" ({anchors} anchors)" if "reference_objects" in result.metrics and isinstance(anchors, int) else ""
+
+
 def judge(result: TaskResult, gate: QualityGate, *, what: str, default_min_metric: float = DEFAULT_MIN_METRIC,
-          extra_failures: Sequence[str] = (), hint: str = "") -> Verdict:
+          extra_failures: Sequence[str] = (), hint: str = "", more_data: str = "give more data") -> Verdict:
     """The verdict on ``result`` under ``gate``: the task metric against its floor, every undecoded output's SQNR
     against ``gate.min_sqnr_db``, plus ``extra_failures`` found elsewhere (e.g. no integer kernels). A failing
-    verdict ends with ``hint`` (what to try)."""
+    verdict ends with ``hint`` (what to try); a weak check says ``more_data`` (``weakness``)."""
     floor = default_min_metric if gate.min_metric is None else gate.min_metric
     failures = list(extra_failures)
     unmeasured = result.compared_nothing
@@ -256,7 +267,7 @@ def judge(result: TaskResult, gate: QualityGate, *, what: str, default_min_metri
         and not lowest.sqnr_db >= gate.min_sqnr_db  # below the floor, yet the task metric is what judges it
     worst = (f", worst output{named} SQNR {_fmt(lowest.sqnr_db)} dB" if lowest is not None else "") + (
         f" (under {gate.min_sqnr_db:g} dB, but judged by the task metric, which decodes it)" if covered else "")
-    weak = weakness(result)
+    weak = weakness(result, more_data)
     few = f" ({weak})" if weak else ""
     summary = f"{what}: task {result.task}, {headline}{worst} on {result.samples} samples{few}"
     if not failures:

@@ -463,11 +463,13 @@ def upgrade_opset(report: Report, proto: onnx.ModelProto, minimum: int, reason: 
 def task_check(report: Report, reference: Any, candidate: Any, samples: Sequence[Any], *, task: str | None,
                 gate: QualityGate, what: str, where: str, threads: int = 1,
                 extra_failures: Sequence[str] = (), reference_runner: Any = None, candidate_runner: Any = None,
-                hint: str = "", against: str = "the float model", imposed: str = ""):
+                hint: str = "", against: str = "the float model", imposed: str = "",
+                more_data: str = "give more data"):
     """Compare ``candidate`` with ``reference`` (models or paths on ORT CPU, or runners given; ``against`` names the
     reference in the tables) on ``samples`` with the model's task, judge it under ``gate`` (``hint``: what to try,
-    said when it fails), and put the tables and the verdict into ``report``. ``imposed``: why the verb, not the
-    user, chose ``task`` (the report said "given" for a task nobody gave)."""
+    said when it fails; ``more_data``: what a weak check says), and put the tables and the verdict into
+    ``report``. ``imposed``: why the verb, not the user, chose ``task`` (the report said "given" for a task nobody
+    gave)."""
     from npukit.measure.recurrent import roll
     from npukit.measure.task_fidelity import compare_task, session_runner
     from npukit.report.task import add_rolled_check, add_task_check
@@ -493,7 +495,7 @@ def task_check(report: Report, reference: Any, candidate: Any, samples: Sequence
     rolled = roll(reference_runner, candidate_runner, samples, names)  # a recurrent state fed back, as in use
     held = [o.name for o in result.outputs if result.value is None or o.name not in result.decoded]
     drift = rolled.failures(gate.min_sqnr_db, held) if rolled is not None else []
-    verdict = judge(result, gate, what=what, extra_failures=[*extra_failures, *drift], hint=hint)
+    verdict = judge(result, gate, what=what, extra_failures=[*extra_failures, *drift], hint=hint, more_data=more_data)
     if rolled is not None and not drift:
         verdict = dataclasses.replace(verdict, line=f"{verdict.line}; {rolled.summary()}")
     add_task_check(report, choice, result, gate, verdict, where=where, against=against)

@@ -279,6 +279,10 @@ def _check_on_the_htp(report: Report, output: Path, reference: onnx.ModelProto, 
               f"{'float' if float_model else 'given'} model on ORT CPU", timings=report.timings,
               key="task_check"):
         htp = make_qnn_session(output, provider_options=soc_provider_options(soc))
+        given = len(held[0]) if held is not None else len(samples) if samples is not None else 0
+        more = (f"bench the context model with --data for more (compile's HTP check reads at most "
+                f"{COMPILE_CHECK_SAMPLES} of the {given} samples given)" if given > COMPILE_CHECK_SAMPLES
+                else "give more data")
         if held is not None:
             check = check_samples(held[0], COMPILE_CHECK_SAMPLES)
             where = f"{samples_read(len(check), len(held[0]))} held out in {held[1]}"
@@ -292,7 +296,7 @@ def _check_on_the_htp(report: Report, output: Path, reference: onnx.ModelProto, 
                      else f"{len(check)} samples of --calib (the given QDQ model's grids were not fitted to them "
                      "here)")
         task_check(report, reference, None, check, task=task, gate=gate, what="compile",
-                    where=where, candidate_runner=session_runner(htp),
+                    where=where, candidate_runner=session_runner(htp), more_data=more,
                     against="the float model" if float_model else "the given QDQ model on ORT CPU",
                     hint=("`npukit quantize` with a recovery recipe and compile its QDQ model" if float_model
                           else "quantizing again with a recovery recipe") + ", or another --soc; "
