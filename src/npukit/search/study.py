@@ -145,10 +145,11 @@ def _measured(trial: Any) -> Measured | None:
 
 def run_study(evaluate: Callable[[Recipe], Measured], space: RecipeSpace, config: SearchConfig, *, name: str,
               storage: Path | None = None, baseline: Measured | None = None,
-              drive: Callable[[StudyLoop], None] | None = None) -> SearchOutcome:
+              drive: Callable[[StudyLoop], None] | None = None, started: float | None = None) -> SearchOutcome:
     """Run the study until it holds ``config.trials`` trials or the time budget is spent. ``evaluate`` measures a
     recipe; ``baseline``, when given, is the default recipe's measurement, reused as trial 0 instead of measuring it
-    again.
+    again; ``started`` (``time.perf_counter()``), when given, is when the time budget began (before the baseline
+    was measured: it counts), else now.
 
     The sampler proposes ``config.batch`` recipes at a time (``StudyLoop``). Here each batch's recipes are measured
     one after the other; ``drive``, when given, runs the loop instead (``npukit.search.distributed`` measures a
@@ -163,7 +164,7 @@ def run_study(evaluate: Callable[[Recipe], Measured], space: RecipeSpace, config
     if not study.trials:  # the default first, then the seed recipes the space holds, as far as the trials go
         for recipe in [DEFAULT, *(s for s in SEEDS if space.contains(s))][: config.trials]:
             study.enqueue_trial(_known_params(space, recipe))
-    loop = StudyLoop(study, space, config, baseline)
+    loop = StudyLoop(study, space, config, baseline, started=started)
     if drive is None:
         while (batch := loop.next_batch()) is not None:
             loop.tell(batch, [evaluate(r) for r in batch.to_measure])
@@ -198,9 +199,10 @@ class StudyLoop:
     earlier trial, or twice in one batch) is told the figures it has; the default recipe, when ``baseline`` is
     given, its figures."""
 
-    def __init__(self, study: Any, space: RecipeSpace, config: SearchConfig, baseline: Measured | None) -> None:
+    def __init__(self, study: Any, space: RecipeSpace, config: SearchConfig, baseline: Measured | None, *,
+                 started: float | None = None) -> None:
         self.study, self.space, self.config, self.baseline = study, space, config, baseline
-        self.start = time.perf_counter()
+        self.start = time.perf_counter() if started is None else started
         self.measured_now = 0
         self.asked = 0
         self.stopped = "trials"
