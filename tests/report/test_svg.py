@@ -44,7 +44,7 @@ def test_bar_chart_values_reference_and_negatives():
 def test_bar_chart_skips_non_finite_and_says_so():
     root = _parse(bar_chart(["a", "b", "c", "d"], [1.0, math.nan, math.inf, 2.0]))
     assert len(_bars(root)) == 2
-    assert "2 non-finite values not shown" in _texts(root)
+    assert "2 values not shown (infinite or undefined)" in _texts(root)
     assert "b" not in _texts(root)
 
 
@@ -70,7 +70,7 @@ def test_line_chart_series_legend_and_breaks():
     series = {"fp32": ([0, 1, 2, 3], [1.0, 2.0, math.nan, 4.0]), "int8": ([0, 1, 2, 3], [-1.0, 0.5, 0.7, -2.0])}
     root = _parse(line_chart(series, title="SQNR", x_label="step", y_label="dB"))
     texts = _texts(root)
-    assert {"fp32", "int8", "step", "dB", "1 non-finite value not shown"} <= set(texts)
+    assert {"fp32", "int8", "step", "dB", "1 value not shown (infinite or undefined)"} <= set(texts)
     paths = [p.get("d") for p in root.iter("path")]
     assert len(paths) == 2  # fp32's run after the NaN is a single point: a marker, no path
     assert paths[0].count("M") == 1 and paths[1].count("L") == 3
@@ -113,7 +113,7 @@ def test_timeline_chart_rectangles_and_peak():
     assert a == pytest.approx(2 * c) and b == pytest.approx(3 * c)  # inclusive end: steps 0-1, 1-3, 2-2
     assert "peak 3 KiB" in _texts(root)
     assert [ln for ln in root.iter("line") if ln.get("stroke-dasharray")]
-    assert "1 non-finite value not shown" in _texts(root)
+    assert "1 value not shown (infinite or undefined)" in _texts(root)
 
 
 @pytest.mark.parametrize("item", [

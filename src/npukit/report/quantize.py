@@ -160,14 +160,18 @@ def _add_scored_head(report: Report, scored: dict[str, Any] | None) -> None:
                                "none within the MAC share", "-", "-", *(["-"] if floor is not None else []), ""]])
 
 
-def add_layer_sqnr(report: Report, layers: list[dict]) -> None:
-    """Per-layer activation SQNR against the float model: the twelve worst in a table, all of them in a figure."""
+def add_layer_sqnr(report: Report, layers: list[dict], *, samples: str = "4 calibration samples") -> None:
+    """Per-layer activation SQNR against the float model (measured on ``samples``, said in the table's title: the
+    task check below reads others): the twelve worst in a table, all of them in a figure."""
     report.add("layer_sqnr", layers)
     worst = sorted((r for r in layers if np.isfinite(r["sqnr_db"])), key=lambda r: r["sqnr_db"])[:12]
-    report.add_table("Layers that hurt most (activation SQNR vs float, dB; higher is better)",
+    report.add_table(f"Layers that hurt most (activation SQNR vs float on {samples}, dB; higher is better)",
                      ["node", "op", "tensor", "SQNR dB"], [[r["node"], r["op_type"], r["tensor"], r["sqnr_db"]]
                                                           for r in worst])
-    report.add_figure("Per-layer activation SQNR (dB), in graph order", "line",
+    exact = sum(1 for r in layers if r["sqnr_db"] == np.inf)  # kept in float (the float head): no error to draw
+    report.add_figure("Per-layer activation SQNR (dB), in graph order"
+                      + (f"; {exact} layer(s) exact (kept in float: infinite SQNR) not drawn" if exact else ""),
+                      "line",
                       {"series": {"SQNR": {"x": list(range(len(layers))),
                                            "y": [r["sqnr_db"] for r in layers]}}},
                       x_label="layer", y_label="dB")

@@ -95,7 +95,7 @@ def no_data_chart(title: str = "") -> str:
 
 
 def _footnote(skipped: int) -> str:
-    return f"{skipped} non-finite value{'s' if skipped != 1 else ''} not shown" if skipped else ""
+    return f"{skipped} value{'s' if skipped != 1 else ''} not shown (infinite or undefined)" if skipped else ""
 
 
 # ---------------------------------------------------------------------------------------------------------- axes
