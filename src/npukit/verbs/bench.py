@@ -196,6 +196,11 @@ def _task_check(report: Report, models: _Models, dataset: Any, config: BenchConf
     if dataset is None or models.ref_proto is None:
         set_measured_verdict(report, models.model, with_data=dataset is not None,
                              with_reference=models.ref_proto is not None)
+        unused = [flag for flag, given in (("--task", task is not None),
+                                           ("the floors", gate is not None and gate != QualityGate())) if given]
+        if unused:  # given for a check that cannot run: said, not dropped in silence
+            report.set_verdict(f"{report.verdict} ({' and '.join(unused)} given, not used: a task check needs "
+                               "--reference and --data)", passed=True)
         return None
     with step("task check against the reference", timings=report.timings, key="task_check"):
         total = len(dataset) if config.max_samples is None else min(config.max_samples, len(dataset))
