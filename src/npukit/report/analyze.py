@@ -27,6 +27,8 @@ def analyze_report(outcome: Any, written: Mapping[str, Path]) -> Report:
         wrong = [[v.name, v.op_type, "; ".join(v.warnings), v.fix or "-"] for v in a.inaccurate]
         if wrong:
             report.add_table(f"Nodes {a.target} takes but computes wrongly", ["node", "op", "why", "fix"], wrong)
+        if a.notes:  # what the counts above leave out (nodes the layout transform cancels, ...): in the JSON only
+            report.add_table(f"Notes on {a.target}", ["note"], [[note] for note in a.notes])
         if a.problem():
             report.add(f"problem[{a.target}]", {"message": a.problem(), "hint": a.hint()})
     known = [a for a in analyses if a.mac_share is not None]
