@@ -122,12 +122,16 @@ class Dataset(abc.ABC):
         if missing:
             raise InputError(f"data {self.source} has no array for model input {missing[0]!r} "
                              f"(it has {', '.join(map(repr, self.input_names))})",
-                             hint="name the arrays of the .npz after the model's inputs")
+                             hint="name the arrays of the .npz after the model's inputs"
+                             if self.source not in (IN_MEMORY_ARRAYS, IN_MEMORY_FEEDS)
+                             else "key the arrays by the model's input names")
         extra = [name for name in self.sample_shapes if name not in expected]
         if isinstance(input_shape, Mapping) and extra:  # ORT refuses a feed the model has no input for
             raise InputError(f"data {self.source} has array(s) {', '.join(map(repr, extra))} that no input of the "
                              f"model takes (its inputs: {', '.join(map(repr, expected))})",
-                             hint="keep one array per model input (and 'labels' for labels) in the .npz")
+                             hint="keep one array per model input (and 'labels' for labels) in the .npz"
+                             if self.source not in (IN_MEMORY_ARRAYS, IN_MEMORY_FEEDS)
+                             else "give one array per model input (and 'labels' for labels)")
         stacked = set()
         for name, model_shape in expected.items():
             got = self.sample_shapes[name]
@@ -320,7 +324,8 @@ def open_dataset(path: str | Path | np.ndarray, *, preprocess: PreprocessConfig,
 
 
 IN_MEMORY = Path("(the array given)")  # how messages name an array passed in Python
-IN_MEMORY_FEEDS = Path("(the feed dicts given)")  # ... and a list of feed dicts or a dict of arrays
+IN_MEMORY_FEEDS = Path("(the feed dicts given)")  # ... a list of feed dicts
+IN_MEMORY_ARRAYS = Path("(the arrays given)")  # ... and a dict of arrays by input name
 
 
 def is_in_memory(data: object) -> bool:
@@ -347,10 +352,11 @@ def feeds_dataset(data: object, input_names: Sequence[str]) -> ArrayDataset:
     if not arrays:
         raise InputError("the dict of arrays given holds no input's array",
                          hint=f"key arrays (N, ...) by the model's input names: {', '.join(map(repr, input_names))}")
-    labels = _checked_samples(arrays, labels, IN_MEMORY_FEEDS, arrays_named="the arrays given",
+    source = IN_MEMORY_ARRAYS if isinstance(data, Mapping) else IN_MEMORY_FEEDS
+    labels = _checked_samples(arrays, labels, source, arrays_named="the arrays given",
                               labels_named="the labels given",
                               labels_hint="give labels as an integer array of shape (N,)")
-    return ArrayDataset(IN_MEMORY_FEEDS, "npz", arrays, labels)
+    return ArrayDataset(source, "npz", arrays, labels)
 
 
 def _stacked_feeds(feeds: Sequence[object], input_names: Sequence[str]) -> dict[str, np.ndarray]:
