@@ -138,6 +138,18 @@ def test_the_trial_table_says_why_a_trial_number_has_no_row() -> None:
                SearchConfig(), space=SPACES["quick"], pruned=[], head=(), ranking=())
     title = next(t.title for t in report.tables if t.title.startswith("Every trial"))
     assert "no row for trial 2: stopped before it was measured" in title
+    import dataclasses  # the study knows why: a repeat of a listed recipe is not called a Ctrl-C (a run nobody
+    # interrupted read "stopped before it was measured (Ctrl-C), or a recipe already listed")
+
+    outcome = outcome_of(pairs + [(5, pairs[0][1])], "latency", measured_now=1, stopped="trials", name="s",
+                         seconds=1.0)
+    report = Report("optimize")
+    add_search(report, dataclasses.replace(outcome, unlisted={2: "a recipe already listed, proposed again",
+                                                              4: "stopped before it was measured (Ctrl-C)"}),
+               SearchConfig(), space=SPACES["quick"], pruned=[], head=(), ranking=())
+    title = next(t.title for t in report.tables if t.title.startswith("Every trial"))
+    assert "no row for trial 2: a recipe already listed, proposed again; trial 4: stopped before it was " \
+        "measured (Ctrl-C)" in title, title
 
 
 def test_nothing_within_the_budget_is_exit_1_and_no_artifact(tiny, tmp_path, capsys) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from npukit.report.core import Report
@@ -55,8 +55,10 @@ def add_search(report: Report, outcome: Any, config: Any, *, space: Any, pruned:
                      "latency, size, peak memory, estimated energy; chosen: best on " + config.prefer + ")", columns,
                      [_row(n, m, front=front, chosen=chosen, first=first) for n, m in ordered if n in front])
     gaps = sorted(set(range(max(outcome.numbers, default=-1) + 1)) - set(outcome.numbers))
-    unlisted = (f"; no row for trial {', '.join(map(str, gaps))}: stopped before it was measured (Ctrl-C), or a "
-                "recipe already listed" if gaps else "")
+    why = {n: outcome.unlisted.get(n, "stopped before it was measured (Ctrl-C), or a recipe already listed")
+           for n in gaps}
+    unlisted = "; no row for " + "; ".join(f"trial {', '.join(map(str, ns))}: {reason}" for reason, ns in
+                                          _grouped(why).items()) if gaps else ""
     report.add_table(f"Every trial ({len(outcome.trials)}; {outcome.measured_now} measured in this run, stopped by "
                      f"{outcome.stopped}; trial 0 is the default recipe{unlisted})", columns,
                      [_row(n, m, front=front, chosen=chosen, first=first)
@@ -88,3 +90,11 @@ def add_search(report: Report, outcome: Any, config: Any, *, space: Any, pruned:
     if series:
         report.add_figure(f"Trials: {shown} against latency (x the float model's)", "scatter", {"series": series},
                           x_label="latency / float latency", y_label=shown)
+
+
+def _grouped(reasons: Mapping[int, str]) -> dict[str, list[int]]:
+    """{reason: the trial numbers it applies to}, in trial order."""
+    out: dict[str, list[int]] = {}
+    for number, reason in sorted(reasons.items()):
+        out.setdefault(reason, []).append(number)
+    return out

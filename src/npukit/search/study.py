@@ -94,6 +94,7 @@ class SearchOutcome:
     study_name: str
     seconds: float
     importance: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+    unlisted: Mapping[int, str] = dataclasses.field(default_factory=dict)  # trial number -> why it has no figures
 
     def trial(self, number: int) -> Measured:
         return self.trials[self.numbers.index(number)]
@@ -173,7 +174,20 @@ def run_study(evaluate: Callable[[Recipe], Measured], space: RecipeSpace, config
     outcome = outcome_of(_unique(study), config.prefer, measured_now=loop.measured_now, stopped=loop.stopped,
                          name=name, seconds=time.perf_counter() - loop.start, importance=importance(study))
     confirmed = {int(k): (ms, float_ms) for k, (ms, float_ms) in study.user_attrs.get(CONFIRMED, {}).items()}
+    outcome = dataclasses.replace(outcome, unlisted=_unlisted(study, outcome.numbers))
     return confirm_latency(outcome, config.prefer, confirmed) if confirmed else outcome
+
+
+def _unlisted(study: Any, listed: Sequence[int]) -> dict[int, str]:
+    """Why each trial of ``study`` not in ``listed`` has no figures: a proposal of a recipe already measured (told
+    that one's figures), or a trial stopped before it was measured (the report said "Ctrl-C, or a recipe already
+    listed" of a run nobody interrupted)."""
+    import optuna
+
+    states = optuna.trial.TrialState
+    return {t.number: "a recipe already listed, proposed again" if t.state == states.COMPLETE else
+            "stopped before it was measured (Ctrl-C)" if t.state in (states.RUNNING, states.WAITING) else
+            f"{t.state.name.lower()} before it was measured" for t in study.trials if t.number not in set(listed)}
 
 
 CONFIRMED = "confirmed_latency"  # the study's record of trials timed again together: number -> [ms, float ms]
@@ -329,8 +343,9 @@ def confirm_latency(outcome: SearchOutcome, prefer: str, timed: Mapping[int, tup
             measured = dataclasses.replace(measured, latency=ms / float_ms, latency_ms=ms, float_latency_ms=float_ms,
                                            confirmed=True)
         pairs.append((number, measured))
-    return outcome_of(pairs, prefer, measured_now=outcome.measured_now, stopped=outcome.stopped,
-                      name=outcome.study_name, seconds=outcome.seconds, importance=outcome.importance)
+    return dataclasses.replace(outcome_of(pairs, prefer, measured_now=outcome.measured_now, stopped=outcome.stopped,
+                                          name=outcome.study_name, seconds=outcome.seconds,
+                                          importance=outcome.importance), unlisted=outcome.unlisted)
 
 
 def _unique(study: Any) -> list[tuple[int, Measured]]:
