@@ -337,6 +337,14 @@ def given_onnx_file(model: Any) -> Path | None:
     return path if path is not None and path.suffix.lower() == ".onnx" and path.is_file() else None
 
 
+def given_file_bytes(model: Any) -> int | None:
+    """The size of the ONNX file ``model`` names (``given_onnx_file``), external data included; None otherwise."""
+    from npukit.measure.size import model_size
+
+    path = given_onnx_file(model)
+    return model_size(path).file_bytes if path is not None else None
+
+
 def float_static_model(model: str | Path, input_shape: Any, *, verb: str,
                        data: Any = None) -> tuple[onnx.ModelProto, Any]:
     """(the float model ``verb`` quantizes or trains, its ``InputSpec``): ``input_shape`` fixed into it (without

@@ -20,14 +20,14 @@ def inspect(model: str | Path, *, input_shape: str | Sequence[int] | None = None
     partial sum with ``unknown_mac_layers``) rather than a number that leaves them out. Where the inputs are static
     but the graph computes sizes shape inference cannot follow, the model is run once on seeded inputs for them."""
     from npukit.frontend.shapes import InputSpec, load_with_inputs
-    from npukit.verbs.common import check_report_path, summary_of
+    from npukit.verbs.common import check_report_path, given_file_bytes, summary_of
 
     report_path = check_report_path(report_path)
     spec = InputSpec.parse(input_shape)
     proto = load_with_inputs(model, spec)
     summary = summary_of(proto)
     report = Report("inspect", config={"model": str(model), "input_shape": spec.as_dict() if spec else None})
-    add_summary(report, summary, top_layers=top_layers)
+    add_summary(report, summary, top_layers=top_layers, file_bytes=given_file_bytes(model))
     macs = macs_shown(summary)
     branches = (f"; its control flow's branches hold {summary.branch_nodes} more nodes and "
                 f"{summary.branch_parameters:,} parameters, not counted in the MACs (one branch runs per call)"
