@@ -305,8 +305,11 @@ class Runtime:
         if fixed:
             example = f"{fixed[0].name}=" + ",".join("1" if d is None and axis == 0 else "N" if d is None else str(d)
                                                      for axis, d in enumerate(fixed[0].shape))
-            raise InputError(f"input {fixed[0].name!r} has symbolic dimensions besides the batch: "
-                             f"{list(fixed[0].shape)}",
+            from npukit.frontend.shapes import input_dims, show_dims
+
+            declared = show_dims(input_dims(proto).get(fixed[0].name))
+            raise InputError(f"input {fixed[0].name!r} ({declared}) has symbolic dimensions past axis 0 (the axis a "
+                             "runtime batches on)",
                              hint=f"give the sizes of one request, each N a number: --input-shape {example} on the "
                                   f"command line, Runtime(model, input_shape={example!r}) from Python")
         self.batching_note = batching_off(self.signatures, config.max_batch) or (
@@ -409,22 +412,28 @@ class Runtime:
     def _shapes(self, rows: int) -> dict[str, tuple[int, ...]]:
         return {s.name: (rows, *s.shape[1:]) if s.batched else tuple(s.shape) for s in self.signatures}
 
-    def _check(self, feeds: Mapping[str, np.ndarray]) -> str | None:
+    def _check(self, feeds: Mapping[str, np.ndarray]) -> tuple[str, str] | None:
+        """(what is wrong with a request, what to do) or None; the hint fits the problem (a misspelt input name was
+        told to send one sample per request)."""
         names = {s.name for s in self.signatures}
+        keyed = f"key each request's arrays by the model's input names: {', '.join(sorted(names))}"
         if not isinstance(feeds, Mapping):
             return (f"a request is a dict of input name -> numpy array (or one array for a one-input model), not a "
-                    f"{type(feeds).__name__}; the model takes {sorted(names)}")
+                    f"{type(feeds).__name__}; the model takes {sorted(names)}", keyed)
         if set(feeds) != names:
-            return f"the request names inputs {sorted(feeds)}, the model takes {sorted(names)}"
+            return f"the request names inputs {sorted(feeds)}, the model takes {sorted(names)}", keyed
         for sig in self.signatures:
             array = feeds[sig.name]
             if not isinstance(array, np.ndarray):
-                return f"input {sig.name!r} is a {type(array).__name__}, not a numpy array"
+                return (f"input {sig.name!r} is a {type(array).__name__}, not a numpy array",
+                        "give numpy arrays (np.asarray(x))")
             if array.dtype != sig.dtype:
-                return f"input {sig.name!r} is {array.dtype}, the model takes {sig.dtype}"
+                return (f"input {sig.name!r} is {array.dtype}, the model takes {sig.dtype}",
+                        f"give it as {sig.dtype} (np.asarray(x, dtype=np.{sig.dtype}))")
             want = self._request_shapes[sig.name]
             if array.shape != want:
-                return f"input {sig.name!r} has shape {list(array.shape)}, the model takes {list(want)} per request"
+                return (f"input {sig.name!r} has shape {list(array.shape)}, the model takes {list(want)} per request",
+                        "send one sample per request, as the model's inputs say")
         return None
 
     def submit(self, feeds: Mapping[str, np.ndarray] | np.ndarray, *,
@@ -442,7 +451,7 @@ class Runtime:
             feeds = {k: np.asarray(v) if isinstance(v, (np.generic, int)) else v for k, v in feeds.items()}
         problem = self._check(feeds)
         if problem:
-            future.set_exception(InputError(problem, hint="send one sample per request, as the model's inputs say"))
+            future.set_exception(InputError(problem[0], hint=problem[1]))
             return future
         if out is not None and (not isinstance(out, Sequence) or len(out) != len(self.output_names)
                                 or not all(isinstance(a, np.ndarray) for a in out)):
