@@ -23,6 +23,13 @@ from npukit.verbs.quantize import cpu_scheme, quantize
 from npukit.verbs.serve_bench import serve_bench
 from npukit.verbs.substitute import substitute
 
+from npukit.report.capture import reported  # noqa: E402 - the verbs' library messages and notes into their reports
+
+analyze, bench, compile, devices, export, inspect, optimize, optimize_graph, plan_memory, prune, qat, quantize, \
+    serve_bench, substitute = (reported(v) for v in (  # noqa: A001 - compile is the verb's name
+        analyze, bench, compile, devices, export, inspect, optimize, optimize_graph, plan_memory, prune, qat,
+        quantize, serve_bench, substitute))
+
 __all__ = ["CommandResult", "analyze", "bench", "compile", "cpu_scheme", "devices", "export", "inspect", "is_qdq",
            "optimize", "optimize_graph", "plan_memory", "prune", "qat", "quantize", "quantize_for_htp",
            "report_path_for", "serve_bench", "substitute"]

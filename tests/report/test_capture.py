@@ -63,3 +63,24 @@ def test_a_long_message_is_cut_at_a_word_not_mid_word() -> None:
         warnings.warn(long, LibraryWarning, stacklevel=1)
         (message,) = drain()
     assert message.endswith("word …") and len(message) <= len("LibraryWarning: ") + 302
+
+
+def test_a_verb_called_from_python_collects_its_notes_as_the_cli_does():
+    """npukit.quantize(..., calib=array) wrote a report without "Input shape: taken from the data": the notes are
+    warnings that only the CLI's capture collected. The API's verbs capture too; inside a capture, they join it."""
+    from npukit.report.capture import capturing, reported
+
+    seen = {}
+
+    def verb():
+        warnings.warn("a note", LibraryWarning, stacklevel=1)
+        seen["active"], seen["messages"] = capturing(), drain()
+
+    reported(verb)()
+    assert seen["active"] and seen["messages"] == {"LibraryWarning: a note": 1} and not capturing()
+    with capture_library_messages():
+        reported(verb)()
+        assert capturing()
+    import npukit
+
+    assert npukit.quantize.__name__ == "quantize" and "post-training" in npukit.quantize.__doc__

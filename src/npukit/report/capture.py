@@ -12,6 +12,7 @@ import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterator
+from typing import Any
 
 _active: list[collections.Counter[str]] = []
 _native_lock = threading.RLock()  # re-entrant: a capture inside another (a runtime loaded while Tune runs) nests
@@ -65,6 +66,27 @@ def capture_library_messages() -> Iterator[collections.Counter[str]]:
         warnings.showwarning = original_showwarning
         root.handlers = saved_handlers
         root.setLevel(saved_level)
+
+
+def capturing() -> bool:
+    """Whether a capture is active (the CLI's, or a verb's called from Python: ``reported``)."""
+    return bool(_active)
+
+
+def reported(verb: Callable[..., Any]) -> Callable[..., Any]:
+    """``verb`` with its library messages and npukit's own notes collected into its report when called from
+    Python, as the CLI collects them (an API caller's report lacked "Input shape: taken from the data" and every
+    note warned where it arises); inside an active capture it runs as it is."""
+    import functools
+
+    @functools.wraps(verb)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if capturing():
+            return verb(*args, **kwargs)
+        with capture_library_messages():
+            return verb(*args, **kwargs)
+
+    return run
 
 
 def drain() -> dict[str, int]:

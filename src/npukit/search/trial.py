@@ -130,6 +130,7 @@ class TrialBuilder:
     ranking: tuple[str, ...] = ()
     task: str | None = None
     threads: int = 1
+    sequence: Sequence[Any] = ()  # the data in its order: a recurrent model's state is rolled over it (task_check's)
     _reference: Any = dataclasses.field(default=None, repr=False, compare=False)  # the float model's runner
     # the float model's outputs on the held-out samples, in their order: computed once (in the driver, by the
     # baseline's check) and shipped with the builder, so that a Ray worker, new or not, never runs the float model
@@ -163,6 +164,21 @@ class TrialBuilder:
         _, result = compare_task(reference, candidate, self.evaluation, output_names=names, task=self.task)
         return result
 
+    def drift(self, candidate: Any, result: TaskResult) -> list[str]:
+        """The floors a recurrent model misses with each model fed its own state over ``sequence`` (the final
+        check holds them; every Silero trial was 'within budget', then the chosen one failed there)."""
+        from npukit.measure.recurrent import in_order, roll
+        from npukit.measure.task_fidelity import session_runner
+        from npukit.runtime.ort import make_session
+
+        if not self.sequence:
+            return []
+        if self._reference is None:
+            self._reference = session_runner(make_session(self.model, threads=self.threads))
+        rolled = roll(self._reference, candidate, in_order(self.sequence), [o.name for o in self.model.graph.output])
+        held = [o.name for o in result.outputs if result.value is None or o.name not in result.decoded]
+        return rolled.failures(self.gate.min_sqnr_db, held) if rolled is not None else []
+
     def build(self, recipe: Recipe) -> Built:
         """The recipe's model, built and checked; a recipe this model cannot take, or one that crashes, is a failed
         trial (``Built.error``), never the end of the search."""
@@ -186,8 +202,9 @@ class TrialBuilder:
 
         model = result.model
         kernels = integer_kernel_report(model)
-        outcome = self.compare(session_runner(make_session(model, threads=self.threads)))
-        failures = list(integer_failures(kernels, result))
+        candidate = session_runner(make_session(model, threads=self.threads))
+        outcome = self.compare(candidate)
+        failures = [*integer_failures(kernels, result), *self.drift(candidate, outcome)]
         if not failures and kernels["integer_fraction"] == 0.0:
             failures.append("runs no integer kernel: nothing gained over the float model")
         verdict = judge(outcome, self.gate, what="trial", extra_failures=failures)

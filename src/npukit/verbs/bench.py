@@ -207,7 +207,7 @@ def _task_check(report: Report, models: _Models, dataset: Any, config: BenchConf
         choice, _, _ = task_check(report, models.ref_proto, models.proto, check_samples(dataset, total), task=task,
                                    gate=gate or QualityGate(), what="bench", threads=config.threads,
                                    where=f"{samples_read(total, len(dataset))} of {data_name(data)}",
-                                   hint=_REQUANTIZE_HINT,
+                                   hint=_REQUANTIZE_HINT, sequence=dataset,
                                    against=f"the reference ({Path(str(models.reference)).name})")
     return choice
 
@@ -321,7 +321,7 @@ def _bench_context(model: str | Path, proto: onnx.ModelProto, *, data, reference
             task_check(report, ref_proto, None, check_samples(dataset, total), task=task, gate=gate or QualityGate(),
                         what="bench",
                         where=f"{samples_read(total, len(dataset))} of {data_name(data)}, on the HTP as {chip.part}",
-                        candidate_runner=session_runner(ctx.session),
+                        candidate_runner=session_runner(ctx.session), sequence=dataset,
                         hint=_REQUANTIZE_HINT, against=f"the reference ({Path(str(reference)).name}) on ORT CPU")
     else:
         set_measured_verdict(report, model, with_data=dataset is not None, on="the HTP emulator",

@@ -358,8 +358,22 @@ def float_static_model(model: str | Path, input_shape: Any, *, verb: str,
     if spec is None:
         proto, spec = shapes_from_data(proto, data)
     refuse_quantized(proto, model, verb=verb)
+    refuse_unfitting_data(proto, data)
     require_static(proto, needs=verb)
     return proto, spec
+
+
+def refuse_unfitting_data(proto: onnx.ModelProto, data: Any) -> None:
+    """Where sizes are still open and ``data`` is arrays (not an image folder, whose size the preprocessing sets),
+    read it against the model first: what is wrong with it (a rank that fits no input, a wrong key, a torch
+    tensor) is said as such, not as "pass --input-shape", which then only led to that refusal."""
+    from npukit.frontend.shapes import symbolic_inputs
+
+    if data is None or not symbolic_inputs(proto) or (isinstance(data, (str, Path)) and Path(str(data)).is_dir()):
+        return
+    if isinstance(data, (str, Path)) and Path(str(data)).suffix.lower() not in (".npy", ".npz"):
+        return
+    open_data(data, proto, PreprocessConfig())
 
 
 class InputShapeFromData(UserWarning):
@@ -377,9 +391,12 @@ def shapes_from_data(proto: onnx.ModelProto, data: Any) -> tuple[onnx.ModelProto
     from npukit.frontend.shapes import InputSpec, fix_inputs, input_dims
 
     shapes = _array_shapes(data)
+    declared = input_dims(proto)
+    if len(shapes) == 1 and len(declared) == 1:  # one array for one input, whatever its key (the readers map it)
+        shapes = {next(iter(declared)): next(iter(shapes.values()))}
     taken = {}
-    for name, dims in input_dims(proto).items():
-        shape = shapes.get(name, shapes.get(None) if len(shapes) == 1 else None)
+    for name, dims in declared.items():
+        shape = shapes.get(name)
         if not dims or all(isinstance(d, int) for d in dims) or shape is None:
             continue
         if len(shape) == len(dims):
@@ -472,13 +489,14 @@ def task_check(report: Report, reference: Any, candidate: Any, samples: Sequence
                 gate: QualityGate, what: str, where: str, threads: int = 1,
                 extra_failures: Sequence[str] = (), reference_runner: Any = None, candidate_runner: Any = None,
                 hint: str = "", against: str = "the float model", imposed: str = "",
-                more_data: str = "give more data"):
+                more_data: str = "give more data", sequence: Any = None):
     """Compare ``candidate`` with ``reference`` (models or paths on ORT CPU, or runners given; ``against`` names the
     reference in the tables) on ``samples`` with the model's task, judge it under ``gate`` (``hint``: what to try,
     said when it fails; ``more_data``: what a weak check says), and put the tables and the verdict into
     ``report``. ``imposed``: why the verb, not the user, chose ``task`` (the report said "given" for a task nobody
-    gave)."""
-    from npukit.measure.recurrent import roll
+    gave). ``sequence``: the data in its order, which a recurrent model's state is rolled over
+    (``measure.recurrent``; else ``samples``)."""
+    from npukit.measure.recurrent import in_order, roll
     from npukit.measure.task_fidelity import compare_task, session_runner
     from npukit.report.task import add_rolled_check, add_task_check
     from npukit.runtime.ort import make_session
@@ -500,12 +518,13 @@ def task_check(report: Report, reference: Any, candidate: Any, samples: Sequence
     choice, result = compare_task(reference_runner, candidate_runner, samples, output_names=names, task=task)
     if imposed:
         choice = dataclasses.replace(choice, given=False, reason=imposed)
-    rolled = roll(reference_runner, candidate_runner, samples, names)  # a recurrent state fed back, as in use
+    rolled = roll(reference_runner, candidate_runner, in_order(samples if sequence is None else sequence),
+                  names)  # a recurrent state fed back, as in use
     held = [o.name for o in result.outputs if result.value is None or o.name not in result.decoded]
     drift = rolled.failures(gate.min_sqnr_db, held) if rolled is not None else []
     verdict = judge(result, gate, what=what, extra_failures=[*extra_failures, *drift], hint=hint, more_data=more_data)
     if rolled is not None and not drift:
-        verdict = dataclasses.replace(verdict, line=f"{verdict.line}; {rolled.summary()}")
+        verdict = dataclasses.replace(verdict, line=f"{verdict.line}; {rolled.summary(held)}")
     add_task_check(report, choice, result, gate, verdict, where=where, against=against)
     if rolled is not None:
         add_rolled_check(report, rolled, result, held)
@@ -533,11 +552,11 @@ def held_back(samples: Any) -> tuple[list[dict[str, np.ndarray]], list[dict[str,
 
 
 def floor_check(reference: Any, samples: Sequence[Any], *, task: str | None, gate: QualityGate, what: str,
-                session: Any = None):
+                session: Any = None, sequence: Any = None):
     """A function of a candidate model that says whether it passes ``gate``'s floors (never accepting a degraded
     one) against ``reference`` on ORT CPU, through the model's task on ``samples``; each candidate is run by
     ``session(model)`` (ORT CPU by default). For searches that build many candidates (mixed precision)."""
-    from npukit.measure.recurrent import roll
+    from npukit.measure.recurrent import in_order, roll
     from npukit.measure.task_fidelity import compare_task, session_runner
     from npukit.quant.precision.layer_plan import Check
     from npukit.runtime.ort import make_session
@@ -558,7 +577,8 @@ def floor_check(reference: Any, samples: Sequence[Any], *, task: str | None, gat
         made = session(model)
         candidate, names = session_runner(made), [o.name for o in made.get_outputs()]
         _, result = compare_task(expected, candidate, samples, output_names=names, task=task)
-        rolled = roll(reference_runner, candidate, samples, names)  # a recurrent state fed back, as task_check
+        rolled = roll(reference_runner, candidate, in_order(samples if sequence is None else sequence),
+                      names)  # a recurrent state fed back, as task_check
         held = [o.name for o in result.outputs if result.value is None or o.name not in result.decoded]
         drift = rolled.failures(strict.min_sqnr_db, held) if rolled is not None else []
         verdict = judge(result, strict, what=what, extra_failures=drift)

@@ -132,12 +132,13 @@ def _load(model: str | Path, input_shape: str | Sequence[int] | None, data: Any)
     ``data`` has them), as the HTP needs static shapes; a symbolic batch alone becomes 1."""
     from npukit.frontend.shapes import (InputSpec, apply_input_spec, fixed_shapes, load_with_inputs, require_static,
                                         symbolic_inputs)
-    from npukit.verbs.common import shapes_from_data
+    from npukit.verbs.common import refuse_unfitting_data, shapes_from_data
 
     spec = InputSpec.parse(input_shape)
     proto = load_with_inputs(model, spec)
     if spec is None:
         proto, spec = shapes_from_data(proto, data)
+        refuse_unfitting_data(proto, data)
     require_static(proto, needs="the HTP")
     if symbolic_inputs(proto, allow_batch=False):  # a symbolic batch alone becomes 1
         proto = apply_input_spec(proto, InputSpec(tuple(fixed_shapes(proto).items())))
@@ -297,6 +298,7 @@ def _check_on_the_htp(report: Report, output: Path, reference: onnx.ModelProto, 
                      "here)")
         task_check(report, reference, None, check, task=task, gate=gate, what="compile",
                     where=where, candidate_runner=session_runner(htp), more_data=more,
+                    sequence=held[0] if held is not None else samples,
                     against="the float model" if float_model else "the given QDQ model on ORT CPU",
                     hint=("`npukit quantize` with a recovery recipe and compile its QDQ model" if float_model
                           else "quantizing again with a recovery recipe") + ", or another --soc; "
@@ -334,7 +336,7 @@ def _htp_mixed_precision(report: Report, proto: onnx.ModelProto, samples: Any, *
     fp16 = soc_info(soc).fp16  # v68 has no float unit: 16-bit activations only
     fit, held, where = held_back(samples)
     accept = floor_check(proto, held[:COMPILE_CHECK_SAMPLES], task=task, gate=gate, what="compile",
-                         session=lambda model: make_qnn_session(model, provider_options=options))
+                         session=lambda model: make_qnn_session(model, provider_options=options), sequence=samples)
     with step(f"mixed precision per layer on the HTP ({soc}): int8, 16-bit activations"
               f"{' or float16' if fp16 else ' (no float unit on this SoC)'}", timings=report.timings,
               key="mixed_precision"):

@@ -185,6 +185,7 @@ class _Inputs:
     source: Any = None  # the resolved PyTorch model (a mobile runtime's search)
     export: Any = None  # its scratch ONNX export's ExportResult (a drift from torch is noted in the report)
     weak: str = ""  # the task check's note that the held-out samples hold too little ("; note: ..."), or ""
+    sequence: list[Any] = dataclasses.field(default_factory=list)  # --data in its order (a recurrent state's roll)
 
     @property
     def module(self) -> Any:
@@ -205,8 +206,9 @@ class _Inputs:
         if torch_program:
             source, proto, spec, export = _torch_program(model, input_shape, weights, data)
         else:
-            proto, spec = float_static_model(model, input_shape, verb="optimize", data=data)
-        held = list(open_data(data, proto, preprocess).batches(1))
+            proto, spec = float_static_model(model, input_shape, verb="optimize",
+                                             data=calib if calib is not None else data)
+        held = sequence = list(open_data(data, proto, preprocess).batches(1))
         if calib is None:
             if len(held) < 4:
                 raise InputError(f"{data} holds {len(held)} samples; without --calib half of them calibrate and "
@@ -220,7 +222,7 @@ class _Inputs:
         if max_samples is not None:
             held = spread(held, max_samples)
         return cls(Path(str(model)), proto, calibration, held, spec.as_dict() if spec else None, calib is None,
-                   source, export)
+                   source, export, sequence=sequence)
 
 
 def _torch_program(model: str | Path, input_shape: Any, weights: str | Path | None,
@@ -431,7 +433,7 @@ class _Search:
         common = dict(model=proto, calib=calib, evaluation=self.inputs.evaluation, gate=self.gate, base=base,
                       head=head, ranking=ranking, task=self.task, threads=self.threads)
         if self.runtime is None:
-            return TrialRunner(reference=given, builder=TrialBuilder(**common),
+            return TrialRunner(reference=given, builder=TrialBuilder(**common, sequence=self.inputs.sequence),
                                floats=FloatFigures(self._float_bytes(given), peak, energy), feeds=calib[0],
                                threads=self.threads, runs=self.runs)
         from npukit.frontend.onnx_io import graph_inputs
@@ -542,7 +544,8 @@ class _Search:
         where = f"held-out samples ({half}{Path(str(self.report.config['data'])).name}; the search chose on them too)"
         _, result, verdict = task_check(self.report, self.proto, None, self.inputs.evaluation, task=self.task,
                                         gate=self.gate, what="optimize", where=where, threads=self.threads,
-                                        candidate_runner=runner.candidate(artifact))
+                                        candidate_runner=runner.candidate(artifact),
+                                        sequence=self.inputs.sequence or None)
         if not verdict.passed:
             return None, verdict.line
         within = sum(m.feasible for m in outcome.trials)

@@ -258,6 +258,7 @@ def _task_check(report: Report, proto: Any, result: Any, config: QuantConfig, in
     with step("task check against the float model", timings=report.timings, key="task_check"):
         choice, checked, _ = task_check(report, proto, result.model, inputs.checked(), task=task,
                                         gate=gate, what="quantize", where=inputs.where, threads=threads,
+                                        sequence=inputs.check,
                                         extra_failures=integer_failures(kernels, result),
                                         hint=_recipe_hint(config, result.steps.recipe, mixed=mixed) + slower)
     add_verdict_notes(report, slower=slower, recipe=result.steps.recipe)
@@ -330,7 +331,7 @@ def _mixed_precision(report: Report, proto: Any, samples: Any, config: Any, *, t
         raise InputError("--mixed-precision and --int16-budget both choose what goes to 16 bits",
                          hint="use one of them")
     fit, held, where = held_back(samples)  # --calib-samples: taken by ``_Inputs.open``
-    accept = floor_check(proto, held[:SEARCH_SAMPLES], task=task, gate=gate, what="quantize")
+    accept = floor_check(proto, held[:SEARCH_SAMPLES], task=task, gate=gate, what="quantize", sequence=samples)
     searched = dataclasses.replace(config, calibration=dataclasses.replace(config.calibration, samples=None))
     with step("mixed precision per layer (sensitivity, each option's gain and cost, search under the floors)",
               timings=report.timings, key="mixed_precision"):
