@@ -74,7 +74,21 @@ def analyze(
         report.add("export", exported)
         note_export_drift(report, export, consequence="the profiles read its graph (which operators, in which "
                           "forms), not its numbers")
-    notes = _compile_notes(outcome.profiles, onnx_given=exported is None, float_model=not is_qdq(source))
+    _describe(report, outcome, onnx_given=exported is None, float_model=not is_qdq(source))
+    json_path = Path(report_path) if report_path else (report_path_for(output) if output else None)
+    return finish(report, None, html=html, json_path=json_path, result=list(outcome.analyses), source=model)
+
+
+def _describe(report: Any, outcome: Any, *, onnx_given: bool, float_model: bool) -> None:
+    """The verdict of an analysis that checked nothing (what --fix checked stays first): symbolic input sizes said
+    (the headline is then of a graph no NPU runs as is: YOLOv8n with symbolic sizes read 27/316 delegated, at
+    1,3,320,320 233/233), and where to read what npukit compile builds for the targets."""
+    if report.verdict is None and any(a.symbolic_inputs for a in outcome.analyses):
+        named = sorted({name for a in outcome.analyses for name in a.symbolic_inputs})
+        report.set_verdict(f"INFO analyze: a description of the model, whose input(s) {', '.join(named)} have "
+                           "symbolic sizes: NPUs take static shapes, so pass --input-shape for what it would run; "
+                           "nothing was checked", passed=True)
+    notes = _compile_notes(outcome.profiles, onnx_given=onnx_given, float_model=float_model)
     if notes:
         report.add("compile_notes", notes)
         report.add_table("What npukit compile builds for these targets", ["target", "note"], list(notes.items()))
@@ -83,8 +97,6 @@ def analyze(
             report.set_verdict(f"INFO analyze: a description of the model; nothing was checked; {see}", passed=True)
         else:  # --fix's verdict (its check) stays first
             report.set_verdict(f"{report.verdict}; {see}", passed=report.passed)
-    json_path = Path(report_path) if report_path else (report_path_for(output) if output else None)
-    return finish(report, None, html=html, json_path=json_path, result=list(outcome.analyses), source=model)
 
 
 def _mobile_on_program_graph(outcome: Any, proto: onnx.ModelProto, shape: Sequence[int] | None) -> Any:

@@ -528,7 +528,8 @@ class _Search:
                               f"{best.recipe.label()}: {best.error})")
             failed, advice = shortfall(best.metric_name or "task metric", best.metric, best.failures,
                                        self.config.min_metric)
-            budget = (f"{self.config.budget:.1%} of the float model's task metric" if best.metric == best.metric else
+            budget = (f"the task metrics at most {self.config.budget:.1%} below the float model's, each >= "
+                      f"{self.config.min_metric:.3f}" if best.metric == best.metric else
                       f"no task metric: every output held to the SQNR floor, {self.gate.min_sqnr_db:g} dB")
             return None, (f"FAIL optimize: none of {len(outcome.trials)} trials passed the budget's check "
                           f"({budget}; closest: {best.recipe.label()}, {failed}); try {advice}, more --trials, or "
