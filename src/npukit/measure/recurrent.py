@@ -31,6 +31,7 @@ import numpy as np
 
 from npukit.measure.fidelity import sqnr_from_sums
 from npukit.measure.task_fidelity import Runner, feeds_and_labels
+from npukit.tasks import TaskResult
 
 STATE_WORDS = ("state", "hidden", "cache", "memory", "carry")
 SHORT_STATES = ("h", "c", "hx", "cx", "s")  # an LSTM's / GRU's h0 / hn, c0 / cn
@@ -128,6 +129,15 @@ def in_order(data: Any, limit: int = ROLL_SAMPLES) -> list[Any]:
     return list(data)[:limit]
 
 
+def fed_back(reference: Runner, candidate: Runner, data: Any, names: Sequence[str], result: TaskResult,
+             floor_db: float) -> tuple[RolledCheck | None, list[str]]:
+    """(``roll`` over the first samples of ``data`` in order, the floors it misses: one failure per output
+    ``result`` holds to the SQNR floor that falls below ``floor_db`` fed back). What task_check, floor_check and a
+    search's trials each judge a recurrent model by; (None, []) for a model with no state fed back."""
+    rolled = roll(reference, candidate, in_order(data), names)
+    return rolled, rolled.failures(floor_db, result.held_to_floor()) if rolled is not None else []
+
+
 def roll(reference: Runner, candidate: Runner, samples: Iterable[Any], names: Sequence[str]) -> RolledCheck | None:
     """Each model run over ``samples`` in order on the states it gave on the sample before (the first sample's are
     the data's); None where the model has no state pairs, or fewer than two samples."""
@@ -137,6 +147,7 @@ def roll(reference: Runner, candidate: Runner, samples: Iterable[Any], names: Se
     pairs: dict[str, str] = {}
     states: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] = ({}, {})
     sums: dict[str, list[float]] = {}  # name -> [signal, noise, max error, max |ref|]
+    index = {name: i for i, name in enumerate(names)}
     for step, feeds in enumerate(items):
         ref = [np.asarray(o) for o in reference({**feeds, **states[0]})]
         cand = [np.asarray(o) for o in candidate({**feeds, **states[1]})]
@@ -151,7 +162,6 @@ def roll(reference: Runner, candidate: Runner, samples: Iterable[Any], names: Se
             total[1] += float(np.sum((r64 - c64) ** 2))
             total[2] = max(total[2], float(np.max(np.abs(r64 - c64), initial=0.0)))
             total[3] = max(total[3], float(np.max(np.abs(r64), initial=0.0)))
-        index = {name: i for i, name in enumerate(names)}
         states = ({i: ref[index[o]].astype(np.asarray(feeds[i]).dtype) for i, o in pairs.items()},
                   {i: cand[index[o]].astype(np.asarray(feeds[i]).dtype) for i, o in pairs.items()})
     fed = set(pairs.values())

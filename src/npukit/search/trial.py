@@ -167,7 +167,7 @@ class TrialBuilder:
     def drift(self, candidate: Any, result: TaskResult) -> list[str]:
         """The floors a recurrent model misses with each model fed its own state over ``sequence`` (the final
         check holds them; every Silero trial was 'within budget', then the chosen one failed there)."""
-        from npukit.measure.recurrent import in_order, roll
+        from npukit.measure.recurrent import fed_back
         from npukit.measure.task_fidelity import session_runner
         from npukit.runtime.ort import make_session
 
@@ -175,9 +175,8 @@ class TrialBuilder:
             return []
         if self._reference is None:
             self._reference = session_runner(make_session(self.model, threads=self.threads))
-        rolled = roll(self._reference, candidate, in_order(self.sequence), [o.name for o in self.model.graph.output])
-        held = [o.name for o in result.outputs if result.value is None or o.name not in result.decoded]
-        return rolled.failures(self.gate.min_sqnr_db, held) if rolled is not None else []
+        return fed_back(self._reference, candidate, self.sequence, [o.name for o in self.model.graph.output], result,
+                        self.gate.min_sqnr_db)[1]
 
     def build(self, recipe: Recipe) -> Built:
         """The recipe's model, built and checked; a recipe this model cannot take, or one that crashes, is a failed

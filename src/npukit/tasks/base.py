@@ -115,6 +115,11 @@ class TaskResult:
         check then compared nothing (the generic task has no metric by design)."""
         return self.value is None and self.task != GENERIC_TASK
 
+    def held_to_floor(self) -> list[str]:
+        """The outputs the SQNR floor holds: those the task metric does not decode, and every output where the
+        metric is undefined on these inputs (``judge``; the recurrent check holds the same ones)."""
+        return [o.name for o in self.outputs if self.value is None or o.name not in self.decoded]
+
     def gated(self) -> dict[str, float]:
         """The metrics the gate holds to its floor: ``checks``, else the headline where it is defined."""
         if self.checks is not None:
@@ -242,7 +247,8 @@ def judge(result: TaskResult, gate: QualityGate, *, what: str, default_min_metri
     # outputs the task metric does not cover, and every output when the metric is undefined on these inputs
     # (an output read only at the detections is held there, while the task metric is defined)
     at = {o.name: o for o in result.at_detections} if result.value is not None else {}
-    undecoded = [at.get(o.name, o) for o in result.outputs if result.value is None or o.name not in result.decoded]
+    held = set(result.held_to_floor())
+    undecoded = [at.get(o.name, o) for o in result.outputs if o.name in held]
     for o in sorted(undecoded, key=lambda o: o.sqnr_db if not math.isnan(o.sqnr_db) else -math.inf):
         if math.isnan(o.sqnr_db) or o.sqnr_db < gate.min_sqnr_db:
             where = " at the detections" if o.name in at else ""

@@ -496,7 +496,7 @@ def task_check(report: Report, reference: Any, candidate: Any, samples: Sequence
     ``report``. ``imposed``: why the verb, not the user, chose ``task`` (the report said "given" for a task nobody
     gave). ``sequence``: the data in its order, which a recurrent model's state is rolled over
     (``measure.recurrent``; else ``samples``)."""
-    from npukit.measure.recurrent import in_order, roll
+    from npukit.measure.recurrent import fed_back
     from npukit.measure.task_fidelity import compare_task, session_runner
     from npukit.report.task import add_rolled_check, add_task_check
     from npukit.runtime.ort import make_session
@@ -518,16 +518,14 @@ def task_check(report: Report, reference: Any, candidate: Any, samples: Sequence
     choice, result = compare_task(reference_runner, candidate_runner, samples, output_names=names, task=task)
     if imposed:
         choice = dataclasses.replace(choice, given=False, reason=imposed)
-    rolled = roll(reference_runner, candidate_runner, in_order(samples if sequence is None else sequence),
-                  names)  # a recurrent state fed back, as in use
-    held = [o.name for o in result.outputs if result.value is None or o.name not in result.decoded]
-    drift = rolled.failures(gate.min_sqnr_db, held) if rolled is not None else []
+    rolled, drift = fed_back(reference_runner, candidate_runner, samples if sequence is None else sequence, names,
+                             result, gate.min_sqnr_db)  # a recurrent state fed back, as in use
     verdict = judge(result, gate, what=what, extra_failures=[*extra_failures, *drift], hint=hint, more_data=more_data)
     if rolled is not None and not drift:
-        verdict = dataclasses.replace(verdict, line=f"{verdict.line}; {rolled.summary(held)}")
+        verdict = dataclasses.replace(verdict, line=f"{verdict.line}; {rolled.summary(result.held_to_floor())}")
     add_task_check(report, choice, result, gate, verdict, where=where, against=against)
     if rolled is not None:
-        add_rolled_check(report, rolled, result, held)
+        add_rolled_check(report, rolled, result, result.held_to_floor())
     return choice, result, verdict
 
 
@@ -556,7 +554,7 @@ def floor_check(reference: Any, samples: Sequence[Any], *, task: str | None, gat
     """A function of a candidate model that says whether it passes ``gate``'s floors (never accepting a degraded
     one) against ``reference`` on ORT CPU, through the model's task on ``samples``; each candidate is run by
     ``session(model)`` (ORT CPU by default). For searches that build many candidates (mixed precision)."""
-    from npukit.measure.recurrent import in_order, roll
+    from npukit.measure.recurrent import fed_back
     from npukit.measure.task_fidelity import compare_task, session_runner
     from npukit.quant.precision.layer_plan import Check
     from npukit.runtime.ort import make_session
@@ -577,10 +575,8 @@ def floor_check(reference: Any, samples: Sequence[Any], *, task: str | None, gat
         made = session(model)
         candidate, names = session_runner(made), [o.name for o in made.get_outputs()]
         _, result = compare_task(expected, candidate, samples, output_names=names, task=task)
-        rolled = roll(reference_runner, candidate, in_order(samples if sequence is None else sequence),
-                      names)  # a recurrent state fed back, as task_check
-        held = [o.name for o in result.outputs if result.value is None or o.name not in result.decoded]
-        drift = rolled.failures(strict.min_sqnr_db, held) if rolled is not None else []
+        _, drift = fed_back(reference_runner, candidate, samples if sequence is None else sequence, names, result,
+                            strict.min_sqnr_db)  # a recurrent state fed back, as task_check
         verdict = judge(result, strict, what=what, extra_failures=drift)
         return Check(bool(verdict.passed), verdict.line)
 
